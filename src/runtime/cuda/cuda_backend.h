@@ -1,0 +1,39 @@
+// Entry points of the CUDA backend that the rest of the runtime may call. This header includes
+// no CUDA header; only src/runtime/cuda/*.cc and kernels/cuda/*.cu do.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "memory/raw_allocator.h"
+#include "runtime/device.h"
+#include "runtime/runtime.h"
+
+namespace zt::cuda {
+
+// Queries the driver/runtime without failing: no GPU, no driver, too old a driver -> usable=false.
+CudaAvailability query_availability();
+
+// One logical device per entry of `ordinals` (repeats allowed: logical devices sharing a GPU).
+// Enables peer access between distinct physical GPUs where cudaDeviceCanAccessPeer allows.
+std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& ordinals);
+
+// cudaMalloc/cudaFree on GPU `ordinal`; allocate() returns nullptr when the GPU is out of memory
+// or when `capacity_bytes` (0 = unlimited) would be exceeded.
+std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capacity_bytes = 0);
+// Page-locked host memory (cudaHostAlloc, portable to every GPU); for staging and async copies.
+std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator();
+
+// The GPU ordinal whose memory `ptr` points into, or -1 for host memory (pinned or not).
+int pointer_device(const void* ptr);
+
+// How Stream::copy_peer moves bytes between two logical devices. kAuto picks per pair: a
+// device-to-device copy when both live on one GPU, cudaMemcpyPeerAsync when peer access is
+// enabled, else staging through pinned host memory. Tests and benchmarks force the other paths
+// so that all three run even on a machine with one GPU. Process-wide.
+enum class PeerCopyPath { kAuto, kPeer, kStaged };
+void set_peer_copy_path(PeerCopyPath path);
+PeerCopyPath peer_copy_path();
+
+}  // namespace zt::cuda

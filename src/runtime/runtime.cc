@@ -1,0 +1,82 @@
+// Runtime creation: one backend per process run, CUDA when asked for (or "all" with a GPU),
+// the simulated CPU devices otherwise.
+#include "runtime/runtime.h"
+
+#include "core/status.h"
+#include "runtime/cpu/cpu_device.h"
+#if ZT_WITH_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#endif
+
+namespace zt {
+
+CudaAvailability cuda_availability() {
+#if ZT_WITH_CUDA
+  return cuda::query_availability();
+#else
+  CudaAvailability a;
+  a.reason = "this build has no CUDA backend (configured with ZT_CUDA=OFF or without nvcc)";
+  return a;
+#endif
+}
+
+std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu) {
+  ZT_REQUIRE(n >= 1, "the CPU backend needs at least one device, got ", n);
+  std::unique_ptr<Runtime> rt(new Runtime());
+  rt->backend_ = Backend::kCpu;
+  for (int i = 0; i < n; ++i) rt->devices_.push_back(std::make_unique<cpu::CpuDevice>(i, cpu.memory_bytes));
+  return rt;
+}
+
+std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDeviceOptions& cpu) {
+  switch (spec.kind) {
+    case DeviceSpec::Kind::kCpu:
+      return create_cpu(spec.cpu_count ? spec.cpu_count : default_cpu_device_count(), cpu);
+    case DeviceSpec::Kind::kAll:
+    case DeviceSpec::Kind::kCuda: {
+      const CudaAvailability avail = cuda_availability();
+      if (!avail.usable) {
+        ZT_REQUIRE(spec.kind == DeviceSpec::Kind::kAll, "--devices ", spec.text,
+                   " asks for GPUs, but no usable GPU was found (", avail.reason,
+                   "); use --devices cpu:N for simulated devices");
+        const int n = default_cpu_device_count();
+        auto rt = create_cpu(n, cpu);
+        rt->fallback_note_ = "no usable GPU (" + avail.reason + "); using " + std::to_string(n) +
+                             " simulated CPU devices";
+        return rt;
+      }
+#if ZT_WITH_CUDA
+      std::vector<int> ordinals = spec.cuda_ordinals;
+      if (ordinals.empty())
+        for (int i = 0; i < avail.device_count; ++i) ordinals.push_back(i);
+      for (int o : ordinals)
+        ZT_REQUIRE(o < avail.device_count, "--devices ", spec.text, " names GPU ", o, ", but this machine has ",
+                   avail.device_count, " GPU", avail.device_count == 1 ? "" : "s", " (0..",
+                   avail.device_count - 1, ")");
+      std::unique_ptr<Runtime> rt(new Runtime());
+      rt->backend_ = Backend::kCuda;
+      rt->devices_ = cuda::create_devices(ordinals);
+      return rt;
+#endif
+    }
+  }
+  ZT_THROW(ErrorKind::kInternal, "unhandled device selection ", spec.text);
+}
+
+Runtime::~Runtime() {
+  // Drain every device before any is destroyed: a stream may wait on another device's event.
+  for (auto& d : devices_) {
+    try {
+      d->synchronize();
+    } catch (const Error&) {
+      // A failed device was already reported to whoever synchronized it; teardown goes on.
+    }
+  }
+  devices_.clear();
+}
+
+void Runtime::synchronize() {
+  for (auto& d : devices_) d->synchronize();
+}
+
+}  // namespace zt
