@@ -14,9 +14,10 @@
 
 namespace zt {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// kI32 holds token ids and class labels; the floating types hold everything else.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) { return t == DType::kF32 || t == DType::kI32 ? 4 : 2; }
 const char* dtype_name(DType t);
 // Accepts "fp32"/"f32"/"float32", "fp16"/"f16"/"float16"/"half", "bf16"/"bfloat16".
 DType parse_dtype(std::string_view name);
@@ -124,6 +125,10 @@ struct DTypeOf<Half> {
 template <>
 struct DTypeOf<BFloat16> {
   static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
 };
 
 }  // namespace zt

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# One-call verification on a GPU machine: build with the CUDA backend (sm_90), run every test (the
+# CUDA ones are active when a GPU is usable), show the devices, run the copy/memory benchmarks,
+# and write $OUT/results.md (step, status, time). Usage: OUT=/some/dir scripts/gpu-check.sh
+# Finishes within ~7.5 minutes (a deadline caps every step); exits non-zero when configure, build
+# or ctest failed, after writing the results.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+OUT="${OUT:-out/gpu-check}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BUILD=build/gpu
+JOBS="${ZT_JOBS:-16}"
+DEADLINE=$((SECONDS + 450))  # leaves headroom under the 8-minute limit for the last step's kill
+RESULTS="$OUT/results.md"
+rows=()
+failed=0
+
+# run_step NAME MAX_SECONDS LOG CMD...: runs CMD under `timeout` (capped by the deadline), output
+# to $OUT/LOG, and records a results row. Returns CMD's status (124 = timed out, 125 = skipped).
+run_step() {
+  local name=$1 max=$2 log=$3
+  shift 3
+  local remaining=$((DEADLINE - SECONDS))
+  if ((remaining < 15)); then
+    rows+=("| $name | skipped (out of time) | 0 | |")
+    echo "=== $name: skipped, out of time"
+    return 125
+  fi
+  local limit=$((max < remaining ? max : remaining))
+  echo "=== $name (limit ${limit}s) -> $log"
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - start))
+  local status="ok"
+  if ((rc == 124 || rc == 137)); then
+    status="TIMEOUT after ${limit}s"
+  elif ((rc != 0)); then
+    status="FAILED (exit $rc)"
+  fi
+  rows+=("| $name | $status | $took | $log |")
+  echo "    $status in ${took}s"
+  return $rc
+}
+
+skip_step() {
+  rows+=("| $1 | skipped ($2) | 0 | |")
+  echo "=== $1: skipped ($2)"
+}
+
+write_results() {
+  {
+    echo "# gpu-check results"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
+    echo "- total time: ${SECONDS}s"
+    [[ -n "${ctest_summary:-}" ]] && echo "- ctest: ${ctest_summary}"
+    [[ -n "${cuda_note:-}" ]] && echo "- note: ${cuda_note}"
+    echo
+    echo "| step | status | time (s) | log |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+  } >"$RESULTS"
+}
+
+# ---- 1. the GPU as the driver sees it --------------------------------------------------------
+run_step nvidia-smi 30 nvidia-smi.txt nvidia-smi
+cat "$OUT/nvidia-smi.txt"
+
+# ---- 2. dependencies (apt may be unreachable; packages may already be there) ------------------
+if ! run_step setup 120 setup.log scripts/setup; then
+  echo "    scripts/setup failed; continuing with what is installed (see $OUT/setup.log)"
+  tail -n 5 "$OUT/setup.log"
+fi
+
+# ---- 3. configure + build --------------------------------------------------------------------
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+built=0
+if run_step configure 120 configure.log cmake -S . -B "$BUILD" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS=90; then
+  if run_step build 300 build.log cmake --build "$BUILD" -j "$JOBS"; then
+    built=1
+  else
+    failed=1
+    tail -n 40 "$OUT/build.log"
+  fi
+else
+  failed=1
+  tail -n 40 "$OUT/configure.log"
+fi
+
+# ---- 4. tests ---------------------------------------------------------------------------------
+if ((built)); then
+  run_step ctest 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
+    --output-junit "$OUT/ctest-junit.xml"
+  rc=$?
+  ((rc != 0)) && failed=1
+  ctest_summary="$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  skipped_cuda="$(grep -cE 'Test +#[0-9]+: Cuda(Runtime|Cast)\..*Skipped' "$OUT/ctest.log" || true)"
+  if ((skipped_cuda > 0)); then
+    cuda_note="${skipped_cuda} CUDA tests were skipped: no usable GPU in this run (see ctest.log)"
+  fi
+  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\*\*\*' "$OUT/ctest.log" |
+    grep -v 'Skipped' | tail -n 30
+else
+  skip_step ctest "build failed"
+fi
+
+# ---- 5. devices as zerotrain sees them -------------------------------------------------------
+app="$BUILD/apps/zerotrain"
+if ((built)) && [[ -x "$app" ]]; then
+  run_step "zerotrain info --devices all" 60 info-all.txt "$app" info --devices all
+  cat "$OUT/info-all.txt"
+  run_step "zerotrain info --devices cuda:0x4" 60 info-cuda0x4.txt "$app" info --devices cuda:0x4
+  cat "$OUT/info-cuda0x4.txt"
+else
+  skip_step "zerotrain info" "no binary"
+fi
+
+# ---- 6. benchmarks (JSON to $OUT) ------------------------------------------------------------
+# Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
+# bench_ops (kernels/ops.h on every device) is skipped like the others while it does not exist.
+for b in bench_cuda_copy bench_peer_copy bench_memory bench_ops; do
+  exe="$BUILD/bench/$b"
+  if ((!built)) || [[ ! -x "$exe" ]]; then
+    skip_step "$b" "no binary"
+    continue
+  fi
+  min_time=0.05s
+  if ! "$exe" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then
+    min_time=0.05
+  fi
+  run_step "$b" 90 "$b.txt" "$exe" --benchmark_min_time="$min_time" \
+    --benchmark_out="$OUT/$b.json" --benchmark_out_format=json
+  tail -n 25 "$OUT/$b.txt"
+done
+
+write_results
+echo
+cat "$RESULTS"
+exit "$failed"

@@ -1,0 +1,692 @@
+// CUDA backend: logical devices over real GPUs (streams, events, memory pools, peer copies), and
+// the availability probe that lets a binary on a machine without GPU or driver say why.
+//
+// Design notes:
+//  - Several logical devices may share one physical GPU (--devices cuda:0x4). Each gets its own
+//    streams and its own pool; they share the GPU's memory, so each pool is capped at its share
+//    (total_memory()), which keeps out-of-memory behaviour per logical device predictable.
+//  - CUDA binds streams, events, allocations and launches to the current device: every
+//    device-bound call runs under a DeviceGuard for the physical ordinal.
+//  - Host functions (cudaLaunchHostFunc) run on a CUDA-owned thread and must not call CUDA. An
+//    exception thrown inside one is recorded on its stream; the stream's next synchronize() or
+//    query() rethrows it as zt::Error(kDevice), and keeps doing so (sticky, like a CUDA error).
+//  - copy_peer takes one of three routes: same GPU -> device-to-device cudaMemcpyAsync; peer
+//    access enabled -> cudaMemcpyPeerAsync; otherwise through pinned host staging memory, both
+//    legs on the source stream. The staging block is freed right after the copies are enqueued:
+//    only stream work touches it, so the pool's stream rules (reuse on the same stream at once,
+//    on other streams only after an event) make reuse safe.
+//  - Destructors never throw: after a sticky CUDA error, or while the static runtime unloads at
+//    exit, every call fails, and a failed device must still be destroyable.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "memory/caching_allocator.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace zt::cuda {
+namespace {
+
+// Chunk size of a staged peer copy: one pinned block of at most this size is reused by every
+// chunk (safe: both legs of every chunk are ordered on one stream).
+constexpr size_t kStagingChunkBytes = size_t{16} << 20;
+
+std::atomic<PeerCopyPath> g_peer_copy_path{PeerCopyPath::kAuto};
+
+// Peer access is process-wide state of the primary contexts; remember which directions are on.
+// Never destroyed, so it is usable from destructors that run during static destruction.
+class PeerTable {
+ public:
+  bool enabled(int from, int to) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enabled_.count({from, to}) != 0;
+  }
+  void mark(int from, int to) {
+    std::lock_guard<std::mutex> lock(mu_);
+    enabled_.insert({from, to});
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::pair<int, int>> enabled_;
+};
+PeerTable& peer_table() {
+  static PeerTable* table = new PeerTable();
+  return *table;
+}
+
+// DeviceGuard for destructors and deallocation paths: switches when it can, never throws.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (previous_ == ordinal) return;
+    if (cudaSetDevice(ordinal) == cudaSuccess) {
+      switched_ = true;
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
+  ~QuietDeviceGuard() {
+    if (switched_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+// Ignores an error from a cleanup call (see the design notes), clearing it so it is not
+// reported by an unrelated later check.
+void ignore_error(cudaError_t err) {
+  if (err != cudaSuccess) (void)cudaGetLastError();
+}
+
+std::string version_text(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// ---- raw allocators ---------------------------------------------------------------------------
+
+class CudaRawAllocator final : public RawAllocator {
+ public:
+  CudaRawAllocator(int ordinal, size_t capacity_bytes)
+      : ordinal_(ordinal), capacity_(capacity_bytes) {}
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    // Reserve against the capacity first so concurrent allocations cannot overshoot it.
+    size_t used = in_use_.load();
+    do {
+      if (capacity_ != 0 && (bytes > capacity_ || used > capacity_ - bytes)) return nullptr;
+    } while (!in_use_.compare_exchange_weak(used, used + bytes));
+
+    void* ptr = nullptr;
+    cudaError_t err = cudaSuccess;
+    try {
+      DeviceGuard guard(ordinal_);
+      err = cudaMalloc(&ptr, bytes);
+    } catch (...) {
+      in_use_ -= bytes;
+      throw;
+    }
+    if (err == cudaSuccess) return ptr;
+    in_use_ -= bytes;
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // out of memory is not sticky; the pool's fallback chain decides
+      return nullptr;
+    }
+    detail::throw_cuda_error(err, "cudaMalloc(&ptr, bytes)", __FILE__, __LINE__);
+  }
+
+  void deallocate(void* ptr, size_t bytes) override {
+    if (ptr == nullptr) return;
+    QuietDeviceGuard guard(ordinal_);
+    ignore_error(cudaFree(ptr));
+    in_use_ -= bytes;
+  }
+
+  std::string name() const override { return "cudaMalloc on GPU " + std::to_string(ordinal_); }
+
+ private:
+  int ordinal_;
+  size_t capacity_;
+  std::atomic<size_t> in_use_{0};
+};
+
+class PinnedHostRawAllocator final : public RawAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* ptr = nullptr;
+    // Portable: the staging memory of one GPU's pool may be used by copies on any GPU.
+    const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+    if (err == cudaSuccess) return ptr;
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    detail::throw_cuda_error(err, "cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)", __FILE__,
+                             __LINE__);
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    if (ptr != nullptr) ignore_error(cudaFreeHost(ptr));
+  }
+  std::string name() const override { return "cudaHostAlloc (pinned host)"; }
+};
+
+// ---- events -----------------------------------------------------------------------------------
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(int ordinal) : ordinal_(ordinal) { create(); }
+  ~CudaEvent() override {
+    if (event_ != nullptr) ignore_error(cudaEventDestroy(event_));
+  }
+
+  bool query() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error
+      return false;
+    }
+    ZT_CUDA_CHECK(err);
+    return true;
+  }
+
+  void synchronize() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ZT_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+
+  // Called with `ordinal` current. An event is bound to the device it was created on; recording
+  // it on another GPU's stream re-creates it there (any wait already enqueued keeps the old one,
+  // and cudaEventDestroy defers the release until the old record completes).
+  void record_on(cudaStream_t stream, int ordinal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ordinal != ordinal_) {
+      ignore_error(cudaEventDestroy(event_));
+      event_ = nullptr;
+      ordinal_ = ordinal;
+      create();
+    }
+    ZT_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+
+  void wait_on(cudaStream_t stream) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Waiting on a never-recorded event is a no-op in CUDA too.
+    ZT_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+  }
+
+ private:
+  void create() {
+    DeviceGuard guard(ordinal_);
+    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+
+  mutable std::mutex mu_;
+  int ordinal_;
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaDevice;
+
+// ---- streams ----------------------------------------------------------------------------------
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(CudaDevice& device, int id, int priority);
+  ~CudaStream() override;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  Device& device() override;
+  Backend backend() const override { return Backend::kCuda; }
+  int id() const override { return id_; }
+
+  void record(Event& event) override;
+  void wait(const Event& event) override;
+  void synchronize() override;
+  bool query() override;
+
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) override;
+  void memset(void* dst, int value, size_t bytes) override;
+  void host_func(std::function<void()> fn) override;
+
+  void* native_handle() override { return stream_; }
+
+  // Called from CUDA's host-function thread.
+  void record_host_failure(const std::string& what);
+
+ private:
+  void check(cudaError_t err, const char* call, int line);
+  void rethrow_host_failure();
+  void copy_staged(void* dst, const void* src, size_t bytes);
+
+  CudaDevice& device_;
+  int id_;
+  int ordinal_;
+  cudaStream_t stream_ = nullptr;
+  std::mutex failure_mu_;
+  std::string host_failure_;  // first exception from a host function; empty = none
+};
+
+// Inside CudaStream and CudaDevice: a failed call also marks the device failed (sticky).
+#define ZT_CUDA_STREAM_CHECK(call) check((call), #call, __LINE__)
+
+struct HostFuncPayload {
+  std::function<void()> fn;
+  CudaStream* stream;
+};
+
+void CUDART_CB run_host_func(void* user_data) {
+  // The payload, and so fn's captures, die on CUDA's thread: captures must not call CUDA either.
+  std::unique_ptr<HostFuncPayload> payload(static_cast<HostFuncPayload*>(user_data));
+  try {
+    payload->fn();
+  } catch (const std::exception& e) {
+    payload->stream->record_host_failure(e.what());
+  } catch (...) {
+    payload->stream->record_host_failure("unknown exception");
+  }
+}
+
+// ---- devices ----------------------------------------------------------------------------------
+
+struct GpuInfo {
+  std::string name;
+  size_t total_memory = 0;
+  int priority_normal = 0;  // cudaDeviceGetStreamPriorityRange: numerically lower = higher
+  int priority_high = 0;
+  int share_count = 0;  // logical devices on this GPU
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int index, int ordinal, int slot, const GpuInfo& gpu)
+      : index_(index), ordinal_(ordinal), slot_(slot), gpu_(gpu) {
+    name_ = "cuda:" + std::to_string(ordinal_) + " (" + gpu_.name + ")";
+    if (gpu_.share_count > 1) {
+      name_ += " [logical " + std::to_string(slot_) + " of " + std::to_string(gpu_.share_count) +
+               " on GPU " + std::to_string(ordinal_) + "]";
+    }
+    total_memory_ = gpu_.total_memory / static_cast<size_t>(std::max(gpu_.share_count, 1));
+    streams_.push_back(std::make_unique<CudaStream>(*this, 0, gpu_.priority_normal));
+    streams_.push_back(std::make_unique<CudaStream>(*this, 1, gpu_.priority_high));
+    compute_ = streams_[0].get();
+    comm_ = streams_[1].get();
+    // A GPU of its own: let cudaMalloc say when it is full. Shared: cap at this device's share.
+    const size_t capacity = gpu_.share_count > 1 ? total_memory_ : 0;
+    pool_ = std::make_unique<CachingAllocator>(name_, make_device_raw_allocator(ordinal_, capacity));
+  }
+
+  ~CudaDevice() override {
+    // Drain every stream before the pools hand their segments back; errors are not reported
+    // here (see the design notes). Pools go before streams: they may hold events on them.
+    for (auto& s : streams_) {
+      QuietDeviceGuard guard(ordinal_);
+      ignore_error(cudaStreamSynchronize(static_cast<cudaStream_t>(s->native_handle())));
+    }
+    staging_.reset();
+    pool_.reset();
+  }
+
+  int index() const override { return index_; }
+  Backend backend() const override { return Backend::kCuda; }
+  std::string name() const override { return name_; }
+  size_t total_memory() const override { return total_memory_; }
+
+  Stream& compute() override { return *compute_; }
+  Stream& comm() override { return *comm_; }
+
+  Stream& create_stream(StreamPriority priority) override {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const int id = static_cast<int>(streams_.size());
+    const int p = priority == StreamPriority::kHigh ? gpu_.priority_high : gpu_.priority_normal;
+    streams_.push_back(std::make_unique<CudaStream>(*this, id, p));
+    return *streams_.back();
+  }
+
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
+
+  CachingAllocator& memory() override { return *pool_; }
+
+  bool can_access_peer(const Device& other) const override {
+    const auto* peer = dynamic_cast<const CudaDevice*>(&other);
+    if (peer == nullptr) return false;
+    if (peer->ordinal_ == ordinal_) return true;
+    int can = 0;
+    ZT_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, ordinal_, peer->ordinal_));
+    return can != 0;
+  }
+
+  void synchronize() override {
+    std::vector<CudaStream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      for (auto& s : streams_) streams.push_back(s.get());
+    }
+    // Drain all of them even when one fails; report the first failure.
+    std::exception_ptr first;
+    for (CudaStream* s : streams) {
+      try {
+        s->synchronize();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  bool failed() const override { return failed_.load(); }
+
+  int ordinal() const { return ordinal_; }
+  void mark_failed() { failed_.store(true); }
+
+  // Pinned host memory for staged peer copies; created on first use (most setups never stage).
+  CachingAllocator& staging_pool() {
+    std::call_once(staging_once_, [this] {
+      staging_ = std::make_unique<CachingAllocator>(name_ + " pinned staging",
+                                                    make_pinned_host_raw_allocator());
+    });
+    return *staging_;
+  }
+
+ private:
+  int index_;
+  int ordinal_;
+  int slot_;  // position among the logical devices on this GPU
+  GpuInfo gpu_;
+  std::string name_;
+  size_t total_memory_ = 0;
+  std::atomic<bool> failed_{false};
+
+  // Declared before the pools so that they are destroyed after them.
+  std::mutex streams_mu_;
+  std::vector<std::unique_ptr<CudaStream>> streams_;  // 0 compute, 1 comm, then create_stream()
+  CudaStream* compute_ = nullptr;
+  CudaStream* comm_ = nullptr;
+
+  std::unique_ptr<CachingAllocator> pool_;
+  std::once_flag staging_once_;
+  std::unique_ptr<CachingAllocator> staging_;
+};
+
+// ---- stream implementation --------------------------------------------------------------------
+
+CudaStream::CudaStream(CudaDevice& device, int id, int priority)
+    : device_(device), id_(id), ordinal_(device.ordinal()) {
+  DeviceGuard guard(ordinal_);
+  // Non-blocking: no implicit synchronisation with the legacy default stream.
+  ZT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+}
+
+CudaStream::~CudaStream() {
+  if (stream_ == nullptr) return;
+  QuietDeviceGuard guard(ordinal_);
+  // Host functions still queued refer to this object: let them finish first.
+  ignore_error(cudaStreamSynchronize(stream_));
+  ignore_error(cudaStreamDestroy(stream_));
+}
+
+Device& CudaStream::device() { return device_; }
+
+void CudaStream::check(cudaError_t err, const char* call, int line) {
+  if (err == cudaSuccess) [[likely]]
+    return;
+  device_.mark_failed();
+  detail::throw_cuda_error(err, call, __FILE__, line);
+}
+
+void CudaStream::record_host_failure(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (host_failure_.empty()) host_failure_ = what.empty() ? "exception without a message" : what;
+  }
+  device_.mark_failed();
+}
+
+void CudaStream::rethrow_host_failure() {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (!host_failure_.empty()) {
+    ZT_THROW(ErrorKind::kDevice, "a host function on ", device_.name(), " stream ", id_,
+             " failed: ", host_failure_);
+  }
+}
+
+void CudaStream::record(Event& event) {
+  auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+  ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only record an event of a CUDA device");
+  DeviceGuard guard(ordinal_);
+  try {
+    cuda_event->record_on(stream_, ordinal_);
+  } catch (...) {
+    device_.mark_failed();
+    throw;
+  }
+}
+
+void CudaStream::wait(const Event& event) {
+  const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
+  ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only wait on an event of a CUDA device");
+  DeviceGuard guard(ordinal_);
+  try {
+    cuda_event->wait_on(stream_);
+  } catch (...) {
+    device_.mark_failed();
+    throw;
+  }
+}
+
+void CudaStream::synchronize() {
+  {
+    DeviceGuard guard(ordinal_);
+    ZT_CUDA_STREAM_CHECK(cudaStreamSynchronize(stream_));
+  }
+  rethrow_host_failure();
+}
+
+bool CudaStream::query() {
+  bool done = true;
+  {
+    DeviceGuard guard(ordinal_);
+    const cudaError_t err = cudaStreamQuery(stream_);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      done = false;
+    } else {
+      ZT_CUDA_STREAM_CHECK(err);
+    }
+  }
+  rethrow_host_failure();
+  return done;
+}
+
+void CudaStream::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceGuard guard(ordinal_);
+  ZT_CUDA_STREAM_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+}
+
+void CudaStream::copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) {
+  auto* peer = dynamic_cast<CudaDevice*>(&dst_device);
+  ZT_CHECK(peer != nullptr, "copy_peer from ", device_.name(), " to ", dst_device.name(),
+           ": the destination is not a CUDA device");
+  if (bytes == 0) return;
+  const int dst_ordinal = peer->ordinal();
+
+  PeerCopyPath path = g_peer_copy_path.load(std::memory_order_relaxed);
+  if (path == PeerCopyPath::kAuto && dst_ordinal == ordinal_) {
+    DeviceGuard guard(ordinal_);
+    ZT_CUDA_STREAM_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  if (path == PeerCopyPath::kAuto) {
+    path = peer_table().enabled(ordinal_, dst_ordinal) ? PeerCopyPath::kPeer : PeerCopyPath::kStaged;
+  }
+  if (path == PeerCopyPath::kPeer) {
+    DeviceGuard guard(ordinal_);
+    ZT_CUDA_STREAM_CHECK(cudaMemcpyPeerAsync(dst, dst_ordinal, src, ordinal_, bytes, stream_));
+    return;
+  }
+  copy_staged(dst, src, bytes);
+}
+
+void CudaStream::copy_staged(void* dst, const void* src, size_t bytes) {
+  CachingAllocator& staging = device_.staging_pool();
+  const size_t chunk = std::min(bytes, kStagingChunkBytes);
+  auto* host = static_cast<unsigned char*>(staging.allocate(chunk, *this, "peer-copy staging"));
+  try {
+    DeviceGuard guard(ordinal_);
+    auto* d = static_cast<unsigned char*>(dst);
+    const auto* s = static_cast<const unsigned char*>(src);
+    for (size_t offset = 0; offset < bytes; offset += chunk) {
+      const size_t n = std::min(chunk, bytes - offset);
+      // cudaMemcpyDefault: with unified addressing the runtime finds each pointer's device, so
+      // the second leg may target another GPU's memory from this stream.
+      ZT_CUDA_STREAM_CHECK(cudaMemcpyAsync(host, s + offset, n, cudaMemcpyDefault, stream_));
+      ZT_CUDA_STREAM_CHECK(cudaMemcpyAsync(d + offset, host, n, cudaMemcpyDefault, stream_));
+    }
+  } catch (...) {
+    staging.free(host);
+    throw;
+  }
+  staging.free(host);
+}
+
+void CudaStream::memset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceGuard guard(ordinal_);
+  ZT_CUDA_STREAM_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
+}
+
+void CudaStream::host_func(std::function<void()> fn) {
+  ZT_CHECK(static_cast<bool>(fn), "host_func needs a callable");
+  auto payload = std::make_unique<HostFuncPayload>(HostFuncPayload{std::move(fn), this});
+  DeviceGuard guard(ordinal_);
+  ZT_CUDA_STREAM_CHECK(cudaLaunchHostFunc(stream_, run_host_func, payload.get()));
+  payload.release();  // owned by run_host_func from now on
+}
+
+#undef ZT_CUDA_STREAM_CHECK
+
+}  // namespace
+
+// ---- public entry points ----------------------------------------------------------------------
+
+CudaAvailability query_availability() {
+  CudaAvailability result;
+  result.compiled = true;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    int driver = 0;
+    int runtime = 0;
+    ignore_error(cudaDriverGetVersion(&driver));
+    ignore_error(cudaRuntimeGetVersion(&runtime));
+    std::string versions = "; driver: " +
+                           (driver == 0 ? std::string("none") : "CUDA " + version_text(driver)) +
+                           ", runtime: CUDA " + version_text(runtime);
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible != nullptr) versions += ", CUDA_VISIBLE_DEVICES=\"" + std::string(visible) + "\"";
+    result.reason = std::string("no usable GPU: cudaGetDeviceCount failed with ") +
+                    cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")" + versions;
+    return result;
+  }
+  if (count <= 0) {
+    result.reason = "no usable GPU: the CUDA runtime reports no device";
+    return result;
+  }
+  result.usable = true;
+  result.device_count = count;
+  return result;
+}
+
+std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requested) {
+  const CudaAvailability availability = query_availability();
+  if (!availability.usable) ZT_THROW(ErrorKind::kDevice, availability.reason);
+  const int count = availability.device_count;
+
+  std::vector<int> ordinals = requested;
+  if (ordinals.empty()) {
+    for (int i = 0; i < count; ++i) ordinals.push_back(i);
+  }
+  std::map<int, GpuInfo> gpus;
+  for (int ordinal : ordinals) {
+    ZT_REQUIRE(ordinal >= 0 && ordinal < count, "the device selection names GPU ", ordinal,
+               " but this machine has ", count, " visible GPU(s) (ordinals 0..", count - 1,
+               "); pick an existing ordinal or check CUDA_VISIBLE_DEVICES");
+    ++gpus[ordinal].share_count;
+  }
+
+  for (auto& [ordinal, gpu] : gpus) {
+    DeviceGuard guard(ordinal);
+    cudaDeviceProp prop{};
+    ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    gpu.name = prop.name;
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    ZT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    gpu.total_memory = total_bytes;
+    int least = 0;
+    int greatest = 0;
+    ZT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    gpu.priority_normal = least;
+    gpu.priority_high = greatest;
+  }
+
+  // Peer access between distinct GPUs, both directions, where the hardware allows it.
+  for (const auto& [from, from_gpu] : gpus) {
+    for (const auto& [to, to_gpu] : gpus) {
+      if (from == to || peer_table().enabled(from, to)) continue;
+      int can = 0;
+      ZT_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+      if (!can) continue;
+      DeviceGuard guard(from);
+      const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+      if (err == cudaErrorTooManyPeers) {
+        (void)cudaGetLastError();  // a hardware limit (8 peers): copies to `to` go staged
+        continue;
+      }
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        ZT_CUDA_CHECK(err);
+      }
+      peer_table().mark(from, to);
+    }
+  }
+
+  std::vector<std::unique_ptr<Device>> devices;
+  std::map<int, int> next_slot;
+  for (size_t i = 0; i < ordinals.size(); ++i) {
+    const int ordinal = ordinals[i];
+    devices.push_back(std::make_unique<CudaDevice>(static_cast<int>(i), ordinal,
+                                                   next_slot[ordinal]++, gpus.at(ordinal)));
+  }
+  return devices;
+}
+
+std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capacity_bytes) {
+  return std::make_unique<CudaRawAllocator>(ordinal, capacity_bytes);
+}
+
+std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator() {
+  return std::make_unique<PinnedHostRawAllocator>();
+}
+
+int pointer_device(const void* ptr) {
+  if (ptr == nullptr) return -1;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    return attributes.device;
+  }
+  return -1;
+}
+
+void set_peer_copy_path(PeerCopyPath path) { g_peer_copy_path.store(path); }
+PeerCopyPath peer_copy_path() { return g_peer_copy_path.load(); }
+
+}  // namespace zt::cuda
