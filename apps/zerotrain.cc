@@ -1,15 +1,19 @@
-// zerotrain: the one binary. Subcommands: info (devices, peer access, build). The trainer
-// (train) arrives with the compute issue. This is the only place an error becomes an exit code.
+// zerotrain: the one binary. Subcommands: train (the default job trains gpt-tiny on the synthetic
+// corpus), info (devices, peer access, build). The only place an error becomes an exit code.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <vector>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "runtime/runtime.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -76,6 +80,69 @@ int main(int argc, char** argv) {
   info->add_option("--devices", devices, "Devices: all, cpu:N, cuda:0,1,3, cuda:0x4")
       ->capture_default_str();
 
+  zt::TrainConfig tc;
+  std::string schedule = "cosine", optimizer = "adamw", hidden;
+  CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
+  {
+    std::string presets;
+    for (const auto& n : zt::model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+    train->add_option("--model", tc.model, "Model preset: " + presets)->capture_default_str();
+    train->add_option("--data", tc.data,
+                      "synthetic, a text file, llm.c token shards (*.bin glob), or fashion-mnist (MLP)")
+        ->capture_default_str();
+    train->add_option("--devices", tc.devices, "Device: cpu:1, cuda:0 (default: first GPU, else one simulated device)");
+    train->add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(CLI::PositiveNumber);
+    train->add_option("--epochs", tc.epochs, "Image data: epochs to train when --steps is not given (default 3)")
+        ->check(CLI::PositiveNumber);
+    train->add_option("--batch-size", tc.batch_size, "Global batch in sequences/examples (default 8; MLP 128)")
+        ->check(CLI::PositiveNumber);
+    train->add_option("--micro-batch-size", tc.micro_batch_size, "Micro-batch; accumulation = batch / micro-batch")
+        ->check(CLI::PositiveNumber);
+    train->add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(CLI::PositiveNumber);
+    train->add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(CLI::NonNegativeNumber);
+    train->add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 2% of steps)")
+        ->check(CLI::NonNegativeNumber);
+    train->add_option("--lr-schedule", schedule, "cosine, linear or constant")->capture_default_str()
+        ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+    train->add_option("--weight-decay", tc.weight_decay, "Decoupled weight decay (matrices and embeddings)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--grad-clip", tc.grad_clip, "Clip the global gradient norm to this (0 = off)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    train->add_option("--optimizer", optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()
+        ->check(CLI::IsMember({"adamw", "sgd"}));
+    train->add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str();
+    train->add_option("--eval-every", tc.eval_every, "Evaluate every N steps (default 4 times a run)")
+        ->check(CLI::NonNegativeNumber);
+    train->add_option("--eval-batches", tc.eval_batches, "Validation batches per evaluation")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    train->add_option("--sample-every", tc.sample_every, "Print a text sample every N steps (0 = only at the end)")
+        ->check(CLI::NonNegativeNumber);
+    train->add_option("--sample-tokens", tc.sample_tokens, "Tokens per sample")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    train->add_option("--temperature", tc.temperature, "Sampling temperature")->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    train->add_option("--top-k", tc.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    train->add_option("--metrics", tc.metrics_path, "Write JSON lines: one per step, eval and a summary");
+    train->add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(CLI::PositiveNumber);
+    train->add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(CLI::PositiveNumber);
+    train->add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(CLI::PositiveNumber);
+    train->add_option("--seq-len", tc.overrides.seq_len, "Override the model's context length")->check(CLI::PositiveNumber);
+    train->add_option("--train-seq-len", tc.train_seq_len, "Tokens per training sequence (default: the context)")
+        ->check(CLI::PositiveNumber);
+    train->add_option("--vocab", tc.overrides.vocab, "Override the vocabulary size")->check(CLI::PositiveNumber);
+    train->add_option("--hidden", hidden, "MLP hidden sizes, e.g. 256,128");
+    train->add_flag("--quiet", tc.quiet, "No progress output");
+  }
+
+  const std::vector<std::string> subcommands = {"train", "info"};
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
+    std::string names;
+    for (const auto& n : subcommands) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr, "zerotrain: unknown subcommand '%s'; expected one of: %s\n", argv[1], names.c_str());
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -84,6 +151,26 @@ int main(int argc, char** argv) {
 
   try {
     if (info->parsed()) return run_info(devices);
+    if (train->parsed()) {
+      tc.schedule = zt::parse_lr_schedule(schedule);
+      tc.optimizer = optimizer == "sgd" ? zt::OptimizerKind::kSgd : zt::OptimizerKind::kAdamW;
+      if (!hidden.empty()) {
+        size_t pos = 0;
+        while (pos <= hidden.size()) {
+          const size_t comma = hidden.find(',', pos);
+          const std::string item = hidden.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+          char* end = nullptr;
+          const long v = std::strtol(item.c_str(), &end, 10);
+          if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20))
+            throw zt::Error(zt::ErrorKind::kInvalidArgument, "--hidden '" + hidden + "' must be positive sizes separated by commas, e.g. 256,128");
+          tc.overrides.hidden.push_back(static_cast<int>(v));
+          if (comma == std::string::npos) break;
+          pos = comma + 1;
+        }
+      }
+      zt::train(tc);
+      return 0;
+    }
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());
     return e.kind() == zt::ErrorKind::kInvalidArgument ? kExitUsage : kExitRuntimeError;

@@ -1,0 +1,75 @@
+// Synchronous raw-pointer CPU kernels behind kernels/ops.h; ops.cc enqueues them on a CPU stream.
+// Arguments mirror kernels/cuda/cuda_ops.h (minus the stream); semantics are those of ops.h.
+// Matrix products go through OpenBLAS (cblas_sgemm), loops through zt::parallel_for. Every
+// result is independent of the thread count: work is split over rows/columns/heads whose
+// results do not interact, and cross-row reductions use a fixed blocking and order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace zt::cpu_kernels {
+
+// ---- elementwise / utility -------------------------------------------------------------
+void fill(float* x, int64_t n, float value);
+void scale(float* x, int64_t n, float alpha);
+void add(float* out, const float* a, const float* b, int64_t n);  // out may alias a/b
+// f32/f16/bf16 conversion with the round-to-nearest-even functions of core/dtype.h.
+void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+
+// ---- encoder ----------------------------------------------------------------------------
+// Throws zt::Error when a token id is outside [0, V).
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                     int64_t B, int64_t T, int64_t C, int64_t V);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                      int64_t T, int64_t C, int64_t V);
+
+// ---- layernorm ----------------------------------------------------------------------------
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps);
+void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
+                        const float* in, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+
+// ---- matmul (bias / din / dbias may be nullptr) ------------------------------------------------
+void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
+                    int64_t C, int64_t OC);
+void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                     const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// ---- attention ------------------------------------------------------------------------------
+void attention_forward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t NH);
+void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
+                        const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                        int64_t NH);
+
+// ---- activations ------------------------------------------------------------------------------
+void gelu_forward(float* out, const float* in, int64_t n);
+void gelu_backward(float* din, const float* in, const float* dout, int64_t n);
+void relu_forward(float* out, const float* in, int64_t n);
+void relu_backward(float* din, const float* in, const float* dout, int64_t n);
+
+// ---- classifier ---------------------------------------------------------------------------------
+// Throws zt::Error when a target is >= V.
+void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int64_t N,
+                                 int64_t V, float dloss, bool compute_grad);
+
+// ---- optimizers
+// -----------------------------------------------------------------------------------
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+                  float bias_correction2, float grad_scale);
+void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool nesterov, float grad_scale);
+
+// ---- reductions
+// ------------------------------------------------------------------------------------- Squares
+// summed in double within blocks of kSumSquaresBlock elements, block sums added in index order (in
+// double): the same bits for any thread count.
+constexpr int64_t kSumSquaresBlock = 4096;
+void sum_squares(float* out, const float* x, int64_t n);
+
+}  // namespace zt::cpu_kernels

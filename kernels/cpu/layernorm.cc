@@ -1,0 +1,85 @@
+// CPU kernels for layernorm over the last dimension, forward and backward.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace zt::cpu_kernels {
+
+namespace {
+
+// dweight/dbias are summed over fixed blocks of rows (partials in double), and the partials are
+// added in block order: one pass over the inputs, and the same bits for any thread count.
+constexpr int64_t kLayernormRowBlock = 64;
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps) {
+  parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = in + r * C;
+      const double m = detail::lane_sum(C, [x](int64_t i) { return double{x[i]}; }) / C;
+      const double var = detail::lane_sum(C,
+                                          [x, m](int64_t i) {
+                                            const double d = x[i] - m;
+                                            return d * d;
+                                          }) /
+                         C;
+      const float mf = static_cast<float>(m);
+      const float sf = static_cast<float>(1.0 / std::sqrt(var + eps));
+      float* o = out + r * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = (x[i] - mf) * sf * weight[i] + bias[i];
+      mean[r] = mf;
+      rstd[r] = sf;
+    }
+  });
+}
+
+void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
+                        const float* in, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  const int64_t num_blocks = (N + kLayernormRowBlock - 1) / kLayernormRowBlock;
+  // partial[blk] = {dweight partial [C], dbias partial [C]}
+  std::vector<double> partial(static_cast<size_t>(num_blocks * 2 * C));
+  double* partial_data = partial.data();
+  parallel_for(num_blocks, 1, [=](int64_t blk0, int64_t blk1) {
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      double* pw = partial_data + blk * 2 * C;
+      double* pb = pw + C;
+      const int64_t row_end = std::min(N, (blk + 1) * kLayernormRowBlock);
+      for (int64_t r = blk * kLayernormRowBlock; r < row_end; ++r) {
+        const float* x = in + r * C;
+        const float* dy = dout + r * C;
+        const float m = mean[r], s = rstd[r];
+        const double dnorm_mean =
+            detail::lane_sum(C, [=](int64_t i) { return double{weight[i]} * dy[i]; }) / C;
+        const double dnorm_norm_mean =
+            detail::lane_sum(
+                C, [=](int64_t i) { return double{weight[i]} * dy[i] * ((x[i] - m) * s); }) /
+            C;
+        const float a = static_cast<float>(dnorm_mean);
+        const float b = static_cast<float>(dnorm_norm_mean);
+        float* dx = din + r * C;
+        for (int64_t i = 0; i < C; ++i) {
+          const float norm = (x[i] - m) * s;
+          dx[i] += (weight[i] * dy[i] - a - norm * b) * s;
+          pw[i] += double{norm} * dy[i];
+          pb[i] += dy[i];
+        }
+      }
+    }
+  });
+  // Block partials are combined in block order, in double; the float gradient is rounded once.
+  for (int64_t blk = 1; blk < num_blocks; ++blk) {
+    const double* pw = partial_data + blk * 2 * C;
+    for (int64_t i = 0; i < 2 * C; ++i) partial_data[i] += pw[i];
+  }
+  for (int64_t i = 0; i < C; ++i) {
+    dweight[i] += static_cast<float>(partial_data[i]);
+    dbias[i] += static_cast<float>(partial_data[C + i]);
+  }
+}
+
+}  // namespace zt::cpu_kernels

@@ -1,0 +1,50 @@
+// CPU kernels for matmul with bias: matrix products through detail::sgemm (OpenBLAS over fixed
+// output tiles, in parallel), the bias gradient as fixed-order column sums.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace zt::cpu_kernels {
+
+namespace {
+
+// dbias columns per work item; each column sums all rows in order (double), thread-count free.
+constexpr int64_t kBiasColumnBlock = 64;
+
+// dst[c] += sum_r src[r, c] for src [N, C].
+void add_column_sums(float* dst, const float* src, int64_t N, int64_t C) {
+  const int64_t num_blocks = (C + kBiasColumnBlock - 1) / kBiasColumnBlock;
+  parallel_for(num_blocks, 1, [=](int64_t blk0, int64_t blk1) {
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      const int64_t c0 = blk * kBiasColumnBlock;
+      const int64_t width = std::min(kBiasColumnBlock, C - c0);
+      double acc[kBiasColumnBlock] = {};
+      for (int64_t r = 0; r < N; ++r) {
+        const float* row = src + r * C + c0;
+        for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+      }
+      for (int64_t j = 0; j < width; ++j) dst[c0 + j] += static_cast<float>(acc[j]);
+    }
+  });
+}
+
+}  // namespace
+
+void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
+                    int64_t C, int64_t OC) {
+  // out[N,OC] = in[N,C] @ weight[OC,C]^T + bias
+  detail::sgemm(false, true, N, OC, C, 1.0f, in, C, weight, C, 0.0f, out, OC, bias);
+}
+
+void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                     const float* weight, int64_t N, int64_t C, int64_t OC) {
+  // din[N,C] += dout[N,OC] @ weight[OC,C]
+  if (din != nullptr)
+    detail::sgemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, din, C);
+  // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
+  detail::sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dweight, C);
+  if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
+}
+
+}  // namespace zt::cpu_kernels

@@ -1,0 +1,28 @@
+// CPU kernel for sum of squares (gradient norms): fixed blocks, double partials, fixed order.
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace zt::cpu_kernels {
+
+void sum_squares(float* out, const float* x, int64_t n) {
+  const int64_t num_blocks = (n + kSumSquaresBlock - 1) / kSumSquaresBlock;
+  std::vector<double> partial(static_cast<size_t>(num_blocks));
+  double* partial_data = partial.data();
+  parallel_for(num_blocks, 4, [=](int64_t blk0, int64_t blk1) {
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      const float* xb = x + blk * kSumSquaresBlock;
+      const int64_t len = std::min(kSumSquaresBlock, n - blk * kSumSquaresBlock);
+      partial_data[blk] = detail::lane_sum(len, [xb](int64_t i) {
+        const double v = xb[i];
+        return v * v;
+      });
+    }
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  out[0] = static_cast<float>(total);
+}
+
+}  // namespace zt::cpu_kernels

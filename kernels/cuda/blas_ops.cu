@@ -1,0 +1,237 @@
+// CUDA matmul and causal self-attention (kernels/ops.h semantics): cuBLAS GEMMs in true fp32
+// (CUBLAS_COMPUTE_32F, no TF32) plus small kernels for the bias, the column sums of dbias and
+// the causal softmax (exp_elem of kernels/elementwise.h, sums in double, as the CPU kernels). Everything is deterministic: cuBLAS GEMMs are bit-reproducible for a fixed
+// handle/workspace, and our reductions run in a fixed order.
+//
+// Row-major <-> cuBLAS: a row-major [R, K] matrix with row stride ld is, read column-major, the
+// [K, R] matrix X^T with leading dimension ld. So the row-major product Y = A @ B is computed as
+// the column-major Y^T = B^T A^T, i.e. with the operands swapped.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cublas_handle.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_utils.h"
+#include "kernels/elementwise.h"
+
+namespace zt::cuda_ops {
+namespace {
+
+using detail::kColumnSumRows;
+using detail::kWarpSize;
+
+int to_int(int64_t v, const char* what) {
+  ZT_CHECK(v >= 0 && v <= INT_MAX, "cuBLAS dimension ", what, " = ", v, " does not fit in int");
+  return static_cast<int>(v);
+}
+
+// Column-major C[m,n] = alpha op(A) op(B) + beta C, all fp32 with fp32 accumulation.
+void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+          int64_t k, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+          float beta, float* C, int64_t ldc) {
+  ZT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha,
+                               A, CUDA_R_32F, to_int(lda, "lda"), B, CUDA_R_32F,
+                               to_int(ldb, "ldb"), &beta, C, CUDA_R_32F, to_int(ldc, "ldc"),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                          int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+                          int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b,
+                          float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  ZT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha, A, CUDA_R_32F,
+      to_int(lda, "lda"), stride_a, B, CUDA_R_32F, to_int(ldb, "ldb"), stride_b, &beta, C,
+      CUDA_R_32F, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch"), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- matmul helpers -----------------------------------------------------------------------
+// out[N,OC] += bias[OC] (broadcast over rows).
+__global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias, int64_t N,
+                                int64_t OC) {
+  const int64_t total = N * OC;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    out[i] += bias[i % OC];
+  }
+}
+
+// dbias[OC] += sum over rows of dout[N,OC]. Block (32, kColumnSumRows), grid ceil(OC/32).
+__global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
+    bias_grad_kernel(float* __restrict__ dbias, const float* __restrict__ dout,
+                                 int64_t N, int64_t OC) {
+  __shared__ detail::ColumnTile tile;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  double acc = 0.0;
+  if (col < OC) {
+    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) acc += dout[row * OC + col];
+  }
+  const double total = detail::column_tree_sum(acc, tile);
+  if (threadIdx.y == 0 && col < OC) dbias[col] += static_cast<float>(total);
+}
+
+// ---- attention helpers ------------------------------------------------------------------------
+// One warp per row r of the [B*NH*T, T] score matrix (t = r % T): att[r, t2] = softmax over
+// t2 <= t of preatt[r, :], and 0 for t2 > t.
+constexpr int kSoftmaxBlock = 256;
+constexpr int kSoftmaxRowsPerBlock = kSoftmaxBlock / kWarpSize;
+
+__global__ void causal_softmax_forward_kernel(float* __restrict__ att,
+                                              const float* __restrict__ preatt, int64_t rows,
+                                              int64_t T) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kSoftmaxRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kSoftmaxRowsPerBlock + threadIdx.x / kWarpSize;
+       r < rows; r += warps_total) {
+    const int64_t t = r % T;
+    const float* x = preatt + r * T;
+    float* y = att + r * T;
+    float m = -INFINITY;
+    for (int64_t j = lane; j <= t; j += kWarpSize) m = fmaxf(m, x[j]);
+    m = detail::warp_max(m);
+    double s = 0.0;
+    for (int64_t j = lane; j <= t; j += kWarpSize) s += exp_elem(x[j] - m);
+    const float inv = static_cast<float>(1.0 / detail::warp_sum(s));
+    for (int64_t j = lane; j < T; j += kWarpSize) y[j] = j <= t ? exp_elem(x[j] - m) * inv : 0.0f;
+  }
+}
+
+// Softmax backward per row: dpreatt[j] = att[j] (datt[j] - sum_{k<=t} att[k] datt[k]) for j <= t,
+// 0 above the diagonal (datt there is unused garbage from the full GEMM).
+__global__ void causal_softmax_backward_kernel(float* __restrict__ dpreatt,
+                                               const float* __restrict__ att,
+                                               const float* __restrict__ datt, int64_t rows,
+                                               int64_t T) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kSoftmaxRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kSoftmaxRowsPerBlock + threadIdx.x / kWarpSize;
+       r < rows; r += warps_total) {
+    const int64_t t = r % T;
+    const float* a = att + r * T;
+    const float* da = datt + r * T;
+    float* dp = dpreatt + r * T;
+    double dot = 0.0;
+    for (int64_t j = lane; j <= t; j += kWarpSize) dot += double{a[j]} * da[j];
+    const float s = static_cast<float>(detail::warp_sum(dot));
+    for (int64_t j = lane; j < T; j += kWarpSize) dp[j] = j <= t ? a[j] * (da[j] - s) : 0.0f;
+  }
+}
+
+unsigned softmax_grid(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>(
+      (rows + kSoftmaxRowsPerBlock - 1) / kSoftmaxRowsPerBlock, 1, detail::kMaxGridBlocks));
+}
+
+}  // namespace
+
+// ---- matmul -------------------------------------------------------------------------------
+void matmul_forward(void* stream, float* out, const float* in, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  // out^T[OC,N] = W[OC,C] (= (W^T stored)^T) * in^T[C,N]
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, out, OC);
+  if (bias != nullptr) {
+    add_bias_kernel<<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
+        out, bias, N, OC);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
+                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  if (din != nullptr) {
+    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N]
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C);
+  }
+  if (dweight != nullptr) {
+    // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C);
+  }
+  if (dbias != nullptr) {
+    const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);
+    bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout,
+                                                                                     N, OC);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+// Per batch element b, the NH heads form one strided batch: head h of q/k/v starts at column
+// h*hs of a row of qkv (row stride 3C), so consecutive heads are hs floats apart. Batch elements
+// are T*3C apart, which is not a multiple of the head stride, hence one batched GEMM per b.
+void attention_forward(void* stream, float* out, float* preatt, float* att, const float* qkv,
+                       int64_t B, int64_t T, int64_t C, int64_t NH) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  const int64_t hs = C / NH;
+  const int64_t C3 = 3 * C;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* k = q + C;
+    float* pre = preatt + b * NH * T * T;
+    // preatt^T[T2,T] = scale * K[T2,hs] * Q^T[hs,T]  (full T x T; the softmax masks it)
+    gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, C3, hs, q, C3, hs, 0.0f,
+                         pre, T, T * T, NH);
+  }
+  const int64_t rows = B * NH * T;
+  causal_softmax_forward_kernel<<<softmax_grid(rows), kSoftmaxBlock, 0, scope.stream()>>>(
+      att, preatt, rows, T);
+  ZT_CUDA_CHECK(cudaGetLastError());
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * C3 + 2 * C;
+    const float* a = att + b * NH * T * T;
+    float* o = out + b * T * C;
+    // out^T[hs,T] = V^T[hs,T2] * att^T[T2,T]
+    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, C3, hs, a, T, T * T, 0.0f,
+                         o, C, hs, NH);
+  }
+}
+
+void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, const float* dout,
+                        const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  const int64_t hs = C / NH;
+  const int64_t C3 = 3 * C;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * C3 + 2 * C;
+    const float* a = att + b * NH * T * T;
+    const float* dout_b = dout + b * T * C;
+    float* dv = dqkv + b * T * C3 + 2 * C;
+    float* da = datt + b * NH * T * T;
+    // datt = dout @ V^T:  datt^T[T2,T] = V[T2,hs] * dout^T[hs,T]
+    gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, dout_b, C, hs,
+                         0.0f, da, T, T * T, NH);
+    // dV += att^T @ dout:  dV^T[hs,T2] += dout^T[hs,T] * att[T,T2]
+    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_b, C, hs, a, T, T * T,
+                         1.0f, dv, C3, hs, NH);
+  }
+  const int64_t rows = B * NH * T;
+  causal_softmax_backward_kernel<<<softmax_grid(rows), kSoftmaxBlock, 0, scope.stream()>>>(
+      dpreatt, att, datt, rows, T);
+  ZT_CUDA_CHECK(cudaGetLastError());
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* k = q + C;
+    const float* dp = dpreatt + b * NH * T * T;
+    float* dq = dqkv + b * T * C3;
+    float* dk = dq + C;
+    // preatt = scale * Q K^T, so dQ += scale * dpreatt @ K:  dQ^T[hs,T] += K^T[hs,T2] dpreatt^T[T2,T]
+    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, C3, hs, dp, T, T * T,
+                         1.0f, dq, C3, hs, NH);
+    // dK += scale * dpreatt^T @ Q:  dK^T[hs,T2] += Q^T[hs,T] * dpreatt[T,T2]
+    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, scale, q, C3, hs, dp, T, T * T,
+                         1.0f, dk, C3, hs, NH);
+  }
+}
+
+}  // namespace zt::cuda_ops

@@ -1,0 +1,93 @@
+// Raw-pointer CUDA launchers behind kernels/ops.h: kernels/ops.cc validates shapes and dtypes, then
+// calls these with the stream's cudaStream_t (as void*) and the same arguments the CPU kernels of
+// kernels/cpu/cpu_ops.h take. Includes no CUDA header, so any translation unit may call it.
+//
+// Contract for every function (implemented in kernels/cuda/*.cu):
+//  - `stream` is a cudaStream_t; all pointers are device memory of that stream's GPU. Launches are
+//    asynchronous on `stream` (no host synchronisation) and are followed by an error check that
+//    throws zt::Error naming the op.
+//  - Shapes and semantics are exactly those documented in kernels/ops.h (row-major, contiguous;
+//    backward ops ACCUMULATE (+=) into gradient outputs; forward outputs are overwritten).
+//  - Sizes are already validated (all > 0 except where noted; C % NH == 0; T <= maxT).
+//  - Matrix products use cuBLAS/cuBLASLt; device-wide reductions use CUB. Results must be
+//    run-to-run deterministic (no floating-point atomics in reductions).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zt::cuda_ops {
+
+// ---- elementwise / utility (n may be 0: no launch) ---------------------------------------
+void fill(void* stream, float* x, int64_t n, float value);
+void scale(void* stream, float* x, int64_t n, float alpha);
+// out may alias a and/or b.
+void add(void* stream, float* out, const float* a, const float* b, int64_t n);
+
+// ---- encoder: out[B,T,C] = wte[tokens[b,t]] + wpe[t]; wte [V,C], wpe [>=T, C] ---------------
+void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
+                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
+// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. Repeated tokens accumulate in a fixed
+// order (deterministic: e.g. sort (token, position) pairs, or one thread per (token row, c)).
+void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
+                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V);
+
+// ---- layernorm: in/out [N,C], weight/bias [C], mean/rstd [N] ---------------------------------
+void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
+                       const float* weight, const float* bias, int64_t N, int64_t C, float eps);
+// din [N,C] +=, dweight [C] +=, dbias [C] +=.
+void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
+                        const float* in, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+
+// ---- matmul: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC]; bias may be nullptr ----------
+void matmul_forward(void* stream, float* out, const float* in, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC);
+// din[N,C] += dout @ weight (skipped when din == nullptr: the first layer of a model);
+// dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
+void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
+                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// ---- causal self-attention: qkv [B,T,3C], out [B,T,C], preatt/att [B,NH,T,T], hs = C/NH -----
+// preatt = q k^T / sqrt(hs) (entries above the diagonal: unspecified); att = causal softmax
+// (entries above the diagonal written as 0); out = att @ v.
+void attention_forward(void* stream, float* out, float* preatt, float* att, const float* qkv,
+                       int64_t B, int64_t T, int64_t C, int64_t NH);
+// dqkv [B,T,3C] +=; dpreatt/datt [B,NH,T,T] are scratch (overwritten, unspecified after).
+void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, const float* dout,
+                        const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                        int64_t NH);
+
+// ---- activations over n elements (n may be 0) -----------------------------------------------
+// Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.
+void gelu_forward(void* stream, float* out, const float* in, int64_t n);
+void gelu_backward(void* stream, float* din, const float* in, const float* dout,
+                   int64_t n);  // din +=
+void relu_forward(void* stream, float* out, const float* in, int64_t n);
+void relu_backward(void* stream, float* din, const float* in, const float* dout,
+                   int64_t n);  // din +=
+
+// ---- fused classifier: logits [N,V] (dlogits in place when compute_grad), losses [N] ----------
+// targets [N] int32; target < 0 = ignored row (loss 0, gradient row 0 when compute_grad).
+void classifier_forward_backward(void* stream, float* logits, float* losses, const int32_t* targets,
+                                 int64_t N, int64_t V, float dloss, bool compute_grad);
+
+// ---- optimizers over n fp32 elements (n may be 0) --------------------------------------------
+// Per-element math: zt::adamw_elem / sgd_elem in kernels/elementwise.h. bias_correction1/2 =
+// 1 - beta^step, computed once on the host by ops.cc (zt::adamw_bias_correction), so both
+// backends use the same values.
+void adamw_update(void* stream, float* params, const float* grads, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float bias_correction1, float bias_correction2, float grad_scale);
+void sgd_update(void* stream, float* params, const float* grads, float* momentum_buf, int64_t n,
+                float lr, float momentum, float weight_decay, bool nesterov, float grad_scale);
+
+// ---- reductions ---------------------------------------------------------------------------------
+// Two-phase (CUB style): ops.cc asks for the workspace size, allocates it from the device pool on
+// `stream`, and passes it in. n may be 0 (out[0] = 0).
+size_t sum_squares_workspace_bytes(int64_t n);
+// out[0] (device fp32) = sum(x^2), accumulated in double/fixed order: deterministic run to run.
+void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
+                 size_t workspace_bytes);
+
+}  // namespace zt::cuda_ops

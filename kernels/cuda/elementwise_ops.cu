@@ -1,0 +1,311 @@
+// CUDA elementwise ops (fill, scale, add, GELU, ReLU), the GPT-2 encoder, the optimizer updates
+// and sum_squares. Per-element math comes from kernels/elementwise.h, shared with the CPU loops.
+// Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
+// and independent of the GPU model).
+#include <cub/block/block_reduce.cuh>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_utils.h"
+#include "kernels/elementwise.h"
+
+namespace zt::cuda_ops {
+namespace {
+
+using detail::grid_for;
+using detail::kElementwiseBlock;
+
+#define ZT_GRID_STRIDE_LOOP(i, n)                                                             \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);      \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
+  ZT_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
+}
+
+__global__ void scale_kernel(float* __restrict__ x, int64_t n, float alpha) {
+  ZT_GRID_STRIDE_LOOP(i, n) { x[i] *= alpha; }
+}
+
+// No __restrict__: out may alias a and/or b (each element is read before it is written).
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
+}
+
+__global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
+                                    int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = gelu_forward_elem(in[i]); }
+}
+
+__global__ void gelu_backward_kernel(float* __restrict__ din, const float* __restrict__ in,
+                                     const float* __restrict__ dout, int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { din[i] += gelu_grad_elem(in[i]) * dout[i]; }
+}
+
+__global__ void relu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
+                                    int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = relu_forward_elem(in[i]); }
+}
+
+__global__ void relu_backward_kernel(float* __restrict__ din, const float* __restrict__ in,
+                                     const float* __restrict__ dout, int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { din[i] += relu_grad_elem(in[i], dout[i]); }
+}
+
+// ---- encoder ---------------------------------------------------------------------------------
+// A token id outside [0, V) is a caller bug; rather than read out of bounds, its row becomes NaN
+// so that the loss shows it.
+__global__ void encoder_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
+                                       const float* __restrict__ wte,
+                                       const float* __restrict__ wpe, int64_t B, int64_t T,
+                                       int64_t C, int64_t V) {
+  const int64_t n = B * T * C;
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    const int64_t bt = i / C;
+    const int64_t c = i - bt * C;
+    const int64_t t = bt % T;
+    const int32_t tok = tokens[bt];
+    out[i] = (tok >= 0 && tok < V) ? wte[tok * C + c] + wpe[t * C + c] : NAN;
+  }
+}
+
+// dwpe[t,c] += dout[0,t,c] + dout[1,t,c] + ...: one thread per (t, c), batch rows in order.
+__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,
+                                            const float* __restrict__ dout, int64_t B, int64_t T,
+                                            int64_t C) {
+  const int64_t n = T * C;
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    float acc = dwpe[i];
+    for (int64_t b = 0; b < B; ++b) acc += dout[b * n + i];
+    dwpe[i] = acc;
+  }
+}
+
+// dwte[v,c] += dout[p,c] for every position p (in increasing order) with tokens[p] == v.
+// Deterministic without atomics or sorting: thread (chunk, c) owns the rows [v0, v1) of channel
+// c, scans all positions in order (tokens staged through shared memory, one broadcast read per
+// warp) and accumulates into its own rows only. The chunking changes how much scanning is done,
+// never the order of additions into any element, so the result is also exactly that of the
+// sequential loop.
+constexpr int kEncoderBwdBlock = 128;   // channels per block
+constexpr int kEncoderTokenTile = 2048;  // token ids staged per shared-memory tile
+constexpr int64_t kEncoderTargetBlocks = 1024;
+
+__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,
+                                            const float* __restrict__ dout,
+                                            const int32_t* __restrict__ tokens, int64_t BT,
+                                            int64_t C, int64_t V, int64_t rows_per_chunk) {
+  __shared__ int32_t tile[kEncoderTokenTile];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kEncoderBwdBlock + threadIdx.x;
+  const int64_t v0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t v1 = min(V, v0 + rows_per_chunk);
+  for (int64_t base = 0; base < BT; base += kEncoderTokenTile) {
+    const int64_t count = min(static_cast<int64_t>(kEncoderTokenTile), BT - base);
+    __syncthreads();  // the previous tile is no longer read
+    for (int64_t j = threadIdx.x; j < count; j += kEncoderBwdBlock) tile[j] = tokens[base + j];
+    __syncthreads();
+    if (c >= C) continue;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t tok = tile[j];
+      if (tok >= v0 && tok < v1) dwte[tok * C + c] += dout[(base + j) * C + c];
+    }
+  }
+}
+
+// ---- optimizers ----------------------------------------------------------------------------
+__global__ void adamw_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                             float* __restrict__ m, float* __restrict__ v, int64_t n, float lr,
+                             float beta1, float beta2, float eps, float weight_decay,
+                             float bias_correction1, float bias_correction2, float grad_scale) {
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    float p = params[i];
+    float mi = m[i];
+    float vi = v[i];
+    adamw_elem(p, grads[i], mi, vi, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+               bias_correction2, grad_scale);
+    params[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                           float* __restrict__ momentum_buf, int64_t n, float lr, float momentum,
+                           float weight_decay, bool nesterov, float grad_scale) {
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    float p = params[i];
+    float buf = momentum_buf[i];
+    sgd_elem(p, grads[i], buf, lr, momentum, weight_decay, nesterov, grad_scale);
+    params[i] = p;
+    momentum_buf[i] = buf;
+  }
+}
+
+// ---- sum_squares -------------------------------------------------------------------------------
+// Two passes in double: a grid whose size depends only on n writes one partial per block into the
+// workspace, then one block adds the partials. The grid is not sized from the SM count (as
+// cub::DeviceReduce does), so the order, and the bits, are the same on every GPU.
+constexpr int kSumSquaresThreads = 256;
+constexpr int64_t kSumSquaresPerBlock = int64_t{kSumSquaresThreads} * 16;
+constexpr int64_t kSumSquaresMaxPartials = 1024;
+
+int64_t sum_squares_partials(int64_t n) {
+  return std::clamp<int64_t>((n + kSumSquaresPerBlock - 1) / kSumSquaresPerBlock, 1,
+                             kSumSquaresMaxPartials);
+}
+
+__global__ void sum_squares_partial_kernel(double* __restrict__ partials,
+                                           const float* __restrict__ x, int64_t n) {
+  using BlockReduce = cub::BlockReduce<double, kSumSquaresThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  double acc = 0.0;
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    const double xi = x[i];
+    acc += xi * xi;
+  }
+  const double total = BlockReduce(temp).Sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void sum_squares_final_kernel(float* __restrict__ out,
+                                         const double* __restrict__ partials, int64_t count) {
+  using BlockReduce = cub::BlockReduce<double, kSumSquaresThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += kSumSquaresThreads) acc += partials[i];
+  const double total = BlockReduce(temp).Sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(total);
+}
+
+}  // namespace
+
+// ---- elementwise / utility ---------------------------------------------------------------------
+void fill(void* stream, float* x, int64_t n, float value) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  fill_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(x, n, value);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(void* stream, float* x, int64_t n, float alpha) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  scale_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(x, n, alpha);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void add(void* stream, float* out, const float* a, const float* b, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  add_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, a, b, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- encoder -------------------------------------------------------------------------------------
+void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
+                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+  detail::LaunchScope scope(stream);
+  encoder_forward_kernel<<<grid_for(B * T * C), kElementwiseBlock, 0, scope.stream()>>>(
+      out, tokens, wte, wpe, B, T, C, V);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
+                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
+  detail::LaunchScope scope(stream);
+  if (dwpe != nullptr) {
+    encoder_backward_wpe_kernel<<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(
+        dwpe, dout, B, T, C);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+  if (dwte != nullptr) {
+    const int64_t channel_blocks = (C + kEncoderBwdBlock - 1) / kEncoderBwdBlock;
+    const int64_t chunks = std::clamp<int64_t>(
+        (kEncoderTargetBlocks + channel_blocks - 1) / channel_blocks, 1, std::min<int64_t>(V, 65535));
+    const int64_t rows_per_chunk = (V + chunks - 1) / chunks;
+    const dim3 grid(static_cast<unsigned>(channel_blocks),
+                    static_cast<unsigned>((V + rows_per_chunk - 1) / rows_per_chunk));
+    encoder_backward_wte_kernel<<<grid, kEncoderBwdBlock, 0, scope.stream()>>>(
+        dwte, dout, tokens, B * T, C, V, rows_per_chunk);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// ---- activations -----------------------------------------------------------------------------------
+void gelu_forward(void* stream, float* out, const float* in, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  gelu_forward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, in, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void gelu_backward(void* stream, float* din, const float* in, const float* dout, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  gelu_backward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(din, in, dout, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_forward(void* stream, float* out, const float* in, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  relu_forward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, in, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_backward(void* stream, float* din, const float* in, const float* dout, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  relu_backward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(din, in, dout, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- optimizers --------------------------------------------------------------------------------------
+void adamw_update(void* stream, float* params, const float* grads, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float bias_correction1, float bias_correction2, float grad_scale) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  adamw_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(
+      params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+      bias_correction2, grad_scale);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sgd_update(void* stream, float* params, const float* grads, float* momentum_buf, int64_t n,
+                float lr, float momentum, float weight_decay, bool nesterov, float grad_scale) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  sgd_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(
+      params, grads, momentum_buf, n, lr, momentum, weight_decay, nesterov, grad_scale);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- reductions ------------------------------------------------------------------------------------
+size_t sum_squares_workspace_bytes(int64_t n) {
+  return n == 0 ? 0 : static_cast<size_t>(sum_squares_partials(n)) * sizeof(double);
+}
+
+void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
+                 size_t workspace_bytes) {
+  detail::LaunchScope scope(stream);
+  if (n == 0) {
+    ZT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), scope.stream()));
+    return;
+  }
+  const int64_t partials = sum_squares_partials(n);
+  ZT_CHECK(workspace != nullptr && workspace_bytes >= sum_squares_workspace_bytes(n),
+           "sum_squares: workspace of ", workspace_bytes, " bytes, need ",
+           sum_squares_workspace_bytes(n), " for n=", n);
+  ZT_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(double) == 0,
+           "sum_squares: workspace not aligned for double");
+  auto* partial = static_cast<double*>(workspace);
+  sum_squares_partial_kernel<<<static_cast<unsigned>(partials), kSumSquaresThreads, 0,
+                               scope.stream()>>>(partial, x, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+  sum_squares_final_kernel<<<1, kSumSquaresThreads, 0, scope.stream()>>>(out, partial, partials);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zt::cuda_ops

@@ -1,0 +1,200 @@
+// CUDA layernorm (forward/backward) and the fused softmax + cross-entropy classifier: one warp
+// (layernorm) or one block (classifier) per row, sums accumulated in double like the CPU kernels
+// and combined in a fixed order. The layernorm parameter gradients are column sums by a fixed
+// row-stripe tree: no float atomics anywhere, so every result is run-to-run deterministic.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_utils.h"
+#include "kernels/elementwise.h"
+
+namespace zt::cuda_ops {
+namespace {
+
+using detail::kColumnSumRows;
+using detail::kWarpSize;
+
+// One warp per row: the rows of a block are independent, so any block size that is a multiple of
+// 32 works; 256 gives 8 rows per block.
+constexpr int kRowBlock = 256;
+constexpr int kRowsPerBlock = kRowBlock / kWarpSize;
+
+unsigned row_grid(int64_t rows) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, detail::kMaxGridBlocks));
+}
+
+__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd, const float* __restrict__ in,
+                                         const float* __restrict__ weight,
+                                         const float* __restrict__ bias, int64_t N, int64_t C,
+                                         float eps) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+       row < N; row += warps_total) {
+    const float* x = in + row * C;
+    double s = 0.0;
+    for (int64_t c = lane; c < C; c += kWarpSize) s += x[c];
+    const double md = detail::warp_sum(s) / static_cast<double>(C);
+    // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
+    double v = 0.0;
+    for (int64_t c = lane; c < C; c += kWarpSize) {
+      const double d = x[c] - md;
+      v += d * d;
+    }
+    const double var = detail::warp_sum(v) / static_cast<double>(C);
+    const float m = static_cast<float>(md);
+    const float r = static_cast<float>(1.0 / sqrt(var + eps));
+    float* y = out + row * C;
+    for (int64_t c = lane; c < C; c += kWarpSize) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+    if (lane == 0) {
+      if (mean != nullptr) mean[row] = m;
+      if (rstd != nullptr) rstd[row] = r;
+    }
+  }
+}
+
+// din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout.
+__global__ void layernorm_backward_input_kernel(float* __restrict__ din,
+                                                const float* __restrict__ dout,
+                                                const float* __restrict__ in,
+                                                const float* __restrict__ weight,
+                                                const float* __restrict__ mean,
+                                                const float* __restrict__ rstd, int64_t N,
+                                                int64_t C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+       row < N; row += warps_total) {
+    const float* x = in + row * C;
+    const float* dy = dout + row * C;
+    const float m = mean[row];
+    const float r = rstd[row];
+    double sum_dnorm = 0.0;
+    double sum_dnorm_norm = 0.0;
+    for (int64_t c = lane; c < C; c += kWarpSize) {
+      const float norm = (x[c] - m) * r;
+      const double dnorm = double{weight[c]} * dy[c];
+      sum_dnorm += dnorm;
+      sum_dnorm_norm += dnorm * norm;
+    }
+    const float dnorm_mean = static_cast<float>(detail::warp_sum(sum_dnorm) / static_cast<double>(C));
+    const float dnorm_norm_mean =
+        static_cast<float>(detail::warp_sum(sum_dnorm_norm) / static_cast<double>(C));
+    float* dx = din + row * C;
+    for (int64_t c = lane; c < C; c += kWarpSize) {
+      const float norm = (x[c] - m) * r;
+      const float dnorm = weight[c] * dy[c];
+      dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+    }
+  }
+}
+
+// dweight[c] += sum_rows(norm * dout), dbias[c] += sum_rows(dout); norm is recomputed from
+// in/mean/rstd. Block (32, kColumnSumRows), grid ceil(C/32): see detail::column_tree_sum.
+__global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
+    layernorm_backward_params_kernel(float* __restrict__ dweight,
+                                                 float* __restrict__ dbias,
+                                                 const float* __restrict__ dout,
+                                                 const float* __restrict__ in,
+                                                 const float* __restrict__ mean,
+                                                 const float* __restrict__ rstd, int64_t N,
+                                                 int64_t C) {
+  __shared__ detail::ColumnTile tile;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  double acc_w = 0.0;
+  double acc_b = 0.0;
+  if (col < C) {
+    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) {
+      const float dy = dout[row * C + col];
+      const float norm = (in[row * C + col] - mean[row]) * rstd[row];
+      acc_w += double{norm} * dy;
+      acc_b += dy;
+    }
+  }
+  const double total_w = detail::column_tree_sum(acc_w, tile);
+  if (threadIdx.y == 0 && col < C && dweight != nullptr) dweight[col] += static_cast<float>(total_w);
+  const double total_b = detail::column_tree_sum(acc_b, tile);
+  if (threadIdx.y == 0 && col < C && dbias != nullptr) dbias[col] += static_cast<float>(total_b);
+}
+
+// One block per row of logits [N,V]: max, sum of exp, loss, then dlogits in place.
+constexpr int kClassifierBlock = 512;
+
+__global__ void __launch_bounds__(kClassifierBlock)
+    classifier_kernel(float* __restrict__ logits, float* __restrict__ losses,
+                                  const int32_t* __restrict__ targets, int64_t N, int64_t V,
+                                  float dloss, bool compute_grad) {
+  __shared__ float scratch[kWarpSize];
+  __shared__ double scratch_sum[kWarpSize];
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    float* x = logits + row * V;
+    const int32_t target = targets[row];
+    const bool ignored = target < 0;
+    const bool valid = !ignored && target < V;
+    // Read before the reductions: their __syncthreads order it before any in-place write below.
+    const float target_logit = valid ? x[target] : 0.0f;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
+    m = detail::block_max(m, scratch);
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp_elem(x[i] - m);
+    s = detail::block_sum(s, scratch_sum);
+    if (threadIdx.x == 0) {
+      // A target >= V is a caller bug (the CPU backend throws): flag the row's loss as NaN.
+      losses[row] = ignored ? 0.0f
+                            : (valid ? static_cast<float>(log(s) - (double{target_logit} - m))
+                                     : NAN);
+    }
+    if (compute_grad) {
+      const float inv = static_cast<float>(1.0 / s);
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const float p = exp_elem(x[i] - m) * inv;
+        x[i] = ignored ? 0.0f : (p - (i == target ? 1.0f : 0.0f)) * dloss;
+      }
+    }
+    __syncthreads();  // the next row's block_max reuses scratch
+  }
+}
+
+}  // namespace
+
+void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
+                       const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
+  detail::LaunchScope scope(stream);
+  layernorm_forward_kernel<<<row_grid(N), kRowBlock, 0, scope.stream()>>>(out, mean, rstd, in,
+                                                                           weight, bias, N, C, eps);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
+                        const float* in, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  detail::LaunchScope scope(stream);
+  if (din != nullptr) {
+    layernorm_backward_input_kernel<<<row_grid(N), kRowBlock, 0, scope.stream()>>>(
+        din, dout, in, weight, mean, rstd, N, C);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+  if (dweight != nullptr || dbias != nullptr) {
+    const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
+    layernorm_backward_params_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0,
+                                       scope.stream()>>>(dweight, dbias, dout, in, mean, rstd, N,
+                                                         C);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void classifier_forward_backward(void* stream, float* logits, float* losses,
+                                 const int32_t* targets, int64_t N, int64_t V, float dloss,
+                                 bool compute_grad) {
+  detail::LaunchScope scope(stream);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 65535));
+  classifier_kernel<<<blocks, kClassifierBlock, 0, scope.stream()>>>(logits, losses, targets, N, V,
+                                                                     dloss, compute_grad);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zt::cuda_ops

@@ -1,0 +1,484 @@
+// The public ops of kernels/ops.h: validate dtypes, shapes and devices (a zt::Error naming the op
+// and the shapes), then launch on the stream's backend: CPU kernels (kernels/cpu/cpu_ops.h) are
+// enqueued on the CPU stream's worker; CUDA launchers (kernels/cuda/cuda_ops.h) get the
+// cudaStream_t. Nothing here waits for the work.
+#include "kernels/ops.h"
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/elementwise.h"
+#include "memory/caching_allocator.h"
+#include "runtime/cpu/cpu_device.h"
+#include "runtime/device.h"
+
+#if ZT_WITH_CUDA
+#include "kernels/cuda/cast.h"
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace zt::ops {
+
+namespace {
+
+// Runs cpu_kernels::op(args...) on the CPU stream's worker, or cuda_ops::op(stream, args...).
+// The arguments are plain values (pointers, sizes, scalars), captured by copy.
+#if ZT_WITH_CUDA
+#define ZT_OP_LAUNCH(s, op, ...)                                                      \
+  do {                                                                                \
+    if ((s).backend() == Backend::kCpu) {                                             \
+      static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }); \
+    } else {                                                                          \
+      cuda_ops::op((s).native_handle(), __VA_ARGS__);                                 \
+    }                                                                                 \
+  } while (0)
+#else
+#define ZT_OP_LAUNCH(s, op, ...)                                                        \
+  do {                                                                                  \
+    ZT_REQUIRE((s).backend() == Backend::kCpu, #op ": this build has no CUDA backend"); \
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); });     \
+  } while (0)
+#endif
+
+bool present(const ConstTensorView& v) { return v.data != nullptr; }
+
+// dtype, storage and device of one view. Every view an op touches must live on the stream's
+// device (a host pointer handed to a GPU kernel is a crash; on the CPU backend it hides a bug).
+void check_view(Stream& s, const char* op, const char* name, const ConstTensorView& v,
+                DType dtype) {
+  ZT_REQUIRE(v.dtype == dtype, op, ": ", name, " ", v.shape.str(), " is ", dtype_name(v.dtype),
+             " but must be ", dtype_name(dtype));
+  ZT_REQUIRE(v.data != nullptr || v.numel() == 0, op, ": ", name, " ", v.shape.str(),
+             " has no data");
+  ZT_REQUIRE(v.data == nullptr || v.device == s.device().index(), op, ": ", name, " ",
+             v.shape.str(), " is on device ", v.device, " but the stream runs on ",
+             s.device().name(), " (index ", s.device().index(), ")");
+}
+
+void check_f32(Stream& s, const char* op, const char* name, const ConstTensorView& v) {
+  check_view(s, op, name, v, DType::kF32);
+}
+
+int64_t last_dim(const ConstTensorView& v) {
+  return v.shape.ndim() ? v.shape[v.shape.ndim() - 1] : 1;
+}
+
+// rows of a [..., C] view
+int64_t rows(const ConstTensorView& v) {
+  const int64_t c = last_dim(v);
+  return c ? v.numel() / c : 0;
+}
+
+bool is_vector(const ConstTensorView& v, int64_t n) {
+  return v.shape.ndim() == 1 && v.shape[0] == n;
+}
+
+// Same leading dims as `ref`, last dim `last`.
+bool same_rows(const ConstTensorView& v, const ConstTensorView& ref, int64_t last) {
+  if (v.shape.ndim() != ref.shape.ndim() || v.shape.ndim() == 0) return false;
+  for (int i = 0; i + 1 < v.shape.ndim(); ++i)
+    if (v.shape[i] != ref.shape[i]) return false;
+  return last_dim(v) == last;
+}
+
+float* f32(const TensorView& v) { return static_cast<float*>(v.data); }
+const float* f32(const ConstTensorView& v) { return static_cast<const float*>(v.data); }
+const int32_t* i32(const ConstTensorView& v) { return static_cast<const int32_t*>(v.data); }
+
+}  // namespace
+
+// ---- elementwise / utility ------------------------------------------------------------------
+
+void fill(Stream& s, TensorView x, float value) {
+  check_f32(s, "fill", "x", x);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, fill, f32(x), n, value);
+}
+
+void scale(Stream& s, TensorView x, float alpha) {
+  check_f32(s, "scale", "x", x);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, scale, f32(x), n, alpha);
+}
+
+void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b) {
+  check_f32(s, "add", "out", out);
+  check_f32(s, "add", "a", a);
+  check_f32(s, "add", "b", b);
+  ZT_REQUIRE(a.numel() == out.numel() && b.numel() == out.numel(), "add: out ", out.shape.str(),
+             " but a ", a.shape.str(), " and b ", b.shape.str(), " (element counts must match)");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, add, f32(out), f32(a), f32(b), n);
+}
+
+void cast(Stream& s, TensorView dst, ConstTensorView src) {
+  ZT_REQUIRE(dst.dtype != DType::kI32 && src.dtype != DType::kI32,
+             "cast: converts between f32, f16 and bf16, not ", dtype_name(src.dtype), " -> ",
+             dtype_name(dst.dtype));
+  check_view(s, "cast", "dst", dst, dst.dtype);
+  check_view(s, "cast", "src", src, src.dtype);
+  ZT_REQUIRE(dst.numel() == src.numel(), "cast: dst ", dst.shape.str(), " but src ",
+             src.shape.str(), " (element counts must match)");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  void* d = dst.data;
+  const void* p = src.data;
+  const DType dt = dst.dtype, st = src.dtype;
+  if (s.backend() == Backend::kCpu) {
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::cast(d, dt, p, st, n); });
+    return;
+  }
+#if ZT_WITH_CUDA
+  launch_cast(s, d, dt, p, st, static_cast<size_t>(n));
+#else
+  ZT_REQUIRE(false, "cast: this build has no CUDA backend");
+#endif
+}
+
+// ---- encoder -----------------------------------------------------------------------------------
+
+namespace {
+struct EncoderDims {
+  int64_t B, T, C, V;
+};
+EncoderDims check_encoder(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
+                          const ConstTensorView& tokens, const ConstTensorView& wte,
+                          const ConstTensorView& wpe) {
+  check_f32(s, op, x_name, x);
+  check_view(s, op, "tokens", tokens, DType::kI32);
+  check_f32(s, op, "wte", wte);
+  check_f32(s, op, "wpe", wpe);
+  ZT_REQUIRE(tokens.shape.ndim() == 2, op, ": tokens ", tokens.shape.str(), " must be [B, T]");
+  ZT_REQUIRE(wte.shape.ndim() == 2 && wpe.shape.ndim() == 2 && wte.shape[1] == wpe.shape[1], op,
+             ": wte ", wte.shape.str(), " and wpe ", wpe.shape.str(),
+             " must be [V, C] and [maxT, C]");
+  const EncoderDims d{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0]};
+  ZT_REQUIRE(d.T <= wpe.shape[0], op, ": tokens ", tokens.shape.str(), " has T = ", d.T,
+             " but wpe ", wpe.shape.str(), " holds only ", wpe.shape[0], " positions");
+  ZT_REQUIRE(x.shape == (Shape{d.B, d.T, d.C}), op, ": ", x_name, " ", x.shape.str(),
+             " but tokens ", tokens.shape.str(), " and wte ", wte.shape.str(), " need ",
+             Shape{d.B, d.T, d.C}.str());
+  return d;
+}
+}  // namespace
+
+void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
+                     ConstTensorView wpe) {
+  const EncoderDims d = check_encoder(s, "encoder_forward", out, "out", tokens, wte, wpe);
+  if (out.numel() == 0) return;
+  ZT_OP_LAUNCH(s, encoder_forward, f32(out), i32(tokens), f32(wte), f32(wpe), d.B, d.T, d.C, d.V);
+}
+
+void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
+                      ConstTensorView tokens) {
+  const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, dwpe);
+  if (dout.numel() == 0) return;
+  ZT_OP_LAUNCH(s, encoder_backward, f32(dwte), f32(dwpe), f32(dout), i32(tokens), d.B, d.T, d.C,
+               d.V);
+}
+
+// ---- layernorm
+// -----------------------------------------------------------------------------------
+
+void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rstd,
+                       ConstTensorView in, ConstTensorView weight, ConstTensorView bias,
+                       float eps) {
+  constexpr const char* op = "layernorm_forward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
+                         {"mean", mean},
+                         {"rstd", rstd},
+                         {"in", in},
+                         {"weight", weight},
+                         {"bias", bias}})
+    check_f32(s, op, name, v);
+  const int64_t C = last_dim(in), N = rows(in);
+  ZT_REQUIRE(in.shape.ndim() >= 1 && C > 0, op, ": in ", in.shape.str(),
+             " must be [..., C], C > 0");
+  ZT_REQUIRE(out.shape == in.shape, op, ": in ", in.shape.str(), " but out ", out.shape.str());
+  ZT_REQUIRE(is_vector(weight, C) && is_vector(bias, C), op, ": in ", in.shape.str(),
+             " but weight ", weight.shape.str(), " and bias ", bias.shape.str(), " (need [", C,
+             "])");
+  ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": in ", in.shape.str(), " has ", N,
+             " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
+  ZT_REQUIRE(eps >= 0.0f, op, ": eps ", eps, " must be >= 0");
+  if (N == 0) return;
+  ZT_OP_LAUNCH(s, layernorm_forward, f32(out), f32(mean), f32(rstd), f32(in), f32(weight),
+               f32(bias), N, C, eps);
+}
+
+void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
+                        ConstTensorView dout, ConstTensorView in, ConstTensorView weight,
+                        ConstTensorView mean, ConstTensorView rstd) {
+  constexpr const char* op = "layernorm_backward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"din", din},
+                         {"dweight", dweight},
+                         {"dbias", dbias},
+                         {"dout", dout},
+                         {"in", in},
+                         {"weight", weight},
+                         {"mean", mean},
+                         {"rstd", rstd}})
+    check_f32(s, op, name, v);
+  const int64_t C = last_dim(in), N = rows(in);
+  ZT_REQUIRE(in.shape.ndim() >= 1 && C > 0, op, ": in ", in.shape.str(),
+             " must be [..., C], C > 0");
+  ZT_REQUIRE(din.shape == in.shape && dout.shape == in.shape, op, ": in ", in.shape.str(),
+             " but din ", din.shape.str(), " and dout ", dout.shape.str());
+  ZT_REQUIRE(is_vector(weight, C) && is_vector(dweight, C) && is_vector(dbias, C), op, ": in ",
+             in.shape.str(), " but weight ", weight.shape.str(), ", dweight ", dweight.shape.str(),
+             " and dbias ", dbias.shape.str(), " (need [", C, "])");
+  ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": in ", in.shape.str(), " has ", N,
+             " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
+  if (N == 0) return;
+  ZT_OP_LAUNCH(s, layernorm_backward, f32(din), f32(dweight), f32(dbias), f32(dout), f32(in),
+               f32(weight), f32(mean), f32(rstd), N, C);
+}
+
+// ---- matmul
+// ----------------------------------------------------------------------------------------
+
+void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorView weight,
+                    ConstTensorView bias) {
+  constexpr const char* op = "matmul_forward";
+  check_f32(s, op, "out", out);
+  check_f32(s, op, "in", in);
+  check_f32(s, op, "weight", weight);
+  if (present(bias)) check_f32(s, op, "bias", bias);
+  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
+  const int64_t OC = weight.shape[0], C = weight.shape[1];
+  ZT_REQUIRE(C > 0 && in.shape.ndim() >= 1 && last_dim(in) == C, op, ": in ", in.shape.str(),
+             " but weight ", weight.shape.str(), " (in must be [..., ", C, "])");
+  ZT_REQUIRE(same_rows(out, in, OC), op, ": in ", in.shape.str(), " and weight ",
+             weight.shape.str(), " but out ", out.shape.str());
+  ZT_REQUIRE(!present(bias) || is_vector(bias, OC), op, ": weight ", weight.shape.str(),
+             " but bias ", bias.shape.str());
+  const int64_t N = rows(in);
+  if (N == 0 || OC == 0) return;
+  ZT_OP_LAUNCH(s, matmul_forward, f32(out), f32(in), f32(weight),
+               present(bias) ? f32(bias) : nullptr, N, C, OC);
+}
+
+void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
+                     ConstTensorView dout, ConstTensorView in, ConstTensorView weight) {
+  constexpr const char* op = "matmul_backward";
+  if (present(din)) check_f32(s, op, "din", din);
+  check_f32(s, op, "dweight", dweight);
+  if (present(dbias)) check_f32(s, op, "dbias", dbias);
+  check_f32(s, op, "dout", dout);
+  check_f32(s, op, "in", in);
+  check_f32(s, op, "weight", weight);
+  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
+  const int64_t OC = weight.shape[0], C = weight.shape[1];
+  ZT_REQUIRE(C > 0 && in.shape.ndim() >= 1 && last_dim(in) == C, op, ": in ", in.shape.str(),
+             " but weight ", weight.shape.str(), " (in must be [..., ", C, "])");
+  ZT_REQUIRE(same_rows(dout, in, OC), op, ": in ", in.shape.str(), " and weight ",
+             weight.shape.str(), " but dout ", dout.shape.str());
+  ZT_REQUIRE(!present(din) || din.shape == in.shape, op, ": in ", in.shape.str(), " but din ",
+             din.shape.str());
+  ZT_REQUIRE(dweight.shape == weight.shape, op, ": weight ", weight.shape.str(), " but dweight ",
+             dweight.shape.str());
+  ZT_REQUIRE(!present(dbias) || is_vector(dbias, OC), op, ": weight ", weight.shape.str(),
+             " but dbias ", dbias.shape.str());
+  const int64_t N = rows(in);
+  if (N == 0 || OC == 0) return;
+  ZT_OP_LAUNCH(s, matmul_backward, present(din) ? f32(din) : nullptr, f32(dweight),
+               present(dbias) ? f32(dbias) : nullptr, f32(dout), f32(in), f32(weight), N, C, OC);
+}
+
+// ---- attention
+// --------------------------------------------------------------------------------------
+
+namespace {
+struct AttentionDims {
+  int64_t B, T, C, NH;
+};
+AttentionDims check_attention(const char* op, const ConstTensorView& qkv, int num_heads,
+                              std::initializer_list<std::pair<const char*, ConstTensorView>> btc,
+                              std::initializer_list<std::pair<const char*, ConstTensorView>> bhtt) {
+  ZT_REQUIRE(qkv.shape.ndim() == 3 && qkv.shape[2] % 3 == 0 && qkv.shape[2] > 0, op, ": qkv ",
+             qkv.shape.str(), " must be [B, T, 3C]");
+  const AttentionDims d{qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, num_heads};
+  ZT_REQUIRE(num_heads > 0 && d.C % num_heads == 0, op, ": qkv ", qkv.shape.str(), " has C = ", d.C,
+             ", which ", num_heads, " heads do not divide");
+  for (const auto& [name, v] : btc)
+    ZT_REQUIRE(v.shape == (Shape{d.B, d.T, d.C}), op, ": qkv ", qkv.shape.str(), " but ", name, " ",
+               v.shape.str(), " (need ", Shape{d.B, d.T, d.C}.str(), ")");
+  for (const auto& [name, v] : bhtt)
+    ZT_REQUIRE(v.shape == (Shape{d.B, d.NH, d.T, d.T}), op, ": qkv ", qkv.shape.str(), " with ",
+               num_heads, " heads but ", name, " ", v.shape.str(), " (need ",
+               Shape{d.B, d.NH, d.T, d.T}.str(), ")");
+  return d;
+}
+}  // namespace
+
+void attention_forward(Stream& s, TensorView out, TensorView preatt, TensorView att,
+                       ConstTensorView qkv, int num_heads) {
+  constexpr const char* op = "attention_forward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
+                         {"preatt", preatt},
+                         {"att", att},
+                         {"qkv", qkv}})
+    check_f32(s, op, name, v);
+  const AttentionDims d =
+      check_attention(op, qkv, num_heads, {{"out", out}}, {{"preatt", preatt}, {"att", att}});
+  if (d.B * d.T == 0) return;
+  ZT_OP_LAUNCH(s, attention_forward, f32(out), f32(preatt), f32(att), f32(qkv), d.B, d.T, d.C,
+               d.NH);
+}
+
+void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorView datt,
+                        ConstTensorView dout, ConstTensorView qkv, ConstTensorView att,
+                        int num_heads) {
+  constexpr const char* op = "attention_backward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"dqkv", dqkv},
+                         {"dpreatt", dpreatt},
+                         {"datt", datt},
+                         {"dout", dout},
+                         {"qkv", qkv},
+                         {"att", att}})
+    check_f32(s, op, name, v);
+  const AttentionDims d = check_attention(op, qkv, num_heads, {{"dout", dout}},
+                                          {{"dpreatt", dpreatt}, {"datt", datt}, {"att", att}});
+  ZT_REQUIRE(dqkv.shape == qkv.shape, op, ": qkv ", qkv.shape.str(), " but dqkv ",
+             dqkv.shape.str());
+  if (d.B * d.T == 0) return;
+  ZT_OP_LAUNCH(s, attention_backward, f32(dqkv), f32(dpreatt), f32(datt), f32(dout), f32(qkv),
+               f32(att), d.B, d.T, d.C, d.NH);
+}
+
+// ---- activations
+// ----------------------------------------------------------------------------------
+
+namespace {
+int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const char* out_name,
+                    const ConstTensorView& in, const ConstTensorView* dout) {
+  check_f32(s, op, out_name, out);
+  check_f32(s, op, "in", in);
+  ZT_REQUIRE(out.numel() == in.numel(), op, ": in ", in.shape.str(), " but ", out_name, " ",
+             out.shape.str());
+  if (dout != nullptr) {
+    check_f32(s, op, "dout", *dout);
+    ZT_REQUIRE(dout->numel() == in.numel(), op, ": in ", in.shape.str(), " but dout ",
+               dout->shape.str());
+  }
+  return in.numel();
+}
+}  // namespace
+
+void gelu_forward(Stream& s, TensorView out, ConstTensorView in) {
+  const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr);
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, gelu_forward, f32(out), f32(in), n);
+}
+
+void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
+  const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout);
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, gelu_backward, f32(din), f32(in), f32(dout), n);
+}
+
+void relu_forward(Stream& s, TensorView out, ConstTensorView in) {
+  const int64_t n = check_unary(s, "relu_forward", out, "out", in, nullptr);
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, relu_forward, f32(out), f32(in), n);
+}
+
+void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
+  const int64_t n = check_unary(s, "relu_backward", din, "din", in, &dout);
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, relu_backward, f32(din), f32(in), f32(dout), n);
+}
+
+// ---- classifier
+// -------------------------------------------------------------------------------------
+
+void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
+                                 ConstTensorView targets, float dloss, bool compute_grad) {
+  constexpr const char* op = "classifier_forward_backward";
+  check_f32(s, op, "logits", logits);
+  check_f32(s, op, "losses", losses);
+  check_view(s, op, "targets", targets, DType::kI32);
+  const int64_t V = last_dim(logits), N = rows(logits);
+  ZT_REQUIRE(logits.shape.ndim() >= 1 && V > 0, op, ": logits ", logits.shape.str(),
+             " must be [..., V], V > 0");
+  ZT_REQUIRE(losses.numel() == N && targets.numel() == N, op, ": logits ", logits.shape.str(),
+             " has ", N, " rows but losses ", losses.shape.str(), " and targets ",
+             targets.shape.str());
+  if (N == 0) return;
+  ZT_OP_LAUNCH(s, classifier_forward_backward, f32(logits), f32(losses), i32(targets), N, V, dloss,
+               compute_grad);
+}
+
+// ---- optimizers
+// ------------------------------------------------------------------------------------------
+
+void adamw_update(Stream& s, TensorView params, ConstTensorView grads, TensorView m, TensorView v,
+                  const AdamWParams& hp, float grad_scale) {
+  constexpr const char* op = "adamw_update";
+  for (auto [name, t] : {std::pair<const char*, ConstTensorView>{"params", params},
+                         {"grads", grads},
+                         {"m", m},
+                         {"v", v}})
+    check_f32(s, op, name, t);
+  const int64_t n = params.numel();
+  ZT_REQUIRE(grads.numel() == n && m.numel() == n && v.numel() == n, op, ": params ",
+             params.shape.str(), " but grads ", grads.shape.str(), ", m ", m.shape.str(), ", v ",
+             v.shape.str(), " (element counts must match)");
+  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
+  if (n == 0) return;
+  const float bc1 = adamw_bias_correction(hp.beta1, hp.step);
+  const float bc2 = adamw_bias_correction(hp.beta2, hp.step);
+  ZT_OP_LAUNCH(s, adamw_update, f32(params), f32(grads), f32(m), f32(v), n, hp.lr, hp.beta1,
+               hp.beta2, hp.eps, hp.weight_decay, bc1, bc2, grad_scale);
+}
+
+void sgd_update(Stream& s, TensorView params, ConstTensorView grads, TensorView momentum_buf,
+                const SgdParams& hp, float grad_scale) {
+  constexpr const char* op = "sgd_update";
+  check_f32(s, op, "params", params);
+  check_f32(s, op, "grads", grads);
+  check_f32(s, op, "momentum_buf", momentum_buf);
+  const int64_t n = params.numel();
+  ZT_REQUIRE(grads.numel() == n && momentum_buf.numel() == n, op, ": params ", params.shape.str(),
+             " but grads ", grads.shape.str(), " and momentum_buf ", momentum_buf.shape.str(),
+             " (element counts must match)");
+  if (n == 0) return;
+  ZT_OP_LAUNCH(s, sgd_update, f32(params), f32(grads), f32(momentum_buf), n, hp.lr, hp.momentum,
+               hp.weight_decay, hp.nesterov, grad_scale);
+}
+
+// ---- reductions
+// ----------------------------------------------------------------------------------------
+
+void sum_squares(Stream& s, TensorView out, ConstTensorView x) {
+  constexpr const char* op = "sum_squares";
+  check_f32(s, op, "out", out);
+  check_f32(s, op, "x", x);
+  ZT_REQUIRE(out.numel() == 1, op, ": out ", out.shape.str(), " must hold one element");
+  const int64_t n = x.numel();
+  float* o = f32(out);
+  const float* p = f32(x);
+  if (s.backend() == Backend::kCpu) {
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::sum_squares(o, p, n); });
+    return;
+  }
+#if ZT_WITH_CUDA
+  // Workspace from the device pool, freed right after the launch: the pool hands it out again
+  // only to later work on this stream (stream-ordered reuse), which runs after this reduction.
+  const size_t bytes = cuda_ops::sum_squares_workspace_bytes(n);
+  CachingAllocator& pool = s.device().memory();
+  void* workspace = bytes ? pool.allocate(bytes, s, "sum_squares workspace") : nullptr;
+  try {
+    cuda_ops::sum_squares(s.native_handle(), o, p, n, workspace, bytes);
+  } catch (...) {
+    if (workspace) pool.free(workspace);
+    throw;
+  }
+  if (workspace) pool.free(workspace);
+#else
+  ZT_REQUIRE(false, "sum_squares: this build has no CUDA backend");
+#endif
+}
+
+}  // namespace zt::ops

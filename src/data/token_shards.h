@@ -1,0 +1,45 @@
+// llm.c token shards (.bin): a 256 x int32 header {magic 20240520, version 1, token count, 0...}
+// followed by `count` little-endian uint16 GPT-2 token ids. Shards are memory-mapped and fully
+// validated when opened (header, exact size, every token < vocab), so a bad file fails before the
+// first step rather than in the middle of a run.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/language_data.h"
+
+namespace zt {
+
+inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kShardVersion = 1;
+inline constexpr int kShardHeaderInts = 256;
+inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
+inline constexpr int kGpt2VocabSize = 50257;
+
+// Writes a valid shard (tests, tools).
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+// Split: shards whose file name contains "val" (llm.c's *_val_*.bin) form the validation split and
+// the others the training split; when no name contains "val", the last 10% of all tokens (in
+// sorted file order) is validation. Every shard is one segment: no sequence crosses two files.
+class TokenShardData : public TokenWindows {
+ public:
+  // pattern: a glob(3) pattern or a single path. Throws kInvalidArgument, naming the file and the
+  // problem, for no match, a short or oversized file, a wrong magic or version, or a token >= vocab.
+  TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size);
+  ~TokenShardData() override;
+
+  std::string describe() const override;
+  // The shard files of each split, sorted.
+  const std::vector<std::string>& files(Split split) const { return files_[static_cast<int>(split)]; }
+
+ private:
+  struct Mapping;
+  std::string pattern_;
+  std::vector<std::string> files_[2];
+  std::vector<std::unique_ptr<Mapping>> mappings_;
+};
+
+}  // namespace zt

@@ -1,0 +1,40 @@
+// Model configurations and presets (gpt-tiny, gpt2-124m ... gpt2-1558m, mlp), with overrides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+enum class ModelKind { kGpt, kMlp };
+
+struct ModelConfig {
+  ModelKind kind = ModelKind::kGpt;
+  std::string preset;
+  // GPT
+  int layers = 0, heads = 0, embd = 0;
+  int seq_len = 0;  // maximum context (the position-embedding table's length)
+  int vocab = 0;
+  // MLP classifier
+  int input_dim = 0;
+  std::vector<int> hidden;
+  int classes = 0;
+
+  int64_t num_parameters() const;  // exact count, as the flat buffers hold them
+  std::string describe() const;    // "gpt: 4 layers, 4 heads, 128 wide, 64 context, vocab 256"
+};
+
+// Optional overrides from flags; 0 / empty = keep the preset's value.
+struct ModelOverrides {
+  int layers = 0, heads = 0, embd = 0, seq_len = 0, vocab = 0;
+  std::vector<int> hidden;
+};
+
+// Names accepted by --model.
+const std::vector<std::string>& model_preset_names();
+// Throws zt::Error(kInvalidArgument) for an unknown preset or inconsistent overrides
+// (embd not divisible by heads, non-positive sizes).
+ModelConfig make_model_config(const std::string& preset, const ModelOverrides& o = {});
+
+}  // namespace zt

@@ -1,0 +1,77 @@
+// Layout bookkeeping and the deterministic host-side initialisation.
+#include "model/layout.h"
+
+#include <algorithm>
+
+#include "core/parallel.h"
+#include "core/philox.h"
+#include "core/status.h"
+
+namespace zt {
+
+int ParamLayout::add_block(std::string name) {
+  blocks_.push_back(ParamBlock{std::move(name), {}, 0});
+  return static_cast<int>(blocks_.size()) - 1;
+}
+
+void ParamLayout::add_tensor(int block, std::string name, Shape shape, ParamInit init,
+                             float init_std, bool weight_decay) {
+  ParamBlock& b = blocks_.at(static_cast<size_t>(block));
+  ParamTensor t;
+  t.name = std::move(name);
+  t.shape = shape;
+  t.offset = (b.numel + kAlign - 1) / kAlign * kAlign;
+  t.numel = shape.numel();
+  t.init = init;
+  t.init_std = init_std;
+  t.weight_decay = weight_decay;
+  b.numel = t.offset + t.numel;
+  b.tensors.push_back(std::move(t));
+}
+
+int64_t ParamLayout::total_numel() const {
+  int64_t n = 0;
+  for (const auto& b : blocks_) n += b.numel;
+  return n;
+}
+
+int64_t ParamLayout::total_parameters() const {
+  int64_t n = 0;
+  for (const auto& b : blocks_)
+    for (const auto& t : b.tensors) n += t.numel;
+  return n;
+}
+
+std::pair<int, const ParamTensor*> ParamLayout::find(const std::string& name) const {
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    for (const auto& t : blocks_[b].tensors)
+      if (t.name == name) return {static_cast<int>(b), &t};
+  ZT_THROW(ErrorKind::kInvalidArgument, "the model has no parameter tensor named '", name, "'");
+}
+
+static uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void init_block_host(const ParamBlock& block, uint64_t seed, float* out) {
+  std::fill(out, out + block.numel, 0.0f);  // padding is zero
+  for (const auto& t : block.tensors) {
+    float* dst = out + t.offset;
+    switch (t.init) {
+      case ParamInit::kZeros: break;
+      case ParamInit::kOnes: std::fill(dst, dst + t.numel, 1.0f); break;
+      case ParamInit::kNormal: {
+        const uint64_t stream = fnv1a(t.name);
+        const float std = t.init_std;
+        parallel_for(t.numel, 1 << 14, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) dst[i] = std * philox_normal(seed, stream, static_cast<uint64_t>(i));
+        });
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace zt

@@ -1,0 +1,66 @@
+// The model interface the trainer (and later the ZeRO engine) drives: explicit forward and
+// backward over parameter blocks, with hooks around each block so that sharding engines can
+// gather parameters before a block runs and reduce its gradients once they are final.
+#pragma once
+
+#include <memory>
+
+#include "memory/caching_allocator.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "runtime/device.h"
+
+namespace zt {
+
+// Where the model reads parameters and accumulates gradients, block by block.
+class ParamAccess {
+ public:
+  virtual ~ParamAccess() = default;
+  virtual int device_index() const = 0;  // the device the buffers live on
+  virtual float* params(int block) = 0;  // flat fp32 buffer of block `block`, valid after before_*
+  virtual float* grads(int block) = 0;   // flat fp32 gradient buffer (accumulated with +=)
+  virtual void before_forward(int block) {}
+  virtual void before_backward(int block) {}
+  // Every gradient of `block` for this micro-batch has been issued on the stream.
+  virtual void after_backward(int block) {}
+};
+
+// One micro-batch on the device. GPT: inputs [B,T] int32 tokens, targets [B,T] int32.
+// MLP: inputs [B,input_dim] fp32, targets [B] int32 labels (T = 1).
+struct Batch {
+  ConstTensorView inputs;
+  ConstTensorView targets;
+  int B = 0, T = 0;
+};
+
+// Activation memory for one (B, T), planned once: a single pool allocation carved into views.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  virtual int B() const = 0;
+  virtual int T() const = 0;
+  // Per-position losses of the last forward: [B*T] (GPT) or [B] (MLP), nats.
+  virtual TensorView losses() = 0;
+  // Logits of the last forward when it ran with train=false: [B*T, V] or [B, classes].
+  virtual TensorView logits() = 0;
+  virtual size_t bytes() const = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  // Bytes make_workspace(B, T) will take from the pool (the memory plan uses the same number).
+  virtual size_t workspace_bytes(int B, int T) const = 0;
+  virtual std::unique_ptr<Workspace> make_workspace(Device& device, int B, int T) const = 0;
+  // Forward and loss. With train=true the logits are turned into dlogits scaled by `dloss` (the
+  // weight of one position's loss in the step's objective), ready for backward().
+  virtual void forward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch, float dloss,
+                       bool train) const = 0;
+  virtual void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const = 0;
+};
+
+std::unique_ptr<Model> make_model(const ModelConfig& config);
+
+}  // namespace zt

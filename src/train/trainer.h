@@ -1,0 +1,67 @@
+// The training loop on one device: data (prefetched), forward/backward with gradient
+// accumulation, global-norm clipping, AdamW/SGD, LR schedule, evaluation, sampling, metrics.
+// Multi-device data parallelism (ZeRO) arrives with the ZeRO engine; until then a run uses
+// exactly one device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "train/schedule.h"
+
+namespace zt {
+
+enum class OptimizerKind { kAdamW, kSgd };
+
+struct TrainConfig {
+  std::string model = "gpt-tiny";
+  ModelOverrides overrides;
+  std::string data = "synthetic";
+  std::string devices = "";  // "" = the first device of "all"
+  int steps = -1;            // -1 = the default for the data (see resolve())
+  int epochs = 0;            // image data: steps = epochs * batches per epoch when steps == -1
+  int batch_size = -1;       // global, in sequences (GPT) or examples (MLP); -1 = default
+  int micro_batch_size = 0;  // 0 = batch_size (no accumulation)
+  int train_seq_len = 0;     // GPT: tokens per training sequence; 0 = the model's context
+  float lr = -1;             // -1 = default for the optimizer
+  float min_lr = -1;         // -1 = lr / 10
+  int warmup_steps = -1;     // -1 = 2% of steps
+  LrSchedule schedule = LrSchedule::kCosine;
+  float weight_decay = 0.0f;
+  float grad_clip = 1.0f;    // 0 = no clipping
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, momentum = 0.9f;
+  uint64_t seed = 1337;
+  int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
+  int eval_batches = 8;
+  int sample_every = 0;      // 0 = only at the end
+  int sample_tokens = 200;
+  float temperature = 0.8f;
+  int top_k = 40;
+  std::string metrics_path;
+  bool quiet = false;        // no progress line (tests)
+};
+
+struct TrainResult {
+  int steps = 0;
+  double final_loss = 0;     // mean training loss of the last step
+  double val_loss = 0;       // last evaluation
+  std::optional<double> accuracy;      // classifier: test accuracy at the end
+  std::optional<double> entropy_floor;  // synthetic data: best reachable loss
+  double tokens_per_s = 0;
+  double seconds = 0;
+  std::vector<double> losses;  // per step
+  std::vector<size_t> peak_bytes_per_device;
+  std::string sample;
+};
+
+// Runs a whole training job; prints progress to stdout unless quiet. All validation of the
+// configuration, data and model happens before the first step; a bad input throws
+// zt::Error(kInvalidArgument) with one sentence.
+TrainResult train(const TrainConfig& config);
+
+}  // namespace zt

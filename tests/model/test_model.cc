@@ -1,0 +1,276 @@
+// Models: parameter counts against GPT-2's published sizes; the GPT and MLP forward losses and
+// every gradient against a float64 reference model composed of the float64 op references
+// (gradients by central finite differences of that reference, so nothing here trusts the
+// backward code under test); deterministic initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/philox.h"
+#include "kernels/ref/ops_ref.h"
+#include "memory/caching_allocator.h"
+#include "model/model.h"
+#include "runtime/runtime.h"
+
+namespace zt {
+namespace {
+
+using Blocks = std::vector<std::vector<double>>;
+
+TEST(ModelConfig, PresetParameterCountsMatchGpt2) {
+  EXPECT_EQ(make_model_config("gpt2-124m").num_parameters(), 124'439'808);
+  EXPECT_EQ(make_model_config("gpt2-350m").num_parameters(), 354'823'168);
+  EXPECT_EQ(make_model_config("gpt2-774m").num_parameters(), 774'030'080);
+  EXPECT_EQ(make_model_config("gpt2-1558m").num_parameters(), 1'557'611'200);
+  for (const auto& name : model_preset_names()) {
+    const ModelConfig c = make_model_config(name);
+    EXPECT_EQ(make_model(c)->layout().total_parameters(), c.num_parameters()) << name;
+  }
+}
+
+TEST(ModelConfig, OverridesAndErrors) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.embd = 64;
+  o.heads = 2;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  EXPECT_EQ(c.layers, 2);
+  EXPECT_EQ(c.embd, 64);
+  EXPECT_THROW(make_model_config("gpt-huge"), Error);
+  o.heads = 3;
+  try {
+    make_model_config("gpt-tiny", o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(e.message().find("divisible"), std::string::npos);
+  }
+}
+
+// Single-device parameter access over host-initialised blocks.
+class TestParams final : public ParamAccess {
+ public:
+  TestParams(Device& d, const ParamLayout& layout) : d_(d) {
+    for (const auto& b : layout.blocks()) {
+      p_.emplace_back(d.memory(), b.numel * 4, d.compute(), "p");
+      g_.emplace_back(d.memory(), b.numel * 4, d.compute(), "g");
+    }
+  }
+  int device_index() const override { return d_.index(); }
+  float* params(int b) override { return p_[b].as<float>(); }
+  float* grads(int b) override { return g_[b].as<float>(); }
+  std::vector<int> forward_order, backward_done;
+  void before_forward(int b) override { forward_order.push_back(b); }
+  void after_backward(int b) override { backward_done.push_back(b); }
+
+ private:
+  Device& d_;
+  std::vector<DeviceBuffer> p_, g_;
+};
+
+// ---- float64 reference models ----------------------------------------------------------------
+
+const double* tensor(const Blocks& p, const ParamLayout& L, const std::string& name) {
+  auto [b, t] = L.find(name);
+  return p[b].data() + t->offset;
+}
+
+double gpt_loss_ref(const ModelConfig& c, const ParamLayout& L, const Blocks& p,
+                    const std::vector<int32_t>& tok, const std::vector<int32_t>& tgt, int64_t B, int64_t T) {
+  const int64_t C = c.embd, NH = c.heads, V = c.vocab, BT = B * T;
+  auto span = [&](const std::string& n, int64_t len) { return std::span<const double>(tensor(p, L, n), len); };
+  std::vector<double> x(BT * C);
+  ref::encoder_forward_ref(x, tok, span("wte.weight", V * C), span("wpe.weight", T * C), B, T, C);
+  std::vector<double> ln(BT * C), mean(BT), rstd(BT), qkv(BT * 3 * C), y(BT * C), pre(B * NH * T * T),
+      att(B * NH * T * T), proj(BT * C), h(BT * 4 * C), hg(BT * 4 * C);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string pf = "h." + std::to_string(l) + ".";
+    ref::layernorm_forward_ref(ln, mean, rstd, x, span(pf + "ln_1.weight", C), span(pf + "ln_1.bias", C), BT, C, 1e-5);
+    ref::matmul_forward_ref(qkv, ln, span(pf + "attn.c_attn.weight", 3 * C * C), span(pf + "attn.c_attn.bias", 3 * C), BT, C, 3 * C);
+    ref::attention_forward_ref(y, pre, att, qkv, B, T, C, NH);
+    ref::matmul_forward_ref(proj, y, span(pf + "attn.c_proj.weight", C * C), span(pf + "attn.c_proj.bias", C), BT, C, C);
+    for (int64_t i = 0; i < BT * C; ++i) x[i] += proj[i];
+    ref::layernorm_forward_ref(ln, mean, rstd, x, span(pf + "ln_2.weight", C), span(pf + "ln_2.bias", C), BT, C, 1e-5);
+    ref::matmul_forward_ref(h, ln, span(pf + "mlp.c_fc.weight", 4 * C * C), span(pf + "mlp.c_fc.bias", 4 * C), BT, C, 4 * C);
+    ref::gelu_forward_ref(hg, h);
+    ref::matmul_forward_ref(proj, hg, span(pf + "mlp.c_proj.weight", 4 * C * C), span(pf + "mlp.c_proj.bias", C), BT, 4 * C, C);
+    for (int64_t i = 0; i < BT * C; ++i) x[i] += proj[i];
+  }
+  ref::layernorm_forward_ref(ln, mean, rstd, x, span("ln_f.weight", C), span("ln_f.bias", C), BT, C, 1e-5);
+  std::vector<double> logits(BT * V), losses(BT), dl(BT * V);
+  ref::matmul_forward_ref(logits, ln, span("wte.weight", V * C), {}, BT, C, V);
+  ref::classifier_ref(losses, dl, logits, tgt, BT, V, 0.0);
+  double s = 0;
+  for (double v : losses) s += v;
+  return s / static_cast<double>(BT);
+}
+
+double mlp_loss_ref(const ModelConfig& c, const ParamLayout& L, const Blocks& p, const std::vector<double>& in,
+                    const std::vector<int32_t>& labels, int64_t B) {
+  std::vector<double> x = in;
+  int64_t width = c.input_dim;
+  const int n = L.num_blocks();
+  for (int i = 0; i < n; ++i) {
+    const auto& w = L.block(i).tensors[0];
+    const int64_t out = w.shape[0];
+    std::vector<double> y(B * out);
+    ref::matmul_forward_ref(y, x, std::span<const double>(p[i].data() + w.offset, out * width),
+                            std::span<const double>(p[i].data() + L.block(i).tensors[1].offset, out), B, width, out);
+    if (i + 1 < n) ref::relu_forward_ref(y, std::vector<double>(y));
+    x = std::move(y);
+    width = out;
+  }
+  std::vector<double> losses(B), dl(B * width);
+  ref::classifier_ref(losses, dl, x, labels, B, width, 0.0);
+  double s = 0;
+  for (double v : losses) s += v;
+  return s / static_cast<double>(B);
+}
+
+// Runs the model's forward+backward on the CPU backend and compares the loss and a sample of
+// gradient coordinates (every tensor, first/last/random elements) with the float64 reference.
+template <typename LossRef>
+void check_model(const ModelConfig& c, const Batch& batch_host_shapes, const std::vector<char>& inputs_bytes,
+                 const std::vector<int32_t>& targets, LossRef loss_ref, int positions) {
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream& s = d.compute();
+  auto model = make_model(c);
+  const ParamLayout& L = model->layout();
+  TestParams P(d, L);
+  Blocks host(L.num_blocks());
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    std::vector<float> f(L.block(b).numel);
+    init_block_host(L.block(b), 99, f.data());
+    // Perturb norms/biases away from 1/0 so their gradients are exercised generically.
+    for (auto& t : L.block(b).tensors)
+      if (t.init != ParamInit::kNormal)
+        for (int64_t i = 0; i < t.numel; ++i) f[t.offset + i] += 0.1f * philox_normal(5, b * 100 + t.offset, i);
+    s.copy(P.params(b), f.data(), f.size() * 4);
+    s.memset(P.grads(b), 0, f.size() * 4);
+    s.synchronize();
+    host[b].assign(f.begin(), f.end());
+  }
+  auto ws = model->make_workspace(d, batch_host_shapes.B, batch_host_shapes.T);
+  DeviceBuffer din(d.memory(), inputs_bytes.size(), s, "in"), dtg(d.memory(), targets.size() * 4, s, "tg");
+  s.copy(din.data(), inputs_bytes.data(), inputs_bytes.size());
+  s.copy(dtg.data(), targets.data(), targets.size() * 4);
+  Batch batch = batch_host_shapes;
+  batch.inputs.data = din.data();
+  batch.inputs.device = 0;
+  batch.targets.data = dtg.data();
+  batch.targets.device = 0;
+  model->forward(s, P, *ws, batch, 1.0f / positions, true);
+  model->backward(s, P, *ws, batch);
+  std::vector<float> losses(positions);
+  s.copy(losses.data(), ws->losses().data, losses.size() * 4);
+  s.synchronize();
+  double loss = 0;
+  for (float l : losses) loss += l;
+  loss /= positions;
+  const double ref_loss = loss_ref(host);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss)) << "forward loss";
+
+  // Every block's after_backward fired exactly once.
+  std::vector<int> done = P.backward_done;
+  std::sort(done.begin(), done.end());
+  ASSERT_EQ(static_cast<int>(done.size()), L.num_blocks());
+  for (int b = 0; b < L.num_blocks(); ++b) EXPECT_EQ(done[b], b);
+
+  std::mt19937 rng(3);
+  int checked = 0;
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    std::vector<float> g(L.block(b).numel);
+    s.copy(g.data(), P.grads(b), g.size() * 4);
+    s.synchronize();
+    for (const auto& t : L.block(b).tensors) {
+      std::vector<int64_t> idx = {0, t.numel - 1, static_cast<int64_t>(rng() % t.numel), static_cast<int64_t>(rng() % t.numel)};
+      for (int64_t i : idx) {
+        const double h = 1e-5;
+        Blocks plus = host, minus = host;
+        plus[b][t.offset + i] += h;
+        minus[b][t.offset + i] -= h;
+        const double fd = (loss_ref(plus) - loss_ref(minus)) / (2 * h);
+        const double got = g[t.offset + i];
+        EXPECT_NEAR(got, fd, 2e-4 * std::fabs(fd) + 2e-6) << t.name << "[" << i << "]";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(Gpt, ForwardLossAndEveryGradientMatchFloat64Reference) {
+  ModelOverrides o;
+  o.layers = 2, o.heads = 2, o.embd = 16, o.seq_len = 9, o.vocab = 37;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  const int B = 2, T = 7;  // T below the context: wpe is sliced
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  std::mt19937 rng(11);
+  for (auto& t : tok) t = rng() % c.vocab;
+  for (auto& t : tgt) t = rng() % c.vocab;
+  std::vector<char> bytes(reinterpret_cast<char*>(tok.data()), reinterpret_cast<char*>(tok.data() + tok.size()));
+  Batch shapes;
+  shapes.B = B, shapes.T = T;
+  shapes.inputs = ConstTensorView{nullptr, DType::kI32, Shape{B, T}, 0};
+  shapes.targets = ConstTensorView{nullptr, DType::kI32, Shape{B, T}, 0};
+  auto model = make_model(c);
+  const ParamLayout& L = model->layout();
+  check_model(c, shapes, bytes, tgt, [&](const Blocks& p) { return gpt_loss_ref(c, L, p, tok, tgt, B, T); }, B * T);
+}
+
+TEST(Mlp, ForwardLossAndEveryGradientMatchFloat64Reference) {
+  ModelConfig c = make_model_config("mlp");
+  c.input_dim = 13;
+  c.hidden = {11, 7};
+  c.classes = 5;
+  const int B = 6;
+  std::vector<float> in(B * c.input_dim);
+  std::vector<int32_t> labels(B);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  for (auto& v : in) v = nd(rng);
+  for (auto& l : labels) l = rng() % c.classes;
+  std::vector<double> in64(in.begin(), in.end());
+  std::vector<char> bytes(reinterpret_cast<char*>(in.data()), reinterpret_cast<char*>(in.data() + in.size()));
+  Batch shapes;
+  shapes.B = B, shapes.T = 1;
+  shapes.inputs = ConstTensorView{nullptr, DType::kF32, Shape{B, c.input_dim}, 0};
+  shapes.targets = ConstTensorView{nullptr, DType::kI32, Shape{B}, 0};
+  auto model = make_model(c);
+  const ParamLayout& L = model->layout();
+  check_model(c, shapes, bytes, labels, [&](const Blocks& p) { return mlp_loss_ref(c, L, p, in64, labels, B); }, B);
+}
+
+TEST(Init, DeterministicAndGpt2Scaled) {
+  const ModelConfig c = make_model_config("gpt-tiny");
+  auto model = make_model(c);
+  const ParamLayout& L = model->layout();
+  const ParamBlock& b1 = L.block(1);
+  std::vector<float> a(b1.numel), b(b1.numel), other(b1.numel);
+  init_block_host(b1, 7, a.data());
+  init_block_host(b1, 7, b.data());
+  init_block_host(b1, 8, other.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  EXPECT_NE(std::memcmp(a.data(), other.data(), a.size() * 4), 0);
+  for (const auto& t : b1.tensors) {
+    double s2 = 0;
+    for (int64_t i = 0; i < t.numel; ++i) s2 += double(a[t.offset + i]) * a[t.offset + i];
+    const double rms = std::sqrt(s2 / t.numel);
+    if (t.init == ParamInit::kNormal) {
+      EXPECT_NEAR(rms, t.init_std, 0.1 * t.init_std) << t.name;
+    } else if (t.init == ParamInit::kOnes) {
+      EXPECT_EQ(rms, 1.0) << t.name;
+    } else {
+      EXPECT_EQ(rms, 0.0) << t.name;
+    }
+  }
+  // Residual projections are scaled by 1/sqrt(2 L).
+  auto [blk, proj] = L.find("h.0.attn.c_proj.weight");
+  EXPECT_FLOAT_EQ(proj->init_std, 0.02f / std::sqrt(2.0f * c.layers));
+}
+
+}  // namespace
+}  // namespace zt
