@@ -90,13 +90,17 @@ int main(int argc, char** argv) {
     train->add_option("--data", tc.data,
                       "synthetic, a text file, llm.c token shards (*.bin glob), or fashion-mnist (MLP)")
         ->capture_default_str();
-    train->add_option("--devices", tc.devices, "Device: cpu:1, cuda:0 (default: first GPU, else one simulated device)");
+    train->add_option("--devices", tc.devices, "Devices: all (every GPU, else 2 simulated), cpu:N, cuda:0,1,3, cuda:0x4")
+        ->capture_default_str();
+    train->add_option("--zero-stage", tc.zero_stage,
+                      "ZeRO stage: 0 data parallel, 1 shard optimizer state, 2 + gradients, 3 + parameters")
+        ->capture_default_str()->check(CLI::Range(0, 3));
     train->add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(CLI::PositiveNumber);
     train->add_option("--epochs", tc.epochs, "Image data: epochs to train when --steps is not given (default 3)")
         ->check(CLI::PositiveNumber);
     train->add_option("--batch-size", tc.batch_size, "Global batch in sequences/examples (default 8; MLP 128)")
         ->check(CLI::PositiveNumber);
-    train->add_option("--micro-batch-size", tc.micro_batch_size, "Micro-batch; accumulation = batch / micro-batch")
+    train->add_option("--micro-batch-size", tc.micro_batch_size, "Per-device micro-batch; accumulation = batch / (devices x micro-batch)")
         ->check(CLI::PositiveNumber);
     train->add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(CLI::PositiveNumber);
     train->add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(CLI::NonNegativeNumber);

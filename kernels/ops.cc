@@ -136,6 +136,22 @@ void cast(Stream& s, TensorView dst, ConstTensorView src) {
 #endif
 }
 
+void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
+  ZT_REQUIRE(dst.dtype == DType::kF32 || dst.dtype == DType::kF16 || dst.dtype == DType::kBF16,
+             "accumulate: dst ", dst.shape.str(), " is ", dtype_name(dst.dtype),
+             " but must be fp32, fp16 or bf16");
+  check_view(s, "accumulate", "dst", dst, dst.dtype);
+  check_view(s, "accumulate", "src", src, dst.dtype);
+  ZT_REQUIRE(dst.numel() == src.numel(), "accumulate: dst ", dst.shape.str(), " but src ",
+             src.shape.str(), " (element counts must match)");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  void* d = dst.data;
+  const void* p = src.data;
+  const DType t = dst.dtype;
+  ZT_OP_LAUNCH(s, accumulate, d, p, t, n);
+}
+
 // ---- encoder -----------------------------------------------------------------------------------
 
 namespace {

@@ -29,6 +29,10 @@ void scale(Stream& s, TensorView x, float alpha);
 void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b);
 // dst = src converted between f32/f16/bf16 (round to nearest even); same numel.
 void cast(Stream& s, TensorView dst, ConstTensorView src);
+// dst += src for f32/f16/bf16 (dst and src of one dtype, same numel): each element is widened
+// to fp32, added, and rounded to the storage type once (round to nearest even). For f32 the bits
+// equal add(dst, dst, src). The reduction step of the collectives (src/comm/).
+void accumulate(Stream& s, TensorView dst, ConstTensorView src);
 
 // ---- GPT-2 encoder: token + position embedding -----------------------------
 // out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]; tokens [B,T] int32, wte [V,C], wpe [maxT,C], T <= maxT.

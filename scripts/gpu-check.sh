@@ -101,7 +101,7 @@ if ((built)); then
   rc=$?
   ((rc != 0)) && failed=1
   ctest_summary="$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-  skipped_cuda="$(grep -cE 'Test +#[0-9]+: Cuda(Runtime|Cast)\..*Skipped' "$OUT/ctest.log" || true)"
+  skipped_cuda="$(grep -cE 'Test +#[0-9]+: (Cuda(Runtime|Cast)\.|.*/cuda ).*Skipped' "$OUT/ctest.log" || true)"
   if ((skipped_cuda > 0)); then
     cuda_note="${skipped_cuda} CUDA tests were skipped: no usable GPU in this run (see ctest.log)"
   fi
@@ -122,10 +122,46 @@ else
   skip_step "zerotrain info" "no binary"
 fi
 
-# ---- 6. benchmarks (JSON to $OUT) ------------------------------------------------------------
+# ---- 6. training on the GPU vs the CPU backend, step by step ---------------------------------
+# The same gpt-tiny run (one device, then 4 logical devices at ZeRO stage 3 on GPU 0) on CUDA and
+# on the simulated CPU devices; the losses must agree to fp32 rounding (cuBLAS vs OpenBLAS
+# summation order), and the ZeRO-3 run must match the 1-device run.
+if ((built)) && [[ -x "$app" ]]; then
+  common=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet)
+  run_step "train cuda:0" 120 train-cuda.txt "$app" "${common[@]}" --devices cuda:0 --metrics "$OUT/train-cuda.jsonl"
+  run_step "train cpu:1" 120 train-cpu.txt "$app" "${common[@]}" --devices cpu:1 --metrics "$OUT/train-cpu.jsonl"
+  run_step "train cuda:0x4 zero-3" 120 train-cuda-z3.txt "$app" "${common[@]}" --devices cuda:0x4 --zero-stage 3 \
+    --metrics "$OUT/train-cuda-z3.jsonl"
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare losses" 30 compare-losses.txt python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+def losses(name):
+    with open(os.path.join(out, name)) as f:
+        return [json.loads(l)["loss"] for l in f if '"loss"' in l and '"event"' not in l]
+ref = losses("train-cpu.jsonl")
+bad = 0
+for name in ("train-cuda.jsonl", "train-cuda-z3.jsonl"):
+    try:
+        got = losses(name)
+    except OSError:
+        print(f"{name}: missing"); bad = 1; continue
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref)) if got else float("inf")
+    print(f"{name} vs train-cpu.jsonl: {len(got)} steps, max relative loss difference {worst:.2e}")
+    bad |= not (len(got) == len(ref) and worst < 1e-3)
+sys.exit(bad)
+PY
+    (($? != 0)) && failed=1
+    cat "$OUT/compare-losses.txt"
+  fi
+else
+  skip_step "train on GPU" "no binary"
+fi
+
+# ---- 7. benchmarks (JSON to $OUT) ------------------------------------------------------------
 # Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
 # bench_ops (kernels/ops.h on every device) is skipped like the others while it does not exist.
-for b in bench_cuda_copy bench_peer_copy bench_memory bench_ops; do
+for b in bench_cuda_copy bench_ops bench_comm bench_peer_copy bench_memory; do
   exe="$BUILD/bench/$b"
   if ((!built)) || [[ ! -x "$exe" ]]; then
     skip_step "$b" "no binary"

@@ -18,6 +18,8 @@ void scale(float* x, int64_t n, float alpha);
 void add(float* out, const float* a, const float* b, int64_t n);  // out may alias a/b
 // f32/f16/bf16 conversion with the round-to-nearest-even functions of core/dtype.h.
 void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+// dst[i] = round(float(dst[i]) + float(src[i])) for f32/f16/bf16 (f32: exactly add(dst, dst, src)).
+void accumulate(void* dst, const void* src, DType dtype, int64_t n);
 
 // ---- encoder ----------------------------------------------------------------------------
 // Throws zt::Error when a token id is outside [0, V).

@@ -1,4 +1,4 @@
-// CPU kernels for elementwise ops: fill, scale, add, cast, GELU, ReLU.
+// CPU kernels for elementwise ops: fill, scale, add, cast, accumulate, GELU, ReLU.
 #include "kernels/elementwise.h"
 
 #include "core/status.h"
@@ -51,6 +51,15 @@ void cast_from(void* dst, DType dst_type, const void* src, int64_t n) {
   ZT_CHECK(false, "cast: unsupported destination dtype ", dtype_name(dst_type));
 }
 
+template <typename T>
+void accumulate_typed(void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<T*>(dst);
+  const auto* s = static_cast<const T*>(src);
+  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) d[i] = from_float<T>(to_float(d[i]) + to_float(s[i]));
+  });
+}
+
 ZT_CPU_CLONES void gelu_forward_range(float* out, const float* in, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; ++i) out[i] = gelu_forward_elem(in[i]);
 }
@@ -74,6 +83,20 @@ void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n)
       break;
   }
   ZT_CHECK(false, "cast: unsupported source dtype ", dtype_name(src_type));
+}
+
+void accumulate(void* dst, const void* src, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      return accumulate_typed<float>(dst, src, n);
+    case DType::kF16:
+      return accumulate_typed<Half>(dst, src, n);
+    case DType::kBF16:
+      return accumulate_typed<BFloat16>(dst, src, n);
+    case DType::kI32:
+      break;
+  }
+  ZT_CHECK(false, "accumulate: unsupported dtype ", dtype_name(dtype));
 }
 
 void gelu_forward(float* out, const float* in, int64_t n) {

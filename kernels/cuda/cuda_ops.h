@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace zt::cuda_ops {
 
 // ---- elementwise / utility (n may be 0: no launch) ---------------------------------------
@@ -23,6 +25,8 @@ void fill(void* stream, float* x, int64_t n, float value);
 void scale(void* stream, float* x, int64_t n, float alpha);
 // out may alias a and/or b.
 void add(void* stream, float* out, const float* a, const float* b, int64_t n);
+// dst[i] = round(float(dst[i]) + float(src[i])), dtype f32/f16/bf16 (f32: exactly add).
+void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n);
 
 // ---- encoder: out[B,T,C] = wte[tokens[b,t]] + wpe[t]; wte [V,C], wpe [>=T, C] ---------------
 void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,

@@ -33,6 +33,13 @@ __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n
   ZT_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
 }
 
+// dst += src through fp32, rounded once to the storage type (the conversions of core/dtype.h,
+// bit-identical to the CPU loop).
+template <typename T>
+__global__ void accumulate_kernel(T* __restrict__ dst, const T* __restrict__ src, int64_t n) {
+  ZT_GRID_STRIDE_LOOP(i, n) { dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i])); }
+}
+
 __global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
                                     int64_t n) {
   ZT_GRID_STRIDE_LOOP(i, n) { out[i] = gelu_forward_elem(in[i]); }
@@ -199,6 +206,29 @@ void add(void* stream, float* out, const float* a, const float* b, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
   add_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, a, b, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n) {
+  if (n == 0) return;
+  detail::LaunchScope scope(stream);
+  const unsigned grid = grid_for(n);
+  switch (dtype) {
+    case DType::kF32:
+      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
+          static_cast<float*>(dst), static_cast<const float*>(src), n);
+      break;
+    case DType::kF16:
+      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
+          static_cast<Half*>(dst), static_cast<const Half*>(src), n);
+      break;
+    case DType::kBF16:
+      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
+          static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), n);
+      break;
+    default:
+      ZT_CHECK(false, "accumulate: unsupported dtype ", dtype_name(dtype));
+  }
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

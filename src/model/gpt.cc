@@ -232,6 +232,19 @@ class Gpt final : public Model {
     p.after_backward(0);
   }
 
+  std::vector<int> forward_order() const override {
+    std::vector<int> o;
+    for (int b = 0; b <= config_.layers + 1; ++b) o.push_back(b);
+    o.push_back(0);  // LM head (tied to wte)
+    return o;
+  }
+  std::vector<int> backward_order() const override {
+    std::vector<int> o = {0, config_.layers + 1};
+    for (int l = config_.layers; l >= 1; --l) o.push_back(l);
+    o.push_back(0);  // encoder
+    return o;
+  }
+
  private:
   TensorView tensor_at(float* base, int device, int block, int idx) const {
     const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];

@@ -120,6 +120,17 @@ class Mlp final : public Model {
     }
   }
 
+  std::vector<int> forward_order() const override {
+    std::vector<int> o;
+    for (int b = 0; b < layout_.num_blocks(); ++b) o.push_back(b);
+    return o;
+  }
+  std::vector<int> backward_order() const override {
+    std::vector<int> o;
+    for (int b = layout_.num_blocks() - 1; b >= 0; --b) o.push_back(b);
+    return o;
+  }
+
  private:
   TensorView param(ParamAccess& p, int block, int idx) const {
     const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];

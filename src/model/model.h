@@ -59,6 +59,11 @@ class Model {
   virtual void forward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch, float dloss,
                        bool train) const = 0;
   virtual void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const = 0;
+  // The blocks forward() and backward() visit, in order, one entry per before_forward /
+  // before_backward call (a block may appear twice: GPT's tied embedding). ZeRO stage 3 uses it
+  // to prefetch the next block's parameters and to decide when a gathered block can go.
+  virtual std::vector<int> forward_order() const = 0;
+  virtual std::vector<int> backward_order() const = 0;
 };
 
 std::unique_ptr<Model> make_model(const ModelConfig& config);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <thread>
 
 #include "core/philox.h"
 #include "core/status.h"
@@ -22,6 +23,8 @@
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "runtime/runtime.h"
+#include "comm/communicator.h"
+#include "zero/engine.h"
 
 namespace zt {
 
@@ -58,28 +61,27 @@ struct HostBatch {
   std::vector<int32_t> targets;  // [B*T] or [B]
 };
 
-// Parameters, gradients and optimizer state of every block on one device.
-class DeviceParams final : public ParamAccess {
- public:
-  DeviceParams(Device& d, const ParamLayout& layout, bool sgd) : device_(d) {
-    for (const auto& b : layout.blocks()) {
-      const size_t bytes = static_cast<size_t>(b.numel) * sizeof(float);
-      params_.emplace_back(d.memory(), bytes, d.compute(), "parameters");
-      grads_.emplace_back(d.memory(), bytes, d.compute(), "gradients");
-      m_.emplace_back(d.memory(), bytes, d.compute(), "optimizer state");
-      if (!sgd) v_.emplace_back(d.memory(), bytes, d.compute(), "optimizer state");
-    }
+// Runs fn(rank) on one host thread per rank (inline for one rank) and rethrows the first error.
+// Each rank's thread drives its own device; collectives rendezvous inside the Communicator.
+void run_ranks(int n, const std::function<void(int)>& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
   }
-  int device_index() const override { return device_.index(); }
-  float* params(int b) override { return params_[static_cast<size_t>(b)].as<float>(); }
-  float* grads(int b) override { return grads_[static_cast<size_t>(b)].as<float>(); }
-  float* m(int b) { return m_[static_cast<size_t>(b)].as<float>(); }
-  float* v(int b) { return v_[static_cast<size_t>(b)].as<float>(); }
-
- private:
-  Device& device_;
-  std::vector<DeviceBuffer> params_, grads_, m_, v_;
-};
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 TensorView flat(float* p, int64_t n, int device) { return TensorView{p, DType::kF32, Shape{n}, device}; }
 
@@ -109,15 +111,22 @@ TrainResult train(const TrainConfig& cfg_in) {
                "the data has ", images->image_size(), " inputs and ", images->num_classes(),
                " classes, the model expects ", mc.input_dim, " and ", mc.classes);
   }
-  if (cfg.batch_size < 0) cfg.batch_size = is_gpt ? 8 : 128;
+  ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
+  const DeviceSpec spec = parse_device_spec(cfg.devices);
+  auto rt = Runtime::create(spec);
+  const int N = rt->size();
+
+  if (cfg.batch_size < 0) cfg.batch_size = (is_gpt ? 8 : 128) * ((N + 1) / 2);
   ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
-  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size;
+  ZT_REQUIRE(cfg.batch_size % N == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", N,
+             " devices; use a multiple of ", N);
+  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / N;
   ZT_REQUIRE(cfg.micro_batch_size >= 1, "--micro-batch-size must be at least 1, got ", cfg.micro_batch_size);
-  ZT_REQUIRE(cfg.batch_size % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size,
-             " is not a multiple of --micro-batch-size ", cfg.micro_batch_size,
-             "; the global batch must split into whole micro-batches");
-  const int accum = cfg.batch_size / cfg.micro_batch_size;
-  const int B = cfg.micro_batch_size;
+  ZT_REQUIRE((cfg.batch_size / N) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", N,
+             " device", N == 1 ? "" : "s", " is ", cfg.batch_size / N, " per device, not a multiple of --micro-batch-size ",
+             cfg.micro_batch_size, "; the global batch must split into whole micro-batches");
+  const int accum = cfg.batch_size / N / cfg.micro_batch_size;
+  const int B = cfg.micro_batch_size;  // per device, per micro-batch
   const int T = is_gpt ? cfg.train_seq_len : 1;
   if (!is_gpt) {
     const int64_t per_epoch = images->batches_per_epoch(Split::kTrain, cfg.batch_size);
@@ -135,17 +144,6 @@ TrainResult train(const TrainConfig& cfg_in) {
   ZT_REQUIRE(cfg.grad_clip >= 0, "--grad-clip must not be negative, got ", cfg.grad_clip);
   ZT_REQUIRE(cfg.top_k >= 0 && cfg.temperature > 0, "--top-k must be >= 0 and --temperature > 0");
 
-  // Until the ZeRO engine lands a run uses one device: the first GPU, else one simulated device.
-  std::string devices = cfg.devices;
-  if (devices.empty()) devices = cuda_availability().usable ? "cuda:0" : "cpu:1";
-  const DeviceSpec spec = parse_device_spec(devices);
-  auto rt = Runtime::create(spec);
-  ZT_REQUIRE(rt->size() == 1, "--devices ", cfg.devices, " selects ", rt->size(),
-               " devices, but multi-device (ZeRO) training is not implemented yet; select one device, e.g. cpu:1 or cuda:0");
-  Device& dev = rt->device(0);
-  Stream& s = dev.compute();
-  const int di = dev.index();
-
   std::FILE* metrics = nullptr;
   if (!cfg.metrics_path.empty()) {
     metrics = std::fopen(cfg.metrics_path.c_str(), "w");
@@ -159,219 +157,268 @@ TrainResult train(const TrainConfig& cfg_in) {
 
   auto model = make_model(mc);
   const ParamLayout& layout = model->layout();
-  DeviceParams P(dev, layout, cfg.optimizer == OptimizerKind::kSgd);
+  const int num_blocks = layout.num_blocks();
+  std::vector<Device*> devs;
+  for (int r = 0; r < N; ++r) devs.push_back(&rt->device(r));
+  Communicator comm(devs);
+  ZeroOptions zo;
+  zo.stage = cfg.zero_stage;
+  zo.sgd = cfg.optimizer == OptimizerKind::kSgd;
+  zo.micro_batches = accum;
+  ZeroEngine engine(*model, devs, comm, zo);
   {
-    // Initialise on the host (deterministic in the seed), copy, zero optimizer state.
-    for (int b = 0; b < layout.num_blocks(); ++b) {
-      const ParamBlock& blk = layout.block(b);
-      std::vector<float> host(static_cast<size_t>(blk.numel));
-      init_block_host(blk, cfg.seed, host.data());
-      s.copy(P.params(b), host.data(), host.size() * sizeof(float));
-      ops::fill(s, flat(P.m(b), blk.numel, di), 0.0f);
-      if (cfg.optimizer == OptimizerKind::kAdamW) ops::fill(s, flat(P.v(b), blk.numel, di), 0.0f);
-      s.synchronize();  // `host` goes out of scope
+    // Initialised once on the host (deterministic in the seed, independent of the device count).
+    std::vector<std::vector<float>> host(static_cast<size_t>(num_blocks));
+    for (int b = 0; b < num_blocks; ++b) {
+      host[static_cast<size_t>(b)].resize(static_cast<size_t>(layout.block(b).numel));
+      init_block_host(layout.block(b), cfg.seed, host[static_cast<size_t>(b)].data());
     }
+    for (int r = 0; r < N; ++r) engine.load_parameters(r, host);
   }
-  auto ws = model->make_workspace(dev, B, T);
 
-  // Device input buffers for one micro-batch.
+  // Per-rank state: activations, one micro-batch of inputs on the device, a prefetcher of this
+  // rank's rows of every global batch, host scratch.
   const int D = is_gpt ? 0 : mc.input_dim;
-  DeviceBuffer d_inputs(dev.memory(), static_cast<size_t>(is_gpt ? B * T : B * D) * 4, s, "batch");
-  DeviceBuffer d_targets(dev.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
-  DeviceBuffer d_norm(dev.memory(), static_cast<size_t>(layout.num_blocks()) * 4, s, "grad norm");
-  Batch batch;
-  batch.B = B;
-  batch.T = T;
-  if (is_gpt)
-    batch.inputs = ConstTensorView{d_inputs.data(), DType::kI32, Shape{B, T}, di};
-  else
-    batch.inputs = ConstTensorView{d_inputs.data(), DType::kF32, Shape{B, D}, di};
-  batch.targets = ConstTensorView{d_targets.data(), DType::kI32, is_gpt ? Shape{B, T} : Shape{B}, di};
-
-  auto fill_train = [&](int64_t micro_index, HostBatch& hb) {
-    const uint64_t step = static_cast<uint64_t>(micro_index / accum);
-    const int first = static_cast<int>(micro_index % accum) * B;
-    if (is_gpt) {
-      hb.tokens.resize(static_cast<size_t>(B * T));
-      hb.targets.resize(static_cast<size_t>(B * T));
-      lang->batch(Split::kTrain, step, first, B, T, hb.tokens.data(), hb.targets.data());
-    } else {
-      const int64_t per_epoch = images->batches_per_epoch(Split::kTrain, cfg.batch_size);
-      hb.images.resize(static_cast<size_t>(B * D));
-      hb.targets.resize(static_cast<size_t>(B));
-      images->batch(Split::kTrain, step / per_epoch, static_cast<int64_t>(step % per_epoch), cfg.batch_size,
-                    first, B, hb.images.data(), hb.targets.data());
-    }
+  const int positions = B * T;  // per rank per micro-batch
+  struct RankState {
+    std::unique_ptr<Workspace> ws, sample_ws;
+    DeviceBuffer inputs, targets, norms;
+    Batch batch;
+    std::unique_ptr<Prefetcher<HostBatch>> prefetch;
+    std::vector<float> losses, norm_host;
+    double loss_sum = 0;
   };
-  Prefetcher<HostBatch> prefetch(fill_train);
+  std::vector<RankState> ranks(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) {
+    RankState& R = ranks[static_cast<size_t>(r)];
+    Device& d = rt->device(r);
+    Stream& s = d.compute();
+    R.ws = model->make_workspace(d, B, T);
+    R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(is_gpt ? B * T : B * D) * 4, s, "batch");
+    R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(num_blocks) * 4, s, "grad norm");
+    R.batch.B = B;
+    R.batch.T = T;
+    R.batch.inputs = is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
+                            : ConstTensorView{R.inputs.data(), DType::kF32, Shape{B, D}, d.index()};
+    R.batch.targets = ConstTensorView{R.targets.data(), DType::kI32, is_gpt ? Shape{B, T} : Shape{B}, d.index()};
+    R.losses.resize(static_cast<size_t>(positions));
+    R.norm_host.resize(static_cast<size_t>(num_blocks));
+    // Rank r, micro-batch m of step s reads rows [m*N*B + r*B, +B) of the step's global batch.
+    R.prefetch = std::make_unique<Prefetcher<HostBatch>>([&, r](int64_t micro_index, HostBatch& hb) {
+      const uint64_t step = static_cast<uint64_t>(micro_index / accum);
+      const int first = static_cast<int>(micro_index % accum) * N * B + r * B;
+      if (is_gpt) {
+        hb.tokens.resize(static_cast<size_t>(B * T));
+        hb.targets.resize(static_cast<size_t>(B * T));
+        lang->batch(Split::kTrain, step, first, B, T, hb.tokens.data(), hb.targets.data());
+      } else {
+        const int64_t per_epoch = images->batches_per_epoch(Split::kTrain, cfg.batch_size);
+        hb.images.resize(static_cast<size_t>(B * D));
+        hb.targets.resize(static_cast<size_t>(B));
+        images->batch(Split::kTrain, step / per_epoch, static_cast<int64_t>(step % per_epoch), cfg.batch_size, first, B,
+                      hb.images.data(), hb.targets.data());
+      }
+    });
+  }
 
-  auto upload = [&](const HostBatch& hb) {
-    if (is_gpt) s.copy(d_inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
-    else s.copy(d_inputs.data(), hb.images.data(), hb.images.size() * 4);
-    s.copy(d_targets.data(), hb.targets.data(), hb.targets.size() * 4);
+  auto upload = [&](int r, const HostBatch& hb) {
+    RankState& R = ranks[static_cast<size_t>(r)];
+    Stream& s = rt->device(r).compute();
+    if (is_gpt) s.copy(R.inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
+    else s.copy(R.inputs.data(), hb.images.data(), hb.images.size() * 4);
+    s.copy(R.targets.data(), hb.targets.data(), hb.targets.size() * 4);
   };
-
-  const int positions = B * T;
-  std::vector<float> host_losses(static_cast<size_t>(positions));
-  auto read_losses = [&]() {
-    s.copy(host_losses.data(), ws->losses().data, host_losses.size() * 4);
+  // Sum of this rank's per-position losses of the last forward (synchronizes its compute stream).
+  auto read_losses = [&](int r) {
+    RankState& R = ranks[static_cast<size_t>(r)];
+    Stream& s = rt->device(r).compute();
+    s.copy(R.losses.data(), R.ws->losses().data, R.losses.size() * 4);
     s.synchronize();
     double sum = 0;
-    for (float l : host_losses) sum += l;
+    for (float l : R.losses) sum += l;
     return sum;
   };
 
-  // Evaluation: mean validation loss (and accuracy for the classifier), forward only.
+  // Evaluation on every rank in lockstep (stage 3 gathers need all of them): global batch e of
+  // the validation split, each rank its own rows. Returns the mean loss; sets accuracy for images.
   auto evaluate = [&](double* accuracy) -> double {
-    HostBatch hb;
-    double loss_sum = 0;
-    int64_t count = 0, correct = 0;
-    if (is_gpt) {
+    std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
+    std::vector<int64_t> correct(static_cast<size_t>(N), 0), count(static_cast<size_t>(N), 0);
+    const int64_t batches = is_gpt ? cfg.eval_batches : images->num_examples(Split::kValidation) / (static_cast<int64_t>(N) * B);
+    run_ranks(N, [&](int r) {
+      RankState& R = ranks[static_cast<size_t>(r)];
+      Stream& s = rt->device(r).compute();
+      HostBatch hb;
       hb.tokens.resize(static_cast<size_t>(B * T));
-      hb.targets.resize(static_cast<size_t>(B * T));
-      for (int e = 0; e < cfg.eval_batches; ++e) {
-        lang->batch(Split::kValidation, static_cast<uint64_t>(e), 0, B, T, hb.tokens.data(), hb.targets.data());
-        upload(hb);
-        model->forward(s, P, *ws, batch, 0.0f, false);
-        s.synchronize();  // hb is reused next iteration
-        loss_sum += read_losses();
-        count += positions;
-      }
-    } else {
-      const int64_t n = images->num_examples(Split::kValidation);
       hb.images.resize(static_cast<size_t>(B * D));
-      hb.targets.resize(static_cast<size_t>(B));
-      std::vector<float> logits(static_cast<size_t>(B * mc.classes));
-      for (int64_t first = 0; first + B <= n; first += B) {
-        images->examples(Split::kValidation, first, B, hb.images.data(), hb.targets.data());
-        upload(hb);
-        model->forward(s, P, *ws, batch, 0.0f, false);
-        s.copy(logits.data(), ws->logits().data, logits.size() * 4);
-        loss_sum += read_losses();
-        for (int i = 0; i < B; ++i) {
+      hb.targets.resize(static_cast<size_t>(B * T));
+      std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * mc.classes));
+      for (int64_t e = 0; e < batches; ++e) {
+        if (is_gpt)
+          lang->batch(Split::kValidation, static_cast<uint64_t>(e), r * B, B, T, hb.tokens.data(), hb.targets.data());
+        else
+          images->examples(Split::kValidation, (e * N + r) * B, B, hb.images.data(), hb.targets.data());
+        upload(r, hb);
+        engine.begin_micro_batch(r, 0, /*forward_only=*/true);
+        model->forward(s, engine.access(r), *R.ws, R.batch, 0.0f, false);
+        engine.end_micro_batch(r);
+        if (!is_gpt) s.copy(logits.data(), R.ws->logits().data, logits.size() * 4);
+        loss_sum[static_cast<size_t>(r)] += read_losses(r);  // synchronizes: hb and logits are ready
+        count[static_cast<size_t>(r)] += positions;
+        for (int i = 0; !is_gpt && i < B; ++i) {
           const float* row = logits.data() + static_cast<size_t>(i) * mc.classes;
           const int pred = static_cast<int>(std::max_element(row, row + mc.classes) - row);
-          correct += pred == hb.targets[static_cast<size_t>(i)];
+          correct[static_cast<size_t>(r)] += pred == hb.targets[static_cast<size_t>(i)];
         }
-        count += B;
       }
-      if (accuracy) *accuracy = count ? static_cast<double>(correct) / count : 0;
+    });
+    double ls = 0;
+    int64_t c = 0, n = 0;
+    for (int r = 0; r < N; ++r) {
+      ls += loss_sum[static_cast<size_t>(r)];
+      c += correct[static_cast<size_t>(r)];
+      n += count[static_cast<size_t>(r)];
     }
-    return count ? loss_sum / count : 0;
+    if (accuracy) *accuracy = n ? static_cast<double>(c) / static_cast<double>(n) : 0;
+    return n ? ls / static_cast<double>(n) : 0;
   };
 
-  // Sampling: autoregressive, temperature + top-k, deterministic in the seed.
-  std::unique_ptr<Workspace> sample_ws;
+  // Sampling: autoregressive, temperature + top-k, deterministic in the seed. Every rank runs the
+  // same forward in lockstep (stage 3 needs them all) and draws the same token; rank 0's text is
+  // returned.
   auto sample = [&](int n_tokens, uint64_t salt) -> std::string {
-    if (!sample_ws) sample_ws = model->make_workspace(dev, 1, T);
-    const int V = mc.vocab;
-    std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
-    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
-    std::vector<float> row(static_cast<size_t>(V));
-    Batch sb;
-    sb.B = 1;
-    sb.T = T;
-    sb.inputs = ConstTensorView{d_inputs.data(), DType::kI32, Shape{1, T}, di};
-    sb.targets = ConstTensorView{d_targets.data(), DType::kI32, Shape{1, T}, di};
-    std::string out;
-    for (int k = 0; k < n_tokens; ++k) {
-      const int len = std::min<int>(static_cast<int>(ctx.size()), T);
-      std::fill(in.begin(), in.end(), 0);
-      std::copy(ctx.end() - len, ctx.end(), in.begin());
-      s.copy(d_inputs.data(), in.data(), in.size() * 4);
-      s.copy(d_targets.data(), tg.data(), tg.size() * 4);
-      model->forward(s, P, *sample_ws, sb, 0.0f, false);
-      s.copy(row.data(), static_cast<float*>(sample_ws->logits().data) + static_cast<size_t>(len - 1) * V,
-             row.size() * 4);
-      s.synchronize();
-      // top-k over logits / temperature
-      std::vector<int> idx(static_cast<size_t>(V));
-      std::iota(idx.begin(), idx.end(), 0);
-      const int k_keep = cfg.top_k > 0 ? std::min(cfg.top_k, V) : V;
-      std::partial_sort(idx.begin(), idx.begin() + k_keep, idx.end(),
-                        [&](int a, int b) { return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)]; });
-      const float mx = row[static_cast<size_t>(idx[0])];
-      std::vector<double> p(static_cast<size_t>(k_keep));
-      double z = 0;
-      for (int i = 0; i < k_keep; ++i) z += p[static_cast<size_t>(i)] = std::exp((row[static_cast<size_t>(idx[static_cast<size_t>(i)])] - mx) / cfg.temperature);
-      double u = philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)) * z;
-      int pick = idx[static_cast<size_t>(k_keep - 1)];
-      for (int i = 0; i < k_keep; ++i) {
-        u -= p[static_cast<size_t>(i)];
-        if (u <= 0) {
-          pick = idx[static_cast<size_t>(i)];
-          break;
+    std::vector<std::string> texts(static_cast<size_t>(N));
+    run_ranks(N, [&](int r) {
+      RankState& R = ranks[static_cast<size_t>(r)];
+      Device& d = rt->device(r);
+      Stream& s = d.compute();
+      if (!R.sample_ws) R.sample_ws = model->make_workspace(d, 1, T);
+      const int V = mc.vocab;
+      std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
+      std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
+      std::vector<float> row(static_cast<size_t>(V));
+      Batch sb;
+      sb.B = 1;
+      sb.T = T;
+      sb.inputs = ConstTensorView{R.inputs.data(), DType::kI32, Shape{1, T}, d.index()};
+      sb.targets = ConstTensorView{R.targets.data(), DType::kI32, Shape{1, T}, d.index()};
+      std::string& out = texts[static_cast<size_t>(r)];
+      for (int k = 0; k < n_tokens; ++k) {
+        const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+        std::fill(in.begin(), in.end(), 0);
+        std::copy(ctx.end() - len, ctx.end(), in.begin());
+        s.copy(R.inputs.data(), in.data(), in.size() * 4);
+        s.copy(R.targets.data(), tg.data(), tg.size() * 4);
+        engine.begin_micro_batch(r, 0, /*forward_only=*/true);
+        model->forward(s, engine.access(r), *R.sample_ws, sb, 0.0f, false);
+        engine.end_micro_batch(r);
+        s.copy(row.data(), static_cast<float*>(R.sample_ws->logits().data) + static_cast<size_t>(len - 1) * V,
+               row.size() * 4);
+        s.synchronize();
+        std::vector<int> idx(static_cast<size_t>(V));
+        std::iota(idx.begin(), idx.end(), 0);
+        const int k_keep = cfg.top_k > 0 ? std::min(cfg.top_k, V) : V;
+        std::partial_sort(idx.begin(), idx.begin() + k_keep, idx.end(),
+                          [&](int a, int b) { return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)]; });
+        const float mx = row[static_cast<size_t>(idx[0])];
+        std::vector<double> p(static_cast<size_t>(k_keep));
+        double z = 0;
+        for (int i = 0; i < k_keep; ++i)
+          z += p[static_cast<size_t>(i)] = std::exp((row[static_cast<size_t>(idx[static_cast<size_t>(i)])] - mx) / cfg.temperature);
+        double u = philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)) * z;
+        int pick = idx[static_cast<size_t>(k_keep - 1)];
+        for (int i = 0; i < k_keep; ++i) {
+          u -= p[static_cast<size_t>(i)];
+          if (u <= 0) {
+            pick = idx[static_cast<size_t>(i)];
+            break;
+          }
+        }
+        ctx.push_back(pick);
+        if (V <= 256) {
+          const char c = static_cast<char>(pick);
+          out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : "?";
+        } else {
+          if (!out.empty()) out.push_back(' ');
+          out.append(std::to_string(pick));
         }
       }
-      ctx.push_back(pick);
-      if (V <= 256) {
-        const char c = static_cast<char>(pick);
-        out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : "?";
-      } else {
-        if (!out.empty()) out.push_back(' ');
-        out.append(std::to_string(pick));
-      }
-    }
-    return out;
+    });
+    return texts[0];
   };
 
   // ---------------- the loop -------------------------------------------------------------------
   TrainResult result;
+  result.devices = N;
+  result.zero_stage = cfg.zero_stage;
   result.entropy_floor = is_gpt ? lang->entropy_rate() : std::nullopt;
   const bool tty = isatty(STDOUT_FILENO);
   const int print_every = std::max(1, cfg.steps / 20);
   if (!cfg.quiet) {
     std::printf("model: %s (%s parameters)\n", mc.describe().c_str(), si(static_cast<double>(layout.total_parameters())).c_str());
     std::printf("data: %s\n", is_gpt ? lang->describe().c_str() : images->describe().c_str());
-    std::printf("device: %s%s%s\n", dev.name().c_str(), rt->fallback_note().empty() ? "" : " — ",
-                rt->fallback_note().c_str());
-    std::printf("batch: %d x %d tokens (%d micro-batches of %d), %d steps, %s lr %.2g\n", cfg.batch_size, T, accum, B,
-                cfg.steps, cfg.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg.lr);
+    std::printf("devices: %d x %s%s%s, ZeRO stage %d\n", N, rt->device(0).name().c_str(),
+                rt->fallback_note().empty() ? "" : " — ", rt->fallback_note().c_str(), cfg.zero_stage);
+    std::printf("batch: %d x %d tokens = %d devices x %d micro-batches x %d, %d steps, %s lr %.2g\n", cfg.batch_size, T,
+                N, accum, B, cfg.steps, cfg.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg.lr);
     if (result.entropy_floor) std::printf("entropy floor of the data: %.4f nats/token\n", *result.entropy_floor);
     std::fflush(stdout);
   }
   LrConfig lrc{cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, cfg.schedule};
   const auto t0 = Clock::now();
   double train_time = 0;
-  const float dloss = 1.0f / static_cast<float>(positions * accum);
-  std::vector<float> norms(static_cast<size_t>(layout.num_blocks()));
+  const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(positions) * accum * N);
+  comm.reset_counters();
+  // Evaluation and sampling run collectives too (stage 3 gathers); keep them out of the per-step
+  // communication figure.
+  std::vector<uint64_t> side_bytes(static_cast<size_t>(N), 0);
+  auto exclude_comm = [&](const std::function<void()>& fn) {
+    std::vector<uint64_t> before;
+    for (int r = 0; r < N; ++r) before.push_back(comm.counters(r).bytes_sent);
+    fn();
+    for (int r = 0; r < N; ++r) side_bytes[static_cast<size_t>(r)] += comm.counters(r).bytes_sent - before[static_cast<size_t>(r)];
+  };
   for (int step = 0; step < cfg.steps; ++step) {
     const auto ts = Clock::now();
     const float lr = learning_rate(lrc, step);
-    for (int b = 0; b < layout.num_blocks(); ++b) ops::fill(s, flat(P.grads(b), layout.block(b).numel, di), 0.0f);
-    double loss_sum = 0;
-    for (int m = 0; m < accum; ++m) {
-      const HostBatch& hb = prefetch.get(static_cast<int64_t>(step) * accum + m);
-      upload(hb);
-      model->forward(s, P, *ws, batch, dloss, true);
-      model->backward(s, P, *ws, batch);
-      loss_sum += read_losses();  // synchronizes: hb may be recycled by the prefetcher after this
+    run_ranks(N, [&](int r) {
+      RankState& R = ranks[static_cast<size_t>(r)];
+      Stream& s = rt->device(r).compute();
+      R.loss_sum = 0;
+      for (int m = 0; m < accum; ++m) {
+        const HostBatch& hb = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
+        upload(r, hb);
+        engine.begin_micro_batch(r, m);
+        model->forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
+        model->backward(s, engine.access(r), *R.ws, R.batch);
+        engine.end_micro_batch(r);
+        R.loss_sum += read_losses(r);  // synchronizes: hb may be recycled by the prefetcher after this
+      }
+      engine.gradient_norm_partials(r, R.norms.as<float>());
+      s.copy(R.norm_host.data(), R.norms.data(), R.norm_host.size() * 4);
+      s.synchronize();
+    });
+    // Global loss and gradient norm, summed in a fixed order (rank, then block).
+    double loss_sum = 0, sq = 0;
+    for (const RankState& R : ranks) {
+      loss_sum += R.loss_sum;
+      for (float n2 : R.norm_host) sq += n2;
     }
-    for (int b = 0; b < layout.num_blocks(); ++b)
-      ops::sum_squares(s, TensorView{d_norm.as<float>() + b, DType::kF32, Shape{1}, di},
-                       flat(P.grads(b), layout.block(b).numel, di));
-    s.copy(norms.data(), d_norm.data(), norms.size() * 4);
-    s.synchronize();
-    double sq = 0;
-    for (float n2 : norms) sq += n2;
     const double grad_norm = std::sqrt(sq);
     const float clip_scale = cfg.grad_clip > 0 && grad_norm > cfg.grad_clip ? static_cast<float>(cfg.grad_clip / grad_norm) : 1.0f;
-    for (int b = 0; b < layout.num_blocks(); ++b) {
-      for (const ParamTensor& t : layout.block(b).tensors) {
-        const float wd = t.weight_decay ? cfg.weight_decay : 0.0f;
-        TensorView pv = flat(P.params(b) + t.offset, t.numel, di);
-        TensorView gv = flat(P.grads(b) + t.offset, t.numel, di);
-        TensorView mv = flat(P.m(b) + t.offset, t.numel, di);
-        if (cfg.optimizer == OptimizerKind::kAdamW) {
-          ops::adamw_update(s, pv, gv, mv, flat(P.v(b) + t.offset, t.numel, di),
-                            ops::AdamWParams{lr, cfg.beta1, cfg.beta2, cfg.adam_eps, wd, step + 1}, clip_scale);
-        } else {
-          ops::sgd_update(s, pv, gv, mv, ops::SgdParams{lr, cfg.momentum, wd, false}, clip_scale);
-        }
-      }
-    }
-    s.synchronize();
-    const double loss = loss_sum / (static_cast<double>(positions) * accum);
+    OptimizerStep st;
+    st.adamw = cfg.optimizer == OptimizerKind::kAdamW;
+    st.lr = lr;
+    st.beta1 = cfg.beta1;
+    st.beta2 = cfg.beta2;
+    st.eps = cfg.adam_eps;
+    st.weight_decay = cfg.weight_decay;
+    st.momentum = cfg.momentum;
+    st.step = step + 1;
+    st.grad_scale = clip_scale;
+    run_ranks(N, [&](int r) { engine.optimizer_step(r, st); });
+    const double loss = loss_sum / (static_cast<double>(positions) * accum * N);
     ZT_REQUIRE(std::isfinite(loss), "the training loss became ", loss, " at step ", step + 1,
                "; lower --lr or enable --grad-clip");
     const double dt = seconds_since(ts);
@@ -391,9 +438,16 @@ TrainResult train(const TrainConfig& cfg_in) {
       std::fflush(stdout);
     }
     const bool last = step + 1 == cfg.steps;
+    if (last) {
+      for (int r = 0; r < N; ++r) {
+        const CommCounters c = comm.counters(r);
+        result.comm_bytes_per_step_per_device.push_back((c.bytes_sent - side_bytes[static_cast<size_t>(r)]) /
+                                                        static_cast<uint64_t>(cfg.steps));
+      }
+    }
     if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last) {
       double acc = 0;
-      result.val_loss = evaluate(is_gpt ? nullptr : &acc);
+      exclude_comm([&] { result.val_loss = evaluate(is_gpt ? nullptr : &acc); });
       if (!is_gpt) result.accuracy = acc;
       nlohmann::json ev = {{"event", "eval"}, {"step", step + 1}, {"val_loss", result.val_loss}};
       if (!is_gpt) ev["accuracy"] = acc;
@@ -407,7 +461,9 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     if (is_gpt && cfg.sample_every > 0 && (step + 1) % cfg.sample_every == 0 && !last && !cfg.quiet) {
       std::printf("%s--- sample at step %d ---\n", tty ? "\n" : "", step + 1);
-      print_sample_text(sample(cfg.sample_tokens, static_cast<uint64_t>(step)));
+      std::string text;
+      exclude_comm([&] { text = sample(cfg.sample_tokens, static_cast<uint64_t>(step)); });
+      print_sample_text(text);
     }
   }
   result.steps = cfg.steps;
@@ -420,7 +476,12 @@ TrainResult train(const TrainConfig& cfg_in) {
       print_sample_text(result.sample);
     }
   }
-  for (int i = 0; i < rt->size(); ++i) result.peak_bytes_per_device.push_back(rt->device(i).memory().stats().peak_allocated_bytes);
+  if (cfg.keep_final_params)
+    for (int b = 0; b < num_blocks; ++b) result.final_params.push_back(engine.block_to_host(b));
+  for (int r = 0; r < N; ++r) {
+    result.peak_bytes_per_device.push_back(rt->device(r).memory().stats().peak_allocated_bytes);
+    result.model_state_bytes_per_device.push_back(engine.model_state_bytes(r).total());
+  }
 
   nlohmann::json summary = {{"event", "summary"},
                             {"steps", result.steps},
@@ -429,8 +490,11 @@ TrainResult train(const TrainConfig& cfg_in) {
                             {"tokens_per_s", result.tokens_per_s},
                             {"seconds", result.seconds},
                             {"peak_bytes_per_device", result.peak_bytes_per_device},
+                            {"model_state_bytes_per_device", result.model_state_bytes_per_device},
+                            {"comm_bytes_per_step_per_device", result.comm_bytes_per_step_per_device},
                             {"parameters", layout.total_parameters()},
-                            {"devices", rt->size()}};
+                            {"devices", N},
+                            {"zero_stage", cfg.zero_stage}};
   if (result.entropy_floor) summary["entropy_floor"] = *result.entropy_floor;
   if (result.accuracy) summary["accuracy"] = *result.accuracy;
   emit(summary);
@@ -440,8 +504,15 @@ TrainResult train(const TrainConfig& cfg_in) {
                 result.final_loss, result.val_loss);
     if (result.entropy_floor) std::printf(" (floor %.4f)", *result.entropy_floor);
     if (result.accuracy) std::printf(", test accuracy %.2f%%", *result.accuracy * 100);
-    std::printf(", %s tok/s, peak memory %.1f MiB\n", si(result.tokens_per_s).c_str(),
-                static_cast<double>(result.peak_bytes_per_device[0]) / (1 << 20));
+    std::printf(", %s tok/s\n", si(result.tokens_per_s).c_str());
+    for (int r = 0; r < N; ++r) {
+      const ModelStateBytes mb = engine.model_state_bytes(r);
+      const MemoryStats ms = rt->device(r).memory().stats();
+      std::printf("  %s: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB, pool peak %.1f MiB, sent %.1f MiB/step\n",
+                  rt->device(r).name().c_str(), mb.params / 1048576.0, mb.grads / 1048576.0, mb.optimizer / 1048576.0,
+                  ranks[static_cast<size_t>(r)].ws->bytes() / 1048576.0, ms.peak_allocated_bytes / 1048576.0,
+                  result.comm_bytes_per_step_per_device[static_cast<size_t>(r)] / 1048576.0);
+    }
   }
   return result;
 }

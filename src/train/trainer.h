@@ -1,7 +1,6 @@
-// The training loop on one device: data (prefetched), forward/backward with gradient
-// accumulation, global-norm clipping, AdamW/SGD, LR schedule, evaluation, sampling, metrics.
-// Multi-device data parallelism (ZeRO) arrives with the ZeRO engine; until then a run uses
-// exactly one device.
+// The training loop over every selected device: data (prefetched, each device its own rows of
+// the global batch), forward/backward with gradient accumulation, ZeRO stage 0-3 sharding,
+// global-norm clipping, AdamW/SGD, LR schedule, evaluation, sampling, metrics.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +20,12 @@ struct TrainConfig {
   std::string model = "gpt-tiny";
   ModelOverrides overrides;
   std::string data = "synthetic";
-  std::string devices = "";  // "" = the first device of "all"
+  std::string devices = "all";
+  int zero_stage = 2;
   int steps = -1;            // -1 = the default for the data (see resolve())
   int epochs = 0;            // image data: steps = epochs * batches per epoch when steps == -1
   int batch_size = -1;       // global, in sequences (GPT) or examples (MLP); -1 = default
-  int micro_batch_size = 0;  // 0 = batch_size (no accumulation)
+  int micro_batch_size = 0;  // per device; 0 = batch_size / devices (no accumulation)
   int train_seq_len = 0;     // GPT: tokens per training sequence; 0 = the model's context
   float lr = -1;             // -1 = default for the optimizer
   float min_lr = -1;         // -1 = lr / 10
@@ -44,6 +44,7 @@ struct TrainConfig {
   int top_k = 40;
   std::string metrics_path;
   bool quiet = false;        // no progress line (tests)
+  bool keep_final_params = false;  // tests: return the full parameters of every block
 };
 
 struct TrainResult {
@@ -56,7 +57,12 @@ struct TrainResult {
   double seconds = 0;
   std::vector<double> losses;  // per step
   std::vector<size_t> peak_bytes_per_device;
+  std::vector<size_t> model_state_bytes_per_device;
+  std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps
+  int devices = 1;
+  int zero_stage = 0;
   std::string sample;
+  std::vector<std::vector<float>> final_params;  // with keep_final_params
 };
 
 // Runs a whole training job; prints progress to stdout unless quiet. All validation of the

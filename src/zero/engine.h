@@ -1,0 +1,89 @@
+// The ZeRO engine (Rajbhandari et al., 2020): one model, N devices, each holding only its shard
+// of optimizer state (stage 1), gradients (stage 2) and parameters (stage 3); stage 0 is plain
+// data parallelism. Every stage computes the same bits: gradients of every micro-batch are
+// reduce-scattered with the same ring (stage 0's all-reduce is that reduce-scatter followed by
+// an all-gather), accumulated per shard in the same order, clipped with a norm summed over the
+// same shards in the same order, and updated by the same per-element AdamW/SGD.
+//
+// Threading: one host thread per rank drives that rank's forward/backward (through access(r)) and
+// calls the per-rank methods below; collectives rendezvous inside the Communicator. All ranks
+// call the same methods in the same order.
+//
+// Per-rank memory (fp32, Psi parameters, N ranks; padding to N*16 elements per block aside):
+//   stage 0: params 4Psi + grads 4Psi + moments 8Psi            = 16Psi
+//   stage 1: params 4Psi + grads 4Psi + moments 8Psi/N          = 8Psi + 8Psi/N
+//   stage 2: params 4Psi + grad shard 4Psi/N + moments 8Psi/N   = 4Psi + 12Psi/N  (+ one block's
+//            gradient bucket while its backward runs)
+//   stage 3: param shard 4Psi/N + grad shard + moments          = 16Psi/N (+ gathered blocks in
+//            flight: the current and the prefetched one, and the tied embedding during forward)
+//   With gradient accumulation (more than one micro-batch per step), stages 0 and 1 add a 4Psi/N
+//   gradient-shard accumulator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "memory/caching_allocator.h"
+#include "model/model.h"
+#include "zero/shard_plan.h"
+
+namespace zt {
+
+struct ZeroOptions {
+  int stage = 2;
+  bool sgd = false;  // SGD keeps one moment buffer, AdamW two
+  int micro_batches = 1;  // per step (gradient accumulation)
+};
+
+struct OptimizerStep {
+  bool adamw = true;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, momentum = 0.9f;
+  int step = 1;           // 1-based
+  float grad_scale = 1;   // clipping factor
+};
+
+// Bytes a rank holds resident, by kind (the ZeRO "model states").
+struct ModelStateBytes {
+  size_t params = 0, grads = 0, optimizer = 0;
+  size_t total() const { return params + grads + optimizer; }
+};
+
+class ZeroEngine {
+ public:
+  ZeroEngine(const Model& model, std::vector<Device*> devices, Communicator& comm, const ZeroOptions& opt);
+  ~ZeroEngine();
+
+  int world() const;
+  int stage() const;
+  // Loads the full parameters of every block from host memory (each rank keeps what its stage
+  // keeps) and zeroes optimizer state. Blocks: one host vector per block, layout numel each.
+  void load_parameters(int rank, const std::vector<std::vector<float>>& host_blocks);
+  // The full parameters of block b, assembled on the host from the ranks that hold them (any
+  // stage); synchronizes every device. For tests, checkpoints and exports, not the hot path.
+  std::vector<float> block_to_host(int block);
+  // This rank's optimizer moments of block b over its shard's real elements (m, then v).
+  std::vector<float> moments_to_host(int rank, int block);
+
+  // What the model reads and writes on rank r (valid on r's thread).
+  ParamAccess& access(int rank);
+
+  // Step lifecycle, per rank:
+  // Before forward. forward_only: an evaluation or sampling forward (no backward follows).
+  void begin_micro_batch(int rank, int micro_index, bool forward_only = false);
+  void end_micro_batch(int rank);  // after backward (reductions enqueued) or the forward-only pass
+  // Squared L2 norm of this rank's gradient shard of every block, written to device floats
+  // out[0..num_blocks) on the compute stream (the host adds ranks and blocks in fixed order).
+  void gradient_norm_partials(int rank, float* device_out);
+  // Optimizer update of this rank's shard, then the parameter all-gather (stages 1, 2).
+  void optimizer_step(int rank, const OptimizerStep& s);
+
+  ModelStateBytes model_state_bytes(int rank) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zt
