@@ -64,8 +64,9 @@ void BM_Collective(benchmark::State& state, Collective kind) {
   const double data = static_cast<double>(numel) * sizeof(float);
   const double factor = (kind == kAllReduce ? 2.0 : 1.0) * (world - 1) / world;
   state.SetBytesProcessed(static_cast<int64_t>(data * factor * static_cast<double>(state.iterations())));
-  state.counters["algbw"] =
-      benchmark::Counter(data * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["algbw"] = benchmark::Counter(data * static_cast<double>(state.iterations()),
+                                               benchmark::Counter::kIsRate,
+                                               benchmark::Counter::OneK::kIs1024);
   state.counters["busbw_factor"] = factor;
 }
 

@@ -7,10 +7,16 @@ Needs Debian's python3-torch (scripts/setup --peer) and a built zerotrain:
     python3 bench/peer_gpt_cpu.py [--zerotrain build/release/apps/zerotrain] [--steps 60]
 Run it with the system Python 3 that python3-torch installs into (/usr/bin/python3).
 """
+import os
+
+# Debian's PyTorch uses OpenMP on top of a threaded OpenBLAS; with OpenMP's default active
+# spin-waiting the two thread pools starve each other on a 2-core machine (measured: 2 threads
+# 17x slower than 1). Passive waiting is PyTorch's best configuration here, so compare with it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys

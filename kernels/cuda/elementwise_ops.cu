@@ -1,5 +1,6 @@
-// CUDA elementwise ops (fill, scale, add, GELU, ReLU), the GPT-2 encoder, the optimizer updates
-// and sum_squares. Per-element math comes from kernels/elementwise.h, shared with the CPU loops.
+// CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder, the optimizer
+// updates and sum_squares. Per-element math comes from kernels/elementwise.h, shared with the CPU
+// loops.
 // Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
 // and independent of the GPU model).
 #include <cub/block/block_reduce.cuh>

@@ -83,7 +83,6 @@ void run_ranks(int n, const std::function<void(int)>& fn) {
     if (e) std::rethrow_exception(e);
 }
 
-TensorView flat(float* p, int64_t n, int device) { return TensorView{p, DType::kF32, Shape{n}, device}; }
 
 void print_sample_text(const std::string& s) { std::printf("%s\n", s.c_str()); }
 
@@ -166,6 +165,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   zo.sgd = cfg.optimizer == OptimizerKind::kSgd;
   zo.micro_batches = accum;
   ZeroEngine engine(*model, devs, comm, zo);
+  engine.set_tracing(cfg.zero_trace);
   {
     // Initialised once on the host (deterministic in the seed, independent of the device count).
     std::vector<std::vector<float>> host(static_cast<size_t>(num_blocks));
@@ -358,8 +358,10 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (!cfg.quiet) {
     std::printf("model: %s (%s parameters)\n", mc.describe().c_str(), si(static_cast<double>(layout.total_parameters())).c_str());
     std::printf("data: %s\n", is_gpt ? lang->describe().c_str() : images->describe().c_str());
-    std::printf("devices: %d x %s%s%s, ZeRO stage %d\n", N, rt->device(0).name().c_str(),
-                rt->fallback_note().empty() ? "" : " — ", rt->fallback_note().c_str(), cfg.zero_stage);
+    std::string names;
+    for (int r = 0; r < N; ++r) names += (r ? ", " : "") + rt->device(r).name();
+    std::printf("devices: %s (ZeRO stage %d)\n", names.c_str(), cfg.zero_stage);
+    if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
     std::printf("batch: %d x %d tokens = %d devices x %d micro-batches x %d, %d steps, %s lr %.2g\n", cfg.batch_size, T,
                 N, accum, B, cfg.steps, cfg.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg.lr);
     if (result.entropy_floor) std::printf("entropy floor of the data: %.4f nats/token\n", *result.entropy_floor);
@@ -447,7 +449,13 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last) {
       double acc = 0;
+      if (cfg.zero_trace) {
+        auto spans = engine.take_trace();
+        result.trace.insert(result.trace.end(), spans.begin(), spans.end());
+        engine.set_tracing(false);
+      }
       exclude_comm([&] { result.val_loss = evaluate(is_gpt ? nullptr : &acc); });
+      engine.set_tracing(cfg.zero_trace);
       if (!is_gpt) result.accuracy = acc;
       nlohmann::json ev = {{"event", "eval"}, {"step", step + 1}, {"val_loss", result.val_loss}};
       if (!is_gpt) ev["accuracy"] = acc;

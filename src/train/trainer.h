@@ -11,6 +11,7 @@
 
 #include "model/config.h"
 #include "train/schedule.h"
+#include "zero/engine.h"
 
 namespace zt {
 
@@ -45,6 +46,7 @@ struct TrainConfig {
   std::string metrics_path;
   bool quiet = false;        // no progress line (tests)
   bool keep_final_params = false;  // tests: return the full parameters of every block
+  bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
 };
 
 struct TrainResult {
@@ -63,6 +65,7 @@ struct TrainResult {
   int zero_stage = 0;
   std::string sample;
   std::vector<std::vector<float>> final_params;  // with keep_final_params
+  std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
 };
 
 // Runs a whole training job; prints progress to stdout unless quiet. All validation of the

@@ -12,7 +12,9 @@
 #include "zero/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "core/status.h"
 #include "kernels/ops.h"
@@ -69,10 +71,21 @@ struct ZeroEngine::Impl {
     }
     void after_backward(int b) override {
       Block& blk = block(b);
-      float* full = e_.opt.stage >= 2 ? blk.bucket.as<float>() : blk.grads.as<float>();
-      e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), &d_.compute());
-      // This rank's reduced shard now sits at full + begin; fold it into the step's accumulator.
       Stream& comm = d_.comm();
+      close_compute_span();
+      float* full = e_.opt.stage >= 2 ? blk.bucket.as<float>() : blk.grads.as<float>();
+      std::shared_ptr<double> rs_start;
+      if (e_.tracing) {
+        // Wait for the gradients here (not inside the collective) so the span starts when the
+        // reduce-scatter can really start.
+        d_.compute().record(*compute_done_);
+        comm.wait(*compute_done_);
+        rs_start = e_.open_span(comm);
+        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), nullptr);
+      } else {
+        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), &d_.compute());
+      }
+      // This rank's reduced shard now sits at full + begin; fold it into the step's accumulator.
       const int64_t n = blk.shard.shard_numel;
       const TensorView region = f32(full + blk.shard.begin, n, idx());
       float* acc = accumulator(blk);
@@ -82,10 +95,24 @@ struct ZeroEngine::Impl {
         else
           ops::add(comm, f32(acc, n, idx()), f32(acc, n, idx()), region);
       }
+      if (rs_start) e_.close_span(comm, rs_start, TraceSpan::kReduceScatter, r_, b);
       if (e_.opt.stage >= 2) {
         d_.memory().record_stream(blk.bucket.data(), comm);
         blk.bucket.reset();
       }
+    }
+
+    // Compute spans: from a block's visit to the next visit (or its after_backward).
+    void close_compute_span() {
+      if (span_start_) e_.close_span(d_.compute(), span_start_, span_kind_, r_, span_block_);
+      span_start_.reset();
+    }
+    void open_compute_span(int b, bool backward) {
+      close_compute_span();
+      if (!e_.tracing) return;
+      span_start_ = e_.open_span(d_.compute());
+      span_kind_ = backward ? TraceSpan::kBackward : TraceSpan::kForward;
+      span_block_ = b;
     }
 
     // Where this rank's reduced gradient shard of the step lives.
@@ -107,6 +134,7 @@ struct ZeroEngine::Impl {
     }
 
     void end_micro() {
+      close_compute_span();
       if (e_.opt.stage == 3)
         for (int b = 0; b < static_cast<int>(blocks.size()); ++b) release(b);
       const size_t expect = forward_only_ ? e_.forward_visits : e_.schedule.size();
@@ -131,8 +159,10 @@ struct ZeroEngine::Impl {
       // The shard was last written by the optimizer on the compute stream.
       d_.compute().record(*compute_done_);
       comm.wait(*compute_done_);
+      std::shared_ptr<double> start = e_.tracing ? e_.open_span(comm) : nullptr;
       comm.copy(blk.gathered.as<float>() + blk.shard.begin, blk.params.data(), bytes(blk.shard.shard_numel));
       e_.comm.all_gather(r_, f32(blk.gathered.as<float>(), blk.shard.padded_numel, idx()), nullptr);
+      if (start) e_.close_span(comm, start, TraceSpan::kGather, r_, b);
       comm.record(*blk.gathered_ready);
       d_.memory().record_stream(blk.gathered.data(), d_.compute());
     }
@@ -153,6 +183,7 @@ struct ZeroEngine::Impl {
         const int limit = static_cast<int>(forward_only_ ? e_.forward_visits : S.size());
         if (pos_ + 1 < limit) gather(S[pos_ + 1].block);  // prefetch
       }
+      open_compute_span(b, backward);
       ++pos_;
     }
 
@@ -165,6 +196,9 @@ struct ZeroEngine::Impl {
     Device& d_;
     int micro_ = 0, pos_ = 0;
     bool forward_only_ = false;
+    std::shared_ptr<double> span_start_;
+    TraceSpan::Kind span_kind_ = TraceSpan::kForward;
+    int span_block_ = 0;
   };
 
   struct Visit {
@@ -212,6 +246,28 @@ struct ZeroEngine::Impl {
       }
       ranks.push_back(std::move(rank));
     }
+  }
+
+  // ---- tracing ----
+  bool tracing = false;
+  std::mutex trace_mu;
+  std::vector<TraceSpan> spans;
+  const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Opens a span when `s` reaches this point; the returned slot is closed by close_span.
+  std::shared_ptr<double> open_span(Stream& s) {
+    auto start = std::make_shared<double>(0);
+    s.host_func([this, start] { *start = now_us(); });
+    return start;
+  }
+  void close_span(Stream& s, std::shared_ptr<double> start, TraceSpan::Kind kind, int rank, int block) {
+    s.host_func([this, start, kind, rank, block] {
+      const double end = now_us();
+      std::lock_guard<std::mutex> lock(trace_mu);
+      spans.push_back(TraceSpan{kind, rank, block, *start, end});
+    });
   }
 
   const Model& model;
@@ -378,6 +434,18 @@ ModelStateBytes ZeroEngine::model_state_bytes(int rank) const {
     m.optimizer += blk.m.size() + blk.v.size();
   }
   return m;
+}
+
+}  // namespace zt
+
+namespace zt {
+
+void ZeroEngine::set_tracing(bool on) { impl_->tracing = on; }
+
+std::vector<TraceSpan> ZeroEngine::take_trace() {
+  for (Device* d : impl_->devices) d->synchronize();
+  std::lock_guard<std::mutex> lock(impl_->trace_mu);
+  return std::move(impl_->spans);
 }
 
 }  // namespace zt

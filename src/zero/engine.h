@@ -50,6 +50,15 @@ struct ModelStateBytes {
   size_t total() const { return params + grads + optimizer; }
 };
 
+// One interval of work on a device stream, timed on the host when the stream reached it (CPU
+// backend: exact; CUDA: when the host callback ran). Used to show overlap; see set_tracing().
+struct TraceSpan {
+  enum Kind { kForward, kBackward, kReduceScatter, kGather };
+  Kind kind;
+  int rank, block;
+  double start_us, end_us;
+};
+
 class ZeroEngine {
  public:
   ZeroEngine(const Model& model, std::vector<Device*> devices, Communicator& comm, const ZeroOptions& opt);
@@ -80,6 +89,12 @@ class ZeroEngine {
   void optimizer_step(int rank, const OptimizerStep& s);
 
   ModelStateBytes model_state_bytes(int rank) const;
+
+  // Records compute spans (forward/backward of each block) and comm spans (reduce-scatter of each
+  // gradient bucket, stage-3 gathers) as the streams reach them. Off by default (host callbacks
+  // cost a little).
+  void set_tracing(bool on);
+  std::vector<TraceSpan> take_trace();
 
  private:
   struct Impl;

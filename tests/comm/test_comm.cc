@@ -699,6 +699,113 @@ TEST(Accumulate, RejectsMixedTypes) {
   EXPECT_THAT(e.message(), HasSubstr("accumulate: src [8] is fp32 but must be fp16"));
 }
 
+// ---- the CUDA backend (skips without a usable GPU; scripts/gpu-check.sh runs it) ---------------------
+
+// Logical devices on GPU 0, buffers in device memory: the same bits as the ring reference (and so
+// as the CPU backend), for every collective and dtype, with pipelining over many chunks.
+TEST(CommOnGpu, SameBitsAsTheRingReference) {
+  const CudaAvailability cuda = cuda_availability();
+  if (!cuda.usable) GTEST_SKIP() << "no usable GPU: " << cuda.reason;
+  auto rt = Runtime::create(parse_device_spec("cuda:0x4"));
+  std::mt19937 rng(99);
+  for (int world : {1, 2, 4})
+    for (DType t : kFloatTypes)
+      for (size_t chunk : {kSmallChunk, size_t{1} << 20}) {
+        const int64_t shard = 1000;
+        const int64_t numel = shard * world;
+        const size_t bytes = static_cast<size_t>(numel) * dtype_size(t);
+        const std::string what =
+            "world " + std::to_string(world) + " " + dtype_name(t) + " chunk " + std::to_string(chunk);
+        auto devs = first_devices(*rt, world);
+        Communicator comm(devs, chunk);
+        std::vector<std::vector<float>> x(static_cast<size_t>(world));
+        std::vector<std::vector<uint8_t>> host(static_cast<size_t>(world), std::vector<uint8_t>(bytes));
+        for (int r = 0; r < world; ++r) {
+          x[r].resize(static_cast<size_t>(numel));
+          for (int64_t i = 0; i < numel; ++i) {
+            x[r][i] = random_value(t, rng);
+            store(t, host[r].data(), i, x[r][i]);
+          }
+        }
+        std::vector<DeviceBuffer> mem;
+        std::vector<TensorView> views;
+        std::vector<Stream*> producers;
+        for (Device* d : devs) {
+          mem.emplace_back(d->memory(), bytes, d->compute(), "test");
+          views.push_back(TensorView{mem.back().data(), t, Shape{numel}, d->index()});
+          producers.push_back(&d->compute());
+        }
+        auto upload = [&](const std::vector<std::vector<uint8_t>>& src) {
+          for (int r = 0; r < world; ++r) devs[r]->compute().copy(mem[r].data(), src[r].data(), bytes);
+        };
+        auto download = [&] {
+          std::vector<std::vector<uint8_t>> out(static_cast<size_t>(world), std::vector<uint8_t>(bytes));
+          for (int r = 0; r < world; ++r) {
+            comm.wait_done(r, devs[r]->compute());
+            devs[r]->compute().copy(out[r].data(), mem[r].data(), bytes);
+          }
+          rt->synchronize();
+          return out;
+        };
+        // all_reduce: the ring order, bit for bit, on every rank.
+        upload(host);
+        comm.all_reduce(views, producers);
+        auto out = download();
+        for (int r = 0; r < world; ++r)
+          for (int64_t i = 0; i < numel; ++i)
+            ASSERT_EQ(bits_at(t, out[r].data(), i),
+                      bits_of(t, ring_sum(t, x, world, static_cast<int>(i / shard), i)))
+                << what << " all_reduce rank " << r << " element " << i;
+        // reduce_scatter then all_gather from fresh inputs: the same bits again.
+        upload(host);
+        comm.reduce_scatter(views, producers);
+        comm.all_gather(views, {});
+        auto out2 = download();
+        for (int r = 0; r < world; ++r) ASSERT_EQ(out2[r], out[r]) << what << " rs+ag rank " << r;
+        // broadcast from the last rank.
+        upload(host);
+        comm.broadcast(world - 1, views, producers);
+        auto out3 = download();
+        for (int r = 0; r < world; ++r) ASSERT_EQ(out3[r], host[world - 1]) << what << " broadcast";
+        const uint64_t ring = static_cast<uint64_t>(world - 1) * shard * dtype_size(t);
+        EXPECT_EQ(comm.counters(world - 1).bytes_sent, 4 * ring + (world > 1 ? bytes : 0)) << what;
+      }
+}
+
+TEST(CommOnGpu, AccumulateMatchesTheCpuBits) {
+  const CudaAvailability cuda = cuda_availability();
+  if (!cuda.usable) GTEST_SKIP() << "no usable GPU: " << cuda.reason;
+  auto gpu = Runtime::create(parse_device_spec("cuda:0"));
+  auto cpu = Runtime::create_cpu(1);
+  Device& g = gpu->device(0);
+  Device& c = cpu->device(0);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
+  const int64_t n = 300007;
+  for (DType t : kFloatTypes) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
+    std::vector<uint8_t> a(bytes), b(bytes), from_gpu(bytes);
+    for (int64_t i = 0; i < n; ++i) {
+      store(t, a.data(), i, dist(rng) * (i % 5 == 0 ? 1e-4f : 1.0f));
+      store(t, b.data(), i, dist(rng));
+    }
+    DeviceBuffer ga(g.memory(), bytes, g.compute()), gb(g.memory(), bytes, g.compute());
+    DeviceBuffer ca(c.memory(), bytes, c.compute()), cb(c.memory(), bytes, c.compute());
+    g.compute().copy(ga.data(), a.data(), bytes);
+    g.compute().copy(gb.data(), b.data(), bytes);
+    std::memcpy(ca.data(), a.data(), bytes);
+    std::memcpy(cb.data(), b.data(), bytes);
+    ops::accumulate(g.compute(), TensorView{ga.data(), t, Shape{n}, g.index()},
+                    ConstTensorView{gb.data(), t, Shape{n}, g.index()});
+    ops::accumulate(c.compute(), TensorView{ca.data(), t, Shape{n}, c.index()},
+                    ConstTensorView{cb.data(), t, Shape{n}, c.index()});
+    g.compute().copy(from_gpu.data(), ga.data(), bytes);
+    g.compute().synchronize();
+    c.compute().synchronize();
+    ASSERT_EQ(std::memcmp(from_gpu.data(), ca.data(), bytes), 0) << dtype_name(t);
+  }
+}
+
 // ---- shard plan ---------------------------------------------------------------------------------------
 
 TEST(ShardRange, PadsCoversAndBalancesForManySizes) {

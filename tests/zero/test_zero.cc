@@ -147,3 +147,60 @@ TEST(Zero, CommunicationBytesPerStepFollowTheFormulas) {
 
 }  // namespace
 }  // namespace zt
+
+namespace zt {
+namespace {
+
+bool overlaps(const TraceSpan& a, const TraceSpan& b) { return a.start_us < b.end_us && b.start_us < a.end_us; }
+
+TEST(Zero, GradientReduceScatterOverlapsTheNextBlocksBackward) {
+  TrainConfig c = tiny(2, 2, 4);
+  c.overrides = ModelOverrides{};
+  c.overrides.layers = 6;  // more buckets, more chances to see the overlap on 2 busy cores
+  c.keep_final_params = false;
+  c.zero_trace = true;
+  const TrainResult r = train(c);
+  int rs = 0, bw = 0, overlapping = 0;
+  for (const TraceSpan& s : r.trace) {
+    rs += s.kind == TraceSpan::kReduceScatter;
+    bw += s.kind == TraceSpan::kBackward;
+  }
+  // Layer blocks are visited L..1 in backward: the reduce-scatter of block k can overlap the
+  // backward of block k-1 on the same rank.
+  for (const TraceSpan& a : r.trace)
+    for (const TraceSpan& b : r.trace)
+      if (a.kind == TraceSpan::kReduceScatter && b.kind == TraceSpan::kBackward && a.rank == b.rank &&
+          b.block >= 1 && b.block == a.block - 1 && overlaps(a, b))
+        ++overlapping;
+  EXPECT_GT(rs, 0);
+  EXPECT_GT(bw, 0);
+  EXPECT_GT(overlapping, 0) << rs << " reduce-scatters, " << bw << " backward spans, none overlapping";
+}
+
+TEST(Zero, Stage3PrefetchRunsAheadOfTheForwardThatNeedsIt) {
+  TrainConfig c = tiny(2, 3, 3);
+  c.overrides = ModelOverrides{};
+  c.keep_final_params = false;
+  c.zero_trace = true;
+  const TrainResult r = train(c);
+  // The gather of block b+1 is issued while block b computes: for each forward span of block b,
+  // the gather of b+1 that feeds the next forward (the first one still running or later) must
+  // start before b's forward ends.
+  int ahead = 0, pairs = 0;
+  for (const TraceSpan& f : r.trace) {
+    if (f.kind != TraceSpan::kForward || f.block < 1) continue;
+    const TraceSpan* next = nullptr;
+    for (const TraceSpan& g : r.trace)
+      if (g.kind == TraceSpan::kGather && g.rank == f.rank && g.block == f.block + 1 && g.end_us >= f.start_us &&
+          (!next || g.start_us < next->start_us))
+        next = &g;
+    if (!next) continue;
+    ++pairs;
+    ahead += next->start_us < f.end_us;
+  }
+  EXPECT_GT(pairs, 0);
+  EXPECT_GT(ahead, 0) << "no gather started before the previous block's forward ended";
+}
+
+}  // namespace
+}  // namespace zt
