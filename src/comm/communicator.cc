@@ -513,6 +513,15 @@ CommCounters Communicator::counters(int rank) const {
   return impl_->ranks[rank].counters;
 }
 
+size_t Communicator::buffer_bytes(int rank) const {
+  ZT_REQUIRE(rank >= 0 && rank < world(), "buffer_bytes: rank ", rank, " is not a rank of a ", world(),
+             "-rank communicator");
+  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
+  size_t n = 0;
+  for (const auto& slot : impl_->ranks[rank].slots) n += slot.size();
+  return n;
+}
+
 void Communicator::reset_counters() {
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   for (auto& r : impl_->ranks) r.counters = CommCounters{};

@@ -92,6 +92,8 @@ class Communicator {
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
+  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction).
+  size_t buffer_bytes(int rank) const;
 
   // Receive buffers per rank for the ring reduction (double buffering: the copy of chunk j+1
   // lands in one while chunk j is reduced from the other).

@@ -491,6 +491,16 @@ TrainResult train(const TrainConfig& cfg_in) {
     result.model_state_bytes_per_device.push_back(engine.model_state_bytes(r).total());
   }
 
+  nlohmann::json memory_breakdown = nlohmann::json::array();
+  for (int r = 0; r < N; ++r) {
+    const ModelStateBytes mb = engine.model_state_bytes(r);
+    memory_breakdown.push_back({{"params", mb.params},
+                                {"grads", mb.grads},
+                                {"optimizer", mb.optimizer},
+                                {"activations", ranks[static_cast<size_t>(r)].ws->bytes()},
+                                {"comm_buffers", comm.buffer_bytes(r)},
+                                {"pool_peak", rt->device(r).memory().stats().peak_allocated_bytes}});
+  }
   nlohmann::json summary = {{"event", "summary"},
                             {"steps", result.steps},
                             {"final_loss", result.final_loss},
@@ -500,6 +510,7 @@ TrainResult train(const TrainConfig& cfg_in) {
                             {"peak_bytes_per_device", result.peak_bytes_per_device},
                             {"model_state_bytes_per_device", result.model_state_bytes_per_device},
                             {"comm_bytes_per_step_per_device", result.comm_bytes_per_step_per_device},
+                            {"memory_per_device", memory_breakdown},
                             {"parameters", layout.total_parameters()},
                             {"devices", N},
                             {"zero_stage", cfg.zero_stage}};
@@ -516,9 +527,11 @@ TrainResult train(const TrainConfig& cfg_in) {
     for (int r = 0; r < N; ++r) {
       const ModelStateBytes mb = engine.model_state_bytes(r);
       const MemoryStats ms = rt->device(r).memory().stats();
-      std::printf("  %s: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB, pool peak %.1f MiB, sent %.1f MiB/step\n",
+      std::printf("  %s: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB, activations %.2f MiB, comm buffers %.2f MiB, "
+                  "pool peak %.2f MiB, sent %.2f MiB/step\n",
                   rt->device(r).name().c_str(), mb.params / 1048576.0, mb.grads / 1048576.0, mb.optimizer / 1048576.0,
-                  ranks[static_cast<size_t>(r)].ws->bytes() / 1048576.0, ms.peak_allocated_bytes / 1048576.0,
+                  ranks[static_cast<size_t>(r)].ws->bytes() / 1048576.0, comm.buffer_bytes(r) / 1048576.0,
+                  ms.peak_allocated_bytes / 1048576.0,
                   result.comm_bytes_per_step_per_device[static_cast<size_t>(r)] / 1048576.0);
     }
   }
