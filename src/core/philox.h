@@ -5,10 +5,19 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 
 #include "core/host_device.h"
 
 namespace zt {
+
+// Names a stream: FNV-1a of a string ("zt/data/sequence/train"), so each use of the seed draws
+// from its own stream and adding a use never shifts another's numbers.
+constexpr uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
 
 struct Philox4x32 {
   uint32_t v[4];

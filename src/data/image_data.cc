@@ -18,11 +18,6 @@ namespace zt {
 
 namespace {
 
-constexpr uint64_t fnv1a(const char* s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
-  return h;
-}
 constexpr uint64_t kShuffleStream[2] = {fnv1a("zt/data/images/shuffle/train"),
                                         fnv1a("zt/data/images/shuffle/validation")};
 constexpr uint8_t kIdxUnsignedByte = 0x08;

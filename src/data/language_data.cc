@@ -14,11 +14,6 @@ namespace zt {
 
 namespace {
 
-constexpr uint64_t fnv1a(const char* s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
-  return h;
-}
 
 // Philox streams of the sampler; named hashes keep them apart from every other use of the seed.
 constexpr uint64_t kSequenceStream[2] = {fnv1a("zt/data/sequence/train"),

@@ -12,11 +12,6 @@ namespace zt {
 
 namespace {
 
-constexpr uint64_t fnv1a(const char* s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
-  return h;
-}
 constexpr uint64_t kChainStream = fnv1a("zt/data/synthetic/chain");
 constexpr uint64_t kCorpusStream = fnv1a("zt/data/synthetic/corpus");
 constexpr uint64_t kWordsPerContext = 64;  // Philox words reserved for drawing one context's row

@@ -49,12 +49,6 @@ std::pair<int, const ParamTensor*> ParamLayout::find(const std::string& name) co
   ZT_THROW(ErrorKind::kInvalidArgument, "the model has no parameter tensor named '", name, "'");
 }
 
-static uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 void init_block_host(const ParamBlock& block, uint64_t seed, float* out) {
   std::fill(out, out + block.numel, 0.0f);  // padding is zero
   for (const auto& t : block.tensors) {

@@ -66,7 +66,9 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 1e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
-  if (!kSanitizer) EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
+  if (!kSanitizer) {
+    EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
+  }
 }
 
 TEST(Zero, GradientAccumulationIsRightAtEveryStage) {
