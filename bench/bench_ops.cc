@@ -1,9 +1,14 @@
-// Throughput of the ops on the CPU backend, through kernels/ops.h (enqueue + synchronize per
-// iteration): GEMM and attention in FLOP/s, memory-bound ops (layernorm, GELU, AdamW) in bytes/s,
-// with a plain stream copy of AdamW's byte count beside them as the bandwidth ceiling.
+// Throughput of the ops through kernels/ops.h on every backend: each benchmark is registered
+// twice, BM_<op>/cpu/... (one simulated CPU device) and BM_<op>/cuda/... (GPU 0; skipped with "no
+// usable GPU" where there is none). GEMM and attention in FLOP/s, memory-bound ops (layernorm,
+// GELU, AdamW) in bytes/s, with a plain stream copy of AdamW's byte count beside them as the
+// bandwidth ceiling. Timing: enqueue + synchronize per iteration on the CPU; on the GPU kCudaBatch
+// ops are queued per synchronize, so the figure is the kernels', not the host round trip's.
 #include <benchmark/benchmark.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/philox.h"
@@ -13,43 +18,104 @@
 
 namespace {
 
+using zt::Backend;
 using zt::DType;
 using zt::Shape;
 
-zt::Runtime& runtime() {
-  static std::unique_ptr<zt::Runtime> rt = zt::Runtime::create_cpu(1);
-  return *rt;
+// Ops queued per synchronize on the GPU (one on the CPU, whose streams run one op at a time).
+constexpr int kCudaBatch = 4;
+
+// One runtime per backend, created on first use and kept for the process (GPU contexts are slow to
+// create); the CUDA one is null when no usable GPU exists.
+zt::Runtime* runtime(Backend backend) {
+  if (backend == Backend::kCpu) {
+    static std::unique_ptr<zt::Runtime> cpu = zt::Runtime::create_cpu(1);
+    return cpu.get();
+  }
+  static std::unique_ptr<zt::Runtime> cuda = []() -> std::unique_ptr<zt::Runtime> {
+    if (!zt::cuda_availability().usable) return nullptr;
+    return zt::Runtime::create(zt::parse_device_spec("cuda:0"));
+  }();
+  return cuda.get();
 }
-zt::Device& device() { return runtime().device(0); }
-zt::Stream& stream() { return device().compute(); }
+
+// The device a benchmark runs on, its compute stream, and how many ops to queue per synchronize.
+struct Target {
+  zt::Device* device = nullptr;
+  zt::Stream* stream = nullptr;
+  int batch = 1;
+  zt::Stream& s() const { return *stream; }
+  // Ops run per timed iteration (for the counters).
+  int64_t ops(const benchmark::State& state) const {
+    return static_cast<int64_t>(state.iterations()) * batch;
+  }
+};
+
+// False (after SkipWithError) when the backend has no usable device.
+bool target(benchmark::State& state, Backend backend, Target* t) {
+  zt::Runtime* rt = runtime(backend);
+  if (rt == nullptr) {
+    state.SkipWithError("no usable GPU");
+    return false;
+  }
+  t->device = &rt->device(0);
+  t->stream = &t->device->compute();
+  t->batch = backend == Backend::kCuda ? kCudaBatch : 1;
+  state.SetLabel(t->device->name());
+  return true;
+}
 
 // A device buffer viewed as one tensor; filled with N(0, 1) (Philox) so that exp-based paths see
 // realistic values.
 struct Tensor {
   zt::DeviceBuffer buf;
   zt::TensorView view;
-  Tensor(Shape shape, DType dtype = DType::kF32, uint64_t seed = 1)
-      : buf(device().memory(), static_cast<size_t>(shape.numel()) * zt::dtype_size(dtype), stream(),
-            "bench"),
-        view{buf.data(), dtype, shape, device().index()} {
+  Tensor(const Target& t, Shape shape, DType dtype = DType::kF32, uint64_t seed = 1)
+      : buf(t.device->memory(), static_cast<size_t>(shape.numel()) * zt::dtype_size(dtype),
+            t.s(), "bench"),
+        view{buf.data(), dtype, shape, t.device->index()} {
     const int64_t n = shape.numel();
     if (dtype == DType::kF32) {
       std::vector<float> host(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) host[i] = zt::philox_normal(seed, 0, i);
-      stream().copy(buf.data(), host.data(), host.size() * sizeof(float));
-      stream().synchronize();  // before `host` goes away
+      t.s().copy(buf.data(), host.data(), host.size() * sizeof(float));
+      t.s().synchronize();  // before `host` goes away
     } else {
-      stream().memset(buf.data(), 0, buf.size());
+      t.s().memset(buf.data(), 0, buf.size());
     }
-    stream().synchronize();
+    t.s().synchronize();
   }
   operator zt::TensorView() const { return view; }       // NOLINT
   operator zt::ConstTensorView() const { return view; }  // NOLINT
 };
 
-void flops(benchmark::State& state, double per_iteration) {
-  state.counters["FLOP/s"] = benchmark::Counter(
-      per_iteration * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+// Runs `op` t.batch times, then synchronizes, once per timed iteration.
+template <typename Op>
+void run(benchmark::State& state, const Target& t, Op&& op) {
+  for (auto _ : state) {
+    for (int i = 0; i < t.batch; ++i) op();
+    t.s().synchronize();
+  }
+}
+
+// Registers fn as name/cpu and name/cuda, each configured by `config`.
+using BackendBenchmark = void (*)(benchmark::State&, Backend);
+using Config = void (*)(benchmark::internal::Benchmark*);
+int register_on_backends(const char* name, BackendBenchmark fn, Config config) {
+  for (Backend backend : {Backend::kCpu, Backend::kCuda}) {
+    const std::string full = std::string(name) + "/" + zt::backend_name(backend);
+    config(benchmark::RegisterBenchmark(full.c_str(), fn, backend));
+  }
+  return 0;
+}
+
+void flops(benchmark::State& state, const Target& t, double per_op) {
+  state.counters["FLOP/s"] = benchmark::Counter(per_op * static_cast<double>(t.ops(state)),
+                                                benchmark::Counter::kIsRate);
+}
+
+void bytes(benchmark::State& state, const Target& t, int64_t per_op) {
+  state.SetBytesProcessed(t.ops(state) * per_op);
 }
 
 // ---- GEMM: out[N,OC] = in[N,C] @ w[OC,C]^T + b (GPT-2 small shapes at B*T = N) ----------------
@@ -64,147 +130,152 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-void BM_MatmulForward(benchmark::State& state) {
+void BM_MatmulForward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t N = state.range(0), C = state.range(1), OC = state.range(2);
-  Tensor in({N, C}), w({OC, C}), b({OC}), out({N, OC});
-  for (auto _ : state) {
-    zt::ops::matmul_forward(stream(), out, in, w, b);
-    stream().synchronize();
-  }
-  flops(state, 2.0 * N * C * OC);
+  Tensor in(t, {N, C}), w(t, {OC, C}), b(t, {OC}), out(t, {N, OC});
+  run(state, t, [&] { zt::ops::matmul_forward(t.s(), out, in, w, b); });
+  flops(state, t, 2.0 * N * C * OC);
 }
-BENCHMARK(BM_MatmulForward)->Apply(gemm_shapes);
 
-void BM_MatmulBackward(benchmark::State& state) {
+void BM_MatmulBackward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t N = state.range(0), C = state.range(1), OC = state.range(2);
-  Tensor in({N, C}), w({OC, C}), dout({N, OC}), din({N, C}), dw({OC, C}), db({OC});
-  for (auto _ : state) {
-    zt::ops::matmul_backward(stream(), din, dw, db, dout, in, w);
-    stream().synchronize();
-  }
-  flops(state, 4.0 * N * C * OC);
+  Tensor in(t, {N, C}), w(t, {OC, C}), dout(t, {N, OC}), din(t, {N, C}), dw(t, {OC, C}),
+      db(t, {OC});
+  run(state, t, [&] { zt::ops::matmul_backward(t.s(), din, dw, db, dout, in, w); });
+  flops(state, t, 4.0 * N * C * OC);
 }
-BENCHMARK(BM_MatmulBackward)->Apply(gemm_shapes);
 
 // ---- layernorm: bytes = in + out (+ mean/rstd), forward; dout + in + din (read+write) backward
 // ----
 
-void BM_LayernormForward(benchmark::State& state) {
-  const int64_t N = state.range(0), C = state.range(1);
-  Tensor in({N, C}), w({C}), b({C}), out({N, C}), mean({N}), rstd({N});
-  for (auto _ : state) {
-    zt::ops::layernorm_forward(stream(), out, mean, rstd, in, w, b, 1e-5f);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * (2 * N * C + 2 * N) * 4);
+void layernorm_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({4096, 768})->Args({16384, 768})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
-BENCHMARK(BM_LayernormForward)
-    ->Args({4096, 768})
-    ->Args({16384, 768})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
 
-void BM_LayernormBackward(benchmark::State& state) {
+void BM_LayernormForward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t N = state.range(0), C = state.range(1);
-  Tensor in({N, C}), w({C}), b({C}), out({N, C}), mean({N}), rstd({N});
-  zt::ops::layernorm_forward(stream(), out, mean, rstd, in, w, b, 1e-5f);
-  Tensor dout({N, C}), din({N, C}), dw({C}), db({C});
-  for (auto _ : state) {
-    zt::ops::layernorm_backward(stream(), din, dw, db, dout, in, w, mean, rstd);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * 4 * N * C * 4);  // dout, in, din read + write
+  Tensor in(t, {N, C}), w(t, {C}), b(t, {C}), out(t, {N, C}), mean(t, {N}), rstd(t, {N});
+  run(state, t, [&] { zt::ops::layernorm_forward(t.s(), out, mean, rstd, in, w, b, 1e-5f); });
+  bytes(state, t, (2 * N * C + 2 * N) * 4);
 }
-BENCHMARK(BM_LayernormBackward)
-    ->Args({4096, 768})
-    ->Args({16384, 768})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+
+void BM_LayernormBackward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1);
+  Tensor in(t, {N, C}), w(t, {C}), b(t, {C}), out(t, {N, C}), mean(t, {N}), rstd(t, {N});
+  zt::ops::layernorm_forward(t.s(), out, mean, rstd, in, w, b, 1e-5f);
+  Tensor dout(t, {N, C}), din(t, {N, C}), dw(t, {C}), db(t, {C});
+  run(state, t,
+      [&] { zt::ops::layernorm_backward(t.s(), din, dw, db, dout, in, w, mean, rstd); });
+  bytes(state, t, 4 * N * C * 4);  // dout, in, din read + write
+}
 
 // ---- attention forward + backward: useful (causal) FLOPs = 6 B T^2 C
 // -------------------------------
 
-void BM_AttentionForwardBackward(benchmark::State& state) {
+void BM_AttentionForwardBackward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
-  Tensor qkv({B, T, 3 * C}), out({B, T, C}), pre({B, NH, T, T}), att({B, NH, T, T});
-  Tensor dout({B, T, C}), dqkv({B, T, 3 * C}), dpre({B, NH, T, T}), datt({B, NH, T, T});
-  for (auto _ : state) {
-    zt::ops::attention_forward(stream(), out, pre, att, qkv, static_cast<int>(NH));
-    zt::ops::attention_backward(stream(), dqkv, dpre, datt, dout, qkv, att, static_cast<int>(NH));
-    stream().synchronize();
-  }
+  Tensor qkv(t, {B, T, 3 * C}), out(t, {B, T, C}), pre(t, {B, NH, T, T}), att(t, {B, NH, T, T});
+  Tensor dout(t, {B, T, C}), dqkv(t, {B, T, 3 * C}), dpre(t, {B, NH, T, T}),
+      datt(t, {B, NH, T, T});
+  run(state, t, [&] {
+    zt::ops::attention_forward(t.s(), out, pre, att, qkv, static_cast<int>(NH));
+    zt::ops::attention_backward(t.s(), dqkv, dpre, datt, dout, qkv, att, static_cast<int>(NH));
+  });
   // Scores and att@V forward (T^2/2 * hs multiply-adds each per head), four products backward.
-  flops(state, 6.0 * B * T * T * C);
+  flops(state, t, 6.0 * B * T * T * C);
 }
-BENCHMARK(BM_AttentionForwardBackward)
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({4, 256, 768, 12})
-    ->Args({4, 1024, 768, 12})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "C", "NH"});
+  b->Args({4, 256, 768, 12});
+  b->Args({4, 1024, 768, 12});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
 
 // ---- GELU forward: 4 B read + 4 B write per element
 // -----------------------------------------------
 
-void BM_GeluForward(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Tensor in({n}), out({n});
-  for (auto _ : state) {
-    zt::ops::gelu_forward(stream(), out, in);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * n * 8);
+void elementwise_sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(1 << 20)->Arg(1 << 24)->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
-BENCHMARK(BM_GeluForward)->Arg(1 << 20)->Arg(1 << 24)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluForward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t n = state.range(0);
+  Tensor in(t, {n}), out(t, {n});
+  run(state, t, [&] { zt::ops::gelu_forward(t.s(), out, in); });
+  bytes(state, t, n * 8);
+}
 
 // ---- classifier: logits read, dlogits written in place
 // ----------------------------------------------
 
-void BM_Classifier(benchmark::State& state) {
+void BM_Classifier(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t N = state.range(0), V = state.range(1);
-  Tensor logits({N, V}), losses({N}), targets({N}, DType::kI32);
-  for (auto _ : state) {
-    zt::ops::classifier_forward_backward(stream(), logits, losses, targets, 1.0f / N, true);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * N * V * 8);
+  Tensor logits(t, {N, V}), losses(t, {N}), targets(t, {N}, DType::kI32);
+  run(state, t, [&] {
+    zt::ops::classifier_forward_backward(t.s(), logits, losses, targets, 1.0f / N, true);
+  });
+  bytes(state, t, N * V * 8);
 }
-BENCHMARK(BM_Classifier)->Args({256, 50257})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void classifier_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({256, 50257})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
 
 // ---- AdamW over a flat shard: 28 B/param (read g, p, m, v; write p, m, v)
 // -------------------------
 
-void BM_AdamW(benchmark::State& state) {
+void BM_AdamW(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t n = state.range(0);
-  Tensor p({n}), g({n}), m({n}), v({n});
-  zt::ops::fill(stream(), v, 0.0f);
+  Tensor p(t, {n}), g(t, {n}), m(t, {n}), v(t, {n});
+  zt::ops::fill(t.s(), v, 0.0f);
   const zt::ops::AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
-  for (auto _ : state) {
-    zt::ops::adamw_update(stream(), p, g, m, v, hp);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * n * 28);
+  run(state, t, [&] { zt::ops::adamw_update(t.s(), p, g, m, v, hp); });
+  bytes(state, t, n * 28);
 }
-BENCHMARK(BM_AdamW)->Arg(1 << 20)->Arg(1 << 24)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The same 28 B/param of traffic as a plain copy (14 B/param read + 14 B/param written).
-void BM_MemcpySameBytes(benchmark::State& state) {
+void BM_MemcpySameBytes(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
   const int64_t n = state.range(0);
-  const size_t bytes = static_cast<size_t>(n) * 14;
-  zt::DeviceBuffer src(device().memory(), bytes, stream(), "bench"),
-      dst(device().memory(), bytes, stream(), "bench");
-  stream().memset(src.data(), 1, bytes);
-  stream().memset(dst.data(), 0, bytes);
-  for (auto _ : state) {
-    stream().copy(dst.data(), src.data(), bytes);
-    stream().synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * n * 28);
+  const size_t size = static_cast<size_t>(n) * 14;
+  zt::DeviceBuffer src(t.device->memory(), size, t.s(), "bench"),
+      dst(t.device->memory(), size, t.s(), "bench");
+  t.s().memset(src.data(), 1, size);
+  t.s().memset(dst.data(), 0, size);
+  run(state, t, [&] { t.s().copy(dst.data(), src.data(), size); });
+  bytes(state, t, n * 28);
 }
-BENCHMARK(BM_MemcpySameBytes)
-    ->Arg(1 << 20)
-    ->Arg(1 << 24)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+
+const int kRegistered = [] {
+  register_on_backends("BM_MatmulForward", BM_MatmulForward, gemm_shapes);
+  register_on_backends("BM_MatmulBackward", BM_MatmulBackward, gemm_shapes);
+  register_on_backends("BM_LayernormForward", BM_LayernormForward, layernorm_shapes);
+  register_on_backends("BM_LayernormBackward", BM_LayernormBackward, layernorm_shapes);
+  register_on_backends("BM_AttentionForwardBackward", BM_AttentionForwardBackward,
+                       attention_shapes);
+  register_on_backends("BM_GeluForward", BM_GeluForward, elementwise_sizes);
+  register_on_backends("BM_Classifier", BM_Classifier, classifier_shapes);
+  register_on_backends("BM_AdamW", BM_AdamW, elementwise_sizes);
+  register_on_backends("BM_MemcpySameBytes", BM_MemcpySameBytes, elementwise_sizes);
+  return 0;
+}();
 
 }  // namespace

@@ -160,8 +160,9 @@ fi
 
 # ---- 7. benchmarks (JSON to $OUT) ------------------------------------------------------------
 # Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
-# bench_ops (kernels/ops.h on every device) is skipped like the others while it does not exist.
-for b in bench_cuda_copy bench_ops bench_comm bench_peer_copy bench_memory; do
+# bench_nccl (our collectives vs NCCL on every GPU) exists only where NCCL was found at configure
+# time, and skips itself with fewer than 2 GPUs; a missing binary is skipped like the others.
+for b in bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory; do
   exe="$BUILD/bench/$b"
   if ((!built)) || [[ ! -x "$exe" ]]; then
     skip_step "$b" "no binary"

@@ -36,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -316,6 +317,76 @@ TEST_P(OpsTest, CastMatchesHostConversions) {
           EXPECT_TRUE(bitwise_equal(tdst.download<uint16_t>(), want));
         }
       }
+    }
+  }
+}
+
+// dst += src in each storage type: both widened to fp32, added, rounded once (nearest even); the
+// host computes the same with core/dtype.h's conversions, so the bits must match exactly.
+TEST_P(OpsTest, AccumulateMatchesHostRounding) {
+  // (dst, src) pairs at the edges: rounding ties (to even, down and up) in f16/bf16/f32, overflow
+  // to inf, exact cancellation (+0), signed zeros, subnormals of each type.
+  const std::pair<float, float> specials[] = {
+      {1.0f, 0x1p-11f},      {1.0f + 0x1p-10f, 0x1p-11f}, {1.0f, 0x1p-8f},
+      {1.0f + 0x1p-7f, 0x1p-8f}, {1.0f, 0x1p-24f},         {1.0f + 0x1p-23f, 0x1p-24f},
+      {65504.0f, 65504.0f},  {-65504.0f, -16.0f},         {3.0e38f, 3.0e38f},
+      {INFINITY, 1.0f},      {-INFINITY, -INFINITY},      {2.5f, -2.5f},
+      {-0.0f, -0.0f},        {0.0f, -0.0f},               {6e-8f, 6e-8f},
+      {1e-40f, 1e-40f},      {1e-40f, -3e-40f},           {3e-5f, -1e-7f}};
+  // Only where the sum is rounded into f16/bf16 (which canonicalise NaN to 0x7fff): an fp32 NaN's
+  // bits are the hardware's (x86 and NVIDIA GPUs make different ones).
+  const std::pair<float, float> nan_specials[] = {{INFINITY, -INFINITY}, {NAN, 1.0f}};
+  for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{70001}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    // Similar magnitudes (a few binades apart) so most sums round, plus some wide spreads.
+    FVec a = rng_.normal(n), b = rng_.normal(n);
+    const FVec ea = rng_.uniform(n, -4.0f, 4.0f), eb = rng_.uniform(n, -4.0f, 4.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] *= std::exp2(std::round(ea[i] * (i % 7 == 0 ? 5.0f : 1.0f)));
+      b[i] *= std::exp2(std::round(eb[i]));
+    }
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(dtype_name(t));
+      FVec da = a, db = b;
+      int64_t k = 0;
+      const auto put = [&](const std::pair<float, float>& p) {
+        if (k >= n) return;
+        da[k] = p.first;
+        db[k] = p.second;
+        ++k;
+      };
+      for (const auto& p : specials) put(p);
+      if (t != DType::kF32)
+        for (const auto& p : nan_specials) put(p);
+      DevTensor dst = empty({n}, t), src = empty({n}, t);
+      if (t == DType::kF32) {
+        dst.upload(da);
+        src.upload(db);
+        ops::accumulate(s(), dst, src);
+        FVec want(n);
+        for (int64_t i = 0; i < n; ++i) want[i] = da[i] + db[i];
+        EXPECT_TRUE(bitwise_equal(dst.f(), want));
+        EXPECT_TRUE(bitwise_equal(src.f(), db));
+        continue;
+      }
+      // The inputs as stored (rounded into t), and the sum of their widened values, rounded once.
+      const auto to_bits = [t](float x) {
+        return t == DType::kF16 ? float_to_half_bits(x) : float_to_bf16_bits(x);
+      };
+      const auto from_bits = [t](uint16_t h) {
+        return t == DType::kF16 ? half_bits_to_float(h) : bf16_bits_to_float(h);
+      };
+      std::vector<uint16_t> ha(n), hb(n), want(n);
+      for (int64_t i = 0; i < n; ++i) {
+        ha[i] = to_bits(da[i]);
+        hb[i] = to_bits(db[i]);
+        want[i] = to_bits(from_bits(ha[i]) + from_bits(hb[i]));
+      }
+      dst.upload(ha);
+      src.upload(hb);
+      ops::accumulate(s(), dst, src);
+      EXPECT_TRUE(bitwise_equal(dst.download<uint16_t>(), want));
+      EXPECT_TRUE(bitwise_equal(src.download<uint16_t>(), hb));
     }
   }
 }
