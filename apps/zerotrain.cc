@@ -1,5 +1,6 @@
 // zerotrain: the one binary. Subcommands: train (the default job trains gpt-tiny on the synthetic
-// corpus), info (devices, peer access, build). The only place an error becomes an exit code.
+// corpus), info (devices, peer access, build), plan (will it fit? apps/plan_command.cc). The only
+// place an error becomes an exit code.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -10,9 +11,13 @@
 #include <iostream>
 #include <string>
 
+#include "cli_checks.h"
 #include "core/status.h"
+#include "core/suggest.h"
 #include "memory/caching_allocator.h"
+#include "plan_command.h"
 #include "runtime/runtime.h"
+#include "train/plot.h"
 #include "train/trainer.h"
 
 namespace {
@@ -81,7 +86,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   zt::TrainConfig tc;
-  std::string schedule = "cosine", optimizer = "adamw", hidden;
+  std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
   {
     std::string presets;
@@ -95,66 +100,102 @@ int main(int argc, char** argv) {
     train->add_option("--zero-stage", tc.zero_stage,
                       "ZeRO stage: 0 data parallel, 1 shard optimizer state, 2 + gradients, 3 + parameters")
         ->capture_default_str()->check(CLI::Range(0, 3));
-    train->add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(CLI::PositiveNumber);
+    train->add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(zt_cli::whole(1));
     train->add_option("--epochs", tc.epochs, "Image data: epochs to train when --steps is not given (default 3)")
-        ->check(CLI::PositiveNumber);
+        ->check(zt_cli::whole(1));
     train->add_option("--batch-size", tc.batch_size, "Global batch in sequences/examples (default 8; MLP 128)")
-        ->check(CLI::PositiveNumber);
+        ->check(zt_cli::whole(1));
     train->add_option("--micro-batch-size", tc.micro_batch_size, "Per-device micro-batch; accumulation = batch / (devices x micro-batch)")
-        ->check(CLI::PositiveNumber);
-    train->add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(CLI::PositiveNumber);
-    train->add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(1));
+    train->add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(zt_cli::number(0, true));
+    train->add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(zt_cli::number(0, false));
     train->add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 2% of steps)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(0));
     train->add_option("--lr-schedule", schedule, "cosine, linear or constant")->capture_default_str()
         ->check(CLI::IsMember({"cosine", "linear", "constant"}));
     train->add_option("--weight-decay", tc.weight_decay, "Decoupled weight decay (matrices and embeddings)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(zt_cli::number(0, false));
     train->add_option("--grad-clip", tc.grad_clip, "Clip the global gradient norm to this (0 = off)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(zt_cli::number(0, false));
     train->add_option("--optimizer", optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()
         ->check(CLI::IsMember({"adamw", "sgd"}));
-    train->add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str();
+    train->add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str()
+        ->check(zt_cli::seed());
     train->add_option("--eval-every", tc.eval_every, "Evaluate every N steps (default 4 times a run)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(0));
     train->add_option("--eval-batches", tc.eval_batches, "Validation batches per evaluation")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(zt_cli::whole(1));
     train->add_option("--sample-every", tc.sample_every, "Print a text sample every N steps (0 = only at the end)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(0));
     train->add_option("--sample-tokens", tc.sample_tokens, "Tokens per sample")->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(0));
     train->add_option("--temperature", tc.temperature, "Sampling temperature")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(zt_cli::number(0, true));
     train->add_option("--top-k", tc.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(zt_cli::whole(0));
     train->add_option("--metrics", tc.metrics_path, "Write JSON lines: one per step, eval and a summary");
-    train->add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(CLI::PositiveNumber);
-    train->add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(CLI::PositiveNumber);
-    train->add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(CLI::PositiveNumber);
-    train->add_option("--seq-len", tc.overrides.seq_len, "Override the model's context length")->check(CLI::PositiveNumber);
+    train->add_option("--trace", tc.trace_path,
+                      "Write a Chrome/Perfetto trace (JSON): stream work and host ranges per device, pool bytes");
+    train->add_option("--profile-steps", tc.profile_steps,
+                      "A:B: CUDA profiler capture (cudaProfilerStart/Stop) around steps A..B, for nsys "
+                      "--capture-range=cudaProfilerApi");
+    train->add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(zt_cli::whole(1));
+    train->add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(zt_cli::whole(1));
+    train->add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(zt_cli::whole(1));
+    train->add_option("--seq-len", tc.overrides.seq_len, "Override the model's context length")->check(zt_cli::whole(1));
     train->add_option("--train-seq-len", tc.train_seq_len, "Tokens per training sequence (default: the context)")
-        ->check(CLI::PositiveNumber);
-    train->add_option("--vocab", tc.overrides.vocab, "Override the vocabulary size")->check(CLI::PositiveNumber);
+        ->check(zt_cli::whole(1));
+    train->add_option("--vocab", tc.overrides.vocab, "Override the vocabulary size")->check(zt_cli::whole(1));
     train->add_option("--hidden", hidden, "MLP hidden sizes, e.g. 256,128");
     train->add_flag("--quiet", tc.quiet, "No progress output");
+    zt::add_device_memory_option(*train, tc.device_memory);
+    train->add_option("--log-format", log_format, "text (progress line, summary table) or json (the --metrics records on stdout)")
+        ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
+    train->add_option("--plot", plot_path, "Write the loss curve (train, eval, entropy floor) as an SVG file");
   }
 
-  const std::vector<std::string> subcommands = {"train", "info"};
+  zt::PlanCommand plan(app);
+  const std::vector<std::string> subcommands = {"train", "info", "plan"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
     for (const auto& n : subcommands) names += (names.empty() ? "" : ", ") + n;
-    std::fprintf(stderr, "zerotrain: unknown subcommand '%s'; expected one of: %s\n", argv[1], names.c_str());
+    const auto near = zt::nearest_name(argv[1], subcommands);
+    const std::string hint = near ? "did you mean '" + *near + "'? " : "";
+    std::fprintf(stderr, "zerotrain: unknown subcommand '%s'; %sexpected one of: %s\n", argv[1], hint.c_str(),
+                 names.c_str());
     return kExitUsage;
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // "The following argument was not expected: --stpes" + the nearest flag of the subcommand.
+    const CLI::App* sub = train;
+    if (argc > 1 && argv[1][0] != '-') sub = app.get_subcommand(argv[1]);  // validated above
+    std::vector<std::string> flags;
+    for (const CLI::Option* o : sub->get_options())
+      for (const std::string& n : o->get_lnames()) flags.push_back("--" + n);
+    std::string msg = e.what(), hints;
+    const size_t colon = msg.find(": ");
+    std::string rest = colon == std::string::npos ? "" : msg.substr(colon + 2);
+    for (size_t pos = 0; pos < rest.size();) {
+      size_t end = rest.find(' ', pos);
+      if (end == std::string::npos) end = rest.size();
+      const std::string word = rest.substr(pos, end - pos), name = word.substr(0, word.find('='));
+      if (name.rfind("--", 0) == 0)
+        if (const auto near = zt::nearest_name(name, flags)) hints += "; did you mean " + *near + "?";
+      pos = end + 1;
+    }
+    std::fprintf(stderr, "zerotrain %s: %s%s\nRun with --help for more information.\n", sub->get_name().c_str(),
+                 msg.c_str(), hints.c_str());
+    return kExitUsage;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
 
   try {
     if (info->parsed()) return run_info(devices);
+    if (plan.parsed()) return plan.run();
     if (train->parsed()) {
       tc.schedule = zt::parse_lr_schedule(schedule);
       tc.optimizer = optimizer == "sgd" ? zt::OptimizerKind::kSgd : zt::OptimizerKind::kAdamW;
@@ -172,7 +213,14 @@ int main(int argc, char** argv) {
           pos = comma + 1;
         }
       }
-      zt::train(tc);
+      tc.log_format = log_format == "json" ? zt::LogFormat::kJson : zt::LogFormat::kText;
+      if (!plot_path.empty()) zt::check_plot_path(plot_path);
+      const zt::TrainResult result = zt::train(tc);
+      if (!plot_path.empty()) {
+        zt::LossCurve curve{result.losses, result.val_losses, result.entropy_floor, tc.model + " on " + tc.data};
+        zt::write_loss_curve_svg(plot_path, curve);
+        if (tc.log_format == zt::LogFormat::kText && !tc.quiet) std::printf("loss curve: %s\n", plot_path.c_str());
+      }
       return 0;
     }
   } catch (const zt::Error& e) {

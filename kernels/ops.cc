@@ -25,7 +25,7 @@ namespace {
 #define ZT_OP_LAUNCH(s, op, ...)                                                      \
   do {                                                                                \
     if ((s).backend() == Backend::kCpu) {                                             \
-      static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }); \
+      static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }, #op); \
     } else {                                                                          \
       cuda_ops::op((s).native_handle(), __VA_ARGS__);                                 \
     }                                                                                 \
@@ -34,7 +34,7 @@ namespace {
 #define ZT_OP_LAUNCH(s, op, ...)                                                        \
   do {                                                                                  \
     ZT_REQUIRE((s).backend() == Backend::kCpu, #op ": this build has no CUDA backend"); \
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); });     \
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }, #op); \
   } while (0)
 #endif
 
@@ -126,7 +126,7 @@ void cast(Stream& s, TensorView dst, ConstTensorView src) {
   const void* p = src.data;
   const DType dt = dst.dtype, st = src.dtype;
   if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::cast(d, dt, p, st, n); });
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::cast(d, dt, p, st, n); }, "cast");
     return;
   }
 #if ZT_WITH_CUDA
@@ -476,7 +476,7 @@ void sum_squares(Stream& s, TensorView out, ConstTensorView x) {
   float* o = f32(out);
   const float* p = f32(x);
   if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::sum_squares(o, p, n); });
+    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::sum_squares(o, p, n); }, "sum_squares");
     return;
   }
 #if ZT_WITH_CUDA

@@ -148,6 +148,11 @@ using LiveMap = std::unordered_map<const void*, Block*>;
 
 }  // namespace
 
+size_t pool_rounded_size(size_t bytes) { return bytes == 0 ? 0 : round_size(bytes); }
+bool pool_is_small(size_t rounded_bytes) { return rounded_bytes <= kSmallSize; }
+size_t pool_small_segment_bytes() { return kSmallBuffer; }
+size_t pool_large_segment_bytes(size_t rounded_bytes) { return round_up(rounded_bytes, kRoundLarge); }
+
 struct CachingAllocator::Impl {
   Impl(const std::string& name, RawAllocator& raw_allocator) : device_name(name), raw(raw_allocator) {}
 

@@ -31,6 +31,16 @@ struct MemoryStats {
   size_t segments = 0;
 };
 
+// The pool's size rules as pure functions, for memory plans (train/plan.h) that must predict what
+// the pool will hold: the block a request of `bytes` occupies (0 for 0 bytes, which allocate()
+// answers with nullptr), whether that block comes from the small pool (packed into segments of
+// pool_small_segment_bytes()), and the segment the pool reserves for a large block when memory is
+// tight (the request rounded up to the large-pool granularity; see the fallback chain in the .cc).
+size_t pool_rounded_size(size_t bytes);
+bool pool_is_small(size_t rounded_bytes);
+size_t pool_small_segment_bytes();
+size_t pool_large_segment_bytes(size_t rounded_bytes);
+
 class CachingAllocator {
  public:
   CachingAllocator(std::string device_name, std::unique_ptr<RawAllocator> raw);

@@ -28,9 +28,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
+#include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
@@ -40,6 +43,9 @@ namespace zt {
 enum class Communicator::Kind : uint8_t { kReduceScatter, kAllGather, kAllReduce };
 
 namespace {
+
+// A receive buffer holds one chunk, and at least one element of any type.
+size_t slot_bytes_for(size_t chunk_bytes) { return std::max<size_t>(chunk_bytes, sizeof(float)); }
 
 const char* kind_name(uint8_t k) {
   switch (k) {
@@ -53,6 +59,34 @@ const char* kind_name(uint8_t k) {
       return "?";
   }
 }
+
+// "reduce_scatter h.3 1.2 MiB": kind, the caller's tag, bytes per rank.
+std::string collective_label(const char* kind, std::string_view tag, int64_t bytes) {
+  std::string s = kind;
+  if (!tag.empty()) s.append(" ").append(tag);
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024.0)
+    std::snprintf(buf, sizeof buf, " %.1f MiB", b / (1024.0 * 1024.0));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, " %.1f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, " %lld B", static_cast<long long>(bytes));
+  return s + buf;
+}
+
+// Group calls open their own range unless they run inside a per-rank call (which has one).
+thread_local int t_rank_call_depth = 0;
+struct InRankCall {
+  InRankCall() { ++t_rank_call_depth; }
+  ~InRankCall() { --t_rank_call_depth; }
+};
+struct GroupRange {
+  GroupRange(const char* kind, int64_t bytes) {
+    if (t_rank_call_depth == 0 && ranges_enabled()) range.emplace(NvtxCategory::kCollective, collective_label(kind, {}, bytes));
+  }
+  std::optional<NvtxRange> range;
+};
 
 bool is_float_type(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
@@ -152,7 +186,7 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
   // Peer access is not required: copy_peer stages through host memory where GPUs lack it.
 
   // A chunk holds at least one element of any type.
-  impl_->slot_bytes = std::max<size_t>(chunk_bytes_, sizeof(float));
+  impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
   impl_->ranks.resize(static_cast<size_t>(n));
   impl_->arrivals.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -368,6 +402,7 @@ struct Communicator::Impl::Builder {
 void Communicator::reduce_scatter(const std::vector<TensorView>& full,
                                   const std::vector<Stream*>& producers) {
   const Plan p = check_buffers("reduce_scatter", devices_, full, producers, true, true);
+  const GroupRange range("reduce_scatter", p.numel * static_cast<int64_t>(p.esize));
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, chunk_bytes_};
   b.prologue(producers, /*peers_write=*/false);
@@ -378,6 +413,7 @@ void Communicator::reduce_scatter(const std::vector<TensorView>& full,
 void Communicator::all_gather(const std::vector<TensorView>& full,
                               const std::vector<Stream*>& producers) {
   const Plan p = check_buffers("all_gather", devices_, full, producers, true, true);
+  const GroupRange range("all_gather", p.numel * static_cast<int64_t>(p.esize));
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, chunk_bytes_};
   const bool moves = world() > 1 && p.shard > 0;
@@ -389,6 +425,7 @@ void Communicator::all_gather(const std::vector<TensorView>& full,
 void Communicator::all_reduce(const std::vector<TensorView>& full,
                               const std::vector<Stream*>& producers) {
   const Plan p = check_buffers("all_reduce", devices_, full, producers, true, true);
+  const GroupRange range("all_reduce", p.numel * static_cast<int64_t>(p.esize));
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, chunk_bytes_};
   const bool moves = world() > 1 && p.shard > 0;
@@ -407,6 +444,7 @@ void Communicator::broadcast(int root, const std::vector<TensorView>& bufs,
              world(), "-rank communicator");
   const Plan p = check_buffers("broadcast", devices_, bufs, producers, false, false);
   const size_t nbytes = static_cast<size_t>(p.numel) * p.esize;
+  const GroupRange range("broadcast", static_cast<int64_t>(nbytes));
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, chunk_bytes_};
   const bool moves = world() > 1 && nbytes > 0;
@@ -422,23 +460,30 @@ void Communicator::broadcast(int root, const std::vector<TensorView>& bufs,
 
 // ---- per-rank calls --------------------------------------------------------------------------
 
-void Communicator::reduce_scatter(int rank, TensorView full, Stream* producer) {
-  rank_call(rank, Kind::kReduceScatter, full, producer);
+void Communicator::reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag) {
+  rank_call(rank, Kind::kReduceScatter, full, producer, tag);
 }
 
-void Communicator::all_gather(int rank, TensorView full, Stream* producer) {
-  rank_call(rank, Kind::kAllGather, full, producer);
+void Communicator::all_gather(int rank, TensorView full, Stream* producer, std::string_view tag) {
+  rank_call(rank, Kind::kAllGather, full, producer, tag);
 }
 
-void Communicator::all_reduce(int rank, TensorView full, Stream* producer) {
-  rank_call(rank, Kind::kAllReduce, full, producer);
+void Communicator::all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag) {
+  rank_call(rank, Kind::kAllReduce, full, producer, tag);
 }
 
-void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* producer) {
+void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* producer, std::string_view tag) {
   const int n = world();
   const uint8_t kind_id = static_cast<uint8_t>(kind);
   ZT_REQUIRE(rank >= 0 && rank < n, kind_name(kind_id), ": rank ", rank,
              " is not a rank of a ", n, "-rank communicator");
+  // The range covers the rendezvous too: time a rank spends waiting for the others shows here.
+  std::optional<NvtxRange> range;
+  if (ranges_enabled())
+    range.emplace(NvtxCategory::kCollective,
+                  collective_label(kind_name(kind_id), tag, full.numel() * static_cast<int64_t>(dtype_size(full.dtype))),
+                  devices_[rank]->index());
+  const InRankCall in_rank_call;
   Impl& im = *impl_;
   std::unique_lock<std::mutex> lock(im.rv_mu);
   Impl::Arrival& mine = im.arrivals[rank];
@@ -511,6 +556,10 @@ CommCounters Communicator::counters(int rank) const {
              world(), "-rank communicator");
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   return impl_->ranks[rank].counters;
+}
+
+size_t Communicator::planned_buffer_bytes(int world, size_t chunk_bytes) {
+  return world > 1 ? static_cast<size_t>(kRecvSlots) * slot_bytes_for(chunk_bytes) : 0;
 }
 
 size_t Communicator::buffer_bytes(int rank) const {

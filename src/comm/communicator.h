@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -55,7 +56,8 @@ struct CommCounters {
 class Communicator {
  public:
   // Ranks are the given devices in order. chunk_bytes: pipeline granularity of the ring.
-  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = size_t{1} << 20);
+  static constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
+  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = kDefaultChunkBytes);
   ~Communicator();
 
   int world() const { return static_cast<int>(devices_.size()); }
@@ -79,9 +81,11 @@ class Communicator {
   void broadcast(int root, const std::vector<TensorView>& bufs, const std::vector<Stream*>& producers);
 
   // ---- per-rank calls (one host thread per rank; all ranks must call, in the same order) ------
-  void reduce_scatter(int rank, TensorView full, Stream* producer);
-  void all_gather(int rank, TensorView full, Stream* producer);
-  void all_reduce(int rank, TensorView full, Stream* producer);
+  // tag: names the collective in profiles (NVTX range "reduce_scatter h.3 1.2 MiB"), e.g. the
+  // block or bucket it serves.
+  void reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag = {});
+  void all_gather(int rank, TensorView full, Stream* producer, std::string_view tag = {});
+  void all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag = {});
 
   // Makes `consumer` wait for the last collective enqueued on `rank`'s comm stream.
   void wait_done(int rank, Stream& consumer);
@@ -94,6 +98,9 @@ class Communicator {
   void reset_counters();
   // Bytes of the rank's pool held as receive buffers (allocated at the first reduction).
   size_t buffer_bytes(int rank) const;
+  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something
+  // (each receive buffer is one allocation of the returned size / kRecvSlots; memory plans).
+  static size_t planned_buffer_bytes(int world, size_t chunk_bytes = kDefaultChunkBytes);
 
   // Receive buffers per rank for the ring reduction (double buffering: the copy of chunk j+1
   // lands in one while chunk j is reduced from the other).
@@ -102,7 +109,7 @@ class Communicator {
  private:
   struct Impl;  // events, receive buffers, rendezvous and counters (communicator.cc)
   enum class Kind : uint8_t;
-  void rank_call(int rank, Kind kind, TensorView full, Stream* producer);
+  void rank_call(int rank, Kind kind, TensorView full, Stream* producer, std::string_view tag);
 
   std::vector<Device*> devices_;
   size_t chunk_bytes_;

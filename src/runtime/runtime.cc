@@ -20,6 +20,18 @@ CudaAvailability cuda_availability() {
 #endif
 }
 
+void profiler_start() {
+#if ZT_WITH_CUDA
+  cuda::profiler_start();
+#endif
+}
+
+void profiler_stop() {
+#if ZT_WITH_CUDA
+  cuda::profiler_stop();
+#endif
+}
+
 std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu) {
   ZT_REQUIRE(n >= 1, "the CPU backend needs at least one device, got ", n);
   std::unique_ptr<Runtime> rt(new Runtime());

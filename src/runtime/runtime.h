@@ -42,6 +42,12 @@ struct CudaAvailability {
 };
 CudaAvailability cuda_availability();
 
+// Start/stop the CUDA profiler's capture (cudaProfilerStart/Stop; nsys --capture-range=
+// cudaProfilerApi records only between them). No-ops in a build without CUDA; failures (no
+// driver, no profiler attached) are ignored. Call only when the CUDA backend is in use.
+void profiler_start();
+void profiler_stop();
+
 class Runtime {
  public:
   static std::unique_ptr<Runtime> create(const DeviceSpec& spec, const CpuDeviceOptions& cpu = {});

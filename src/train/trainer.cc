@@ -1,6 +1,7 @@
-// The single-device training loop. Host synchronisation happens once per step (to read the loss
-// and the gradient norm); everything else is queued on the device's compute stream.
+// The training loop: one host thread per device drives forward/backward through the ZeRO engine;
+// host synchronisation happens once per step (to read the loss and the gradient norm).
 #include "train/trainer.h"
+#include "train/plan.h"
 
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <numeric>
 #include <thread>
 
+#include "core/nvtx.h"
 #include "core/philox.h"
 #include "core/status.h"
 #include "data/image_data.h"
@@ -25,6 +27,7 @@
 #include "runtime/runtime.h"
 #include "comm/communicator.h"
 #include "zero/engine.h"
+#include "train/trace.h"
 
 namespace zt {
 
@@ -84,6 +87,12 @@ void run_ranks(int n, const std::function<void(int)>& fn) {
 }
 
 
+// Runs fn when the scope ends (also by an exception).
+struct ScopeExit {
+  std::function<void()> fn;
+  ~ScopeExit() { fn(); }
+};
+
 void print_sample_text(const std::string& s) { std::printf("%s\n", s.c_str()); }
 
 }  // namespace
@@ -112,7 +121,13 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
   const DeviceSpec spec = parse_device_spec(cfg.devices);
-  auto rt = Runtime::create(spec);
+  // --trace: the recorder outlives the devices (their stream workers report to it).
+  std::unique_ptr<TraceRecorder> tracer;
+  if (!cfg.trace_path.empty()) {
+    ZT_REQUIRE(std::ofstream(cfg.trace_path).good(), "cannot write --trace file '", cfg.trace_path, "'");
+    tracer = std::make_unique<TraceRecorder>();
+  }
+  auto rt = Runtime::create(spec, CpuDeviceOptions{cfg.device_memory});
   const int N = rt->size();
 
   if (cfg.batch_size < 0) cfg.batch_size = (is_gpt ? 8 : 128) * ((N + 1) / 2);
@@ -127,6 +142,17 @@ TrainResult train(const TrainConfig& cfg_in) {
   const int accum = cfg.batch_size / N / cfg.micro_batch_size;
   const int B = cfg.micro_batch_size;  // per device, per micro-batch
   const int T = is_gpt ? cfg.train_seq_len : 1;
+  // Refuse a run that cannot fit, with the cheapest fix, before anything is allocated.
+  {
+    PlanInputs in;
+    in.zero_stage = cfg.zero_stage;
+    in.micro_batch = B;
+    in.seq_len = T;
+    in.sgd = cfg.optimizer == OptimizerKind::kSgd;
+    in.micro_batches = accum;
+    in.sampling = is_gpt && (cfg.sample_tokens > 0 || cfg.sample_every > 0);
+    require_fits(plan_run(mc, *rt, in));
+  }
   if (!is_gpt) {
     const int64_t per_epoch = images->batches_per_epoch(Split::kTrain, cfg.batch_size);
     ZT_REQUIRE(per_epoch >= 1, "--batch-size ", cfg.batch_size, " is larger than the training set");
@@ -134,6 +160,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   if (cfg.steps < 0) cfg.steps = 1500;  // gpt-tiny reaches within ~0.15 nats of the synthetic floor
   ZT_REQUIRE(cfg.steps >= 1, "--steps must be at least 1, got ", cfg.steps);
+  // 1-based, inclusive; {0, 0} = no profiler capture.
+  const std::pair<int, int> profile_range =
+      cfg.profile_steps.empty() ? std::pair<int, int>{0, 0} : parse_step_range(cfg.profile_steps, cfg.steps);
+  const bool on_cuda = rt->backend() == Backend::kCuda;
+  // On CUDA the trace's stream tracks come from the engine's spans (the CPU backend reports tasks).
+  if (tracer && on_cuda) cfg.zero_trace = true;
   if (cfg.lr < 0) cfg.lr = cfg.optimizer == OptimizerKind::kAdamW ? (is_gpt ? 3e-3f : 1e-3f) : 0.05f;
   ZT_REQUIRE(cfg.lr > 0 && std::isfinite(cfg.lr), "--lr must be positive, got ", cfg.lr);
   if (cfg.min_lr < 0) cfg.min_lr = cfg.lr / 10;
@@ -148,7 +180,14 @@ TrainResult train(const TrainConfig& cfg_in) {
     metrics = std::fopen(cfg.metrics_path.c_str(), "w");
     ZT_REQUIRE(metrics, "cannot write --metrics file '", cfg.metrics_path, "'");
   }
+  // --log-format json: the metrics records go to stdout as well, in place of the text output.
+  const bool json_log = cfg.log_format == LogFormat::kJson && !cfg.quiet;
+  if (json_log) cfg.quiet = true;
   auto emit = [&](const nlohmann::json& j) {
+    if (json_log) {
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    }
     if (!metrics) return;
     std::fprintf(metrics, "%s\n", j.dump().c_str());
     std::fflush(metrics);
@@ -249,6 +288,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     run_ranks(N, [&](int r) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Stream& s = rt->device(r).compute();
+      const NvtxRange eval_range(NvtxCategory::kStep, "eval", rt->device(r).index());
       HostBatch hb;
       hb.tokens.resize(static_cast<size_t>(B * T));
       hb.images.resize(static_cast<size_t>(B * D));
@@ -293,6 +333,7 @@ TrainResult train(const TrainConfig& cfg_in) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Device& d = rt->device(r);
       Stream& s = d.compute();
+      const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
       if (!R.sample_ws) R.sample_ws = model->make_workspace(d, 1, T);
       const int V = mc.vocab;
       std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
@@ -381,15 +422,27 @@ TrainResult train(const TrainConfig& cfg_in) {
     fn();
     for (int r = 0; r < N; ++r) side_bytes[static_cast<size_t>(r)] += comm.counters(r).bytes_sent - before[static_cast<size_t>(r)];
   };
+  StepPhaseTimer phase_timer(N);
   for (int step = 0; step < cfg.steps; ++step) {
     const auto ts = Clock::now();
+    // nsys --capture-range=cudaProfilerApi records steps profile_range.first..second.
+    if (on_cuda && step + 1 == profile_range.first) profiler_start();
+    const ScopeExit stop_profiler{[&] {
+      if (on_cuda && step + 1 == profile_range.second) profiler_stop();
+    }};
+    const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
+    phase_timer.begin_step();
     const float lr = learning_rate(lrc, step);
     run_ranks(N, [&](int r) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Stream& s = rt->device(r).compute();
+      const NvtxRange rank_step(NvtxCategory::kStep, "step " + std::to_string(step + 1), rt->device(r).index());
       R.loss_sum = 0;
       for (int m = 0; m < accum; ++m) {
-        const HostBatch& hb = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
+        const HostBatch& hb = [&]() -> const HostBatch& {
+          const NvtxRange data_range(NvtxCategory::kData, "data", rt->device(r).index());
+          return R.prefetch->get(static_cast<int64_t>(step) * accum + m);
+        }();
         upload(r, hb);
         engine.begin_micro_batch(r, m);
         model->forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
@@ -397,10 +450,12 @@ TrainResult train(const TrainConfig& cfg_in) {
         engine.end_micro_batch(r);
         R.loss_sum += read_losses(r);  // synchronizes: hb may be recycled by the prefetcher after this
       }
+      phase_timer.rank_compute_done(r);
       engine.gradient_norm_partials(r, R.norms.as<float>());
       s.copy(R.norm_host.data(), R.norms.data(), R.norm_host.size() * 4);
       s.synchronize();
     });
+    phase_timer.gradients_ready();
     // Global loss and gradient norm, summed in a fixed order (rank, then block).
     double loss_sum = 0, sq = 0;
     for (const RankState& R : ranks) {
@@ -419,24 +474,36 @@ TrainResult train(const TrainConfig& cfg_in) {
     st.momentum = cfg.momentum;
     st.step = step + 1;
     st.grad_scale = clip_scale;
-    run_ranks(N, [&](int r) { engine.optimizer_step(r, st); });
+    phase_timer.optimizer_begin();
+    // The sync makes the optimizer's time measurable (train/report.h); it changes no result.
+    run_ranks(N, [&](int r) {
+      const NvtxRange rank_step(NvtxCategory::kStep, "step " + std::to_string(step + 1), rt->device(r).index());
+      engine.optimizer_step(r, st);
+      rt->device(r).compute().synchronize();
+    });
+    phase_timer.optimizer_done();
     const double loss = loss_sum / (static_cast<double>(positions) * accum * N);
     ZT_REQUIRE(std::isfinite(loss), "the training loss became ", loss, " at step ", step + 1,
                "; lower --lr or enable --grad-clip");
+    phase_timer.end_step();
     const double dt = seconds_since(ts);
     train_time += dt;
     result.losses.push_back(loss);
+    if (tracer)
+      for (int r = 0; r < N; ++r)
+        tracer->add_counter(r, "pool allocated", static_cast<double>(rt->device(r).memory().stats().allocated_bytes));
     result.final_loss = loss;
     const double tokens_done = static_cast<double>(step + 1) * cfg.batch_size * T;
     const double tps = tokens_done / std::max(train_time, 1e-9);
     emit({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"tokens_per_s", static_cast<double>(cfg.batch_size) * T / dt},
-          {"grad_norm", grad_norm}, {"step_ms", dt * 1e3}});
+          {"grad_norm", grad_norm}, {"step_ms", dt * 1e3},
+          {"mem_bytes", max_allocated_bytes(devs)}});
     if (!cfg.quiet && (tty || (step + 1) % print_every == 0 || step + 1 == cfg.steps)) {
       const double el = seconds_since(t0);
       const double eta = el / (step + 1) * (cfg.steps - step - 1);
-      std::printf("%sstep %*d/%d | loss %.4f | lr %.2e | %s tok/s | norm %.3f | %s elapsed | ETA %s%s",
+      std::printf("%sstep %*d/%d | loss %.4f | lr %.2e | %s tok/s | norm %.3f | mem %s | %s elapsed | ETA %s%s",
                   tty ? "\r" : "", static_cast<int>(std::to_string(cfg.steps).size()), step + 1, cfg.steps, loss, lr,
-                  si(tps).c_str(), grad_norm, hms(el).c_str(), hms(eta).c_str(), tty ? "   " : "\n");
+                  si(tps).c_str(), grad_norm, format_bytes(static_cast<double>(max_allocated_bytes(devs))).c_str(), hms(el).c_str(), hms(eta).c_str(), tty ? "   " : "\n");
       std::fflush(stdout);
     }
     const bool last = step + 1 == cfg.steps;
@@ -455,6 +522,7 @@ TrainResult train(const TrainConfig& cfg_in) {
         engine.set_tracing(false);
       }
       exclude_comm([&] { result.val_loss = evaluate(is_gpt ? nullptr : &acc); });
+      result.val_losses.emplace_back(step + 1, result.val_loss);
       engine.set_tracing(cfg.zero_trace);
       if (!is_gpt) result.accuracy = acc;
       nlohmann::json ev = {{"event", "eval"}, {"step", step + 1}, {"val_loss", result.val_loss}};
@@ -491,6 +559,33 @@ TrainResult train(const TrainConfig& cfg_in) {
     result.model_state_bytes_per_device.push_back(engine.model_state_bytes(r).total());
   }
 
+  // The run report (train/report.h): throughput, MFU, time split, memory per device.
+  RunReport report;
+  report.steps = result.steps;
+  report.seconds = result.seconds;
+  report.train_seconds = train_time;
+  report.final_loss = result.final_loss;
+  report.val_loss = result.val_loss;
+  report.entropy_floor = result.entropy_floor;
+  report.accuracy = result.accuracy;
+  report.per_example = !is_gpt;
+  report.tokens_per_s = result.tokens_per_s;
+  report.flops_per_token = result.flops_per_token = training_flops_per_token(mc, layout.total_parameters(), T);
+  {
+    std::vector<std::string> names;
+    for (int r = 0; r < N; ++r) names.push_back(rt->device(r).name());
+    report.peak_flops = total_peak_flops(names);
+  }
+  report.mfu = result.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
+  report.phases = result.time_split = phase_timer.totals();
+  for (int r = 0; r < N; ++r) {
+    const ModelStateBytes mb = engine.model_state_bytes(r);
+    report.devices.push_back({rt->device(r).name(), mb.params, mb.grads, mb.optimizer,
+                              ranks[static_cast<size_t>(r)].ws->bytes(), comm.buffer_bytes(r),
+                              rt->device(r).memory().stats().peak_allocated_bytes,
+                              result.comm_bytes_per_step_per_device[static_cast<size_t>(r)]});
+  }
+
   nlohmann::json memory_breakdown = nlohmann::json::array();
   for (int r = 0; r < N; ++r) {
     const ModelStateBytes mb = engine.model_state_bytes(r);
@@ -516,24 +611,25 @@ TrainResult train(const TrainConfig& cfg_in) {
                             {"zero_stage", cfg.zero_stage}};
   if (result.entropy_floor) summary["entropy_floor"] = *result.entropy_floor;
   if (result.accuracy) summary["accuracy"] = *result.accuracy;
+  summary.update(report_json(report));
   emit(summary);
   if (metrics) std::fclose(metrics);
   if (!cfg.quiet) {
-    std::printf("summary: %d steps in %s, final loss %.4f, val loss %.4f", result.steps, hms(result.seconds).c_str(),
-                result.final_loss, result.val_loss);
-    if (result.entropy_floor) std::printf(" (floor %.4f)", *result.entropy_floor);
-    if (result.accuracy) std::printf(", test accuracy %.2f%%", *result.accuracy * 100);
-    std::printf(", %s tok/s\n", si(result.tokens_per_s).c_str());
-    for (int r = 0; r < N; ++r) {
-      const ModelStateBytes mb = engine.model_state_bytes(r);
-      const MemoryStats ms = rt->device(r).memory().stats();
-      std::printf("  %s: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB, activations %.2f MiB, comm buffers %.2f MiB, "
-                  "pool peak %.2f MiB, sent %.2f MiB/step\n",
-                  rt->device(r).name().c_str(), mb.params / 1048576.0, mb.grads / 1048576.0, mb.optimizer / 1048576.0,
-                  ranks[static_cast<size_t>(r)].ws->bytes() / 1048576.0, comm.buffer_bytes(r) / 1048576.0,
-                  ms.peak_allocated_bytes / 1048576.0,
-                  result.comm_bytes_per_step_per_device[static_cast<size_t>(r)] / 1048576.0);
+    std::fputs(format_summary(report).c_str(), stdout);
+    std::fflush(stdout);
+  }
+  if (tracer) {
+    if (on_cuda) {
+      static const char* const kSpanNames[] = {"forward ", "backward ", "reduce_scatter ", "gather "};
+      for (const TraceSpan& sp : result.trace) {
+        const bool comm_side = sp.kind == TraceSpan::kReduceScatter || sp.kind == TraceSpan::kGather;
+        tracer->add_slice(rt->device(sp.rank).index(), comm_side ? 1 : 0, kSpanNames[sp.kind] + layout.block(sp.block).name,
+                          "engine", sp.start_us, sp.end_us, engine.trace_origin());
+      }
     }
+    std::vector<std::string> names;
+    for (int r = 0; r < N; ++r) names.push_back(rt->device(r).name());
+    tracer->write(cfg.trace_path, names);
   }
   return result;
 }

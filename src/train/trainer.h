@@ -10,18 +10,23 @@
 #include <vector>
 
 #include "model/config.h"
+#include "train/report.h"
 #include "train/schedule.h"
 #include "zero/engine.h"
 
 namespace zt {
 
 enum class OptimizerKind { kAdamW, kSgd };
+// Progress output: text (progress line, evaluations, summary table) or JSON lines on stdout (the
+// same records as --metrics).
+enum class LogFormat { kText, kJson };
 
 struct TrainConfig {
   std::string model = "gpt-tiny";
   ModelOverrides overrides;
   std::string data = "synthetic";
   std::string devices = "all";
+  size_t device_memory = 0;  // --device-memory: bytes per simulated (CPU) device; 0 = unlimited
   int zero_stage = 2;
   int steps = -1;            // -1 = the default for the data (see resolve())
   int epochs = 0;            // image data: steps = epochs * batches per epoch when steps == -1
@@ -44,7 +49,10 @@ struct TrainConfig {
   float temperature = 0.8f;
   int top_k = 40;
   std::string metrics_path;
+  std::string trace_path;     // --trace: Chrome/Perfetto trace-event JSON (train/trace.h)
+  std::string profile_steps;  // --profile-steps A:B: cudaProfilerStart before step A, Stop after B (1-based)
   bool quiet = false;        // no progress line (tests)
+  LogFormat log_format = LogFormat::kText;
   bool keep_final_params = false;  // tests: return the full parameters of every block
   bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
 };
@@ -58,6 +66,10 @@ struct TrainResult {
   double tokens_per_s = 0;
   double seconds = 0;
   std::vector<double> losses;  // per step
+  std::vector<std::pair<int, double>> val_losses;  // (step, validation loss) of every evaluation
+  PhaseTimes time_split;       // host-measured, training steps only (see StepPhaseTimer)
+  double flops_per_token = 0;  // training_flops_per_token()
+  std::optional<double> mfu;   // when the devices' peak FLOP/s is known
   std::vector<size_t> peak_bytes_per_device;
   std::vector<size_t> model_state_bytes_per_device;
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
 
@@ -25,12 +26,33 @@ namespace {
 
 TensorView f32(float* p, int64_t n, int device) { return TensorView{p, DType::kF32, Shape{n}, device}; }
 
+struct Visit {
+  int block;
+  bool backward;
+  bool keep;  // stage 3: keep the gathered block after this visit (used again in this forward)
+};
+
+// Visit schedule: forward then backward; a block seen again later in the forward (a tied
+// embedding) stays gathered until then, and the forward's last block is the backward's first.
+std::vector<Visit> make_schedule(const Model& model, size_t* forward_visits) {
+  std::vector<Visit> schedule;
+  const auto fwd = model.forward_order(), bwd = model.backward_order();
+  for (size_t i = 0; i < fwd.size(); ++i) {
+    bool keep = std::find(fwd.begin() + static_cast<long>(i) + 1, fwd.end(), fwd[i]) != fwd.end();
+    schedule.push_back({fwd[i], false, keep});
+  }
+  *forward_visits = schedule.size();
+  for (int b : bwd) schedule.push_back({b, true, false});
+  return schedule;
+}
+
 }  // namespace
 
 struct ZeroEngine::Impl {
   struct Block {
     ShardRange shard;
     int64_t numel = 0;
+    BlockBufferBytes sizes;  // what each buffer below takes (block_buffer_bytes)
     DeviceBuffer params;    // stages 0-2: full (padded); stage 3: this rank's shard
     DeviceBuffer grads;     // stages 0-1: full (padded) gradient bucket; stages 2-3: shard accumulator
     DeviceBuffer acc;       // stages 0-1 with accumulation: shard accumulator
@@ -65,7 +87,7 @@ struct ZeroEngine::Impl {
       visit(b, true);
       Block& blk = block(b);
       if (e_.opt.stage >= 2 && !blk.bucket.data()) {
-        blk.bucket = DeviceBuffer(d_.memory(), bytes(blk.shard.padded_numel), d_.compute(), "gradient bucket");
+        blk.bucket = DeviceBuffer(d_.memory(), blk.sizes.bucket, d_.compute(), "gradient bucket");
         ops::fill(d_.compute(), f32(blk.bucket.as<float>(), blk.shard.padded_numel, idx()), 0.0f);
       }
     }
@@ -81,9 +103,9 @@ struct ZeroEngine::Impl {
         d_.compute().record(*compute_done_);
         comm.wait(*compute_done_);
         rs_start = e_.open_span(comm);
-        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), nullptr);
+        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), nullptr, block_name(b));
       } else {
-        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), &d_.compute());
+        e_.comm.reduce_scatter(r_, f32(full, blk.shard.padded_numel, idx()), &d_.compute(), block_name(b));
       }
       // This rank's reduced shard now sits at full + begin; fold it into the step's accumulator.
       const int64_t n = blk.shard.shard_numel;
@@ -100,7 +122,10 @@ struct ZeroEngine::Impl {
         d_.memory().record_stream(blk.bucket.data(), comm);
         blk.bucket.reset();
       }
+      block_range_.close();  // the backward range covers issuing this block's reduce-scatter
     }
+
+    const std::string& block_name(int b) const { return e_.model.layout().block(b).name; }
 
     // Compute spans: from a block's visit to the next visit (or its after_backward).
     void close_compute_span() {
@@ -135,6 +160,7 @@ struct ZeroEngine::Impl {
 
     void end_micro() {
       close_compute_span();
+      block_range_.close();
       if (e_.opt.stage == 3)
         for (int b = 0; b < static_cast<int>(blocks.size()); ++b) release(b);
       const size_t expect = forward_only_ ? e_.forward_visits : e_.schedule.size();
@@ -151,17 +177,19 @@ struct ZeroEngine::Impl {
     static size_t bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
     // Stage 3: gather block b (if not in flight already) on the comm stream.
-    void gather(int b) {
+    void gather(int b, bool prefetch = false) {
       Block& blk = block(b);
       if (blk.gathered.data()) return;
+      OptionalNvtxRange range;
+      if (ranges_enabled()) range.open(NvtxCategory::kGather, (prefetch ? "prefetch " : "gather ") + block_name(b), idx());
       Stream& comm = d_.comm();
-      blk.gathered = DeviceBuffer(d_.memory(), bytes(blk.shard.padded_numel), comm, "gathered parameters");
+      blk.gathered = DeviceBuffer(d_.memory(), blk.sizes.gathered, comm, "gathered parameters");
       // The shard was last written by the optimizer on the compute stream.
       d_.compute().record(*compute_done_);
       comm.wait(*compute_done_);
       std::shared_ptr<double> start = e_.tracing ? e_.open_span(comm) : nullptr;
       comm.copy(blk.gathered.as<float>() + blk.shard.begin, blk.params.data(), bytes(blk.shard.shard_numel));
-      e_.comm.all_gather(r_, f32(blk.gathered.as<float>(), blk.shard.padded_numel, idx()), nullptr);
+      e_.comm.all_gather(r_, f32(blk.gathered.as<float>(), blk.shard.padded_numel, idx()), nullptr, block_name(b));
       if (start) e_.close_span(comm, start, TraceSpan::kGather, r_, b);
       comm.record(*blk.gathered_ready);
       d_.memory().record_stream(blk.gathered.data(), d_.compute());
@@ -176,12 +204,18 @@ struct ZeroEngine::Impl {
       const auto& S = e_.schedule;
       ZT_CHECK(pos_ < static_cast<int>(S.size()) && S[pos_].block == b && S[pos_].backward == backward,
                "block ", b, (backward ? " backward" : " forward"), " visited out of the model's declared order at position ", pos_);
+      // Host range "forward h.3" from this hook to the next: the issuing of the block's work
+      // (and, at stage 3, its gather and the next block's prefetch).
+      block_range_.close();
+      if (ranges_enabled())
+        block_range_.open(backward ? NvtxCategory::kBackward : NvtxCategory::kForward,
+                          (backward ? "backward " : "forward ") + block_name(b), idx());
       if (e_.opt.stage == 3) {
         if (pos_ > 0 && S[pos_ - 1].block != b && !S[pos_ - 1].keep) release(S[pos_ - 1].block);
         gather(b);
         d_.compute().wait(*block(b).gathered_ready);
         const int limit = static_cast<int>(forward_only_ ? e_.forward_visits : S.size());
-        if (pos_ + 1 < limit) gather(S[pos_ + 1].block);  // prefetch
+        if (pos_ + 1 < limit) gather(S[pos_ + 1].block, /*prefetch=*/true);
       }
       open_compute_span(b, backward);
       ++pos_;
@@ -197,29 +231,17 @@ struct ZeroEngine::Impl {
     int micro_ = 0, pos_ = 0;
     bool forward_only_ = false;
     std::shared_ptr<double> span_start_;
+    OptionalNvtxRange block_range_;  // forward/backward range of the block being issued
     TraceSpan::Kind span_kind_ = TraceSpan::kForward;
     int span_block_ = 0;
   };
 
-  struct Visit {
-    int block;
-    bool backward;
-    bool keep;  // stage 3: keep the gathered block after this visit (used again in this forward)
-  };
 
   Impl(const Model& m, std::vector<Device*> devs, Communicator& c, const ZeroOptions& o)
       : model(m), devices(std::move(devs)), comm(c), opt(o) {
     ZT_REQUIRE(opt.stage >= 0 && opt.stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", opt.stage);
     ZT_CHECK(comm.world() == static_cast<int>(devices.size()), "communicator and engine disagree on the world size");
-    // Visit schedule: forward then backward; a block seen again later in the forward (a tied
-    // embedding) stays gathered until then, and the forward's last block is the backward's first.
-    const auto fwd = model.forward_order(), bwd = model.backward_order();
-    for (size_t i = 0; i < fwd.size(); ++i) {
-      bool keep = std::find(fwd.begin() + static_cast<long>(i) + 1, fwd.end(), fwd[i]) != fwd.end();
-      schedule.push_back({fwd[i], false, keep});
-    }
-    forward_visits = schedule.size();
-    for (int b : bwd) schedule.push_back({b, true, false});
+    schedule = make_schedule(model, &forward_visits);
 
     const ParamLayout& L = model.layout();
     const int N = static_cast<int>(devices.size());
@@ -233,14 +255,12 @@ struct ZeroEngine::Impl {
         Block blk;
         blk.numel = L.block(b).numel;
         blk.shard = shard_range(blk.numel, r, N);
-        const int64_t full = blk.shard.padded_numel, shard = blk.shard.shard_numel;
-        const auto B = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
-        blk.params = DeviceBuffer(d.memory(), B(opt.stage == 3 ? shard : full), s, "parameters");
-        blk.grads = DeviceBuffer(d.memory(), B(opt.stage >= 2 ? shard : full), s, "gradients");
-        if (opt.stage <= 1 && opt.micro_batches > 1) blk.acc = DeviceBuffer(d.memory(), B(shard), s, "gradients");
-        const int64_t mom = opt.stage == 0 ? full : shard;
-        blk.m = DeviceBuffer(d.memory(), B(mom), s, "optimizer state");
-        if (!opt.sgd) blk.v = DeviceBuffer(d.memory(), B(mom), s, "optimizer state");
+        const BlockBufferBytes sz = blk.sizes = block_buffer_bytes(blk.numel, N, opt);
+        blk.params = DeviceBuffer(d.memory(), sz.params, s, "parameters");
+        blk.grads = DeviceBuffer(d.memory(), sz.grads, s, "gradients");
+        if (sz.acc) blk.acc = DeviceBuffer(d.memory(), sz.acc, s, "gradients");
+        blk.m = DeviceBuffer(d.memory(), sz.m, s, "optimizer state");
+        if (sz.v) blk.v = DeviceBuffer(d.memory(), sz.v, s, "optimizer state");
         blk.gathered_ready = d.create_event();
         rank->blocks.push_back(std::move(blk));
       }
@@ -380,6 +400,7 @@ void ZeroEngine::optimizer_step(int rank, const OptimizerStep& st) {
   const int idx = d.index();
   const int stage = impl_->opt.stage;
   const ParamLayout& L = impl_->model.layout();
+  const NvtxRange range(NvtxCategory::kOptimizer, "optimizer", idx);
   R.record_comm_and_wait(s);
 
   if (stage == 0) {
@@ -390,7 +411,8 @@ void ZeroEngine::optimizer_step(int rank, const OptimizerStep& st) {
       float* acc = R.accumulator(blk);
       float* region = blk.grads.as<float>() + blk.shard.begin;
       if (acc != region) s.copy(region, acc, static_cast<size_t>(blk.shard.shard_numel) * 4);
-      impl_->comm.all_gather(rank, f32(blk.grads.as<float>(), blk.shard.padded_numel, idx), &s);
+      impl_->comm.all_gather(rank, f32(blk.grads.as<float>(), blk.shard.padded_numel, idx), &s,
+                             impl_->model.layout().block(static_cast<int>(b)).name);
     }
     R.record_comm_and_wait(s);
   }
@@ -420,9 +442,84 @@ void ZeroEngine::optimizer_step(int rank, const OptimizerStep& st) {
     }
   }
   if (stage == 1 || stage == 2) {
-    for (auto& blk : R.blocks)
-      impl_->comm.all_gather(rank, f32(blk.params.as<float>(), blk.shard.padded_numel, idx), &s);
+    for (size_t b = 0; b < R.blocks.size(); ++b)
+      impl_->comm.all_gather(rank, f32(R.blocks[b].params.as<float>(), R.blocks[b].shard.padded_numel, idx), &s,
+                             L.block(static_cast<int>(b)).name);
   }
+}
+
+BlockBufferBytes ZeroEngine::block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt) {
+  const ShardRange sh = shard_range(numel, 0, world);
+  const int64_t full = sh.padded_numel, shard = sh.shard_numel;
+  const auto B = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+  BlockBufferBytes b;
+  b.params = B(opt.stage == 3 ? shard : full);
+  b.grads = B(opt.stage >= 2 ? shard : full);
+  b.acc = opt.stage <= 1 && opt.micro_batches > 1 ? B(shard) : 0;
+  const int64_t mom = opt.stage == 0 ? full : shard;
+  b.m = B(mom);
+  b.v = opt.sgd ? 0 : B(mom);
+  b.bucket = opt.stage >= 2 ? B(full) : 0;
+  b.gathered = opt.stage == 3 ? B(full) : 0;
+  return b;
+}
+
+EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const ZeroOptions& opt) {
+  ZT_REQUIRE(opt.stage >= 0 && opt.stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", opt.stage);
+  const ParamLayout& L = model.layout();
+  EngineMemoryPlan plan;
+  std::vector<BlockBufferBytes> sizes;
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    const BlockBufferBytes sz = block_buffer_bytes(L.block(b).numel, world, opt);
+    sizes.push_back(sz);
+    for (size_t n : {sz.params, sz.grads, sz.acc, sz.m, sz.v})
+      if (n) plan.resident.push_back(n);
+    plan.state.params += sz.params;
+    plan.state.grads += sz.grads + sz.acc;
+    plan.state.optimizer += sz.m + sz.v;
+  }
+  // Walk the hooks of one micro-batch as Rank::visit / before_backward / after_backward /
+  // end_micro do, keeping the live set with the most pool bytes.
+  size_t forward_visits = 0;
+  const std::vector<Visit> S = make_schedule(model, &forward_visits);
+  auto walk = [&](bool forward_only) {
+    std::vector<int> gathered, buckets;
+    std::vector<PlannedBuffer> best;
+    size_t best_bytes = 0;
+    auto note = [&] {
+      std::vector<PlannedBuffer> live;
+      size_t total = 0;
+      for (int b : gathered) live.push_back({sizes[static_cast<size_t>(b)].gathered, true});
+      for (int b : buckets) live.push_back({sizes[static_cast<size_t>(b)].bucket, false});
+      for (const auto& p : live) total += pool_rounded_size(p.bytes);
+      if (total > best_bytes) best_bytes = total, best = std::move(live);
+    };
+    auto has = [](const std::vector<int>& v, int b) { return std::find(v.begin(), v.end(), b) != v.end(); };
+    auto drop = [](std::vector<int>& v, int b) { v.erase(std::remove(v.begin(), v.end(), b), v.end()); };
+    const size_t limit = forward_only ? forward_visits : S.size();
+    for (size_t pos = 0; pos < limit; ++pos) {
+      const int b = S[pos].block;
+      if (opt.stage == 3) {
+        if (pos > 0 && S[pos - 1].block != b && !S[pos - 1].keep) drop(gathered, S[pos - 1].block);
+        if (!has(gathered, b)) gathered.push_back(b), note();
+        if (pos + 1 < limit && !has(gathered, S[pos + 1].block)) gathered.push_back(S[pos + 1].block), note();
+      }
+      if (S[pos].backward && opt.stage >= 2) {
+        if (!has(buckets, b)) buckets.push_back(b), note();
+        bool last = true;
+        for (size_t q = pos + 1; q < S.size(); ++q) last = last && S[q].block != b;
+        if (last) drop(buckets, b);  // after_backward
+      }
+    }
+    return best;
+  };
+  plan.train_peak = walk(false);
+  plan.forward_peak = walk(true);
+  return plan;
+}
+
+ModelStateBytes ZeroEngine::planned_model_state_bytes(const Model& model, int world, const ZeroOptions& opt) {
+  return plan_memory(model, world, opt).state;
 }
 
 ModelStateBytes ZeroEngine::model_state_bytes(int rank) const {
@@ -441,6 +538,8 @@ ModelStateBytes ZeroEngine::model_state_bytes(int rank) const {
 namespace zt {
 
 void ZeroEngine::set_tracing(bool on) { impl_->tracing = on; }
+
+std::chrono::steady_clock::time_point ZeroEngine::trace_origin() const { return impl_->t0; }
 
 std::vector<TraceSpan> ZeroEngine::take_trace() {
   for (Device* d : impl_->devices) d->synchronize();

@@ -20,6 +20,7 @@
 //   gradient-shard accumulator.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -48,6 +49,30 @@ struct OptimizerStep {
 struct ModelStateBytes {
   size_t params = 0, grads = 0, optimizer = 0;
   size_t total() const { return params + grads + optimizer; }
+};
+
+// The buffers the engine allocates for one block on one rank (bytes; 0 = not allocated). The
+// constructor allocates exactly these, and memory plans (train/plan.h) are computed from them, so
+// prediction and allocation cannot drift apart. Equal on every rank (shards are padded).
+struct BlockBufferBytes {
+  size_t params = 0, grads = 0, acc = 0, m = 0, v = 0;  // resident for the engine's lifetime
+  size_t bucket = 0;    // stages 2-3: full gradient of the running micro-batch, during the block's backward
+  size_t gathered = 0;  // stage 3: full parameters, while the block (or the prefetched next) is in use
+};
+
+// One transient buffer live at the engine's transient peak.
+struct PlannedBuffer {
+  size_t bytes = 0;
+  bool comm_stream = false;  // allocated for the comm stream (stage-3 gathers), else compute
+};
+
+// Per-rank memory of an engine, predicted without devices.
+struct EngineMemoryPlan {
+  std::vector<size_t> resident;  // every resident buffer, in allocation order (bytes)
+  ModelStateBytes state;         // their sum by kind: what model_state_bytes(r) reports
+  // Transient buffers live at once at the peak (pool blocks, pool_rounded_size) of a training
+  // micro-batch and of a forward-only pass (evaluation, sampling).
+  std::vector<PlannedBuffer> train_peak, forward_peak;
 };
 
 // One interval of work on a device stream, timed on the host when the stream reached it (CPU
@@ -90,11 +115,22 @@ class ZeroEngine {
 
   ModelStateBytes model_state_bytes(int rank) const;
 
+  // What one block's buffers take on one rank of `world`.
+  static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
+  // What an engine of this model on `world` ranks allocates per rank: resident buffers, and the
+  // transient ones live at the peak, from walking the model's declared visit order exactly as the
+  // engine's hooks do (assumes, as GPT and MLP do, that a block's after_backward follows its last
+  // backward visit before the next visit).
+  static EngineMemoryPlan plan_memory(const Model& model, int world, const ZeroOptions& opt);
+  static ModelStateBytes planned_model_state_bytes(const Model& model, int world, const ZeroOptions& opt);
+
   // Records compute spans (forward/backward of each block) and comm spans (reduce-scatter of each
   // gradient bucket, stage-3 gathers) as the streams reach them. Off by default (host callbacks
   // cost a little).
   void set_tracing(bool on);
   std::vector<TraceSpan> take_trace();
+  // The host clock instant TraceSpan times count from (to merge spans into a wider timeline).
+  std::chrono::steady_clock::time_point trace_origin() const;
 
  private:
   struct Impl;

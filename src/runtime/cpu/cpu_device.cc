@@ -56,6 +56,14 @@ static CpuEvent& as_cpu_event(const Event& e) {
 
 // ---- CpuStream --------------------------------------------------------------
 
+namespace {
+std::atomic<StreamTaskObserver*> g_task_observer{nullptr};
+}  // namespace
+
+StreamTaskObserver* set_stream_task_observer(StreamTaskObserver* observer) {
+  return g_task_observer.exchange(observer, std::memory_order_acq_rel);
+}
+
 CpuStream::CpuStream(CpuDevice& device, int id, StreamPriority /*priority*/)
     : device_(device), id_(id), worker_([this] { run(); }) {}
 
@@ -70,10 +78,10 @@ CpuStream::~CpuStream() {
 
 Device& CpuStream::device() { return device_; }
 
-void CpuStream::push(std::function<void()> fn, bool control) {
+void CpuStream::push(std::function<void()> fn, bool control, const char* name) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Task{std::move(fn), control});
+    queue_.push_back(Task{std::move(fn), control, name});
     ++submitted_;
   }
   cv_work_.notify_one();
@@ -91,11 +99,14 @@ void CpuStream::run() {
       queue_.pop_front();
     }
     if (task.control || !device_.failed()) {
+      StreamTaskObserver* observer = task.control ? nullptr : g_task_observer.load(std::memory_order_acquire);
+      const auto start = observer ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
         task.fn();
       } catch (...) {
         device_.set_error(std::current_exception(), device_.name() + " stream " + std::to_string(id_));
       }
+      if (observer) observer->on_task(device_.index(), id_, task.name, start, std::chrono::steady_clock::now());
     }
     task.fn = nullptr;  // release captured state before reporting completion
     {
@@ -142,19 +153,21 @@ void CpuStream::wait(const Event& event) {
 void CpuStream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   ZT_CHECK(dst && src, "copy of ", bytes, " bytes with a null pointer on ", device_.name());
-  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "copy");
 }
 
 void CpuStream::copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) {
   ZT_CHECK(dst_device.backend() == Backend::kCpu, "peer copy from ", device_.name(), " to ",
            dst_device.name(), ": backends differ");
-  copy(dst, src, bytes);
+  if (bytes == 0) return;
+  ZT_CHECK(dst && src, "peer copy of ", bytes, " bytes with a null pointer on ", device_.name());
+  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "copy_peer");
 }
 
 void CpuStream::memset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
   ZT_CHECK(dst, "memset of ", bytes, " bytes on a null pointer on ", device_.name());
-  enqueue([dst, value, bytes] { std::memset(dst, value, bytes); });
+  enqueue([dst, value, bytes] { std::memset(dst, value, bytes); }, "memset");
 }
 
 // ---- CpuDevice --------------------------------------------------------------

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -22,6 +23,19 @@
 namespace zt::cpu {
 
 class CpuDevice;
+
+// Sees every task a CPU stream runs (the --trace timeline): called on the stream's worker right
+// after the task, with the host clock at its start and end. Event records and waits are not
+// reported. Must be thread-safe (every worker calls it).
+class StreamTaskObserver {
+ public:
+  virtual ~StreamTaskObserver() = default;
+  virtual void on_task(int device, int stream, const char* name, std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end) = 0;
+};
+// Process-wide; none by default (then a task costs one atomic load more). Install before the
+// devices are created and remove after they are destroyed. Returns the previous observer.
+StreamTaskObserver* set_stream_task_observer(StreamTaskObserver* observer);
 
 // One record() of an event: completes when the stream's worker reaches it.
 class Marker {
@@ -64,11 +78,12 @@ class CpuStream final : public Stream {
   void copy(void* dst, const void* src, size_t bytes) override;
   void copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) override;
   void memset(void* dst, int value, size_t bytes) override;
-  void host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void host_func(std::function<void()> fn) override { enqueue(std::move(fn), "host_func"); }
   void* native_handle() override { return nullptr; }
 
-  // Adds work to the queue. Kernels of the CPU backend launch through this.
-  void enqueue(std::function<void()> fn) { push(std::move(fn), /*control=*/false); }
+  // Adds work to the queue. Kernels of the CPU backend launch through this. name: a string
+  // literal (it is kept, not copied) naming the task on the trace timeline.
+  void enqueue(std::function<void()> fn, const char* name = "op") { push(std::move(fn), /*control=*/false, name); }
   // Waits for the queue to drain without rethrowing device errors (teardown).
   void drain();
 
@@ -76,8 +91,9 @@ class CpuStream final : public Stream {
   struct Task {
     std::function<void()> fn;
     bool control;  // event records/waits run even on a failed device, so no waiter hangs
+    const char* name;
   };
-  void push(std::function<void()> fn, bool control);
+  void push(std::function<void()> fn, bool control, const char* name = "control");
   void run();
 
   CpuDevice& device_;

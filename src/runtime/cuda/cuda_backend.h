@@ -15,6 +15,10 @@ namespace zt::cuda {
 // Queries the driver/runtime without failing: no GPU, no driver, too old a driver -> usable=false.
 CudaAvailability query_availability();
 
+// cudaProfilerStart / cudaProfilerStop; errors are ignored (the profiler is optional).
+void profiler_start();
+void profiler_stop();
+
 // One logical device per entry of `ordinals` (repeats allowed: logical devices sharing a GPU).
 // Enables peer access between distinct physical GPUs where cudaDeviceCanAccessPeer allows.
 std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& ordinals);

@@ -28,6 +28,8 @@
 #include <string>
 #include <utility>
 
+#include <cuda_profiler_api.h>
+
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
@@ -570,6 +572,9 @@ void CudaStream::host_func(std::function<void()> fn) {
 }  // namespace
 
 // ---- public entry points ----------------------------------------------------------------------
+
+void profiler_start() { ignore_error(cudaProfilerStart()); }
+void profiler_stop() { ignore_error(cudaProfilerStop()); }
 
 CudaAvailability query_availability() {
   CudaAvailability result;

@@ -1,0 +1,396 @@
+// Memory plan: per-device bytes of a training run from the sizing functions of the engine
+// (ZeroEngine::plan_memory), the model (workspace_bytes), the communicator (planned_buffer_bytes)
+// and the pool (pool_rounded_size and segment rules), plus the trainer's batch buffers; then the
+// verdict and the cheapest change that fits.
+//
+// What the device must hold is predicted as the pool's reserved bytes at the peak: every block
+// rounded as the pool rounds it, small blocks packed into small-pool segments per stream, large
+// blocks in segments rounded to the large-pool granularity (what the pool's out-of-memory fallback
+// reserves when memory is tight). The trainer's allocations mirrored here (keep in step with
+// train/trainer.cc): per rank a workspace(B, T), inputs and targets of one micro-batch, one float
+// per block for gradient-norm partials, and a workspace(1, T) for sampling (GPT).
+// Not modelled: CUDA's sum_squares workspace (a few KiB, allocated when no transient is live), and
+// the pool handing out a whole large free block when the tail would be <= 1 MiB (depends on the
+// allocation order; under 1% on the tested runs).
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "memory/caching_allocator.h"
+#include "model/model.h"
+#include "runtime/runtime.h"
+#include "zero/engine.h"
+
+namespace zt {
+
+namespace {
+
+// The CPU backend simulates up to this many devices (runtime/device_spec.cc).
+constexpr int kMaxCpuPlanDevices = 64;
+
+struct Alloc {
+  size_t bytes;
+  bool comm_stream;
+  bool engine_transient = false;  // a stage 2/3 bucket or gathered block (freed and re-allocated)
+};
+
+// Small-pool segments for these blocks of one stream: first-fit decreasing into segments of
+// pool_small_segment_bytes() (the pool never splits a block across segments, so blocks near 1 MiB
+// leave holes that count).
+size_t small_segments_bytes(std::vector<size_t> rounded) {
+  const size_t seg = pool_small_segment_bytes();
+  std::sort(rounded.rbegin(), rounded.rend());
+  std::vector<size_t> room;
+  for (size_t r : rounded) {
+    auto it = std::find_if(room.begin(), room.end(), [r](size_t free) { return free >= r; });
+    if (it == room.end())
+      room.push_back(seg - r);
+    else
+      *it -= r;
+  }
+  return room.size() * seg;
+}
+
+// Reserved bytes of a run: resident blocks plus, for each pool, the phase that needs the most, plus
+// a fragmentation allowance for large transients.
+// Small-pool segments stay reserved once a transient freed a hole in them (only a segment with no
+// live block can be released), so the small pool is sized for the resident blocks with the largest
+// phase's small transients; large blocks get segments rounded to the large granularity.
+size_t reserved_bytes(const std::vector<Alloc>& resident, const std::vector<std::vector<Alloc>>& phases) {
+  auto split = [](const std::vector<Alloc>& v, std::vector<size_t>& compute, std::vector<size_t>& comm, size_t& large) {
+    for (const Alloc& a : v) {
+      const size_t r = pool_rounded_size(a.bytes);
+      if (r == 0) continue;
+      if (pool_is_small(r))
+        (a.comm_stream ? comm : compute).push_back(r);
+      else
+        large += pool_large_segment_bytes(r);
+    }
+  };
+  std::vector<size_t> compute, comm;
+  size_t large = 0;
+  split(resident, compute, comm, large);
+  size_t best_small = 0, best_large = 0, largest = 0;
+  for (const auto& phase : phases) {
+    std::vector<size_t> c = compute, m = comm;
+    size_t l = 0;
+    split(phase, c, m, l);
+    best_small = std::max(best_small, small_segments_bytes(c) + small_segments_bytes(m));
+    best_large = std::max(best_large, l);
+    for (const Alloc& a : phase)
+      if (a.engine_transient && !pool_is_small(pool_rounded_size(a.bytes)))
+        largest = std::max(largest, pool_large_segment_bytes(pool_rounded_size(a.bytes)));
+  }
+  // Freed transients' cached segments get split by smaller transients (a layer gathered into the
+  // embedding's freed segment), so re-allocating the largest one may need a fresh segment while the
+  // split ones are still partly live: one more segment of the largest large transient.
+  return large + best_small + best_large + largest;
+}
+
+size_t sum_rounded(const std::vector<Alloc>& live) {
+  size_t n = 0;
+  for (const Alloc& a : live) n += pool_rounded_size(a.bytes);
+  return n;
+}
+
+size_t device_memory(const PlanInputs& in, int d) {
+  if (in.device_memory.empty()) return 0;
+  return in.device_memory[std::min(static_cast<size_t>(d), in.device_memory.size() - 1)];
+}
+
+}  // namespace
+
+std::string format_plan_bytes(size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1u << 30));
+  else if (bytes >= (size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1u << 20));
+  else if (bytes >= (size_t{1} << 10))
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1u << 10));
+  else
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  return buf;
+}
+
+size_t parse_memory_size(const std::string& text, const std::string& flag) {
+  auto bad = [&]() -> size_t {
+    ZT_THROW(ErrorKind::kInvalidArgument, flag, " '", text,
+             "' is not a memory size; write a number with an optional unit, e.g. 16GiB, 512MiB or 2GB");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return bad();
+  double v = 0;
+  try {
+    size_t used = 0;
+    v = std::stod(text.substr(0, i), &used);
+    if (used != i) return bad();
+  } catch (...) {
+    return bad();
+  }
+  std::string unit = text.substr(i);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  std::string u;
+  for (char c : unit) u.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  double mul = 0;
+  if (u.empty() || u == "b") mul = 1;
+  else if (u == "k" || u == "kib") mul = 1024.0;
+  else if (u == "m" || u == "mib") mul = 1024.0 * 1024;
+  else if (u == "g" || u == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (u == "t" || u == "tib") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (u == "kb") mul = 1e3;
+  else if (u == "mb") mul = 1e6;
+  else if (u == "gb") mul = 1e9;
+  else if (u == "tb") mul = 1e12;
+  else return bad();
+  const double bytes = v * mul;
+  if (!(bytes >= 1) || bytes > 1e18) return bad();
+  return static_cast<size_t>(bytes);
+}
+
+MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
+  ZT_REQUIRE(in.devices >= 1, "the plan needs at least one device, got ", in.devices);
+  ZT_REQUIRE(in.zero_stage >= 0 && in.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", in.zero_stage);
+  ZT_REQUIRE(in.micro_batch >= 1 && in.seq_len >= 1 && in.micro_batches >= 1, "micro-batch ", in.micro_batch,
+             ", sequence length ", in.seq_len, " and accumulation ", in.micro_batches, " must all be at least 1");
+  const bool gpt = mc.kind == ModelKind::kGpt;
+  ZT_REQUIRE(!gpt || in.seq_len <= mc.seq_len, "sequence length ", in.seq_len, " is above the model's context of ",
+             mc.seq_len, " tokens; raise --seq-len or lower --train-seq-len");
+  const auto model = make_model(mc);
+  const int N = in.devices, B = in.micro_batch, T = gpt ? in.seq_len : 1;
+  ZeroOptions zo;
+  zo.stage = in.zero_stage;
+  zo.sgd = in.sgd;
+  zo.micro_batches = in.micro_batches;
+  const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
+
+  // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring
+  // receive buffers (comm stream).
+  std::vector<Alloc> resident;
+  for (size_t b : eng.resident) resident.push_back({b, false});
+  const size_t ws = model->workspace_bytes(B, T);
+  resident.push_back({ws, false});
+  const size_t inputs = static_cast<size_t>(B) * static_cast<size_t>(gpt ? T : mc.input_dim) * 4;
+  const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
+  const size_t norms = static_cast<size_t>(model->layout().num_blocks()) * 4;
+  for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
+  const size_t comm = Communicator::planned_buffer_bytes(N);
+  for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
+
+  // Two phases: a training micro-batch, and (GPT) the end-of-run sample's forward with its own
+  // workspace next to everything resident.
+  std::vector<std::vector<Alloc>> phases;
+  auto phase_allocs = [](const std::vector<PlannedBuffer>& transients, size_t extra_ws) {
+    std::vector<Alloc> v;
+    for (const auto& t : transients) v.push_back({t.bytes, t.comm_stream, true});
+    if (extra_ws) v.push_back({extra_ws, false});
+    return v;
+  };
+  phases.push_back(phase_allocs(eng.train_peak, 0));
+  const size_t sample_ws = gpt && in.sampling ? model->workspace_bytes(1, T) : 0;
+  if (sample_ws) phases.push_back(phase_allocs(eng.forward_peak, sample_ws));
+
+  // Reported by kind at the phase with the most pool bytes in blocks.
+  DevicePlan dev;
+  for (size_t p = 0; p < phases.size(); ++p) {
+    std::vector<Alloc> live = resident;
+    live.insert(live.end(), phases[p].begin(), phases[p].end());
+    const size_t peak = sum_rounded(live);
+    if (p > 0 && peak <= dev.peak_allocated) continue;
+    dev.peak_allocated = peak;
+    dev.activations = ws + (p == 1 ? sample_ws : 0);
+    dev.transient = 0;
+    for (const auto& t : p == 1 ? eng.forward_peak : eng.train_peak) dev.transient += t.bytes;
+  }
+  dev.params = eng.state.params;
+  dev.grads = eng.state.grads;
+  dev.optimizer = eng.state.optimizer;
+  dev.comm = comm;
+  dev.batch = inputs + targets + norms;
+  dev.total = reserved_bytes(resident, phases);
+  const size_t requested =
+      dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
+  dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
+
+  MemoryPlan plan;
+  plan.inputs = in;
+  for (int r = 0; r < N; ++r) {
+    DevicePlan d = dev;
+    d.memory = device_memory(in, r);
+    plan.fits = plan.fits && d.fits();
+    plan.per_device.push_back(d);
+  }
+  return plan;
+}
+
+MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
+  MemoryPlan plan = plan_memory_only(mc, in);
+  if (plan.fits) return plan;
+  auto peak = [](const MemoryPlan& p) {
+    size_t m = 0;
+    for (const auto& d : p.per_device) m = std::max(m, d.total);
+    return m;
+  };
+  auto predicted = [&](const MemoryPlan& p) { return " (predicted " + format_plan_bytes(peak(p)) + " per device)"; };
+  PlanSuggestion& s = plan.suggestion;
+  // 1. A higher ZeRO stage: more communication at most, same math, same batch.
+  for (int st = in.zero_stage + 1; st <= 3; ++st) {
+    PlanInputs c = in;
+    c.zero_stage = st;
+    const MemoryPlan p = plan_memory_only(mc, c);
+    if (p.fits) {
+      s = {PlanSuggestion::kZeroStage, st, in.micro_batch, in.micro_batches, in.devices,
+           "use --zero-stage " + std::to_string(st) + predicted(p)};
+      return plan;
+    }
+  }
+  // 2. A smaller micro-batch with more accumulation (the same global batch, slower steps).
+  for (int b = in.micro_batch - 1; b >= 1; --b) {
+    if (in.micro_batch % b) continue;
+    PlanInputs c = in;
+    c.micro_batch = b;
+    c.micro_batches = in.micro_batches * (in.micro_batch / b);
+    const MemoryPlan p = plan_memory_only(mc, c);
+    if (p.fits) {
+      s = {PlanSuggestion::kMicroBatch, in.zero_stage, b, c.micro_batches, in.devices,
+           "use --micro-batch-size " + std::to_string(b) + " (" + std::to_string(c.micro_batches) +
+               " accumulation steps, same global batch)" + predicted(p)};
+      return plan;
+    }
+  }
+  // 3. More devices (those that exist), keeping the global batch.
+  const long global = static_cast<long>(in.devices) * in.micro_batch * in.micro_batches;
+  auto more_devices = [&](int stage, PlanSuggestion::Kind kind) {
+    for (int n = in.devices + 1; n <= in.max_devices; ++n) {
+      if (global % n) continue;
+      const int per = static_cast<int>(global / n);
+      int b = std::min(in.micro_batch, per);
+      while (per % b) --b;
+      PlanInputs c = in;
+      c.devices = n;
+      c.zero_stage = stage;
+      c.micro_batch = b;
+      c.micro_batches = per / b;
+      c.device_memory.clear();
+      for (int r = 0; r < n; ++r) c.device_memory.push_back(device_memory(in, r));
+      const MemoryPlan p = plan_memory_only(mc, c);
+      if (p.fits) {
+        std::string text = "run on " + std::to_string(n) + " devices";
+        if (stage != in.zero_stage) text += " at --zero-stage " + std::to_string(stage);
+        if (b != in.micro_batch) text += " with --micro-batch-size " + std::to_string(b);
+        s = {kind, stage, b, c.micro_batches, n, text + " (same global batch)" + predicted(p)};
+        return true;
+      }
+    }
+    return false;
+  };
+  if (more_devices(in.zero_stage, PlanSuggestion::kDevices)) return plan;
+  // 4. Both: stage 3 and the largest micro-batch that fits, then stage 3 on more devices.
+  if (in.zero_stage < 3) {
+    for (int b = in.micro_batch - 1; b >= 1; --b) {
+      if (in.micro_batch % b) continue;
+      PlanInputs c = in;
+      c.zero_stage = 3;
+      c.micro_batch = b;
+      c.micro_batches = in.micro_batches * (in.micro_batch / b);
+      const MemoryPlan p = plan_memory_only(mc, c);
+      if (p.fits) {
+        s = {PlanSuggestion::kCombined, 3, b, c.micro_batches, in.devices,
+             "use --zero-stage 3 with --micro-batch-size " + std::to_string(b) + " (" +
+                 std::to_string(c.micro_batches) + " accumulation steps, same global batch)" + predicted(p)};
+        return plan;
+      }
+    }
+    if (more_devices(3, PlanSuggestion::kCombined)) return plan;
+  }
+  PlanInputs c = in;
+  c.zero_stage = 3;
+  c.micro_batch = 1;
+  c.micro_batches = in.micro_batches * in.micro_batch;
+  const MemoryPlan p = plan_memory_only(mc, c);
+  s = {PlanSuggestion::kNothing, 3, 1, c.micro_batches, in.devices,
+       "even ZeRO stage 3 with micro-batch 1 needs " + format_plan_bytes(peak(p)) +
+           " per device; use a smaller model or a shorter --train-seq-len, or devices with more memory"};
+  return plan;
+}
+
+std::string MemoryPlan::verdict() const {
+  if (fits) return "";
+  size_t need = 0, have = 0, short_by = 0;
+  int worst = 0;
+  for (size_t r = 0; r < per_device.size(); ++r) {
+    const DevicePlan& d = per_device[r];
+    if (!d.fits() && d.total - d.memory > short_by)
+      short_by = d.total - d.memory, need = d.total, have = d.memory, worst = static_cast<int>(r);
+  }
+  std::ostringstream os;
+  os << "the run does not fit: at ZeRO stage " << inputs.zero_stage << " with micro-batch " << inputs.micro_batch
+     << " it needs " << format_plan_bytes(need) << " on device " << worst << ", which has " << format_plan_bytes(have)
+     << "; cheapest fix: " << suggestion.text;
+  return os.str();
+}
+
+std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
+  const PlanInputs& in = plan.inputs;
+  std::ostringstream os;
+  const auto model = make_model(mc);
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, micro-batch %d x %d, "
+                "%d micro-batch%s per step\n",
+                mc.describe().c_str(), static_cast<double>(model->layout().total_parameters()) / 1e6, in.devices,
+                in.devices == 1 ? "" : "s", in.zero_stage, in.sgd ? "SGD" : "AdamW", in.micro_batch,
+                mc.kind == ModelKind::kGpt ? in.seq_len : 1, in.micro_batches, in.micro_batches == 1 ? "" : "es");
+  os << head;
+  const char* cols[] = {"device", "params", "grads", "optimizer", "activations", "comm", "transient", "batch",
+                        "pool", "total", "memory", "fits"};
+  char line[512];
+  std::snprintf(line, sizeof line, "%-7s %10s %10s %10s %11s %9s %10s %9s %9s %10s %10s %5s\n", cols[0], cols[1],
+                cols[2], cols[3], cols[4], cols[5], cols[6], cols[7], cols[8], cols[9], cols[10], cols[11]);
+  os << line;
+  const auto F = format_plan_bytes;
+  for (size_t r = 0; r < plan.per_device.size(); ++r) {
+    const DevicePlan& d = plan.per_device[r];
+    std::snprintf(line, sizeof line, "%-7zu %10s %10s %10s %11s %9s %10s %9s %9s %10s %10s %5s\n", r,
+                  F(d.params).c_str(), F(d.grads).c_str(), F(d.optimizer).c_str(), F(d.activations).c_str(),
+                  F(d.comm).c_str(), F(d.transient).c_str(), F(d.batch).c_str(), F(d.pool_overhead).c_str(),
+                  F(d.total).c_str(), d.memory ? F(d.memory).c_str() : "-", d.fits() ? "yes" : "NO");
+    os << line;
+  }
+  if (plan.fits) {
+    os << "verdict: fits (predicted pool peak " << F(plan.per_device[0].peak_allocated) << " in blocks, "
+       << F(plan.per_device[0].total) << " reserved per device)\n";
+  } else {
+    os << "verdict: " << plan.verdict() << "\n";
+  }
+  return os.str();
+}
+
+int available_devices(Runtime& rt) {
+  if (rt.backend() == Backend::kCpu) return std::max(rt.size(), kMaxCpuPlanDevices);
+  const CudaAvailability cuda = cuda_availability();
+  return std::max(rt.size(), cuda.usable ? cuda.device_count : 0);
+}
+
+MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& partial) {
+  PlanInputs in = partial;
+  in.devices = rt.size();
+  in.device_memory.clear();
+  for (int r = 0; r < rt.size(); ++r) in.device_memory.push_back(rt.device(r).total_memory());
+  in.max_devices = available_devices(rt);
+  return plan_memory(model, in);
+}
+
+void require_fits(const MemoryPlan& plan) {
+  if (!plan.fits) ZT_THROW(ErrorKind::kInvalidArgument, plan.verdict());
+}
+
+}  // namespace zt

@@ -1,0 +1,79 @@
+// Memory plan ("will it fit?"): what a training run holds per device, predicted before any device
+// memory is touched, from the same functions the engine, model, communicator and pool use to size
+// their allocations; the verdict against each device's memory and, when it does not fit, the
+// cheapest change that does. `zerotrain plan` prints it; `train` refuses a run it rejects.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace zt {
+
+struct PlanInputs {
+  int devices = 1;
+  std::vector<size_t> device_memory;  // bytes each device's pool may reserve (one entry per device, or one for all)
+  int zero_stage = 2;
+  int micro_batch = 1;     // per device (B)
+  int seq_len = 1;         // tokens per training sequence (T); 1 for the MLP
+  bool sgd = false;        // optimizer: SGD (one moment) or AdamW (two)
+  int micro_batches = 1;   // per step (gradient accumulation)
+  bool sampling = false;   // GPT: a 1 x T sampling workspace is allocated (end-of-run sample)
+  int max_devices = 0;     // devices that exist (for the "more devices" suggestion); 0 = devices
+};
+
+// Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).
+struct DevicePlan {
+  size_t params = 0, grads = 0, optimizer = 0;
+  size_t activations = 0;  // workspace(B, T) (+ the sampling workspace)
+  size_t comm = 0;         // ring receive buffers
+  size_t transient = 0;    // peak live stage 2/3 gradient buckets and stage 3 gathered blocks
+  size_t batch = 0;        // inputs, targets, per-block norm partials
+  size_t pool_overhead = 0;  // reserved minus requested: block rounding and segment granularity
+  size_t peak_allocated = 0;  // predicted pool peak in blocks (MemoryStats::peak_allocated_bytes)
+  size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory
+  size_t memory = 0;       // the device's memory
+  bool fits() const { return total <= memory; }
+};
+
+struct PlanSuggestion {
+  enum Kind { kNone, kZeroStage, kMicroBatch, kDevices, kCombined, kNothing };
+  Kind kind = kNone;
+  int zero_stage = 0, micro_batch = 0, micro_batches = 0, devices = 0;
+  std::string text;  // "use --zero-stage 3 (peak 1.20 GiB per device)"
+};
+
+struct MemoryPlan {
+  PlanInputs inputs;
+  std::vector<DevicePlan> per_device;
+  bool fits = true;
+  PlanSuggestion suggestion;  // when !fits
+  // One sentence: why it does not fit and what to change (empty when it fits).
+  std::string verdict() const;
+};
+
+// Throws zt::Error(kInvalidArgument) for inconsistent inputs (stage, sizes, device count).
+MemoryPlan plan_memory(const ModelConfig& model, const PlanInputs& in);
+// The plan of `in` alone (no search for a fix).
+MemoryPlan plan_memory_only(const ModelConfig& model, const PlanInputs& in);
+
+// Human-readable table: one row per device, then the verdict.
+std::string format_plan(const ModelConfig& model, const MemoryPlan& plan);
+// "1.50 GiB"
+std::string format_plan_bytes(size_t bytes);
+// Parses "16GiB", "512MiB", "2GB", "1.5GiB", "1048576"; throws kInvalidArgument naming `flag`.
+size_t parse_memory_size(const std::string& text, const std::string& flag = "--device-memory");
+
+// Throws zt::Error(kInvalidArgument) with plan.verdict() when the plan does not fit.
+void require_fits(const MemoryPlan& plan);
+
+class Runtime;
+// The plan of a resolved training run on rt's devices (their total_memory()); train() calls it
+// before allocating anything and refuses a run that does not fit.
+MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& in_without_devices);
+// Devices that could be used for the "more devices" suggestion on rt's backend.
+int available_devices(Runtime& rt);
+
+}  // namespace zt

@@ -1,0 +1,189 @@
+// End-of-run report: FLOPs/MFU arithmetic, the per-step phase timer, and the summary's text and
+// JSON forms. The FLOP formula and the measurement boundaries are documented in report.h.
+#include "train/report.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include "memory/caching_allocator.h"
+#include "runtime/device.h"
+
+namespace zt {
+
+double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int seq_len) {
+  const double n = static_cast<double>(parameters);
+  if (mc.kind != ModelKind::kGpt) return 6.0 * n;
+  return 6.0 * n + 12.0 * mc.layers * static_cast<double>(seq_len) * mc.embd;
+}
+
+std::optional<double> peak_fp32_flops(const std::string& device_name) {
+  if (device_name.rfind("cuda:", 0) != 0) return std::nullopt;
+  // Non-tensor-core fp32, dense, from NVIDIA's product datasheets (boost clock). The first entry
+  // whose key occurs in the name wins, so more specific names come first. The SXM parts report no
+  // form factor in their name ("NVIDIA H100 80GB HBM3"), hence the bare "H100"/"H200" = SXM.
+  static const std::pair<const char*, double> kPeaks[] = {
+      {"H200 NVL", 60e12}, {"H200", 67e12},  {"H100 PCIe", 51e12}, {"H100 NVL", 60e12},
+      {"H100", 67e12},     {"A100", 19.5e12}, {"L40S", 91.6e12},   {"V100", 15.7e12},
+  };
+  for (const auto& [key, flops] : kPeaks)
+    if (device_name.find(key) != std::string::npos) return flops;
+  return std::nullopt;
+}
+
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names) {
+  if (device_names.empty()) return std::nullopt;
+  std::set<std::string> physical;  // "cuda:0": logical devices on one GPU share its peak
+  double total = 0;
+  for (const std::string& name : device_names) {
+    const std::optional<double> p = peak_fp32_flops(name);
+    if (!p) return std::nullopt;
+    if (physical.insert(name.substr(0, name.find(' '))).second) total += *p;
+  }
+  return total;
+}
+
+std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
+                                              std::optional<double> peak_flops) {
+  if (!peak_flops || *peak_flops <= 0) return std::nullopt;
+  return flops_per_token * tokens_per_s / *peak_flops;
+}
+
+// ---- StepPhaseTimer ---------------------------------------------------------------------------
+
+StepPhaseTimer::StepPhaseTimer(int ranks) : rank_done_(static_cast<size_t>(std::max(ranks, 1)), 0.0) {}
+
+double StepPhaseTimer::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void StepPhaseTimer::begin_step() {
+  step_start_ = now();
+  std::fill(rank_done_.begin(), rank_done_.end(), step_start_);
+  gradients_ = opt_begin_ = opt_end_ = step_start_;
+}
+void StepPhaseTimer::rank_compute_done(int rank) { rank_done_.at(static_cast<size_t>(rank)) = now(); }
+void StepPhaseTimer::gradients_ready() { gradients_ = now(); }
+void StepPhaseTimer::optimizer_begin() { opt_begin_ = now(); }
+void StepPhaseTimer::optimizer_done() { opt_end_ = now(); }
+
+void StepPhaseTimer::end_step() {
+  const double end = now();
+  const double compute_end = *std::max_element(rank_done_.begin(), rank_done_.end());
+  const double compute = std::max(0.0, compute_end - step_start_);
+  const double comm = std::max(0.0, gradients_ - std::max(compute_end, step_start_));
+  const double opt = std::max(0.0, opt_end_ - opt_begin_);
+  totals_.compute += compute;
+  totals_.comm += comm;
+  totals_.optimizer += opt;
+  totals_.other += std::max(0.0, (end - step_start_) - compute - comm - opt);
+}
+
+// ---- formatting -------------------------------------------------------------------------------
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string si(double v, const char* unit) {
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
+  int p = 0;
+  while (v >= 1000 && p < 5) {
+    v /= 1000;
+    ++p;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, p ? "%.2f %s%s" : "%.0f %s%s", v, prefixes[p], unit);
+  return buf;
+}
+
+std::string hms(double s) {
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+std::string pad(const std::string& s, size_t width, bool left = false) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+}  // namespace
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+size_t max_allocated_bytes(const std::vector<Device*>& devices) {
+  size_t m = 0;
+  for (Device* d : devices) m = std::max(m, d->memory().stats().allocated_bytes);
+  return m;
+}
+
+std::string format_summary(const RunReport& r) {
+  std::string out = "summary: " + std::to_string(r.steps) + " steps in " + hms(r.seconds) + ", final loss " +
+                    fmt("%.4f", r.final_loss) + ", val loss " + fmt("%.4f", r.val_loss);
+  if (r.entropy_floor) out += " (floor " + fmt("%.4f", *r.entropy_floor) + ")";
+  if (r.accuracy) out += ", test accuracy " + fmt("%.2f%%", *r.accuracy * 100);
+  out += "\n";
+
+  const char* unit = r.per_example ? "example" : "token";
+  out += "  throughput   " + si(r.tokens_per_s, (std::string(unit) + "s/s").c_str()) + ", model " +
+         si(r.flops_per_token * r.tokens_per_s, "FLOP/s") + " (" + si(r.flops_per_token, "FLOP") + "/" + unit + ")\n";
+  out += "  MFU          ";
+  if (r.mfu)
+    out += fmt("%.1f%%", *r.mfu * 100) + " of " + si(*r.peak_flops, "FLOP/s") + " fp32 peak\n";
+  else
+    out += "n/a (peak FLOP/s of these devices unknown)\n";
+  const double total = r.phases.total();
+  auto share = [&](double s) { return fmt(s < 10 ? "%.2f s" : "%.1f s", s) + " (" + fmt("%.0f%%", total > 0 ? 100 * s / total : 0) + ")"; };
+  out += "  time split   compute " + share(r.phases.compute) + " | exposed comm " + share(r.phases.comm) +
+         " | optimizer " + share(r.phases.optimizer) + " | other " + share(r.phases.other) + "\n";
+
+  // Per-device table; the first column as wide as the longest device name.
+  size_t w = 6;
+  for (const DeviceReport& d : r.devices) w = std::max(w, d.name.size());
+  const char* heads[] = {"params", "grads", "optimizer", "activations", "comm buf", "pool peak", "sent/step"};
+  out += "  " + pad("device", w, true);
+  for (const char* h : heads) out += "  " + pad(h, 11);
+  out += "\n";
+  for (const DeviceReport& d : r.devices) {
+    out += "  " + pad(d.name, w, true);
+    for (double v : {double(d.params), double(d.grads), double(d.optimizer), double(d.activations),
+                     double(d.comm_buffers), double(d.pool_peak), double(d.sent_per_step)})
+      out += "  " + pad(format_bytes(v), 11);
+    out += "\n";
+  }
+  return out;
+}
+
+nlohmann::json report_json(const RunReport& r) {
+  nlohmann::json j;
+  j["flops_per_token"] = r.flops_per_token;
+  j["peak_flops"] = r.peak_flops ? nlohmann::json(*r.peak_flops) : nlohmann::json(nullptr);
+  j["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
+  j["time_split"] = {{"compute_s", r.phases.compute},
+                     {"comm_s", r.phases.comm},
+                     {"optimizer_s", r.phases.optimizer},
+                     {"other_s", r.phases.other}};
+  return j;
+}
+
+}  // namespace zt

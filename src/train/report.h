@@ -1,0 +1,110 @@
+// End-of-run report: model FLOPs per token and MFU, the host-measured split of step time into
+// compute / exposed communication / optimizer, per-device memory, and their text/JSON forms.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace zt {
+
+class Device;
+
+// Training FLOPs (forward + backward) per token, the PaLM (Chowdhery et al. 2022, appendix B) /
+// nanoGPT convention: 6*N for the matrix products of N parameters (2 forward, 4 backward; N counts
+// every parameter, embeddings included, as llm.c and nanoGPT do) plus 12*L*T*C for attention
+// scores and their weighted sum (L layers, T tokens of context, C width). The attention term counts
+// the full T x T score matrix, not its causal half (llm.c's later 6*L*T*C does); element-wise ops
+// (layernorm, GELU, softmax, AdamW) are not counted. MLP: 6*N per example (no attention).
+double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int seq_len);
+
+// Peak dense fp32 FLOP/s (CUDA cores, no tensor cores: the CUDA backend runs cuBLAS with
+// CUBLAS_COMPUTE_32F and no TF32) of one GPU, from NVIDIA's datasheet figure for its name as the
+// runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown, and for CPU devices.
+std::optional<double> peak_fp32_flops(const std::string& device_name);
+// Sum over the distinct physical GPUs behind the devices (logical devices sharing one GPU count
+// once); nullopt when any device's peak is unknown.
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names);
+// Achieved model FLOP/s over the peak; nullopt when the peak is unknown.
+std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
+                                              std::optional<double> peak_flops);
+
+// Seconds of training steps, split by what the host was waiting for (see StepPhaseTimer).
+struct PhaseTimes {
+  double compute = 0;    // forward/backward issue + waiting for the compute streams
+  double comm = 0;       // after the last backward, waiting for the gradient reductions to land
+  double optimizer = 0;  // optimizer_step issue + its compute stream finishing
+  double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
+  double total() const { return compute + comm + optimizer + other; }
+};
+
+// Measures PhaseTimes on the host, once per step. Boundaries (all host clock):
+//   begin_step ........ rank_compute_done(r) : compute (the slowest rank). Each micro-batch ends
+//        with a host sync on the loss, so this covers issue and execution of forward/backward,
+//        including any collective the compute stream had to wait for mid-step (a stage-3 gather
+//        not hidden by prefetch, the previous step's parameter all-gather).
+//   ... gradients_ready : exposed communication: every rank's gradient-norm partials need every
+//        gradient reduce-scatter finished; the time past the last backward is the reduction tail
+//        that backward did not hide.
+//   optimizer_begin ... optimizer_done : the update, until each compute stream finished it
+//        (stage 0 includes its gradient all-gather; stages 1-2's parameter all-gather runs on the
+//        comm stream afterwards and, if not hidden, shows up in the next step's compute).
+//   the remainder of the step up to end_step : other.
+// It is an approximation: host-side, overlapped work is attributed to whichever wait ends it.
+class StepPhaseTimer {
+ public:
+  explicit StepPhaseTimer(int ranks);
+  void begin_step();
+  void rank_compute_done(int rank);  // thread-safe per rank (each rank writes its own slot)
+  void gradients_ready();
+  void optimizer_begin();
+  void optimizer_done();
+  void end_step();
+  const PhaseTimes& totals() const { return totals_; }
+
+ private:
+  double now() const;
+  double step_start_ = 0, gradients_ = 0, opt_begin_ = 0, opt_end_ = 0;
+  std::vector<double> rank_done_;
+  PhaseTimes totals_;
+};
+
+struct DeviceReport {
+  std::string name;
+  size_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0, pool_peak = 0;
+  uint64_t sent_per_step = 0;
+};
+
+struct RunReport {
+  int steps = 0;
+  double seconds = 0;        // wall clock of the loop, evaluations included
+  double train_seconds = 0;  // training steps only
+  double final_loss = 0, val_loss = 0;
+  std::optional<double> entropy_floor, accuracy;
+  bool per_example = false;  // MLP: throughput is examples/s
+  double tokens_per_s = 0;
+  double flops_per_token = 0;
+  std::optional<double> peak_flops;  // all devices together
+  std::optional<double> mfu;
+  PhaseTimes phases;
+  std::vector<DeviceReport> devices;
+};
+
+// The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
+// and per-device memory/communication.
+std::string format_summary(const RunReport& r);
+// Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
+// time_split {compute_s, comm_s, optimizer_s, other_s}.
+nlohmann::json report_json(const RunReport& r);
+
+// "12.3 MiB"
+std::string format_bytes(double bytes);
+// Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").
+size_t max_allocated_bytes(const std::vector<Device*>& devices);
+
+}  // namespace zt

@@ -1,0 +1,163 @@
+// The memory plan against real runs: predicted pool peaks within 5% of the measured ones (gpt-tiny
+// and a wider variant whose blocks take the large pool; 1, 2 and 4 devices; stages 0-3), exact
+// model-state bytes, a run that cannot fit refused before training with the cheapest fix, and that
+// fix followed fits.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/status.h"
+#include "memory/caching_allocator.h"
+#include "model/model.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace zt {
+namespace {
+
+TrainConfig short_run(const std::string& model, const ModelOverrides& o, int devices, int stage) {
+  TrainConfig c;
+  c.model = model;
+  c.overrides = o;
+  c.devices = "cpu:" + std::to_string(devices);
+  c.zero_stage = stage;
+  c.steps = 2;
+  c.batch_size = 4 * devices;
+  c.micro_batch_size = 2;  // two micro-batches per step: the stage 0/1 accumulators exist
+  c.train_seq_len = 32;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.sample_tokens = 2;
+  c.quiet = true;
+  return c;
+}
+
+PlanInputs inputs_of(const TrainConfig& c, int devices, size_t memory = 0) {
+  PlanInputs in;
+  in.devices = devices;
+  in.device_memory = {memory ? memory : size_t{1} << 40};
+  in.zero_stage = c.zero_stage;
+  in.micro_batch = c.micro_batch_size;
+  in.seq_len = c.train_seq_len;
+  in.sgd = c.optimizer == OptimizerKind::kSgd;
+  in.micro_batches = c.batch_size / devices / c.micro_batch_size;
+  in.sampling = c.sample_tokens > 0;
+  in.max_devices = 8;
+  return in;
+}
+
+struct Case {
+  const char* name;
+  ModelOverrides overrides;
+  bool sgd;
+};
+
+TEST(Plan, PoolRoundingMatchesTheAllocator) {
+  EXPECT_EQ(pool_rounded_size(0), 0u);
+  EXPECT_EQ(pool_rounded_size(1), 512u);
+  EXPECT_EQ(pool_rounded_size(512), 512u);
+  EXPECT_EQ(pool_rounded_size(513), 1024u);
+  EXPECT_TRUE(pool_is_small(size_t{1} << 20));
+  EXPECT_FALSE(pool_is_small((size_t{1} << 20) + 512));
+  EXPECT_EQ(pool_large_segment_bytes((size_t{3} << 20) + 512), size_t{4} << 20);
+  EXPECT_EQ(parse_memory_size("16GiB"), size_t{16} << 30);
+  EXPECT_EQ(parse_memory_size("512MiB"), size_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1.5G"), size_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("2GB"), size_t{2000000000});
+  EXPECT_THROW(parse_memory_size("lots"), Error);
+  EXPECT_THROW(parse_memory_size("12XB"), Error);
+}
+
+TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
+  ModelOverrides wide;  // layer blocks of ~3 MiB: large-pool blocks and 2 MiB segments
+  wide.layers = 2;
+  wide.embd = 256;
+  wide.vocab = 512;
+  const Case cases[] = {{"gpt-tiny", {}, false}, {"gpt-tiny wide, SGD", wide, true}};
+  for (const Case& k : cases) {
+    const ModelConfig mc = make_model_config("gpt-tiny", k.overrides);
+    for (int n : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        SCOPED_TRACE(std::string(k.name) + ", " + std::to_string(n) + " devices, stage " + std::to_string(stage));
+        TrainConfig c = short_run("gpt-tiny", k.overrides, n, stage);
+        if (k.sgd) c.optimizer = OptimizerKind::kSgd;
+        const MemoryPlan plan = plan_memory(mc, inputs_of(c, n));
+        ASSERT_TRUE(plan.fits);
+        const TrainResult r = train(c);
+        ASSERT_EQ(r.peak_bytes_per_device.size(), static_cast<size_t>(n));
+        for (int d = 0; d < n; ++d) {
+          const DevicePlan& p = plan.per_device[static_cast<size_t>(d)];
+          EXPECT_EQ(p.params + p.grads + p.optimizer, r.model_state_bytes_per_device[static_cast<size_t>(d)]);
+          const double measured = static_cast<double>(r.peak_bytes_per_device[static_cast<size_t>(d)]);
+          const double predicted = static_cast<double>(p.peak_allocated);
+          EXPECT_NEAR(predicted / measured, 1.0, 0.05) << "predicted " << p.peak_allocated << " measured " << measured;
+          EXPECT_GE(p.total, p.peak_allocated);
+        }
+      }
+    }
+  }
+}
+
+// A memory size between what `tight` needs and what `loose` needs.
+size_t between(const MemoryPlan& tight, const MemoryPlan& loose) {
+  return (tight.per_device[0].total + loose.per_device[0].total) / 2;
+}
+
+TEST(Plan, RefusesARunThatCannotFitAndTheFixFits) {
+  ModelOverrides wide;
+  wide.layers = 2;
+  wide.embd = 256;
+  wide.vocab = 512;
+  const ModelConfig mc = make_model_config("gpt-tiny", wide);
+  TrainConfig c = short_run("gpt-tiny", wide, 4, 0);
+  const MemoryPlan s0 = plan_memory_only(mc, inputs_of(c, 4));
+  TrainConfig c3 = c;
+  c3.zero_stage = 3;
+  const MemoryPlan s3 = plan_memory_only(mc, inputs_of(c3, 4));
+  ASSERT_LT(s3.per_device[0].total, s0.per_device[0].total);
+  c.device_memory = between(s3, s0);
+
+  const MemoryPlan plan = plan_memory(mc, inputs_of(c, 4, c.device_memory));
+  ASSERT_FALSE(plan.fits);
+  ASSERT_EQ(plan.suggestion.kind, PlanSuggestion::kZeroStage);
+  try {
+    train(c);
+    FAIL() << "a run that does not fit was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();  // refused, not out of memory
+    EXPECT_NE(e.message().find("does not fit"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("--zero-stage " + std::to_string(plan.suggestion.zero_stage)), std::string::npos)
+        << e.message();
+  }
+  c.zero_stage = plan.suggestion.zero_stage;
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.steps, 2);
+}
+
+TEST(Plan, SuggestsASmallerMicroBatchWhenStagesDoNotHelp) {
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  TrainConfig c = short_run("gpt-tiny", {}, 1, 2);
+  c.batch_size = 8;
+  c.micro_batch_size = 8;
+  TrainConfig small = c;
+  small.micro_batch_size = 2;
+  c.device_memory = between(plan_memory_only(mc, inputs_of(small, 1)), plan_memory_only(mc, inputs_of(c, 1)));
+  const MemoryPlan plan = plan_memory(mc, inputs_of(c, 1, c.device_memory));
+  ASSERT_FALSE(plan.fits);
+  ASSERT_EQ(plan.suggestion.kind, PlanSuggestion::kMicroBatch) << plan.suggestion.text;
+  try {
+    train(c);
+    FAIL() << "a run that does not fit was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();
+    EXPECT_NE(e.message().find("--micro-batch-size " + std::to_string(plan.suggestion.micro_batch)), std::string::npos)
+        << e.message();
+  }
+  c.micro_batch_size = plan.suggestion.micro_batch;
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_LE(r.peak_bytes_per_device[0], c.device_memory);
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,250 @@
+// Run output: the loss-curve SVG, the FLOP/MFU arithmetic, nearest-name suggestions, and the
+// binary's --log-format json / --plot / "did you mean" behaviour as a user meets it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/suggest.h"
+#include "model/config.h"
+#include "train/plot.h"
+#include "train/report.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Checks that every tag is closed in order (self-closing or matched), the root is <svg>, and
+// returns the names of the opening tags seen.
+bool well_formed(const std::string& xml, std::vector<std::string>* tags, std::string* why) {
+  std::vector<std::string> stack;
+  size_t pos = 0;
+  bool root_seen = false;
+  while ((pos = xml.find('<', pos)) != std::string::npos) {
+    const size_t end = xml.find('>', pos);
+    if (end == std::string::npos) return *why = "unterminated tag", false;
+    const std::string tag = xml.substr(pos + 1, end - pos - 1);
+    pos = end + 1;
+    if (tag.empty()) return *why = "empty tag", false;
+    if (tag[0] == '/') {
+      if (stack.empty() || stack.back() != tag.substr(1)) return *why = "mismatched </" + tag.substr(1) + ">", false;
+      stack.pop_back();
+      continue;
+    }
+    const std::string name = tag.substr(0, tag.find_first_of(" \n/"));
+    if (!root_seen && name != "svg") return *why = "root is <" + name + ">", false;
+    if (root_seen && stack.empty()) return *why = "content after the root", false;
+    root_seen = true;
+    tags->push_back(name);
+    if (tag.back() != '/') stack.push_back(name);
+  }
+  if (!stack.empty()) return *why = "unclosed <" + stack.back() + ">", false;
+  return root_seen;
+}
+
+// The value of attribute `attr` of the first element containing `marker`.
+std::string attribute_after(const std::string& xml, const std::string& marker, const std::string& attr) {
+  const size_t at = xml.find(marker);
+  if (at == std::string::npos) return {};
+  const size_t a = xml.find(attr + "=\"", at);
+  if (a == std::string::npos) return {};
+  const size_t b = a + attr.size() + 2;
+  return xml.substr(b, xml.find('"', b) - b);
+}
+
+TEST(Plot, SvgIsWellFormedWithOnePointPerStep) {
+  zt::LossCurve c;
+  for (int i = 0; i < 137; ++i) c.train.push_back(5.5 * std::exp(-i / 20.0) + 0.75 + 0.01 * (i % 3));
+  c.eval = {{50, 1.2}, {100, 0.9}, {137, 0.8}};
+  c.floor = 0.7497;
+  c.title = "gpt-tiny on <synthetic> & co";
+  const std::string svg = zt::loss_curve_svg(c);
+  ASSERT_EQ(svg.rfind("<svg", 0), 0u);
+  std::vector<std::string> tags;
+  std::string why;
+  ASSERT_TRUE(well_formed(svg, &tags, &why)) << why;
+  EXPECT_NE(svg.find("&lt;synthetic&gt; &amp; co"), std::string::npos);
+  std::istringstream pts(attribute_after(svg, "class=\"train\"", "points"));
+  std::string p;
+  int n = 0;
+  while (pts >> p) {
+    EXPECT_NE(p.find(','), std::string::npos) << p;
+    ++n;
+  }
+  EXPECT_EQ(n, 137);
+  EXPECT_NE(svg.find("class=\"floor\""), std::string::npos);
+  EXPECT_NE(attribute_after(svg, "class=\"floor\"", "stroke-dasharray"), "");
+  EXPECT_NE(svg.find("class=\"eval\""), std::string::npos);
+  EXPECT_NE(svg.find("entropy floor"), std::string::npos);
+  EXPECT_NE(svg.find(">step</text>"), std::string::npos);
+
+  c.floor.reset();
+  c.eval.clear();
+  const std::string plain = zt::loss_curve_svg(c);
+  ASSERT_TRUE(well_formed(plain, &tags, &why)) << why;
+  EXPECT_EQ(plain.find("class=\"floor\""), std::string::npos);
+  EXPECT_EQ(plain.find("entropy floor"), std::string::npos);
+
+  // Degenerate inputs still give a valid document.
+  for (const std::vector<double>& train : {std::vector<double>{}, std::vector<double>{2.0}, std::vector<double>(5, 1.0)}) {
+    zt::LossCurve d;
+    d.train = train;
+    ASSERT_TRUE(well_formed(zt::loss_curve_svg(d), &tags, &why)) << why;
+  }
+}
+
+TEST(Report, FlopsAndMfuByHand) {
+  zt::ModelConfig gpt;
+  gpt.kind = zt::ModelKind::kGpt;
+  gpt.layers = 2;
+  gpt.embd = 8;
+  // 6*N + 12*L*T*C = 6*1000 + 12*2*16*8 = 6000 + 3072.
+  EXPECT_DOUBLE_EQ(zt::training_flops_per_token(gpt, 1000, 16), 9072.0);
+  zt::ModelConfig mlp;
+  mlp.kind = zt::ModelKind::kMlp;
+  EXPECT_DOUBLE_EQ(zt::training_flops_per_token(mlp, 1000, 1), 6000.0);
+
+  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (NVIDIA H200)"), 67e12);
+  EXPECT_EQ(zt::peak_fp32_flops("cuda:1 (NVIDIA H100 80GB HBM3)"), 67e12);
+  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (NVIDIA H100 PCIe)"), 51e12);
+  EXPECT_EQ(zt::peak_fp32_flops("cpu:0"), std::nullopt);
+  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (Some Future GPU)"), std::nullopt);
+  // Two physical H100s: twice the peak; four logical devices on one H200: its peak once.
+  EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H100 80GB HBM3)", "cuda:1 (NVIDIA H100 80GB HBM3)"}), 134e12);
+  EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H200) [logical 0 of 2 on GPU 0]",
+                                  "cuda:0 (NVIDIA H200) [logical 1 of 2 on GPU 0]"}),
+            67e12);
+  EXPECT_EQ(zt::total_peak_flops({"cpu:0", "cpu:1"}), std::nullopt);
+
+  // 9072 FLOP/token at 1e6 tokens/s on one H200.
+  const auto mfu = zt::model_flops_utilization(9072, 1e6, 67e12);
+  ASSERT_TRUE(mfu);
+  EXPECT_DOUBLE_EQ(*mfu, 9072.0 * 1e6 / 67e12);
+  EXPECT_EQ(zt::model_flops_utilization(9072, 1e6, std::nullopt), std::nullopt);
+
+  zt::RunReport r;
+  r.steps = 3;
+  r.tokens_per_s = 1000;
+  r.flops_per_token = 9072;
+  r.phases = {1.0, 0.5, 0.25, 0.25};
+  r.devices.push_back({"cpu:0", 1 << 20, 1 << 20, 2 << 20, 3 << 20, 0, 8 << 20, 512});
+  const std::string text = zt::format_summary(r);
+  EXPECT_NE(text.find("summary: 3 steps"), std::string::npos) << text;
+  EXPECT_NE(text.find("MFU          n/a"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute 1.00 s (50%)"), std::string::npos) << text;
+  EXPECT_NE(text.find("8.00 MiB"), std::string::npos) << text;
+  const nlohmann::json j = zt::report_json(r);
+  EXPECT_TRUE(j["mfu"].is_null());
+  EXPECT_DOUBLE_EQ(j["time_split"]["comm_s"].get<double>(), 0.5);
+}
+
+TEST(Suggest, NearestName) {
+  EXPECT_EQ(zt::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(zt::edit_distance("", "abc"), 3u);
+  const std::vector<std::string> flags = {"--model", "--steps", "--seed", "--epochs", "--lr", "--min-lr", "--top-k"};
+  EXPECT_EQ(zt::nearest_name("--stpes", flags), "--steps");
+  EXPECT_EQ(zt::nearest_name("--step", flags), "--steps");
+  EXPECT_EQ(zt::nearest_name("--modle", flags), "--model");
+  EXPECT_EQ(zt::nearest_name("--frobnicate", flags), std::nullopt);
+  EXPECT_EQ(zt::nearest_name("trian", {"train", "info"}), "train");
+  EXPECT_EQ(zt::nearest_name("frobnicate", {"train", "info"}), std::nullopt);
+}
+
+// ---- the binary ------------------------------------------------------------------------------
+
+struct RunResult {
+  int exit_code;
+  std::string output;
+};
+
+RunResult run(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = std::string(ZEROTRAIN_BIN) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Binary, SuggestsTheNearestFlagAndSubcommand) {
+  RunResult r = run("train --stpes 5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--stpes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean --steps?"), std::string::npos) << r.output;
+  r = run("info --devics cpu:2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("did you mean --devices?"), std::string::npos) << r.output;
+  r = run("trian");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'train'?"), std::string::npos) << r.output;
+  r = run("train --log-format yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("json"), std::string::npos) << r.output;
+  // Numeric flags say what they accept.
+  r = run("train --zero-stage 7");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("not in range 0 to 3"), std::string::npos) << r.output;
+}
+
+TEST(Binary, JsonLogLinesParseAndPlotIsWritten) {
+  const fs::path dir = fs::temp_directory_path() / ("zt_report_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string plot = (dir / "loss.svg").string();
+  const RunResult r = run("train --devices cpu:2 --steps 6 --layers 1 --embd 32 --heads 2 --sample-tokens 0 "
+                          "--eval-every 3 --log-format json --plot " + plot,
+                          /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  int steps = 0, evals = 0, summaries = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << "not a JSON line: " << line;
+    if (j.contains("event") && j["event"] == "summary") {
+      ++summaries;
+      EXPECT_EQ(j["steps"], 6);
+      EXPECT_TRUE(j["mfu"].is_null()) << line;  // CPU devices: peak unknown
+      EXPECT_GT(j["flops_per_token"].get<double>(), 0);
+      for (const char* k : {"compute_s", "comm_s", "optimizer_s", "other_s"})
+        EXPECT_GE(j["time_split"][k].get<double>(), 0) << k;
+      EXPECT_EQ(j["peak_bytes_per_device"].size(), 2u);
+    } else if (j.contains("event") && j["event"] == "eval") {
+      ++evals;
+    } else {
+      ++steps;
+      EXPECT_EQ(j["step"], steps);
+      EXPECT_TRUE(j.contains("loss") && j.contains("mem_bytes")) << line;
+    }
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(evals, 2);
+  EXPECT_EQ(summaries, 1);
+
+  std::ifstream f(plot);
+  std::stringstream svg;
+  svg << f.rdbuf();
+  std::vector<std::string> tags;
+  std::string why;
+  EXPECT_TRUE(well_formed(svg.str(), &tags, &why)) << why;
+  EXPECT_NE(svg.str().find("class=\"floor\""), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Binary, TextSummaryTable) {
+  const RunResult r = run("train --devices cpu:2 --steps 4 --layers 1 --embd 32 --heads 2 --sample-tokens 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"summary:", "throughput", "MFU          n/a", "time split", "exposed comm", "pool peak", "| mem "})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+}
+
+}  // namespace
