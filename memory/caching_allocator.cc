@@ -396,7 +396,8 @@ struct CachingAllocator::Impl {
       os << ".";
     }
     os << " To fix: lower the batch size, sequence length or model size, shard more state (a higher ZeRO "
-          "stage or more devices), or give the device more memory.";
+          "stage or more devices), or give the device more memory; `zerotrain plan` with the same flags "
+          "shows what each device needs and the cheapest change that fits.";
     ZT_THROW(ErrorKind::kOutOfMemory, os.str());
   }
 

@@ -158,7 +158,21 @@ else
   skip_step "train on GPU" "no binary"
 fi
 
-# ---- 7. benchmarks (JSON to $OUT) ------------------------------------------------------------
+# ---- 7. profiling artefacts: a Chrome trace from the CUDA backend, an nsys capture ----------
+if ((built)) && [[ -x "$app" ]]; then
+  prof=(train --steps 12 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0x2)
+  run_step "trace cuda:0x2" 120 trace-cuda.txt "$app" "${prof[@]}" --trace "$OUT/trace-cuda.json"
+  if command -v nsys >/dev/null 2>&1; then
+    run_step "nsys profile" 180 nsys.txt nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \
+      -t cuda,nvtx -o "$OUT/zt-profile" --force-overwrite true "$app" "${prof[@]}" --profile-steps 5:7
+  else
+    skip_step "nsys profile" "nsys not installed"
+  fi
+else
+  skip_step "profiling" "no binary"
+fi
+
+# ---- 8. benchmarks (JSON to $OUT) ------------------------------------------------------------
 # Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
 # bench_nccl (our collectives vs NCCL on every GPU) exists only where NCCL was found at configure
 # time, and skips itself with fewer than 2 GPUs; a missing binary is skipped like the others.

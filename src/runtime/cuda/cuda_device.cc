@@ -626,7 +626,8 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     DeviceGuard guard(ordinal);
     cudaDeviceProp prop{};
     ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
-    gpu.name = prop.name;
+    gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
+               std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
     size_t free_bytes = 0;
     size_t total_bytes = 0;
     ZT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
