@@ -19,6 +19,7 @@
 #include "plan_command.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
+#include "train/report.h"
 #include "train/trainer.h"
 
 namespace {
@@ -26,17 +27,7 @@ namespace {
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitUsage = 2;
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-  return buf;
-}
+std::string human_bytes(double b) { return zt::format_bytes(b); }
 
 int run_info(const std::string& devices_flag) {
   const zt::DeviceSpec spec = zt::parse_device_spec(devices_flag);

@@ -102,7 +102,14 @@ std::string si(double v, const char* unit) {
   return buf;
 }
 
-std::string hms(double s) {
+std::string pad(const std::string& s, size_t width, bool left = false) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+}  // namespace
+
+std::string format_hms(double s) {
   const long t = static_cast<long>(s + 0.5);
   char buf[32];
   if (t >= 3600)
@@ -111,13 +118,6 @@ std::string hms(double s) {
     std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
   return buf;
 }
-
-std::string pad(const std::string& s, size_t width, bool left = false) {
-  if (s.size() >= width) return s;
-  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
-}
-
-}  // namespace
 
 std::string format_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -138,7 +138,7 @@ size_t max_allocated_bytes(const std::vector<Device*>& devices) {
 }
 
 std::string format_summary(const RunReport& r) {
-  std::string out = "summary: " + std::to_string(r.steps) + " steps in " + hms(r.seconds) + ", final loss " +
+  std::string out = "summary: " + std::to_string(r.steps) + " steps in " + format_hms(r.seconds) + ", final loss " +
                     fmt("%.4f", r.final_loss) + ", val loss " + fmt("%.4f", r.val_loss);
   if (r.entropy_floor) out += " (floor " + fmt("%.4f", *r.entropy_floor) + ")";
   if (r.accuracy) out += ", test accuracy " + fmt("%.2f%%", *r.accuracy * 100);

@@ -104,6 +104,8 @@ nlohmann::json report_json(const RunReport& r);
 
 // "12.3 MiB"
 std::string format_bytes(double bytes);
+// "1:07" or "2:03:45".
+std::string format_hms(double seconds);
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").
 size_t max_allocated_bytes(const std::vector<Device*>& devices);
 

@@ -27,6 +27,7 @@
 #include "runtime/runtime.h"
 #include "comm/communicator.h"
 #include "zero/engine.h"
+#include "train/report.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -37,16 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string hms(double s) {
-  const long t = static_cast<long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
 }
 
 std::string si(double v) {
@@ -503,7 +494,7 @@ TrainResult train(const TrainConfig& cfg_in) {
       const double eta = el / (step + 1) * (cfg.steps - step - 1);
       std::printf("%sstep %*d/%d | loss %.4f | lr %.2e | %s tok/s | norm %.3f | mem %s | %s elapsed | ETA %s%s",
                   tty ? "\r" : "", static_cast<int>(std::to_string(cfg.steps).size()), step + 1, cfg.steps, loss, lr,
-                  si(tps).c_str(), grad_norm, format_bytes(static_cast<double>(max_allocated_bytes(devs))).c_str(), hms(el).c_str(), hms(eta).c_str(), tty ? "   " : "\n");
+                  si(tps).c_str(), grad_norm, format_bytes(static_cast<double>(max_allocated_bytes(devs))).c_str(), format_hms(el).c_str(), format_hms(eta).c_str(), tty ? "   " : "\n");
       std::fflush(stdout);
     }
     const bool last = step + 1 == cfg.steps;
