@@ -166,6 +166,8 @@ struct Communicator::Impl {
   int arrived = 0;
   std::vector<Arrival> arrivals;
   StoredError generation_error;  // of the generation that completed last
+  bool aborted = false;          // guarded by rv_mu
+  std::string abort_reason;      // guarded by rv_mu
 };
 
 // ---- construction ----------------------------------------------------------------------------
@@ -486,6 +488,8 @@ void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* produ
   const InRankCall in_rank_call;
   Impl& im = *impl_;
   std::unique_lock<std::mutex> lock(im.rv_mu);
+  if (im.aborted)
+    ZT_THROW(ErrorKind::kDevice, kind_name(kind_id), " on rank ", rank, " abandoned: ", im.abort_reason);
   Impl::Arrival& mine = im.arrivals[rank];
   ZT_REQUIRE(!mine.arrived, kind_name(kind_id), ": rank ", rank,
              " called while its previous collective (call #", im.generation,
@@ -493,7 +497,12 @@ void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* produ
   mine = Impl::Arrival{true, kind, full, producer};
   const uint64_t my_generation = im.generation;
   if (++im.arrived < n) {
-    im.rv_cv.wait(lock, [&] { return im.generation != my_generation; });
+    im.rv_cv.wait(lock, [&] { return im.generation != my_generation || im.aborted; });
+    if (im.generation == my_generation) {  // aborted while waiting for the other ranks
+      mine = Impl::Arrival{};
+      --im.arrived;
+      ZT_THROW(ErrorKind::kDevice, kind_name(kind_id), " on rank ", rank, " abandoned: ", im.abort_reason);
+    }
     if (im.generation_error.set) im.generation_error.raise();
     return;
   }
@@ -540,6 +549,20 @@ void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* produ
   lock.unlock();
   im.rv_cv.notify_all();
   if (error.set) error.raise();
+}
+
+void Communicator::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->rv_mu);
+    if (!impl_->aborted) impl_->abort_reason = why;
+    impl_->aborted = true;
+  }
+  impl_->rv_cv.notify_all();
+}
+
+bool Communicator::aborted() const {
+  std::lock_guard<std::mutex> lock(impl_->rv_mu);
+  return impl_->aborted;
 }
 
 // ---- completion and accounting ---------------------------------------------------------------

@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -86,6 +87,12 @@ class Communicator {
   void reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag = {});
   void all_gather(int rank, TensorView full, Stream* producer, std::string_view tag = {});
   void all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag = {});
+
+  // Abandons the communicator after a rank failed: ranks waiting in a per-rank rendezvous, and every
+  // later collective, throw zt::Error(kDevice) naming `why` instead of waiting for a rank that will
+  // never arrive. Work already enqueued is not undone. Safe to call from any thread, repeatedly.
+  void abort(const std::string& why);
+  bool aborted() const;
 
   // Makes `consumer` wait for the last collective enqueued on `rank`'s comm stream.
   void wait_done(int rank, Stream& consumer);

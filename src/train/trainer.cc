@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <mutex>
 #include <thread>
 
 #include "core/nvtx.h"
@@ -56,27 +57,38 @@ struct HostBatch {
 };
 
 // Runs fn(rank) on one host thread per rank (inline for one rank) and rethrows the first error.
-// Each rank's thread drives its own device; collectives rendezvous inside the Communicator.
-void run_ranks(int n, const std::function<void(int)>& fn) {
+// Each rank's thread drives its own device; collectives rendezvous inside the Communicator, so a
+// rank that fails abandons the communicator: the others stop waiting for it and fail too, and the
+// error that happened first (the cause, not the abandoned rendezvous) is rethrown.
+void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm) {
   if (n == 1) {
     fn(0);
     return;
   }
+  std::mutex mu;
+  std::exception_ptr first;
   std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
         fn(r);
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        comm.abort("rank " + std::to_string(r) + " failed: " + e.what());
       } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        comm.abort("rank " + std::to_string(r) + " failed");
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (first) std::rethrow_exception(first);
 }
-
 
 // Runs fn when the scope ends (also by an exception).
 struct ScopeExit {
@@ -190,6 +202,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   std::vector<Device*> devs;
   for (int r = 0; r < N; ++r) devs.push_back(&rt->device(r));
   Communicator comm(devs);
+  const auto for_ranks = [&](const std::function<void(int)>& fn) { run_ranks(N, fn, comm); };
   ZeroOptions zo;
   zo.stage = cfg.zero_stage;
   zo.sgd = cfg.optimizer == OptimizerKind::kSgd;
@@ -276,7 +289,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
     std::vector<int64_t> correct(static_cast<size_t>(N), 0), count(static_cast<size_t>(N), 0);
     const int64_t batches = is_gpt ? cfg.eval_batches : images->num_examples(Split::kValidation) / (static_cast<int64_t>(N) * B);
-    run_ranks(N, [&](int r) {
+    for_ranks([&](int r) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Stream& s = rt->device(r).compute();
       const NvtxRange eval_range(NvtxCategory::kStep, "eval", rt->device(r).index());
@@ -320,7 +333,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   // returned.
   auto sample = [&](int n_tokens, uint64_t salt) -> std::string {
     std::vector<std::string> texts(static_cast<size_t>(N));
-    run_ranks(N, [&](int r) {
+    for_ranks([&](int r) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Device& d = rt->device(r);
       Stream& s = d.compute();
@@ -424,7 +437,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
     phase_timer.begin_step();
     const float lr = learning_rate(lrc, step);
-    run_ranks(N, [&](int r) {
+    for_ranks([&](int r) {
       RankState& R = ranks[static_cast<size_t>(r)];
       Stream& s = rt->device(r).compute();
       const NvtxRange rank_step(NvtxCategory::kStep, "step " + std::to_string(step + 1), rt->device(r).index());
@@ -467,7 +480,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     st.grad_scale = clip_scale;
     phase_timer.optimizer_begin();
     // The sync makes the optimizer's time measurable (train/report.h); it changes no result.
-    run_ranks(N, [&](int r) {
+    for_ranks([&](int r) {
       const NvtxRange rank_step(NvtxCategory::kStep, "step " + std::to_string(step + 1), rt->device(r).index());
       engine.optimizer_step(r, st);
       rt->device(r).compute().synchronize();

@@ -589,6 +589,43 @@ TEST(Communicator, PerRankMismatchThrowsOnEveryRank) {
       ASSERT_EQ(load(DType::kF32, b.data(r), i), small_int_sum(3, i));
 }
 
+TEST(Communicator, AbortReleasesRanksWaitingForAFailedRank) {
+  // Rank 2 fails before its collective; ranks 0 and 1 are already waiting in the rendezvous. After
+  // abort() they get an error naming the cause instead of waiting forever, and so does every
+  // later call.
+  auto rt = Runtime::create_cpu(3);
+  auto devs = first_devices(*rt, 3);
+  Communicator comm(devs, kSmallChunk);
+  RankBuffers b(devs, DType::kF32, 3 * 8);
+  b.fill(small_int);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        comm.all_reduce(r, b.views[r], nullptr);
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kDevice);
+        errors[static_cast<size_t>(r)] = e.message();
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let ranks 0 and 1 arrive
+  EXPECT_FALSE(comm.aborted());
+  comm.abort("rank 2 failed: simulated device fault");
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(errors[static_cast<size_t>(r)], HasSubstr("abandoned"));
+    EXPECT_THAT(errors[static_cast<size_t>(r)], HasSubstr("simulated device fault"));
+  }
+  EXPECT_TRUE(comm.aborted());
+  try {
+    comm.all_reduce(2, b.views[2], nullptr);
+    FAIL() << "a call after abort() must throw";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.message(), HasSubstr("simulated device fault"));
+  }
+}
+
 TEST(Communicator, PerRankNumelMismatchThrows) {
   auto rt = Runtime::create_cpu(2);
   auto devs = first_devices(*rt, 2);
