@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "sanitizer.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,17 +33,7 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = test::kSanitized;
 
 constexpr size_t kSmallChunk = 64;  // bytes: 16 fp32 or 32 16-bit elements per chunk
 constexpr DType kFloatTypes[] = {DType::kF32, DType::kF16, DType::kBF16};

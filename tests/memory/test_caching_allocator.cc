@@ -3,6 +3,8 @@
 // thread safety and DeviceBuffer.
 #include <gtest/gtest.h>
 
+#include "sanitizer.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,17 +32,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kMinBlock = 512;
 constexpr size_t kSmall = 1 * kMiB;
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = test::kSanitized;
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 

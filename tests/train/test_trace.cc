@@ -3,6 +3,8 @@
 // comm-stream work overlapping compute-stream work; --profile-steps is validated.
 #include <gtest/gtest.h>
 
+#include "sanitizer.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -21,11 +23,7 @@
 namespace zt {
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitizer = true;
-#else
-constexpr bool kSanitizer = false;
-#endif
+constexpr bool kSanitizer = test::kSanitized;
 
 TrainConfig tiny(int devices, int stage, int steps) {
   TrainConfig c;

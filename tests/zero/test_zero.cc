@@ -3,6 +3,8 @@
 // and communication volume follow the ZeRO paper's formulas.
 #include <gtest/gtest.h>
 
+#include "sanitizer.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,11 +19,7 @@ namespace zt {
 namespace {
 
 // Under ThreadSanitizer (10-20x slower) the same checks run on a smaller model for fewer steps.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizer = true;
-#else
-constexpr bool kSanitizer = false;
-#endif
+constexpr bool kSanitizer = test::kThreadSanitizer;
 
 TrainConfig tiny(int devices, int stage, int steps) {
   TrainConfig c;
