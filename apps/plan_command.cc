@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
+#include "train/trainer.h"
 
 namespace zt {
 
@@ -35,7 +36,7 @@ std::vector<int> parse_hidden(const std::string& hidden) {
 }  // namespace
 
 struct PlanCommand::Flags {
-  std::string model = "gpt-tiny", devices = "all", optimizer = "adamw", hidden;
+  std::string model = "gpt-tiny", devices = "all", optimizer = "adamw", hidden, precision = "auto";
   ModelOverrides overrides;
   int zero_stage = 2, batch_size = -1, micro_batch_size = 0, train_seq_len = 0;
   size_t device_memory = 0;
@@ -77,6 +78,8 @@ PlanCommand::PlanCommand(CLI::App& app) : f_(std::make_shared<Flags>()) {
   sub_->add_option("--seq-len", f.overrides.seq_len, "Override the model's context length")->check(CLI::PositiveNumber);
   sub_->add_option("--vocab", f.overrides.vocab, "Override the vocabulary size")->check(CLI::PositiveNumber);
   sub_->add_option("--hidden", f.hidden, "MLP hidden sizes, e.g. 256,128");
+  sub_->add_option("--precision", f.precision, "fp32, bf16, fp16 or auto (bf16 on GPUs, fp32 on the CPU backend)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
   add_device_memory_option(*sub_, f.device_memory);
 }
 
@@ -106,6 +109,13 @@ int PlanCommand::run() {
   in.sgd = f.optimizer == "sgd";
   in.micro_batches = f.batch_size / N / f.micro_batch_size;
   in.sampling = gpt;
+  {
+    const Precision p = parse_precision(f.precision);
+    const bool gpu = rt->backend() == Backend::kCuda;
+    in.working = p == Precision::kBf16 || (p == Precision::kAuto && gpu) ? DType::kBF16
+                 : p == Precision::kFp16                                 ? DType::kF16
+                                                                         : DType::kF32;
+  }
   MemoryPlan plan = plan_run(mc, *rt, in);
   if (f.device_memory) {  // also states (overrides) the memory of real GPUs
     in = plan.inputs;

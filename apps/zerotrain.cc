@@ -21,11 +21,13 @@
 #include "train/plot.h"
 #include "train/report.h"
 #include "train/trainer.h"
+#include "train/export.h"
 
 namespace {
 
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitDiverged = 3;  // the loss scale collapsed, or too many consecutive steps were skipped
 
 std::string human_bytes(double b) { return zt::format_bytes(b); }
 
@@ -116,7 +118,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   zt::TrainConfig tc;
-  std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path;
+  std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path, precision = "auto",
+              on_collapse = "stop";
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
   {
     std::string presets;
@@ -182,10 +185,59 @@ int main(int argc, char** argv) {
     train->add_option("--log-format", log_format, "text (progress line, summary table) or json (the --metrics records on stdout)")
         ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
     train->add_option("--plot", plot_path, "Write the loss curve (train, eval, entropy floor) as an SVG file");
+    train->add_option("--precision", precision,
+                      "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
+                      "master weights and moments stay fp32")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+    train->add_option("--loss-scale", tc.loss_scale, "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
+        ->capture_default_str();
+    train->add_option("--initial-scale", tc.initial_scale, "Dynamic loss scaling: initial scale")->capture_default_str()
+        ->check(zt_cli::number(0, true));
+    train->add_option("--scale-window", tc.scale_window, "Dynamic loss scaling: overflow-free steps before the scale doubles")
+        ->capture_default_str()->check(zt_cli::whole(1));
+    train->add_option("--scale-hysteresis", tc.scale_hysteresis,
+                      "Dynamic loss scaling: overflows tolerated (step skipped, scale kept) before the scale halves")
+        ->capture_default_str()->check(zt_cli::whole(1));
+    train->add_option("--min-scale", tc.min_scale, "Dynamic loss scaling: the scale never goes below this; an overflow there is a collapse")
+        ->capture_default_str()->check(zt_cli::number(0, true));
+    train->add_option("--max-scale", tc.max_scale, "Dynamic loss scaling: the scale never grows above this")
+        ->capture_default_str()->check(zt_cli::number(0, true));
+    train->add_flag("--stochastic-rounding", tc.stochastic_rounding,
+                    "Round the 16-bit parameters stochastically from the fp32 master (seeded by --seed)");
+    train->add_option("--on-scale-collapse", on_collapse,
+                      "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
+        ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
+    train->add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init");
+    train->add_option("--checkpoint-dir", tc.checkpoint_dir,
+                      "Save sharded checkpoints here (every --save-every steps and at the end), atomically");
+    train->add_option("--save-every", tc.save_every, "Save a checkpoint every N steps (0 = only at the end)")
+        ->capture_default_str()->check(zt_cli::whole(0));
+    train->add_option("--keep", tc.keep, "Complete checkpoints to keep (older ones are pruned after a save; 0 = all)")
+        ->capture_default_str()->check(zt_cli::whole(0));
+    train->add_option("--resume", tc.resume,
+                      "auto (the newest complete checkpoint in --checkpoint-dir, else start fresh) or a checkpoint "
+                      "directory; any device count and ZeRO stage");
+    train->add_option("--snapshot-every", tc.snapshot_every,
+                      "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
+                      "the run goes on from the snapshot on the others (0 = off)")
+        ->capture_default_str()->check(zt_cli::whole(0));
+    train->add_option_function<std::string>(
+        "--inject-fault", [&tc](const std::string& v) { tc.inject_fault = zt::parse_fault_injection(v); },
+        "device=D,step=S[,kind=error|hang]: make device D fail at step S (testing recovery)");
+    train->add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
+        ->capture_default_str()->check(zt_cli::number(0, true));
+    train->add_option("--max-skipped-steps", tc.max_skipped_steps,
+                      "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
+        ->capture_default_str()->check(zt_cli::whole(1));
   }
 
   zt::PlanCommand plan(app);
-  const std::vector<std::string> subcommands = {"train", "info", "plan"};
+  std::string export_checkpoint, export_out;
+  CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
+  exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
+      ->required();
+  exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
+  const std::vector<std::string> subcommands = {"train", "info", "plan", "export"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
@@ -226,6 +278,13 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return run_info(devices);
     if (plan.parsed()) return plan.run();
+    if (exp->parsed()) {
+      const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
+      std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,
+                  zt::format_bytes(static_cast<double>(rep.bytes)).c_str(), static_cast<long long>(rep.step),
+                  rep.checkpoint.c_str(), export_out.c_str());
+      return 0;
+    }
     if (train->parsed()) {
       tc.schedule = zt::parse_lr_schedule(schedule);
       tc.optimizer = optimizer == "sgd" ? zt::OptimizerKind::kSgd : zt::OptimizerKind::kAdamW;
@@ -244,6 +303,8 @@ int main(int argc, char** argv) {
         }
       }
       tc.log_format = log_format == "json" ? zt::LogFormat::kJson : zt::LogFormat::kText;
+      tc.precision = zt::parse_precision(precision);
+      tc.on_scale_collapse_bf16 = on_collapse == "bf16";
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
       const zt::TrainResult result = zt::train(tc);
       if (!plot_path.empty()) {
@@ -255,6 +316,7 @@ int main(int argc, char** argv) {
     }
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());
+    if (e.kind() == zt::ErrorKind::kDiverged) return kExitDiverged;
     return e.kind() == zt::ErrorKind::kInvalidArgument ? kExitUsage : kExitRuntimeError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zerotrain: internal error: %s\n", e.what());

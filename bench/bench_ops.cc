@@ -1,9 +1,10 @@
 // Throughput of the ops through kernels/ops.h on every backend: each benchmark is registered
 // twice, BM_<op>/cpu/... (one simulated CPU device) and BM_<op>/cuda/... (GPU 0; skipped with "no
 // usable GPU" where there is none). GEMM and attention in FLOP/s, memory-bound ops (layernorm,
-// GELU, AdamW) in bytes/s, with a plain stream copy of AdamW's byte count beside them as the
-// bandwidth ceiling. Timing: enqueue + synchronize per iteration on the CPU; on the GPU kCudaBatch
-// ops are queued per synchronize, so the figure is the kernels', not the host round trip's.
+// GELU, AdamW, the fused bf16 multi-tensor AdamW and unscale_check of optimizers/) in bytes/s,
+// with plain stream copies of the same byte counts beside them as the bandwidth ceiling. Timing:
+// enqueue + synchronize per iteration on the CPU; on the GPU kCudaBatch ops are queued per
+// synchronize, so the figure is the kernels', not the host round trip's.
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -14,6 +15,7 @@
 #include "core/philox.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
+#include "optimizers/optimizers.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -264,6 +266,106 @@ void BM_MemcpySameBytes(benchmark::State& state, Backend backend) {
   bytes(state, t, n * 28);
 }
 
+// ---- mixed precision: fused multi-tensor AdamW with bf16 param and grad over a shard of several
+// segments: 28 B/param (read bf16 grad + fp32 master, m, v; write fp32 master, m, v + bf16 param)
+// -----------------------------------------------------------------------------------------------
+
+// n parameters as kBenchSegments segments of a flat shard (sizes differ, as tensors do), with the
+// list in host memory and a device copy.
+constexpr int kBenchSegments = 8;
+
+struct MultiTensorShard {
+  Tensor master, m, v, param, grad;
+  std::vector<zt::optim::OptimizerSegment> list;
+  zt::DeviceBuffer device_list;
+  MultiTensorShard(const Target& t, int64_t n)
+      : master(t, {n}), m(t, {n}), v(t, {n}), param(t, {n}, DType::kBF16),
+        grad(t, {n}, DType::kBF16) {
+    zt::ops::fill(t.s(), v, 0.0f);
+    int64_t begin = 0;
+    for (int i = 0; i < kBenchSegments; ++i) {
+      // Segment i holds a share proportional to i + 1 (the last takes the remainder).
+      const int64_t len = i + 1 == kBenchSegments
+                              ? n - begin
+                              : n * (i + 1) / (kBenchSegments * (kBenchSegments + 1) / 2);
+      zt::optim::OptimizerSegment seg;
+      seg.param = static_cast<uint16_t*>(param.view.data) + begin;
+      seg.grad = static_cast<const uint16_t*>(grad.view.data) + begin;
+      seg.master = static_cast<float*>(master.view.data) + begin;
+      seg.m = static_cast<float*>(m.view.data) + begin;
+      seg.v = static_cast<float*>(v.view.data) + begin;
+      seg.n = len;
+      seg.weight_decay = i % 2 ? 0.1f : 0.0f;
+      seg.rng_offset = static_cast<uint64_t>(begin);
+      list.push_back(seg);
+      begin += len;
+    }
+    device_list =
+        zt::DeviceBuffer(t.device->memory(), list.size() * sizeof(list[0]), t.s(), "bench");
+    t.s().copy(device_list.data(), list.data(), list.size() * sizeof(list[0]));
+    t.s().synchronize();
+  }
+  zt::optim::SegmentList<zt::optim::OptimizerSegment> segs() const {
+    return {list, static_cast<const zt::optim::OptimizerSegment*>(device_list.data())};
+  }
+};
+
+void BM_AdamWMultiBF16(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t n = state.range(0);
+  MultiTensorShard shard(t, n);
+  Tensor inv(t, {1}), found_inf(t, {1});
+  zt::ops::fill(t.s(), inv, 1.0f / 1024);
+  zt::ops::fill(t.s(), found_inf, 0.0f);
+  zt::optim::StepScalars sc;
+  sc.inv_loss_scale = static_cast<const float*>(inv.view.data);
+  sc.found_inf = static_cast<const float*>(found_inf.view.data);
+  const zt::optim::AdamWConfig hp{1e-4f};
+  run(state, t, [&] {
+    zt::optim::adamw_multi(t.s(), shard.segs(), DType::kBF16, DType::kBF16, hp, sc);
+  });
+  bytes(state, t, n * 28);
+}
+
+// unscale_check over bf16 gradients: 2 B/param read (two norms, the overflow flag).
+void BM_UnscaleCheckBF16(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t n = state.range(0);
+  MultiTensorShard shard(t, n);
+  std::vector<zt::optim::GradSegment> list;
+  for (size_t i = 0; i < shard.list.size(); ++i)
+    list.push_back({shard.list[i].grad, shard.list[i].n, static_cast<int>(i % 2)});
+  zt::DeviceBuffer device_list(t.device->memory(), list.size() * sizeof(list[0]), t.s(), "bench");
+  t.s().copy(device_list.data(), list.data(), list.size() * sizeof(list[0]));
+  Tensor inv(t, {1}), norms(t, {2}), found_inf(t, {1});
+  zt::ops::fill(t.s(), inv, 1.0f / 1024);
+  t.s().synchronize();
+  const zt::optim::SegmentList<zt::optim::GradSegment> segs{
+      list, static_cast<const zt::optim::GradSegment*>(device_list.data())};
+  run(state, t, [&] {
+    zt::optim::unscale_check(t.s(), segs, DType::kBF16, static_cast<const float*>(inv.view.data),
+                             static_cast<float*>(norms.view.data), 2,
+                             static_cast<float*>(found_inf.view.data));
+  });
+  bytes(state, t, n * 2);
+}
+
+// A plain stream copy of n bytes (read n + write n), counted as 2n: unscale_check's byte count.
+void BM_MemcpySameBytesAsUnscale(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t n = state.range(0);
+  const size_t size = static_cast<size_t>(n);
+  zt::DeviceBuffer src(t.device->memory(), size, t.s(), "bench"),
+      dst(t.device->memory(), size, t.s(), "bench");
+  t.s().memset(src.data(), 1, size);
+  t.s().memset(dst.data(), 0, size);
+  run(state, t, [&] { t.s().copy(dst.data(), src.data(), size); });
+  bytes(state, t, n * 2);
+}
+
 const int kRegistered = [] {
   register_on_backends("BM_MatmulForward", BM_MatmulForward, gemm_shapes);
   register_on_backends("BM_MatmulBackward", BM_MatmulBackward, gemm_shapes);
@@ -275,6 +377,10 @@ const int kRegistered = [] {
   register_on_backends("BM_Classifier", BM_Classifier, classifier_shapes);
   register_on_backends("BM_AdamW", BM_AdamW, elementwise_sizes);
   register_on_backends("BM_MemcpySameBytes", BM_MemcpySameBytes, elementwise_sizes);
+  register_on_backends("BM_AdamWMultiBF16", BM_AdamWMultiBF16, elementwise_sizes);
+  register_on_backends("BM_UnscaleCheckBF16", BM_UnscaleCheckBF16, elementwise_sizes);
+  register_on_backends("BM_MemcpySameBytesAsUnscale", BM_MemcpySameBytesAsUnscale,
+                       elementwise_sizes);
   return 0;
 }();
 

@@ -410,7 +410,8 @@ void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 // -------------------------------------------------------------------------------------
 
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
-                                 ConstTensorView targets, float dloss, bool compute_grad) {
+                                 ConstTensorView targets, float dloss, bool compute_grad,
+                                 const float* dloss_scale) {
   constexpr const char* op = "classifier_forward_backward";
   check_f32(s, op, "logits", logits);
   check_f32(s, op, "losses", losses);
@@ -423,7 +424,7 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
              targets.shape.str());
   if (N == 0) return;
   ZT_OP_LAUNCH(s, classifier_forward_backward, f32(logits), f32(losses), i32(targets), N, V, dloss,
-               compute_grad);
+               compute_grad, dloss_scale);
 }
 
 // ---- optimizers

@@ -83,8 +83,11 @@ void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 // logits [N,V] (fp32) are overwritten IN PLACE with dlogits = (softmax(logits) - onehot(target))
 // * dloss when compute_grad, else left unchanged; losses[N] = -log softmax(logits)[target]
 // (nats). targets [N] int32 in [0, V); a target < 0 means "ignore": loss 0, gradient 0.
+// dloss_scale (optional, one fp32 in device memory, read when the op runs): dlogits use
+// dloss * *dloss_scale instead of dloss (dynamic loss scaling); losses are unaffected.
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
-                                 ConstTensorView targets, float dloss, bool compute_grad);
+                                 ConstTensorView targets, float dloss, bool compute_grad,
+                                 const float* dloss_scale = nullptr);
 
 // ---- optimizers over flat fp32 buffers (one call covers a whole flat shard) ------------
 struct AdamWParams {

@@ -27,7 +27,10 @@ ZT_CPU_CLONES void scale_row(float* x, int64_t V, float alpha) {
 }  // namespace
 
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int64_t N,
-                                 int64_t V, float dloss, bool compute_grad) {
+                                 int64_t V, float dloss_arg, bool compute_grad,
+                                 const float* dloss_scale) {
+  // Read here, when the stream runs the op: the scale is written by earlier work on the stream.
+  const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* x = logits + r * V;

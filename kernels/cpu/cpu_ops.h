@@ -55,9 +55,11 @@ void relu_forward(float* out, const float* in, int64_t n);
 void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 
 // ---- classifier ---------------------------------------------------------------------------------
-// Throws zt::Error when a target is >= V.
+// Throws zt::Error when a target is >= V. dloss_scale (may be nullptr) multiplies dloss when
+// the kernel runs.
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int64_t N,
-                                 int64_t V, float dloss, bool compute_grad);
+                                 int64_t V, float dloss, bool compute_grad,
+                                 const float* dloss_scale);
 
 // ---- optimizers
 // -----------------------------------------------------------------------------------

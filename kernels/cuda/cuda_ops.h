@@ -73,8 +73,10 @@ void relu_backward(void* stream, float* din, const float* in, const float* dout,
 
 // ---- fused classifier: logits [N,V] (dlogits in place when compute_grad), losses [N] ----------
 // targets [N] int32; target < 0 = ignored row (loss 0, gradient row 0 when compute_grad).
+// dloss_scale: nullptr, or one device fp32 read by the kernel; dlogits use dloss * *dloss_scale.
 void classifier_forward_backward(void* stream, float* logits, float* losses, const int32_t* targets,
-                                 int64_t N, int64_t V, float dloss, bool compute_grad);
+                                 int64_t N, int64_t V, float dloss, bool compute_grad,
+                                 const float* dloss_scale);
 
 // ---- optimizers over n fp32 elements (n may be 0) --------------------------------------------
 // Per-element math: zt::adamw_elem / sgd_elem in kernels/elementwise.h. bias_correction1/2 =

@@ -126,9 +126,12 @@ constexpr int kClassifierBlock = 512;
 __global__ void __launch_bounds__(kClassifierBlock)
     classifier_kernel(float* __restrict__ logits, float* __restrict__ losses,
                                   const int32_t* __restrict__ targets, int64_t N, int64_t V,
-                                  float dloss, bool compute_grad) {
+                                  float dloss_arg, bool compute_grad,
+                                  const float* __restrict__ dloss_scale) {
   __shared__ float scratch[kWarpSize];
   __shared__ double scratch_sum[kWarpSize];
+  // Dynamic loss scaling: the scale lives in device memory and is read when the kernel runs.
+  const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     float* x = logits + row * V;
     const int32_t target = targets[row];
@@ -189,11 +192,12 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
 
 void classifier_forward_backward(void* stream, float* logits, float* losses,
                                  const int32_t* targets, int64_t N, int64_t V, float dloss,
-                                 bool compute_grad) {
+                                 bool compute_grad, const float* dloss_scale) {
   detail::LaunchScope scope(stream);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 65535));
   classifier_kernel<<<blocks, kClassifierBlock, 0, scope.stream()>>>(logits, losses, targets, N, V,
-                                                                     dloss, compute_grad);
+                                                                     dloss, compute_grad,
+                                                                     dloss_scale);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,6 +10,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kOutOfMemory: return "out of memory";
     case ErrorKind::kDevice: return "device error";
     case ErrorKind::kIo: return "I/O error";
+    case ErrorKind::kDiverged: return "training diverged";
   }
   return "error";
 }

@@ -15,6 +15,7 @@ enum class ErrorKind {
   kOutOfMemory,   // a device pool could not satisfy a request
   kDevice,        // a device (real or simulated) reported a failure
   kIo,            // file system errors
+  kDiverged,      // training cannot go on: the loss scale collapsed, or too many steps overflowed
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -54,6 +54,35 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 }  // namespace
 
+uint64_t validate_token_shard(std::span<const uint8_t> bytes, int vocab_size, const std::string& name) {
+  const uint64_t size = bytes.size();
+  ZT_REQUIRE(size >= kShardHeaderBytes, name, ": the file is ", size, " bytes, shorter than the ",
+             kShardHeaderBytes, "-byte llm.c shard header (truncated or not a token shard)");
+  int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  ZT_REQUIRE(header[0] == kShardMagic, name, ": the header's magic number is ", header[0],
+             ", not ", kShardMagic, "; this is not an llm.c token shard");
+  ZT_REQUIRE(header[1] == kShardVersion, name, ": the shard has version ", header[1],
+             "; only version ", kShardVersion, " (uint16 GPT-2 tokens) is supported");
+  ZT_REQUIRE(header[2] >= 0, name, ": the header declares a negative token count (", header[2], ")");
+  const uint64_t count = static_cast<uint64_t>(header[2]);
+  const uint64_t expected = kShardHeaderBytes + 2 * count;  // count < 2^31: no overflow
+  ZT_REQUIRE(size == expected, name, ": the header declares ", count, " tokens, so the file should be ",
+             expected, " bytes, but it is ", size, " bytes (",
+             size < expected ? "truncated" : "trailing data", ")");
+  const uint8_t* tokens = bytes.data() + kShardHeaderBytes;
+  const auto limit = static_cast<uint32_t>(vocab_size);
+  for (uint64_t i = 0; i < count; ++i) {
+    uint16_t token;  // memcpy: a buffer need not be 2-byte aligned
+    std::memcpy(&token, tokens + 2 * i, sizeof(token));
+    if (token >= limit) [[unlikely]] {
+      ZT_THROW(ErrorKind::kInvalidArgument, name, ": token ", token, " at position ", i,
+               " is out of range for vocab ", vocab_size);
+    }
+  }
+  return count;
+}
+
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   int32_t header[kShardHeaderInts] = {};
   header[0] = kShardMagic;
@@ -106,26 +135,9 @@ TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vo
     mapping->length = size;
     mappings_.push_back(std::move(mapping));
 
-    int32_t header[3];
-    std::memcpy(header, addr, sizeof(header));
-    ZT_REQUIRE(header[0] == kShardMagic, path, ": the header's magic number is ", header[0],
-               ", not ", kShardMagic, "; this is not an llm.c token shard");
-    ZT_REQUIRE(header[1] == kShardVersion, path, ": the shard has version ", header[1],
-               "; only version ", kShardVersion, " (uint16 GPT-2 tokens) is supported");
-    ZT_REQUIRE(header[2] >= 0, path, ": the header declares a negative token count (", header[2], ")");
-    const uint64_t count = static_cast<uint64_t>(header[2]);
-    const uint64_t expected = kShardHeaderBytes + 2 * count;
-    ZT_REQUIRE(size == expected, path, ": the header declares ", count, " tokens, so the file should be ",
-               expected, " bytes, but it is ", size, " bytes (",
-               size < expected ? "truncated" : "trailing data", ")");
+    const uint64_t count = validate_token_shard(
+        std::span<const uint8_t>(static_cast<const uint8_t*>(addr), size), vocab_size, path);
     const auto* tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(addr) + kShardHeaderBytes);
-    const auto limit = static_cast<uint32_t>(vocab_size);
-    for (uint64_t i = 0; i < count; ++i) {
-      if (tokens[i] >= limit) [[unlikely]] {
-        ZT_THROW(ErrorKind::kInvalidArgument, path, ": token ", tokens[i], " at position ", i,
-                 " is out of range for vocab ", vocab_size);
-      }
-    }
     shards.push_back(Shard{tokens, count, is_validation_file(path)});
   }
 

@@ -4,7 +4,9 @@
 // first step rather than in the middle of a run.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,11 @@ inline constexpr int32_t kShardVersion = 1;
 inline constexpr int kShardHeaderInts = 256;
 inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
 inline constexpr int kGpt2VocabSize = 50257;
+
+// Validates a whole shard held in memory (header, exact size, every token < vocab_size) and
+// returns its token count; throws kInvalidArgument naming `name` and the problem. TokenShardData
+// runs it on every mapped file; the fuzz target runs it on arbitrary bytes.
+uint64_t validate_token_shard(std::span<const uint8_t> bytes, int vocab_size, const std::string& name);
 
 // Writes a valid shard (tests, tools).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);

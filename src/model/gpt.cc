@@ -166,7 +166,7 @@ class Gpt final : public Model {
     TensorView logits = act(P.logits, Shape{BT, P.V});
     ops::matmul_forward(s, logits, lnf, param(p, 0, 0), ConstTensorView{});
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
-    ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train);
+    ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale);
   }
 
   void backward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch) const override {

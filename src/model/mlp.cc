@@ -94,7 +94,7 @@ class Mlp final : public Model {
         x = a;
       }
     }
-    ops::classifier_forward_backward(s, ws.logits(), ws.losses(), batch.targets, dloss, train);
+    ops::classifier_forward_backward(s, ws.logits(), ws.losses(), batch.targets, dloss, train, batch.loss_scale);
   }
 
   void backward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch) const override {

@@ -31,6 +31,9 @@ struct Batch {
   ConstTensorView inputs;
   ConstTensorView targets;
   int B = 0, T = 0;
+  // Device float multiplying the loss gradient (dynamic loss scaling), read when the op runs;
+  // nullptr = 1.
+  const float* loss_scale = nullptr;
 };
 
 // Activation memory for one (B, T), planned once: a single pool allocation carved into views.

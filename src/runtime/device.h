@@ -1,7 +1,14 @@
 // Device: one logical device of the runtime (a simulated CPU device, or a GPU, or a slice of a
 // GPU when several logical devices share one physical GPU). Owns its streams and its memory pool.
+//
+// Fault tolerance: a test or the trainer can make one device fail on purpose (inject_fault), in
+// the two ways a real GPU fails, and the process can give up on a device (abandon) so that every
+// thread blocked on it, host threads, its own stream workers and other devices' streams waiting
+// on its events, is released and the device can be destroyed. Failures surface as
+// zt::Error(kDevice) at the synchronization points (synchronize, synchronize_for, query).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -15,6 +22,12 @@ namespace zt {
 class CachingAllocator;
 
 enum class StreamPriority { kNormal, kHigh };
+
+enum class FaultKind {
+  kError,  // the device reports an error, as a GPU with a sticky error (Xid) does
+  kHang,   // the device stops answering: its work does not complete until abandon()
+};
+inline const char* fault_kind_name(FaultKind kind) { return kind == FaultKind::kError ? "error" : "hang"; }
 
 class Device {
  public:
@@ -37,8 +50,40 @@ class Device {
 
   // Waits for every stream of the device; rethrows a sticky error.
   virtual void synchronize() = 0;
+  // synchronize() that gives up after `timeout` (a watchdog's building block): false when work
+  // is still pending then (nothing is cancelled); rethrows a sticky error like synchronize().
+  virtual bool synchronize_for(std::chrono::milliseconds timeout) = 0;
   // True once an operation on this device has failed; the device stays failed (sticky).
   virtual bool failed() const = 0;
+
+  // ---- fault injection and abandonment ---------------------------------------------------------
+  // From now on the device fails; callable from any thread.
+  //  kError: the next operation on any stream of the device fails, and the device is failed as by
+  //    a real error (sticky; later operations are skipped): synchronize() throws zt::Error(kDevice)
+  //    naming the device and "injected fault". Work completed before is unaffected. On the CPU
+  //    backend the error surfaces at the next operation to start or the next synchronization
+  //    point, whichever comes first (failed() turns true then); on CUDA failed() is true at once.
+  //  kHang: the device stops answering. Its next (non-control) operation on any stream blocks and
+  //    does not complete, events recorded after it never complete, synchronize() blocks
+  //    (synchronize_for() times out) — until abandon(). Streams of other devices that wait on such
+  //    an event are stuck as well, as on a GPU.
+  // Default: throws zt::Error(kInvalidArgument) (the backend cannot inject faults).
+  virtual void inject_fault(FaultKind kind);
+  // True after inject_fault(kHang) until abandon(). The Runtime's destructor abandons such a
+  // device, so that tearing down a runtime with a hung device cannot deadlock.
+  virtual bool hang_injected() const { return false; }
+  // The process gives up on the device (a watchdog declared it hung, or recovery drops it). The
+  // device becomes failed with `why` (unless it failed before: the first error stays), every
+  // blocked or queued operation of it is released and fails, and every synchronize() on it throws
+  // zt::Error(kDevice) instead of blocking, so its host threads and stream workers can be joined
+  // and the device destroyed. Events recorded on it complete (as failed), so streams of *other*
+  // devices waiting on them proceed: those devices are not failed, but the data they waited for
+  // is garbage — the caller must discard every state the abandoned device contributed to (the
+  // trainer rebuilds it from a checkpoint). Idempotent; callable from any thread. What abandon()
+  // cannot release: user code blocked inside a host function, and (CUDA) a host thread blocked
+  // inside the CUDA runtime on a GPU that is truly stuck.
+  // Default: nothing to release (the backend cannot inject faults).
+  virtual void abandon(const std::string& why);
 };
 
 }  // namespace zt

@@ -32,6 +32,13 @@ void profiler_stop() {
 #endif
 }
 
+void Device::inject_fault(FaultKind kind) {
+  ZT_THROW(ErrorKind::kInvalidArgument, name(), " cannot inject a fault (", fault_kind_name(kind),
+           "): its backend does not support fault injection");
+}
+
+void Device::abandon(const std::string& /*why*/) {}
+
 std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu) {
   ZT_REQUIRE(n >= 1, "the CPU backend needs at least one device, got ", n);
   std::unique_ptr<Runtime> rt(new Runtime());
@@ -76,6 +83,11 @@ std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDevice
 }
 
 Runtime::~Runtime() {
+  // A device hung on purpose would block the drain below forever (and every device waiting on
+  // its events with it): give up on it first.
+  for (auto& d : devices_) {
+    if (d->hang_injected()) d->abandon("the runtime was destroyed while the device hung (injected fault)");
+  }
   // Drain every device before any is destroyed: a stream may wait on another device's event.
   for (auto& d : devices_) {
     try {

@@ -3,6 +3,7 @@
 // an event, and to other streams after they wait() on an event recorded after it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 
@@ -27,6 +28,9 @@ class Stream {
   // Blocks until all submitted work is done. A failure inside that work (a sticky device error)
   // is rethrown here as zt::Error(kDevice).
   virtual void synchronize() = 0;
+  // synchronize() that gives up after `timeout` (a watchdog's building block): false when work
+  // is still pending then (nothing is cancelled); rethrows a sticky device error like synchronize().
+  virtual bool synchronize_for(std::chrono::milliseconds timeout) = 0;
   // True when all submitted work is done; rethrows a sticky device error like synchronize().
   virtual bool query() = 0;
 

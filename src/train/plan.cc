@@ -170,6 +170,7 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   zo.stage = in.zero_stage;
   zo.sgd = in.sgd;
   zo.micro_batches = in.micro_batches;
+  zo.working = in.working;
   const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
 
   // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring

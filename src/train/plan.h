@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/config.h"
 
 namespace zt {
@@ -22,6 +23,7 @@ struct PlanInputs {
   int micro_batches = 1;   // per step (gradient accumulation)
   bool sampling = false;   // GPT: a 1 x T sampling workspace is allocated (end-of-run sample)
   int max_devices = 0;     // devices that exist (for the "more devices" suggestion); 0 = devices
+  DType working = DType::kF32;  // parameters and gradients (--precision); masters and moments are fp32
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).

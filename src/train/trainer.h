@@ -21,6 +21,39 @@ enum class OptimizerKind { kAdamW, kSgd };
 // same records as --metrics).
 enum class LogFormat { kText, kJson };
 
+// Mixed precision (--precision): parameters and gradients in fp32, bf16 or fp16 (fp32 master
+// weights and moments in the optimizer shards either way). kAuto: bf16 on GPUs, fp32 on the CPU
+// backend.
+enum class Precision { kAuto, kFp32, kBf16, kFp16 };
+const char* precision_name(Precision p);
+Precision parse_precision(const std::string& s);  // throws kInvalidArgument
+
+// Tests: overwrite one gradient element with `value` (inf, NaN, ...) before the overflow check.
+struct GradientFault {
+  int step = 1;   // 1-based
+  int rank = 0;
+  int block = 0;
+  int64_t offset = 0;  // element of rank's gradient shard of the block
+  float value = 0;
+};
+
+// --inject-fault device=D,step=S[,kind=error|hang]: rank D's device fails at the start of step S.
+struct FaultInjection {
+  int device = -1;  // -1 = none
+  int step = 0;     // 1-based
+  bool hang = false;
+};
+FaultInjection parse_fault_injection(const std::string& spec);  // throws kInvalidArgument
+
+// One device lost and recovered from in-process.
+struct Recovery {
+  int failed_at_step = 0;      // the step that was running (1-based)
+  std::string device;          // its name, e.g. "cpu:2"
+  std::string cause;           // the error, or "stopped answering"
+  int resumed_from_step = 0;   // the snapshot's step
+  int devices_after = 0;
+};
+
 struct TrainConfig {
   std::string model = "gpt-tiny";
   ModelOverrides overrides;
@@ -41,6 +74,31 @@ struct TrainConfig {
   float grad_clip = 1.0f;    // 0 = no clipping
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, momentum = 0.9f;
+  Precision precision = Precision::kAuto;
+  // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
+  std::string loss_scale = "auto";
+  float initial_scale = 65536.0f;  // dynamic: 2^16
+  int scale_window = 2000;         // overflow-free steps before the scale doubles
+  int scale_hysteresis = 1;        // overflows tolerated (step skipped, scale kept) before a backoff
+  float min_scale = 1.0f;
+  float max_scale = 16777216.0f;
+  bool stochastic_rounding = false;  // of the 16-bit parameters (seeded by --seed)
+  bool on_scale_collapse_bf16 = false;  // --on-scale-collapse bf16: continue in bf16 (else stop)
+  int max_skipped_steps = 20;      // consecutive skipped (overflowed) steps before giving up
+  std::vector<GradientFault> gradient_faults;  // tests
+  // Checkpoints (src/checkpoint/, train/state_io.h): saved every save_every steps and at the end
+  // when checkpoint_dir is set; keep: how many complete checkpoints stay (0 = all).
+  std::string checkpoint_dir;
+  int save_every = 0;
+  int keep = 3;
+  std::string resume;  // "" (fresh), "auto" (newest complete checkpoint in checkpoint_dir) or a checkpoint path
+  std::string init_from;  // safetensors weights (GPT-2 names) to start from instead of the seeded init
+  // Fault tolerance: a host snapshot of every shard every snapshot_every steps; when a device
+  // fails, the run drops it and continues from the snapshot on the others (0 = off: a failure ends
+  // the run). hang_timeout_s: a step (or evaluation) not done after this long is a hang.
+  int snapshot_every = 0;
+  FaultInjection inject_fault;
+  double hang_timeout_s = 300;
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
   int eval_batches = 8;
@@ -75,8 +133,19 @@ struct TrainResult {
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps
   int devices = 1;
   int zero_stage = 0;
+  std::string precision;               // "fp32", "bf16", "fp16" (at the end of the run)
+  std::vector<float> loss_scales;      // per step: the scale the step's backward used (1 without scaling)
+  std::vector<int> skipped_steps;      // 1-based steps whose update was skipped (non-finite gradients)
+  std::string first_nonfinite;         // tensor named by the first skipped step's diagnosis
+  int switched_to_bf16_at = 0;         // --on-scale-collapse bf16: the step after which bf16 took over
+  int start_step = 0;                  // steps already done by the checkpoint resumed from (0 = fresh)
+  std::vector<std::string> checkpoints;  // paths of the checkpoints this run saved, in order
+  std::vector<std::string> resume_notes;  // checkpoints --resume auto refused, and why
+  std::vector<Recovery> recoveries;       // devices lost and recovered from
   std::string sample;
-  std::vector<std::vector<float>> final_params;  // with keep_final_params
+  std::vector<std::vector<float>> final_params;  // with keep_final_params: the fp32 master weights
+  std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
+  std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
 };
 

@@ -18,6 +18,20 @@
 //            flight: the current and the prefetched one, and the tied embedding during forward)
 //   With gradient accumulation (more than one micro-batch per step), stages 0 and 1 add a 4Psi/N
 //   gradient-shard accumulator.
+//
+// Mixed precision (ZeroOptions::working = bf16 or f16): parameters and gradients are held,
+// communicated and accumulated in the 16-bit type; each rank's optimizer shard keeps fp32 master
+// weights and moments (stage 0: all of them), and the fused update re-derives the 16-bit copy from
+// the master. Per rank: stage 0 2Psi + 2Psi + 12Psi; stage 1 2Psi + 2Psi + 12Psi/N; stage 2 2Psi +
+// 14Psi/N; stage 3 16Psi/N (ZeRO's K = 12). The model computes in fp32: a block's 16-bit
+// parameters are widened into a transient fp32 copy while the block runs, and its fp32 gradient
+// (scaled by the loss scale) is rounded once into the 16-bit buffer that is reduced.
+//
+// Loss scaling and overflow: after the reductions, one fused pass per rank (optim::unscale_check)
+// computes the unscaled squared norms and a non-finite flag of its gradient shard; the flags are
+// summed across ranks with an all-reduce on the devices, and the optimizer and the dynamic scale
+// update read that flag and the scale from device memory: every rank skips an overflowed step
+// together, and nothing about it needs the host.
 #pragma once
 
 #include <chrono>
@@ -26,6 +40,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/dtype.h"
+#include "optimizers/optimizers.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "zero/shard_plan.h"
@@ -36,13 +52,22 @@ struct ZeroOptions {
   int stage = 2;
   bool sgd = false;  // SGD keeps one moment buffer, AdamW two
   int micro_batches = 1;  // per step (gradient accumulation)
+  // Parameters and gradients for compute and communication: f32, bf16 or f16.
+  DType working = DType::kF32;
+  // Loss scaling: none (scale 1), fixed (initial_scale, never changes) or dynamic (scale_config).
+  enum class Scaling { kNone, kFixed, kDynamic };
+  Scaling scaling = Scaling::kNone;
+  float initial_scale = 1.0f;
+  optim::LossScaleConfig scale_config;
+  optim::Rounding rounding = optim::Rounding::kNearest;  // of the 16-bit parameters
+  uint64_t seed = 0;                                     // stochastic rounding stream
 };
 
 struct OptimizerStep {
   bool adamw = true;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, momentum = 0.9f;
   int step = 1;           // 1-based
-  float grad_scale = 1;   // clipping factor
+  float grad_scale = 1;   // clipping factor (applied after unscaling)
 };
 
 // Bytes a rank holds resident, by kind (the ZeRO "model states").
@@ -56,8 +81,12 @@ struct ModelStateBytes {
 // prediction and allocation cannot drift apart. Equal on every rank (shards are padded).
 struct BlockBufferBytes {
   size_t params = 0, grads = 0, acc = 0, m = 0, v = 0;  // resident for the engine's lifetime
+  size_t master = 0;    // fp32 master weights (mixed precision only; in fp32 the parameters are the master)
   size_t bucket = 0;    // stages 2-3: full gradient of the running micro-batch, during the block's backward
   size_t gathered = 0;  // stage 3: full parameters, while the block (or the prefetched next) is in use
+  // Mixed precision: fp32 copy of the block's parameters while it runs, and its fp32 gradient
+  // during its backward (the model computes in fp32).
+  size_t compute = 0, compute_grad = 0;
 };
 
 // One transient buffer live at the engine's transient peak.
@@ -107,11 +136,56 @@ class ZeroEngine {
   // Before forward. forward_only: an evaluation or sampling forward (no backward follows).
   void begin_micro_batch(int rank, int micro_index, bool forward_only = false);
   void end_micro_batch(int rank);  // after backward (reductions enqueued) or the forward-only pass
-  // Squared L2 norm of this rank's gradient shard of every block, written to device floats
-  // out[0..num_blocks) on the compute stream (the host adds ranks and blocks in fixed order).
-  void gradient_norm_partials(int rank, float* device_out);
-  // Optimizer update of this rank's shard, then the parameter all-gather (stages 1, 2).
+  // One fused pass over this rank's gradient shard (after the step's micro-batches): the squared
+  // L2 norm of the unscaled gradient of every block, written to device floats out[0..num_blocks)
+  // on the compute stream (the host adds ranks and blocks in fixed order), and the non-finite
+  // flag, summed over all ranks by an all-reduce into found_inf_device(rank).
+  void check_gradients(int rank, float* device_out);
+  // Optimizer update of this rank's shard (skipped, writing nothing, when the combined flag is
+  // set), the loss-scale update (dynamic scaling), then the parameter all-gather (stages 1, 2).
   void optimizer_step(int rank, const OptimizerStep& s);
+
+  // Sets this rank's combined overflow flag (after check_gradients, before optimizer_step): the
+  // host saw a non-finite loss, so the step is skipped like an overflowed one.
+  void mark_overflow(int rank);
+  // Device float: the loss scale the next backward multiplies the loss by (nullptr: no scaling).
+  const float* loss_scale_device(int rank) const;
+  // Device float: > 0 when some rank's gradient held inf/NaN in the last check_gradients.
+  const float* found_inf_device(int rank) const;
+  // The loss-scale state (synchronizes rank's compute stream). Without scaling: scale 1.
+  optim::LossScaleState loss_scale_state(int rank);
+  // Switches parameters and gradients to another working dtype, keeping the fp32 master weights
+  // and moments (--on-scale-collapse bf16): the new parameters are derived from the master.
+  // Called once, from one thread, between steps (group collectives). Drops loss scaling (scale 1).
+  void set_working_dtype(DType working);
+  DType working_dtype() const;
+  // Diagnostics after an overflow (synchronizes every device; not the hot path): "h.3.mlp.c_fc.weight"
+  // — the first tensor, in layout order, whose accumulated gradient holds inf/NaN on some rank; empty
+  // if none does.
+  std::string first_nonfinite_gradient();
+  // Tests: writes `value` (converted to the working dtype) into element `offset` of rank's
+  // accumulated gradient shard of `block`, on the compute stream, before check_gradients.
+  void poke_gradient(int rank, int block, int64_t offset, float value);
+
+  // ---- checkpoints and recovery (host memory; synchronize the rank's device; not the hot path) ----
+  // The elements [begin, end) of block b whose optimizer state rank r saves: its shard's real
+  // elements at every stage (stage 0 keeps everything on every rank, but each saves its shard).
+  ShardRange shard_of(int rank, int block) const;
+  // The elements of block b whose optimizer state rank r keeps ([0, numel) at stage 0, else its shard).
+  std::pair<int64_t, int64_t> state_range(int rank, int block) const;
+  // Copies rank's fp32 master weights, moments (v: AdamW only; may be null for SGD) and working
+  // parameters (raw working-dtype bits; null to skip) over shard_of(rank, block).
+  void state_to_host(int rank, int block, float* master, float* m, float* v, void* working);
+  // Loads block b on rank: master over the whole block [0, numel); m, v over state_range(rank, b);
+  // working: the whole block's working parameters as raw working-dtype bits, or null to derive
+  // them from the master (round to nearest). Clears gradients. Host buffers may go on return.
+  void load_state(int rank, int block, const float* master_full, const float* m, const float* v,
+                  const void* working_full);
+  void set_loss_scale_state(int rank, const optim::LossScaleState& st);
+
+  // The fp32 master weights of block b over the whole block, assembled from the ranks' shards
+  // (equals block_to_host in fp32). Synchronizes every device.
+  std::vector<float> master_to_host(int block);
 
   ModelStateBytes model_state_bytes(int rank) const;
 

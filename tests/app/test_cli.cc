@@ -78,6 +78,24 @@ TEST_F(Cli, BadFlagsAndNumbers) {
   expect_usage_error("train --devices gpu:1", "invalid device selection 'gpu:1'");
   expect_usage_error("frobnicate", "frobnicate");
   expect_usage_error("info --devices cpu:0", "between 1 and 64");
+  expect_usage_error("train --precision fp8", "--precision");
+  expect_usage_error("train --loss-scale lots", "--loss-scale must be dynamic, none or a positive number");
+  expect_usage_error("train --precision bf16 --on-scale-collapse bf16", "--precision fp16 runs only");
+  expect_usage_error("train --min-scale 8 --initial-scale 4", "--min-scale");
+}
+
+TEST_F(Cli, Fp16ScaleCollapseExitsThreeOrContinuesInBf16) {
+  // A scale at which every fp16 gradient overflows, with no room to back off.
+  const std::string base = "train --steps 4 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --precision fp16 "
+                           "--initial-scale 1e9 --min-scale 1e9 --max-scale 1e9";
+  const RunResult stop = run(base);
+  EXPECT_EQ(stop.exit_code, 3) << stop.output;
+  EXPECT_NE(stop.output.find("loss scale collapsed"), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("step 1 skipped"), std::string::npos) << stop.output;
+  const RunResult go = run(base + " --on-scale-collapse bf16");
+  EXPECT_EQ(go.exit_code, 0) << go.output;
+  EXPECT_NE(go.output.find("continuing in bf16"), std::string::npos) << go.output;
+  EXPECT_NE(go.output.find("step 4/4"), std::string::npos) << go.output;
 }
 
 TEST_F(Cli, BadDataFiles) {

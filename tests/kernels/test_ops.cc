@@ -629,6 +629,42 @@ TEST_P(OpsTest, Classifier) {
   }
 }
 
+// Dynamic loss scaling: dloss_scale is one fp32 in device memory, read when the op runs (here
+// written on the stream right before it); dlogits are bit for bit those of dloss * scale, the
+// losses those of the unscaled call.
+TEST_P(OpsTest, ClassifierDlossScaleIsReadFromDeviceMemory) {
+  const int64_t N = 9, V = 515;
+  const FVec logits = rng_.normal(N * V, 3.0f);
+  IVec targets = rng_.ints(N, 0, static_cast<int32_t>(V));
+  targets[2] = -1;
+  const float dloss = 1.0f / static_cast<float>(N);
+  DevTensor ttargets = tensor(targets, {N});
+  DevTensor dscale = tensor(FVec{1.0f}, {1});
+  const auto* scale_ptr = static_cast<const float*>(dscale.view().data);
+  DevTensor plain = tensor(logits, {N, V}), plain_losses = poisoned({N});
+  ops::classifier_forward_backward(s(), plain, plain_losses, ttargets, dloss, true);
+  DevTensor plain_fwd = tensor(logits, {N, V}), plain_fwd_losses = poisoned({N});
+  ops::classifier_forward_backward(s(), plain_fwd, plain_fwd_losses, ttargets, dloss, false);
+  for (float scale : {4096.0f, 3.0f}) {
+    SCOPED_TRACE(::testing::Message() << "scale " << scale);
+    s().copy(dscale.view().data, &scale, sizeof(float));
+    DevTensor scaled = tensor(logits, {N, V}), scaled_losses = poisoned({N});
+    ops::classifier_forward_backward(s(), scaled, scaled_losses, ttargets, dloss, true, scale_ptr);
+    DevTensor direct = tensor(logits, {N, V}), direct_losses = poisoned({N});
+    ops::classifier_forward_backward(s(), direct, direct_losses, ttargets, dloss * scale, true);
+    EXPECT_TRUE(bitwise_equal(scaled.f(), direct.f()));
+    EXPECT_TRUE(bitwise_equal(scaled_losses.f(), plain_losses.f()));
+    DVec r_loss(N), r_dlogits(N * V);
+    ref::classifier_ref(r_loss, r_dlogits, to_d(logits), targets, N, V, double{dloss} * scale);
+    EXPECT_TRUE(close(scaled.f(), r_dlogits, kTolElem));
+    // Without compute_grad the scale changes nothing.
+    DevTensor untouched = tensor(logits, {N, V}), losses = poisoned({N});
+    ops::classifier_forward_backward(s(), untouched, losses, ttargets, dloss, false, scale_ptr);
+    EXPECT_TRUE(bitwise_equal(untouched.f(), logits));
+    EXPECT_TRUE(bitwise_equal(losses.f(), plain_fwd_losses.f()));
+  }
+}
+
 // ---- optimizers
 // ------------------------------------------------------------------------------------
 

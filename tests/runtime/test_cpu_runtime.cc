@@ -5,9 +5,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -325,6 +329,262 @@ TEST(CpuRuntime, ManyStreamsManyDevicesStress) {
   }
   rt->synchronize();
   EXPECT_EQ(shared_total, expect);
+}
+
+// ---- fault injection and abandonment --------------------------------------------------------
+
+// Runs `fn` on another thread and fails loudly if it has not finished within `limit`: a deadlock
+// must fail the test, not hang CI. (The stuck thread cannot be joined, so the process aborts.)
+void within(std::chrono::seconds limit, const char* what, std::function<void()> fn) {
+  auto done = std::async(std::launch::async, std::move(fn));
+  if (done.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "DEADLOCK: %s did not finish within %lld s\n", what,
+                 static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::abort();
+  }
+  done.get();  // rethrows what fn threw
+}
+
+constexpr auto kDeadlockLimit = std::chrono::seconds(60);  // generous: TSan is slow
+constexpr auto kStuck = 50ms;  // long enough to show that work is blocked, not just slow
+
+// Runs `fn`, which must throw zt::Error(kDevice); returns its message ("" when it did not throw).
+template <typename Fn>
+std::string device_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDevice) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "expected zt::Error(kDevice)";
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(CpuFault, InjectedErrorFailsTheNextOperationOnly) {
+  auto rt = Runtime::create_cpu(2);
+  Device& d0 = rt->device(0);
+  Device& d1 = rt->device(1);
+  constexpr size_t kBytes = 4096;
+  auto* buf = static_cast<uint8_t*>(d0.memory().allocate(kBytes, d0.compute(), "buf"));
+  int before = 0;
+  d0.compute().memset(buf, 0x11, kBytes);
+  d0.compute().host_func([&] { before = 1; });
+  d0.compute().synchronize();
+
+  d0.inject_fault(FaultKind::kError);
+  EXPECT_FALSE(d0.hang_injected());
+  bool later_ran = false;
+  d0.compute().memset(buf, 0x22, kBytes);  // the next operation: fails instead of running
+  d0.compute().host_func([&] { later_ran = true; });  // skipped: the device has failed
+  const std::string msg = device_error_of([&] { d0.compute().synchronize(); });
+  EXPECT_TRUE(contains(msg, "cpu:0")) << msg;
+  EXPECT_TRUE(contains(msg, "injected fault")) << msg;
+  EXPECT_TRUE(d0.failed());
+  EXPECT_FALSE(later_ran);
+  // Work completed before the fault is unaffected.
+  EXPECT_EQ(before, 1);
+  size_t changed = 0;
+  for (size_t i = 0; i < kBytes; ++i) changed += buf[i] != 0x11;
+  EXPECT_EQ(changed, 0u);
+  // Sticky, on every stream and every synchronization point of the device.
+  EXPECT_TRUE(contains(device_error_of([&] { d0.comm().synchronize(); }), "injected fault"));
+  EXPECT_TRUE(contains(device_error_of([&] { d0.synchronize(); }), "injected fault"));
+  EXPECT_TRUE(contains(device_error_of([&] { d0.synchronize_for(1s); }), "injected fault"));
+  EXPECT_TRUE(contains(device_error_of([&] { d0.comm().query(); }), "injected fault"));
+
+  // Another device keeps working, also when it waits on an event of the failed device.
+  auto ev = d0.create_event();
+  d0.comm().record(*ev);
+  d1.compute().wait(*ev);
+  std::vector<uint8_t> host(kBytes, 0);
+  auto* other = static_cast<uint8_t*>(d1.memory().allocate(kBytes, d1.compute(), "other"));
+  d1.compute().memset(other, 0x33, kBytes);
+  d1.compute().copy(host.data(), other, kBytes);
+  EXPECT_TRUE(d1.synchronize_for(kDeadlockLimit));
+  EXPECT_FALSE(d1.failed());
+  for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(host[i], 0x33);
+  d0.memory().free(buf);
+  d1.memory().free(other);
+}
+
+TEST(CpuFault, InjectedErrorSurfacesAtSynchronizeWithoutFurtherWork) {
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  d.synchronize();
+  d.inject_fault(FaultKind::kError);
+  const std::string msg = device_error_of([&] { d.synchronize(); });
+  EXPECT_TRUE(contains(msg, "cpu:0") && contains(msg, "injected fault")) << msg;
+  EXPECT_TRUE(d.failed());
+}
+
+TEST(CpuFault, ConcurrentOperationsOnAllStreamsOfAFailingDevice) {
+  // The fault races with work on three streams (TSan checks the fault word and the message).
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream* streams[] = {&d.compute(), &d.comm(), &d.create_stream()};
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 300; ++i) streams[i % 3]->host_func([&] { ran.fetch_add(1); });
+  d.inject_fault(FaultKind::kError);
+  for (int i = 0; i < 300; ++i) streams[i % 3]->host_func([&] { ran.fetch_add(1); });
+  EXPECT_TRUE(contains(device_error_of([&] { d.synchronize(); }), "injected fault"));
+  EXPECT_LE(ran.load(), 300) << "operations submitted after the fault must not run";
+}
+
+TEST(CpuFault, SynchronizeForReportsCompletionAndTimeout) {
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Gate gate;
+  gate.block(d.comm());
+  EXPECT_FALSE(d.comm().synchronize_for(10ms));
+  EXPECT_FALSE(d.synchronize_for(10ms));
+  EXPECT_TRUE(d.compute().synchronize_for(0ms));  // idle
+  gate.open();
+  EXPECT_TRUE(d.comm().synchronize_for(kDeadlockLimit));
+  EXPECT_TRUE(d.synchronize_for(kDeadlockLimit));
+}
+
+TEST(CpuFault, InjectedHangBlocksUntilAbandoned) {
+  auto rt = Runtime::create_cpu(3);  // cpu:2 is a bystander
+  Device& d0 = rt->device(0);
+  Device& d1 = rt->device(1);
+  Device& d2 = rt->device(2);
+  std::atomic<int> before{0};
+  d0.compute().host_func([&] { before = 1; });
+  d0.compute().synchronize();
+
+  d0.inject_fault(FaultKind::kHang);
+  EXPECT_TRUE(d0.hang_injected());
+  std::atomic<bool> hung_ran{false};
+  d0.compute().host_func([&] { hung_ran = true; });  // the GPU stops answering here
+  auto after_hang = d0.create_event();
+  d0.compute().record(*after_hang);
+  std::atomic<bool> comm_ran{false};
+  d0.comm().host_func([&] { comm_ran = true; });  // every stream of the device hangs
+  // A peer-copy consumer on another device waits for the hung device's marker.
+  d1.compute().wait(*after_hang);
+  std::atomic<bool> consumer_ran{false};
+  d1.compute().host_func([&] { consumer_ran = true; });
+  // A host thread blocked in synchronize() on the hung device.
+  auto blocked_sync = std::async(std::launch::async, [&] { return device_error_of([&] { d0.synchronize(); }); });
+
+  EXPECT_FALSE(d0.compute().synchronize_for(kStuck));
+  EXPECT_FALSE(d0.comm().synchronize_for(1ms));
+  EXPECT_FALSE(d0.synchronize_for(1ms));
+  EXPECT_FALSE(d1.compute().synchronize_for(kStuck));
+  EXPECT_EQ(blocked_sync.wait_for(1ms), std::future_status::timeout);
+  EXPECT_FALSE(after_hang->query());
+  EXPECT_FALSE(hung_ran.load());
+  EXPECT_FALSE(comm_ran.load());
+  EXPECT_FALSE(consumer_ran.load());
+  EXPECT_FALSE(d0.failed()) << "a hung device does not report an error by itself";
+  EXPECT_FALSE(d1.failed());
+  // Other devices, and streams of the waiting device that do not wait, keep working.
+  std::atomic<bool> bystander_ran{false};
+  d2.compute().host_func([&] { bystander_ran = true; });
+  EXPECT_TRUE(d2.synchronize_for(kDeadlockLimit));
+  EXPECT_TRUE(bystander_ran.load());
+  d1.comm().host_func([] {});
+  EXPECT_TRUE(d1.comm().synchronize_for(kDeadlockLimit));
+
+  within(kDeadlockLimit, "abandon() and teardown", [&] {
+    d0.abandon("watchdog: no progress for 50 ms");
+    EXPECT_FALSE(d0.hang_injected());
+    EXPECT_TRUE(d0.failed());
+    const std::string blocked_msg = blocked_sync.get();
+    EXPECT_TRUE(contains(blocked_msg, "cpu:0")) << blocked_msg;
+    EXPECT_TRUE(contains(blocked_msg, "watchdog: no progress")) << blocked_msg;
+    const std::string msg = device_error_of([&] { d0.compute().synchronize(); });
+    EXPECT_TRUE(contains(msg, "cpu:0") && contains(msg, "abandoned") && contains(msg, "watchdog")) << msg;
+    EXPECT_TRUE(contains(device_error_of([&] { d0.synchronize_for(kDeadlockLimit); }), "abandoned"));
+    after_hang->synchronize();  // the event completes (as failed): its waiters wake
+    EXPECT_TRUE(after_hang->query());
+    // The consumer on the other device proceeds; that device is not failed (the data it waited
+    // for is garbage: the caller discards it).
+    d1.compute().synchronize();
+    EXPECT_TRUE(consumer_ran.load());
+    EXPECT_FALSE(d1.failed());
+    EXPECT_FALSE(hung_ran.load()) << "operations of an abandoned device are released as failed";
+    EXPECT_FALSE(comm_ran.load());
+    // Work after abandonment is skipped at once, never blocked.
+    d0.compute().host_func([&] { hung_ran = true; });
+    EXPECT_THROW(d0.compute().synchronize(), Error);
+    EXPECT_FALSE(hung_ran.load());
+    d0.abandon("twice");  // idempotent; the first reason stays
+    EXPECT_TRUE(contains(device_error_of([&] { d0.synchronize(); }), "watchdog"));
+    after_hang.reset();
+    rt.reset();  // joins every stream worker
+  });
+  EXPECT_EQ(before.load(), 1);
+}
+
+TEST(CpuFault, AbandonReleasesTheDevicesOwnWaitsOnAnotherHungDevice) {
+  // cpu:1 waits on a marker of hung cpu:0; recovery drops cpu:1 first, then cpu:0.
+  auto rt = Runtime::create_cpu(2);
+  Device& d0 = rt->device(0);
+  Device& d1 = rt->device(1);
+  d0.inject_fault(FaultKind::kHang);
+  d0.compute().host_func([] {});
+  auto ev = d0.create_event();
+  d0.compute().record(*ev);
+  d1.comm().wait(*ev);
+  std::atomic<bool> d1_ran{false};
+  d1.comm().host_func([&] { d1_ran = true; });
+  auto d1_ev = d1.create_event();
+  d1.comm().record(*d1_ev);
+  EXPECT_FALSE(d1.synchronize_for(kStuck));
+
+  within(kDeadlockLimit, "abandoning the waiting device", [&] {
+    d1.abandon("dropped by recovery");
+    EXPECT_TRUE(contains(device_error_of([&] { d1.synchronize(); }), "dropped by recovery"));
+    EXPECT_FALSE(d1_ran.load());
+    d1_ev->synchronize();
+    EXPECT_FALSE(d0.synchronize_for(1ms)) << "cpu:0 is still hung";
+    EXPECT_FALSE(d0.failed());
+    d0.abandon("hung");
+    EXPECT_THROW(d0.synchronize(), Error);
+    ev.reset();
+    d1_ev.reset();
+    rt.reset();
+  });
+}
+
+TEST(CpuFault, DestroyingTheRuntimeWithAHungDeviceDoesNotDeadlock) {
+  auto rt = Runtime::create_cpu(2);
+  Device& d0 = rt->device(0);
+  Device& d1 = rt->device(1);
+  d0.inject_fault(FaultKind::kHang);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 10; ++i) d0.compute().host_func([&] { ran.fetch_add(1); });
+  auto ev = d0.create_event();
+  d0.compute().record(*ev);
+  d1.compute().wait(*ev);
+  d1.compute().host_func([&] { ran.fetch_add(100); });
+  Stream& extra = d0.create_stream();  // created after the fault: hangs too
+  extra.host_func([&] { ran.fetch_add(1000); });
+  EXPECT_FALSE(extra.synchronize_for(kStuck));
+  within(kDeadlockLimit, "Runtime destruction with a hung device", [&] { rt.reset(); });
+  EXPECT_EQ(ran.load(), 100) << "only the other device's consumer runs";
+}
+
+TEST(CpuFault, AbandonWithoutInjectionReleasesWaitsAndSkipsQueuedWork) {
+  // A watchdog may give up on a device that is merely stuck behind work: queued work is dropped.
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Gate gate;
+  gate.block(d.compute());
+  std::atomic<bool> queued_ran{false};
+  d.compute().host_func([&] { queued_ran = true; });
+  within(kDeadlockLimit, "abandon() behind a gate", [&] {
+    d.abandon("too slow");
+    gate.open();  // user code inside a host function is not interrupted; it must return itself
+    EXPECT_TRUE(contains(device_error_of([&] { d.synchronize(); }), "too slow"));
+    EXPECT_FALSE(queued_ran.load());
+    EXPECT_FALSE(d.hang_injected());
+  });
 }
 
 }  // namespace

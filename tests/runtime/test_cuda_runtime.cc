@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
 #include <random>
@@ -536,6 +538,94 @@ TEST(CudaCast, SameTypeCopiesAndEmptyIsANoOp) {
   EXPECT_EQ(float_bits(out), float_bits(values));
   launch_cast(dev->compute(), nullptr, DType::kF16, nullptr, DType::kF32, 0);
   dev->compute().synchronize();
+}
+
+// ---- fault injection (the wrapper's; the CUDA context itself stays healthy) --------------------
+
+TEST(CudaFault, InjectedErrorFailsEverySynchronizationPoint) {
+  ZT_SKIP_WITHOUT_GPU();
+  auto dev = one_device();
+  dev->compute().synchronize();
+  dev->inject_fault(FaultKind::kError);
+  EXPECT_TRUE(dev->failed());
+  EXPECT_FALSE(dev->hang_injected());
+  try {
+    dev->synchronize();
+    FAIL() << "synchronize() did not report the injected fault";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDevice);
+    EXPECT_NE(e.message().find("injected fault"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("cuda:0"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(dev->comm().synchronize(), Error);
+  EXPECT_THROW(dev->compute().query(), Error);
+  EXPECT_THROW(dev->synchronize_for(std::chrono::seconds(10)), Error);
+}
+
+TEST(CudaFault, InjectedHangBlocksUntilAbandoned) {
+  ZT_SKIP_WITHOUT_GPU();
+  using namespace std::chrono_literals;
+  auto devices = cuda::create_devices({0, 0});
+  Device& d0 = *devices[0];
+  Device& d1 = *devices[1];
+  const size_t n = kMiB;
+  auto a = std::make_unique<DeviceBuffer>(d0.memory(), n, d0.compute());
+  auto b = std::make_unique<DeviceBuffer>(d1.memory(), n, d1.compute());
+  d1.compute().synchronize();
+  d0.compute().synchronize();
+
+  d0.inject_fault(FaultKind::kHang);
+  EXPECT_TRUE(d0.hang_injected());
+  d0.compute().memset(a->data(), 0x5a, n);
+  auto after_hang = d0.create_event();
+  d0.compute().record(*after_hang);
+  d1.compute().wait(*after_hang);
+  d1.compute().copy(b->data(), a->data(), n);
+
+  EXPECT_FALSE(d0.synchronize_for(0ms));
+  EXPECT_FALSE(d0.compute().synchronize_for(50ms));
+  EXPECT_FALSE(d1.compute().synchronize_for(50ms));
+  EXPECT_FALSE(after_hang->query());
+  EXPECT_FALSE(d0.failed());
+
+  // abandon() and teardown must finish; a deadlock aborts instead of hanging the check.
+  auto done = std::async(std::launch::async, [&] {
+    d0.abandon("watchdog");
+    EXPECT_TRUE(d0.failed());
+    EXPECT_FALSE(d0.hang_injected());
+    try {
+      d0.synchronize();
+      ADD_FAILURE() << "synchronize() of an abandoned device did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kDevice);
+      EXPECT_NE(e.message().find("watchdog"), std::string::npos) << e.message();
+    }
+    after_hang->synchronize();  // released: the queued work ran
+    d1.compute().synchronize();
+    EXPECT_FALSE(d1.failed());
+    a.reset();
+    b.reset();
+    after_hang.reset();
+    devices.clear();
+  });
+  if (done.wait_for(60s) != std::future_status::ready) {
+    std::fprintf(stderr, "DEADLOCK: abandon() of a hung CUDA device did not finish within 60 s\n");
+    std::abort();
+  }
+  done.get();
+}
+
+TEST(CudaFault, DestroyingAHungDeviceDoesNotDeadlock) {
+  ZT_SKIP_WITHOUT_GPU();
+  auto devices = cuda::create_devices({0});
+  devices[0]->inject_fault(FaultKind::kHang);
+  Stream& extra = devices[0]->create_stream();  // created after the fault: parked too
+  EXPECT_FALSE(extra.synchronize_for(std::chrono::milliseconds(20)));
+  auto done = std::async(std::launch::async, [&] { devices.clear(); });
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "DEADLOCK: destroying a hung CUDA device did not finish within 60 s\n");
+    std::abort();
+  }
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ PlanInputs inputs_of(const TrainConfig& c, int devices, size_t memory = 0) {
   in.micro_batches = c.batch_size / devices / c.micro_batch_size;
   in.sampling = c.sample_tokens > 0;
   in.max_devices = 8;
+  in.working = c.precision == Precision::kBf16 ? DType::kBF16 : c.precision == Precision::kFp16 ? DType::kF16 : DType::kF32;
   return in;
 }
 
@@ -50,6 +51,7 @@ struct Case {
   const char* name;
   ModelOverrides overrides;
   bool sgd;
+  Precision precision = Precision::kFp32;
 };
 
 TEST(Plan, PoolRoundingMatchesTheAllocator) {
@@ -73,7 +75,10 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
   wide.layers = 2;
   wide.embd = 256;
   wide.vocab = 512;
-  const Case cases[] = {{"gpt-tiny", {}, false}, {"gpt-tiny wide, SGD", wide, true}};
+  const Case cases[] = {{"gpt-tiny", {}, false},
+                        {"gpt-tiny wide, SGD", wide, true},
+                        {"gpt-tiny, bf16", {}, false, Precision::kBf16},
+                        {"gpt-tiny wide, fp16", wide, false, Precision::kFp16}};
   for (const Case& k : cases) {
     const ModelConfig mc = make_model_config("gpt-tiny", k.overrides);
     for (int n : {1, 2, 4}) {
@@ -81,6 +86,7 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
         SCOPED_TRACE(std::string(k.name) + ", " + std::to_string(n) + " devices, stage " + std::to_string(stage));
         TrainConfig c = short_run("gpt-tiny", k.overrides, n, stage);
         if (k.sgd) c.optimizer = OptimizerKind::kSgd;
+        c.precision = k.precision;
         const MemoryPlan plan = plan_memory(mc, inputs_of(c, n));
         ASSERT_TRUE(plan.fits);
         const TrainResult r = train(c);

@@ -153,7 +153,7 @@ TEST(NvtxRanges, NestPerDeviceThreadInAZero2Run) {
   EXPECT_EQ(scoped.sink.unbalanced_pops(), 0);
   EXPECT_EQ(scoped.sink.open_ranges(), 0) << "every push has its pop";
 
-  int forward = 0, backward = 0, collectives = 0, optimizer = 0, data = 0, main_steps = 0;
+  int forward = 0, backward = 0, collectives = 0, optimizer = 0, data = 0, main_steps = 0, loss_scale = 0;
   for (const auto& r : ranges) {
     switch (r.category) {
       case NvtxCategory::kForward:
@@ -169,10 +169,14 @@ TEST(NvtxRanges, NestPerDeviceThreadInAZero2Run) {
       }
       case NvtxCategory::kCollective: {
         ++collectives;
-        const auto* in = innermost(r, {NvtxCategory::kBackward, NvtxCategory::kOptimizer});
-        ASSERT_NE(in, nullptr) << r.name << " outside backward/optimizer ranges";
+        const auto* in = innermost(r, {NvtxCategory::kBackward, NvtxCategory::kOptimizer, NvtxCategory::kLossScale});
+        ASSERT_NE(in, nullptr) << r.name << " outside backward/optimizer/loss-scale ranges";
         EXPECT_EQ(in->device, r.device);
-        if (in->category == NvtxCategory::kBackward) {
+        if (in->category == NvtxCategory::kLossScale) {
+          // The overflow flags of every device, summed on the devices.
+          EXPECT_TRUE(starts_with(r.name, "all_reduce overflow flag")) << r.name;
+          EXPECT_EQ(in->name, "unscale + overflow check");
+        } else if (in->category == NvtxCategory::kBackward) {
           EXPECT_TRUE(starts_with(r.name, "reduce_scatter h.") || starts_with(r.name, "reduce_scatter ")) << r.name;
           // The bucket's block is named in both.
           const std::string block = in->name.substr(std::string("backward ").size());
@@ -188,6 +192,10 @@ TEST(NvtxRanges, NestPerDeviceThreadInAZero2Run) {
       case NvtxCategory::kOptimizer:
         ++optimizer;
         ASSERT_NE(innermost(r, {NvtxCategory::kStep}), nullptr);
+        break;
+      case NvtxCategory::kLossScale:
+        ++loss_scale;
+        ASSERT_NE(innermost(r, {NvtxCategory::kStep}), nullptr) << r.name;
         break;
       case NvtxCategory::kData:
         ++data;
@@ -206,6 +214,7 @@ TEST(NvtxRanges, NestPerDeviceThreadInAZero2Run) {
   EXPECT_EQ(main_steps, steps);
   EXPECT_EQ(optimizer, steps * N);
   EXPECT_EQ(data, steps * N);
+  EXPECT_EQ(loss_scale, steps * N) << "one unscale + overflow check per device and step";
   EXPECT_GT(forward, 0);
   EXPECT_GT(backward, 0);
   EXPECT_GT(collectives, 0);

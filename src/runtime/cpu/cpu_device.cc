@@ -19,9 +19,16 @@ void Marker::signal() {
   cv_.notify_all();
 }
 
-void Marker::wait() {
+bool Marker::wait(const CpuDevice* waiter) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
+  cv_.wait(lock, [&] { return done_ || (waiter != nullptr && waiter->abandoned()); });
+  return done_;
+}
+
+void Marker::wake() {
+  // Taking the mutex orders this after a waiter's check of the abandonment flag (no lost wakeup).
+  { std::lock_guard<std::mutex> lock(mu_); }
+  cv_.notify_all();
 }
 
 bool Marker::done() {
@@ -98,7 +105,10 @@ void CpuStream::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (task.control || !device_.failed()) {
+    bool admitted = true;
+    if (!task.control && !device_.healthy()) [[unlikely]]
+      admitted = device_.admit(id_);
+    if (admitted) {
       StreamTaskObserver* observer = task.control ? nullptr : g_task_observer.load(std::memory_order_acquire);
       const auto start = observer ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
@@ -123,9 +133,30 @@ void CpuStream::drain() {
   cv_done_.wait(lock, [&] { return completed_ >= target; });
 }
 
+bool CpuStream::drain_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = submitted_;
+  return cv_done_.wait_until(lock, deadline, [&] { return completed_ >= target; });
+}
+
+void CpuStream::release_wait() {
+  std::shared_ptr<Marker> marker;
+  {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    marker = waiting_on_;
+  }
+  if (marker) marker->wake();
+}
+
 void CpuStream::synchronize() {
   drain();
   device_.throw_if_failed();
+}
+
+bool CpuStream::synchronize_for(std::chrono::milliseconds timeout) {
+  if (!drain_until(std::chrono::steady_clock::now() + timeout)) return false;
+  device_.throw_if_failed();
+  return true;
 }
 
 bool CpuStream::query() {
@@ -147,7 +178,20 @@ void CpuStream::record(Event& event) {
 void CpuStream::wait(const Event& event) {
   auto marker = as_cpu_event(event).current();
   if (!marker) return;  // never recorded: nothing to wait for (as cudaStreamWaitEvent)
-  push([marker] { marker->wait(); }, /*control=*/true);
+  // Published in waiting_on_ so that abandoning this device releases the worker: the marker may
+  // belong to another device that is hung. (Ordering against abandon(): it sets kAbandoned before
+  // it reads waiting_on_, and Marker::wait checks the flag under the marker's mutex.)
+  push(
+      [this, marker] {
+        {
+          std::lock_guard<std::mutex> lock(wait_mu_);
+          waiting_on_ = marker;
+        }
+        marker->wait(&device_);
+        std::lock_guard<std::mutex> lock(wait_mu_);
+        waiting_on_.reset();
+      },
+      /*control=*/true);
 }
 
 void CpuStream::copy(void* dst, const void* src, size_t bytes) {
@@ -188,6 +232,8 @@ CpuDevice::CpuDevice(int index, size_t memory_bytes)
 }
 
 CpuDevice::~CpuDevice() {
+  // A device hung on purpose never drains: give up on it (see Runtime::~Runtime).
+  if (hang_injected()) abandon("the device was destroyed while it hung (injected fault)");
   // Finish queued work before the pool (which the work may use) goes away.
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
@@ -203,14 +249,79 @@ Stream& CpuDevice::create_stream(StreamPriority priority) {
   return *streams_.back();
 }
 
-void CpuDevice::synchronize() {
+std::vector<CpuStream*> CpuDevice::stream_list() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
   std::vector<CpuStream*> streams;
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    for (auto& s : streams_) streams.push_back(s.get());
-  }
-  for (auto* s : streams) s->drain();
+  for (auto& s : streams_) streams.push_back(s.get());
+  return streams;
+}
+
+void CpuDevice::synchronize() {
+  for (auto* s : stream_list()) s->drain();
   throw_if_failed();
+}
+
+bool CpuDevice::synchronize_for(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto* s : stream_list()) {
+    if (!s->drain_until(deadline)) return false;
+  }
+  throw_if_failed();
+  return true;
+}
+
+void CpuDevice::inject_fault(FaultKind kind) {
+  fault_.fetch_or(kind == FaultKind::kError ? kErrorArmed : kHang, std::memory_order_acq_rel);
+}
+
+bool CpuDevice::hang_injected() const {
+  return (fault_.load(std::memory_order_acquire) & (kHang | kAbandoned)) == kHang;
+}
+
+void CpuDevice::abandon(const std::string& why) {
+  // Failed first: every task released below is then skipped, and every synchronization throws.
+  fail(name() + " was abandoned: " + why);
+  {
+    // Under hang_mu_, so that a worker between its check and its wait cannot miss the wakeup.
+    std::lock_guard<std::mutex> lock(hang_mu_);
+    fault_.fetch_or(kAbandoned, std::memory_order_acq_rel);
+  }
+  hang_cv_.notify_all();
+  // Workers blocked in a wait task (on a marker of any device) stop waiting. The markers recorded
+  // on this device's streams are then reached by its workers, which now skip every operation, so
+  // they complete promptly and other devices' streams waiting on them proceed.
+  for (auto* s : stream_list()) s->release_wait();
+}
+
+bool CpuDevice::admit(int stream_id) {
+  const uint32_t state = fault_.load(std::memory_order_acquire);
+  if ((state & (kHang | kAbandoned)) == kHang) {
+    std::unique_lock<std::mutex> lock(hang_mu_);
+    hang_cv_.wait(lock, [&] { return (fault_.load(std::memory_order_acquire) & kAbandoned) != 0; });
+  }
+  if (state & kErrorArmed) surface_injected_error(name() + " stream " + std::to_string(stream_id));
+  return !failed();
+}
+
+void CpuDevice::surface_injected_error(const std::string& where) {
+  // Under error_mu_, and kFailed before kErrorArmed is cleared: a stream that saw the armed bit
+  // and lost the race to another finds the device failed when it gets the mutex, so no operation
+  // started after the fault runs.
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!(fault_.load(std::memory_order_relaxed) & kErrorArmed)) return;
+  fail_locked("operation on " + where + " failed: injected fault (FaultKind::kError)");
+  fault_.fetch_and(~kErrorArmed, std::memory_order_relaxed);
+}
+
+void CpuDevice::fail(std::string message) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  fail_locked(std::move(message));
+}
+
+void CpuDevice::fail_locked(std::string message) {
+  if (fault_.load(std::memory_order_relaxed) & kFailed) return;  // sticky: the first error wins
+  error_message_ = std::move(message);
+  fault_.fetch_or(kFailed, std::memory_order_release);
 }
 
 void CpuDevice::set_error(std::exception_ptr error, const std::string& where) {
@@ -224,13 +335,14 @@ void CpuDevice::set_error(std::exception_ptr error, const std::string& where) {
   } catch (...) {
     what = "unknown exception";
   }
-  std::lock_guard<std::mutex> lock(error_mu_);
-  if (failed_.load(std::memory_order_relaxed)) return;  // sticky: the first error wins
-  error_message_ = "operation on " + where + " failed: " + what;
-  failed_.store(true, std::memory_order_release);
+  fail("operation on " + where + " failed: " + what);
 }
 
-void CpuDevice::throw_if_failed() const {
+void CpuDevice::throw_if_failed() {
+  if (healthy()) [[likely]]
+    return;
+  // An injected error not yet met by any operation surfaces at the synchronization point.
+  if (fault_.load(std::memory_order_acquire) & kErrorArmed) surface_injected_error(name());
   if (!failed()) return;
   std::string msg;
   {

@@ -2,6 +2,14 @@
 // Each stream is an in-order queue drained by its own worker thread; an event record is a marker
 // task; a wait is a task that blocks its worker until the marker has run. A missing wait is a
 // real data race here, exactly as on a GPU, and ThreadSanitizer reports it.
+//
+// Faults (Device::inject_fault / abandon): a device keeps one atomic fault word. A worker loads
+// it (relaxed) once per non-control task; only a non-zero word takes the slow path (admit()),
+// which fails an injected error, parks the task on an injected hang, or skips it on a failed
+// device. Control tasks (event records and waits) never block on a fault and run even on a failed
+// device, so that no waiter, on this device or another, hangs behind a failure. Released by
+// abandon(): the parked tasks (then skipped, the device being failed) and the device's own event
+// waits, which would otherwise block its workers on a marker of another hung device.
 #pragma once
 
 #include <atomic>
@@ -41,8 +49,12 @@ StreamTaskObserver* set_stream_task_observer(StreamTaskObserver* observer);
 class Marker {
  public:
   void signal();
-  void wait();
+  // Blocks until signalled; with `waiter`, also returns once that device is abandoned (its
+  // streams stop waiting; see CpuDevice::abandon). Returns whether the marker was signalled.
+  bool wait(const CpuDevice* waiter = nullptr);
   bool done();
+  // Makes blocked wait()s re-check their waiter's abandonment.
+  void wake();
 
  private:
   std::mutex mu_;
@@ -74,6 +86,7 @@ class CpuStream final : public Stream {
   void record(Event& event) override;
   void wait(const Event& event) override;
   void synchronize() override;
+  bool synchronize_for(std::chrono::milliseconds timeout) override;
   bool query() override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) override;
@@ -86,6 +99,10 @@ class CpuStream final : public Stream {
   void enqueue(std::function<void()> fn, const char* name = "op") { push(std::move(fn), /*control=*/false, name); }
   // Waits for the queue to drain without rethrowing device errors (teardown).
   void drain();
+  // drain() that gives up at `deadline`: false when work is still pending then.
+  bool drain_until(std::chrono::steady_clock::time_point deadline);
+  // The device was abandoned: stop waiting on another device's marker, if this stream's worker is.
+  void release_wait();
 
  private:
   struct Task {
@@ -105,6 +122,9 @@ class CpuStream final : public Stream {
   uint64_t submitted_ = 0;  // guarded by mu_
   uint64_t completed_ = 0;  // guarded by mu_
   bool stop_ = false;
+  // The marker this stream's worker is blocked on in a wait task, for release_wait().
+  std::mutex wait_mu_;
+  std::shared_ptr<Marker> waiting_on_;  // guarded by wait_mu_
   std::thread worker_;
 };
 
@@ -124,14 +144,40 @@ class CpuDevice final : public Device {
   CachingAllocator& memory() override { return *pool_; }
   bool can_access_peer(const Device& other) const override { return other.backend() == Backend::kCpu; }
   void synchronize() override;
-  bool failed() const override { return failed_.load(std::memory_order_acquire); }
+  bool synchronize_for(std::chrono::milliseconds timeout) override;
+  bool failed() const override { return (fault_.load(std::memory_order_acquire) & kFailed) != 0; }
+  void inject_fault(FaultKind kind) override;
+  bool hang_injected() const override;
+  void abandon(const std::string& why) override;
 
   // Records the first failure of any stream operation; later operations are skipped.
   void set_error(std::exception_ptr error, const std::string& where);
-  // Throws the sticky error, if any, as zt::Error(kDevice).
-  void throw_if_failed() const;
+  // Throws the sticky error, if any, as zt::Error(kDevice). Surfaces an injected error first.
+  void throw_if_failed();
+
+  // The workers' per-task check: true while no fault is injected and the device has not failed
+  // (the hot path: one relaxed load).
+  bool healthy() const { return fault_.load(std::memory_order_relaxed) == 0; }
+  // The slow path when !healthy(), on the worker of stream `stream_id` before a non-control task:
+  // fails an injected error, blocks on an injected hang until abandon(). Returns whether the task
+  // may run (false: the device has failed, the task is skipped).
+  bool admit(int stream_id);
+  bool abandoned() const { return (fault_.load(std::memory_order_acquire) & kAbandoned) != 0; }
 
  private:
+  // Bits of fault_.
+  static constexpr uint32_t kFailed = 1;       // sticky error; error_message_ says which
+  static constexpr uint32_t kErrorArmed = 2;   // inject_fault(kError) not yet surfaced
+  static constexpr uint32_t kHang = 4;         // inject_fault(kHang)
+  static constexpr uint32_t kAbandoned = 8;    // abandon() was called
+
+  // Sets the sticky error unless one is set already (the first error wins).
+  void fail(std::string message);
+  void fail_locked(std::string message);  // error_mu_ held
+  // Turns an armed injected error into the sticky error; `where` names the failing operation.
+  void surface_injected_error(const std::string& where);
+  std::vector<CpuStream*> stream_list();
+
   const int index_;
   size_t total_memory_;
   std::unique_ptr<CachingAllocator> pool_;
@@ -139,9 +185,12 @@ class CpuDevice final : public Device {
   std::vector<std::unique_ptr<CpuStream>> streams_;  // guarded by streams_mu_
   CpuStream* compute_ = nullptr;
   CpuStream* comm_ = nullptr;
-  std::atomic<bool> failed_{false};
+  std::atomic<uint32_t> fault_{0};  // kFailed | kErrorArmed | kHang | kAbandoned
   mutable std::mutex error_mu_;
-  std::string error_message_;
+  std::string error_message_;  // guarded by error_mu_
+  // A task parked on an injected hang waits here for kAbandoned.
+  std::mutex hang_mu_;
+  std::condition_variable hang_cv_;
 };
 
 }  // namespace zt::cpu

@@ -17,8 +17,21 @@
 //    on other streams only after an event) make reuse safe.
 //  - Destructors never throw: after a sticky CUDA error, or while the static runtime unloads at
 //    exit, every call fails, and a failed device must still be destroyable.
+//  - Injected faults live in this wrapper, never in the CUDA context (a real sticky error would
+//    poison every logical device sharing the GPU, and the process could not recover). kError marks
+//    the device failed: every synchronization point of every stream of it throws; the GPU itself
+//    is fine and work enqueued later still runs. kHang enqueues on every stream of the device a
+//    host function that blocks until abandon() (a HangGate): the streams really stop answering,
+//    and so do events recorded after it and other streams waiting on those. After abandon(), the
+//    streams run what was queued behind the gate (for real: the data is garbage, the device being
+//    failed), and synchronize()/query() of the device throw at once without calling CUDA, so that
+//    a host thread is never blocked by a truly stuck GPU it has given up on.
+//  - CUDA may run the host functions of one context on a single thread: a parked HangGate can
+//    delay host functions of other logical devices sharing the GPU until abandon().
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -26,6 +39,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <cuda_profiler_api.h>
@@ -96,6 +110,38 @@ class QuietDeviceGuard {
 void ignore_error(cudaError_t err) {
   if (err != cudaSuccess) (void)cudaGetLastError();
 }
+
+// What an injected hang parks the streams of a device on; released by abandon() (or destruction).
+class HangGate {
+ public:
+  void block() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return released_; });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+void CUDART_CB run_hang_gate(void* user_data) {
+  // Runs on CUDA's host-function thread; calls no CUDA.
+  std::unique_ptr<std::shared_ptr<HangGate>> gate(static_cast<std::shared_ptr<HangGate>*>(user_data));
+  (*gate)->block();
+}
+
+// Polling interval bounds of synchronize_for: short first (a stream about to finish), then
+// backing off so that a watchdog waiting seconds costs little CPU.
+constexpr auto kPollMin = std::chrono::microseconds(50);
+constexpr auto kPollMax = std::chrono::milliseconds(2);
 
 std::string version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
@@ -244,6 +290,7 @@ class CudaStream final : public Stream {
   void record(Event& event) override;
   void wait(const Event& event) override;
   void synchronize() override;
+  bool synchronize_for(std::chrono::milliseconds timeout) override;
   bool query() override;
 
   void copy(void* dst, const void* src, size_t bytes) override;
@@ -255,6 +302,10 @@ class CudaStream final : public Stream {
 
   // Called from CUDA's host-function thread.
   void record_host_failure(const std::string& what);
+  // Polls query() until the stream is idle (true) or `deadline` passes (false).
+  bool synchronize_until(std::chrono::steady_clock::time_point deadline);
+  // Enqueues a host function that blocks the stream until `gate` is released (injected hang).
+  void park_on(const std::shared_ptr<HangGate>& gate);
 
  private:
   void check(cudaError_t err, const char* call, int line);
@@ -319,6 +370,8 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
+    // A stream parked on an injected hang would never drain (see Runtime::~Runtime).
+    if (hang_injected()) abandon("the device was destroyed while it hung (injected fault)");
     // Drain every stream before the pools hand their segments back; errors are not reported
     // here (see the design notes). Pools go before streams: they may hold events on them.
     for (auto& s : streams_) {
@@ -338,10 +391,13 @@ class CudaDevice final : public Device {
   Stream& comm() override { return *comm_; }
 
   Stream& create_stream(StreamPriority priority) override {
+    // fault_mu_ first (as inject_fault): a stream created on a hung device is parked too.
+    std::lock_guard<std::mutex> fault_lock(fault_mu_);
     std::lock_guard<std::mutex> lock(streams_mu_);
     const int id = static_cast<int>(streams_.size());
     const int p = priority == StreamPriority::kHigh ? gpu_.priority_high : gpu_.priority_normal;
     streams_.push_back(std::make_unique<CudaStream>(*this, id, p));
+    if (hang_gate_) streams_.back()->park_on(hang_gate_);
     return *streams_.back();
   }
 
@@ -378,8 +434,67 @@ class CudaDevice final : public Device {
 
   bool failed() const override { return failed_.load(); }
 
+  bool synchronize_for(std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<CudaStream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      for (auto& s : streams_) streams.push_back(s.get());
+    }
+    for (CudaStream* s : streams) {
+      if (!s->synchronize_until(deadline)) return false;
+    }
+    return true;
+  }
+
+  void inject_fault(FaultKind kind) override {
+    if (kind == FaultKind::kError) {
+      set_fault("operation on " + name_ + " failed: injected fault (FaultKind::kError)");
+      return;
+    }
+    std::lock_guard<std::mutex> fault_lock(fault_mu_);
+    if (abandoned_.load() || hang_gate_) return;
+    auto gate = std::make_shared<HangGate>();
+    std::lock_guard<std::mutex> streams_lock(streams_mu_);
+    try {
+      for (auto& s : streams_) s->park_on(gate);
+    } catch (...) {
+      gate->release();  // a CUDA failure: unpark the streams already parked, set no hang
+      throw;
+    }
+    hang_gate_ = std::move(gate);
+  }
+
+  bool hang_injected() const override {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    return hang_gate_ != nullptr;
+  }
+
+  void abandon(const std::string& why) override {
+    set_fault(name_ + " was abandoned: " + why);
+    std::shared_ptr<HangGate> gate;
+    {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      abandoned_.store(true);
+      gate = std::move(hang_gate_);
+    }
+    if (gate) gate->release();
+  }
+
   int ordinal() const { return ordinal_; }
   void mark_failed() { failed_.store(true); }
+  bool abandoned() const { return abandoned_.load(std::memory_order_acquire); }
+  // Throws the injected fault / abandonment, if any, as zt::Error(kDevice).
+  void throw_if_faulted() const {
+    if (!faulted_.load(std::memory_order_acquire)) [[likely]]
+      return;
+    std::string message;
+    {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      message = fault_message_;
+    }
+    ZT_THROW(ErrorKind::kDevice, message);
+  }
 
   // Pinned host memory for staged peer copies; created on first use (most setups never stage).
   CachingAllocator& staging_pool() {
@@ -398,6 +513,21 @@ class CudaDevice final : public Device {
   std::string name_;
   size_t total_memory_ = 0;
   std::atomic<bool> failed_{false};
+
+  // Injected faults (see the design notes). Lock order: fault_mu_, then streams_mu_.
+  void set_fault(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      if (fault_message_.empty()) fault_message_ = message;  // the first fault wins
+    }
+    faulted_.store(true, std::memory_order_release);
+    failed_.store(true);
+  }
+  mutable std::mutex fault_mu_;
+  std::string fault_message_;          // guarded by fault_mu_
+  std::shared_ptr<HangGate> hang_gate_;  // guarded by fault_mu_; set while an injected hang holds
+  std::atomic<bool> faulted_{false};   // fault_message_ is set
+  std::atomic<bool> abandoned_{false};
 
   // Declared before the pools so that they are destroyed after them.
   std::mutex streams_mu_;
@@ -477,14 +607,40 @@ void CudaStream::wait(const Event& event) {
 }
 
 void CudaStream::synchronize() {
+  // Never block on a device given up on: its GPU may be truly stuck.
+  if (device_.abandoned()) device_.throw_if_faulted();
   {
     DeviceGuard guard(ordinal_);
     ZT_CUDA_STREAM_CHECK(cudaStreamSynchronize(stream_));
   }
   rethrow_host_failure();
+  device_.throw_if_faulted();
+}
+
+bool CudaStream::synchronize_for(std::chrono::milliseconds timeout) {
+  return synchronize_until(std::chrono::steady_clock::now() + timeout);
+}
+
+bool CudaStream::synchronize_until(std::chrono::steady_clock::time_point deadline) {
+  std::chrono::steady_clock::duration pause = kPollMin;
+  while (!query()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(std::min(pause, deadline - now));
+    pause = std::min<std::chrono::steady_clock::duration>(pause * 2, kPollMax);
+  }
+  return true;
+}
+
+void CudaStream::park_on(const std::shared_ptr<HangGate>& gate) {
+  auto payload = std::make_unique<std::shared_ptr<HangGate>>(gate);
+  DeviceGuard guard(ordinal_);
+  ZT_CUDA_STREAM_CHECK(cudaLaunchHostFunc(stream_, run_hang_gate, payload.get()));
+  payload.release();  // owned by run_hang_gate from now on
 }
 
 bool CudaStream::query() {
+  if (device_.abandoned()) device_.throw_if_faulted();
   bool done = true;
   {
     DeviceGuard guard(ordinal_);
@@ -497,6 +653,7 @@ bool CudaStream::query() {
     }
   }
   rethrow_host_failure();
+  device_.throw_if_faulted();
   return done;
 }
 

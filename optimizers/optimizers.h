@@ -1,0 +1,125 @@
+// Mixed-precision optimizer ops over flat shards: the fused multi-tensor AdamW / SGD update (fp32
+// master weights and moments, 16-bit working copy re-derived in the same pass), the fused
+// unscale + non-finite check + squared-norm pass over gradient shards, and the device-side
+// dynamic loss-scale update. Every op runs asynchronously on the stream (CPU backend: on the
+// stream's worker; CUDA: kernels); the skip flag and the loss scale are read from device memory
+// when the op executes, so deciding to skip a step or to change the scale needs no host sync.
+//
+// Multi-tensor lists: one op call covers every segment of a shard (one CUDA launch per list).
+// The engine builds its lists once (its buffers are resident) and keeps a device copy.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/dtype.h"
+#include "runtime/stream.h"
+
+namespace zt::optim {
+
+// One parameter tensor's slice of a rank's shard.
+struct OptimizerSegment {
+  void* param = nullptr;        // working copy (dtype `param_dtype` of the op); == master when that is f32
+  const void* grad = nullptr;   // gradient (dtype `grad_dtype` of the op), scaled by the loss scale
+  float* master = nullptr;      // fp32 master weights
+  float* m = nullptr;           // AdamW first moment / SGD momentum buffer
+  float* v = nullptr;           // AdamW second moment (nullptr for SGD)
+  int64_t n = 0;
+  float weight_decay = 0;       // 0 for tensors without decay (biases, layernorm, embeddings' pos)
+  uint64_t rng_offset = 0;      // stochastic rounding: global index of the first element (stream of Philox)
+};
+
+// A list in host memory (read by the launcher) and the same entries in device memory (read by
+// CUDA kernels; on the CPU backend `device` may be null and `host` is used).
+template <typename T>
+struct SegmentList {
+  std::span<const T> host;
+  const T* device = nullptr;
+};
+
+enum class Rounding { kNearest, kStochastic };
+
+struct AdamWConfig {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  int step = 1;  // 1-based, bias correction
+};
+struct SgdConfig {
+  float lr = 0, momentum = 0.9f;
+  bool nesterov = false;
+  int step = 1;  // 1-based; SGD's update does not use it: only stochastic rounding's Philox counter
+};
+
+// Scalars read on the device when the op runs (all optional: nullptr = 1, 1, no skip).
+struct StepScalars {
+  const float* inv_loss_scale = nullptr;  // multiplies every gradient (fp32) before the update
+  const float* found_inf = nullptr;       // != 0: the step is skipped, nothing is written
+  float clip = 1.0f;                      // host value: gradient clipping factor
+  Rounding rounding = Rounding::kNearest;  // of the 16-bit working copy
+  uint64_t seed = 0;                       // stochastic rounding: Philox key; counter = (step, rng_offset + i)
+};
+
+// Per element, in fp32: g = grad * inv_loss_scale * clip; the AdamW (adamw_elem, decoupled decay)
+// or SGD (sgd_elem) update of master and moments; then param = round(master) in `param_dtype`
+// (nearest-even or stochastic). With param_dtype f32 and param == master, the master is the param.
+// Bits equal the per-tensor ops::adamw_update / sgd_update on the same fp32 values.
+// Precisely: the factor inv_loss_scale * clip is formed once (one fp32 product) and passed as
+// adamw_elem's / sgd_elem's grad_scale, so the bits are those of ops::adamw_update(..., grad_scale
+// = inv_loss_scale * clip); with a power-of-two loss scale that is also grad * inv * clip exactly.
+// Stochastic rounding draws philox_u32(seed, step, rng_offset + i) for element i of a segment
+// (optimizers/multi_tensor_elem.h): reproducible, independent of threads and chunking.
+// Validation (zt::Error naming the op): dtypes f32/bf16/f16; for every segment with n > 0 non-null
+// param, grad, master, m (and v for AdamW; SGD ignores v, which may be null); a 16-bit param must
+// not be the master's memory; on CUDA `segs.device` must be set. Empty lists launch nothing.
+void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
+                 const AdamWConfig& hp, const StepScalars& sc);
+void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
+               const SgdConfig& hp, const StepScalars& sc);
+
+// One gradient shard for the check.
+struct GradSegment {
+  const void* grad = nullptr;  // dtype `grad_dtype`
+  int64_t n = 0;
+  int out = 0;  // index into norms_out
+};
+
+// One pass over every segment: norms_out[k] = sum over segments with out == k, in list order, of
+// (grad * inv_loss_scale)^2 accumulated in fp32-or-wider in a fixed order that does not depend on
+// thread count (norms_out entries with no segment are set to 0); found_inf[0] = 1 if any element
+// is inf or NaN, else 0 (overwritten). num_out = entries of norms_out. Deterministic.
+// inv_loss_scale nullptr = 1; found_inf may be nullptr (then only the norms are written); every
+// segment's `out` must be in [0, num_out). An element is checked after unscaling (grad * inv):
+// a finite gradient that overflows when multiplied by an inverse scale > 1 counts as non-finite.
+// Partial sums are per kMultiTensorChunk chunk (multi_tensor_elem.h) in double, chunks added in
+// order per segment: the CPU and CUDA orders inside a chunk differ, so the backends can differ in
+// the last bits, each deterministic.
+void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype, const float* inv_loss_scale,
+                   float* norms_out, int num_out, float* found_inf);
+
+// Dynamic loss scaling, state in device memory (LossScaleState, 6 floats). Runs after the step's
+// optimizer op on the same stream. On overflow (found_inf != 0): good_steps = 0; if hysteresis_left
+// > 1 it is decremented, else, if scale <= min_scale the state becomes collapsed (collapsed = 1),
+// else scale = max(scale * backoff, min_scale). Without overflow: ++good_steps; when it reaches
+// growth_interval, scale = min(scale * growth, max_scale), good_steps = 0, hysteresis_left =
+// hysteresis. inv_scale = 1/scale (exact for powers of two). skipped counts overflowed steps.
+// Also: a backoff does not restore hysteresis_left (only growth does); collapsed stays 1 once set
+// (the scale no longer changes on overflow; the caller is expected to stop); a NaN found_inf counts
+// as an overflow. Every step is a single fp32 operation, so device and host agree bit for bit.
+// Validation: growth >= 1, backoff in (0, 1], growth_interval >= 1, hysteresis >= 1,
+// 0 < min_scale <= max_scale < inf, and the initial scale within [min_scale, max_scale].
+struct LossScaleConfig {
+  float growth = 2.0f, backoff = 0.5f;
+  int growth_interval = 2000;
+  int hysteresis = 1;
+  float min_scale = 1.0f, max_scale = 16777216.0f;  // 2^24
+};
+struct LossScaleState {
+  float scale, inv_scale, good_steps, hysteresis_left, collapsed, skipped;
+};
+static_assert(sizeof(LossScaleState) == 6 * sizeof(float));
+// Host-side initial state for scale s0 (copy it to the device once).
+LossScaleState initial_loss_scale_state(float scale, const LossScaleConfig& c);
+// The same transition on the host (the reference the tests and the trainer's reporting use).
+void loss_scale_transition(LossScaleState& st, bool overflow, const LossScaleConfig& c);
+void loss_scale_update(Stream& s, LossScaleState* state, const float* found_inf, const LossScaleConfig& c);
+
+}  // namespace zt::optim

@@ -1,0 +1,628 @@
+// Atomic sharded checkpoint save, validated load, --resume resolution (see checkpoint.h for the
+// on-disk protocol and why each step is ordered as it is).
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "checkpoint/file_io.h"
+#include "core/status.h"
+
+namespace zt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kStagingPrefix[] = ".tmp-";
+constexpr char kTrashPrefix[] = ".trash-";
+constexpr char kLockFileName[] = ".lock";
+constexpr int kMaxFiles = 1 << 16;
+constexpr size_t kVerifyChunk = size_t{4} << 20;
+
+struct XxhStateDeleter {
+  void operator()(XXH64_state_t* s) const { XXH64_freeState(s); }
+};
+using XxhState = std::unique_ptr<XXH64_state_t, XxhStateDeleter>;
+
+XxhState new_xxh_state() {
+  XxhState s(XXH64_createState());
+  if (!s) throw std::bad_alloc();
+  XXH64_reset(s.get(), 0);
+  return s;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads; rethrows the exception of the lowest i
+// that failed, so messages do not depend on scheduling.
+template <typename F>
+void parallel_each(size_t n, size_t threads, F&& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  threads = std::max<size_t>(1, std::min(threads, n));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+size_t io_threads() { return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8); }
+
+// Moves a directory out of the way atomically (so no half-deleted directory ever carries a
+// step-N name), then deletes it. Best effort: a failure leaves a .trash-* entry for the next save.
+void trash_dir(const std::string& root, const std::string& name) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string trash = root + "/" + kTrashPrefix + name + "-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(counter++);
+  if (::rename((root + "/" + name).c_str(), trash.c_str()) != 0) return;
+  std::error_code ec;
+  fs::remove_all(trash, ec);
+}
+
+std::string read_small_file(int dir_fd, const std::string& name, uint64_t limit, const std::string& what) {
+  uint64_t size = 0;
+  UniqueFd fd = open_regular_nofollow(dir_fd, name, what, &size);
+  if (size > limit)
+    ZT_THROW(ErrorKind::kInvalidArgument, what, ": the file is ", size, " bytes, more than the ", limit,
+             " it may have; the checkpoint is corrupt");
+  std::string text(size, '\0');
+  pread_exact(fd.get(), text.data(), text.size(), 0, what);
+  return text;
+}
+
+}  // namespace
+
+// ---- names and discovery ---------------------------------------------------------------------
+
+std::string format_step_dir(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::optional<int64_t> parse_step_dir(std::string_view name) {
+  if (!starts_with(name, "step-")) return std::nullopt;
+  const std::string_view digits = name.substr(5);
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  // Only the canonical spelling: step-100 and step-00000100 must not both name step 100.
+  if (format_step_dir(v) != name) return std::nullopt;
+  return v;
+}
+
+std::string format_rank_file(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
+  return buf;
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  DIR* d = ::opendir(root.c_str());
+  if (!d) {
+    if (errno == ENOENT) return out;
+    ZT_THROW(ErrorKind::kIo, root, ": cannot list the checkpoint directory (", errno_text(errno), ")");
+  }
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const std::optional<int64_t> step = parse_step_dir(name);
+    if (!step) continue;
+    const std::string path = root + "/" + name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    struct stat mst {};
+    const bool has_manifest =
+        ::lstat((path + "/" + kManifestFileName).c_str(), &mst) == 0 && S_ISREG(mst.st_mode);
+    out.push_back(CheckpointEntry{*step, name, path, has_manifest});
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<std::string> read_latest(const std::string& root) {
+  UniqueFd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return std::nullopt;
+  std::string text;
+  try {
+    text = read_small_file(dir.get(), kLatestFileName, 4096, root + "/" + kLatestFileName);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (!parse_step_dir(text)) return std::nullopt;
+  return text;
+}
+
+// ---- writer ----------------------------------------------------------------------------------
+
+namespace {
+
+struct WriterFile {
+  std::mutex mu;
+  UniqueFd fd;
+  std::string tmp_name;    // ".rank-00000.bin.tmp"
+  std::string final_name;  // "rank-00000.bin"
+  uint64_t size = 0;
+  XxhState hash;
+  bool finished = false;
+  // (array name, range); ManifestRange::file is filled at commit.
+  std::vector<std::pair<std::string, ManifestRange>> ranges;
+};
+
+struct ArrayDecl {
+  StorageDType dtype;
+  uint64_t numel;
+  std::vector<int64_t> shape;
+};
+
+}  // namespace
+
+struct CheckpointWriter::State {
+  std::string root;
+  int64_t step = 0;
+  std::string name;          // step-N
+  std::string staging_path;  // root/.tmp-step-N-<pid>-<k>
+  bool staging_exists = false;
+  UniqueFd lock;
+  std::mutex arrays_mu;
+  std::map<std::string, ArrayDecl> arrays;
+  std::vector<std::string> array_order;
+  std::vector<std::unique_ptr<WriterFile>> files;
+  std::atomic<bool> broken{false};  // a write failed part-way: the files are not what was asked
+  bool committed = false;
+
+  std::string what(const WriterFile& f) const { return "checkpoint " + root + "/" + name + ": " + f.final_name; }
+
+  void finish(WriterFile& f) {
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (f.finished) return;
+    fsync_fd(f.fd.get(), what(f));
+    f.fd.close_checked(what(f));
+    const std::string from = staging_path + "/" + f.tmp_name;
+    const std::string to = staging_path + "/" + f.final_name;
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      ZT_THROW(ErrorKind::kIo, what(f), ": cannot rename the finished file into place (", errno_text(errno), ")");
+    f.finished = true;
+  }
+
+  void discard_staging() {
+    if (!staging_exists) return;
+    std::error_code ec;
+    fs::remove_all(staging_path, ec);
+    staging_exists = false;
+  }
+};
+
+CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files) : s_(std::make_unique<State>()) {
+  ZT_REQUIRE(!root.empty(), "the checkpoint directory name is empty");
+  ZT_REQUIRE(step >= 0, "checkpoint step must be non-negative (got ", step, ")");
+  ZT_REQUIRE(num_files >= 1 && num_files <= kMaxFiles, "a checkpoint has 1 to ", kMaxFiles, " files (got ", num_files, ")");
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  s_->root = root;
+  s_->step = step;
+  s_->name = format_step_dir(step);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) ZT_THROW(ErrorKind::kIo, root, ": cannot create the checkpoint directory (", ec.message(), ")");
+  if (!fs::is_directory(root, ec))
+    ZT_THROW(ErrorKind::kInvalidArgument, root, ": exists and is not a directory, so checkpoints cannot be saved there");
+
+  const std::string lock_path = root + "/" + kLockFileName;
+  s_->lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!s_->lock) ZT_THROW(ErrorKind::kIo, lock_path, ": cannot create the lock file (", errno_text(errno), ")");
+  while (::flock(s_->lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK)
+      ZT_THROW(ErrorKind::kInvalidArgument, root, ": another checkpoint save (in this or another process) "
+               "holds ", lock_path, "; only one run may save into a checkpoint directory at a time");
+    ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
+  }
+
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0;; ++attempt) {
+    s_->staging_path = root + "/" + kStagingPrefix + s_->name + "-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(counter++);
+    if (::mkdir(s_->staging_path.c_str(), 0755) == 0) break;
+    if (errno != EEXIST || attempt > 100)
+      ZT_THROW(ErrorKind::kIo, s_->staging_path, ": cannot create the staging directory (", errno_text(errno), ")");
+  }
+  s_->staging_exists = true;
+  try {
+    for (int r = 0; r < num_files; ++r) {
+      auto f = std::make_unique<WriterFile>();
+      f->final_name = format_rank_file(r);
+      f->tmp_name = "." + f->final_name + ".tmp";
+      const std::string path = s_->staging_path + "/" + f->tmp_name;
+      f->fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+      if (!f->fd) ZT_THROW(ErrorKind::kIo, path, ": cannot create the checkpoint file (", errno_text(errno), ")");
+      f->hash = new_xxh_state();
+      s_->files.push_back(std::move(f));
+    }
+  } catch (...) {
+    s_->files.clear();
+    s_->discard_staging();
+    throw;
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!s_) return;
+  for (auto& f : s_->files) f->fd.reset();
+  if (!s_->committed) s_->discard_staging();
+}
+
+const std::string& CheckpointWriter::root() const { return s_->root; }
+int64_t CheckpointWriter::step() const { return s_->step; }
+int CheckpointWriter::num_files() const { return static_cast<int>(s_->files.size()); }
+
+void CheckpointWriter::declare_array(const std::string& name, StorageDType dtype, uint64_t numel,
+                                     std::vector<int64_t> shape) {
+  ZT_REQUIRE(!name.empty() && name.size() <= 4096, "checkpoint array names must have 1 to 4096 bytes");
+  uint64_t bytes;
+  ZT_REQUIRE(checked_mul(numel, storage_dtype_size(dtype), &bytes) &&
+                 bytes <= static_cast<uint64_t>(INT64_MAX),
+             "checkpoint array '", name, "': ", numel, " elements are too many");
+  if (!shape.empty()) {
+    uint64_t product = 1;
+    for (const int64_t d : shape)
+      ZT_REQUIRE(d >= 0 && checked_mul(product, static_cast<uint64_t>(d), &product),
+                 "checkpoint array '", name, "': the shape has a negative or overflowing dimension");
+    ZT_REQUIRE(product == numel, "checkpoint array '", name, "': the shape holds ", product,
+               " elements but numel is ", numel);
+  }
+  std::lock_guard<std::mutex> lock(s_->arrays_mu);
+  ZT_REQUIRE(!s_->committed, "checkpoint ", s_->name, " is already committed");
+  const bool inserted = s_->arrays.emplace(name, ArrayDecl{dtype, numel, std::move(shape)}).second;
+  ZT_REQUIRE(inserted, "checkpoint array '", name, "' is declared twice");
+  s_->array_order.push_back(name);
+}
+
+void CheckpointWriter::write_range(int file, const std::string& name, uint64_t begin, const void* data,
+                                   uint64_t bytes) {
+  ZT_REQUIRE(file >= 0 && file < num_files(), "checkpoint file index ", file, " is outside [0, ", num_files(), ")");
+  StorageDType dtype;
+  uint64_t numel;
+  {
+    std::lock_guard<std::mutex> lock(s_->arrays_mu);
+    const auto it = s_->arrays.find(name);
+    ZT_REQUIRE(it != s_->arrays.end(), "checkpoint array '", name, "' was not declared before writing");
+    dtype = it->second.dtype;
+    numel = it->second.numel;
+  }
+  const uint64_t elem = storage_dtype_size(dtype);
+  ZT_REQUIRE(bytes % elem == 0, "checkpoint array '", name, "': ", bytes, " bytes are not whole ",
+             storage_dtype_name(dtype), " elements");
+  const uint64_t count = bytes / elem;
+  uint64_t end;
+  ZT_REQUIRE(checked_add(begin, count, &end) && end <= numel, "checkpoint array '", name, "': elements [",
+             begin, ", +", count, ") lie outside its ", numel, " elements");
+  if (count == 0) return;
+  ZT_REQUIRE(data != nullptr, "checkpoint array '", name, "': null data pointer");
+  const uint64_t range_hash = xxh64(data, bytes);
+
+  WriterFile& f = *s_->files[static_cast<size_t>(file)];
+  std::lock_guard<std::mutex> lock(f.mu);
+  ZT_REQUIRE(!f.finished, "checkpoint file ", f.final_name, " is already finished; no more writes to it");
+  try {
+    write_all(f.fd.get(), data, bytes, s_->what(f));
+  } catch (...) {
+    s_->broken = true;
+    throw;
+  }
+  XXH64_update(f.hash.get(), data, bytes);
+  f.ranges.emplace_back(name, ManifestRange{static_cast<uint32_t>(file), begin, count, f.size, bytes, range_hash});
+  f.size += bytes;
+}
+
+void CheckpointWriter::finish_file(int file) {
+  ZT_REQUIRE(file >= 0 && file < num_files(), "checkpoint file index ", file, " is outside [0, ", num_files(), ")");
+  s_->finish(*s_->files[static_cast<size_t>(file)]);
+}
+
+namespace {
+// Step 5: removes checkpoints beyond `keep` (never `current`), step directories without a
+// manifest, and leftovers of interrupted saves (.tmp-*, .trash-*, .latest.tmp-*). The caller holds
+// the root's lock, so no other save is in progress.
+void prune(const std::string& root, int64_t current, int keep);
+}  // namespace
+
+std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
+  State& s = *s_;
+  ZT_REQUIRE(!s.committed, "checkpoint ", s.name, " is already committed");
+  ZT_REQUIRE(!s.broken, "checkpoint ", s.root, "/", s.name, " cannot be committed: a write to one of its files failed");
+  ZT_REQUIRE(meta.is_object(), "checkpoint metadata must be a JSON object");
+  ZT_REQUIRE(keep >= 0, "--keep must be >= 0 (0 keeps every checkpoint), got ", keep);
+
+  // Every array written exactly once: checked before anything becomes visible.
+  std::map<std::string, std::vector<ManifestRange>> ranges;
+  for (const auto& f : s.files)
+    for (const auto& [name, r] : f->ranges) ranges[name].push_back(r);
+  Manifest m;
+  m.step = s.step;
+  m.meta = meta;
+  for (const std::string& name : s.array_order) {
+    const ArrayDecl& decl = s.arrays.at(name);
+    std::vector<ManifestRange>& rs = ranges[name];
+    std::sort(rs.begin(), rs.end(), [](const ManifestRange& a, const ManifestRange& b) { return a.begin < b.begin; });
+    uint64_t next = 0;
+    for (const ManifestRange& r : rs) {
+      ZT_REQUIRE(r.begin >= next, "checkpoint ", s.name, ": elements [", r.begin, ", ", next,
+                 ") of array '", name, "' were written twice");
+      ZT_REQUIRE(r.begin == next, "checkpoint ", s.name, ": elements [", next, ", ", r.begin,
+                 ") of array '", name, "' were never written");
+      next = r.begin + r.count;
+    }
+    ZT_REQUIRE(next == decl.numel, "checkpoint ", s.name, ": elements [", next, ", ", decl.numel,
+               ") of array '", name, "' were never written");
+    m.arrays.push_back(ManifestArray{name, decl.dtype, decl.numel, decl.shape, std::move(rs)});
+  }
+
+  // 1. files: fsync + rename (concurrently; fsync is the slow part).
+  parallel_each(s.files.size(), io_threads(), [&](size_t i) { s.finish(*s.files[i]); });
+  for (const auto& f : s.files)
+    m.files.push_back(ManifestFile{f->final_name, f->size, XXH64_digest(f->hash.get())});
+
+  // 2. the manifest last, then the staging directory (atomic_write_file fsyncs it).
+  atomic_write_file(s.staging_path, kManifestFileName, serialize_manifest(std::move(m)));
+
+  // 3. into place: never destroying a complete step-N before this one is complete.
+  const std::string final_path = s.root + "/" + s.name;
+  if (::rename(s.staging_path.c_str(), final_path.c_str()) == 0) {
+    s.staging_exists = false;
+  } else if (errno == ENOTEMPTY || errno == EEXIST) {
+    // step-N exists (an earlier run saved this step): swap atomically; the old one lands at the
+    // staging path and is deleted below.
+    if (::renameat2(AT_FDCWD, s.staging_path.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS)
+        ZT_THROW(ErrorKind::kIo, final_path, ": cannot replace the existing checkpoint (", errno_text(errno), ")");
+      // No RENAME_EXCHANGE on this file system: move the old one aside first. In between, the
+      // older checkpoints remain complete, so resume still finds one.
+      const std::string aside = s.root + "/" + kTrashPrefix + s.name + "-" + std::to_string(::getpid()) + "-old";
+      if (::rename(final_path.c_str(), aside.c_str()) != 0)
+        ZT_THROW(ErrorKind::kIo, final_path, ": cannot move the existing checkpoint aside (", errno_text(errno), ")");
+      if (::rename(s.staging_path.c_str(), final_path.c_str()) != 0)
+        ZT_THROW(ErrorKind::kIo, final_path, ": cannot rename the new checkpoint into place (", errno_text(errno), ")");
+      s.staging_exists = false;
+    }
+    // After the exchange staging_path holds the old checkpoint: discard_staging deletes it.
+  } else {
+    ZT_THROW(ErrorKind::kIo, final_path, ": cannot rename the new checkpoint into place (", errno_text(errno), ")");
+  }
+  fsync_dir(s.root);
+  s.committed = true;
+
+  // 4. latest.
+  atomic_write_file(s.root, kLatestFileName, s.name + "\n");
+
+  // 5. prune and clean up (best effort: the checkpoint is complete whatever happens here, so a
+  // failure only leaves more on disk for the next save to remove).
+  s.discard_staging();
+  try {
+    prune(s.root, s.step, keep);
+  } catch (const std::exception&) {
+  }
+  s.lock.reset();
+  return final_path;
+}
+
+namespace {
+
+void prune(const std::string& root, int64_t current, int keep) {
+  std::vector<CheckpointEntry> entries = list_checkpoints(root);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
+  int kept = 0;
+  for (const CheckpointEntry& e : entries) {
+    if (e.step == current) continue;
+    if (!e.has_manifest) {
+      trash_dir(root, e.name);  // not committed by any save: an unfinished or damaged leftover
+    } else if (keep > 0 && ++kept >= keep) {
+      trash_dir(root, e.name);
+    }
+  }
+  if (DIR* d = ::opendir(root.c_str())) {
+    std::vector<std::string> leftovers;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (starts_with(n, kStagingPrefix) || starts_with(n, kTrashPrefix) || starts_with(n, ".latest.tmp-"))
+        leftovers.emplace_back(n);
+    }
+    ::closedir(d);
+    for (const std::string& n : leftovers) {
+      std::error_code ec;
+      fs::remove_all(root + "/" + n, ec);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- reader ----------------------------------------------------------------------------------
+
+struct CheckpointReader::State {
+  std::string path;
+  std::string where;  // "checkpoint PATH"
+  Manifest manifest;
+  std::vector<UniqueFd> fds;
+  std::map<std::string, size_t, std::less<>> array_index;
+};
+
+CheckpointReader::CheckpointReader(std::unique_ptr<State> s) : s_(std::move(s)) {}
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+CheckpointReader::~CheckpointReader() = default;
+
+CheckpointReader CheckpointReader::open(const std::string& dir, Verify verify) {
+  auto s = std::make_unique<State>();
+  s->path = dir;
+  s->where = "checkpoint " + dir;
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd) {
+    const int err = errno;
+    if (err == ENOENT) ZT_THROW(ErrorKind::kInvalidArgument, s->where, " does not exist");
+    if (err == ENOTDIR) ZT_THROW(ErrorKind::kInvalidArgument, s->where, " is not a directory");
+    ZT_THROW(ErrorKind::kIo, s->where, ": cannot open the directory (", errno_text(err), ")");
+  }
+  struct stat mst {};
+  if (::fstatat(dir_fd.get(), kManifestFileName, &mst, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+    ZT_THROW(ErrorKind::kInvalidArgument, s->where, " has no ", kManifestFileName,
+             ", so it is incomplete (an interrupted save) or not a checkpoint");
+  const std::string manifest_what = s->where + ": " + kManifestFileName;
+  const std::string text = read_small_file(dir_fd.get(), kManifestFileName, kMaxManifestBytes, manifest_what);
+  s->manifest = parse_manifest(text, manifest_what);
+  const Manifest& m = s->manifest;
+
+  for (const ManifestFile& f : m.files) {
+    const std::string what = s->where + ": " + f.name;
+    uint64_t size = 0;
+    s->fds.push_back(open_regular_nofollow(dir_fd.get(), f.name, what, &size));
+    if (size != f.size)
+      ZT_THROW(ErrorKind::kInvalidArgument, what, ": the file is ", size, " bytes, but the manifest records ",
+               f.size, size < f.size ? " (it was truncated)" : " (it has extra bytes)", "; the checkpoint is corrupt");
+  }
+  for (size_t a = 0; a < m.arrays.size(); ++a) s->array_index.emplace(m.arrays[a].name, a);
+
+  if (verify == Verify::kFull) {
+    // Per file: its ranges in offset order tile it exactly (validate_manifest), so one sequential
+    // pass hashes the file and each range.
+    std::vector<std::vector<std::pair<const ManifestArray*, const ManifestRange*>>> by_file(m.files.size());
+    for (const ManifestArray& a : m.arrays)
+      for (const ManifestRange& r : a.ranges) by_file[r.file].emplace_back(&a, &r);
+    parallel_each(m.files.size(), io_threads(), [&](size_t fi) {
+      auto& list = by_file[fi];
+      std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second->offset < y.second->offset; });
+      const ManifestFile& f = m.files[fi];
+      const std::string what = s->where + ": " + f.name;
+      std::vector<char> buf(std::min<uint64_t>(kVerifyChunk, std::max<uint64_t>(f.size, 1)));
+      XxhState file_hash = new_xxh_state();
+      XxhState range_hash = new_xxh_state();
+      std::string bad_range;
+      for (const auto& [array, range] : list) {
+        XXH64_reset(range_hash.get(), 0);
+        for (uint64_t done = 0; done < range->bytes;) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), range->bytes - done));
+          pread_exact(s->fds[fi].get(), buf.data(), n, range->offset + done, what);
+          XXH64_update(file_hash.get(), buf.data(), n);
+          XXH64_update(range_hash.get(), buf.data(), n);
+          done += n;
+        }
+        if (bad_range.empty() && XXH64_digest(range_hash.get()) != range->xxh64)
+          bad_range = "; the damage is in array '" + array->name + "' elements [" + std::to_string(range->begin) +
+                      ", +" + std::to_string(range->count) + ") at byte " + std::to_string(range->offset);
+      }
+      const uint64_t digest = XXH64_digest(file_hash.get());
+      if (digest != f.xxh64 || !bad_range.empty())
+        ZT_THROW(ErrorKind::kInvalidArgument, what, ": checksum mismatch (xxHash64 ", hex64(digest),
+                 ", the manifest records ", hex64(f.xxh64), ")", bad_range, "; the checkpoint is corrupt");
+    });
+  }
+  return CheckpointReader(std::move(s));
+}
+
+const std::string& CheckpointReader::path() const { return s_->path; }
+int64_t CheckpointReader::step() const { return s_->manifest.step; }
+const nlohmann::json& CheckpointReader::meta() const { return s_->manifest.meta; }
+const Manifest& CheckpointReader::manifest() const { return s_->manifest; }
+bool CheckpointReader::has_array(const std::string& name) const { return s_->array_index.count(name) != 0; }
+
+const ManifestArray& CheckpointReader::array(const std::string& name) const {
+  const auto it = s_->array_index.find(name);
+  ZT_REQUIRE(it != s_->array_index.end(), s_->where, " has no array '", name, "'");
+  return s_->manifest.arrays[it->second];
+}
+
+void CheckpointReader::read(const std::string& name, uint64_t begin, uint64_t count, void* out) const {
+  const ManifestArray& a = array(name);
+  uint64_t end;
+  ZT_REQUIRE(checked_add(begin, count, &end) && end <= a.numel, s_->where, ": array '", name, "' has ", a.numel,
+             " elements; cannot read [", begin, ", +", count, ")");
+  if (count == 0) return;
+  const uint64_t elem = storage_dtype_size(a.dtype);
+  // The first range that can hold `begin`: the last one starting at or before it.
+  auto it = std::upper_bound(a.ranges.begin(), a.ranges.end(), begin,
+                             [](uint64_t b, const ManifestRange& r) { return b < r.begin; });
+  ZT_CHECK(it != a.ranges.begin(), "validated ranges start at 0");
+  --it;
+  char* dst = static_cast<char*>(out);
+  for (uint64_t pos = begin; pos < end; ++it) {
+    ZT_CHECK(it != a.ranges.end() && it->begin <= pos, "validated ranges tile the array");
+    const uint64_t hi = std::min(end, it->begin + it->count);
+    const uint64_t n = (hi - pos) * elem;
+    pread_exact(s_->fds[it->file].get(), dst + (pos - begin) * elem, n, it->offset + (pos - it->begin) * elem,
+                s_->where + ": " + s_->manifest.files[it->file].name);
+    pos = hi;
+  }
+}
+
+// ---- resume ----------------------------------------------------------------------------------
+
+std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const std::string& spec,
+                                                 std::vector<std::string>* notes) {
+  ZT_REQUIRE(!spec.empty(), "--resume needs 'auto' or the path of a checkpoint directory");
+  if (spec != "auto") {
+    struct stat st {};
+    const std::string manifest = spec + "/" + kManifestFileName;
+    if (::lstat(manifest.c_str(), &st) != 0 && !list_checkpoints(spec).empty())
+      ZT_THROW(ErrorKind::kInvalidArgument, spec, " holds checkpoints but is not one; pass one of its step-N "
+               "directories to --resume, or use --resume auto with --checkpoint-dir ", spec);
+    CheckpointReader reader = CheckpointReader::open(spec);
+    const int64_t step = reader.step();
+    return ResolvedCheckpoint{spec, step, std::move(reader)};
+  }
+
+  std::vector<CheckpointEntry> entries = list_checkpoints(root);
+  std::reverse(entries.begin(), entries.end());  // newest first
+  std::vector<std::pair<std::string, std::string>> refused;  // (name, reason)
+  for (CheckpointEntry& e : entries) {
+    try {
+      CheckpointReader reader = CheckpointReader::open(e.path);
+      if (reader.step() != e.step)
+        ZT_THROW(ErrorKind::kInvalidArgument, "checkpoint ", e.path, ": its manifest says step ", reader.step(),
+                 ", not the step its directory name says");
+      if (notes) {
+        for (const auto& [name, reason] : refused)
+          notes->push_back("checkpoint " + name + " is unusable: " + reason + "; falling back to " + e.name);
+      }
+      return ResolvedCheckpoint{e.path, e.step, std::move(reader)};
+    } catch (const Error& err) {
+      refused.emplace_back(e.name, err.message());
+    }
+  }
+  if (refused.empty()) return std::nullopt;
+  std::string reasons;
+  for (const auto& [name, reason] : refused) reasons += (reasons.empty() ? "" : " | ") + reason;
+  ZT_THROW(ErrorKind::kInvalidArgument, root, " holds ", refused.size(),
+           " checkpoint(s) and none is usable (", reasons,
+           "); restore them, resume from a copy with --resume PATH, or remove them to start from scratch");
+}
+
+}  // namespace zt

@@ -1,0 +1,37 @@
+// Consolidated weights in safetensors format: `zerotrain export` writes a checkpoint's fp32 master
+// weights under GPT-2's tensor names (Hugging Face layout: the Conv1D matrices attn.c_attn,
+// attn.c_proj, mlp.c_fc and mlp.c_proj stored [in, out], transposed from our [out, in]), and
+// `--init-from` reads such a file (or one from the Python ecosystem) into a model's blocks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace zt {
+
+struct ExportReport {
+  std::string checkpoint;  // the checkpoint directory exported
+  int64_t step = 0;
+  size_t tensors = 0;
+  uint64_t bytes = 0;
+};
+
+// spec: a checkpoint directory, or a checkpoint root (its newest complete checkpoint). Throws
+// kInvalidArgument for a missing/corrupt checkpoint (naming the file) or an unwritable output.
+ExportReport export_safetensors(const std::string& spec, const std::string& out_path);
+
+// The model configuration a checkpoint was saved with (from its manifest).
+ModelConfig checkpoint_model_config(const std::string& checkpoint_dir);
+
+// Reads every tensor of `layout` from a safetensors file (names as GPT-2's, optionally prefixed
+// "transformer."; f32, bf16 or f16), into one host vector per block (padding zero). Tensors of the
+// file the model does not have are listed in *ignored. Throws kInvalidArgument naming the file
+// and the tensor for a missing tensor, a wrong shape or dtype, or a malformed file.
+std::vector<std::vector<float>> read_safetensors_weights(const std::string& path, const ModelConfig& mc,
+                                                         const ParamLayout& layout,
+                                                         std::vector<std::string>* ignored = nullptr);
+
+}  // namespace zt

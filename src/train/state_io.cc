@@ -1,0 +1,287 @@
+// Host snapshots, checkpoint writing and resharded restore of the engine's state (see state_io.h).
+#include "train/state_io.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/nvtx.h"
+#include "core/status.h"
+
+namespace zt {
+
+namespace {
+
+enum class Kind { kMaster, kM, kV, kWorking };
+const char* kind_suffix(Kind k) {
+  switch (k) {
+    case Kind::kMaster: return "/master";
+    case Kind::kM: return "/m";
+    case Kind::kV: return "/v";
+    case Kind::kWorking: return "/working";
+  }
+  return "";
+}
+std::string array_name(const std::string& block, Kind k) { return block + kind_suffix(k); }
+
+}  // namespace
+
+size_t HostSnapshot::bytes() const {
+  size_t n = 0;
+  for (const auto& rank : shards)
+    for (const HostShard& s : rank) n += (s.master.size() + s.m.size() + s.v.size()) * 4 + s.working.size();
+  return n;
+}
+
+HostSnapshot take_snapshot(ZeroEngine& engine, const Model& model, bool adamw, int64_t step,
+                           const std::function<void(const std::function<void(int)>&)>& for_ranks) {
+  const ParamLayout& L = model.layout();
+  HostSnapshot snap;
+  snap.step = step;
+  snap.working = engine.working_dtype();
+  snap.adamw = adamw;
+  for (const auto& b : L.blocks()) {
+    snap.block_names.push_back(b.name);
+    snap.block_numel.push_back(b.numel);
+  }
+  snap.shards.resize(static_cast<size_t>(engine.world()));
+  const bool mixed = snap.working != DType::kF32;
+  for_ranks([&](int r) {
+    const NvtxRange range(NvtxCategory::kCheckpoint, "snapshot to host", r);
+    auto& mine = snap.shards[static_cast<size_t>(r)];
+    mine.resize(static_cast<size_t>(L.num_blocks()));
+    for (int b = 0; b < L.num_blocks(); ++b) {
+      const ShardRange sh = engine.shard_of(r, b);
+      HostShard& h = mine[static_cast<size_t>(b)];
+      const size_t n = static_cast<size_t>(sh.size());
+      h.begin = sh.begin;
+      h.master.resize(n);
+      h.m.resize(n);
+      h.v.resize(adamw ? n : 0);
+      h.working.resize(mixed ? n * dtype_size(snap.working) : 0);
+      engine.state_to_host(r, b, h.master.data(), h.m.data(), adamw ? h.v.data() : nullptr,
+                           mixed ? h.working.data() : nullptr);
+    }
+  });
+  return snap;
+}
+
+// ---- sources ----------------------------------------------------------------------------------
+
+namespace {
+
+class ReaderSource final : public StateSource {
+ public:
+  explicit ReaderSource(const CheckpointReader& r) : r_(r) {}
+  bool has(const std::string& a) const override { return r_.has_array(a); }
+  StorageDType dtype(const std::string& a) const override { return r_.array(a).dtype; }
+  uint64_t numel(const std::string& a) const override { return r_.array(a).numel; }
+  void read(const std::string& a, uint64_t begin, uint64_t count, void* out) const override {
+    r_.read(a, begin, count, out);
+  }
+  std::string describe() const override { return "checkpoint " + r_.path(); }
+
+ private:
+  const CheckpointReader& r_;
+};
+
+class SnapshotSource final : public StateSource {
+ public:
+  explicit SnapshotSource(const HostSnapshot& s) : s_(s) {}
+  bool has(const std::string& a) const override {
+    Kind k;
+    const int b = find(a, &k);
+    if (b < 0) return false;
+    if (k == Kind::kV) return s_.adamw;
+    if (k == Kind::kWorking) return s_.working != DType::kF32;
+    return true;
+  }
+  StorageDType dtype(const std::string& a) const override {
+    Kind k;
+    find(a, &k);
+    return k == Kind::kWorking ? to_storage_dtype(s_.working) : StorageDType::kF32;
+  }
+  uint64_t numel(const std::string& a) const override {
+    Kind k;
+    const int b = find(a, &k);
+    ZT_CHECK(b >= 0, "snapshot has no array ", a);
+    return static_cast<uint64_t>(s_.block_numel[static_cast<size_t>(b)]);
+  }
+  void read(const std::string& a, uint64_t begin, uint64_t count, void* out) const override {
+    Kind k;
+    const int b = find(a, &k);
+    ZT_CHECK(b >= 0 && has(a), "snapshot has no array ", a);
+    const size_t es = k == Kind::kWorking ? dtype_size(s_.working) : 4;
+    const uint64_t end = begin + count;
+    uint64_t covered = 0;
+    for (const auto& rank : s_.shards) {
+      const HostShard& h = rank[static_cast<size_t>(b)];
+      const uint64_t hb = static_cast<uint64_t>(h.begin), he = hb + h.master.size();
+      const uint64_t lo = std::max(begin, hb), hi = std::min(end, he);
+      if (lo >= hi) continue;
+      const uint8_t* src = nullptr;
+      switch (k) {
+        case Kind::kMaster: src = reinterpret_cast<const uint8_t*>(h.master.data()); break;
+        case Kind::kM: src = reinterpret_cast<const uint8_t*>(h.m.data()); break;
+        case Kind::kV: src = reinterpret_cast<const uint8_t*>(h.v.data()); break;
+        case Kind::kWorking: src = h.working.data(); break;
+      }
+      std::memcpy(static_cast<uint8_t*>(out) + (lo - begin) * es, src + (lo - hb) * es, (hi - lo) * es);
+      covered += hi - lo;
+    }
+    ZT_CHECK(covered == count, "snapshot ranges do not cover ", a, " [", begin, ", ", end, ")");
+  }
+  std::string describe() const override { return "the snapshot of step " + std::to_string(s_.step); }
+
+ private:
+  int find(const std::string& a, Kind* kind) const {
+    const size_t slash = a.rfind('/');
+    if (slash == std::string::npos) return -1;
+    const std::string block = a.substr(0, slash), suffix = a.substr(slash);
+    bool ok = false;
+    for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV, Kind::kWorking})
+      if (suffix == kind_suffix(k)) *kind = k, ok = true;
+    if (!ok) return -1;
+    for (size_t i = 0; i < s_.block_names.size(); ++i)
+      if (s_.block_names[i] == block) return static_cast<int>(i);
+    return -1;
+  }
+  const HostSnapshot& s_;
+};
+
+}  // namespace
+
+std::unique_ptr<StateSource> source_of(const CheckpointReader& reader) { return std::make_unique<ReaderSource>(reader); }
+std::unique_ptr<StateSource> source_of(const HostSnapshot& snapshot) { return std::make_unique<SnapshotSource>(snapshot); }
+
+void check_source_matches(const StateSource& src, const Model& model, bool adamw) {
+  for (const auto& b : model.layout().blocks()) {
+    for (Kind k : {Kind::kMaster, Kind::kM}) {
+      const std::string a = array_name(b.name, k);
+      ZT_REQUIRE(src.has(a), src.describe(), " has no '", a, "': it was saved from another model (this one is ",
+                 model.config().describe(), ")");
+      ZT_REQUIRE(src.numel(a) == static_cast<uint64_t>(b.numel) && src.dtype(a) == StorageDType::kF32, src.describe(),
+                 " holds ", src.numel(a), " elements of ", storage_dtype_name(src.dtype(a)), " for '", a, "', this model has ",
+                 b.numel, " of f32: it was saved from another model (this one is ", model.config().describe(), ")");
+    }
+    const std::string v = array_name(b.name, Kind::kV);
+    ZT_REQUIRE(src.has(v) == adamw, src.describe(), " was saved with the ", src.has(v) ? "AdamW" : "SGD",
+               " optimizer; resume with --optimizer ", src.has(v) ? "adamw" : "sgd");
+    if (adamw)
+      ZT_REQUIRE(src.numel(v) == static_cast<uint64_t>(b.numel) && src.dtype(v) == StorageDType::kF32, src.describe(),
+                 " has a malformed '", v, "'");
+  }
+}
+
+void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src, int rank) {
+  const ParamLayout& L = model.layout();
+  const DType W = engine.working_dtype();
+  const NvtxRange range(NvtxCategory::kCheckpoint, "restore state", rank);
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    const std::string& name = L.block(b).name;
+    const uint64_t numel = static_cast<uint64_t>(L.block(b).numel);
+    std::vector<float> master(numel);
+    src.read(array_name(name, Kind::kMaster), 0, numel, master.data());
+    const auto [lo, hi] = engine.state_range(rank, b);
+    const uint64_t n = static_cast<uint64_t>(hi - lo);
+    std::vector<float> m(n), v;
+    if (n) src.read(array_name(name, Kind::kM), static_cast<uint64_t>(lo), n, m.data());
+    const std::string va = array_name(name, Kind::kV);
+    if (src.has(va)) {
+      v.resize(n);
+      if (n) src.read(va, static_cast<uint64_t>(lo), n, v.data());
+    }
+    // The saved 16-bit parameters when they are of this run's dtype (stochastic rounding makes
+    // them more than the master rounded); else they are derived from the master.
+    std::vector<uint8_t> working;
+    const std::string wa = array_name(name, Kind::kWorking);
+    if (W != DType::kF32 && src.has(wa) && src.dtype(wa) == to_storage_dtype(W) && src.numel(wa) == numel) {
+      working.resize(numel * dtype_size(W));
+      src.read(wa, 0, numel, working.data());
+    }
+    engine.load_state(rank, b, master.data(), m.data(), v.empty() ? nullptr : v.data(),
+                      working.empty() ? nullptr : working.data());
+  }
+}
+
+std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep) {
+  const int N = static_cast<int>(snap.shards.size());
+  CheckpointWriter writer(root, snap.step, N);
+  const bool mixed = snap.working != DType::kF32;
+  for (size_t b = 0; b < snap.block_names.size(); ++b) {
+    const uint64_t n = static_cast<uint64_t>(snap.block_numel[b]);
+    writer.declare_array(array_name(snap.block_names[b], Kind::kMaster), StorageDType::kF32, n);
+    writer.declare_array(array_name(snap.block_names[b], Kind::kM), StorageDType::kF32, n);
+    if (snap.adamw) writer.declare_array(array_name(snap.block_names[b], Kind::kV), StorageDType::kF32, n);
+    if (mixed) writer.declare_array(array_name(snap.block_names[b], Kind::kWorking), to_storage_dtype(snap.working), n);
+  }
+  // One thread per file: the ranks' shards are written concurrently.
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr error;
+  for (int r = 0; r < N; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        for (size_t b = 0; b < snap.block_names.size(); ++b) {
+          const HostShard& h = snap.shards[static_cast<size_t>(r)][b];
+          if (h.master.empty()) continue;
+          const uint64_t begin = static_cast<uint64_t>(h.begin), fb = h.master.size() * 4;
+          writer.write_range(r, array_name(snap.block_names[b], Kind::kMaster), begin, h.master.data(), fb);
+          writer.write_range(r, array_name(snap.block_names[b], Kind::kM), begin, h.m.data(), fb);
+          if (snap.adamw) writer.write_range(r, array_name(snap.block_names[b], Kind::kV), begin, h.v.data(), fb);
+          if (mixed)
+            writer.write_range(r, array_name(snap.block_names[b], Kind::kWorking), begin, h.working.data(), h.working.size());
+        }
+        writer.finish_file(r);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+  return writer.commit(snap.meta, keep);
+}
+
+struct BackgroundSaver::Job {
+  std::thread thread;
+  std::exception_ptr error;
+};
+
+BackgroundSaver::BackgroundSaver(std::string root, int keep) : root_(std::move(root)), keep_(keep) {}
+
+BackgroundSaver::~BackgroundSaver() {
+  try {
+    wait();
+  } catch (...) {
+  }
+}
+
+void BackgroundSaver::save(HostSnapshot snap, std::function<void(const std::string&, double)> on_done) {
+  wait();
+  job_ = std::make_unique<Job>();
+  Job* job = job_.get();
+  job->thread = std::thread([this, job, snap = std::move(snap), on_done = std::move(on_done)] {
+    try {
+      const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(snap.step));
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string path = write_checkpoint(snap, root_, keep_);
+      if (on_done) on_done(path, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+  });
+}
+
+void BackgroundSaver::wait() {
+  if (!job_) return;
+  if (job_->thread.joinable()) job_->thread.join();
+  std::exception_ptr e = job_->error;
+  job_.reset();
+  if (e) std::rethrow_exception(e);
+}
+
+}  // namespace zt

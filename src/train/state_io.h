@@ -1,0 +1,90 @@
+// The trainer's model and optimizer state outside the devices: host snapshots of every rank's
+// shard (for --snapshot-every recovery and as the first half of a checkpoint save), checkpoint
+// writing from a snapshot (in the background), and restoring an engine of any world size and
+// ZeRO stage from a checkpoint or a snapshot (resharding: each rank reads exactly the elements
+// it keeps, from whichever stored ranges cover them).
+//
+// Arrays, per parameter block (ParamLayout block name): "<block>/master" (fp32 master weights),
+// "<block>/m" and "<block>/v" (AdamW moments; SGD has only m), and with 16-bit precision
+// "<block>/working" (the bf16/f16 parameters, so that stochastic rounding resumes bit for bit).
+// Every rank stores its shard's real elements of each, so the files tile each array exactly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "model/model.h"
+#include "zero/engine.h"
+
+namespace zt {
+
+// One rank's state of one block, over [begin, begin + master.size()).
+struct HostShard {
+  int64_t begin = 0;
+  std::vector<float> master, m, v;
+  std::vector<uint8_t> working;  // raw working-dtype bits (16-bit precision only)
+};
+
+struct HostSnapshot {
+  int64_t step = 0;                         // steps completed when it was taken
+  DType working = DType::kF32;
+  bool adamw = true;
+  std::vector<std::string> block_names;
+  std::vector<int64_t> block_numel;
+  std::vector<std::vector<HostShard>> shards;  // [rank][block]
+  nlohmann::json meta;                       // the trainer's state (see train/trainer.cc)
+  size_t bytes() const;
+};
+
+// Copies every rank's shard to the host; for_ranks runs fn(rank) on each rank's thread.
+HostSnapshot take_snapshot(ZeroEngine& engine, const Model& model, bool adamw, int64_t step,
+                           const std::function<void(const std::function<void(int)>&)>& for_ranks);
+
+// Where restore() reads arrays from: a checkpoint on disk or a snapshot in memory.
+class StateSource {
+ public:
+  virtual ~StateSource() = default;
+  virtual bool has(const std::string& array) const = 0;
+  virtual StorageDType dtype(const std::string& array) const = 0;
+  virtual uint64_t numel(const std::string& array) const = 0;
+  // Elements [begin, begin + count) into out (count * element size bytes).
+  virtual void read(const std::string& array, uint64_t begin, uint64_t count, void* out) const = 0;
+  virtual std::string describe() const = 0;  // "checkpoint /runs/a/step-00000100"
+};
+std::unique_ptr<StateSource> source_of(const CheckpointReader& reader);
+std::unique_ptr<StateSource> source_of(const HostSnapshot& snapshot);
+
+// Checks that the source holds this model's state (every block's arrays with the right sizes,
+// the optimizer's moments); throws kInvalidArgument with one sentence naming what differs.
+void check_source_matches(const StateSource& src, const Model& model, bool adamw);
+// Loads rank's part of every block from src (any world size or stage may have written it).
+void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src, int rank);
+
+// Writes a snapshot as a checkpoint (one file per rank that took it, written concurrently), then
+// commits with meta. Returns the checkpoint's path.
+std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep);
+
+// Saves in the background: save() waits for the previous save, then hands the snapshot to a
+// thread that writes and commits it. wait() joins and rethrows a failure of the last save.
+class BackgroundSaver {
+ public:
+  BackgroundSaver(std::string root, int keep);
+  ~BackgroundSaver();
+  // on_done(path, seconds) runs on the saving thread after the commit.
+  void save(HostSnapshot snap, std::function<void(const std::string&, double)> on_done);
+  void wait();
+
+ private:
+  std::string root_;
+  int keep_;
+  struct Job;
+  std::unique_ptr<Job> job_;
+};
+
+}  // namespace zt

@@ -1,0 +1,821 @@
+// Checkpoint storage: round trips written by concurrent files and read back over any ranges
+// (resharding), latest/keep/prune, resume fallback, refusal of every kind of damage (truncation and
+// bit flips in each file, path traversal, symlinks, unknown versions, gaps/overlaps, wrong sizes),
+// and crash safety: a child process saving checkpoints is SIGKILLed at random instants and resume
+// must always find the newest complete one with exactly the data written for its step.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/manifest.h"
+#include "core/status.h"
+#include "sanitizer.h"
+
+namespace zt {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("zt_test_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+  std::string sub(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Runs f, which must throw zt::Error of `kind` whose message contains every part.
+template <typename F>
+std::string expect_error(F&& f, ErrorKind kind, std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    for (const std::string& p : parts) EXPECT_THAT(e.message(), HasSubstr(p));
+    return e.message();
+  }
+  ADD_FAILURE() << "expected zt::Error mentioning '" << *parts.begin() << "'";
+  return {};
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_file(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) { write_file(path, bytes.data(), bytes.size()); }
+void write_file(const std::string& path, const std::string& text) { write_file(path, text.data(), text.size()); }
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The bytes of array `a` at `step`: a pure function of (step, a), so any reader can check them.
+std::vector<uint8_t> array_bytes(int64_t step, int a, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  uint64_t state = splitmix64(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(a));
+  for (size_t i = 0; i < bytes; i += 8) {
+    state = splitmix64(state);
+    std::memcpy(out.data() + i, &state, std::min<size_t>(8, bytes - i));
+  }
+  return out;
+}
+
+struct ArraySpec {
+  std::string name;
+  StorageDType dtype;
+  uint64_t numel;
+  std::vector<int64_t> shape;
+};
+
+// Awkward sizes: 1, a prime, a power of two +- 1, zero, several dtypes.
+std::vector<ArraySpec> test_arrays() {
+  return {{"wte/master", StorageDType::kF32, 100003, {}},
+          {"h.0/master", StorageDType::kF32, 4097, {17, 241}},
+          {"h.0/adam_m", StorageDType::kBF16, 65535, {}},
+          {"tokens", StorageDType::kI32, 7, {7}},
+          {"rng", StorageDType::kU8, 1, {}},
+          {"empty", StorageDType::kF16, 0, {0, 3}},
+          {"counts", StorageDType::kI64, 1023, {}}};
+}
+
+// Writes `arrays` at `step` as num_files files, file r holding rank r's contiguous share of every
+// array (uneven splits), each share written in up to `pieces` calls, one thread per file.
+std::string save(const std::string& root, int64_t step, int num_files, const std::vector<ArraySpec>& arrays,
+                 int keep = 0, int pieces = 2, json meta = json::object()) {
+  CheckpointWriter w(root, step, num_files);
+  for (const ArraySpec& a : arrays) w.declare_array(a.name, a.dtype, a.numel, a.shape);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < num_files; ++r) {
+    threads.emplace_back([&, r] {
+      for (size_t ai = 0; ai < arrays.size(); ++ai) {
+        const ArraySpec& a = arrays[ai];
+        const uint64_t elem = storage_dtype_size(a.dtype);
+        const std::vector<uint8_t> data = array_bytes(step, static_cast<int>(ai), a.numel * elem);
+        // Rank r's share: [r * n / R, (r + 1) * n / R), uneven on purpose.
+        const uint64_t b = a.numel * r / num_files, e = a.numel * (r + 1) / num_files;
+        for (int p = 0; p < pieces; ++p) {
+          const uint64_t pb = b + (e - b) * p / pieces, pe = b + (e - b) * (p + 1) / pieces;
+          w.write_range(r, a.name, pb, data.data() + pb * elem, (pe - pb) * elem);
+        }
+      }
+      if (r % 2 == 0) w.finish_file(r);  // the others are finished by commit
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (meta.empty()) meta = json{{"model", "gpt-tiny"}, {"zero_stage", 2}, {"devices", num_files}};
+  return w.commit(meta, keep);
+}
+
+void expect_arrays(const CheckpointReader& r, int64_t step, const std::vector<ArraySpec>& arrays) {
+  for (size_t ai = 0; ai < arrays.size(); ++ai) {
+    const ArraySpec& a = arrays[ai];
+    ASSERT_TRUE(r.has_array(a.name)) << a.name;
+    EXPECT_EQ(r.array(a.name).numel, a.numel);
+    EXPECT_EQ(r.array(a.name).dtype, a.dtype);
+    EXPECT_EQ(r.array(a.name).shape, a.shape);
+    const uint64_t elem = storage_dtype_size(a.dtype);
+    const std::vector<uint8_t> expected = array_bytes(step, static_cast<int>(ai), a.numel * elem);
+    std::vector<uint8_t> got(a.numel * elem + 1, 0xcd);  // poisoned, one guard byte
+    r.read(a.name, 0, a.numel, got.data());
+    EXPECT_EQ(got.back(), 0xcd) << a.name << ": read past the requested range";
+    got.pop_back();
+    EXPECT_TRUE(got == expected) << a.name << " differs at step " << step;
+  }
+}
+
+std::string manifest_text(const std::string& dir) {
+  const std::vector<uint8_t> b = read_file(dir + "/manifest.json");
+  return std::string(b.begin(), b.end());
+}
+
+// Re-computes the manifest's own checksum after a test edits its text on purpose, so that the
+// rule under test (not the checksum) is what refuses it.
+std::string reseal(const std::string& text) {
+  const size_t p = std::string(R"({"format":"zerotrain-checkpoint","version":1,"xxh64":")").size();
+  const std::string body = text.substr(p + 16);
+  return text.substr(0, p) + hex64(xxh64(body.data(), body.size())) + body;
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
+    s.replace(pos, from.size(), to);
+  return s;
+}
+
+// ---- names -----------------------------------------------------------------------------------
+
+TEST(CheckpointNames, StepDirectoriesAndPlainFileNames) {
+  EXPECT_EQ(format_step_dir(100), "step-00000100");
+  EXPECT_EQ(format_step_dir(0), "step-00000000");
+  EXPECT_EQ(format_step_dir(123456789012), "step-123456789012");
+  EXPECT_EQ(parse_step_dir("step-00000100"), 100);
+  EXPECT_EQ(parse_step_dir("step-123456789012"), 123456789012);
+  EXPECT_EQ(parse_step_dir("step-100"), std::nullopt);  // not canonical
+  EXPECT_EQ(parse_step_dir("step-0000010x"), std::nullopt);
+  EXPECT_EQ(parse_step_dir("latest"), std::nullopt);
+  EXPECT_EQ(parse_step_dir("step-"), std::nullopt);
+  EXPECT_EQ(format_rank_file(3), "rank-00003.bin");
+
+  EXPECT_TRUE(is_plain_file_name("rank-00000.bin"));
+  for (const char* bad : {"", ".", "..", "../x", "/etc/passwd", "a/b", ".hidden", "a\\b", "x\n"})
+    EXPECT_FALSE(is_plain_file_name(bad)) << bad;
+  EXPECT_FALSE(is_plain_file_name(std::string(256, 'a')));
+  EXPECT_FALSE(is_plain_file_name(std::string("a\0b", 3)));
+}
+
+// ---- round trip and resharding ---------------------------------------------------------------
+
+TEST(Checkpoint, RoundTripFromConcurrentFiles) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const std::string path = save(dir.str(), 100, 4, arrays, 0, 3);
+  EXPECT_EQ(path, dir.sub("step-00000100"));
+  const CheckpointReader r = CheckpointReader::open(path);
+  EXPECT_EQ(r.step(), 100);
+  EXPECT_EQ(r.meta().at("model"), "gpt-tiny");
+  EXPECT_EQ(r.meta().at("zero_stage"), 2);
+  EXPECT_EQ(r.manifest().files.size(), 4u);
+  EXPECT_FALSE(r.has_array("nope"));
+  expect_error([&] { r.array("nope"); }, ErrorKind::kInvalidArgument, {"has no array 'nope'"});
+  expect_arrays(r, 100, arrays);
+  // Only the committed files: no temporaries left behind.
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"manifest.json", "rank-00000.bin", "rank-00001.bin",
+                                             "rank-00002.bin", "rank-00003.bin"}));
+}
+
+// Written by 4 ranks, read back as 3 ranks, 1 rank and random ranges: the bytes of every element
+// are the ones written, whichever stored ranges the request crosses.
+TEST(Checkpoint, AnyRangeReadsReshard) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const CheckpointReader r = CheckpointReader::open(save(dir.str(), 7, 4, arrays, 0, 2));
+  std::mt19937_64 rng(42);
+  for (size_t ai = 0; ai < arrays.size(); ++ai) {
+    const ArraySpec& a = arrays[ai];
+    const uint64_t elem = storage_dtype_size(a.dtype);
+    const std::vector<uint8_t> expected = array_bytes(7, static_cast<int>(ai), a.numel * elem);
+    for (const int readers : {1, 3, 5}) {
+      std::vector<uint8_t> got(a.numel * elem, 0xcd);
+      for (int q = 0; q < readers; ++q) {
+        const uint64_t b = a.numel * q / readers, e = a.numel * (q + 1) / readers;
+        r.read(a.name, b, e - b, got.data() + b * elem);
+      }
+      EXPECT_TRUE(got == expected) << a.name << " read by " << readers << " ranks";
+    }
+    for (int trial = 0; trial < 50 && a.numel > 0; ++trial) {
+      const uint64_t b = rng() % a.numel;
+      const uint64_t n = rng() % (a.numel - b + 1);
+      std::vector<uint8_t> got(n * elem + 1, 0xcd);
+      r.read(a.name, b, n, got.data());
+      EXPECT_EQ(got.back(), 0xcd);
+      EXPECT_TRUE(std::equal(got.begin(), got.end() - 1, expected.begin() + static_cast<ptrdiff_t>(b * elem)))
+          << a.name << " [" << b << ", +" << n << ")";
+    }
+    expect_error([&] { r.read(a.name, a.numel, 1, nullptr); }, ErrorKind::kInvalidArgument, {"cannot read"});
+    expect_error([&] { r.read(a.name, 1, UINT64_MAX, nullptr); }, ErrorKind::kInvalidArgument, {"cannot read"});
+  }
+}
+
+TEST(Checkpoint, ConcurrentReadersSeeTheSameBytes) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const CheckpointReader r = CheckpointReader::open(save(dir.str(), 3, 3, arrays));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const ArraySpec& a = arrays[0];
+      const std::vector<uint8_t> expected = array_bytes(3, 0, a.numel * 4);
+      const uint64_t b = a.numel * t / 4, e = a.numel * (t + 1) / 4;
+      std::vector<uint8_t> got((e - b) * 4);
+      r.read(a.name, b, e - b, got.data());
+      if (!std::equal(got.begin(), got.end(), expected.begin() + static_cast<ptrdiff_t>(b * 4))) ++mismatches;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(mismatches, 0);
+}
+
+// ---- latest, keep, prune, replace ------------------------------------------------------------
+
+TEST(Checkpoint, LatestNamesTheNewestCommit) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  EXPECT_EQ(read_latest(dir.str()), std::nullopt);
+  EXPECT_TRUE(list_checkpoints(dir.sub("missing")).empty());
+  save(dir.str(), 100, 2, arrays);
+  EXPECT_EQ(read_latest(dir.str()), "step-00000100");
+  save(dir.str(), 200, 2, arrays);
+  EXPECT_EQ(read_latest(dir.str()), "step-00000200");
+  EXPECT_EQ(manifest_text(dir.sub("step-00000200")).back(), '\n');
+  const auto entries = list_checkpoints(dir.str());
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].step, 100);
+  EXPECT_EQ(entries[1].step, 200);
+  EXPECT_TRUE(entries[1].has_manifest);
+  EXPECT_EQ(entries[1].path, dir.sub("step-00000200"));
+}
+
+TEST(Checkpoint, KeepPrunesOnlyAfterTheNewOneIsComplete) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 1000, {}}};
+  for (int64_t step = 1; step <= 5; ++step) save(dir.str(), step, 2, arrays, 2);
+  auto entries = list_checkpoints(dir.str());
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].step, 4);
+  EXPECT_EQ(entries[1].step, 5);
+  expect_arrays(CheckpointReader::open(entries[0].path), 4, arrays);
+
+  // keep 0 keeps all; keep 1 leaves only the new one.
+  for (int64_t step = 6; step <= 8; ++step) save(dir.str(), step, 1, arrays, 0);
+  EXPECT_EQ(list_checkpoints(dir.str()).size(), 5u);
+  save(dir.str(), 9, 1, arrays, 1);
+  entries = list_checkpoints(dir.str());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].step, 9);
+
+  // A save of a lower step (resuming an older checkpoint) is never pruned by its own keep.
+  save(dir.str(), 3, 1, arrays, 1);
+  entries = list_checkpoints(dir.str());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].step, 3);
+  EXPECT_EQ(read_latest(dir.str()), "step-00000003");
+}
+
+TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNextSave) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  save(dir.str(), 1, 1, arrays);
+  // An interrupted save's staging directory, a step directory without manifest, a trash directory,
+  // a latest temporary.
+  fs::create_directories(dir.sub(".tmp-step-00000002-99999-0"));
+  write_file(dir.sub(".tmp-step-00000002-99999-0/.rank-00000.bin.tmp"), std::string("partial"));
+  fs::create_directories(dir.sub("step-00000003"));
+  write_file(dir.sub("step-00000003/rank-00000.bin"), std::string("partial"));
+  fs::create_directories(dir.sub(".trash-step-00000000-1-0"));
+  write_file(dir.sub(".latest.tmp-99999"), std::string("step-0000000"));
+
+  std::vector<std::string> notes;
+  auto resolved = resolve_resume(dir.str(), "auto", &notes);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 1);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("step-00000003"));
+  EXPECT_THAT(notes[0], HasSubstr("no manifest.json"));
+  EXPECT_THAT(notes[0], HasSubstr("falling back to step-00000001"));
+  EXPECT_TRUE(fs::exists(dir.sub("step-00000003")));  // a load never deletes
+
+  save(dir.str(), 4, 1, arrays);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000001", "step-00000004"}));
+}
+
+TEST(Checkpoint, SavingAnExistingStepReplacesItAtomically) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 5000, {}}};
+  save(dir.str(), 10, 2, arrays);
+  // Same step, different content (a different writer split and meta): the new one wins whole.
+  CheckpointWriter w(dir.str(), 10, 1);
+  w.declare_array("x", StorageDType::kF32, 5000);
+  const std::vector<uint8_t> data = array_bytes(99, 0, 5000 * 4);
+  w.write_range(0, "x", 0, data.data(), data.size());
+  w.commit(json{{"run", "second"}}, 0);
+  const CheckpointReader r = CheckpointReader::open(dir.sub("step-00000010"));
+  EXPECT_EQ(r.meta().at("run"), "second");
+  EXPECT_EQ(r.manifest().files.size(), 1u);
+  std::vector<uint8_t> got(data.size());
+  r.read("x", 0, 5000, got.data());
+  EXPECT_TRUE(got == data);
+  EXPECT_FALSE(fs::exists(dir.sub("step-00000010/rank-00001.bin")));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000010"}));
+}
+
+TEST(Checkpoint, AnUncommittedWriterLeavesNothing) {
+  TempDir dir;
+  {
+    CheckpointWriter w(dir.str(), 5, 2);
+    w.declare_array("x", StorageDType::kF32, 10);
+    const float v[10] = {};
+    w.write_range(0, "x", 0, v, sizeof(v));
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{".lock"});
+  EXPECT_EQ(resolve_resume(dir.str(), "auto", nullptr), std::nullopt);
+}
+
+TEST(Checkpoint, WriterMisuseIsRefused) {
+  TempDir dir;
+  const float v[16] = {};
+  {
+    CheckpointWriter w(dir.str(), 1, 2);
+    w.declare_array("x", StorageDType::kF32, 8, {2, 4});
+    expect_error([&] { w.declare_array("x", StorageDType::kF32, 8); }, ErrorKind::kInvalidArgument, {"declared twice"});
+    expect_error([&] { w.declare_array("y", StorageDType::kF32, 8, {3, 3}); }, ErrorKind::kInvalidArgument, {"shape"});
+    expect_error([&] { w.declare_array("z", StorageDType::kF64, UINT64_MAX / 4); }, ErrorKind::kInvalidArgument, {"too many"});
+    expect_error([&] { w.write_range(0, "nope", 0, v, 4); }, ErrorKind::kInvalidArgument, {"not declared"});
+    expect_error([&] { w.write_range(2, "x", 0, v, 4); }, ErrorKind::kInvalidArgument, {"outside"});
+    expect_error([&] { w.write_range(0, "x", 0, v, 6); }, ErrorKind::kInvalidArgument, {"not whole"});
+    expect_error([&] { w.write_range(0, "x", 6, v, 12); }, ErrorKind::kInvalidArgument, {"lie outside"});
+    expect_error([&] { w.write_range(0, "x", UINT64_MAX, v, 4); }, ErrorKind::kInvalidArgument, {"lie outside"});
+    // A second writer on the same root, in this process or another, is refused while this lives.
+    expect_error([&] { CheckpointWriter(dir.str(), 2, 1); }, ErrorKind::kInvalidArgument, {"only one run"});
+    w.write_range(0, "x", 0, v, 16);
+    expect_error([&] { w.commit(json::object(), 0); }, ErrorKind::kInvalidArgument, {"[4, 8)", "never written"});
+    w.write_range(1, "x", 2, v, 16);
+    expect_error([&] { w.commit(json::object(), 0); }, ErrorKind::kInvalidArgument, {"[2, 4)", "written twice"});
+    expect_error([&] { w.commit(json::array(), 0); }, ErrorKind::kInvalidArgument, {"JSON object"});
+  }
+  expect_error([&] { CheckpointWriter(dir.str(), -1, 1); }, ErrorKind::kInvalidArgument, {"non-negative"});
+  expect_error([&] { CheckpointWriter(dir.str(), 1, 0); }, ErrorKind::kInvalidArgument, {"1 to"});
+  write_file(dir.sub("afile"), std::string("x"));
+  expect_error([&] { CheckpointWriter(dir.sub("afile"), 1, 1); }, ErrorKind::kIo, {"afile"});
+  {
+    CheckpointWriter w(dir.str(), 1, 1);
+    w.declare_array("x", StorageDType::kF32, 2);
+    w.write_range(0, "x", 0, v, 8);
+    w.finish_file(0);
+    expect_error([&] { w.write_range(0, "x", 0, v, 8); }, ErrorKind::kInvalidArgument, {"already finished"});
+    w.commit(json::object(), 0);
+    expect_error([&] { w.commit(json::object(), 0); }, ErrorKind::kInvalidArgument, {"already committed"});
+  }
+  EXPECT_EQ(CheckpointReader::open(dir.sub("step-00000001")).array("x").numel, 2u);
+}
+
+// ---- resume ----------------------------------------------------------------------------------
+
+void flip_bit(const std::string& path, uint64_t byte, int bit) {
+  std::vector<uint8_t> b = read_file(path);
+  ASSERT_LT(byte, b.size());
+  b[byte] ^= static_cast<uint8_t>(1u << bit);
+  write_file(path, b);
+}
+
+TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 3000, {}}, {"y", StorageDType::kBF16, 77, {}}};
+  EXPECT_EQ(resolve_resume(dir.sub("nothing-here"), "auto", nullptr), std::nullopt);
+  EXPECT_EQ(resolve_resume(dir.str(), "auto", nullptr), std::nullopt);
+  for (int64_t step : {100, 200, 300}) save(dir.str(), step, 3, arrays);
+
+  std::vector<std::string> notes;
+  auto resolved = resolve_resume(dir.str(), "auto", &notes);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 300);
+  EXPECT_EQ(resolved->path, dir.sub("step-00000300"));
+  EXPECT_TRUE(notes.empty());
+  expect_arrays(resolved->reader, 300, arrays);
+
+  flip_bit(dir.sub("step-00000300/rank-00001.bin"), 1234, 5);
+  resolved = resolve_resume(dir.str(), "auto", &notes);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 200);
+  expect_arrays(resolved->reader, 200, arrays);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("step-00000300 is unusable"));
+  EXPECT_THAT(notes[0], HasSubstr("rank-00001.bin: checksum mismatch"));
+  EXPECT_THAT(notes[0], HasSubstr("falling back to step-00000200"));
+
+  // Two bad ones: a truncated manifest too.
+  notes.clear();
+  const std::string m = manifest_text(dir.sub("step-00000200"));
+  write_file(dir.sub("step-00000200/manifest.json"), m.substr(0, m.size() / 2));
+  resolved = resolve_resume(dir.str(), "auto", &notes);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 100);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_THAT(notes[1], HasSubstr("manifest.json"));
+  EXPECT_THAT(notes[1], HasSubstr("falling back to step-00000100"));
+
+  // None usable: an error, not a silent fresh start.
+  fs::remove(dir.sub("step-00000100/rank-00002.bin"));
+  expect_error([&] { resolve_resume(dir.str(), "auto", nullptr); }, ErrorKind::kInvalidArgument,
+               {"none is usable", "rank-00002.bin: the file is missing"});
+
+  // A step directory renamed by hand is refused: the manifest says which step it holds.
+  TempDir other;
+  save(other.str(), 1, 1, arrays);
+  save(other.str(), 400, 1, arrays);
+  fs::rename(other.sub("step-00000400"), other.sub("step-00000500"));
+  notes.clear();
+  resolved = resolve_resume(other.str(), "auto", &notes);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 1);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("manifest says step 400"));
+}
+
+TEST(Resume, ExplicitPathHasNoFallback) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 300, {}}};
+  save(dir.str(), 1, 2, arrays);
+  save(dir.str(), 2, 2, arrays);
+  auto resolved = resolve_resume("", dir.sub("step-00000001"), nullptr);
+  ASSERT_TRUE(resolved);
+  EXPECT_EQ(resolved->step, 1);
+  expect_arrays(resolved->reader, 1, arrays);
+  flip_bit(dir.sub("step-00000002/rank-00000.bin"), 10, 0);
+  expect_error([&] { resolve_resume("", dir.sub("step-00000002"), nullptr); }, ErrorKind::kInvalidArgument,
+               {"step-00000002: rank-00000.bin: checksum mismatch"});
+  expect_error([&] { resolve_resume("", dir.str(), nullptr); }, ErrorKind::kInvalidArgument, {"holds checkpoints but is not one"});
+  expect_error([&] { resolve_resume("", dir.sub("nope"), nullptr); }, ErrorKind::kInvalidArgument, {"does not exist"});
+  expect_error([&] { resolve_resume("", "", nullptr); }, ErrorKind::kInvalidArgument, {"--resume"});
+}
+
+// ---- damage: every file, truncated or bit-flipped, is refused naming the file ------------------
+
+TEST(Corruption, TruncationOfEveryFileIsDetected) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const std::string ck = save(dir.str(), 1, 3, arrays);
+  for (const auto& e : fs::directory_iterator(ck)) {
+    const std::string name = e.path().filename().string();
+    const std::vector<uint8_t> original = read_file(e.path().string());
+    for (const size_t keep : {size_t{0}, original.size() / 2, original.size() - 1}) {
+      write_file(e.path().string(), original.data(), keep);
+      const std::string msg = expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {name});
+      if (name != "manifest.json") {
+        EXPECT_THAT(msg, HasSubstr("truncated"));
+      }
+      // Sizes-only verification catches truncation too.
+      expect_error([&] { CheckpointReader::open(ck, CheckpointReader::Verify::kSizesOnly); },
+                   ErrorKind::kInvalidArgument, {name});
+    }
+    std::vector<uint8_t> longer = original;
+    longer.push_back(0);
+    write_file(e.path().string(), longer);
+    expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {name});
+    write_file(e.path().string(), original);
+  }
+  expect_arrays(CheckpointReader::open(ck), 1, arrays);
+}
+
+TEST(Corruption, BitFlipsInEveryFileAreDetected) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const std::string ck = save(dir.str(), 1, 3, arrays);
+  std::mt19937_64 rng(7);
+  const int flips = test::kSanitized ? 12 : 40;
+  for (const auto& e : fs::directory_iterator(ck)) {
+    const std::string name = e.path().filename().string();
+    const std::vector<uint8_t> original = read_file(e.path().string());
+    for (int t = 0; t < flips; ++t) {
+      std::vector<uint8_t> damaged = original;
+      // Single bits anywhere, the first and last bytes, and a few multi-byte smears.
+      const uint64_t at = t == 0 ? 0 : t == 1 ? original.size() - 1 : rng() % original.size();
+      damaged[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      if (t % 5 == 4) damaged[rng() % original.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      write_file(e.path().string(), damaged);
+      const std::string msg = expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument,
+                                           {"checkpoint " + ck + ": " + name});
+      if (name != "manifest.json") {
+        EXPECT_THAT(msg, HasSubstr("checksum mismatch"));
+      }
+    }
+    write_file(e.path().string(), original);
+  }
+  expect_arrays(CheckpointReader::open(ck), 1, arrays);
+}
+
+// ---- unsafe or malformed manifests -------------------------------------------------------------
+
+TEST(Corruption, PathTraversalNamesAreRefused) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  const std::string ck = save(dir.str(), 1, 2, arrays);
+  const std::string original = manifest_text(ck);
+  // A copy of the real file where the traversal would land, so only the name rule can refuse it.
+  fs::copy_file(ck + "/rank-00001.bin", dir.sub("x"));
+  for (const char* bad : {"../x", "/etc/passwd", "a/b", "..", ".", ".rank-00001.bin", "", "a\\b"}) {
+    write_file(ck + "/manifest.json", reseal(replace_all(original, "rank-00001.bin", bad)));
+    expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument,
+                 {"manifest.json", "is not a plain name inside the checkpoint directory"});
+  }
+  write_file(ck + "/manifest.json", original);
+  EXPECT_NO_THROW(CheckpointReader::open(ck));
+}
+
+TEST(Corruption, SymlinkedFilesAreRefused) {
+  TempDir dir;
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  const std::string ck = save(dir.str(), 1, 2, arrays);
+  // Identical bytes outside the checkpoint: only the no-symlink rule can refuse it.
+  fs::rename(ck + "/rank-00001.bin", dir.sub("outside.bin"));
+  fs::create_symlink(dir.sub("outside.bin"), ck + "/rank-00001.bin");
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"rank-00001.bin", "symbolic link"});
+  fs::remove(ck + "/rank-00001.bin");
+  fs::rename(dir.sub("outside.bin"), ck + "/rank-00001.bin");
+  fs::rename(ck + "/manifest.json", dir.sub("m.json"));
+  fs::create_symlink(dir.sub("m.json"), ck + "/manifest.json");
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"manifest.json", "symbolic link"});
+  fs::remove(ck + "/manifest.json");
+  fs::create_directory(ck + "/manifest.json");
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"manifest.json", "not a regular file"});
+}
+
+TEST(Corruption, UnknownFormatVersionIsRefusedByName) {
+  TempDir dir;
+  const std::string ck = save(dir.str(), 1, 1, {{"x", StorageDType::kF32, 10, {}}});
+  const std::string original = manifest_text(ck);
+  write_file(ck + "/manifest.json", reseal(replace_all(original, "\"version\":1,", "\"version\":2,")));
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument,
+               {"manifest.json", "format version 2", "reads only version 1"});
+  write_file(ck + "/manifest.json", replace_all(original, "zerotrain-checkpoint", "zerotrain-checkpoinX"));
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"not a ZeroTrain checkpoint manifest"});
+  write_file(ck + "/manifest.json", std::string("[1,2,3]"));
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"not a JSON object"});
+  write_file(ck + "/manifest.json", std::string(""));
+  expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"not valid JSON"});
+}
+
+// Gaps, overlaps and wrong sizes in an otherwise valid, checksummed manifest.
+TEST(Corruption, GapsOverlapsAndWrongSizesInTheManifestAreRefused) {
+  TempDir dir;
+  const std::string ck = save(dir.str(), 1, 2, {{"x", StorageDType::kF32, 100, {}}}, 0, 1);
+  const std::string original = manifest_text(ck);
+  // File 0 holds elements [0, 50) at offset 0, file 1 holds [50, 100) at offset 0.
+  ASSERT_THAT(original, HasSubstr(R"("begin":50,"bytes":200,"count":50)"));
+  struct Case {
+    std::string from, to, expect;
+  };
+  const std::vector<Case> cases = {
+      {R"("begin":50,"bytes":200,"count":50)", R"("begin":51,"bytes":196,"count":49)", "a gap"},
+      {R"("begin":50,"bytes":200,"count":50)", R"("begin":49,"bytes":200,"count":50)", "overlaps"},
+      {R"("begin":50,"bytes":200,"count":50)", R"("begin":50,"bytes":204,"count":51)", "goes past"},
+      {R"("begin":50,"bytes":200,"count":50)", R"("begin":50,"bytes":196,"count":50)", "do not hold"},
+      {R"("begin":50,"bytes":200,"count":50)", R"("begin":50,"bytes":0,"count":0)", "is empty"},
+      {R"("numel":100)", R"("numel":18446744073709551615)", "too large"},
+      {R"("numel":100)", R"("numel":-100)", "not a non-negative integer"},
+      {R"("numel":100)", R"("numel":100.5)", "not a non-negative integer"},
+      {R"("shape":[])", R"("shape":[3,33])", "shape's product"},
+      {R"("dtype":"f32")", R"("dtype":"f128")", "unknown dtype"},
+      {R"("offset":0)", R"("offset":18446744073709551615)", "beyond the end"},
+      {R"("name":"rank-00001.bin","size":200)", R"("name":"rank-00001.bin","size":400)", "belong to no range"},
+      {R"("name":"rank-00001.bin")", R"("name":"rank-00000.bin")", "listed twice"},
+      {R"("file":"rank-00001.bin")", R"("file":"rank-00009.bin")", "does not list"},
+      {R"("step":1)", R"("step":-1)", "not a non-negative integer"},
+      {R"("meta":{)", R"("meta":[],"x":{)", "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    const std::string edited = replace_all(original, c.from, c.to);
+    ASSERT_NE(edited, original) << c.from;
+    write_file(ck + "/manifest.json", reseal(edited));
+    expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"manifest.json", c.expect});
+  }
+  write_file(ck + "/manifest.json", original);
+  EXPECT_NO_THROW(CheckpointReader::open(ck));
+}
+
+TEST(Corruption, ManifestParserRulesWithoutTheChecksum) {
+  // parse_manifest(verify_checksum=false) still applies every other rule (what the fuzzer runs).
+  const auto parse = [](const json& j) { return parse_manifest(j.dump(), "m", false); };
+  json ok = {{"format", "zerotrain-checkpoint"}, {"version", 1}, {"step", 5}, {"meta", json::object()},
+             {"files", {{{"name", "a.bin"}, {"size", 8}, {"xxh64", "0000000000000000"}}}},
+             {"arrays", {{{"name", "x"}, {"dtype", "f32"}, {"numel", 2},
+                          {"ranges", {{{"file", "a.bin"}, {"begin", 0}, {"count", 2}, {"offset", 0},
+                                       {"bytes", 8}, {"xxh64", "0123456789abcdef"}}}}}}}};
+  const Manifest m = parse(ok);
+  EXPECT_EQ(m.step, 5);
+  ASSERT_EQ(m.arrays.size(), 1u);
+  EXPECT_EQ(m.arrays[0].ranges[0].xxh64, 0x0123456789abcdefull);
+  expect_error([&] { parse_manifest(ok.dump(), "m", true); }, ErrorKind::kInvalidArgument, {"own checksum"});
+
+  json bad = ok;
+  bad["files"][0]["xxh64"] = "0123456789ABCDEF";
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"16 lower-case hex"});
+  bad = ok;
+  bad["files"] = json::array();
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"does not list"});
+  bad = ok;
+  bad["arrays"].push_back(ok["arrays"][0]);
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"listed twice"});
+  bad = ok;
+  bad["arrays"][0]["name"] = "";
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"empty name"});
+  bad = ok;
+  bad["arrays"][0].erase("ranges");
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"no \"ranges\""});
+  bad = ok;
+  bad["arrays"][0]["shape"] = {-1, -2};
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"shape dimension"});
+  bad = ok;
+  bad["arrays"][0]["shape"] = {4294967296ull, 4294967296ull};
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"overflowing"});
+  bad = ok;
+  bad["version"] = 1.5;
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"integer format \"version\""});
+  expect_error([&] { parse_manifest(std::string(kMaxManifestBytes + 1, ' '), "m", false); }, ErrorKind::kInvalidArgument,
+               {"more than"});
+  bad = ok;
+  json deep = json::object();
+  for (int i = 0; i < 70; ++i) deep = json{{"d", deep}};
+  bad["meta"] = deep;
+  expect_error([&] { parse(bad); }, ErrorKind::kInvalidArgument, {"deeper than 64"});
+  const std::string nested(200000, '[');  // not even valid JSON: refused without building it
+  expect_error([&] { parse_manifest(nested, "m", false); }, ErrorKind::kInvalidArgument, {"m: "});
+}
+
+// ---- crash safety ----------------------------------------------------------------------------
+
+constexpr int kCrashFiles = 3;
+constexpr int kCrashKeep = 3;
+
+std::vector<ArraySpec> crash_arrays() {
+  // ~2.3 MB per checkpoint over 3 files.
+  return {{"wte", StorageDType::kF32, 300007, {}}, {"h.0", StorageDType::kBF16, 250001, {}},
+          {"h.1", StorageDType::kF32, 140000, {}}, {"step", StorageDType::kI64, 1, {}}};
+}
+
+// The child: saves step after step with the real writer until it is killed.
+[[noreturn]] void crash_child(const std::string& root, int64_t first_step) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  try {
+    for (int64_t step = first_step;; ++step) save(root, step, kCrashFiles, crash_arrays(), kCrashKeep, 2, json{{"step", step}});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "crash child: %s\n", e.what());
+    ::_exit(2);
+  }
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// Trials, seed and delays: ZT_CRASH_TRIALS / ZT_CRASH_SEED override (bench/crash_trials.sh runs
+// 1000 trials). Each trial forks a child that saves checkpoints continuously, SIGKILLs it after a
+// random delay spanning a few saves (so kills land in every phase: file writes, fsyncs, renames,
+// latest, pruning), then checks what resume finds.
+TEST(CheckpointCrash, SigkillAtRandomInstantsLeavesTheNewestCompleteCheckpointLoadable) {
+  if (test::kThreadSanitizer) GTEST_SKIP() << "fork() with a multi-threaded child under TSan";
+  const int trials = env_int("ZT_CRASH_TRIALS", 50);
+  const auto seed = static_cast<uint64_t>(env_int("ZT_CRASH_SEED", 20240520));
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  const auto arrays = crash_arrays();
+
+  // Calibrate: how long one save takes here, so the delays span a few of them.
+  const auto t0 = std::chrono::steady_clock::now();
+  save(dir.sub("calibrate"), 1, kCrashFiles, arrays, 0, 2, json{{"step", 1}});
+  const auto save_us = std::max<int64_t>(
+      200, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  std::mt19937_64 rng(seed);
+  int64_t last = -1;
+  int loaded = 0, replaced = 0;
+  // Where the kills landed, from what they left behind (evidence the delays cover every phase).
+  int mid_write = 0, latest_lagging = 0, unpruned = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    // Usually continue after the newest; sometimes re-save it (exercises replacing step-N).
+    int64_t first = last < 0 ? 1 : last + 1;
+    if (last > 0 && rng() % 5 == 0) {
+      first = last;
+      ++replaced;
+    }
+    const int64_t delay_us = static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * save_us));
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) crash_child(root, first);
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "trial " << trial << ": the child ended by itself (status " << status << ")";
+
+    for (const auto& e : fs::directory_iterator(root))
+      if (e.path().filename().string().rfind(".tmp-", 0) == 0) {
+        ++mid_write;
+        break;
+      }
+    std::vector<std::string> notes;
+    std::optional<ResolvedCheckpoint> resolved;
+    ASSERT_NO_THROW(resolved = resolve_resume(root, "auto", &notes)) << "trial " << trial;
+    EXPECT_TRUE(notes.empty()) << "trial " << trial << ": " << notes.front();
+    // Every directory named step-N is complete: none newer than the one chosen, none damaged.
+    const auto entries = list_checkpoints(root);
+    for (const CheckpointEntry& e : entries)
+      EXPECT_NO_THROW(CheckpointReader::open(e.path)) << "trial " << trial << ": " << e.name << " is incomplete";
+    if (!resolved) {
+      EXPECT_TRUE(entries.empty());
+      EXPECT_EQ(last, -1) << "trial " << trial << ": a committed checkpoint vanished";
+      continue;
+    }
+    ++loaded;
+    ASSERT_FALSE(entries.empty());
+    EXPECT_EQ(resolved->step, entries.back().step) << "trial " << trial;
+    EXPECT_GE(resolved->step, last) << "trial " << trial << ": resume went backwards";
+    EXPECT_EQ(resolved->reader.meta().at("step"), resolved->step);
+    expect_arrays(resolved->reader, resolved->step, arrays);
+    // latest never names an incomplete checkpoint. It may lag the newest: a kill between the
+    // rename into place and the update of latest (repeatedly, over consecutive trials).
+    if (const auto latest = read_latest(root)) {
+      EXPECT_NO_THROW(CheckpointReader::open(root + "/" + *latest)) << "trial " << trial << ": latest = " << *latest;
+      EXPECT_LE(parse_step_dir(*latest).value_or(-1), resolved->step);
+      if (*latest != format_step_dir(resolved->step)) ++latest_lagging;
+    }
+    if (entries.size() > static_cast<size_t>(kCrashKeep)) ++unpruned;
+    last = resolved->step;
+    if (::testing::Test::HasFailure()) break;
+  }
+  RecordProperty("trials", trials);
+  RecordProperty("checkpoints_committed", static_cast<int>(last));
+  std::printf("crash trials: %d, loaded after %d of them, newest step %lld, %d re-saves of an existing step, "
+              "one save ~%lld us; killed mid-save %d, between rename and latest %d, before pruning %d\n",
+              trials, loaded, static_cast<long long>(last), replaced, static_cast<long long>(save_us), mid_write,
+              latest_lagging, unpruned);
+  EXPECT_GT(loaded, trials / 2) << "kills land too early: the delays do not span a save";
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,275 @@
+// Checkpoints through the trainer: resume is bit-exact (save at k, resume, continue to n equals
+// one run to n: losses and parameter/master/moment bytes) at N = 1, 2, 4, every ZeRO stage, fp32
+// and bf16; a checkpoint saved by N devices at stage s loads on M devices at stage t with the
+// gathered fp32 master weights and moments bitwise equal and the loss continuing; a corrupt
+// newest checkpoint makes --resume auto fall back to the previous one and say so.
+#include <gtest/gtest.h>
+
+#include "sanitizer.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <limits>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "train/export.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "train/trainer.h"
+
+namespace zt {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Resume : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("zt_resume_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir(const std::string& sub) const { return (dir_ / sub).string(); }
+  fs::path dir_;
+};
+
+TrainConfig tiny(int devices, int stage, int steps, Precision p) {
+  TrainConfig c;
+  c.overrides.layers = 2;
+  c.overrides.embd = 64;
+  c.overrides.heads = 2;
+  c.overrides.seq_len = 32;
+  c.devices = "cpu:" + std::to_string(devices);
+  c.zero_stage = stage;
+  c.steps = steps;
+  c.batch_size = 12;  // splits over 1, 2, 3 and 4 devices
+  c.quiet = true;
+  c.sample_tokens = 0;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.keep_final_params = true;
+  c.precision = p;
+  return c;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
+}
+
+TEST_F(Resume, IsBitExactAtEveryDeviceCountStageAndPrecision) {
+  const int kSave = 3, kEnd = 6;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    for (int n : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        if (n == 1 && stage > 0) continue;  // one device: every stage is the same layout
+        SCOPED_TRACE(std::string(p == Precision::kFp32 ? "fp32" : "bf16") + ", N=" + std::to_string(n) + ", stage " +
+                     std::to_string(stage));
+        const std::string root = dir("p" + std::to_string(static_cast<int>(p)) + "n" + std::to_string(n) + "s" +
+                                     std::to_string(stage));
+        TrainConfig whole = tiny(n, stage, kEnd, p);
+        whole.checkpoint_dir = root;
+        whole.save_every = kSave;
+        whole.keep = 0;
+        const TrainResult full = train(whole);
+        ASSERT_EQ(full.checkpoints.size(), 2u);  // step 3 and the end
+        TrainConfig resumed = tiny(n, stage, kEnd, p);
+        resumed.resume = full.checkpoints[0];
+        const TrainResult rest = train(resumed);
+        EXPECT_EQ(rest.start_step, kSave);
+        ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kEnd - kSave));
+        for (int i = 0; i < kEnd - kSave; ++i)
+          EXPECT_EQ(rest.losses[static_cast<size_t>(i)], full.losses[static_cast<size_t>(kSave + i)]) << "step " << kSave + i + 1;
+        EXPECT_TRUE(same_bits(rest.final_params, full.final_params)) << "master weights";
+        EXPECT_TRUE(same_bits(rest.final_working, full.final_working)) << "working parameters";
+        EXPECT_TRUE(same_bits(rest.final_moments, full.final_moments)) << "moments";
+      }
+    }
+  }
+}
+
+TEST_F(Resume, FromOtherDeviceCountsAndStagesGathersTheSameStateAndContinues) {
+  struct Case {
+    int from_n, from_stage, to_n, to_stage;
+  };
+  const Case cases[] = {{4, 2, 2, 2}, {2, 2, 4, 2}, {4, 1, 1, 0}, {3, 3, 4, 1}, {2, 1, 2, 3}, {4, 3, 2, 0}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::to_string(k.from_n) + " devices stage " + std::to_string(k.from_stage) + " -> " +
+                 std::to_string(k.to_n) + " devices stage " + std::to_string(k.to_stage));
+    const std::string root = dir("r" + std::to_string(k.from_n) + std::to_string(k.from_stage) + std::to_string(k.to_n) +
+                                 std::to_string(k.to_stage));
+    TrainConfig a = tiny(k.from_n, k.from_stage, 4, Precision::kFp32);
+    a.checkpoint_dir = root;
+    const TrainResult saved = train(a);  // saves at the end (step 4)
+    ASSERT_EQ(saved.checkpoints.size(), 1u);
+
+    // Two more steps on the new layout and on the old one: the first loss is computed from the
+    // restored weights, so the two agree up to the new device count's reduction order.
+    TrainConfig b = tiny(k.to_n, k.to_stage, 6, Precision::kFp32);
+    b.checkpoint_dir = root;
+    b.resume = "auto";
+    const TrainResult moved = train(b);
+    TrainConfig same = tiny(k.from_n, k.from_stage, 6, Precision::kFp32);
+    same.resume = saved.checkpoints[0];
+    const TrainResult stayed = train(same);
+    ASSERT_EQ(moved.start_step, 4);
+    ASSERT_EQ(moved.losses.size(), 2u);
+    EXPECT_NEAR(moved.losses[0], stayed.losses[0], 1e-5 * stayed.losses[0]) << "loss continues across the reshard";
+    EXPECT_NEAR(moved.losses[1], stayed.losses[1], 1e-4 * stayed.losses[1]);
+    EXPECT_LT(moved.losses[0], saved.losses.front()) << "it did not start over";
+  }
+}
+
+TEST_F(Resume, ReshardedLoadRestoresMasterAndMomentsBitwise) {
+  // Save on 4 devices at stage 1; resume elsewhere for one step that an injected NaN skips, so the
+  // final state is exactly what was loaded.
+  const std::string root = dir("bits");
+  TrainConfig a = tiny(4, 1, 3, Precision::kBf16);
+  a.checkpoint_dir = root;
+  const TrainResult saved = train(a);
+  for (auto [n, stage] : {std::pair{2, 3}, std::pair{3, 0}, std::pair{1, 2}}) {
+    SCOPED_TRACE(std::to_string(n) + " devices, stage " + std::to_string(stage));
+    TrainConfig b = tiny(n, stage, 4, Precision::kBf16);
+    b.resume = saved.checkpoints[0];
+    b.gradient_faults.push_back({4, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+    const TrainResult r = train(b);
+    ASSERT_EQ(r.skipped_steps, std::vector<int>{4});
+    // Nothing changed since the load: the gathered state equals what the 4 devices saved.
+    EXPECT_TRUE(same_bits(r.final_params, saved.final_params)) << "master weights";
+    EXPECT_TRUE(same_bits(r.final_working, saved.final_working)) << "working parameters";
+    EXPECT_TRUE(same_bits(r.final_moments, saved.final_moments)) << "moments";
+  }
+}
+
+TEST_F(Resume, AutoFallsBackPastACorruptNewestCheckpointAndSaysSo) {
+  const std::string root = dir("fallback");
+  TrainConfig a = tiny(2, 2, 4, Precision::kFp32);
+  a.checkpoint_dir = root;
+  a.save_every = 2;
+  a.keep = 0;
+  const TrainResult saved = train(a);
+  ASSERT_EQ(saved.checkpoints.size(), 2u);
+  // Flip one byte in the middle of the newest checkpoint's second shard file.
+  const std::string victim = saved.checkpoints[1] + "/" + format_rank_file(1);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(0, std::ios::end);
+    const auto size = static_cast<std::streamoff>(f.tellg());
+    f.seekg(size / 2);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(size / 2);
+    f.write(&c, 1);
+  }
+  TrainConfig b = tiny(2, 2, 5, Precision::kFp32);
+  b.checkpoint_dir = root;
+  b.resume = "auto";
+  b.keep_final_params = false;
+  const TrainResult r = train(b);
+  EXPECT_EQ(r.start_step, 2);
+  ASSERT_EQ(r.resume_notes.size(), 1u);
+  EXPECT_NE(r.resume_notes[0].find("rank-00001.bin"), std::string::npos) << r.resume_notes[0];
+  EXPECT_EQ(r.losses.front(), saved.losses[2]) << "step 3 from the step-2 checkpoint";
+
+  // Named explicitly, the corrupt checkpoint is refused with the file's name, never loaded.
+  TrainConfig c = b;
+  c.resume = saved.checkpoints[1];
+  try {
+    train(c);
+    FAIL() << "a corrupt checkpoint was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("rank-00001.bin"), std::string::npos) << e.message();
+  }
+}
+
+TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers) {
+  for (bool hang : {false, true}) {
+    SCOPED_TRACE(hang ? "hang" : "error");
+    TrainConfig c = tiny(4, 2, 30, Precision::kFp32);
+    c.keep_final_params = false;
+    const TrainResult clean = train(c);
+    c.snapshot_every = 5;
+    c.inject_fault = {2, 13, hang};
+    c.hang_timeout_s = 2;
+    const TrainResult r = train(c);
+    ASSERT_EQ(r.recoveries.size(), 1u);
+    const Recovery& rec = r.recoveries[0];
+    EXPECT_EQ(rec.failed_at_step, 13);
+    EXPECT_EQ(rec.device, "cpu:2");
+    EXPECT_EQ(rec.resumed_from_step, 10) << "at most --snapshot-every steps of work lost";
+    EXPECT_EQ(rec.devices_after, 3);
+    EXPECT_EQ(r.devices, 3);
+    ASSERT_EQ(r.losses.size(), 30u) << "every step reported once";
+    EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
+    if (hang) EXPECT_EQ(rec.cause, "stopped answering");
+  }
+}
+
+TEST(FaultTolerance, WithoutSnapshotsAFailedDeviceEndsTheRunWithItsError) {
+  TrainConfig c = tiny(2, 1, 6, Precision::kFp32);
+  c.keep_final_params = false;
+  c.inject_fault = {1, 3, false};
+  try {
+    train(c);
+    FAIL() << "the run went on without its device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDevice);
+    EXPECT_NE(e.message().find("cpu:1"), std::string::npos) << e.message();
+  }
+}
+
+TEST_F(Resume, ExportWritesGpt2SafetensorsAndInitFromReadsThemBack) {
+  const std::string root = dir("export");
+  TrainConfig a = tiny(2, 3, 3, Precision::kBf16);
+  a.checkpoint_dir = root;
+  const TrainResult saved = train(a);
+  const std::string out = dir("model.safetensors");
+  const ExportReport rep = export_safetensors(root, out);
+  EXPECT_EQ(rep.step, 3);
+  // GPT-2 names and Hugging Face's [in, out] layout for the Conv1D matrices.
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  const SafetensorsEntry& qkv = f.at("h.1.attn.c_attn.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{64, 192}));
+  EXPECT_EQ(f.at("wte.weight").shape, (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  const ModelConfig mc = make_model_config("gpt-tiny", a.overrides);
+  const auto model = make_model(mc);
+  const auto weights = read_safetensors_weights(out, mc, model->layout());
+  // Element (o, i) of our [out, in] matrix is element (i, o) of the file's.
+  const auto [b, t] = model->layout().find("h.1.attn.c_attn.weight");
+  const std::vector<uint8_t> raw = f.read("h.1.attn.c_attn.weight");
+  float v = 0;
+  std::memcpy(&v, raw.data() + (5 * 192 + 7) * 4, 4);  // file (i=5, o=7)
+  EXPECT_EQ(v, saved.final_params[static_cast<size_t>(b)][static_cast<size_t>(t->offset + 7 * 64 + 5)]);
+  for (size_t k = 0; k < weights.size(); ++k)
+    EXPECT_EQ(std::memcmp(weights[k].data(), saved.final_params[k].data(), weights[k].size() * 4), 0) << "block " << k;
+
+  // --init-from starts from exactly those weights (a first step skipped by a NaN keeps them).
+  TrainConfig c = tiny(4, 1, 1, Precision::kFp32);
+  c.init_from = out;
+  c.gradient_faults.push_back({1, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  const TrainResult r = train(c);
+  EXPECT_TRUE(same_bits(r.final_params, saved.final_params));
+
+  // A model of another shape is refused with the tensor named.
+  TrainConfig wrong = c;
+  wrong.overrides.embd = 32;
+  try {
+    train(wrong);
+    FAIL() << "weights of another shape were loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("shape"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
+}  // namespace zt

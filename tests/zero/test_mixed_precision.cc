@@ -1,0 +1,244 @@
+// Mixed precision through the whole trainer on simulated devices: overflow injected into one
+// device's gradient shard skips the step on every device without changing a single bit of
+// parameters, master weights or moments (every ZeRO stage); the dynamic loss scale follows its
+// backoff/growth schedule exactly; collapse stops with kDiverged or continues in bf16; bf16/fp16
+// runs land within 2% of fp32; stages agree bit for bit in bf16; model-state memory follows the
+// 2 + 2 + 12 ZeRO formulas.
+#include <gtest/gtest.h>
+
+#include "sanitizer.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "runtime/runtime.h"
+#include "train/trainer.h"
+#include "zero/engine.h"
+
+namespace zt {
+namespace {
+
+constexpr bool kSanitized = test::kSanitized;
+
+TrainConfig tiny(int devices, int stage, int steps, Precision p) {
+  TrainConfig c;
+  if (kSanitized) {
+    c.overrides.layers = 1;
+    c.overrides.embd = 32;
+    c.overrides.heads = 2;
+    c.overrides.seq_len = 16;
+  }
+  c.devices = "cpu:" + std::to_string(devices);
+  c.zero_stage = stage;
+  c.steps = steps;
+  c.batch_size = 8;
+  c.quiet = true;
+  c.sample_tokens = 0;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.keep_final_params = true;
+  c.precision = p;
+  // A schedule that does not depend on the run's length, so that a run of k steps is a prefix of
+  // a run of k + 1 steps.
+  c.schedule = LrSchedule::kConstant;
+  c.warmup_steps = 0;
+  return c;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
+}
+
+void expect_same_state(const TrainResult& a, const TrainResult& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.final_params, b.final_params)) << what << ": master weights differ";
+  EXPECT_TRUE(same_bits(a.final_working, b.final_working)) << what << ": working parameters differ";
+  EXPECT_TRUE(same_bits(a.final_moments, b.final_moments)) << what << ": moments differ";
+}
+
+TEST(MixedPrecision, OverflowOnOneDeviceSkipsTheStepEverywhereAndChangesNoBit) {
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float values[] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const float value = values[stage % 3];
+    SCOPED_TRACE("stage " + std::to_string(stage) + ", injected " + std::to_string(value));
+    TrainConfig base = tiny(2, stage, 3, Precision::kFp16);
+    base.initial_scale = 256;  // no natural overflow in these few steps
+    const TrainResult before = train(base);
+    ASSERT_TRUE(before.skipped_steps.empty());
+    TrainConfig faulty = base;
+    faulty.steps = 4;
+    // Rank 1 only, a block in the middle of the model, into its gradient shard.
+    faulty.gradient_faults.push_back({4, 1, 2, 3, value});
+    const TrainResult after = train(faulty);
+    ASSERT_EQ(after.skipped_steps, std::vector<int>{4});
+    expect_same_state(before, after, "state after the skipped step 4 vs after step 3");
+    EXPECT_FALSE(after.first_nonfinite.empty());
+    // The scale halved for the next step (reported by the host after the step).
+    ASSERT_EQ(after.loss_scales.size(), 4u);
+    EXPECT_EQ(after.loss_scales[3], 256.0f);
+  }
+}
+
+TEST(MixedPrecision, SkippedStepInBf16WithoutScalingChangesNoBit) {
+  // bf16 has no loss scale: a NaN gradient (or loss) still skips the step on every device.
+  for (int stage : {1, 3}) {
+    TrainConfig base = tiny(2, stage, 2, Precision::kBf16);
+    const TrainResult before = train(base);
+    TrainConfig faulty = base;
+    faulty.steps = 3;
+    faulty.gradient_faults.push_back({3, 0, 1, 0, std::numeric_limits<float>::quiet_NaN()});
+    const TrainResult after = train(faulty);
+    ASSERT_EQ(after.skipped_steps, std::vector<int>{3}) << "stage " << stage;
+    expect_same_state(before, after, "bf16 stage " + std::to_string(stage));
+    EXPECT_EQ(after.loss_scales[2], 1.0f);
+  }
+}
+
+TEST(MixedPrecision, DynamicScaleFollowsBackoffAndGrowthExactly) {
+  TrainConfig c = tiny(2, 2, 12, Precision::kFp16);
+  c.keep_final_params = false;
+  c.initial_scale = 256;
+  c.scale_window = 3;
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (int s : {2, 6, 7}) c.gradient_faults.push_back({s, s % 2, 0, 1, kInf});
+  const TrainResult r = train(c);
+  ASSERT_EQ(r.skipped_steps, (std::vector<int>{2, 6, 7}));
+  // Scale used by each step, worked out by hand: halve after an overflow, double after 3 clean
+  // steps in a row (the count restarts at every change).
+  const std::vector<float> expect = {256, 256, 128, 128, 128, 256, 128, 64, 64, 64, 128, 128};
+  EXPECT_EQ(r.loss_scales, expect);
+
+  // Hysteresis 2: the first overflow of a run keeps the scale, the second halves it.
+  c.scale_hysteresis = 2;
+  const TrainResult h = train(c);
+  ASSERT_EQ(h.skipped_steps, (std::vector<int>{2, 6, 7}));
+  const std::vector<float> expect_h = {256, 256, 256, 256, 256, 512, 512, 256, 256, 256, 512, 512};
+  EXPECT_EQ(h.loss_scales, expect_h);
+}
+
+TEST(MixedPrecision, ScaleCollapseStopsWithDivergedOrContinuesInBf16) {
+  // A scale so large that fp16 gradients always overflow, and no room to back off.
+  TrainConfig c = tiny(2, 2, 6, Precision::kFp16);
+  c.keep_final_params = false;
+  c.initial_scale = c.min_scale = c.max_scale = 1e9f;
+  try {
+    train(c);
+    FAIL() << "expected the loss scale to collapse";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDiverged);
+    EXPECT_NE(e.message().find("collapsed"), std::string::npos) << e.message();
+  }
+  c.on_scale_collapse_bf16 = true;
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.switched_to_bf16_at, 1);
+  EXPECT_EQ(r.precision, "bf16");
+  EXPECT_EQ(r.skipped_steps, std::vector<int>{1});
+  EXPECT_LT(r.losses.back(), r.losses.front()) << "it trains on in bf16";
+}
+
+TEST(MixedPrecision, TooManyConsecutiveSkippedStepsStop) {
+  TrainConfig c = tiny(1, 0, 8, Precision::kBf16);
+  c.keep_final_params = false;
+  c.max_skipped_steps = 2;
+  for (int s = 2; s <= 5; ++s) c.gradient_faults.push_back({s, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  try {
+    train(c);
+    FAIL() << "expected the skipped-step guard to stop the run";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDiverged);
+    EXPECT_NE(e.message().find("3 consecutive steps"), std::string::npos) << e.message();
+  }
+}
+
+TEST(MixedPrecision, Bf16StagesAgreeBitForBit) {
+  const int kSteps = kSanitized ? 3 : 10;
+  const TrainResult s0 = train(tiny(4, 0, kSteps, Precision::kBf16));
+  for (int stage = 1; stage <= 3; ++stage) {
+    const TrainResult s = train(tiny(4, stage, kSteps, Precision::kBf16));
+    EXPECT_EQ(s.losses, s0.losses) << "stage " << stage;
+    expect_same_state(s0, s, "bf16 stage " + std::to_string(stage) + " vs stage 0");
+  }
+}
+
+TEST(MixedPrecision, Bf16AndFp16LandWithinTwoPercentOfFp32) {
+  if (kSanitized) GTEST_SKIP() << "a convergence run; too slow under sanitizers";
+  TrainConfig c = tiny(2, 2, 400, Precision::kFp32);
+  c.keep_final_params = false;
+  c.schedule = LrSchedule::kCosine;
+  c.warmup_steps = -1;
+  auto tail = [](const TrainResult& r) {  // mean of the last 20 steps: one step's loss is noisy
+    double s = 0;
+    for (size_t i = r.losses.size() - 20; i < r.losses.size(); ++i) s += r.losses[i];
+    return s / 20;
+  };
+  const TrainResult fp32 = train(c);
+  c.precision = Precision::kBf16;
+  const TrainResult bf16 = train(c);
+  c.precision = Precision::kFp16;
+  c.scale_window = 50;
+  const TrainResult fp16 = train(c);
+  EXPECT_NEAR(tail(bf16) / tail(fp32), 1.0, 0.02) << tail(bf16) << " vs " << tail(fp32);
+  EXPECT_NEAR(tail(fp16) / tail(fp32), 1.0, 0.02) << tail(fp16) << " vs " << tail(fp32);
+  bool grew = false;
+  for (size_t i = 1; i < fp16.loss_scales.size(); ++i) grew = grew || fp16.loss_scales[i] > fp16.loss_scales[i - 1];
+  EXPECT_TRUE(grew) << "the fp16 scale never grew";
+  EXPECT_LT(fp32.losses.back(), fp32.losses.front() - 1.0) << "it trains";
+}
+
+TEST(MixedPrecision, StochasticRoundingIsReproducibleAndDiffersFromNearest) {
+  TrainConfig c = tiny(2, 1, 3, Precision::kBf16);
+  c.stochastic_rounding = true;
+  const TrainResult a = train(c), b = train(c);
+  expect_same_state(a, b, "two stochastic-rounding runs with one seed");
+  c.stochastic_rounding = false;
+  const TrainResult n = train(c);
+  EXPECT_FALSE(same_bits(a.final_working, n.final_working));
+  // The working parameters stay within one bf16 step of the master either way.
+  for (size_t blk = 0; blk < a.final_params.size(); ++blk)
+    for (size_t i = 0; i < a.final_params[blk].size(); ++i) {
+      const float m = a.final_params[blk][i], w = a.final_working[blk][i];
+      ASSERT_LE(std::fabs(m - w), std::fabs(m) * (1.0f / 128) + 1e-30f) << "block " << blk << " element " << i;
+    }
+}
+
+TEST(MixedPrecision, ModelStateBytesFollowTheTwoTwoTwelveFormulas) {
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  auto model = make_model(mc);
+  const double psi = static_cast<double>(model->layout().total_parameters());
+  for (int n : {2, 4}) {
+    auto rt = Runtime::create_cpu(n);
+    std::vector<Device*> devs;
+    for (int r = 0; r < n; ++r) devs.push_back(&rt->device(r));
+    Communicator comm(devs);
+    for (DType w : {DType::kBF16, DType::kF16}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        ZeroOptions o;
+        o.stage = stage;
+        o.working = w;
+        ZeroEngine engine(*model, devs, comm, o);
+        const double formula[] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+        // Tensor alignment and shard padding: at most (16 + n*16) elements per block, 16 bytes each.
+        const double slack = static_cast<double>(model->layout().num_blocks()) * (16.0 + 16.0 * n) * 16;
+        for (int r = 0; r < n; ++r) {
+          const ModelStateBytes b = engine.model_state_bytes(r);
+          const double got = static_cast<double>(b.total());
+          EXPECT_GE(got, formula[stage] * 0.999) << "stage " << stage << " N=" << n;
+          EXPECT_LE(got, formula[stage] + slack) << "stage " << stage << " N=" << n;
+          // 16-bit parameters; fp32 master + moments in the shard.
+          EXPECT_LE(static_cast<double>(b.params), (stage == 3 ? 2 * psi / n : 2 * psi) + slack);
+          EXPECT_GE(static_cast<double>(b.optimizer), (stage == 0 ? 12 * psi : 12 * psi / n) * 0.999);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zt
