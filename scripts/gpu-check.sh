@@ -127,7 +127,7 @@ fi
 # on the simulated CPU devices; the losses must agree to fp32 rounding (cuBLAS vs OpenBLAS
 # summation order), and the ZeRO-3 run must match the 1-device run.
 if ((built)) && [[ -x "$app" ]]; then
-  common=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet)
+  common=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --precision fp32)
   run_step "train cuda:0" 120 train-cuda.txt "$app" "${common[@]}" --devices cuda:0 --metrics "$OUT/train-cuda.jsonl"
   run_step "train cpu:1" 120 train-cpu.txt "$app" "${common[@]}" --devices cpu:1 --metrics "$OUT/train-cpu.jsonl"
   run_step "train cuda:0x4 zero-3" 120 train-cuda-z3.txt "$app" "${common[@]}" --devices cuda:0x4 --zero-stage 3 \
@@ -156,6 +156,62 @@ PY
   fi
 else
   skip_step "train on GPU" "no binary"
+fi
+
+# ---- 6b. mixed precision on the GPU vs the CPU backend's emulation, step by step ------------
+# bf16 and fp16 (dynamic loss scale) runs of gpt-tiny on cuda:0 and cpu:1: 16-bit storage and
+# rounding are bit-identical, the GEMMs are not, so the losses agree to bf16/fp16 tolerances.
+if ((built)) && [[ -x "$app" ]]; then
+  mp=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet)
+  for p in bf16 fp16; do
+    run_step "train cuda:0 $p" 120 "train-cuda-$p.txt" "$app" "${mp[@]}" --precision $p --devices cuda:0 \
+      --metrics "$OUT/train-cuda-$p.jsonl"
+    run_step "train cpu:1 $p" 120 "train-cpu-$p.txt" "$app" "${mp[@]}" --precision $p --devices cpu:1 \
+      --metrics "$OUT/train-cpu-$p.jsonl"
+  done
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare mixed-precision losses" 30 compare-mp.txt python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+def losses(name):
+    with open(os.path.join(out, name)) as f:
+        return [json.loads(l).get("loss") for l in f if '"loss"' in l and '"event"' not in l]
+bad = 0
+for p, tol in (("bf16", 3e-2), ("fp16", 5e-3)):
+    try:
+        g, c = losses(f"train-cuda-{p}.jsonl"), losses(f"train-cpu-{p}.jsonl")
+    except OSError as e:
+        print(f"{p}: {e}"); bad = 1; continue
+    pairs = [(a, b) for a, b in zip(g, c) if a is not None and b is not None]
+    worst = max(abs(a - b) / abs(b) for a, b in pairs) if pairs else float("inf")
+    print(f"{p}: cuda:0 vs cpu:1, {len(pairs)} steps, max relative loss difference {worst:.2e} (tolerance {tol})")
+    bad |= not (len(g) == len(c) and worst < tol)
+sys.exit(bad)
+PY
+    (($? != 0)) && failed=1
+    cat "$OUT/compare-mp.txt"
+  fi
+fi
+
+# ---- 6c. checkpoints across backends: save on the GPU, load on the CPU backend (another device
+# count and stage) and save again, load back on the GPU and save again; every array bitwise equal.
+if ((built)) && [[ -x "$app" ]]; then
+  ck=(train --steps 10 --batch-size 12 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --precision bf16)
+  rm -rf "$OUT/ck-gpu" "$OUT/ck-cpu" "$OUT/ck-back"
+  run_step "checkpoint save cuda:0x2 stage 2" 120 ck-gpu.txt "$app" "${ck[@]}" --devices cuda:0x2 --zero-stage 2 \
+    --checkpoint-dir "$OUT/ck-gpu"
+  run_step "checkpoint load cpu:3 stage 3" 120 ck-cpu.txt "$app" "${ck[@]}" --devices cpu:3 --zero-stage 3 \
+    --resume "$OUT/ck-gpu/step-00000010" --checkpoint-dir "$OUT/ck-cpu"
+  run_step "checkpoint load cuda:0 stage 1" 120 ck-back.txt "$app" "${ck[@]}" --devices cuda:0 --zero-stage 1 \
+    --resume "$OUT/ck-cpu/step-00000010" --checkpoint-dir "$OUT/ck-back"
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare checkpoints" 60 compare-ck.txt bash -c "python3 scripts/compare_checkpoints.py \
+      '$OUT/ck-gpu/step-00000010' '$OUT/ck-cpu/step-00000010' && python3 scripts/compare_checkpoints.py \
+      '$OUT/ck-gpu/step-00000010' '$OUT/ck-back/step-00000010'"
+    (($? != 0)) && failed=1
+    cat "$OUT/compare-ck.txt"
+  fi
+  rm -rf "$OUT/ck-gpu" "$OUT/ck-cpu" "$OUT/ck-back"
 fi
 
 # ---- 7. profiling artefacts: a Chrome trace from the CUDA backend, an nsys capture ----------

@@ -112,4 +112,6 @@ class SafetensorsFile {
   std::unique_ptr<State> s_;
 };
 
+inline SafetensorsFile open_safetensors(const std::string& path) { return SafetensorsFile::open(path); }
+
 }  // namespace zt

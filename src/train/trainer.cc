@@ -410,9 +410,11 @@ TrainResult train(const TrainConfig& cfg_in) {
       auto resolved = resolve_resume(cfg.checkpoint_dir, cfg.resume, &result_notes);
       if (resolved) {
         const nlohmann::json& meta = resolved->reader.meta();
-        ZT_REQUIRE(meta.value("step", 0) >= 1 && meta.value("step", 0) < cfg.steps, "checkpoint ", resolved->path,
+        // step == --steps: nothing to train; the state is loaded (resharded) and saved again,
+        // which converts a checkpoint to another device count, stage or precision.
+        ZT_REQUIRE(meta.value("step", 0) >= 1 && meta.value("step", 0) <= cfg.steps, "checkpoint ", resolved->path,
                    " is at step ", meta.value("step", 0), " but the run has --steps ", cfg.steps,
-                   ": nothing is left to train; raise --steps");
+                   "; raise --steps to at least the checkpoint's step");
         apply_state(*source_of(resolved->reader), meta);
         resumed_from = resolved->path + " (step " + std::to_string(start_step) + ", saved on " +
                        std::to_string(meta.value("devices", 0)) + " device(s) at ZeRO stage " +
@@ -652,6 +654,15 @@ TrainResult train(const TrainConfig& cfg_in) {
     };
     StepPhaseTimer phase_timer(N);
     int consecutive_skips = 0;
+    // Every tensor's global shape and where it lives in its block's flat arrays.
+    nlohmann::json tensor_table = nlohmann::json::array();
+    for (const auto& blk : layout.blocks())
+      for (const auto& t : blk.tensors) {
+        std::vector<int64_t> shape;
+        for (int i = 0; i < t.shape.ndim(); ++i) shape.push_back(t.shape[i]);
+        tensor_table.push_back({{"name", t.name}, {"block", blk.name}, {"offset", t.offset}, {"shape", shape},
+                                {"dtype", "f32"}});
+      }
     // Everything a checkpoint needs beyond the engine's arrays.
     auto trainer_meta = [&](int steps_done) {
       nlohmann::json m = {{"model", {{"preset", mc.preset}, {"describe", mc.describe()}, {"layers", mc.layers},
@@ -668,6 +679,7 @@ TrainResult train(const TrainConfig& cfg_in) {
                                        {"batch_size", cfg.batch_size}, {"seq_len", T}}},
                           {"rng", {{"seed", cfg.seed}, {"philox_counter", "step"}}},
                           {"optimizer", adamw ? "adamw" : "sgd"},
+                        {"tensors", tensor_table},
                           {"updates", updates},
                           {"skipped_steps", result.skipped_steps},
                           {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps},
@@ -940,6 +952,16 @@ TrainResult train(const TrainConfig& cfg_in) {
         // --snapshot-every, drop it and go on from the last snapshot on the others.
         if (!recover_from_failure(e, step)) throw;
         break;
+      }
+    }
+    if (start_step == cfg.steps && !next_spec) {
+      // Nothing was left to train (a conversion): save what was loaded.
+      result.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
+      if (saver) {
+        HostSnapshot snap = take_snapshot(engine, *model, adamw, start_step, for_ranks);
+        snap.meta = trainer_meta(start_step);
+        result.checkpoints.push_back(write_checkpoint(snap, cfg.checkpoint_dir, cfg.keep));
+        if (!cfg.quiet) std::printf("checkpoint %s: saved what was loaded (no steps left)\n", result.checkpoints.back().c_str());
       }
     }
     if (saver) saver->wait();

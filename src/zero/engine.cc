@@ -767,7 +767,7 @@ void ZeroEngine::optimizer_step(int rank, const OptimizerStep& st) {
   if (st.adamw)
     optim::adamw_multi(s, segs, W, W, optim::AdamWConfig{st.lr, st.beta1, st.beta2, st.eps, st.step}, sc);
   else
-    optim::sgd_multi(s, segs, W, W, optim::SgdConfig{st.lr, st.momentum, false}, sc);
+    optim::sgd_multi(s, segs, W, W, optim::SgdConfig{st.lr, st.momentum, false, st.step}, sc);
   if (impl_->opt.scaling == ZeroOptions::Scaling::kDynamic) {
     const NvtxRange scale_range(NvtxCategory::kLossScale, "loss scale update", idx);
     optim::loss_scale_update(s, scaler, R.flags.as<float>(), impl_->opt.scale_config);

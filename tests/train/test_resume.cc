@@ -191,6 +191,32 @@ TEST_F(Resume, AutoFallsBackPastACorruptNewestCheckpointAndSaysSo) {
   }
 }
 
+TEST_F(Resume, ConvertingToAnotherDeviceCountAndStageRewritesEveryArrayBitwise) {
+  // --steps equal to the checkpoint's step: load (resharded) and save again.
+  TrainConfig a = tiny(2, 2, 3, Precision::kBf16);
+  a.checkpoint_dir = dir("a");
+  a.keep_final_params = false;
+  const TrainResult saved = train(a);
+  TrainConfig b = tiny(3, 3, 3, Precision::kBf16);
+  b.resume = saved.checkpoints[0];
+  b.checkpoint_dir = dir("b");
+  b.keep_final_params = false;
+  const TrainResult conv = train(b);
+  ASSERT_EQ(conv.checkpoints.size(), 1u);
+  const CheckpointReader ra = CheckpointReader::open(saved.checkpoints[0]);
+  const CheckpointReader rb = CheckpointReader::open(conv.checkpoints[0]);
+  EXPECT_EQ(rb.meta().at("devices"), 3);
+  ASSERT_EQ(ra.manifest().arrays.size(), rb.manifest().arrays.size());
+  for (const ManifestArray& arr : ra.manifest().arrays) {
+    ASSERT_TRUE(rb.has_array(arr.name)) << arr.name;
+    const size_t bytes = arr.numel * storage_dtype_size(arr.dtype);
+    std::vector<uint8_t> x(bytes), y(bytes);
+    ra.read(arr.name, 0, arr.numel, x.data());
+    rb.read(arr.name, 0, arr.numel, y.data());
+    EXPECT_EQ(x, y) << arr.name;
+  }
+}
+
 TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers) {
   for (bool hang : {false, true}) {
     SCOPED_TRACE(hang ? "hang" : "error");
