@@ -2,6 +2,9 @@
 // thread; the --trace JSON is valid trace-event JSON with per-track ordered slices, counters, and
 // comm-stream work overlapping compute-stream work; --profile-steps is validated.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "sanitizer.h"
 
@@ -237,6 +240,43 @@ TEST(NvtxRanges, Stage3GathersNestInsideBlockRanges) {
   }
   EXPECT_GT(gathers, 0);
   EXPECT_GT(prefetches, 0);
+}
+
+TEST(NvtxRanges, LossScaleAndCheckpointRangesAppear) {
+  ScopedSink scoped;
+  const std::string dir = ::testing::TempDir() + "zt_trace_ckpt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  TrainConfig c = tiny(2, 1, 4);
+  c.precision = Precision::kFp16;
+  c.checkpoint_dir = dir;
+  c.save_every = 2;
+  train(c);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(scoped.sink.open_ranges(), 0);
+  int checks = 0, updates = 0, snapshots = 0, writes = 0;
+  for (const auto& r : scoped.sink.ranges()) {
+    if (r.category == NvtxCategory::kLossScale) {
+      if (r.name == "unscale + overflow check") ++checks;
+      if (r.name == "loss scale update") {
+        ++updates;
+        EXPECT_NE(innermost(r, {NvtxCategory::kOptimizer}), nullptr) << "the update runs after the optimizer's kernel";
+      }
+    }
+    if (r.category == NvtxCategory::kCheckpoint) {
+      if (r.name == "snapshot to host") {
+        ++snapshots;
+        EXPECT_TRUE(r.device == 0 || r.device == 1);
+      }
+      if (starts_with(r.name, "checkpoint write step ")) {
+        ++writes;
+        EXPECT_TRUE(r.enclosing.empty()) << "its own thread";
+      }
+    }
+  }
+  EXPECT_EQ(checks, 4 * 2);
+  EXPECT_EQ(updates, 4 * 2);
+  EXPECT_EQ(snapshots, 2 * 2) << "steps 2 and 4, both devices";
+  EXPECT_EQ(writes, 2);
 }
 
 // ---- --trace ---------------------------------------------------------------------------------
