@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "sanitizer.h"
+#include "train_checks.h"
 
 #include <cmath>
 #include <cstring>
@@ -49,18 +50,9 @@ TrainConfig tiny(int devices, int stage, int steps, Precision p) {
   return c;
 }
 
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
-  return true;
-}
-
-void expect_same_state(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  EXPECT_TRUE(same_bits(a.final_params, b.final_params)) << what << ": master weights differ";
-  EXPECT_TRUE(same_bits(a.final_working, b.final_working)) << what << ": working parameters differ";
-  EXPECT_TRUE(same_bits(a.final_moments, b.final_moments)) << what << ": moments differ";
-}
+using test::expect_same_state;
+using test::expect_train_error;
+using test::same_bits;
 
 TEST(MixedPrecision, OverflowOnOneDeviceSkipsTheStepEverywhereAndChangesNoBit) {
   const float kInf = std::numeric_limits<float>::infinity();
@@ -129,13 +121,7 @@ TEST(MixedPrecision, ScaleCollapseStopsWithDivergedOrContinuesInBf16) {
   TrainConfig c = tiny(2, 2, 6, Precision::kFp16);
   c.keep_final_params = false;
   c.initial_scale = c.min_scale = c.max_scale = 1e9f;
-  try {
-    train(c);
-    FAIL() << "expected the loss scale to collapse";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kDiverged);
-    EXPECT_NE(e.message().find("collapsed"), std::string::npos) << e.message();
-  }
+  expect_train_error(c, ErrorKind::kDiverged, "collapsed");
   c.on_scale_collapse_bf16 = true;
   const TrainResult r = train(c);
   EXPECT_EQ(r.switched_to_bf16_at, 1);
@@ -149,13 +135,7 @@ TEST(MixedPrecision, TooManyConsecutiveSkippedStepsStop) {
   c.keep_final_params = false;
   c.max_skipped_steps = 2;
   for (int s = 2; s <= 5; ++s) c.gradient_faults.push_back({s, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
-  try {
-    train(c);
-    FAIL() << "expected the skipped-step guard to stop the run";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kDiverged);
-    EXPECT_NE(e.message().find("3 consecutive steps"), std::string::npos) << e.message();
-  }
+  expect_train_error(c, ErrorKind::kDiverged, "3 consecutive steps");
 }
 
 TEST(MixedPrecision, Bf16StagesAgreeBitForBit) {
