@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
 
   zt::TrainConfig tc;
   std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path, precision = "auto",
-              on_collapse = "stop";
+              on_collapse = "stop", inject_fault;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
   {
     std::string presets;
@@ -221,9 +221,8 @@ int main(int argc, char** argv) {
                       "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
                       "the run goes on from the snapshot on the others (0 = off)")
         ->capture_default_str()->check(zt_cli::whole(0));
-    train->add_option_function<std::string>(
-        "--inject-fault", [&tc](const std::string& v) { tc.inject_fault = zt::parse_fault_injection(v); },
-        "device=D,step=S[,kind=error|hang]: make device D fail at step S (testing recovery)");
+    train->add_option("--inject-fault", inject_fault,
+                      "device=D,step=S[,kind=error|hang]: make device D fail at step S (testing recovery)");
     train->add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
         ->capture_default_str()->check(zt_cli::number(0, true));
     train->add_option("--max-skipped-steps", tc.max_skipped_steps,
@@ -305,6 +304,7 @@ int main(int argc, char** argv) {
       tc.log_format = log_format == "json" ? zt::LogFormat::kJson : zt::LogFormat::kText;
       tc.precision = zt::parse_precision(precision);
       tc.on_scale_collapse_bf16 = on_collapse == "bf16";
+      if (!inject_fault.empty()) tc.inject_fault = zt::parse_fault_injection(inject_fault);
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
       const zt::TrainResult result = zt::train(tc);
       if (!plot_path.empty()) {

@@ -82,6 +82,11 @@ TEST_F(Cli, BadFlagsAndNumbers) {
   expect_usage_error("train --loss-scale lots", "--loss-scale must be dynamic, none or a positive number");
   expect_usage_error("train --precision bf16 --on-scale-collapse bf16", "--precision fp16 runs only");
   expect_usage_error("train --min-scale 8 --initial-scale 4", "--min-scale");
+  expect_usage_error("train --inject-fault device=x,step=3", "--inject-fault 'device=x,step=3' has a bad number");
+  expect_usage_error("train --inject-fault step=3", "needs device=D");
+  expect_usage_error("train --resume auto", "--resume auto needs --checkpoint-dir");
+  expect_usage_error("train --resume " + path("nowhere"), "nowhere");
+  expect_usage_error("train --init-from " + path("missing.safetensors"), "missing.safetensors");
 }
 
 TEST_F(Cli, Fp16ScaleCollapseExitsThreeOrContinuesInBf16) {
