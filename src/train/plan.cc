@@ -345,10 +345,12 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const auto model = make_model(mc);
   char head[512];
   std::snprintf(head, sizeof head,
-                "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, micro-batch %d x %d, "
+                "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, %s, micro-batch %d x %d, "
                 "%d micro-batch%s per step\n",
                 mc.describe().c_str(), static_cast<double>(model->layout().total_parameters()) / 1e6, in.devices,
-                in.devices == 1 ? "" : "s", in.zero_stage, in.sgd ? "SGD" : "AdamW", in.micro_batch,
+                in.devices == 1 ? "" : "s", in.zero_stage,
+                in.working == DType::kF32 ? "fp32" : in.working == DType::kBF16 ? "bf16 + fp32 master" : "fp16 + fp32 master",
+                in.sgd ? "SGD" : "AdamW", in.micro_batch,
                 mc.kind == ModelKind::kGpt ? in.seq_len : 1, in.micro_batches, in.micro_batches == 1 ? "" : "es");
   os << head;
   const char* cols[] = {"device", "params", "grads", "optimizer", "activations", "comm", "transient", "batch",
