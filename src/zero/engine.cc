@@ -339,6 +339,9 @@ struct ZeroEngine::Impl {
   void build_segments(Rank& R, Device& d, float weight_decay) {
     const ParamLayout& L = model.layout();
     const DType W = opt.working;
+    // A rebuild: the previous lists' copies to the device may still be queued on the stream and
+    // read these vectors.
+    if (!R.opt_segs.empty() || !R.grad_segs.empty()) d.compute().synchronize();
     R.opt_segs.clear();
     R.grad_segs.clear();
     int64_t global = 0;  // element index of the block's first element in the whole model
