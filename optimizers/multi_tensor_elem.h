@@ -89,6 +89,17 @@ ZT_HOST_DEVICE ZT_FORCEINLINE Half round_stochastic<Half>(float x, uint32_t r) {
   return Half{float_to_half_bits_stochastic(x, r)};
 }
 
+// The 16-bit working copy of a master weight: round to nearest even, or stochastically with the
+// bits keyed by (seed, step, global element index). One definition for the CPU and CUDA updates.
+template <typename P, bool kStochastic>
+ZT_HOST_DEVICE ZT_FORCEINLINE P working_from_master(float master, uint64_t seed, uint64_t step, uint64_t index) {
+  if constexpr (kStochastic) {
+    return round_stochastic<P>(master, stochastic_rounding_bits(seed, step, index));
+  } else {
+    return from_float<P>(master);
+  }
+}
+
 // ---- dynamic loss scaling -------------------------------------------------------------------
 // The transition of optimizers.h (LossScaleState / LossScaleConfig), written once for the host
 // function, the CPU stream op and the CUDA kernel. Every operation is a single fp32 rounding, so

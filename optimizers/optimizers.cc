@@ -93,16 +93,23 @@ void check_loss_scale_config(const char* op, const LossScaleConfig& c) {
              "] must be finite with 0 < min_scale <= max_scale");
 }
 
+// What adamw_multi and sgd_multi check before launching; returns the list's chunk count.
+int64_t check_update(Stream& s, const char* op, SegmentList<OptimizerSegment> segs, DType param_dtype,
+                     DType grad_dtype, int step, bool needs_v) {
+  check_dtype(op, "param", param_dtype);
+  check_dtype(op, "grad", grad_dtype);
+  ZT_REQUIRE(step >= 1, op, ": step ", step, " must be >= 1 (it counts from 1)");
+  const int64_t chunks = check_segments(op, segs.host, param_dtype, needs_v);
+  check_device_list(s, op, segs.device, chunks > 0);
+  return chunks;
+}
+
 }  // namespace
 
 void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
                  const AdamWConfig& hp, const StepScalars& sc) {
   constexpr const char* op = "adamw_multi";
-  check_dtype(op, "param", param_dtype);
-  check_dtype(op, "grad", grad_dtype);
-  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
-  const int64_t chunks = check_segments(op, segs.host, param_dtype, /*needs_v=*/true);
-  check_device_list(s, op, segs.device, chunks > 0);
+  const int64_t chunks = check_update(s, op, segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/true);
   if (chunks == 0) return;
   const AdamWArgs a{hp.lr,
                     hp.beta1,
@@ -134,11 +141,7 @@ void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtyp
 void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
                const SgdConfig& hp, const StepScalars& sc) {
   constexpr const char* op = "sgd_multi";
-  check_dtype(op, "param", param_dtype);
-  check_dtype(op, "grad", grad_dtype);
-  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
-  const int64_t chunks = check_segments(op, segs.host, param_dtype, /*needs_v=*/false);
-  check_device_list(s, op, segs.device, chunks > 0);
+  const int64_t chunks = check_update(s, op, segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false);
   if (chunks == 0) return;
   if (s.backend() == Backend::kCpu) {
     static_cast<cpu::CpuStream&>(s).enqueue(

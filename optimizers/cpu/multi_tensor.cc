@@ -71,15 +71,8 @@ ZT_CPU_CLONES void adamw_range(P* __restrict param, const G* __restrict grad,
   for (int64_t i = b; i < e; ++i) {
     adamw_elem(master[i], to_float(grad[i]), m[i], v[i], a.lr, a.beta1, a.beta2, a.eps,
                r.weight_decay, a.bias_correction1, a.bias_correction2, r.grad_scale);
-    if constexpr (kWriteParam) {
-      if constexpr (kStochastic) {
-        param[i] = round_stochastic<P>(
-            master[i],
-            stochastic_rounding_bits(r.seed, r.step, r.rng_offset + static_cast<uint64_t>(i)));
-      } else {
-        param[i] = from_float<P>(master[i]);
-      }
-    }
+    if constexpr (kWriteParam)
+      param[i] = working_from_master<P, kStochastic>(master[i], r.seed, r.step, r.rng_offset + static_cast<uint64_t>(i));
   }
 }
 
@@ -108,15 +101,8 @@ ZT_CPU_CLONES void sgd_range(P* __restrict param, const G* __restrict grad,
   for (int64_t i = b; i < e; ++i) {
     sgd_elem(master[i], to_float(grad[i]), buf[i], r.lr, r.momentum, r.weight_decay, kNesterov,
              r.grad_scale);
-    if constexpr (kWriteParam) {
-      if constexpr (kStochastic) {
-        param[i] = round_stochastic<P>(
-            master[i],
-            stochastic_rounding_bits(r.seed, r.step, r.rng_offset + static_cast<uint64_t>(i)));
-      } else {
-        param[i] = from_float<P>(master[i]);
-      }
-    }
+    if constexpr (kWriteParam)
+      param[i] = working_from_master<P, kStochastic>(master[i], r.seed, r.step, r.rng_offset + static_cast<uint64_t>(i));
   }
 }
 

@@ -99,14 +99,8 @@ __global__ void __launch_bounds__(kBlock)
     }
     master[i] = p;
     m[i] = mi;
-    if (write_param) {
-      if constexpr (kStochastic) {
-        param[i] = round_stochastic<P>(
-            p, stochastic_rounding_bits(sc.seed, step, seg.rng_offset + static_cast<uint64_t>(i)));
-      } else {
-        param[i] = from_float<P>(p);
-      }
-    }
+    if (write_param)
+      param[i] = working_from_master<P, kStochastic>(p, sc.seed, step, seg.rng_offset + static_cast<uint64_t>(i));
   }
 }
 

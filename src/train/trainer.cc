@@ -776,8 +776,8 @@ TrainResult train(const TrainConfig& cfg_in) {
           engine.check_gradients(r, R.norms.as<float>());
           s.copy(R.norm_host.data(), R.norms.data(), R.norm_host.size() * 4);
           s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
+          s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
           s.synchronize();
-          R.scale = engine.loss_scale_state(r);  // the scale this step's backward used
         });
         phase_timer.gradients_ready();
         // Global loss and gradient norm, summed in a fixed order (rank, then block).

@@ -556,6 +556,10 @@ const float* ZeroEngine::found_inf_device(int rank) const {
   return impl_->ranks.at(static_cast<size_t>(rank))->flags.as<float>();
 }
 
+const optim::LossScaleState* ZeroEngine::loss_scale_state_device(int rank) const {
+  return impl_->ranks.at(static_cast<size_t>(rank))->scaler.as<optim::LossScaleState>();
+}
+
 optim::LossScaleState ZeroEngine::loss_scale_state(int rank) {
   auto& R = *impl_->ranks.at(static_cast<size_t>(rank));
   Stream& s = impl_->devices[static_cast<size_t>(rank)]->compute();

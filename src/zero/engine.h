@@ -154,6 +154,8 @@ class ZeroEngine {
   const float* found_inf_device(int rank) const;
   // The loss-scale state (synchronizes rank's compute stream). Without scaling: scale 1.
   optim::LossScaleState loss_scale_state(int rank);
+  // The same state in device memory, for a copy batched with other reads (no extra sync).
+  const optim::LossScaleState* loss_scale_state_device(int rank) const;
   // Switches parameters and gradients to another working dtype, keeping the fp32 master weights
   // and moments (--on-scale-collapse bf16): the new parameters are derived from the master.
   // Called once, from one thread, between steps (group collectives). Drops loss scaling (scale 1).
