@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
 
   zt::TrainConfig tc;
   std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path, precision = "auto",
-              on_collapse = "stop", inject_fault;
+              on_collapse = "stop";
+  std::vector<std::string> inject_faults;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
   {
     std::string presets;
@@ -221,8 +222,9 @@ int main(int argc, char** argv) {
                       "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
                       "the run goes on from the snapshot on the others (0 = off)")
         ->capture_default_str()->check(zt_cli::whole(0));
-    train->add_option("--inject-fault", inject_fault,
-                      "device=D,step=S[,kind=error|hang]: make device D fail at step S (testing recovery)");
+    train->add_option("--inject-fault", inject_faults,
+                      "device=D,step=S[,kind=error|hang]: make device D (its position among the devices at that "
+                      "step) fail at step S (testing recovery; may be given more than once)");
     train->add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
         ->capture_default_str()->check(zt_cli::number(0, true));
     train->add_option("--max-skipped-steps", tc.max_skipped_steps,
@@ -304,7 +306,7 @@ int main(int argc, char** argv) {
       tc.log_format = log_format == "json" ? zt::LogFormat::kJson : zt::LogFormat::kText;
       tc.precision = zt::parse_precision(precision);
       tc.on_scale_collapse_bf16 = on_collapse == "bf16";
-      if (!inject_fault.empty()) tc.inject_fault = zt::parse_fault_injection(inject_fault);
+      for (const std::string& f : inject_faults) tc.inject_faults.push_back(zt::parse_fault_injection(f));
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
       const zt::TrainResult result = zt::train(tc);
       if (!plot_path.empty()) {
@@ -312,7 +314,8 @@ int main(int argc, char** argv) {
         zt::write_loss_curve_svg(plot_path, curve);
         if (tc.log_format == zt::LogFormat::kText && !tc.quiet) std::printf("loss curve: %s\n", plot_path.c_str());
       }
-      return 0;
+      // Stopped by the first SIGINT/SIGTERM after a whole step (and its checkpoint): 128 + signal.
+      return result.signal != 0 ? 128 + result.signal : 0;
     }
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());

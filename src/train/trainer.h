@@ -97,7 +97,7 @@ struct TrainConfig {
   // fails, the run drops it and continues from the snapshot on the others (0 = off: a failure ends
   // the run). hang_timeout_s: a step (or evaluation) not done after this long is a hang.
   int snapshot_every = 0;
-  FaultInjection inject_fault;
+  std::vector<FaultInjection> inject_faults;  // each fires once; D is a position in the current device list
   double hang_timeout_s = 300;
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
@@ -147,6 +147,7 @@ struct TrainResult {
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
+  int signal = 0;  // SIGINT/SIGTERM that stopped the run after `steps` steps (0: it ran to the end)
 };
 
 // Runs a whole training job; prints progress to stdout unless quiet. All validation of the

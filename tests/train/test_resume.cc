@@ -213,7 +213,7 @@ TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers
     c.keep_final_params = false;
     const TrainResult clean = train(c);
     c.snapshot_every = 5;
-    c.inject_fault = {2, 13, hang};
+    c.inject_faults = {{2, 13, hang}};
     c.hang_timeout_s = 2;
     const TrainResult r = train(c);
     ASSERT_EQ(r.recoveries.size(), 1u);
@@ -229,10 +229,41 @@ TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers
   }
 }
 
+// The survivors need not divide the global batch: its rows are split unevenly (train/batch_split.h)
+// and every real position keeps its weight, so the run still optimises the same objective.
+TEST(FaultTolerance, SurvivorsThatDoNotDivideTheBatchSplitItUnevenly) {
+  struct Case {
+    int devices, micro;
+    std::vector<FaultInjection> faults;
+    int after;
+  };
+  for (const Case& k : {Case{4, 4, {{1, 12, false}}, 3}, Case{8, 2, {{1, 8, false}, {4, 17, false}}, 6}}) {
+    SCOPED_TRACE(std::to_string(k.devices) + " devices, " + std::to_string(k.faults.size()) + " faults");
+    TrainConfig c = tiny(k.devices, 2, 30, Precision::kFp32);
+    c.keep_final_params = false;
+    c.batch_size = 16;
+    c.micro_batch_size = k.micro;
+    const TrainResult clean = train(c);
+    c.snapshot_every = 5;
+    c.inject_faults = k.faults;
+    const TrainResult r = train(c);
+    ASSERT_EQ(r.recoveries.size(), k.faults.size());
+    EXPECT_EQ(r.devices, k.after);
+    EXPECT_EQ(r.recoveries.back().devices_after, k.after);
+    ASSERT_EQ(r.losses.size(), clean.losses.size()) << "every step reported once";
+    // Until the first fault's snapshot, both runs are the same run.
+    const int same = r.recoveries[0].resumed_from_step;
+    for (int i = 0; i < same; ++i) {
+      EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]) << i;
+    }
+    EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
+  }
+}
+
 TEST(FaultTolerance, WithoutSnapshotsAFailedDeviceEndsTheRunWithItsError) {
   TrainConfig c = tiny(2, 1, 6, Precision::kFp32);
   c.keep_final_params = false;
-  c.inject_fault = {1, 3, false};
+  c.inject_faults = {{1, 3, false}};
   expect_train_error(c, ErrorKind::kDevice, "cpu:1");
 }
 

@@ -1,0 +1,115 @@
+// Checkpoint meta, snapshots and background saves (see checkpointer.h).
+#include "train/checkpointer.h"
+
+#include <chrono>
+#include <cstdio>
+
+namespace zt {
+
+namespace {
+
+// Every tensor's global shape and where it lives in its block's flat arrays.
+nlohmann::json tensor_table(const ParamLayout& layout) {
+  nlohmann::json table = nlohmann::json::array();
+  for (const auto& blk : layout.blocks())
+    for (const auto& t : blk.tensors) {
+      std::vector<int64_t> shape;
+      for (int i = 0; i < t.shape.ndim(); ++i) shape.push_back(t.shape[i]);
+      table.push_back({{"name", t.name}, {"block", blk.name}, {"offset", t.offset}, {"shape", shape}, {"dtype", "f32"}});
+    }
+  return table;
+}
+
+}  // namespace
+
+nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainCounters& counters,
+                               const std::string& precision, ZeroOptions::Scaling scaling) {
+  const TrainConfig& cfg = run.cfg;
+  const ModelConfig& mc = run.mc;
+  const int steps_done = counters.step;
+  nlohmann::json m = {
+      {"model", {{"preset", mc.preset}, {"describe", mc.describe()}, {"layers", mc.layers}, {"heads", mc.heads},
+                 {"embd", mc.embd}, {"seq_len", mc.seq_len}, {"vocab", mc.vocab}, {"input_dim", mc.input_dim},
+                 {"hidden", mc.hidden}, {"classes", mc.classes}}},
+      {"precision", precision},
+      {"zero_stage", cfg.zero_stage},
+      {"devices", world.size()},
+      {"step", steps_done},
+      {"tokens_seen", static_cast<int64_t>(steps_done) * cfg.batch_size * run.T},
+      // The data order is a function of (seed, step): the sampler continues at global batch
+      // `step`, whatever the device count.
+      {"sampler", {{"data", cfg.data}, {"seed", cfg.seed}, {"next_batch", steps_done}, {"batch_size", cfg.batch_size},
+                   {"seq_len", run.T}}},
+      {"rng", {{"seed", cfg.seed}, {"philox_counter", "step"}}},
+      {"optimizer", cfg.optimizer == OptimizerKind::kAdamW ? "adamw" : "sgd"},
+      {"tensors", tensor_table(world.model().layout())},
+      {"updates", counters.updates},
+      {"skipped_steps", counters.skipped_steps},
+      {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps},
+                       {"schedule", static_cast<int>(cfg.schedule)}}}};
+  if (scaling != ZeroOptions::Scaling::kNone) {
+    const optim::LossScaleState st = world.engine().loss_scale_state(0);
+    m["loss_scale"] = {{"scale", st.scale}, {"inv_scale", st.inv_scale}, {"good_steps", st.good_steps},
+                       {"hysteresis_left", st.hysteresis_left}, {"collapsed", st.collapsed}, {"skipped", st.skipped}};
+  }
+  return m;
+}
+
+HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCounters& counters,
+                            const std::string& precision, ZeroOptions::Scaling scaling) {
+  HostSnapshot snap = take_snapshot(world.engine(), world.model(), run.cfg.optimizer == OptimizerKind::kAdamW,
+                                    counters.step, [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
+  snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
+  return snap;
+}
+
+Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_(log) {
+  if (!run.cfg.checkpoint_dir.empty()) saver_ = std::make_unique<BackgroundSaver>(run.cfg.checkpoint_dir, run.cfg.keep);
+}
+
+Checkpointer::~Checkpointer() {
+  // Joins the writer (a failure is dropped: the run is already ending with an error or has
+  // reported it through wait()); the previous complete checkpoints are untouched either way.
+  saver_.reset();
+}
+
+void Checkpointer::save(HostSnapshot snap, double stall_s) {
+  const size_t bytes = snap.bytes();
+  const int64_t at = snap.step;
+  saver_->save(std::move(snap), [this, stall_s, bytes, at](const std::string& path, double secs) {
+    char line[512];
+    std::snprintf(line, sizeof line, "checkpoint %s: %s, training stalled %.1f ms, written in the background in %.1f ms",
+                  path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), stall_s * 1e3, secs * 1e3);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      paths_.push_back(path);
+      messages_.push_back(line);
+    }
+    log_.emit({{"event", "checkpoint"}, {"step", at}, {"path", path}, {"bytes", bytes}, {"stall_ms", stall_s * 1e3},
+               {"write_ms", secs * 1e3}});
+  });
+}
+
+std::string Checkpointer::save_now(const HostSnapshot& snap) {
+  wait();
+  const std::string path = write_checkpoint(snap, run_.cfg.checkpoint_dir, run_.cfg.keep);
+  std::lock_guard<std::mutex> lock(mu_);
+  paths_.push_back(path);
+  return path;
+}
+
+void Checkpointer::wait() {
+  if (saver_) saver_->wait();
+}
+
+std::vector<std::string> Checkpointer::take_messages() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(messages_, {});
+}
+
+std::vector<std::string> Checkpointer::paths() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return paths_;
+}
+
+}  // namespace zt

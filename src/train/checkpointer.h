@@ -1,0 +1,57 @@
+// Checkpoints and host snapshots of a run: what the trainer records besides the engine's arrays
+// (the meta), periodic saves written in the background, and the host snapshots that in-process
+// recovery restarts from.
+//
+// Lifetime rule: the background writer's completion callback touches only this object (and the
+// Logger, which outlives it); the saver is the last member, so it is joined before anything the
+// callback uses is destroyed — also when an error unwinds the run while a save is in flight.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/logger.h"
+#include "train/state_io.h"
+#include "train/world.h"
+
+namespace zt {
+
+// Everything a checkpoint needs beyond the engine's arrays: model shape, run shape, sampler
+// position, counters, LR schedule, loss-scale state and the tensor table.
+nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainCounters& counters,
+                               const std::string& precision, ZeroOptions::Scaling scaling);
+
+// Copies every rank's shard to the host, with meta.
+HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCounters& counters,
+                            const std::string& precision, ZeroOptions::Scaling scaling);
+
+class Checkpointer {
+ public:
+  // Does nothing when the run has no --checkpoint-dir.
+  Checkpointer(const RunContext& run, Logger& log);
+  ~Checkpointer();
+  bool enabled() const { return saver_ != nullptr; }
+  // Snapshot now (training stalls for the device-to-host copy), then write and commit in the
+  // background; a failure of the previous background save is rethrown here.
+  void save(HostSnapshot snap, double stall_s);
+  // Writes synchronously (a conversion, or a stop on a signal); returns the checkpoint's path.
+  std::string save_now(const HostSnapshot& snap);
+  // Waits for the save in flight; rethrows its failure.
+  void wait();
+  // Lines to print about saves that completed since the last call.
+  std::vector<std::string> take_messages();
+  std::vector<std::string> paths();
+
+ private:
+  const RunContext& run_;
+  Logger& log_;
+  std::mutex mu_;
+  std::vector<std::string> messages_, paths_;
+  std::unique_ptr<BackgroundSaver> saver_;  // last member: see the lifetime rule above
+};
+
+}  // namespace zt

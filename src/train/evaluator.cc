@@ -1,0 +1,60 @@
+// Validation loss (and accuracy for classifiers) over the validation split (see evaluator.h).
+#include "train/evaluator.h"
+
+#include <algorithm>
+
+#include "core/nvtx.h"
+
+namespace zt {
+
+EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
+  const int N = world.size(), B = world.split().micro, T = run.T;
+  const bool is_gpt = run.is_gpt;
+  const int D = is_gpt ? 0 : run.mc.input_dim, classes = run.mc.classes;
+  std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
+  std::vector<int64_t> correct(static_cast<size_t>(N), 0), count(static_cast<size_t>(N), 0);
+  const int64_t batches =
+      is_gpt ? batches_gpt : run.images->num_examples(Split::kValidation) / (static_cast<int64_t>(N) * B);
+  world.for_ranks([&](int r) {
+    RankState& R = world.rank(r);
+    Stream& s = world.device(r).compute();
+    ZeroEngine& engine = world.engine();
+    const NvtxRange eval_range(NvtxCategory::kStep, "eval", world.device(r).index());
+    HostBatch hb;
+    hb.tokens.resize(static_cast<size_t>(B * T));
+    hb.images.resize(static_cast<size_t>(B * D));
+    hb.targets.resize(static_cast<size_t>(B * T));
+    std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * classes));
+    for (int64_t e = 0; e < batches; ++e) {
+      if (is_gpt)
+        run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), r * B, B, T, hb.tokens.data(), hb.targets.data());
+      else
+        run.images->examples(Split::kValidation, (e * N + r) * B, B, hb.images.data(), hb.targets.data());
+      world.upload(r, hb);
+      engine.begin_micro_batch(r, 0, /*forward_only=*/true);
+      world.model().forward(s, engine.access(r), *R.ws, R.batch, 0.0f, false);
+      engine.end_micro_batch(r);
+      if (!is_gpt) s.copy(logits.data(), R.ws->logits().data, logits.size() * 4);
+      loss_sum[static_cast<size_t>(r)] += world.read_losses(r);  // synchronizes: hb and logits are ready
+      count[static_cast<size_t>(r)] += static_cast<int64_t>(B) * T;
+      for (int i = 0; !is_gpt && i < B; ++i) {
+        const float* row = logits.data() + static_cast<size_t>(i) * classes;
+        const int pred = static_cast<int>(std::max_element(row, row + classes) - row);
+        correct[static_cast<size_t>(r)] += pred == hb.targets[static_cast<size_t>(i)];
+      }
+    }
+  });
+  double ls = 0;
+  int64_t c = 0, n = 0;
+  for (int r = 0; r < N; ++r) {
+    ls += loss_sum[static_cast<size_t>(r)];
+    c += correct[static_cast<size_t>(r)];
+    n += count[static_cast<size_t>(r)];
+  }
+  EvalResult out;
+  out.loss = n ? ls / static_cast<double>(n) : 0;
+  if (!is_gpt) out.accuracy = n ? static_cast<double>(c) / static_cast<double>(n) : 0;
+  return out;
+}
+
+}  // namespace zt

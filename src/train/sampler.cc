@@ -1,0 +1,80 @@
+// Sampling text from the model (see sampler.h).
+#include "train/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/nvtx.h"
+#include "core/philox.h"
+
+namespace zt {
+
+int sample_top_k(const std::vector<float>& row, int top_k, float temperature, double u01) {
+  const int V = static_cast<int>(row.size());
+  std::vector<int> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  const int k_keep = top_k > 0 ? std::min(top_k, V) : V;
+  std::partial_sort(idx.begin(), idx.begin() + k_keep, idx.end(),
+                    [&](int a, int b) { return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)]; });
+  const float mx = row[static_cast<size_t>(idx[0])];
+  std::vector<double> p(static_cast<size_t>(k_keep));
+  double z = 0;
+  for (int i = 0; i < k_keep; ++i)
+    z += p[static_cast<size_t>(i)] = std::exp((row[static_cast<size_t>(idx[static_cast<size_t>(i)])] - mx) / temperature);
+  double u = u01 * z;
+  for (int i = 0; i < k_keep; ++i) {
+    u -= p[static_cast<size_t>(i)];
+    if (u <= 0) return idx[static_cast<size_t>(i)];
+  }
+  return idx[static_cast<size_t>(k_keep - 1)];
+}
+
+std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
+  const int N = world.size(), T = run.T, V = run.mc.vocab;
+  const TrainConfig& cfg = run.cfg;
+  std::vector<std::string> texts(static_cast<size_t>(N));
+  world.for_ranks([&](int r) {
+    RankState& R = world.rank(r);
+    Device& d = world.device(r);
+    Stream& s = d.compute();
+    ZeroEngine& engine = world.engine();
+    const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
+    if (!R.sample_ws) R.sample_ws = world.model().make_workspace(d, 1, T);
+    std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
+    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
+    std::vector<float> row(static_cast<size_t>(V));
+    Batch sb;
+    sb.B = 1;
+    sb.T = T;
+    sb.inputs = ConstTensorView{R.inputs.data(), DType::kI32, Shape{1, T}, d.index()};
+    sb.targets = ConstTensorView{R.targets.data(), DType::kI32, Shape{1, T}, d.index()};
+    std::string& out = texts[static_cast<size_t>(r)];
+    for (int k = 0; k < n_tokens; ++k) {
+      const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+      std::fill(in.begin(), in.end(), 0);
+      std::copy(ctx.end() - len, ctx.end(), in.begin());
+      s.copy(R.inputs.data(), in.data(), in.size() * 4);
+      s.copy(R.targets.data(), tg.data(), tg.size() * 4);
+      engine.begin_micro_batch(r, 0, /*forward_only=*/true);
+      world.model().forward(s, engine.access(r), *R.sample_ws, sb, 0.0f, false);
+      engine.end_micro_batch(r);
+      s.copy(row.data(), static_cast<float*>(R.sample_ws->logits().data) + static_cast<size_t>(len - 1) * V,
+             row.size() * 4);
+      s.synchronize();
+      const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
+                                    philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
+      ctx.push_back(pick);
+      if (V <= 256) {
+        const char c = static_cast<char>(pick);
+        out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : "?";
+      } else {
+        if (!out.empty()) out.push_back(' ');
+        out.append(std::to_string(pick));
+      }
+    }
+  });
+  return texts[0];
+}
+
+}  // namespace zt

@@ -1,0 +1,227 @@
+// A World: runtime + communicator + model + engine + per-rank state (see world.h).
+#include "train/world.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "checkpoint/safetensors.h"
+#include "core/status.h"
+#include "train/export.h"
+#include "train/state_io.h"
+
+namespace zt {
+
+void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm, std::chrono::milliseconds timeout,
+               const std::function<void()>& on_timeout) {
+  if (n == 1 && timeout.count() == 0) {
+    fn(0);
+    return;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        std::string what = "rank " + std::to_string(r) + " failed";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what += std::string(": ") + e.what();
+        } catch (...) {
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        comm.abort(what);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ++finished;
+      cv.notify_all();
+    });
+  if (timeout.count() > 0) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, timeout, [&] { return finished == n; })) {
+      lock.unlock();
+      on_timeout();
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+namespace {
+
+ZeroOptions zero_options(const RunContext& run, int accum, DType working, ZeroOptions::Scaling scaling) {
+  const TrainConfig& cfg = run.cfg;
+  ZeroOptions zo;
+  zo.stage = cfg.zero_stage;
+  zo.sgd = cfg.optimizer == OptimizerKind::kSgd;
+  zo.micro_batches = accum;
+  zo.working = working;
+  zo.scaling = scaling;
+  zo.initial_scale = run.initial_scale;
+  zo.scale_config.growth_interval = cfg.scale_window;
+  zo.scale_config.hysteresis = cfg.scale_hysteresis;
+  zo.scale_config.min_scale = cfg.min_scale;
+  zo.scale_config.max_scale = cfg.max_scale;
+  zo.rounding = cfg.stochastic_rounding ? optim::Rounding::kStochastic : optim::Rounding::kNearest;
+  zo.seed = cfg.seed;
+  return zo;
+}
+
+// The producer of rank r's prefetcher: micro-batch m of step s holds the rank's chunk of the step's
+// global batch (train/batch_split.h), padded to split.micro rows with "ignore" targets.
+Prefetcher<HostBatch>::Producer rank_rows(const RunContext& run, const BatchSplit& split, int r) {
+  return [&run, split, r](int64_t micro_index, HostBatch& hb) {
+    const uint64_t step = static_cast<uint64_t>(micro_index / split.accum);
+    const int m = static_cast<int>(micro_index % split.accum);
+    const int first = split.first_row(m, r), count = split.rows(m, r), B = split.micro, T = run.T;
+    const int D = run.mc.input_dim;
+    hb.targets.assign(static_cast<size_t>(B) * static_cast<size_t>(T), -1);
+    if (run.is_gpt) {
+      hb.tokens.assign(static_cast<size_t>(B) * static_cast<size_t>(T), 0);
+      if (count > 0) run.lang->batch(Split::kTrain, step, first, count, T, hb.tokens.data(), hb.targets.data());
+    } else {
+      const int64_t per_epoch = run.images->batches_per_epoch(Split::kTrain, split.batch);
+      hb.images.assign(static_cast<size_t>(B) * static_cast<size_t>(D), 0.0f);
+      if (count > 0)
+        run.images->batch(Split::kTrain, step / per_epoch, static_cast<int64_t>(step % per_epoch), split.batch, first,
+                          count, hb.images.data(), hb.targets.data());
+    }
+  };
+}
+
+}  // namespace
+
+World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSplit& split, DType working,
+             ZeroOptions::Scaling scaling)
+    : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
+  for (int r = 0; r < rt_->size(); ++r) devs_.push_back(&rt_->device(r));
+  const int N = size();
+  comm_ = std::make_unique<Communicator>(devs_);
+  model_ = make_model(run.mc);
+  engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zero_options(run, split.accum, working, scaling));
+  engine_->set_tracing(run.cfg.zero_trace);
+
+  // Parameters: initialised once on the host (deterministic in the seed, independent of the
+  // device count), or read from --init-from.
+  const ParamLayout& layout = model_->layout();
+  std::vector<std::vector<float>> host(static_cast<size_t>(layout.num_blocks()));
+  if (!run.cfg.init_from.empty()) {
+    std::vector<std::string> ignored;
+    host = read_safetensors_weights(run.cfg.init_from, run.mc, layout, &ignored);
+    init_note_ = "initialised from " + run.cfg.init_from;
+    if (!ignored.empty())
+      init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
+  } else {
+    for (int b = 0; b < layout.num_blocks(); ++b) {
+      host[static_cast<size_t>(b)].resize(static_cast<size_t>(layout.block(b).numel));
+      init_block_host(layout.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
+    }
+  }
+  for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
+
+  const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
+  ranks_.resize(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) {
+    RankState& R = rank(r);
+    Device& d = device(r);
+    Stream& s = d.compute();
+    R.ws = model_->make_workspace(d, B, T);
+    R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
+    R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(layout.num_blocks()) * 4, s, "grad norm");
+    R.batch.B = B;
+    R.batch.T = T;
+    R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
+                                : ConstTensorView{R.inputs.data(), DType::kF32, Shape{B, D}, d.index()};
+    R.batch.targets =
+        ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
+    R.losses.resize(static_cast<size_t>(B * T));
+    R.norm_host.resize(static_cast<size_t>(layout.num_blocks()));
+    R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, r));
+  }
+}
+
+World::~World() = default;
+
+std::vector<std::string> World::device_names() const {
+  std::vector<std::string> names;
+  for (const Device* d : devs_) names.push_back(d->name());
+  return names;
+}
+
+void World::for_ranks(const std::function<void(int)>& fn) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(run_.cfg.hang_timeout_s * 1000));
+  run_ranks(size(), fn, *comm_, timeout, [this] { on_watchdog_timeout(); });
+}
+
+// A device that stops answering is abandoned (its stream work and everyone waiting on it are
+// released with errors), so that the run can recover instead of hanging.
+void World::on_watchdog_timeout() {
+  const int N = size();
+  const double secs = run_.cfg.hang_timeout_s;
+  std::vector<int> stuck;
+  for (int r = 0; r < N; ++r)
+    if (device(r).hang_injected()) stuck.push_back(r);
+  if (stuck.empty())  // a real hang: the devices whose work does not finish
+    for (int r = 0; r < N; ++r) {
+      try {
+        if (!device(r).synchronize_for(std::chrono::milliseconds(100))) stuck.push_back(r);
+      } catch (const Error&) {
+      }
+    }
+  if (stuck.size() == static_cast<size_t>(N)) stuck.clear();  // cannot tell which: give up below
+  for (int r : stuck) {
+    hung_ += (hung_.empty() ? "" : ", ") + device(r).name();
+    device(r).abandon("it stopped answering for " + std::to_string(secs) + " s (--hang-timeout)");
+  }
+  comm_->abort(stuck.empty() ? "the devices stopped answering for " + std::to_string(secs) + " s"
+                             : hung_ + " stopped answering");
+}
+
+void World::upload(int r, const HostBatch& hb) {
+  RankState& R = rank(r);
+  Stream& s = device(r).compute();
+  if (run_.is_gpt) s.copy(R.inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
+  else s.copy(R.inputs.data(), hb.images.data(), hb.images.size() * 4);
+  s.copy(R.targets.data(), hb.targets.data(), hb.targets.size() * 4);
+}
+
+double World::read_losses(int r) {
+  RankState& R = rank(r);
+  Stream& s = device(r).compute();
+  s.copy(R.losses.data(), R.ws->losses().data, R.losses.size() * 4);
+  s.synchronize();
+  double sum = 0;
+  for (float l : R.losses) sum += l;
+  return sum;
+}
+
+TrainCounters World::apply_state(const StateSource& src, const nlohmann::json& meta) {
+  const bool adamw = run_.cfg.optimizer == OptimizerKind::kAdamW;
+  check_source_matches(src, *model_, adamw);
+  for_ranks([&](int r) { restore_rank(*engine_, *model_, src, r); });
+  TrainCounters c;
+  c.step = meta.value("step", 0);
+  c.updates = meta.value("updates", int64_t{0});
+  c.skipped_steps = meta.value("skipped_steps", std::vector<int>{});
+  if (meta.contains("loss_scale") && scaling_ != ZeroOptions::Scaling::kNone) {
+    const auto& ls = meta["loss_scale"];
+    const optim::LossScaleState st{ls.at("scale").get<float>(), ls.at("inv_scale").get<float>(),
+                                   ls.at("good_steps").get<float>(), ls.at("hysteresis_left").get<float>(),
+                                   ls.at("collapsed").get<float>(), ls.at("skipped").get<float>()};
+    for (int r = 0; r < size(); ++r) engine_->set_loss_scale_state(r, st);
+  }
+  return c;
+}
+
+}  // namespace zt

@@ -1,0 +1,126 @@
+// A World: everything one set of devices needs to train — runtime, communicator, model, ZeRO
+// engine and per-rank state (activations, device-side inputs, a prefetcher of the rank's rows of
+// every global batch) — built together and destroyed together. Recovery from a lost device throws
+// a World away and builds the next one on the survivors.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "data/image_data.h"
+#include "data/language_data.h"
+#include "data/prefetcher.h"
+#include "memory/caching_allocator.h"
+#include "model/model.h"
+#include "runtime/runtime.h"
+#include "train/batch_split.h"
+#include "train/trainer.h"
+#include "zero/engine.h"
+
+namespace zt {
+
+class StateSource;
+
+// What the whole run shares, resolved once before the first world is built.
+struct RunContext {
+  TrainConfig cfg;  // every default filled in
+  ModelConfig mc;
+  bool is_gpt = true;
+  int T = 1;  // tokens per training sequence (1 for images)
+  Precision precision = Precision::kFp32;
+  DType working = DType::kF32;
+  ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
+  float initial_scale = 1.0f;
+  std::unique_ptr<LanguageData> lang;
+  std::unique_ptr<ImageData> images;
+};
+
+// Host-side rows of one micro-batch: what the data layer fills and the prefetcher double-buffers.
+struct HostBatch {
+  std::vector<int32_t> tokens;   // GPT inputs [B*T]
+  std::vector<float> images;     // MLP inputs [B*D]
+  std::vector<int32_t> targets;  // [B*T] or [B]; -1 (ignore) on padding rows
+};
+
+// One rank's buffers and host scratch.
+struct RankState {
+  std::unique_ptr<Workspace> ws, sample_ws;
+  DeviceBuffer inputs, targets, norms;
+  Batch batch;
+  std::unique_ptr<Prefetcher<HostBatch>> prefetch;
+  std::vector<float> losses, norm_host;
+  double loss_sum = 0;
+  float found_inf = 0;
+  optim::LossScaleState scale{};
+};
+
+// The trainer's counters that a checkpoint or snapshot carries besides the engine's arrays.
+struct TrainCounters {
+  int step = 0;          // steps completed
+  int64_t updates = 0;   // optimizer updates made (AdamW's bias-correction count)
+  std::vector<int> skipped_steps;
+};
+
+class World {
+ public:
+  // Builds the world on `rt`'s devices, with parameters initialised from the seed (or
+  // --init-from); `working`/`scaling`: the precision now (fp16 may have fallen back to bf16).
+  World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSplit& split, DType working,
+        ZeroOptions::Scaling scaling);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int size() const { return static_cast<int>(devs_.size()); }
+  Runtime& runtime() { return *rt_; }
+  Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
+  const std::vector<Device*>& devices() const { return devs_; }
+  Communicator& comm() { return *comm_; }
+  const Model& model() const { return *model_; }
+  ZeroEngine& engine() { return *engine_; }
+  RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
+  const BatchSplit& split() const { return split_; }
+  const std::string& init_note() const { return init_note_; }
+  std::vector<std::string> device_names() const;
+
+  // Runs fn(rank) on one host thread per rank under the hang watchdog; rethrows the first error.
+  void for_ranks(const std::function<void(int)>& fn);
+  // Devices the watchdog gave up on ("" if none).
+  const std::string& hung() const { return hung_; }
+  // Copies a host batch into rank r's input buffers (on its compute stream).
+  void upload(int r, const HostBatch& hb);
+  // Sum of rank r's per-position losses of its last forward (synchronizes its compute stream).
+  double read_losses(int r);
+  // Reshards a checkpoint's or snapshot's state onto this world; returns the trainer's counters.
+  TrainCounters apply_state(const StateSource& src, const nlohmann::json& meta);
+
+ private:
+  void on_watchdog_timeout();
+
+  const RunContext& run_;
+  BatchSplit split_;
+  ZeroOptions::Scaling scaling_;
+  std::unique_ptr<Runtime> rt_;  // before everything on its devices: destroyed after them
+  std::vector<Device*> devs_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ZeroEngine> engine_;
+  std::vector<RankState> ranks_;
+  std::string init_note_, hung_;
+};
+
+// Runs fn(rank) on one host thread per rank (inline for one rank without a timeout) and rethrows
+// the first error. A rank that fails aborts the communicator, so the others stop waiting for it;
+// the error that happened first (the cause) is rethrown. When the ranks have not all returned
+// after `timeout` (0 = none), on_timeout() runs once to release them.
+void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm, std::chrono::milliseconds timeout = {},
+               const std::function<void()>& on_timeout = {});
+
+}  // namespace zt
