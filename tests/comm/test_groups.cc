@@ -1,7 +1,6 @@
-// Collectives on groups (ordered subsets of the ranks) and point-to-point send/receive on simulated
-// CPU devices: several disjoint and non-contiguous groups at once, from group calls and from one
-// host thread per rank, compared exactly with host references; ring shifts and pairwise exchanges;
-// ordering after producers and before consumers by events only; abort and bad arguments.
+// Collectives on groups (disjoint, non-contiguous, concurrent; group calls and one thread per rank)
+// and point-to-point send/recv (ring shifts, pairwise exchanges, event ordering, abort), compared
+// exactly with host references on simulated CPU devices.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
