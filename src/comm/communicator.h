@@ -13,9 +13,9 @@
 //    own buffers; the call returns once the collective has been enqueued for all ranks (a host
 //    rendezvous of microseconds, not a wait for the data).
 //
-// Rules for per-rank calls (as NCCL's): every rank issues the same collectives, with the same
-// kind, dtype and numel, in the same order. Call #g of rank r is matched with call #g of every
-// other rank; a mismatch throws the same zt::Error on every rank (the communicator stays usable).
+// Rules for per-rank calls (as NCCL's): every rank of a group issues the same collectives on it,
+// with the same kind, dtype and numel, in the same order. Call #g of rank r on a group is matched
+// with call #g of every other member; a mismatch throws the same zt::Error on every rank (the communicator stays usable).
 // A rank that never makes its call leaves the others blocked in the rendezvous. The last rank to
 // arrive enqueues the whole schedule for every rank, recording on each rank's producer stream, so
 // no rank's thread may enqueue work on its producer stream while it is inside a call (it cannot:
