@@ -28,10 +28,15 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/nvtx.h"
 #include "core/status.h"
@@ -40,7 +45,7 @@
 
 namespace zt {
 
-enum class Communicator::Kind : uint8_t { kReduceScatter, kAllGather, kAllReduce };
+enum class Communicator::Kind : uint8_t { kReduceScatter, kAllGather, kAllReduce, kBroadcast };
 
 namespace {
 
@@ -55,6 +60,8 @@ const char* kind_name(uint8_t k) {
       return "all_gather";
     case 2:
       return "all_reduce";
+    case 3:
+      return "broadcast";
     default:
       return "?";
   }
@@ -120,16 +127,89 @@ struct StoredError {
   [[noreturn]] void raise() const { throw Error(kind, message, file, line); }
 };
 
-// A validated call: sizes shared by every rank.
+// A validated call: sizes shared by every member.
 struct Plan {
-  int world = 0;
+  int world = 0;  // members
   DType dtype = DType::kF32;
   size_t esize = 0;
-  int64_t numel = 0;  // per rank
+  int64_t numel = 0;  // per member
   int64_t shard = 0;  // numel / world
 };
 
+// One validated copy, in bytes.
+struct Copy {
+  int src = 0;
+  int dst = 0;
+  const char* from = nullptr;
+  char* to = nullptr;
+  size_t bytes = 0;
+  Stream* src_producer = nullptr;
+  Stream* dst_producer = nullptr;
+};
+
+std::string ranks_name(const std::vector<int>& ranks) {
+  std::string s = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(ranks[i]);
+  }
+  return s + "}";
+}
+
 }  // namespace
+
+namespace detail {
+
+// A group's members and per-rank rendezvous. members and name are immutable; the rendezvous
+// fields are guarded by Impl::rv_mu, counters by Impl::enqueue_mu.
+struct CommGroupState {
+  // One member's arguments in the per-rank rendezvous.
+  struct Arrival {
+    bool arrived = false;
+    uint8_t kind = 0;
+    int root = 0;
+    TensorView full;
+    Stream* producer = nullptr;
+  };
+
+  std::vector<int> members;
+  std::string name;
+  bool is_world = false;
+  std::vector<CommCounters> counters;  // by position
+
+  uint64_t generation = 0;  // per-rank rendezvous: generation g completes when every member arrived
+  int arrived = 0;
+  std::vector<Arrival> arrivals;  // by position
+  StoredError generation_error;   // of the generation that completed last
+
+  int index_of(int rank) const {
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == rank) return static_cast<int>(i);
+    return -1;
+  }
+  // "a communicator of 4 ranks" / "group {0,2} of 2 ranks": what a buffer vector must match.
+  std::string vector_owner() const {
+    return is_world ? "a communicator of " + std::to_string(members.size()) + " ranks"
+                    : "group " + name + " of " + std::to_string(members.size()) + " ranks";
+  }
+};
+
+}  // namespace detail
+
+using detail::CommGroupState;
+
+// One half of a per-rank point-to-point copy, owned by the calling thread's stack while it waits.
+struct Communicator::P2POp {
+  P2POp(bool is_send_, int src_, int dst_, TensorView buf_, Stream* producer_)
+      : is_send(is_send_), src(src_), dst(dst_), buf(buf_), producer(producer_) {}
+  bool is_send = false;
+  int src = 0;
+  int dst = 0;
+  TensorView buf;  // the send buffer (read only) or the receive buffer
+  Stream* producer = nullptr;
+  bool done = false;  // guarded by rv_mu
+  StoredError error;
+};
 
 struct Communicator::Impl {
   struct Rank {
@@ -142,30 +222,28 @@ struct Communicator::Impl {
     CommCounters counters;
   };
 
-  // One rank's arguments in the per-rank rendezvous.
-  struct Arrival {
-    bool arrived = false;
-    Kind kind = Kind::kReduceScatter;
-    TensorView full;
-    Stream* producer = nullptr;
-  };
-
   struct Builder;  // enqueues schedules (defined below)
+  void enqueue_copies(const std::vector<Device*>& devices, const std::vector<Copy>& copies);
 
   std::vector<Rank> ranks;
   size_t slot_bytes = 0;
   uint64_t round = 0;  // ring rounds so far; picks the receive slot (round % kRecvSlots)
 
-  // Guards schedule building (all events, slots, round) and counters.
+  // Guards schedule building (all events, slots, round) and counters (of ranks and groups).
   mutable std::mutex enqueue_mu;
 
-  // Rendezvous of the per-rank calls: generation g completes when every rank has arrived.
+  // Groups by member list; the states never move (CommGroup points at them).
+  std::mutex groups_mu;
+  std::map<std::vector<int>, std::unique_ptr<CommGroupState>> groups;
+  CommGroupState* world = nullptr;
+
+  // Rendezvous of every group and of the point-to-point calls; one condition variable, so that
+  // abort() releases every waiter at once. Lock order: rv_mu, then enqueue_mu.
   std::mutex rv_mu;
   std::condition_variable rv_cv;
-  uint64_t generation = 0;
-  int arrived = 0;
-  std::vector<Arrival> arrivals;
-  StoredError generation_error;  // of the generation that completed last
+  // Unmatched point-to-point halves per (src, dst), oldest first.
+  std::map<std::pair<int, int>, std::deque<P2POp*>> pending_sends;
+  std::map<std::pair<int, int>, std::deque<P2POp*>> pending_recvs;
   bool aborted = false;          // guarded by rv_mu
   std::string abort_reason;      // guarded by rv_mu
 };
@@ -190,7 +268,6 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
   // A chunk holds at least one element of any type.
   impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
   impl_->ranks.resize(static_cast<size_t>(n));
-  impl_->arrivals.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     Impl::Rank& rk = impl_->ranks[r];
     Device& d = *devices_[r];
@@ -200,6 +277,10 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
     rk.done = d.create_event();
     for (auto& e : rk.slot_free) e = d.create_event();
   }
+  std::vector<int> all(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = r;
+  impl_->world = group(all).state_;
+  impl_->world->is_world = true;
 }
 
 // Receive buffers are freed into their pool, tied to the comm stream they were allocated on. Every
@@ -207,18 +288,42 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
 // it, so reuse of the memory on that stream is ordered after all of it (no host wait needed).
 Communicator::~Communicator() = default;
 
+CommGroup Communicator::group(std::vector<int> ranks) {
+  ZT_REQUIRE(!ranks.empty(), "Communicator::group: a group needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ZT_REQUIRE(ranks[i] >= 0 && ranks[i] < world(), "Communicator::group: rank ", ranks[i],
+               " of ", ranks_name(ranks), " is not a rank of a ", world(), "-rank communicator");
+    for (size_t j = 0; j < i; ++j)
+      ZT_REQUIRE(ranks[j] != ranks[i], "Communicator::group: rank ", ranks[i], " appears twice in ",
+                 ranks_name(ranks), "; every member must be a different rank");
+  }
+  std::lock_guard<std::mutex> lock(impl_->groups_mu);
+  auto& slot = impl_->groups[ranks];
+  if (!slot) {
+    auto g = std::make_unique<CommGroupState>();
+    g->name = ranks_name(ranks);
+    g->counters.resize(ranks.size());
+    g->arrivals.resize(ranks.size());
+    g->members = std::move(ranks);
+    slot = std::move(g);
+  }
+  return CommGroup(this, slot.get());
+}
+
+CommGroup Communicator::world_group() { return CommGroup(this, impl_->world); }
+
 // ---- schedule building (called with enqueue_mu held) -----------------------------------------
 
 namespace {
 
-// Validates a group call's buffers; returns the plan. `divisible`: numel must split into
-// world equal shards.
-Plan check_buffers(const char* op, const std::vector<Device*>& devices,
+// Validates a group call's buffers; returns the plan. `divisible`: numel must split into as many
+// equal shards as the group has members. Messages name communicator ranks.
+Plan check_buffers(const char* op, const std::vector<Device*>& devices, const CommGroupState& g,
                    const std::vector<TensorView>& bufs, const std::vector<Stream*>& producers,
                    bool divisible, bool floats_only) {
-  const int n = static_cast<int>(devices.size());
-  ZT_REQUIRE(static_cast<int>(bufs.size()) == n, op, ": got ", bufs.size(),
-             " buffers for a communicator of ", n, " ranks (one per rank, indexed by rank)");
+  const int n = static_cast<int>(g.members.size());
+  ZT_REQUIRE(static_cast<int>(bufs.size()) == n, op, ": got ", bufs.size(), " buffers for ",
+             g.vector_owner(), " (one per rank, indexed by ", g.is_world ? "rank" : "position", ")");
   ZT_REQUIRE(producers.empty() || static_cast<int>(producers.size()) == n, op, ": got ",
              producers.size(), " producer streams for ", n, " ranks (one per rank, or none)");
   Plan p;
@@ -226,27 +331,32 @@ Plan check_buffers(const char* op, const std::vector<Device*>& devices,
   p.dtype = bufs[0].dtype;
   p.esize = dtype_size(p.dtype);
   p.numel = bufs[0].numel();
+  const int first = g.members[0];
   ZT_REQUIRE(!floats_only || is_float_type(p.dtype), op, ": buffers are ", dtype_name(p.dtype),
              " but must be fp32, fp16 or bf16");
-  for (int r = 0; r < n; ++r) {
-    const TensorView& b = bufs[r];
-    ZT_REQUIRE(b.dtype == p.dtype, op, ": rank ", r, " passes ", dtype_name(b.dtype),
-               " but rank 0 passes ", dtype_name(p.dtype), " (every rank needs the same dtype)");
+  for (int i = 0; i < n; ++i) {
+    const int r = g.members[static_cast<size_t>(i)];
+    const Device& dev = *devices[static_cast<size_t>(r)];
+    const TensorView& b = bufs[static_cast<size_t>(i)];
+    ZT_REQUIRE(b.dtype == p.dtype, op, ": rank ", r, " passes ", dtype_name(b.dtype), " but rank ",
+               first, " passes ", dtype_name(p.dtype), " (every rank needs the same dtype)");
     ZT_REQUIRE(b.numel() == p.numel, op, ": rank ", r, " passes ", b.numel(),
-               " elements but rank 0 passes ", p.numel, " (every rank needs the same numel)");
+               " elements but rank ", first, " passes ", p.numel,
+               " (every rank needs the same numel)");
     ZT_REQUIRE(b.data != nullptr || b.numel() == 0, op, ": the buffer of rank ", r,
                " has no data");
-    ZT_REQUIRE(b.numel() == 0 || b.device == devices[r]->index(), op, ": the buffer of rank ", r,
-               " is on device ", b.device, " but rank ", r, " is ", devices[r]->name(),
-               " (index ", devices[r]->index(), ")");
-    Stream* prod = producers.empty() ? nullptr : producers[r];
-    ZT_REQUIRE(prod == nullptr || &prod->device() == devices[r], op, ": the producer stream of rank ",
+    ZT_REQUIRE(b.numel() == 0 || b.device == dev.index(), op, ": the buffer of rank ", r,
+               " is on device ", b.device, " but rank ", r, " is ", dev.name(), " (index ",
+               dev.index(), ")");
+    Stream* prod = producers.empty() ? nullptr : producers[static_cast<size_t>(i)];
+    ZT_REQUIRE(prod == nullptr || &prod->device() == &dev, op, ": the producer stream of rank ",
                r, " runs on ", prod ? prod->device().name() : "", " but rank ", r, " is ",
-               devices[r]->name(), " (pass a stream of the rank's own device)");
+               dev.name(), " (pass a stream of the rank's own device)");
   }
   if (divisible) {
     ZT_REQUIRE(p.numel % n == 0, op, ": ", p.numel, " elements per rank do not split into ", n,
-               " equal shards; pad the buffer to a multiple of the world size (zero/shard_plan.h)");
+               " equal shards; pad the buffer to a multiple of the ",
+               g.is_world ? "world size" : "group size", " (zero/shard_plan.h)");
     p.shard = p.numel / n;
   }
   return p;
@@ -254,17 +364,30 @@ Plan check_buffers(const char* op, const std::vector<Device*>& devices,
 
 }  // namespace
 
-// Enqueues the schedules; every member runs with enqueue_mu held.
+// Enqueues the schedules of one group; every member runs with enqueue_mu held. Indices i are
+// positions in the group; members[i] is the communicator rank.
 struct Communicator::Impl::Builder {
-  std::vector<Device*>& devices;
+  const std::vector<Device*>& devices;
   Communicator::Impl& impl;
+  CommGroupState& group;
   size_t chunk_bytes;
 
-  int world() const { return static_cast<int>(devices.size()); }
-  Stream& comm(int r) { return devices[r]->comm(); }
-  Communicator::Impl::Rank& rank(int r) { return impl.ranks[r]; }
-  int next(int r) const { return (r + 1) % world(); }
-  int prev(int r) const { return (r + world() - 1) % world(); }
+  int world() const { return static_cast<int>(group.members.size()); }
+  Device& device(int i) { return *devices[static_cast<size_t>(group.members[static_cast<size_t>(i)])]; }
+  Stream& comm(int i) { return device(i).comm(); }
+  Communicator::Impl::Rank& rank(int i) { return impl.ranks[static_cast<size_t>(group.members[static_cast<size_t>(i)])]; }
+  int next(int i) const { return (i + 1) % world(); }
+  int prev(int i) const { return (i + world() - 1) % world(); }
+  void count_copy(int from, int to, size_t bytes) {
+    rank(from).counters.bytes_sent += bytes;
+    rank(to).counters.bytes_received += bytes;
+    group.counters[static_cast<size_t>(from)].bytes_sent += bytes;
+    group.counters[static_cast<size_t>(to)].bytes_received += bytes;
+  }
+  void count_collective(int i) {
+    ++rank(i).counters.collectives;
+    ++group.counters[static_cast<size_t>(i)].collectives;
+  }
 
   // Each comm stream waits for its producer, then marks the point peers may write after.
   void prologue(const std::vector<Stream*>& producers, bool peers_write) {
@@ -283,7 +406,7 @@ struct Communicator::Impl::Builder {
     for (int r = 0; r < world(); ++r) {
       if (received) comm(r).wait(*rank(prev(r)).sent);
       comm(r).record(*rank(r).done);
-      ++rank(r).counters.collectives;
+      count_collective(r);
     }
   }
 
@@ -292,7 +415,7 @@ struct Communicator::Impl::Builder {
       auto& rk = rank(r);
       for (int q = 0; q < Communicator::kRecvSlots; ++q) {
         if (rk.slots[q].data() != nullptr) continue;
-        rk.slots[q] = DeviceBuffer(devices[r]->memory(), impl.slot_bytes, comm(r), "comm_recv");
+        rk.slots[q] = DeviceBuffer(device(r).memory(), impl.slot_bytes, comm(r), "comm_recv");
         // The pool may hand out memory that earlier work on this comm stream still uses; the
         // first peer write waits for that work.
         comm(r).record(*rk.slot_free[q]);
@@ -322,17 +445,16 @@ struct Communicator::Impl::Builder {
           const int dst = next(r);
           const int s = ((r - k - 1) % n + n) % n;
           comm(r).wait(*rank(dst).slot_free[q]);
-          comm(r).copy_peer(*devices[dst], rank(dst).slots[q].data(),
+          comm(r).copy_peer(device(dst), rank(dst).slots[q].data(),
                             byte_ptr(full[r]) + static_cast<size_t>(s * p.shard + off) * p.esize,
                             bytes);
           comm(r).record(*rank(r).sent);
-          rank(r).counters.bytes_sent += bytes;
-          rank(dst).counters.bytes_received += bytes;
+          count_copy(r, dst, bytes);
         }
         for (int r = 0; r < n; ++r) {
           const int src = prev(r);
           const int s = ((src - k - 1) % n + n) % n;
-          const int dev = devices[r]->index();
+          const int dev = device(r).index();
           TensorView own{byte_ptr(full[r]) + static_cast<size_t>(s * p.shard + off) * p.esize,
                          p.dtype, Shape{len}, dev};
           ConstTensorView incoming{rank(r).slots[q].data(), p.dtype, Shape{len}, dev};
@@ -365,17 +487,16 @@ struct Communicator::Impl::Builder {
           const int dst = next(r);
           const int s = ((r - k) % n + n) % n;
           const size_t at = static_cast<size_t>(s * p.shard + off) * p.esize;
-          comm(r).copy_peer(*devices[dst], byte_ptr(full[dst]) + at, byte_ptr(full[r]) + at, bytes);
+          comm(r).copy_peer(device(dst), byte_ptr(full[dst]) + at, byte_ptr(full[r]) + at, bytes);
           comm(r).record(*rank(r).sent);
-          rank(r).counters.bytes_sent += bytes;
-          rank(dst).counters.bytes_received += bytes;
+          count_copy(r, dst, bytes);
         }
       }
     }
   }
 
-  // A chain root, root+1, ..., root-1; chunk-major so that chunk j+1 leaves root while chunk j is
-  // one hop further.
+  // A chain root, root+1, ..., root-1 (positions); chunk-major so that chunk j+1 leaves root while
+  // chunk j is one hop further.
   void broadcast(int root, size_t nbytes, const std::vector<TensorView>& bufs) {
     const int n = world();
     if (n == 1 || nbytes == 0) return;
@@ -389,11 +510,10 @@ struct Communicator::Impl::Builder {
         const int to = next(from);
         if (j == 0) comm(from).wait(*rank(to).ready);
         if (h > 0) comm(from).wait(*rank(prev(from)).sent);
-        comm(from).copy_peer(*devices[to], byte_ptr(bufs[to]) + off, byte_ptr(bufs[from]) + off,
+        comm(from).copy_peer(device(to), byte_ptr(bufs[to]) + off, byte_ptr(bufs[from]) + off,
                              bytes);
         comm(from).record(*rank(from).sent);
-        rank(from).counters.bytes_sent += bytes;
-        rank(to).counters.bytes_received += bytes;
+        count_copy(from, to, bytes);
       }
     }
   }
@@ -401,84 +521,106 @@ struct Communicator::Impl::Builder {
 
 // ---- group calls -----------------------------------------------------------------------------
 
+void Communicator::group_call(CommGroupState& g, Kind kind, int root, const std::vector<TensorView>& bufs,
+                              const std::vector<Stream*>& producers) {
+  const char* op = kind_name(static_cast<uint8_t>(kind));
+  int root_pos = 0;
+  if (kind == Kind::kBroadcast) {
+    root_pos = g.index_of(root);
+    if (g.is_world)
+      ZT_REQUIRE(root_pos >= 0, "broadcast: root ", root, " is not a rank of a ", world(),
+                 "-rank communicator");
+    else
+      ZT_REQUIRE(root_pos >= 0, "broadcast: root ", root, " is not a member of group ", g.name);
+  }
+  const bool reduces = kind != Kind::kBroadcast;
+  const Plan p = check_buffers(op, devices_, g, bufs, producers, reduces, reduces);
+  const size_t nbytes = static_cast<size_t>(p.numel) * p.esize;
+  const GroupRange range(op, static_cast<int64_t>(nbytes));
+  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
+  Impl::Builder b{devices_, *impl_, g, chunk_bytes_};
+  const int n = b.world();
+  switch (kind) {
+    case Kind::kReduceScatter:
+      b.prologue(producers, /*peers_write=*/false);
+      b.reduce_scatter(p, bufs);
+      b.epilogue(/*received=*/false);
+      break;
+    case Kind::kAllGather: {
+      const bool moves = n > 1 && p.shard > 0;
+      b.prologue(producers, moves);
+      b.all_gather(p, bufs);
+      b.epilogue(moves);
+      break;
+    }
+    case Kind::kAllReduce: {
+      const bool moves = n > 1 && p.shard > 0;
+      b.prologue(producers, /*peers_write=*/false);
+      b.reduce_scatter(p, bufs);
+      // Peers overwrite the partial sums of the other shards only after each rank's reduction.
+      if (moves)
+        for (int i = 0; i < n; ++i) b.comm(i).record(*b.rank(i).ready);
+      b.all_gather(p, bufs);
+      b.epilogue(moves);
+      break;
+    }
+    case Kind::kBroadcast: {
+      const bool moves = n > 1 && nbytes > 0;
+      b.prologue(producers, moves);
+      b.broadcast(root_pos, nbytes, bufs);
+      // Every member but root waits for its predecessor's last copy; root received nothing.
+      for (int i = 0; i < n; ++i) {
+        if (moves && i != root_pos) b.comm(i).wait(*b.rank(b.prev(i)).sent);
+        b.comm(i).record(*b.rank(i).done);
+        b.count_collective(i);
+      }
+      break;
+    }
+  }
+}
+
 void Communicator::reduce_scatter(const std::vector<TensorView>& full,
                                   const std::vector<Stream*>& producers) {
-  const Plan p = check_buffers("reduce_scatter", devices_, full, producers, true, true);
-  const GroupRange range("reduce_scatter", p.numel * static_cast<int64_t>(p.esize));
-  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
-  Impl::Builder b{devices_, *impl_, chunk_bytes_};
-  b.prologue(producers, /*peers_write=*/false);
-  b.reduce_scatter(p, full);
-  b.epilogue(/*received=*/false);
+  group_call(*impl_->world, Kind::kReduceScatter, 0, full, producers);
 }
 
 void Communicator::all_gather(const std::vector<TensorView>& full,
                               const std::vector<Stream*>& producers) {
-  const Plan p = check_buffers("all_gather", devices_, full, producers, true, true);
-  const GroupRange range("all_gather", p.numel * static_cast<int64_t>(p.esize));
-  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
-  Impl::Builder b{devices_, *impl_, chunk_bytes_};
-  const bool moves = world() > 1 && p.shard > 0;
-  b.prologue(producers, moves);
-  b.all_gather(p, full);
-  b.epilogue(moves);
+  group_call(*impl_->world, Kind::kAllGather, 0, full, producers);
 }
 
 void Communicator::all_reduce(const std::vector<TensorView>& full,
                               const std::vector<Stream*>& producers) {
-  const Plan p = check_buffers("all_reduce", devices_, full, producers, true, true);
-  const GroupRange range("all_reduce", p.numel * static_cast<int64_t>(p.esize));
-  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
-  Impl::Builder b{devices_, *impl_, chunk_bytes_};
-  const bool moves = world() > 1 && p.shard > 0;
-  b.prologue(producers, /*peers_write=*/false);
-  b.reduce_scatter(p, full);
-  // Peers overwrite the partial sums of the other shards only after each rank's reduction.
-  if (moves)
-    for (int r = 0; r < world(); ++r) b.comm(r).record(*impl_->ranks[r].ready);
-  b.all_gather(p, full);
-  b.epilogue(moves);
+  group_call(*impl_->world, Kind::kAllReduce, 0, full, producers);
 }
 
 void Communicator::broadcast(int root, const std::vector<TensorView>& bufs,
                              const std::vector<Stream*>& producers) {
-  ZT_REQUIRE(root >= 0 && root < world(), "broadcast: root ", root, " is not a rank of a ",
-             world(), "-rank communicator");
-  const Plan p = check_buffers("broadcast", devices_, bufs, producers, false, false);
-  const size_t nbytes = static_cast<size_t>(p.numel) * p.esize;
-  const GroupRange range("broadcast", static_cast<int64_t>(nbytes));
-  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
-  Impl::Builder b{devices_, *impl_, chunk_bytes_};
-  const bool moves = world() > 1 && nbytes > 0;
-  b.prologue(producers, moves);
-  b.broadcast(root, nbytes, bufs);
-  // Every rank but root waits for its predecessor's last copy; root received nothing.
-  for (int r = 0; r < world(); ++r) {
-    if (moves && r != root) b.comm(r).wait(*impl_->ranks[b.prev(r)].sent);
-    b.comm(r).record(*impl_->ranks[r].done);
-    ++impl_->ranks[r].counters.collectives;
-  }
+  group_call(*impl_->world, Kind::kBroadcast, root, bufs, producers);
 }
 
 // ---- per-rank calls --------------------------------------------------------------------------
 
 void Communicator::reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag) {
-  rank_call(rank, Kind::kReduceScatter, full, producer, tag);
+  rank_call(*impl_->world, rank, Kind::kReduceScatter, 0, full, producer, tag);
 }
 
 void Communicator::all_gather(int rank, TensorView full, Stream* producer, std::string_view tag) {
-  rank_call(rank, Kind::kAllGather, full, producer, tag);
+  rank_call(*impl_->world, rank, Kind::kAllGather, 0, full, producer, tag);
 }
 
 void Communicator::all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag) {
-  rank_call(rank, Kind::kAllReduce, full, producer, tag);
+  rank_call(*impl_->world, rank, Kind::kAllReduce, 0, full, producer, tag);
 }
 
-void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* producer, std::string_view tag) {
-  const int n = world();
+void Communicator::rank_call(CommGroupState& g, int rank, Kind kind, int root, TensorView full,
+                             Stream* producer, std::string_view tag) {
+  const int n = static_cast<int>(g.members.size());
   const uint8_t kind_id = static_cast<uint8_t>(kind);
-  ZT_REQUIRE(rank >= 0 && rank < n, kind_name(kind_id), ": rank ", rank,
-             " is not a rank of a ", n, "-rank communicator");
+  ZT_REQUIRE(rank >= 0 && rank < world(), kind_name(kind_id), ": rank ", rank,
+             " is not a rank of a ", world(), "-rank communicator");
+  const int pos = g.index_of(rank);
+  ZT_REQUIRE(pos >= 0, kind_name(kind_id), ": rank ", rank, " is not a member of group ", g.name);
   // The range covers the rendezvous too: time a rank spends waiting for the others shows here.
   std::optional<NvtxRange> range;
   if (ranges_enabled())
@@ -490,65 +632,227 @@ void Communicator::rank_call(int rank, Kind kind, TensorView full, Stream* produ
   std::unique_lock<std::mutex> lock(im.rv_mu);
   if (im.aborted)
     ZT_THROW(ErrorKind::kDevice, kind_name(kind_id), " on rank ", rank, " abandoned: ", im.abort_reason);
-  Impl::Arrival& mine = im.arrivals[rank];
+  CommGroupState::Arrival& mine = g.arrivals[static_cast<size_t>(pos)];
   ZT_REQUIRE(!mine.arrived, kind_name(kind_id), ": rank ", rank,
-             " called while its previous collective (call #", im.generation,
+             " called while its previous collective (call #", g.generation,
+             g.is_world ? "" : " of group " + g.name,
              ") still waits for the other ranks; use one host thread per rank");
-  mine = Impl::Arrival{true, kind, full, producer};
-  const uint64_t my_generation = im.generation;
-  if (++im.arrived < n) {
-    im.rv_cv.wait(lock, [&] { return im.generation != my_generation || im.aborted; });
-    if (im.generation == my_generation) {  // aborted while waiting for the other ranks
-      mine = Impl::Arrival{};
-      --im.arrived;
+  mine = CommGroupState::Arrival{true, kind_id, root, full, producer};
+  const uint64_t my_generation = g.generation;
+  if (++g.arrived < n) {
+    im.rv_cv.wait(lock, [&] { return g.generation != my_generation || im.aborted; });
+    if (g.generation == my_generation) {  // aborted while waiting for the other ranks
+      mine = CommGroupState::Arrival{};
+      --g.arrived;
       ZT_THROW(ErrorKind::kDevice, kind_name(kind_id), " on rank ", rank, " abandoned: ", im.abort_reason);
     }
-    if (im.generation_error.set) im.generation_error.raise();
+    if (g.generation_error.set) g.generation_error.raise();
     return;
   }
 
-  // The last rank to arrive: check that the calls match, then enqueue for everybody.
+  // The last member to arrive: check that the calls match, then enqueue for everybody.
   StoredError error;
   try {
-    const Impl::Arrival& first = im.arrivals[0];
-    for (int r = 1; r < n; ++r) {
-      const Impl::Arrival& a = im.arrivals[r];
-      ZT_REQUIRE(a.kind == first.kind && a.full.numel() == first.full.numel() &&
-                     a.full.dtype == first.full.dtype,
-                 "collective mismatch at call #", my_generation, ": rank 0 called ",
-                 kind_name(static_cast<uint8_t>(first.kind)), "(", first.full.numel(), " x ",
-                 dtype_name(first.full.dtype), ") but rank ", r, " called ",
-                 kind_name(static_cast<uint8_t>(a.kind)), "(", a.full.numel(), " x ",
-                 dtype_name(a.full.dtype),
-                 "); every rank must issue the same collectives in the same order");
+    const CommGroupState::Arrival& first = g.arrivals[0];
+    const auto call = [](const CommGroupState::Arrival& a) {
+      std::string s = std::string(kind_name(a.kind)) + "(";
+      if (a.kind == static_cast<uint8_t>(Kind::kBroadcast)) s += "root " + std::to_string(a.root) + ", ";
+      return s + std::to_string(a.full.numel()) + " x " + dtype_name(a.full.dtype) + ")";
+    };
+    for (int i = 1; i < n; ++i) {
+      const CommGroupState::Arrival& a = g.arrivals[static_cast<size_t>(i)];
+      ZT_REQUIRE(a.kind == first.kind && a.root == first.root &&
+                     a.full.numel() == first.full.numel() && a.full.dtype == first.full.dtype,
+                 "collective mismatch at call #", my_generation,
+                 g.is_world ? "" : " of group " + g.name, ": rank ", g.members[0], " called ",
+                 call(first), " but rank ", g.members[static_cast<size_t>(i)], " called ", call(a),
+                 "; every rank must issue the same collectives in the same order");
     }
     std::vector<TensorView> bufs(static_cast<size_t>(n));
     std::vector<Stream*> producers(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      bufs[r] = im.arrivals[r].full;
-      producers[r] = im.arrivals[r].producer;
+    for (int i = 0; i < n; ++i) {
+      bufs[static_cast<size_t>(i)] = g.arrivals[static_cast<size_t>(i)].full;
+      producers[static_cast<size_t>(i)] = g.arrivals[static_cast<size_t>(i)].producer;
     }
-    switch (first.kind) {
-      case Kind::kReduceScatter:
-        reduce_scatter(bufs, producers);
-        break;
-      case Kind::kAllGather:
-        all_gather(bufs, producers);
-        break;
-      case Kind::kAllReduce:
-        all_reduce(bufs, producers);
-        break;
-    }
+    group_call(g, static_cast<Kind>(first.kind), first.root, bufs, producers);
   } catch (...) {
     error.capture(std::current_exception());
   }
-  for (auto& a : im.arrivals) a = Impl::Arrival{};
-  im.arrived = 0;
-  im.generation_error = error;
-  ++im.generation;
+  for (auto& a : g.arrivals) a = CommGroupState::Arrival{};
+  g.arrived = 0;
+  g.generation_error = error;
+  ++g.generation;
   lock.unlock();
   im.rv_cv.notify_all();
   if (error.set) error.raise();
+}
+
+// ---- point-to-point --------------------------------------------------------------------------
+
+namespace {
+
+void check_transfer(const char* op, const std::vector<Device*>& devices, int src, const ConstTensorView& from,
+                    int dst, const TensorView& to) {
+  const int n = static_cast<int>(devices.size());
+  ZT_REQUIRE(src >= 0 && src < n, op, ": rank ", src, " is not a rank of a ", n, "-rank communicator");
+  ZT_REQUIRE(dst >= 0 && dst < n, op, ": rank ", dst, " is not a rank of a ", n, "-rank communicator");
+  ZT_REQUIRE(src != dst, op, ": rank ", src, " cannot send to itself (use a copy on its own stream)");
+  ZT_REQUIRE(from.dtype == to.dtype && from.numel() == to.numel(), op, ": rank ", src, " sends ",
+             from.numel(), " x ", dtype_name(from.dtype), " but rank ", dst, " receives ", to.numel(),
+             " x ", dtype_name(to.dtype), " (both sides need the same dtype and numel)");
+  ZT_REQUIRE(from.numel() == 0 || (from.data != nullptr && from.device == devices[src]->index()),
+             op, ": the send buffer of rank ", src, " is not on ", devices[src]->name());
+  ZT_REQUIRE(to.numel() == 0 || (to.data != nullptr && to.device == devices[dst]->index()), op,
+             ": the receive buffer of rank ", dst, " is not on ", devices[dst]->name());
+}
+
+void check_producer(const char* op, const std::vector<Device*>& devices, int rank, Stream* prod) {
+  ZT_REQUIRE(prod == nullptr || &prod->device() == devices[rank], op, ": the producer stream of rank ",
+             rank, " runs on ", prod ? prod->device().name() : "", " but rank ", rank, " is ",
+             devices[rank]->name(), " (pass a stream of the rank's own device)");
+}
+
+}  // namespace
+
+void Communicator::transfer(const std::vector<Transfer>& transfers, const std::vector<Stream*>& producers) {
+  ZT_REQUIRE(producers.empty() || static_cast<int>(producers.size()) == world(), "transfer: got ",
+             producers.size(), " producer streams for ", world(), " ranks (one per rank, or none)");
+  for (int r = 0; r < static_cast<int>(producers.size()); ++r) check_producer("transfer", devices_, r, producers[r]);
+  std::vector<Copy> copies;
+  for (const Transfer& t : transfers) {
+    check_transfer("transfer", devices_, t.src, t.from, t.dst, t.to);
+    Copy c{t.src, t.dst, static_cast<const char*>(t.from.data), static_cast<char*>(t.to.data),
+           static_cast<size_t>(t.from.numel()) * dtype_size(t.from.dtype),
+           producers.empty() ? nullptr : producers[t.src], producers.empty() ? nullptr : producers[t.dst]};
+    copies.push_back(c);
+  }
+  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
+  impl_->enqueue_copies(devices_, copies);
+}
+
+// Enqueues copies by the peer-copy rule (see the notes at the top of the header), with enqueue_mu
+// held. All records of `ready` before any copy, all copies before the receivers' waits on `sent`:
+// so every wait captures a record enqueued before it (no cycle), and a later record of the same
+// event only covers more work of the same stream.
+void Communicator::Impl::enqueue_copies(const std::vector<Device*>& devices, const std::vector<Copy>& copies) {
+  std::vector<char> involved(devices.size(), 0);
+  const auto after_producer = [&](int r, Stream* prod) {
+    Stream& comm = devices[r]->comm();
+    if (prod != nullptr && prod != &comm) {
+      prod->record(*ranks[r].producer);
+      comm.wait(*ranks[r].producer);
+    }
+  };
+  for (const Copy& c : copies) {
+    after_producer(c.src, c.src_producer);
+    after_producer(c.dst, c.dst_producer);
+    devices[c.dst]->comm().record(*ranks[c.dst].ready);
+    involved[c.src] = involved[c.dst] = 1;
+  }
+  for (const Copy& c : copies) {
+    Stream& comm = devices[c.src]->comm();
+    if (c.bytes > 0) {
+      comm.wait(*ranks[c.dst].ready);
+      comm.copy_peer(*devices[c.dst], c.to, c.from, c.bytes);
+      comm.record(*ranks[c.src].sent);
+    }
+    ranks[c.src].counters.bytes_sent += c.bytes;
+    ranks[c.dst].counters.bytes_received += c.bytes;
+    ++ranks[c.src].counters.transfers;
+    ++ranks[c.dst].counters.transfers;
+  }
+  for (const Copy& c : copies)
+    if (c.bytes > 0) devices[c.dst]->comm().wait(*ranks[c.src].sent);
+  for (size_t r = 0; r < devices.size(); ++r)
+    if (involved[r]) devices[r]->comm().record(*ranks[r].done);
+}
+
+void Communicator::send(int rank, int peer, ConstTensorView buf, Stream* producer) {
+  P2POp op{true, rank, peer, TensorView{const_cast<void*>(buf.data), buf.dtype, buf.shape, buf.device}, producer};
+  p2p_call(rank, &op, 1);
+}
+
+void Communicator::recv(int rank, int peer, TensorView buf, Stream* producer) {
+  P2POp op{false, peer, rank, buf, producer};
+  p2p_call(rank, &op, 1);
+}
+
+void Communicator::send_recv(int rank, int send_to, ConstTensorView send_buf, int recv_from,
+                             TensorView recv_buf, Stream* producer) {
+  P2POp ops[2] = {
+      P2POp{true, rank, send_to, TensorView{const_cast<void*>(send_buf.data), send_buf.dtype, send_buf.shape, send_buf.device}, producer},
+      P2POp{false, recv_from, rank, recv_buf, producer}};
+  p2p_call(rank, ops, 2);
+}
+
+void Communicator::p2p_call(int rank, P2POp* ops, int count) {
+  const int n = world();
+  for (int k = 0; k < count; ++k) {
+    const P2POp& op = ops[k];
+    const char* name = op.is_send ? "send" : "recv";
+    ZT_REQUIRE(rank >= 0 && rank < n, name, ": rank ", rank, " is not a rank of a ", n, "-rank communicator");
+    const int peer = op.is_send ? op.dst : op.src;
+    ZT_REQUIRE(peer >= 0 && peer < n, name, ": peer ", peer, " of rank ", rank, " is not a rank of a ", n,
+               "-rank communicator");
+    ZT_REQUIRE(peer != rank, name, ": rank ", rank, " cannot ", op.is_send ? "send to" : "receive from",
+               " itself (use a copy on its own stream)");
+    ZT_REQUIRE(op.buf.numel() == 0 || (op.buf.data != nullptr && op.buf.device == devices_[rank]->index()),
+               name, ": the buffer of rank ", rank, " is not on ", devices_[rank]->name());
+    check_producer(name, devices_, rank, op.producer);
+  }
+  std::optional<NvtxRange> range;
+  if (ranges_enabled())
+    range.emplace(NvtxCategory::kCollective,
+                  collective_label(count == 2 ? "send_recv" : ops[0].is_send ? "send" : "recv", {},
+                                   ops[0].buf.numel() * static_cast<int64_t>(dtype_size(ops[0].buf.dtype))),
+                  devices_[rank]->index());
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.rv_mu);
+  if (im.aborted)
+    ZT_THROW(ErrorKind::kDevice, ops[0].is_send ? "send" : "recv", " on rank ", rank, " abandoned: ", im.abort_reason);
+  for (int k = 0; k < count; ++k) {
+    P2POp* op = &ops[k];
+    const auto key = std::make_pair(op->src, op->dst);
+    auto& others = op->is_send ? im.pending_recvs[key] : im.pending_sends[key];
+    if (others.empty()) {
+      (op->is_send ? im.pending_sends[key] : im.pending_recvs[key]).push_back(op);
+      continue;
+    }
+    P2POp* other = others.front();
+    others.pop_front();
+    P2POp* s = op->is_send ? op : other;
+    P2POp* r = op->is_send ? other : op;
+    StoredError error;
+    try {
+      check_transfer("send/recv", devices_, s->src, s->buf, r->dst, r->buf);
+      Copy c{s->src, r->dst, static_cast<const char*>(s->buf.data), static_cast<char*>(r->buf.data),
+             static_cast<size_t>(s->buf.numel()) * dtype_size(s->buf.dtype), s->producer, r->producer};
+      std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
+      im.enqueue_copies(devices_, {c});
+    } catch (...) {
+      error.capture(std::current_exception());
+    }
+    s->error = r->error = error;
+    s->done = r->done = true;
+  }
+  im.rv_cv.notify_all();
+  const auto all_done = [&] {
+    for (int k = 0; k < count; ++k)
+      if (!ops[k].done) return false;
+    return true;
+  };
+  im.rv_cv.wait(lock, [&] { return all_done() || im.aborted; });
+  if (!all_done()) {  // aborted: withdraw what no peer matched, so nobody matches it later
+    for (int k = 0; k < count; ++k) {
+      if (ops[k].done) continue;
+      const auto key = std::make_pair(ops[k].src, ops[k].dst);
+      auto& q = ops[k].is_send ? im.pending_sends[key] : im.pending_recvs[key];
+      q.erase(std::remove(q.begin(), q.end(), &ops[k]), q.end());
+    }
+    ZT_THROW(ErrorKind::kDevice, ops[0].is_send ? "send" : "recv", " on rank ", rank, " abandoned: ", im.abort_reason);
+  }
+  for (int k = 0; k < count; ++k)
+    if (ops[k].error.set) ops[k].error.raise();
 }
 
 void Communicator::abort(const std::string& why) {
@@ -563,6 +867,57 @@ void Communicator::abort(const std::string& why) {
 bool Communicator::aborted() const {
   std::lock_guard<std::mutex> lock(impl_->rv_mu);
   return impl_->aborted;
+}
+
+// ---- groups ----------------------------------------------------------------------------------
+
+const detail::CommGroupState& CommGroup::state() const {
+  ZT_REQUIRE(state_ != nullptr, "CommGroup: an empty handle (get groups from Communicator::group)");
+  return *state_;
+}
+int CommGroup::size() const { return static_cast<int>(state().members.size()); }
+const std::vector<int>& CommGroup::ranks() const { return state().members; }
+int CommGroup::index_of(int rank) const { return state().index_of(rank); }
+const std::string& CommGroup::name() const { return state().name; }
+
+void CommGroup::reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const {
+  state();
+  comm_->group_call(*state_, Communicator::Kind::kReduceScatter, 0, full, producers);
+}
+void CommGroup::all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const {
+  state();
+  comm_->group_call(*state_, Communicator::Kind::kAllGather, 0, full, producers);
+}
+void CommGroup::all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const {
+  state();
+  comm_->group_call(*state_, Communicator::Kind::kAllReduce, 0, full, producers);
+}
+void CommGroup::broadcast(int root, const std::vector<TensorView>& bufs, const std::vector<Stream*>& producers) const {
+  state();
+  comm_->group_call(*state_, Communicator::Kind::kBroadcast, root, bufs, producers);
+}
+void CommGroup::reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag) const {
+  state();
+  comm_->rank_call(*state_, rank, Communicator::Kind::kReduceScatter, 0, full, producer, tag);
+}
+void CommGroup::all_gather(int rank, TensorView full, Stream* producer, std::string_view tag) const {
+  state();
+  comm_->rank_call(*state_, rank, Communicator::Kind::kAllGather, 0, full, producer, tag);
+}
+void CommGroup::all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag) const {
+  state();
+  comm_->rank_call(*state_, rank, Communicator::Kind::kAllReduce, 0, full, producer, tag);
+}
+void CommGroup::broadcast(int rank, int root, TensorView buf, Stream* producer, std::string_view tag) const {
+  state();
+  comm_->rank_call(*state_, rank, Communicator::Kind::kBroadcast, root, buf, producer, tag);
+}
+
+CommCounters CommGroup::counters(int rank) const {
+  const int pos = state().index_of(rank);
+  ZT_REQUIRE(pos >= 0, "counters: rank ", rank, " is not a member of group ", state_->name);
+  std::lock_guard<std::mutex> lock(comm_->impl_->enqueue_mu);
+  return state_->counters[static_cast<size_t>(pos)];
 }
 
 // ---- completion and accounting ---------------------------------------------------------------

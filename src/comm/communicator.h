@@ -13,9 +13,9 @@
 //    own buffers; the call returns once the collective has been enqueued for all ranks (a host
 //    rendezvous of microseconds, not a wait for the data).
 //
-// Rules for per-rank calls (as NCCL's): every rank issues the same collectives, with the same
-// kind, dtype and numel, in the same order. Call #g of rank r is matched with call #g of every
-// other rank; a mismatch throws the same zt::Error on every rank (the communicator stays usable).
+// Rules for per-rank calls (as NCCL's): every rank of a group issues the same collectives on it,
+// with the same kind, dtype and numel, in the same order. Call #g of rank r on a group is matched
+// with call #g of every other member; a mismatch throws the same zt::Error on every rank (the communicator stays usable).
 // A rank that never makes its call leaves the others blocked in the rendezvous. The last rank to
 // arrive enqueues the whole schedule for every rank, recording on each rank's producer stream, so
 // no rank's thread may enqueue work on its producer stream while it is inside a call (it cannot:
@@ -31,13 +31,26 @@
 // comm stream, record an event, the consumer waits on it); a rank's buffer is written by a peer
 // only after that rank's comm stream reached the collective (so after its producer's work), and a
 // receive buffer is refilled only after an event shows the reduction consumed it.
+//
+// Groups: every collective also runs on a CommGroup, an ordered subset of the ranks (the world is
+// the group of all ranks; the calls above are the world group's). Inside a group, "position i"
+// plays the part the rank plays in the world: it owns shard i, and group calls take vectors
+// indexed by position. Everything else names communicator ranks (per-rank callers, broadcast
+// roots, counters, messages). Each group has its own rendezvous, so disjoint groups run their
+// per-rank collectives concurrently from different threads; a rank takes part in one call at a
+// time (its thread is blocked in it). Schedules of all groups are enqueued under one lock; the
+// per-rank events and receive buffers are shared by all groups, which is safe because a
+// collective is enqueued whole and every wait captures a record enqueued before it.
+//
+// Point-to-point: send/recv/send_recv (per rank) and transfer (host-issued) copy a buffer from
+// one rank to another by the peer-copy rule: the receiver's comm stream marks when its buffer
+// may be written, the sender's comm stream waits for that and copies, the receiver's comm stream
+// waits for the copy. Both sides then use wait_done() before touching the buffers again. The
+// k-th send from a to b matches the k-th recv at b from a.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -52,6 +65,63 @@ struct CommCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t collectives = 0;
+  uint64_t transfers = 0;  // point-to-point sends and receives this rank took part in
+};
+
+class Communicator;
+namespace detail {
+struct CommGroupState;
+}
+
+// A handle to an ordered subset of a communicator's ranks (cheap to copy; valid while the
+// communicator lives). Obtain it with Communicator::group(); the same ranks in the same order
+// always give the same group, so every rank's thread may ask for it on its own.
+class CommGroup {
+ public:
+  CommGroup() = default;
+
+  int size() const;
+  // Communicator ranks, in group order.
+  const std::vector<int>& ranks() const;
+  // Position of communicator rank `rank` in the group, -1 when it is not a member.
+  int index_of(int rank) const;
+  bool contains(int rank) const { return index_of(rank) >= 0; }
+  // "{0,2}"
+  const std::string& name() const;
+
+  // Group calls (one host thread for every member): vectors indexed by position; the same
+  // contracts as Communicator's world calls, with `world` read as the group's size. broadcast's
+  // root is a communicator rank that is a member.
+  void reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const;
+  void all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const;
+  void all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) const;
+  void broadcast(int root, const std::vector<TensorView>& bufs, const std::vector<Stream*>& producers) const;
+
+  // Per-rank calls: `rank` is the caller's communicator rank, a member. Every member calls, in
+  // the same order per group; consumers wait with Communicator::wait_done(rank, stream).
+  void reduce_scatter(int rank, TensorView full, Stream* producer, std::string_view tag = {}) const;
+  void all_gather(int rank, TensorView full, Stream* producer, std::string_view tag = {}) const;
+  void all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag = {}) const;
+  void broadcast(int rank, int root, TensorView buf, Stream* producer, std::string_view tag = {}) const;
+
+  // This group's share of Communicator::counters(rank) (collectives run on this group only).
+  CommCounters counters(int rank) const;
+
+ private:
+  friend class Communicator;
+  CommGroup(Communicator* comm, detail::CommGroupState* state) : comm_(comm), state_(state) {}
+  const detail::CommGroupState& state() const;
+
+  Communicator* comm_ = nullptr;
+  detail::CommGroupState* state_ = nullptr;
+};
+
+// One host-issued point-to-point copy: `from` on rank src -> `to` on rank dst (same dtype, numel).
+struct Transfer {
+  int src = 0;
+  int dst = 0;
+  ConstTensorView from;
+  TensorView to;
 };
 
 class Communicator {
@@ -81,6 +151,29 @@ class Communicator {
   // broadcast: bufs[root] -> every bufs[r] (any numel, no padding needed).
   void broadcast(int root, const std::vector<TensorView>& bufs, const std::vector<Stream*>& producers);
 
+  // ---- groups -----------------------------------------------------------------------------------
+  // The group of `ranks` (communicator ranks, in the order that defines positions: distinct, at
+  // least one). Thread-safe; the same list returns the same group (shared rendezvous and counters).
+  CommGroup group(std::vector<int> ranks);
+  // The group of all ranks, 0..world-1; the world calls of this class are its calls.
+  CommGroup world_group();
+
+  // ---- point-to-point ---------------------------------------------------------------------------
+  // Per-rank: `rank` is the caller. The call returns once its copies are enqueued, which needs the
+  // peer's matching call (it blocks until then; abort() releases it). producer: the stream that
+  // last wrote the send buffer / last used the receive buffer (nullptr = comm stream only). After
+  // it, wait_done(rank, stream) orders a consumer after the copy (receiver) or a writer of the
+  // send buffer after the read (sender). send_recv posts both halves before waiting, so ring
+  // shifts and pairwise exchanges (everybody sends and receives) cannot deadlock; a rank sending
+  // to and receiving from the same peer may use it too.
+  void send(int rank, int peer, ConstTensorView buf, Stream* producer);
+  void recv(int rank, int peer, TensorView buf, Stream* producer);
+  void send_recv(int rank, int send_to, ConstTensorView send_buf, int recv_from, TensorView recv_buf,
+                 Stream* producer);
+  // Host-issued: enqueues every copy of `transfers` at once; producers indexed by communicator
+  // rank (or empty), as for the group calls; consumers use wait_done on both sides.
+  void transfer(const std::vector<Transfer>& transfers, const std::vector<Stream*>& producers);
+
   // ---- per-rank calls (one host thread per rank; all ranks must call, in the same order) ------
   // tag: names the collective in profiles (NVTX range "reduce_scatter h.3 1.2 MiB"), e.g. the
   // block or bucket it serves.
@@ -88,18 +181,20 @@ class Communicator {
   void all_gather(int rank, TensorView full, Stream* producer, std::string_view tag = {});
   void all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag = {});
 
-  // Abandons the communicator after a rank failed: ranks waiting in a per-rank rendezvous, and every
-  // later collective, throw zt::Error(kDevice) naming `why` instead of waiting for a rank that will
+  // Abandons the communicator after a rank failed: ranks waiting in a per-rank rendezvous (of any
+  // group, or for a send/recv peer), and every later per-rank call, throw zt::Error(kDevice) naming `why` instead of waiting for a rank that will
   // never arrive. Work already enqueued is not undone. Safe to call from any thread, repeatedly.
   void abort(const std::string& why);
   bool aborted() const;
 
-  // Makes `consumer` wait for the last collective enqueued on `rank`'s comm stream.
+  // Makes `consumer` wait for the last collective or transfer (of any group) enqueued on `rank`'s
+  // comm stream.
   void wait_done(int rank, Stream& consumer);
 
   // Bytes this rank's comm stream sent / received by peer copy, counted when enqueued (so they are
   // deterministic): a ring reduce-scatter or all-gather sends and receives (world-1)*shard_bytes
-  // per rank, an all-reduce twice that; in a broadcast every rank but the last in the chain from
+  // per rank, an all-reduce twice that (world = the group's size for a group's collective); a
+  // transfer counts its bytes on both sides and one transfer each; in a broadcast every rank but the last in the chain from
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
@@ -114,9 +209,15 @@ class Communicator {
   static constexpr int kRecvSlots = 2;
 
  private:
-  struct Impl;  // events, receive buffers, rendezvous and counters (communicator.cc)
+  friend class CommGroup;
+  struct Impl;  // events, receive buffers, groups, rendezvous and counters (communicator.cc)
   enum class Kind : uint8_t;
-  void rank_call(int rank, Kind kind, TensorView full, Stream* producer, std::string_view tag);
+  struct P2POp;
+  void group_call(detail::CommGroupState& g, Kind kind, int root, const std::vector<TensorView>& bufs,
+                  const std::vector<Stream*>& producers);
+  void rank_call(detail::CommGroupState& g, int rank, Kind kind, int root, TensorView full,
+                 Stream* producer, std::string_view tag);
+  void p2p_call(int rank, P2POp* ops, int count);
 
   std::vector<Device*> devices_;
   size_t chunk_bytes_;
