@@ -683,7 +683,9 @@ TEST(CudaObserver, ReportsOpsAndCopiesInStreamOrderAfterSynchronize) {
     // The anchor's host time is read just after the GPU reached it: allow that latency.
     EXPECT_LE(before - std::chrono::milliseconds(1), tasks[i].start);
     EXPECT_LE(tasks[i].end, after + std::chrono::milliseconds(1));
-    if (i > 0) EXPECT_LE(tasks[i - 1].end, tasks[i].start + std::chrono::microseconds(1));
+    if (i > 0) {
+      EXPECT_LE(tasks[i - 1].end, tasks[i].start + std::chrono::microseconds(1));
+    }
   }
   // Without an observer nothing is recorded.
   rt->set_observer(nullptr);
