@@ -1,42 +1,19 @@
 // The public ops of kernels/ops.h: validate dtypes, shapes and devices (a zt::Error naming the op
-// and the shapes), then launch on the stream's backend: CPU kernels (kernels/cpu/cpu_ops.h) are
-// enqueued on the CPU stream's worker; CUDA launchers (kernels/cuda/cuda_ops.h) get the
-// cudaStream_t. Nothing here waits for the work.
+// and the shapes), then launch through the op table of the stream's backend (kernels/op_table.h),
+// falling back to a composition of other ops where a backend has no kernel. Nothing here waits
+// for the work, and nothing here knows a backend's types.
 #include "kernels/ops.h"
 
-#include "kernels/cpu/cpu_ops.h"
 #include "kernels/elementwise.h"
-#include "memory/caching_allocator.h"
-#include "runtime/cpu/cpu_device.h"
+#include "kernels/op_table.h"
 #include "runtime/device.h"
-
-#if ZT_WITH_CUDA
-#include "kernels/cuda/cast.h"
-#include "kernels/cuda/cuda_ops.h"
-#endif
 
 namespace zt::ops {
 
 namespace {
 
-// Runs cpu_kernels::op(args...) on the CPU stream's worker, or cuda_ops::op(stream, args...).
-// The arguments are plain values (pointers, sizes, scalars), captured by copy.
-#if ZT_WITH_CUDA
-#define ZT_OP_LAUNCH(s, op, ...)                                                      \
-  do {                                                                                \
-    if ((s).backend() == Backend::kCpu) {                                             \
-      static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }, #op); \
-    } else {                                                                          \
-      cuda_ops::op((s).native_handle(), __VA_ARGS__);                                 \
-    }                                                                                 \
-  } while (0)
-#else
-#define ZT_OP_LAUNCH(s, op, ...)                                                        \
-  do {                                                                                  \
-    ZT_REQUIRE((s).backend() == Backend::kCpu, #op ": this build has no CUDA backend"); \
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::op(__VA_ARGS__); }, #op); \
-  } while (0)
-#endif
+// The table of s's backend for an op over fp32 tensors.
+const OpTable& f32_kernel(Stream& s, OpId op) { return require_kernel(s, op, {DType::kF32}); }
 
 bool present(const ConstTensorView& v) { return v.data != nullptr; }
 
@@ -91,14 +68,14 @@ void fill(Stream& s, TensorView x, float value) {
   check_f32(s, "fill", "x", x);
   const int64_t n = x.numel();
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, fill, f32(x), n, value);
+  f32_kernel(s, OpId::kFill).fill(s, f32(x), n, value);
 }
 
 void scale(Stream& s, TensorView x, float alpha) {
   check_f32(s, "scale", "x", x);
   const int64_t n = x.numel();
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, scale, f32(x), n, alpha);
+  f32_kernel(s, OpId::kScale).scale(s, f32(x), n, alpha);
 }
 
 void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b) {
@@ -109,7 +86,7 @@ void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b) {
              " but a ", a.shape.str(), " and b ", b.shape.str(), " (element counts must match)");
   const int64_t n = out.numel();
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, add, f32(out), f32(a), f32(b), n);
+  f32_kernel(s, OpId::kAdd).add(s, f32(out), f32(a), f32(b), n);
 }
 
 void cast(Stream& s, TensorView dst, ConstTensorView src) {
@@ -122,18 +99,15 @@ void cast(Stream& s, TensorView dst, ConstTensorView src) {
              src.shape.str(), " (element counts must match)");
   const int64_t n = dst.numel();
   if (n == 0) return;
-  void* d = dst.data;
-  const void* p = src.data;
   const DType dt = dst.dtype, st = src.dtype;
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::cast(d, dt, p, st, n); }, "cast");
-    return;
+  if (const OpTable* t = find_kernel(s, OpId::kCast, {dt, st})) {
+    t->cast(s, dst.data, dt, src.data, st, n);
+  } else if (dt == st) {
+    // Fallback: a conversion to the same type is a copy, which every stream has.
+    s.copy(dst.data, src.data, static_cast<size_t>(n) * dtype_size(dt));
+  } else {
+    refuse_op(s, OpId::kCast, {dt, st});
   }
-#if ZT_WITH_CUDA
-  launch_cast(s, d, dt, p, st, static_cast<size_t>(n));
-#else
-  ZT_REQUIRE(false, "cast: this build has no CUDA backend");
-#endif
 }
 
 void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
@@ -146,10 +120,15 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
              src.shape.str(), " (element counts must match)");
   const int64_t n = dst.numel();
   if (n == 0) return;
-  void* d = dst.data;
-  const void* p = src.data;
   const DType t = dst.dtype;
-  ZT_OP_LAUNCH(s, accumulate, d, p, t, n);
+  if (const OpTable* k = find_kernel(s, OpId::kAccumulate, {t})) {
+    k->accumulate(s, dst.data, src.data, t, n);
+  } else if (const OpTable* a = t == DType::kF32 ? find_kernel(s, OpId::kAdd, {t}) : nullptr) {
+    // Fallback: in fp32, accumulate is add(dst, dst, src), bit for bit (ops.h).
+    a->add(s, f32(dst), f32(dst), f32(src), n);
+  } else {
+    refuse_op(s, OpId::kAccumulate, {t});
+  }
 }
 
 // ---- encoder -----------------------------------------------------------------------------------
@@ -183,14 +162,14 @@ void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTen
                      ConstTensorView wpe) {
   const EncoderDims d = check_encoder(s, "encoder_forward", out, "out", tokens, wte, wpe);
   if (out.numel() == 0) return;
-  ZT_OP_LAUNCH(s, encoder_forward, f32(out), i32(tokens), f32(wte), f32(wpe), d.B, d.T, d.C, d.V);
+  f32_kernel(s, OpId::kEncoderForward).encoder_forward(s, f32(out), i32(tokens), f32(wte), f32(wpe), d.B, d.T, d.C, d.V);
 }
 
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
                       ConstTensorView tokens) {
   const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, dwpe);
   if (dout.numel() == 0) return;
-  ZT_OP_LAUNCH(s, encoder_backward, f32(dwte), f32(dwpe), f32(dout), i32(tokens), d.B, d.T, d.C,
+  f32_kernel(s, OpId::kEncoderBackward).encoder_backward(s, f32(dwte), f32(dwpe), f32(dout), i32(tokens), d.B, d.T, d.C,
                d.V);
 }
 
@@ -219,7 +198,7 @@ void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rs
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   ZT_REQUIRE(eps >= 0.0f, op, ": eps ", eps, " must be >= 0");
   if (N == 0) return;
-  ZT_OP_LAUNCH(s, layernorm_forward, f32(out), f32(mean), f32(rstd), f32(in), f32(weight),
+  f32_kernel(s, OpId::kLayernormForward).layernorm_forward(s, f32(out), f32(mean), f32(rstd), f32(in), f32(weight),
                f32(bias), N, C, eps);
 }
 
@@ -247,7 +226,7 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
   ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": in ", in.shape.str(), " has ", N,
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   if (N == 0) return;
-  ZT_OP_LAUNCH(s, layernorm_backward, f32(din), f32(dweight), f32(dbias), f32(dout), f32(in),
+  f32_kernel(s, OpId::kLayernormBackward).layernorm_backward(s, f32(din), f32(dweight), f32(dbias), f32(dout), f32(in),
                f32(weight), f32(mean), f32(rstd), N, C);
 }
 
@@ -271,7 +250,7 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
              " but bias ", bias.shape.str());
   const int64_t N = rows(in);
   if (N == 0 || OC == 0) return;
-  ZT_OP_LAUNCH(s, matmul_forward, f32(out), f32(in), f32(weight),
+  f32_kernel(s, OpId::kMatmulForward).matmul_forward(s, f32(out), f32(in), f32(weight),
                present(bias) ? f32(bias) : nullptr, N, C, OC);
 }
 
@@ -298,7 +277,7 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
              " but dbias ", dbias.shape.str());
   const int64_t N = rows(in);
   if (N == 0 || OC == 0) return;
-  ZT_OP_LAUNCH(s, matmul_backward, present(din) ? f32(din) : nullptr, f32(dweight),
+  f32_kernel(s, OpId::kMatmulBackward).matmul_backward(s, present(din) ? f32(din) : nullptr, f32(dweight),
                present(dbias) ? f32(dbias) : nullptr, f32(dout), f32(in), f32(weight), N, C, OC);
 }
 
@@ -339,7 +318,7 @@ void attention_forward(Stream& s, TensorView out, TensorView preatt, TensorView 
   const AttentionDims d =
       check_attention(op, qkv, num_heads, {{"out", out}}, {{"preatt", preatt}, {"att", att}});
   if (d.B * d.T == 0) return;
-  ZT_OP_LAUNCH(s, attention_forward, f32(out), f32(preatt), f32(att), f32(qkv), d.B, d.T, d.C,
+  f32_kernel(s, OpId::kAttentionForward).attention_forward(s, f32(out), f32(preatt), f32(att), f32(qkv), d.B, d.T, d.C,
                d.NH);
 }
 
@@ -359,7 +338,7 @@ void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorVi
   ZT_REQUIRE(dqkv.shape == qkv.shape, op, ": qkv ", qkv.shape.str(), " but dqkv ",
              dqkv.shape.str());
   if (d.B * d.T == 0) return;
-  ZT_OP_LAUNCH(s, attention_backward, f32(dqkv), f32(dpreatt), f32(datt), f32(dout), f32(qkv),
+  f32_kernel(s, OpId::kAttentionBackward).attention_backward(s, f32(dqkv), f32(dpreatt), f32(datt), f32(dout), f32(qkv),
                f32(att), d.B, d.T, d.C, d.NH);
 }
 
@@ -385,25 +364,25 @@ int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in) {
   const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr);
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, gelu_forward, f32(out), f32(in), n);
+  f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out), f32(in), n);
 }
 
 void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
   const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout);
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, gelu_backward, f32(din), f32(in), f32(dout), n);
+  f32_kernel(s, OpId::kGeluBackward).gelu_backward(s, f32(din), f32(in), f32(dout), n);
 }
 
 void relu_forward(Stream& s, TensorView out, ConstTensorView in) {
   const int64_t n = check_unary(s, "relu_forward", out, "out", in, nullptr);
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, relu_forward, f32(out), f32(in), n);
+  f32_kernel(s, OpId::kReluForward).relu_forward(s, f32(out), f32(in), n);
 }
 
 void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
   const int64_t n = check_unary(s, "relu_backward", din, "din", in, &dout);
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, relu_backward, f32(din), f32(in), f32(dout), n);
+  f32_kernel(s, OpId::kReluBackward).relu_backward(s, f32(din), f32(in), f32(dout), n);
 }
 
 // ---- classifier
@@ -423,7 +402,7 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
              " has ", N, " rows but losses ", losses.shape.str(), " and targets ",
              targets.shape.str());
   if (N == 0) return;
-  ZT_OP_LAUNCH(s, classifier_forward_backward, f32(logits), f32(losses), i32(targets), N, V, dloss,
+  f32_kernel(s, OpId::kClassifierForwardBackward).classifier_forward_backward(s, f32(logits), f32(losses), i32(targets), N, V, dloss,
                compute_grad, dloss_scale);
 }
 
@@ -446,7 +425,7 @@ void adamw_update(Stream& s, TensorView params, ConstTensorView grads, TensorVie
   if (n == 0) return;
   const float bc1 = adamw_bias_correction(hp.beta1, hp.step);
   const float bc2 = adamw_bias_correction(hp.beta2, hp.step);
-  ZT_OP_LAUNCH(s, adamw_update, f32(params), f32(grads), f32(m), f32(v), n, hp.lr, hp.beta1,
+  f32_kernel(s, OpId::kAdamwUpdate).adamw_update(s, f32(params), f32(grads), f32(m), f32(v), n, hp.lr, hp.beta1,
                hp.beta2, hp.eps, hp.weight_decay, bc1, bc2, grad_scale);
 }
 
@@ -461,7 +440,7 @@ void sgd_update(Stream& s, TensorView params, ConstTensorView grads, TensorView 
              " but grads ", grads.shape.str(), " and momentum_buf ", momentum_buf.shape.str(),
              " (element counts must match)");
   if (n == 0) return;
-  ZT_OP_LAUNCH(s, sgd_update, f32(params), f32(grads), f32(momentum_buf), n, hp.lr, hp.momentum,
+  f32_kernel(s, OpId::kSgdUpdate).sgd_update(s, f32(params), f32(grads), f32(momentum_buf), n, hp.lr, hp.momentum,
                hp.weight_decay, hp.nesterov, grad_scale);
 }
 
@@ -474,28 +453,7 @@ void sum_squares(Stream& s, TensorView out, ConstTensorView x) {
   check_f32(s, op, "x", x);
   ZT_REQUIRE(out.numel() == 1, op, ": out ", out.shape.str(), " must hold one element");
   const int64_t n = x.numel();
-  float* o = f32(out);
-  const float* p = f32(x);
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue([=] { cpu_kernels::sum_squares(o, p, n); }, "sum_squares");
-    return;
-  }
-#if ZT_WITH_CUDA
-  // Workspace from the device pool, freed right after the launch: the pool hands it out again
-  // only to later work on this stream (stream-ordered reuse), which runs after this reduction.
-  const size_t bytes = cuda_ops::sum_squares_workspace_bytes(n);
-  CachingAllocator& pool = s.device().memory();
-  void* workspace = bytes ? pool.allocate(bytes, s, "sum_squares workspace") : nullptr;
-  try {
-    cuda_ops::sum_squares(s.native_handle(), o, p, n, workspace, bytes);
-  } catch (...) {
-    if (workspace) pool.free(workspace);
-    throw;
-  }
-  if (workspace) pool.free(workspace);
-#else
-  ZT_REQUIRE(false, "sum_squares: this build has no CUDA backend");
-#endif
+  f32_kernel(s, OpId::kSumSquares).sum_squares(s, f32(out), f32(x), n);
 }
 
 }  // namespace zt::ops

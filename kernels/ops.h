@@ -1,7 +1,8 @@
 // Every op ZeroTrain's models and optimizers use, forward and backward. One function per op,
 // `Stream&` first; each checks shapes/dtypes (zt::Error naming the op and the sizes), then runs
-// asynchronously on the stream's backend: kernels/cpu/ (OpenBLAS + parallel_for, enqueued on the
-// CPU stream) or kernels/cuda/ (cuBLAS + our kernels, launched on the CUDA stream).
+// asynchronously through the op table of the stream's backend (kernels/op_table.h): kernels/cpu/
+// (OpenBLAS + parallel_for, enqueued on the CPU stream) or kernels/cuda/ (cuBLAS + our kernels,
+// launched on the CUDA stream). A backend without a kernel gets a fallback or one clear refusal.
 //
 // Conventions (as llm.c):
 //  - Row-major, contiguous. N = rows (B*T for sequence ops), C = channels.

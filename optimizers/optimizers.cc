@@ -1,8 +1,7 @@
 // The ops of optimizers/optimizers.h: validate the lists and scalars (a zt::Error naming the op),
-// then run on the stream's backend: CPU kernels (optimizers/cpu/) are enqueued on the CPU
-// stream's worker with a copy of the host list (the caller's span may be gone by the time the
-// worker runs); CUDA launchers (optimizers/cuda/) read the device copy of the list. Nothing here
-// waits for the work. Also the host-side loss-scale state and transition.
+// then launch through the op table of the stream's backend (kernels/op_table.h; the CPU entries
+// copy the host list, CUDA's read its device copy). Nothing here waits for the work. Also the
+// host-side loss-scale state and transition.
 #include "optimizers/optimizers.h"
 
 #include <cmath>
@@ -10,15 +9,8 @@
 
 #include "core/status.h"
 #include "kernels/elementwise.h"
-#include "memory/caching_allocator.h"
-#include "optimizers/cpu/multi_tensor.h"
+#include "kernels/op_table.h"
 #include "optimizers/multi_tensor_elem.h"
-#include "runtime/cpu/cpu_device.h"
-#include "runtime/device.h"
-
-#if ZT_WITH_CUDA
-#include "optimizers/cuda/multi_tensor.h"
-#endif
 
 namespace zt::optim {
 
@@ -63,23 +55,6 @@ void check_device_list(Stream& s, const char* op, const void* device_list, bool 
              "read; copy the list to the device once and pass it");
 }
 
-// Workspace from the device pool, freed right after the launch: the pool hands it out again only
-// to later work on this stream (stream-ordered reuse), which runs after these kernels.
-#if ZT_WITH_CUDA
-template <typename Launch>
-void with_workspace(Stream& s, size_t bytes, const char* tag, Launch&& launch) {
-  CachingAllocator& pool = s.device().memory();
-  void* workspace = bytes ? pool.allocate(bytes, s, tag) : nullptr;
-  try {
-    launch(workspace, bytes);
-  } catch (...) {
-    if (workspace) pool.free(workspace);
-    throw;
-  }
-  if (workspace) pool.free(workspace);
-}
-#endif
-
 void check_loss_scale_config(const char* op, const LossScaleConfig& c) {
   ZT_REQUIRE(c.growth >= 1.0f && std::isfinite(c.growth), op, ": growth ", c.growth,
              " must be a finite factor >= 1");
@@ -117,25 +92,9 @@ void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtyp
                     hp.eps,
                     adamw_bias_correction(hp.beta1, hp.step),
                     adamw_bias_correction(hp.beta2, hp.step)};
-  const uint64_t step = static_cast<uint64_t>(hp.step);
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue(
-        [list = std::vector<OptimizerSegment>(segs.host.begin(), segs.host.end()), param_dtype,
-         grad_dtype, a, sc,
-         step] { cpu_kernels::adamw_multi(list, param_dtype, grad_dtype, a, sc, step); },
-        op);
-    return;
-  }
-#if ZT_WITH_CUDA
-  const int64_t num_segs = static_cast<int64_t>(segs.host.size());
-  with_workspace(s, cuda_kernels::update_workspace_bytes(num_segs), "adamw_multi workspace",
-                 [&](void* ws, size_t bytes) {
-                   cuda_kernels::adamw_multi(s.native_handle(), segs.device, num_segs, chunks,
-                                             param_dtype, grad_dtype, a, sc, step, ws, bytes);
-                 });
-#else
-  ZT_REQUIRE(false, op, ": this build has no CUDA backend");
-#endif
+  require_kernel(s, OpId::kAdamwMulti, {param_dtype, grad_dtype})
+      .adamw_multi(s, segs.host.data(), segs.host.size(), segs.device, chunks, param_dtype, grad_dtype, a, sc,
+                   static_cast<uint64_t>(hp.step));
 }
 
 void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
@@ -143,23 +102,8 @@ void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype,
   constexpr const char* op = "sgd_multi";
   const int64_t chunks = check_update(s, op, segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false);
   if (chunks == 0) return;
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue(
-        [list = std::vector<OptimizerSegment>(segs.host.begin(), segs.host.end()), param_dtype,
-         grad_dtype, hp, sc] { cpu_kernels::sgd_multi(list, param_dtype, grad_dtype, hp, sc); },
-        op);
-    return;
-  }
-#if ZT_WITH_CUDA
-  const int64_t num_segs = static_cast<int64_t>(segs.host.size());
-  with_workspace(s, cuda_kernels::update_workspace_bytes(num_segs), "sgd_multi workspace",
-                 [&](void* ws, size_t bytes) {
-                   cuda_kernels::sgd_multi(s.native_handle(), segs.device, num_segs, chunks,
-                                           param_dtype, grad_dtype, hp, sc, ws, bytes);
-                 });
-#else
-  ZT_REQUIRE(false, op, ": this build has no CUDA backend");
-#endif
+  require_kernel(s, OpId::kSgdMulti, {param_dtype, grad_dtype})
+      .sgd_multi(s, segs.host.data(), segs.host.size(), segs.device, chunks, param_dtype, grad_dtype, hp, sc);
 }
 
 void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype,
@@ -181,27 +125,9 @@ void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype,
   }
   if (num_out == 0 && found_inf == nullptr) return;
   check_device_list(s, op, segs.device, !segs.host.empty());
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue(
-        [list = std::vector<GradSegment>(segs.host.begin(), segs.host.end()), grad_dtype,
-         inv_loss_scale, norms_out, num_out, found_inf] {
-          cpu_kernels::unscale_check(list, grad_dtype, inv_loss_scale, norms_out, num_out,
-                                     found_inf);
-        },
-        op);
-    return;
-  }
-#if ZT_WITH_CUDA
-  const int64_t num_segs = static_cast<int64_t>(segs.host.size());
-  with_workspace(s, cuda_kernels::unscale_check_workspace_bytes(num_segs, chunks),
-                 "unscale_check workspace", [&](void* ws, size_t bytes) {
-                   cuda_kernels::unscale_check(s.native_handle(), segs.device, num_segs, chunks,
-                                               grad_dtype, inv_loss_scale, norms_out, num_out,
-                                               found_inf, ws, bytes);
-                 });
-#else
-  ZT_REQUIRE(false, op, ": this build has no CUDA backend");
-#endif
+  require_kernel(s, OpId::kUnscaleCheck, {grad_dtype})
+      .unscale_check(s, segs.host.data(), segs.host.size(), segs.device, chunks, grad_dtype, inv_loss_scale,
+                     norms_out, num_out, found_inf);
 }
 
 LossScaleState initial_loss_scale_state(float scale, const LossScaleConfig& c) {
@@ -222,16 +148,7 @@ void loss_scale_update(Stream& s, LossScaleState* state, const float* found_inf,
   check_loss_scale_config(op, c);
   ZT_REQUIRE(state != nullptr && found_inf != nullptr, op,
              ": state and found_inf must both point to device memory");
-  if (s.backend() == Backend::kCpu) {
-    static_cast<cpu::CpuStream&>(s).enqueue(
-        [state, found_inf, c] { cpu_kernels::loss_scale_update(state, found_inf, c); }, op);
-    return;
-  }
-#if ZT_WITH_CUDA
-  cuda_kernels::loss_scale_update(s.native_handle(), state, found_inf, c);
-#else
-  ZT_REQUIRE(false, op, ": this build has no CUDA backend");
-#endif
+  require_kernel(s, OpId::kLossScaleUpdate, {}).loss_scale_update(s, state, found_inf, c);
 }
 
 }  // namespace zt::optim

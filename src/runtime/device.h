@@ -15,6 +15,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/event.h"
+#include "runtime/observer.h"
 #include "runtime/stream.h"
 
 namespace zt {
@@ -55,6 +56,11 @@ class Device {
   virtual bool synchronize_for(std::chrono::milliseconds timeout) = 0;
   // True once an operation on this device has failed; the device stays failed (sticky).
   virtual bool failed() const = 0;
+
+  // Where this device reports its stream work (nullptr: nowhere; then tracing costs one atomic
+  // load per task). Runtime::set_observer sets it on every device; call it while the device is
+  // idle, and keep the observer alive until it is replaced or the device is destroyed.
+  virtual void set_task_observer(TaskObserver* observer) = 0;
 
   // ---- fault injection and abandonment ---------------------------------------------------------
   // From now on the device fails; callable from any thread.

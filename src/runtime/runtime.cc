@@ -2,6 +2,8 @@
 // the simulated CPU devices otherwise.
 #include "runtime/runtime.h"
 
+#include <atomic>
+
 #include "core/status.h"
 #include "runtime/cpu/cpu_device.h"
 #if ZT_WITH_CUDA
@@ -39,18 +41,32 @@ void Device::inject_fault(FaultKind kind) {
 
 void Device::abandon(const std::string& /*why*/) {}
 
-std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu) {
+namespace {
+std::atomic<TaskObserver*> g_default_observer{nullptr};
+}  // namespace
+
+TaskObserver* set_default_task_observer(TaskObserver* observer) {
+  return g_default_observer.exchange(observer, std::memory_order_acq_rel);
+}
+
+void Runtime::set_observer(TaskObserver* observer) {
+  observer_ = observer;
+  for (auto& d : devices_) d->set_task_observer(observer);
+}
+
+std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu, TaskObserver* observer) {
   ZT_REQUIRE(n >= 1, "the CPU backend needs at least one device, got ", n);
   std::unique_ptr<Runtime> rt(new Runtime());
   rt->backend_ = Backend::kCpu;
   for (int i = 0; i < n; ++i) rt->devices_.push_back(std::make_unique<cpu::CpuDevice>(i, cpu.memory_bytes));
+  rt->set_observer(observer ? observer : g_default_observer.load(std::memory_order_acquire));
   return rt;
 }
 
-std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDeviceOptions& cpu) {
+std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDeviceOptions& cpu, TaskObserver* observer) {
   switch (spec.kind) {
     case DeviceSpec::Kind::kCpu:
-      return create_cpu(spec.cpu_count ? spec.cpu_count : default_cpu_device_count(), cpu);
+      return create_cpu(spec.cpu_count ? spec.cpu_count : default_cpu_device_count(), cpu, observer);
     case DeviceSpec::Kind::kAll:
     case DeviceSpec::Kind::kCuda: {
       const CudaAvailability avail = cuda_availability();
@@ -59,7 +75,7 @@ std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDevice
                    " asks for GPUs, but no usable GPU was found (", avail.reason,
                    "); use --devices cpu:N for simulated devices");
         const int n = default_cpu_device_count();
-        auto rt = create_cpu(n, cpu);
+        auto rt = create_cpu(n, cpu, observer);
         rt->fallback_note_ = "no usable GPU (" + avail.reason + "); using " + std::to_string(n) +
                              " simulated CPU devices";
         return rt;
@@ -75,6 +91,7 @@ std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDevice
       std::unique_ptr<Runtime> rt(new Runtime());
       rt->backend_ = Backend::kCuda;
       rt->devices_ = cuda::create_devices(ordinals);
+      rt->set_observer(observer ? observer : g_default_observer.load(std::memory_order_acquire));
       return rt;
 #endif
     }

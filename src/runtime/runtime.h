@@ -48,12 +48,26 @@ CudaAvailability cuda_availability();
 void profiler_start();
 void profiler_stop();
 
+// Transitional (issue 11), until the trainer passes its TraceRecorder to Runtime::create: the
+// observer that a Runtime created with observer == nullptr gets. Only TraceRecorder sets it, for
+// its lifetime; returns the previous one. Remove once no caller relies on it.
+TaskObserver* set_default_task_observer(TaskObserver* observer);
+
 class Runtime {
  public:
-  static std::unique_ptr<Runtime> create(const DeviceSpec& spec, const CpuDeviceOptions& cpu = {});
+  // `observer` (may be null) sees every device's stream work (Device::set_task_observer); it must
+  // outlive the runtime, or be replaced with set_observer() first.
+  static std::unique_ptr<Runtime> create(const DeviceSpec& spec, const CpuDeviceOptions& cpu = {},
+                                         TaskObserver* observer = nullptr);
   // Exactly the CPU backend with n devices (tests).
-  static std::unique_ptr<Runtime> create_cpu(int n, const CpuDeviceOptions& cpu = {});
+  static std::unique_ptr<Runtime> create_cpu(int n, const CpuDeviceOptions& cpu = {},
+                                             TaskObserver* observer = nullptr);
   ~Runtime();
+
+  // Installs `observer` (nullptr: none) on every device. Call while no work is in flight (the
+  // previous observer may still be called for work submitted before).
+  void set_observer(TaskObserver* observer);
+  TaskObserver* observer() const { return observer_; }
 
   int size() const { return static_cast<int>(devices_.size()); }
   Device& device(int i) { return *devices_.at(static_cast<size_t>(i)); }
@@ -67,6 +81,7 @@ class Runtime {
   Backend backend_ = Backend::kCpu;
   std::vector<std::unique_ptr<Device>> devices_;
   std::string fallback_note_;
+  TaskObserver* observer_ = nullptr;
 };
 
 }  // namespace zt

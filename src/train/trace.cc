@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/status.h"
+#include "runtime/runtime.h"
 
 namespace zt {
 
@@ -27,12 +28,12 @@ std::pair<int, int> parse_step_range(std::string_view text, int steps) {
 }
 
 TraceRecorder::TraceRecorder() {
-  previous_observer_ = cpu::set_stream_task_observer(this);
+  previous_default_observer_ = set_default_task_observer(this);
   previous_sink_ = set_range_sink(this);
 }
 
 TraceRecorder::~TraceRecorder() {
-  cpu::set_stream_task_observer(previous_observer_);
+  set_default_task_observer(previous_default_observer_);
   set_range_sink(previous_sink_);
 }
 
@@ -42,7 +43,6 @@ void TraceRecorder::on_task(int device, int stream, const char* name, Clock::tim
     std::lock_guard<std::mutex> lock(mu_);
     slices_.push_back(Slice{device, stream, name, "stream", ts, te - ts});
   }
-  if (previous_observer_) previous_observer_->on_task(device, stream, name, start, end);
 }
 
 void TraceRecorder::push(NvtxCategory category, std::string_view name, int device) {

@@ -3,12 +3,13 @@
 // stream id: 0 compute, 1 comm) plus a "host ranges" track holding that device's NVTX ranges; the
 // main thread's ranges go to an extra "host" process. Counters ("ph":"C") carry pool bytes.
 //
-// What a slice means depends on the backend:
+// Stream slices come from the runtime's TaskObserver (runtime/observer.h), which the recorder
+// implements; pass it to Runtime::create. What a slice means depends on the backend:
 //  - cpu: every stream task (kernel, copy, peer copy, host function), timed on the host clock when
 //    the stream's worker starts and finishes it (exact: that is when the simulated device works);
-//  - cuda: the ZeRO engine's spans (a block's forward/backward on compute, each gradient
-//    reduce-scatter and stage-3 gather on comm), timed by host callbacks as the GPU reaches them,
-//    so they are upper bounds of the GPU work. For individual kernels use nsys (--profile-steps).
+//  - cuda: every op and copy, timed by an event pair around it on its stream, resolved when the
+//    stream is synchronized (GPU times mapped onto the host clock). add_slice also takes the ZeRO
+//    engine's spans (a block's forward/backward, reduce-scatter, gather) when a caller has them.
 // Host ranges (step, forward h.3, reduce_scatter ..., data) are the same on both backends.
 #pragma once
 
@@ -24,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/nvtx.h"
-#include "runtime/cpu/cpu_device.h"
+#include "runtime/observer.h"
 
 namespace zt {
 
@@ -32,15 +33,17 @@ namespace zt {
 // one sentence (for --profile-steps).
 std::pair<int, int> parse_step_range(std::string_view text, int steps);
 
-class TraceRecorder final : public cpu::StreamTaskObserver, public RangeSink {
+class TraceRecorder final : public TaskObserver, public RangeSink {
  public:
   using Clock = std::chrono::steady_clock;
   // Track ids inside a device's process.
   static constexpr int kHostTid = 100;   // NVTX ranges of the device's host thread
   static constexpr int kHostPid = 1000;  // process of ranges with no device (the main thread)
 
-  // Installs itself as the CPU stream task observer and the range sink (forwarding ranges to the
-  // sink installed before). Create it before the devices, destroy it after them.
+  // Installs itself as the range sink (forwarding ranges to the sink installed before). As a task
+  // observer it must outlive the Runtime it is given to (create it first, destroy it after).
+  // Transitional: while it lives it is also the default observer of Runtimes created without one
+  // (set_default_task_observer), until the trainer passes it to Runtime::create.
   TraceRecorder();
   ~TraceRecorder() override;
   TraceRecorder(const TraceRecorder&) = delete;
@@ -84,7 +87,7 @@ class TraceRecorder final : public cpu::StreamTaskObserver, public RangeSink {
 
   const Clock::time_point origin_ = Clock::now();
   RangeSink* previous_sink_ = nullptr;
-  cpu::StreamTaskObserver* previous_observer_ = nullptr;
+  TaskObserver* previous_default_observer_ = nullptr;
   mutable std::mutex mu_;
   std::vector<Slice> slices_;                                // guarded by mu_
   std::vector<Counter> counters_;                            // guarded by mu_

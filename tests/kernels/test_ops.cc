@@ -33,6 +33,8 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -43,9 +45,11 @@
 #include "core/philox.h"
 #include "core/status.h"
 #include "kernels/elementwise.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "memory/caching_allocator.h"
+#include "runtime/observer.h"
 #include "runtime/runtime.h"
 
 extern char** environ;
@@ -1140,12 +1144,115 @@ TEST_F(OpsValidation, BadTokenIsADeviceErrorNamingTheToken) {
   EXPECT_THAT(e.message(), HasSubstr("token id 5 at (b=0, t=1)"));
 }
 
+// Counts the stream tasks a runtime reports, by name; installed on the fixture's runtime for one
+// scope (removed before it goes: the runtime outlives the test body).
+class TaskNames final : public TaskObserver {
+ public:
+  explicit TaskNames(Runtime& rt) : rt_(rt) { rt_.set_observer(this); }
+  ~TaskNames() override { rt_.set_observer(nullptr); }
+  void on_task(int, int, const char* name, Clock::time_point, Clock::time_point) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.emplace_back(name);
+  }
+  std::vector<std::string> names() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return names_;
+  }
+
+ private:
+  Runtime& rt_;
+  std::mutex mu_;
+  std::vector<std::string> names_;
+};
+
 TEST_F(OpsValidation, EmptyTensorsLaunchNothing) {
   DevTensor in = make({0, 8}), out = make({0, 8}), w = make({8}), b = make({8}), mean = make({0}),
-            rstd = make({0});
+            rstd = make({0}), x = make({3, 0}), y = make({0}), bias = make({0}), wt = make({0, 8}),
+            ssq = make({1});
+  TaskNames tasks(*rt_);
   ops::layernorm_forward(s(), out, mean, rstd, in, w, b, 1e-5f);
   ops::gelu_forward(s(), out, in);
+  ops::gelu_backward(s(), out, in, out);
+  ops::fill(s(), y, 1.0f);
+  ops::scale(s(), y, 2.0f);
+  ops::add(s(), y, y, y);
+  ops::accumulate(s(), y, y);
+  ops::cast(s(), y, y);
+  ops::matmul_forward(s(), make({0, 0}), in, wt, bias);
+  ops::matmul_forward(s(), x, make({3, 8}), wt, bias);
   s().synchronize();
+  EXPECT_TRUE(tasks.names().empty()) << tasks.names().size() << " tasks ran, the first " << tasks.names()[0];
+  // The observer does see a launch: the check above can fail.
+  ops::sum_squares(s(), ssq, y);  // an empty sum still writes out[0] = 0
+  ops::fill(s(), w, 1.0f);
+  s().synchronize();
+  EXPECT_EQ(tasks.names(), (std::vector<std::string>{"sum_squares", "fill"}));
+}
+
+TEST_F(OpsValidation, EveryOpHasACpuKernelAndADistinctName) {
+  std::vector<std::string> names;
+  for (int i = 0; i < static_cast<int>(OpId::kCount); ++i) {
+    const auto op = static_cast<OpId>(i);
+    EXPECT_TRUE(cpu_op_table().has_entry(op)) << op_name(op);
+    names.emplace_back(op_name(op));
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end());
+  EXPECT_EQ(std::count(names.begin(), names.end(), "unknown op"), 0);
+  EXPECT_EQ(op_table(Backend::kCpu), &cpu_op_table());
+}
+
+TEST_F(OpsValidation, MissingKernelFallsBackOrIsRefusedNamingOpDtypesAndBackend) {
+  // A CPU table without accumulate and cast kernels, and one that takes accumulate for fp32 only.
+  OpTable t = cpu_op_table();
+  t.accumulate = nullptr;
+  t.cast = nullptr;
+  ScopedOpTable scoped(Backend::kCpu, &t);
+  TaskNames tasks(*rt_);
+
+  // fp32 accumulate falls back to add(dst, dst, src): the same bits.
+  const int64_t n = 1031;
+  Rng rng(7);
+  FVec a = rng.normal(n), b = rng.normal(n), want(static_cast<size_t>(n));
+  for (size_t i = 0; i < want.size(); ++i) want[i] = a[i] + b[i];
+  DevTensor dst = make({n}), src = make({n});
+  dst.upload(a);
+  src.upload(b);
+  ops::accumulate(s(), dst, src);
+  EXPECT_EQ(dst.f(), want);
+
+  // A same-type cast falls back to a copy.
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i * 40503u);
+  DevTensor h1 = make({n}, DType::kF16), h2 = make({n}, DType::kF16);
+  h1.upload(h);
+  ops::cast(s(), h2, h1);
+  EXPECT_EQ(h2.download<uint16_t>(), h);
+  const std::vector<std::string> ran = tasks.names();
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), "add"), 1);
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), "accumulate"), 0);
+
+  // No fallback applies: one sentence naming the op, the dtypes and the backend.
+  DevTensor g1 = make({n}, DType::kBF16), g2 = make({n}, DType::kBF16), f = make({n});
+  const Error e1 = error_of([&] { ops::accumulate(s(), g1, g2); });
+  EXPECT_EQ(e1.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_THAT(e1.message(), HasSubstr("accumulate: the cpu backend (cpu:0) has no kernel for " +
+                                      std::string(dtype_name(DType::kBF16)) + " and no fallback applies"));
+  const Error e2 = error_of([&] { ops::cast(s(), g1, f); });
+  EXPECT_THAT(e2.message(), HasSubstr("cast: the cpu backend (cpu:0) has no kernel for " +
+                                      std::string(dtype_name(DType::kBF16)) + ", " +
+                                      dtype_name(DType::kF32)));
+
+  // supports_op narrows what an entry takes: accumulate back, for fp32 only.
+  t.accumulate = cpu_op_table().accumulate;
+  t.supports_op = [](const OpTable& table, OpId op, std::span<const DType> dtypes) {
+    if (op == OpId::kAccumulate && (dtypes.empty() || dtypes[0] != DType::kF32)) return false;
+    return table.has_entry(op);
+  };
+  ops::accumulate(s(), dst, src);
+  s().synchronize();
+  EXPECT_EQ(tasks.names().back(), "accumulate");
+  EXPECT_THAT(error_of([&] { ops::accumulate(s(), g1, g2); }).message(), HasSubstr("has no kernel for"));
 }
 
 }  // namespace

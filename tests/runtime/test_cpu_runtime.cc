@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <future>
 #include <random>
 #include <string>
@@ -17,6 +18,8 @@
 
 #include "core/status.h"
 #include "memory/caching_allocator.h"
+#include "runtime/cpu/cpu_device.h"
+#include "runtime/observer.h"
 #include "runtime/runtime.h"
 
 namespace zt {
@@ -585,6 +588,129 @@ TEST(CpuFault, AbandonWithoutInjectionReleasesWaitsAndSkipsQueuedWork) {
     EXPECT_FALSE(queued_ran.load());
     EXPECT_FALSE(d.hang_injected());
   });
+}
+
+// ---- task observer ------------------------------------------------------------------------------
+
+// Records what a runtime reports.
+class TaskLog final : public TaskObserver {
+ public:
+  struct Task {
+    int device, stream;
+    std::string name;
+    Clock::time_point start, end;
+  };
+  void on_task(int device, int stream, const char* name, Clock::time_point start, Clock::time_point end) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(Task{device, stream, name, start, end});
+  }
+  std::vector<Task> tasks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tasks_;
+  }
+  // (device, stream, name) of each task in report order.
+  std::vector<std::string> keys() {
+    std::vector<std::string> k;
+    for (const Task& t : tasks()) k.push_back(std::to_string(t.device) + "/" + std::to_string(t.stream) + " " + t.name);
+    return k;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Task> tasks_;
+};
+
+TEST(TaskObserver, IsPerRuntimeAndSeesEachTaskButNoEventRecordOrWait) {
+  TaskLog log_a, log_b;
+  auto a = Runtime::create_cpu(2, {}, &log_a);
+  auto b = Runtime::create_cpu(1, {}, &log_b);
+  auto plain = Runtime::create_cpu(1);
+  EXPECT_EQ(a->observer(), &log_a);
+  EXPECT_EQ(plain->observer(), nullptr);
+
+  std::vector<char> host(64, 1), dev_mem(64);
+  Device& d0 = a->device(0);
+  Device& d1 = a->device(1);
+  auto e = d0.create_event();
+  const auto before = std::chrono::steady_clock::now();
+  d0.compute().memset(dev_mem.data(), 7, 64);
+  d0.compute().record(*e);
+  d1.comm().wait(*e);
+  d1.comm().copy(host.data(), dev_mem.data(), 64);
+  d1.comm().host_func([] {});
+  b->device(0).compute().host_func([] {});
+  plain->device(0).compute().host_func([] {});
+  a->synchronize();
+  b->synchronize();
+  plain->synchronize();
+  const auto after = std::chrono::steady_clock::now();
+
+  EXPECT_EQ(log_a.keys(), (std::vector<std::string>{"0/0 memset", "1/1 copy", "1/1 host_func"}));
+  EXPECT_EQ(log_b.keys(), (std::vector<std::string>{"0/0 host_func"}));
+  EXPECT_EQ(host[0], 7);
+  const auto tasks = log_a.tasks();
+  for (const auto& t : tasks) {
+    EXPECT_LE(before, t.start);
+    EXPECT_LE(t.start, t.end);
+    EXPECT_LE(t.end, after);
+  }
+  // The copy waited for the memset (the event): their slices are ordered.
+  EXPECT_LE(tasks[0].end, tasks[1].start);
+}
+
+TEST(TaskObserver, ReplacingItWaitsForQueuedWorkAndThenReportsElsewhere) {
+  TaskLog first, second;
+  auto rt = Runtime::create_cpu(1, {}, &first);
+  Stream& s = rt->device(0).compute();
+  s.host_func([] { std::this_thread::sleep_for(20ms); });
+  rt->set_observer(&second);
+  // Queued before the switch, so reported to the first observer, before set_observer returned.
+  EXPECT_EQ(first.keys(), (std::vector<std::string>{"0/0 host_func"}));
+  s.host_func([] {});
+  rt->set_observer(nullptr);
+  s.host_func([] {});
+  s.synchronize();
+  EXPECT_EQ(first.keys().size(), 1u);
+  EXPECT_EQ(second.keys(), (std::vector<std::string>{"0/0 host_func"}));
+}
+
+// A stream of no backend this process has: what a bug that mixes backends would hand a kernel.
+class ForeignStream final : public Stream {
+ public:
+  explicit ForeignStream(Device& d) : d_(d) {}
+  Device& device() override { return d_; }
+  Backend backend() const override { return Backend::kCuda; }
+  int id() const override { return 0; }
+  void record(Event&) override {}
+  void wait(const Event&) override {}
+  void synchronize() override {}
+  bool synchronize_for(std::chrono::milliseconds) override { return true; }
+  bool query() override { return true; }
+  void copy(void*, const void*, size_t) override {}
+  void copy_peer(Device&, void*, const void*, size_t) override {}
+  void memset(void*, int, size_t) override {}
+  void host_func(std::function<void()>) override {}
+  void* native_handle() override { return nullptr; }
+
+ private:
+  Device& d_;
+};
+
+TEST(TaskObserver, CpuEnqueueChecksTheStreamsBackend) {
+  auto rt = Runtime::create_cpu(1);
+  ForeignStream foreign(rt->device(0));
+  bool ran = false;
+  try {
+    cpu::enqueue(foreign, [&] { ran = true; }, "fill");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_NE(e.message().find("fill was launched through the CPU backend on a stream of cpu:0"), std::string::npos)
+        << e.message();
+  }
+  cpu::enqueue(rt->device(0).compute(), [&] { ran = true; }, "fill");
+  rt->synchronize();
+  EXPECT_TRUE(ran);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -24,8 +25,10 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/cuda/cast.h"
+#include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
+#include "runtime/observer.h"
 
 namespace zt {
 namespace {
@@ -626,6 +629,70 @@ TEST(CudaFault, DestroyingAHungDeviceDoesNotDeadlock) {
     std::fprintf(stderr, "DEADLOCK: destroying a hung CUDA device did not finish within 60 s\n");
     std::abort();
   }
+}
+
+// The task observer: every op and copy is bracketed by an event pair and reported, in stream
+// order and on the host clock, once the stream is synchronized.
+class NamedTasks final : public TaskObserver {
+ public:
+  struct Task {
+    int device, stream;
+    std::string name;
+    Clock::time_point start, end;
+  };
+  void on_task(int device, int stream, const char* name, Clock::time_point start, Clock::time_point end) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(Task{device, stream, name, start, end});
+  }
+  std::vector<Task> tasks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tasks_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Task> tasks_;
+};
+
+TEST(CudaObserver, ReportsOpsAndCopiesInStreamOrderAfterSynchronize) {
+  ZT_SKIP_WITHOUT_GPU();
+  NamedTasks log;
+  auto rt = Runtime::create(parse_device_spec("cuda:0x2"), {}, &log);
+  Device& d = rt->device(1);
+  Stream& s = d.comm();
+  constexpr int64_t n = 1 << 20;
+  void* buf = d.memory().allocate(n * sizeof(float), s, "observer test");
+  PinnedBuffer host(n * sizeof(float));
+  const auto before = std::chrono::steady_clock::now();
+  s.memset(buf, 0, n * sizeof(float));
+  ops::fill(s, TensorView{buf, DType::kF32, Shape{n}, d.index()}, 2.0f);
+  s.copy(host.data(), buf, n * sizeof(float));
+  s.synchronize();
+  const auto after = std::chrono::steady_clock::now();
+  float first = 0;
+  std::memcpy(&first, host.data(), sizeof(first));
+  EXPECT_EQ(first, 2.0f);
+  const auto tasks = log.tasks();
+  ASSERT_EQ(tasks.size(), 3u);
+  const char* names[] = {"memset", "fill", "copy"};
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    EXPECT_EQ(tasks[i].name, names[i]);
+    EXPECT_EQ(tasks[i].device, 1);
+    EXPECT_EQ(tasks[i].stream, 1);
+    EXPECT_LE(tasks[i].start, tasks[i].end);
+    // The anchor's host time is read just after the GPU reached it: allow that latency.
+    EXPECT_LE(before - std::chrono::milliseconds(1), tasks[i].start);
+    EXPECT_LE(tasks[i].end, after + std::chrono::milliseconds(1));
+    if (i > 0) {
+      EXPECT_LE(tasks[i - 1].end, tasks[i].start + std::chrono::microseconds(1));
+    }
+  }
+  // Without an observer nothing is recorded.
+  rt->set_observer(nullptr);
+  s.memset(buf, 0, n * sizeof(float));
+  s.synchronize();
+  EXPECT_EQ(log.tasks().size(), 3u);
+  d.memory().free(buf);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include "core/nvtx.h"
 #include "core/status.h"
+#include "runtime/runtime.h"
 #include "train/trace.h"
 #include "train/trainer.h"
 
@@ -375,6 +376,26 @@ TEST(Trace, IsValidTraceEventJsonWithOverlappingCommAndCompute) {
   }
   EXPECT_GT(overlapping, 0) << "no comm-stream slice overlaps a compute-stream slice";
   std::remove(path.c_str());
+}
+
+TEST(Trace, RecorderIsTheTaskObserverOfTheRuntimeItIsGiven) {
+  TraceRecorder recorder;
+  {
+    auto rt = Runtime::create_cpu(2, {}, &recorder);
+    EXPECT_EQ(rt->observer(), &recorder);
+    std::vector<float> a(256, 1.0f), b(256);
+    rt->device(1).comm().copy(b.data(), a.data(), a.size() * sizeof(float));
+    rt->device(0).compute().host_func([] {});
+    rt->synchronize();
+  }
+  const nlohmann::json j = recorder.to_json({"cpu:0", "cpu:1"});
+  std::vector<std::string> slices;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X")
+      slices.push_back(std::to_string(e["pid"].get<int>()) + "/" + std::to_string(e["tid"].get<int>()) + " " +
+                       e["name"].get<std::string>());
+  std::sort(slices.begin(), slices.end());
+  EXPECT_EQ(slices, (std::vector<std::string>{"0/0 host_func", "1/1 copy"}));
 }
 
 TEST(Trace, UnwritableFileIsABadInput) {

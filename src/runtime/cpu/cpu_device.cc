@@ -63,12 +63,11 @@ static CpuEvent& as_cpu_event(const Event& e) {
 
 // ---- CpuStream --------------------------------------------------------------
 
-namespace {
-std::atomic<StreamTaskObserver*> g_task_observer{nullptr};
-}  // namespace
-
-StreamTaskObserver* set_stream_task_observer(StreamTaskObserver* observer) {
-  return g_task_observer.exchange(observer, std::memory_order_acq_rel);
+void enqueue(Stream& s, std::function<void()> fn, const char* name) {
+  auto* cs = s.backend() == Backend::kCpu ? dynamic_cast<CpuStream*>(&s) : nullptr;
+  ZT_CHECK(cs != nullptr, name, " was launched through the CPU backend on a stream of ", s.device().name(),
+           ", which is not a CPU stream");
+  cs->enqueue(std::move(fn), name);
 }
 
 CpuStream::CpuStream(CpuDevice& device, int id, StreamPriority /*priority*/)
@@ -109,7 +108,7 @@ void CpuStream::run() {
     if (!task.control && !device_.healthy()) [[unlikely]]
       admitted = device_.admit(id_);
     if (admitted) {
-      StreamTaskObserver* observer = task.control ? nullptr : g_task_observer.load(std::memory_order_acquire);
+      TaskObserver* observer = task.control ? nullptr : device_.task_observer();
       const auto start = observer ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
         task.fn();
@@ -268,6 +267,15 @@ bool CpuDevice::synchronize_for(std::chrono::milliseconds timeout) {
   }
   throw_if_failed();
   return true;
+}
+
+void CpuDevice::set_task_observer(TaskObserver* observer) {
+  // Drained first, so that once this returns no worker is still reporting to the previous
+  // observer (a task reports before it counts as completed). A hung device cannot drain; its
+  // parked tasks are skipped after abandon() and report nothing.
+  if (!hang_injected())
+    for (auto* s : stream_list()) s->drain();
+  observer_.store(observer, std::memory_order_release);
 }
 
 void CpuDevice::inject_fault(FaultKind kind) {

@@ -32,18 +32,11 @@ namespace zt::cpu {
 
 class CpuDevice;
 
-// Sees every task a CPU stream runs (the --trace timeline): called on the stream's worker right
-// after the task, with the host clock at its start and end. Event records and waits are not
-// reported. Must be thread-safe (every worker calls it).
-class StreamTaskObserver {
- public:
-  virtual ~StreamTaskObserver() = default;
-  virtual void on_task(int device, int stream, const char* name, std::chrono::steady_clock::time_point start,
-                       std::chrono::steady_clock::time_point end) = 0;
-};
-// Process-wide; none by default (then a task costs one atomic load more). Install before the
-// devices are created and remove after they are destroyed. Returns the previous observer.
-StreamTaskObserver* set_stream_task_observer(StreamTaskObserver* observer);
+// Enqueues `fn` on `s`, which must be a CPU stream (the checked downcast of the CPU backend:
+// another backend's stream is a zt::Error(kInternal) naming the task and the stream's device).
+// `name`: a string literal (kept, not copied) naming the task for the runtime's TaskObserver.
+// CPU kernels of the op table launch through this.
+void enqueue(Stream& s, std::function<void()> fn, const char* name);
 
 // One record() of an event: completes when the stream's worker reaches it.
 class Marker {
@@ -94,8 +87,8 @@ class CpuStream final : public Stream {
   void host_func(std::function<void()> fn) override { enqueue(std::move(fn), "host_func"); }
   void* native_handle() override { return nullptr; }
 
-  // Adds work to the queue. Kernels of the CPU backend launch through this. name: a string
-  // literal (it is kept, not copied) naming the task on the trace timeline.
+  // Adds work to the queue (kernels reach it through cpu::enqueue). name: a string literal (it is
+  // kept, not copied) naming the task for the observer.
   void enqueue(std::function<void()> fn, const char* name = "op") { push(std::move(fn), /*control=*/false, name); }
   // Waits for the queue to drain without rethrowing device errors (teardown).
   void drain();
@@ -146,6 +139,8 @@ class CpuDevice final : public Device {
   void synchronize() override;
   bool synchronize_for(std::chrono::milliseconds timeout) override;
   bool failed() const override { return (fault_.load(std::memory_order_acquire) & kFailed) != 0; }
+  void set_task_observer(TaskObserver* observer) override;
+  TaskObserver* task_observer() const { return observer_.load(std::memory_order_acquire); }
   void inject_fault(FaultKind kind) override;
   bool hang_injected() const override;
   void abandon(const std::string& why) override;
@@ -186,6 +181,7 @@ class CpuDevice final : public Device {
   CpuStream* compute_ = nullptr;
   CpuStream* comm_ = nullptr;
   std::atomic<uint32_t> fault_{0};  // kFailed | kErrorArmed | kHang | kAbandoned
+  std::atomic<TaskObserver*> observer_{nullptr};
   mutable std::mutex error_mu_;
   std::string error_message_;  // guarded by error_mu_
   // A task parked on an injected hang waits here for kAbandoned.

@@ -23,6 +23,24 @@ void profiler_stop();
 // Enables peer access between distinct physical GPUs where cudaDeviceCanAccessPeer allows.
 std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& ordinals);
 
+// The CUDA side of one launch of the op table, around the launcher call: the checked downcast of
+// `s` to a CUDA stream (another backend's stream is a zt::Error(kInternal) naming `name` and the
+// stream's device) and, while the device has a TaskObserver, a pair of timing events around the
+// work enqueued in this scope, reported as task `name` (a string literal) once resolved (see
+// cuda_device.cc). Nested scopes on one host thread report only the outermost.
+class TaskSpan {
+ public:
+  TaskSpan(Stream& s, const char* name);
+  ~TaskSpan();
+  TaskSpan(const TaskSpan&) = delete;
+  TaskSpan& operator=(const TaskSpan&) = delete;
+  void* native() const;  // the cudaStream_t
+
+ private:
+  void* stream_ = nullptr;  // the CudaStream
+  bool open_ = false;
+};
+
 // cudaMalloc/cudaFree on GPU `ordinal`; allocate() returns nullptr when the GPU is out of memory
 // or when `capacity_bytes` (0 = unlimited) would be exceeded.
 std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capacity_bytes = 0);

@@ -28,12 +28,21 @@
 //    a host thread is never blocked by a truly stuck GPU it has given up on.
 //  - CUDA may run the host functions of one context on a single thread: a parked HangGate can
 //    delay host functions of other logical devices sharing the GPU until abandon().
+//  - Task observer (runtime/observer.h): while a device has one, every op launched through the op
+//    table (TaskSpan) and every copy, memset and host function is bracketed by a pair of timing
+//    events recorded on its stream. A stream's spans are resolved in submission order when it is
+//    next synchronized (or queried idle): the GPU times are cudaEventElapsedTime from an anchor
+//    event of the stream whose host time was read right after cudaEventSynchronize returned on
+//    it, so host times are exact up to that latency (microseconds). The anchor is renewed after a
+//    second, while the stream is idle, so float milliseconds never lose precision. Nested spans
+//    (a cast that is a copy) report only the outermost.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -307,7 +316,20 @@ class CudaStream final : public Stream {
   // Enqueues a host function that blocks the stream until `gate` is released (injected hang).
   void park_on(const std::shared_ptr<HangGate>& gate);
 
+  // Observer spans (see the design notes). begin_span returns whether a span was opened (the
+  // device has an observer and no span is open on this thread); end_span closes it.
+  bool begin_span(const char* name) noexcept;
+  void end_span() noexcept;
+  // Reports the completed spans in order; with `reanchor`, renews an old anchor (stream idle).
+  void flush_spans(bool reanchor) noexcept;
+
  private:
+  struct Span {
+    const char* name;
+    cudaEvent_t start, end;
+  };
+  cudaEvent_t take_timing_event() noexcept;  // nullptr when CUDA refuses one
+  void release_events() noexcept;
   void check(cudaError_t err, const char* call, int line);
   void rethrow_host_failure();
   void copy_staged(void* dst, const void* src, size_t bytes);
@@ -318,6 +340,31 @@ class CudaStream final : public Stream {
   cudaStream_t stream_ = nullptr;
   std::mutex failure_mu_;
   std::string host_failure_;  // first exception from a host function; empty = none
+
+  std::mutex span_mu_;
+  std::deque<Span> spans_;              // guarded by span_mu_: enqueued, not yet reported
+  std::vector<cudaEvent_t> free_events_;  // guarded by span_mu_: timing events to reuse
+  cudaEvent_t anchor_ = nullptr;        // guarded by span_mu_
+  std::chrono::steady_clock::time_point anchor_time_;  // guarded by span_mu_
+  std::mutex flush_mu_;                 // one reporter at a time keeps each stream's order
+};
+
+// Depth of TaskSpans on this host thread: only the outermost records events.
+thread_local int t_span_depth = 0;
+
+// Brackets one internal stream operation for the observer.
+class InternalSpan {
+ public:
+  InternalSpan(CudaStream& s, const char* name) : s_(s), open_(s.begin_span(name)) {}
+  ~InternalSpan() {
+    if (open_) s_.end_span();
+  }
+  InternalSpan(const InternalSpan&) = delete;
+  InternalSpan& operator=(const InternalSpan&) = delete;
+
+ private:
+  CudaStream& s_;
+  bool open_;
 };
 
 // Inside CudaStream and CudaDevice: a failed call also marks the device failed (sticky).
@@ -434,6 +481,26 @@ class CudaDevice final : public Device {
 
   bool failed() const override { return failed_.load(); }
 
+  void set_task_observer(TaskObserver* observer) override {
+    // Report what the previous observer is owed first (quietly: a failed device reports nothing).
+    if (!hang_injected() && !abandoned()) {
+      std::vector<CudaStream*> streams;
+      {
+        std::lock_guard<std::mutex> lock(streams_mu_);
+        for (auto& s : streams_) streams.push_back(s.get());
+      }
+      for (CudaStream* s : streams) {
+        QuietDeviceGuard guard(ordinal_);
+        if (cudaStreamSynchronize(static_cast<cudaStream_t>(s->native_handle())) == cudaSuccess)
+          s->flush_spans(/*reanchor=*/false);
+        else
+          (void)cudaGetLastError();
+      }
+    }
+    observer_.store(observer, std::memory_order_release);
+  }
+  TaskObserver* task_observer() const { return observer_.load(std::memory_order_acquire); }
+
   bool synchronize_for(std::chrono::milliseconds timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<CudaStream*> streams;
@@ -528,6 +595,7 @@ class CudaDevice final : public Device {
   std::shared_ptr<HangGate> hang_gate_;  // guarded by fault_mu_; set while an injected hang holds
   std::atomic<bool> faulted_{false};   // fault_message_ is set
   std::atomic<bool> abandoned_{false};
+  std::atomic<TaskObserver*> observer_{nullptr};
 
   // Declared before the pools so that they are destroyed after them.
   std::mutex streams_mu_;
@@ -554,7 +622,150 @@ CudaStream::~CudaStream() {
   QuietDeviceGuard guard(ordinal_);
   // Host functions still queued refer to this object: let them finish first.
   ignore_error(cudaStreamSynchronize(stream_));
+  release_events();  // unreported spans are dropped: the observer may be gone already
   ignore_error(cudaStreamDestroy(stream_));
+}
+
+cudaEvent_t CudaStream::take_timing_event() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreate(&e) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return e;
+}
+
+bool CudaStream::begin_span(const char* name) noexcept {
+  if (device_.task_observer() == nullptr) return false;
+  if (t_span_depth > 0) {
+    ++t_span_depth;
+    return true;
+  }
+  QuietDeviceGuard guard(ordinal_);
+  {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    if (anchor_ == nullptr) {
+      // The first span: an anchor that the stream has reached, read against the host clock.
+      if (cudaEventCreate(&anchor_) != cudaSuccess || cudaEventRecord(anchor_, stream_) != cudaSuccess ||
+          cudaEventSynchronize(anchor_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (anchor_ != nullptr) ignore_error(cudaEventDestroy(anchor_));
+        anchor_ = nullptr;
+        return false;
+      }
+      anchor_time_ = std::chrono::steady_clock::now();
+    }
+  }
+  cudaEvent_t start = take_timing_event();
+  if (start == nullptr || cudaEventRecord(start, stream_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (start != nullptr) {
+      std::lock_guard<std::mutex> lock(span_mu_);
+      free_events_.push_back(start);
+    }
+    return false;
+  }
+  ++t_span_depth;
+  std::lock_guard<std::mutex> lock(span_mu_);
+  spans_.push_back(Span{name, start, nullptr});
+  return true;
+}
+
+void CudaStream::end_span() noexcept {
+  if (--t_span_depth > 0) return;
+  QuietDeviceGuard guard(ordinal_);
+  cudaEvent_t end = take_timing_event();
+  const bool recorded = end != nullptr && cudaEventRecord(end, stream_) == cudaSuccess;
+  if (!recorded) (void)cudaGetLastError();
+  std::lock_guard<std::mutex> lock(span_mu_);
+  // This thread's span is the newest one without an end: work on one stream is launched by one
+  // host thread at a time (launches from several threads would interleave on the GPU anyway).
+  for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
+    if (it->end == nullptr) {
+      if (recorded) {
+        it->end = end;
+      } else {
+        free_events_.push_back(it->start);
+        if (end != nullptr) free_events_.push_back(end);
+        spans_.erase(std::next(it).base());
+      }
+      return;
+    }
+  }
+  if (end != nullptr) free_events_.push_back(end);
+}
+
+void CudaStream::flush_spans(bool reanchor) noexcept {
+  std::lock_guard<std::mutex> flush_lock(flush_mu_);
+  TaskObserver* observer = device_.task_observer();
+  QuietDeviceGuard guard(ordinal_);
+  for (;;) {
+    Span span;
+    cudaEvent_t anchor;
+    std::chrono::steady_clock::time_point anchor_time;
+    {
+      std::lock_guard<std::mutex> lock(span_mu_);
+      if (spans_.empty() || spans_.front().end == nullptr) break;
+      span = spans_.front();
+      anchor = anchor_;
+      anchor_time = anchor_time_;
+    }
+    if (cudaEventQuery(span.end) != cudaSuccess) {
+      (void)cudaGetLastError();  // not reached yet (or failed): report later, or never
+      break;
+    }
+    float start_ms = 0, end_ms = 0;
+    const bool timed = cudaEventElapsedTime(&start_ms, anchor, span.start) == cudaSuccess &&
+                       cudaEventElapsedTime(&end_ms, anchor, span.end) == cudaSuccess;
+    if (!timed) (void)cudaGetLastError();
+    {
+      std::lock_guard<std::mutex> lock(span_mu_);
+      spans_.pop_front();
+      free_events_.push_back(span.start);
+      free_events_.push_back(span.end);
+    }
+    if (timed && observer != nullptr) {
+      const auto at = [&](float ms) {
+        return anchor_time + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double, std::milli>(ms));
+      };
+      try {
+        observer->on_task(device_.index(), id_, span.name, at(start_ms), at(end_ms));
+      } catch (...) {
+        // An observer that throws loses its slice; the stream's work is unaffected.
+      }
+    }
+  }
+  if (!reanchor) return;
+  std::lock_guard<std::mutex> lock(span_mu_);
+  if (anchor_ == nullptr || !spans_.empty() ||
+      std::chrono::steady_clock::now() - anchor_time_ < std::chrono::seconds(1))
+    return;
+  if (cudaEventRecord(anchor_, stream_) == cudaSuccess && cudaEventSynchronize(anchor_) == cudaSuccess)
+    anchor_time_ = std::chrono::steady_clock::now();
+  else
+    (void)cudaGetLastError();
+}
+
+void CudaStream::release_events() noexcept {
+  std::lock_guard<std::mutex> lock(span_mu_);
+  for (const Span& span : spans_) {
+    ignore_error(cudaEventDestroy(span.start));
+    if (span.end != nullptr) ignore_error(cudaEventDestroy(span.end));
+  }
+  spans_.clear();
+  for (cudaEvent_t e : free_events_) ignore_error(cudaEventDestroy(e));
+  free_events_.clear();
+  if (anchor_ != nullptr) ignore_error(cudaEventDestroy(anchor_));
+  anchor_ = nullptr;
 }
 
 Device& CudaStream::device() { return device_; }
@@ -613,6 +824,7 @@ void CudaStream::synchronize() {
     DeviceGuard guard(ordinal_);
     ZT_CUDA_STREAM_CHECK(cudaStreamSynchronize(stream_));
   }
+  flush_spans(/*reanchor=*/true);
   rethrow_host_failure();
   device_.throw_if_faulted();
 }
@@ -652,6 +864,7 @@ bool CudaStream::query() {
       ZT_CUDA_STREAM_CHECK(err);
     }
   }
+  if (done) flush_spans(/*reanchor=*/true);
   rethrow_host_failure();
   device_.throw_if_faulted();
   return done;
@@ -659,6 +872,7 @@ bool CudaStream::query() {
 
 void CudaStream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  InternalSpan span(*this, "copy");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
@@ -669,6 +883,7 @@ void CudaStream::copy_peer(Device& dst_device, void* dst, const void* src, size_
            ": the destination is not a CUDA device");
   if (bytes == 0) return;
   const int dst_ordinal = peer->ordinal();
+  InternalSpan span(*this, "copy_peer");
 
   PeerCopyPath path = g_peer_copy_path.load(std::memory_order_relaxed);
   if (path == PeerCopyPath::kAuto && dst_ordinal == ordinal_) {
@@ -712,6 +927,7 @@ void CudaStream::copy_staged(void* dst, const void* src, size_t bytes) {
 
 void CudaStream::memset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
+  InternalSpan span(*this, "memset");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
 }
@@ -719,6 +935,7 @@ void CudaStream::memset(void* dst, int value, size_t bytes) {
 void CudaStream::host_func(std::function<void()> fn) {
   ZT_CHECK(static_cast<bool>(fn), "host_func needs a callable");
   auto payload = std::make_unique<HostFuncPayload>(HostFuncPayload{std::move(fn), this});
+  InternalSpan span(*this, "host_func");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaLaunchHostFunc(stream_, run_host_func, payload.get()));
   payload.release();  // owned by run_host_func from now on
@@ -729,6 +946,27 @@ void CudaStream::host_func(std::function<void()> fn) {
 }  // namespace
 
 // ---- public entry points ----------------------------------------------------------------------
+
+namespace {
+CudaStream& as_cuda_stream(Stream& s, const char* what) {
+  auto* cs = s.backend() == Backend::kCuda ? dynamic_cast<CudaStream*>(&s) : nullptr;
+  ZT_CHECK(cs != nullptr, what, " was launched through the CUDA backend on a stream of ", s.device().name(),
+           ", which is not a CUDA stream");
+  return *cs;
+}
+}  // namespace
+
+TaskSpan::TaskSpan(Stream& s, const char* name) {
+  CudaStream& cs = as_cuda_stream(s, name);
+  stream_ = &cs;
+  open_ = cs.begin_span(name);
+}
+
+TaskSpan::~TaskSpan() {
+  if (open_) static_cast<CudaStream*>(stream_)->end_span();
+}
+
+void* TaskSpan::native() const { return static_cast<CudaStream*>(stream_)->native_handle(); }
 
 void profiler_start() { ignore_error(cudaProfilerStart()); }
 void profiler_stop() { ignore_error(cudaProfilerStop()); }

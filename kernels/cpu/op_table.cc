@@ -1,0 +1,90 @@
+// The CPU backend's op table: every entry enqueues the synchronous kernel (kernels/cpu/,
+// optimizers/cpu/) on the CPU stream's worker, through cpu::enqueue's checked downcast.
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_table.h"
+#include "optimizers/cpu/multi_tensor.h"
+#include "optimizers/optimizers.h"
+#include "runtime/cpu/cpu_device.h"
+
+namespace zt {
+
+namespace {
+
+// The arguments are plain values (pointers, sizes, scalars), captured by copy: the kernel runs
+// later, on the stream's worker.
+#define ZT_CPU_ENTRY(ns, op) \
+  t.op = [](Stream& s, auto... a) { cpu::enqueue(s, [=] { ns::op(a...); }, #op); }
+
+OpTable make_cpu_table() {
+  OpTable t;
+  t.backend = Backend::kCpu;
+  ZT_CPU_ENTRY(cpu_kernels, fill);
+  ZT_CPU_ENTRY(cpu_kernels, scale);
+  ZT_CPU_ENTRY(cpu_kernels, add);
+  ZT_CPU_ENTRY(cpu_kernels, cast);
+  ZT_CPU_ENTRY(cpu_kernels, accumulate);
+  ZT_CPU_ENTRY(cpu_kernels, encoder_forward);
+  ZT_CPU_ENTRY(cpu_kernels, encoder_backward);
+  ZT_CPU_ENTRY(cpu_kernels, layernorm_forward);
+  ZT_CPU_ENTRY(cpu_kernels, layernorm_backward);
+  ZT_CPU_ENTRY(cpu_kernels, matmul_forward);
+  ZT_CPU_ENTRY(cpu_kernels, matmul_backward);
+  ZT_CPU_ENTRY(cpu_kernels, attention_forward);
+  ZT_CPU_ENTRY(cpu_kernels, attention_backward);
+  ZT_CPU_ENTRY(cpu_kernels, gelu_forward);
+  ZT_CPU_ENTRY(cpu_kernels, gelu_backward);
+  ZT_CPU_ENTRY(cpu_kernels, relu_forward);
+  ZT_CPU_ENTRY(cpu_kernels, relu_backward);
+  ZT_CPU_ENTRY(cpu_kernels, classifier_forward_backward);
+  ZT_CPU_ENTRY(cpu_kernels, adamw_update);
+  ZT_CPU_ENTRY(cpu_kernels, sgd_update);
+  ZT_CPU_ENTRY(cpu_kernels, sum_squares);
+  ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
+
+  // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
+  t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
+                     int64_t, DType param_dtype, DType grad_dtype, const optim::AdamWArgs& a,
+                     const optim::StepScalars& sc, uint64_t step) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, a, sc, step] {
+          optim::cpu_kernels::adamw_multi(list, param_dtype, grad_dtype, a, sc, step);
+        },
+        "adamw_multi");
+  };
+  t.sgd_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
+                   int64_t, DType param_dtype, DType grad_dtype, const optim::SgdConfig& hp,
+                   const optim::StepScalars& sc) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, hp, sc] {
+          optim::cpu_kernels::sgd_multi(list, param_dtype, grad_dtype, hp, sc);
+        },
+        "sgd_multi");
+  };
+  t.unscale_check = [](Stream& s, const optim::GradSegment* host, size_t count, const optim::GradSegment*, int64_t,
+                       DType grad_dtype, const float* inv_loss_scale, float* norms_out, int num_out,
+                       float* found_inf) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::GradSegment>(host, host + count), grad_dtype, inv_loss_scale, norms_out, num_out,
+         found_inf] {
+          optim::cpu_kernels::unscale_check(list, grad_dtype, inv_loss_scale, norms_out, num_out, found_inf);
+        },
+        "unscale_check");
+  };
+  return t;
+}
+
+#undef ZT_CPU_ENTRY
+
+}  // namespace
+
+const OpTable& cpu_op_table() {
+  static const OpTable table = make_cpu_table();
+  return table;
+}
+
+}  // namespace zt

@@ -1,0 +1,169 @@
+// The op table: one per backend (as ggml-backend's ggml_backend_i), the entry points behind
+// kernels/ops.h and optimizers/optimizers.h. ops.cc / optimizers.cc validate once, then ask the
+// stream's backend for a kernel (supports_op); where it has none they use a generic fallback
+// composed of other ops, or refuse with one sentence naming the op, the dtypes and the backend.
+//
+// Adding an op: one line in ZT_OPS, one entry below (raw pointers and sizes, already validated),
+// one registration line per backend in kernels/<backend>/op_table.cc. A backend-specific fast
+// path is an entry (or a dtype in its supports_op) that one backend fills and another leaves
+// null; the public function tries it and falls back. Backend types never appear here: each
+// backend's registration file does its own checked downcast of the Stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+
+#include "core/dtype.h"
+#include "runtime/backend.h"
+#include "runtime/stream.h"
+
+namespace zt::optim {
+struct OptimizerSegment;
+struct GradSegment;
+struct AdamWArgs;
+struct SgdConfig;
+struct StepScalars;
+struct LossScaleConfig;
+struct LossScaleState;
+}  // namespace zt::optim
+
+namespace zt {
+
+// Every op of the tables: (enumerator, name as it appears in messages and on the trace).
+// The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
+// src}; accumulate {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
+// loss_scale_update {}; every other op {f32}.
+#define ZT_OPS(X)                                              \
+  X(kFill, fill)                                               \
+  X(kScale, scale)                                             \
+  X(kAdd, add)                                                 \
+  X(kCast, cast)                                               \
+  X(kAccumulate, accumulate)                                   \
+  X(kEncoderForward, encoder_forward)                          \
+  X(kEncoderBackward, encoder_backward)                        \
+  X(kLayernormForward, layernorm_forward)                      \
+  X(kLayernormBackward, layernorm_backward)                    \
+  X(kMatmulForward, matmul_forward)                            \
+  X(kMatmulBackward, matmul_backward)                          \
+  X(kAttentionForward, attention_forward)                      \
+  X(kAttentionBackward, attention_backward)                    \
+  X(kGeluForward, gelu_forward)                                \
+  X(kGeluBackward, gelu_backward)                              \
+  X(kReluForward, relu_forward)                                \
+  X(kReluBackward, relu_backward)                              \
+  X(kClassifierForwardBackward, classifier_forward_backward)   \
+  X(kAdamwUpdate, adamw_update)                                \
+  X(kSgdUpdate, sgd_update)                                    \
+  X(kSumSquares, sum_squares)                                  \
+  X(kAdamwMulti, adamw_multi)                                  \
+  X(kSgdMulti, sgd_multi)                                      \
+  X(kUnscaleCheck, unscale_check)                              \
+  X(kLossScaleUpdate, loss_scale_update)
+
+enum class OpId {
+#define ZT_OP_ENUM(id, name) id,
+  ZT_OPS(ZT_OP_ENUM)
+#undef ZT_OP_ENUM
+      kCount
+};
+const char* op_name(OpId op);
+
+struct OpTable {
+  Backend backend = Backend::kCpu;
+  // Whether this backend has a kernel for `op` on these dtypes. Null: has_entry(op) (a non-null
+  // entry takes every dtype ops.cc accepts).
+  bool (*supports_op)(const OpTable& table, OpId op, std::span<const DType> dtypes) = nullptr;
+
+  // ---- entries (nullptr: no kernel); arguments as kernels/cpu/cpu_ops.h, after validation ------
+  void (*fill)(Stream&, float* x, int64_t n, float value) = nullptr;
+  void (*scale)(Stream&, float* x, int64_t n, float alpha) = nullptr;
+  void (*add)(Stream&, float* out, const float* a, const float* b, int64_t n) = nullptr;
+  void (*cast)(Stream&, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = nullptr;
+  void (*accumulate)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
+  void (*encoder_forward)(Stream&, float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                          int64_t B, int64_t T, int64_t C, int64_t V) = nullptr;
+  void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                           int64_t B, int64_t T, int64_t C, int64_t V) = nullptr;
+  void (*layernorm_forward)(Stream&, float* out, float* mean, float* rstd, const float* in,
+                            const float* weight, const float* bias, int64_t N, int64_t C, float eps) = nullptr;
+  void (*layernorm_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
+                             const float* in, const float* weight, const float* mean, const float* rstd,
+                             int64_t N, int64_t C) = nullptr;
+  void (*matmul_forward)(Stream&, float* out, const float* in, const float* weight, const float* bias,
+                         int64_t N, int64_t C, int64_t OC) = nullptr;
+  void (*matmul_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
+                          const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) = nullptr;
+  void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
+                            int64_t T, int64_t C, int64_t NH) = nullptr;
+  void (*attention_backward)(Stream&, float* dqkv, float* dpreatt, float* datt, const float* dout,
+                             const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                             int64_t NH) = nullptr;
+  void (*gelu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
+  void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
+  void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
+  void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
+  void (*classifier_forward_backward)(Stream&, float* logits, float* losses, const int32_t* targets,
+                                      int64_t N, int64_t V, float dloss, bool compute_grad,
+                                      const float* dloss_scale) = nullptr;
+  void (*adamw_update)(Stream&, float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+                       float bias_correction2, float grad_scale) = nullptr;
+  void (*sgd_update)(Stream&, float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
+                     float momentum, float weight_decay, bool nesterov, float grad_scale) = nullptr;
+  void (*sum_squares)(Stream&, float* out, const float* x, int64_t n) = nullptr;
+
+  // Optimizer ops (optimizers/optimizers.h). A segment list comes as its host copy (`host`,
+  // `count` entries; may be gone once the entry returns) and its device copy (may be null on
+  // the CPU backend); `chunks` = the list's multi_tensor_chunks total, > 0.
+  void (*adamw_multi)(Stream&, const optim::OptimizerSegment* host, size_t count,
+                      const optim::OptimizerSegment* device, int64_t chunks, DType param_dtype,
+                      DType grad_dtype, const optim::AdamWArgs& a, const optim::StepScalars& sc,
+                      uint64_t step) = nullptr;
+  void (*sgd_multi)(Stream&, const optim::OptimizerSegment* host, size_t count,
+                    const optim::OptimizerSegment* device, int64_t chunks, DType param_dtype, DType grad_dtype,
+                    const optim::SgdConfig& hp, const optim::StepScalars& sc) = nullptr;
+  void (*unscale_check)(Stream&, const optim::GradSegment* host, size_t count, const optim::GradSegment* device,
+                        int64_t chunks, DType grad_dtype, const float* inv_loss_scale, float* norms_out,
+                        int num_out, float* found_inf) = nullptr;
+  void (*loss_scale_update)(Stream&, optim::LossScaleState* state, const float* found_inf,
+                            const optim::LossScaleConfig& c) = nullptr;
+
+  bool has_entry(OpId op) const;
+  bool supports(OpId op, std::initializer_list<DType> dtypes) const {
+    const std::span<const DType> d(dtypes.begin(), dtypes.size());
+    return supports_op ? supports_op(*this, op, d) : has_entry(op);
+  }
+};
+
+// Backend registration: each backend's table, built once (kernels/cpu/op_table.cc,
+// kernels/cuda/op_table.cc; the latter exists only in builds with CUDA).
+const OpTable& cpu_op_table();
+const OpTable& cuda_op_table();
+
+// The table in use for a backend; nullptr when this build has none (CUDA with ZT_CUDA=OFF).
+const OpTable* op_table(Backend backend);
+
+// The table of s's backend if it supports `op` on `dtypes`, else nullptr (the caller falls back).
+const OpTable* find_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes);
+// find_kernel, or a zt::Error(kInvalidArgument): "<op>: the <backend> backend has no kernel for
+// <dtypes> and no fallback applies".
+const OpTable& require_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes);
+[[noreturn]] void refuse_op(Stream& s, OpId op, std::initializer_list<DType> dtypes);
+
+// Tests: replaces a backend's table for this object's lifetime (e.g. one with an entry removed,
+// to run a fallback). Not synchronized with launches: install it while nothing launches.
+class ScopedOpTable {
+ public:
+  ScopedOpTable(Backend backend, const OpTable* table);
+  ~ScopedOpTable();
+  ScopedOpTable(const ScopedOpTable&) = delete;
+  ScopedOpTable& operator=(const ScopedOpTable&) = delete;
+
+ private:
+  Backend backend_;
+  const OpTable* previous_;
+};
+
+}  // namespace zt
