@@ -41,14 +41,6 @@ void Device::inject_fault(FaultKind kind) {
 
 void Device::abandon(const std::string& /*why*/) {}
 
-namespace {
-std::atomic<TaskObserver*> g_default_observer{nullptr};
-}  // namespace
-
-TaskObserver* set_default_task_observer(TaskObserver* observer) {
-  return g_default_observer.exchange(observer, std::memory_order_acq_rel);
-}
-
 void Runtime::set_observer(TaskObserver* observer) {
   observer_ = observer;
   for (auto& d : devices_) d->set_task_observer(observer);
@@ -59,7 +51,7 @@ std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu,
   std::unique_ptr<Runtime> rt(new Runtime());
   rt->backend_ = Backend::kCpu;
   for (int i = 0; i < n; ++i) rt->devices_.push_back(std::make_unique<cpu::CpuDevice>(i, cpu.memory_bytes));
-  rt->set_observer(observer ? observer : g_default_observer.load(std::memory_order_acquire));
+  rt->set_observer(observer);
   return rt;
 }
 
@@ -91,7 +83,7 @@ std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDevice
       std::unique_ptr<Runtime> rt(new Runtime());
       rt->backend_ = Backend::kCuda;
       rt->devices_ = cuda::create_devices(ordinals);
-      rt->set_observer(observer ? observer : g_default_observer.load(std::memory_order_acquire));
+      rt->set_observer(observer);
       return rt;
 #endif
     }

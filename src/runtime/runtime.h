@@ -48,11 +48,6 @@ CudaAvailability cuda_availability();
 void profiler_start();
 void profiler_stop();
 
-// Transitional (issue 11), until the trainer passes its TraceRecorder to Runtime::create: the
-// observer that a Runtime created with observer == nullptr gets. Only TraceRecorder sets it, for
-// its lifetime; returns the previous one. Remove once no caller relies on it.
-TaskObserver* set_default_task_observer(TaskObserver* observer);
-
 class Runtime {
  public:
   // `observer` (may be null) sees every device's stream work (Device::set_task_observer); it must

@@ -28,12 +28,10 @@ std::pair<int, int> parse_step_range(std::string_view text, int steps) {
 }
 
 TraceRecorder::TraceRecorder() {
-  previous_default_observer_ = set_default_task_observer(this);
   previous_sink_ = set_range_sink(this);
 }
 
 TraceRecorder::~TraceRecorder() {
-  set_default_task_observer(previous_default_observer_);
   set_range_sink(previous_sink_);
 }
 

@@ -42,8 +42,6 @@ class TraceRecorder final : public TaskObserver, public RangeSink {
 
   // Installs itself as the range sink (forwarding ranges to the sink installed before). As a task
   // observer it must outlive the Runtime it is given to (create it first, destroy it after).
-  // Transitional: while it lives it is also the default observer of Runtimes created without one
-  // (set_default_task_observer), until the trainer passes it to Runtime::create.
   TraceRecorder();
   ~TraceRecorder() override;
   TraceRecorder(const TraceRecorder&) = delete;
@@ -87,7 +85,6 @@ class TraceRecorder final : public TaskObserver, public RangeSink {
 
   const Clock::time_point origin_ = Clock::now();
   RangeSink* previous_sink_ = nullptr;
-  TaskObserver* previous_default_observer_ = nullptr;
   mutable std::mutex mu_;
   std::vector<Slice> slices_;                                // guarded by mu_
   std::vector<Counter> counters_;                            // guarded by mu_

@@ -247,7 +247,7 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
       // The lost world is gone (devices included); the survivors share the same global batch.
       spec_ = survivors_->spec;
       survivors_.reset();
-      rt = Runtime::create(spec_, CpuDeviceOptions{cfg_.device_memory});
+      rt = Runtime::create(spec_, CpuDeviceOptions{cfg_.device_memory}, tracer_);
       split = split_batch(cfg_.batch_size, rt->size(), cfg_.micro_batch_size);
       check_fits(run_, *rt, split);
     }
@@ -668,17 +668,8 @@ void Trainer::finish(World& w) {
 }
 
 void Trainer::write_trace(World& w) {
+  // Both backends report their stream work to the recorder (the runtime's task observer).
   if (!tracer_) return;
-  if (w.runtime().backend() == Backend::kCuda) {
-    // On CUDA the stream tracks come from the engine's spans (the CPU backend reports tasks).
-    static const char* const kSpanNames[] = {"forward ", "backward ", "reduce_scatter ", "gather "};
-    for (const TraceSpan& sp : result_.trace) {
-      const bool comm_side = sp.kind == TraceSpan::kReduceScatter || sp.kind == TraceSpan::kGather;
-      tracer_->add_slice(w.device(sp.rank).index(), comm_side ? 1 : 0,
-                         kSpanNames[sp.kind] + w.model().layout().block(sp.block).name, "engine", sp.start_us, sp.end_us,
-                         w.engine().trace_origin());
-    }
-  }
   tracer_->write(cfg_.trace_path, w.device_names());
 }
 
@@ -699,13 +690,12 @@ TrainResult train(const TrainConfig& config) {
     ZT_REQUIRE(std::ofstream(cfg.trace_path).good(), "cannot write --trace file '", cfg.trace_path, "'");
     tracer = std::make_unique<TraceRecorder>();
   }
-  auto rt = Runtime::create(spec, CpuDeviceOptions{cfg.device_memory});
+  auto rt = Runtime::create(spec, CpuDeviceOptions{cfg.device_memory}, tracer.get());
   const BatchSplit split = resolve_batch(cfg, run.is_gpt, rt->size());
   resolve_precision(run, rt->backend());
   check_fits(run, *rt, split);
   resolve_schedule(run);
   if (cfg.profile_steps.size()) parse_step_range(cfg.profile_steps, cfg.steps);
-  if (tracer && rt->backend() == Backend::kCuda) cfg.zero_trace = true;
   // --log-format json: the metrics records go to stdout as well, in place of the text output.
   Logger log(cfg.metrics_path, cfg.log_format == LogFormat::kJson, cfg.quiet);
   Trainer trainer(run, log, tracer.get());
