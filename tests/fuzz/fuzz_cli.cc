@@ -5,6 +5,7 @@
 // report or a broken invariant of the resolved shape (__builtin_trap) is a finding.
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
