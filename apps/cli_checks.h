@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -28,7 +29,8 @@ inline CLI::Validator whole(long long lo, long long hi = INT_MAX) {
       "(" + range + ")");
 }
 
-// A finite number above `lo` (strict) or at least `lo`.
+// A finite number above `lo` (strict) or at least `lo`. The flags are floats: a value beyond
+// the largest float would silently become inf, so it is out of range.
 inline CLI::Validator number(double lo, bool strict) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", lo);
@@ -37,11 +39,19 @@ inline CLI::Validator number(double lo, bool strict) {
       [lo, strict, range](std::string& s) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(v) || (strict ? v <= lo : v < lo))
+        if (s.empty() || *end != '\0' || std::isnan(v) || (strict ? v <= lo : v < lo))
           return "must be a number " + range + ", got '" + s + "'";
+        if (std::fabs(v) > FLT_MAX)
+          return "is out of range for a float (at most 3.4e38), got '" + s + "'";
         return {};
       },
       "(" + range + ")");
+}
+
+// A path or name that must not be empty (`--metrics ''` would otherwise silently do nothing).
+inline CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string { return s.empty() ? "must not be empty; give a value or leave the flag out" : std::string(); }, "");
 }
 
 // An unsigned 64-bit whole number (seeds).

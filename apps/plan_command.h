@@ -1,10 +1,12 @@
 // `zerotrain plan`: the memory plan of a training run (train/plan.h) as a per-device table and a
-// verdict, from the same model/batch/stage/device flags as `train`; and train's --device-memory.
+// verdict. It accepts every `train` flag (apps/run_flags.h); those that do not change memory are
+// accepted and ignored, and --data is never opened.
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cstddef>
 #include <memory>
+
+#include "run_flags.h"
 
 namespace zt {
 
@@ -15,13 +17,8 @@ class PlanCommand {
   int run();  // prints the plan; 0 whether or not it fits (train is what refuses)
 
  private:
-  struct Flags;
   CLI::App* sub_;
-  std::shared_ptr<Flags> f_;
+  std::shared_ptr<RunFlags> f_;
 };
-
-// Adds --device-memory SIZE (16GiB, 512MiB) to `sub`, written to `bytes` when parsed; a bad size
-// is a CLI validation error (exit code 2).
-void add_device_memory_option(CLI::App& sub, size_t& bytes);
 
 }  // namespace zt

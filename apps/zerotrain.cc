@@ -17,9 +17,11 @@
 #include "core/suggest.h"
 #include "memory/caching_allocator.h"
 #include "plan_command.h"
+#include "run_flags.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
 #include "train/report.h"
+#include "train/run_shape.h"
 #include "train/trainer.h"
 #include "train/export.h"
 
@@ -117,120 +119,9 @@ int main(int argc, char** argv) {
   info->add_option("--devices", devices, "Devices: all, cpu:N, cuda:0,1,3, cuda:0x4")
       ->capture_default_str();
 
-  zt::TrainConfig tc;
-  std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot_path, precision = "auto",
-              on_collapse = "stop";
-  std::vector<std::string> inject_faults;
+  zt::RunFlags run_flags;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
-  {
-    std::string presets;
-    for (const auto& n : zt::model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
-    train->add_option("--model", tc.model, "Model preset: " + presets)->capture_default_str();
-    train->add_option("--data", tc.data,
-                      "synthetic, a text file, llm.c token shards (*.bin glob), or fashion-mnist (MLP)")
-        ->capture_default_str();
-    train->add_option("--devices", tc.devices, "Devices: all (every GPU, else 2 simulated), cpu:N, cuda:0,1,3, cuda:0x4")
-        ->capture_default_str();
-    train->add_option("--zero-stage", tc.zero_stage,
-                      "ZeRO stage: 0 data parallel, 1 shard optimizer state, 2 + gradients, 3 + parameters")
-        ->capture_default_str()->check(CLI::Range(0, 3));
-    train->add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(zt_cli::whole(1));
-    train->add_option("--epochs", tc.epochs, "Image data: epochs to train when --steps is not given (default 3)")
-        ->check(zt_cli::whole(1));
-    train->add_option("--batch-size", tc.batch_size, "Global batch in sequences/examples (default 8; MLP 128)")
-        ->check(zt_cli::whole(1));
-    train->add_option("--micro-batch-size", tc.micro_batch_size, "Per-device micro-batch; accumulation = batch / (devices x micro-batch)")
-        ->check(zt_cli::whole(1));
-    train->add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(zt_cli::number(0, true));
-    train->add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(zt_cli::number(0, false));
-    train->add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 2% of steps)")
-        ->check(zt_cli::whole(0));
-    train->add_option("--lr-schedule", schedule, "cosine, linear or constant")->capture_default_str()
-        ->check(CLI::IsMember({"cosine", "linear", "constant"}));
-    train->add_option("--weight-decay", tc.weight_decay, "Decoupled weight decay (matrices and embeddings)")
-        ->capture_default_str()->check(zt_cli::number(0, false));
-    train->add_option("--grad-clip", tc.grad_clip, "Clip the global gradient norm to this (0 = off)")
-        ->capture_default_str()->check(zt_cli::number(0, false));
-    train->add_option("--optimizer", optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()
-        ->check(CLI::IsMember({"adamw", "sgd"}));
-    train->add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str()
-        ->check(zt_cli::seed());
-    train->add_option("--eval-every", tc.eval_every, "Evaluate every N steps (default 4 times a run)")
-        ->check(zt_cli::whole(0));
-    train->add_option("--eval-batches", tc.eval_batches, "Validation batches per evaluation")->capture_default_str()
-        ->check(zt_cli::whole(1));
-    train->add_option("--sample-every", tc.sample_every, "Print a text sample every N steps (0 = only at the end)")
-        ->check(zt_cli::whole(0));
-    train->add_option("--sample-tokens", tc.sample_tokens, "Tokens per sample")->capture_default_str()
-        ->check(zt_cli::whole(0));
-    train->add_option("--temperature", tc.temperature, "Sampling temperature")->capture_default_str()
-        ->check(zt_cli::number(0, true));
-    train->add_option("--top-k", tc.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
-        ->check(zt_cli::whole(0));
-    train->add_option("--metrics", tc.metrics_path, "Write JSON lines: one per step, eval and a summary");
-    train->add_option("--trace", tc.trace_path,
-                      "Write a Chrome/Perfetto trace (JSON): stream work and host ranges per device, pool bytes");
-    train->add_option("--profile-steps", tc.profile_steps,
-                      "A:B: CUDA profiler capture (cudaProfilerStart/Stop) around steps A..B, for nsys "
-                      "--capture-range=cudaProfilerApi");
-    train->add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(zt_cli::whole(1));
-    train->add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(zt_cli::whole(1));
-    train->add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(zt_cli::whole(1));
-    train->add_option("--seq-len", tc.overrides.seq_len, "Override the model's context length")->check(zt_cli::whole(1));
-    train->add_option("--train-seq-len", tc.train_seq_len, "Tokens per training sequence (default: the context)")
-        ->check(zt_cli::whole(1));
-    train->add_option("--vocab", tc.overrides.vocab, "Override the vocabulary size")->check(zt_cli::whole(1));
-    train->add_option("--hidden", hidden, "MLP hidden sizes, e.g. 256,128");
-    train->add_flag("--quiet", tc.quiet, "No progress output");
-    zt::add_device_memory_option(*train, tc.device_memory);
-    train->add_option("--log-format", log_format, "text (progress line, summary table) or json (the --metrics records on stdout)")
-        ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
-    train->add_option("--plot", plot_path, "Write the loss curve (train, eval, entropy floor) as an SVG file");
-    train->add_option("--precision", precision,
-                      "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
-                      "master weights and moments stay fp32")
-        ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
-    train->add_option("--loss-scale", tc.loss_scale, "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
-        ->capture_default_str();
-    train->add_option("--initial-scale", tc.initial_scale, "Dynamic loss scaling: initial scale")->capture_default_str()
-        ->check(zt_cli::number(0, true));
-    train->add_option("--scale-window", tc.scale_window, "Dynamic loss scaling: overflow-free steps before the scale doubles")
-        ->capture_default_str()->check(zt_cli::whole(1));
-    train->add_option("--scale-hysteresis", tc.scale_hysteresis,
-                      "Dynamic loss scaling: overflows tolerated (step skipped, scale kept) before the scale halves")
-        ->capture_default_str()->check(zt_cli::whole(1));
-    train->add_option("--min-scale", tc.min_scale, "Dynamic loss scaling: the scale never goes below this; an overflow there is a collapse")
-        ->capture_default_str()->check(zt_cli::number(0, true));
-    train->add_option("--max-scale", tc.max_scale, "Dynamic loss scaling: the scale never grows above this")
-        ->capture_default_str()->check(zt_cli::number(0, true));
-    train->add_flag("--stochastic-rounding", tc.stochastic_rounding,
-                    "Round the 16-bit parameters stochastically from the fp32 master (seeded by --seed)");
-    train->add_option("--on-scale-collapse", on_collapse,
-                      "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
-        ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
-    train->add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init");
-    train->add_option("--checkpoint-dir", tc.checkpoint_dir,
-                      "Save sharded checkpoints here (every --save-every steps and at the end), atomically");
-    train->add_option("--save-every", tc.save_every, "Save a checkpoint every N steps (0 = only at the end)")
-        ->capture_default_str()->check(zt_cli::whole(0));
-    train->add_option("--keep", tc.keep, "Complete checkpoints to keep (older ones are pruned after a save; 0 = all)")
-        ->capture_default_str()->check(zt_cli::whole(0));
-    train->add_option("--resume", tc.resume,
-                      "auto (the newest complete checkpoint in --checkpoint-dir, else start fresh) or a checkpoint "
-                      "directory; any device count and ZeRO stage");
-    train->add_option("--snapshot-every", tc.snapshot_every,
-                      "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
-                      "the run goes on from the snapshot on the others (0 = off)")
-        ->capture_default_str()->check(zt_cli::whole(0));
-    train->add_option("--inject-fault", inject_faults,
-                      "device=D,step=S[,kind=error|hang]: make device D (its position among the devices at that "
-                      "step) fail at step S (testing recovery; may be given more than once)");
-    train->add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
-        ->capture_default_str()->check(zt_cli::number(0, true));
-    train->add_option("--max-skipped-steps", tc.max_skipped_steps,
-                      "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
-        ->capture_default_str()->check(zt_cli::whole(1));
-  }
+  zt::add_run_flags(*train, run_flags);
 
   zt::PlanCommand plan(app);
   std::string export_checkpoint, export_out;
@@ -287,26 +178,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (train->parsed()) {
-      tc.schedule = zt::parse_lr_schedule(schedule);
-      tc.optimizer = optimizer == "sgd" ? zt::OptimizerKind::kSgd : zt::OptimizerKind::kAdamW;
-      if (!hidden.empty()) {
-        size_t pos = 0;
-        while (pos <= hidden.size()) {
-          const size_t comma = hidden.find(',', pos);
-          const std::string item = hidden.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-          char* end = nullptr;
-          const long v = std::strtol(item.c_str(), &end, 10);
-          if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20))
-            throw zt::Error(zt::ErrorKind::kInvalidArgument, "--hidden '" + hidden + "' must be positive sizes separated by commas, e.g. 256,128");
-          tc.overrides.hidden.push_back(static_cast<int>(v));
-          if (comma == std::string::npos) break;
-          pos = comma + 1;
-        }
-      }
-      tc.log_format = log_format == "json" ? zt::LogFormat::kJson : zt::LogFormat::kText;
-      tc.precision = zt::parse_precision(precision);
-      tc.on_scale_collapse_bf16 = on_collapse == "bf16";
-      for (const std::string& f : inject_faults) tc.inject_faults.push_back(zt::parse_fault_injection(f));
+      zt::TrainConfig tc = run_flags.to_config();
+      
+      const std::string& plot_path = run_flags.plot;
+      // Every data-independent check (and the defaults, e.g. a batch that splits over the
+      // devices) before train() opens the data or creates a device.
+      const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
+      const zt::PlannedDevices devs = zt::planned_devices(zt::parse_device_spec(tc.devices));
+      tc = zt::resolve_run_shape(tc, mc, devs.count, devs.backend).config;
+      zt::check_run_paths(tc, plot_path);
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
       const zt::TrainResult result = zt::train(tc);
       if (!plot_path.empty()) {

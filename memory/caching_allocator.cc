@@ -59,6 +59,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/format.h"
 #include "core/status.h"
 #include "runtime/device.h"
 #include "runtime/event.h"
@@ -87,21 +88,6 @@ size_t segment_size_for(size_t size) {
   if (size <= kSmallSize) return kSmallBuffer;
   if (size < kMinLargeAlloc) return kLargeBuffer;
   return round_up(size, kRoundLarge);
-}
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t{1} << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1u << 30));
-  } else if (bytes >= (size_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1u << 20));
-  } else if (bytes >= (size_t{1} << 10)) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", b / (1u << 10));
-  } else {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  }
-  return buf;
 }
 
 struct Segment;

@@ -38,6 +38,7 @@
 #include <string>
 #include <utility>
 
+#include "core/format.h"
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
@@ -71,15 +72,7 @@ const char* kind_name(uint8_t k) {
 std::string collective_label(const char* kind, std::string_view tag, int64_t bytes) {
   std::string s = kind;
   if (!tag.empty()) s.append(" ").append(tag);
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024.0)
-    std::snprintf(buf, sizeof buf, " %.1f MiB", b / (1024.0 * 1024.0));
-  else if (b >= 1024.0)
-    std::snprintf(buf, sizeof buf, " %.1f KiB", b / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, " %lld B", static_cast<long long>(bytes));
-  return s + buf;
+  return s + " " + format_bytes(static_cast<double>(bytes), 1);
 }
 
 // Group calls open their own range unless they run inside a per-rank call (which has one).

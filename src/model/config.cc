@@ -91,6 +91,20 @@ ModelConfig make_model_config(const std::string& preset, const ModelOverrides& o
     if (!o.hidden.empty()) c.hidden = o.hidden;
     for (int h : c.hidden) ZT_REQUIRE(h > 0, "--hidden sizes must be positive, got ", h);
   }
+  // The parameter count in 128 bits: flag-sized shapes (--embd 2147483647, --layers 2147483647)
+  // overflow 64-bit products and must be refused before anything is sized from them.
+  __int128 params = 0;
+  if (c.kind == ModelKind::kGpt) {
+    const __int128 C = c.embd;
+    params = __int128{c.vocab} * C + __int128{c.seq_len} * C + __int128{c.layers} * (12 * C * C + 13 * C) + 2 * C;
+  } else {
+    __int128 in = c.input_dim;
+    for (int h : c.hidden) params += in * h + h, in = h;
+    params += in * c.classes + c.classes;
+  }
+  constexpr int64_t kMaxParameters = int64_t{1} << 40;
+  ZT_REQUIRE(params <= kMaxParameters, "the model ", c.describe(), " has ", static_cast<long double>(params),
+             " parameters, above the limit of ", kMaxParameters, " (2^40); lower --layers, --embd, --vocab or --seq-len");
   return c;
 }
 

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "comm/communicator.h"
+#include "core/format.h"
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
@@ -107,17 +108,8 @@ size_t device_memory(const PlanInputs& in, int d) {
 }  // namespace
 
 std::string format_plan_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t{1} << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1u << 30));
-  else if (bytes >= (size_t{1} << 20))
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1u << 20));
-  else if (bytes >= (size_t{1} << 10))
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1u << 10));
-  else
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  return buf;
+  // GiB with two decimals, smaller units with one (the plan table's columns).
+  return format_bytes(static_cast<double>(bytes), bytes >= (size_t{1} << 30) ? 2 : 1);
 }
 
 size_t parse_memory_size(const std::string& text, const std::string& flag) {

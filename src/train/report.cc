@@ -90,17 +90,7 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string si(double v, const char* unit) {
-  const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
-  int p = 0;
-  while (v >= 1000 && p < 5) {
-    v /= 1000;
-    ++p;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, p ? "%.2f %s%s" : "%.0f %s%s", v, prefixes[p], unit);
-  return buf;
-}
+std::string si(double v, const char* unit) { return format_si(v, unit); }
 
 std::string pad(const std::string& s, size_t width, bool left = false) {
   if (s.size() >= width) return s;
@@ -108,28 +98,6 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
 }
 
 }  // namespace
-
-std::string format_hms(double s) {
-  const long t = static_cast<long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, units[u]);
-  return buf;
-}
 
 size_t max_allocated_bytes(const std::vector<Device*>& devices) {
   size_t m = 0;

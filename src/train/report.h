@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/format.h"  // format_bytes, format_hms (re-exported for the report's users)
 #include "model/config.h"
 
 namespace zt {
@@ -102,10 +103,6 @@ std::string format_summary(const RunReport& r);
 // time_split {compute_s, comm_s, optimizer_s, other_s}.
 nlohmann::json report_json(const RunReport& r);
 
-// "12.3 MiB"
-std::string format_bytes(double bytes);
-// "1:07" or "2:03:45".
-std::string format_hms(double seconds);
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").
 size_t max_allocated_bytes(const std::vector<Device*>& devices);
 

@@ -19,6 +19,7 @@
 #include "train/logger.h"
 #include "train/plan.h"
 #include "train/recovery.h"
+#include "train/run_shape.h"
 #include "train/sampler.h"
 #include "train/signals.h"
 #include "train/step.h"
@@ -91,102 +92,36 @@ Precision parse_precision(const std::string& s) {
 namespace {
 
 // ---------------- run resolution: every check before anything is allocated ----------------------
+// The data-independent part is train/run_shape.h (shared with `plan`); this opens the data and
+// checks the model against it.
 void open_data(RunContext& run) {
   TrainConfig& cfg = run.cfg;
   const ModelConfig& mc = run.mc;
   if (run.is_gpt) {
-    ZT_REQUIRE(cfg.data != "fashion-mnist", "--data fashion-mnist is an image dataset; use it with --model mlp");
     run.lang = open_language_data(cfg.data, cfg.seed, mc.vocab);
     ZT_REQUIRE(run.lang->vocab_size() <= mc.vocab, "the data has token ids up to ", run.lang->vocab_size() - 1,
                " but the model's vocabulary is ", mc.vocab, "; use --vocab ", run.lang->vocab_size(), " or more");
-    if (cfg.train_seq_len == 0) cfg.train_seq_len = mc.seq_len;
-    ZT_REQUIRE(cfg.train_seq_len >= 1 && cfg.train_seq_len <= mc.seq_len, "sequence length ", cfg.train_seq_len,
-               " is above the model's context of ", mc.seq_len, " tokens; raise --seq-len or lower --train-seq-len");
-    run.lang->validate(cfg.train_seq_len);
-    run.T = cfg.train_seq_len;
-  } else {
-    run.images = open_image_data(cfg.data == "synthetic" ? "fashion-mnist" : cfg.data, cfg.seed);
-    ZT_REQUIRE(run.images->image_size() == mc.input_dim && run.images->num_classes() == mc.classes, "the data has ",
-               run.images->image_size(), " inputs and ", run.images->num_classes(), " classes, the model expects ",
-               mc.input_dim, " and ", mc.classes);
-    run.T = 1;
+    run.lang->validate(run.T);
+    return;
   }
-}
-
-void resolve_precision(RunContext& run, Backend backend) {
-  const TrainConfig& cfg = run.cfg;
-  run.precision = cfg.precision != Precision::kAuto ? cfg.precision
-                  : backend == Backend::kCuda       ? Precision::kBf16
-                                                    : Precision::kFp32;
-  run.working = run.precision == Precision::kBf16   ? DType::kBF16
-                : run.precision == Precision::kFp16 ? DType::kF16
-                                                    : DType::kF32;
-  if (cfg.loss_scale == "auto") {
-    if (run.precision == Precision::kFp16) run.scaling = ZeroOptions::Scaling::kDynamic, run.initial_scale = cfg.initial_scale;
-  } else if (cfg.loss_scale == "dynamic") {
-    run.scaling = ZeroOptions::Scaling::kDynamic, run.initial_scale = cfg.initial_scale;
-  } else if (cfg.loss_scale != "none") {
-    char* end = nullptr;
-    const double v = std::strtod(cfg.loss_scale.c_str(), &end);
-    ZT_REQUIRE(end && *end == 0 && !cfg.loss_scale.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38,
-               "--loss-scale must be dynamic, none or a positive number, got '", cfg.loss_scale, "'");
-    run.scaling = ZeroOptions::Scaling::kFixed, run.initial_scale = static_cast<float>(v);
-  }
-  ZT_REQUIRE(cfg.scale_window >= 1, "--scale-window must be at least 1, got ", cfg.scale_window);
-  ZT_REQUIRE(cfg.scale_hysteresis >= 1, "--scale-hysteresis must be at least 1, got ", cfg.scale_hysteresis);
-  ZT_REQUIRE(cfg.min_scale > 0 && cfg.min_scale <= cfg.max_scale && cfg.initial_scale >= cfg.min_scale &&
-                 cfg.initial_scale <= cfg.max_scale,
-             "the loss scales must satisfy 0 < --min-scale <= --initial-scale <= --max-scale, got ", cfg.min_scale,
-             ", ", cfg.initial_scale, ", ", cfg.max_scale);
-  ZT_REQUIRE(cfg.max_skipped_steps >= 1, "--max-skipped-steps must be at least 1, got ", cfg.max_skipped_steps);
-  ZT_REQUIRE(!cfg.on_scale_collapse_bf16 || run.precision == Precision::kFp16,
-             "--on-scale-collapse bf16 applies to --precision fp16 runs only");
-}
-
-// The batch split over N devices as the user asked for it (it must divide evenly at the start).
-BatchSplit resolve_batch(TrainConfig& cfg, bool is_gpt, int N) {
-  if (cfg.batch_size < 0) cfg.batch_size = (is_gpt ? 8 : 128) * ((N + 1) / 2);
-  ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
-  ZT_REQUIRE(cfg.batch_size % N == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", N,
-             " devices; use a multiple of ", N);
-  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / N;
-  ZT_REQUIRE(cfg.micro_batch_size >= 1, "--micro-batch-size must be at least 1, got ", cfg.micro_batch_size);
-  ZT_REQUIRE((cfg.batch_size / N) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", N, " device",
-             N == 1 ? "" : "s", " is ", cfg.batch_size / N, " per device, not a multiple of --micro-batch-size ",
-             cfg.micro_batch_size, "; the global batch must split into whole micro-batches");
-  return even_split(cfg.batch_size, N, cfg.micro_batch_size);
+  run.images = open_image_data(cfg.data == "synthetic" ? "fashion-mnist" : cfg.data, cfg.seed);
+  ZT_REQUIRE(run.images->image_size() == mc.input_dim && run.images->num_classes() == mc.classes, "the data has ",
+             run.images->image_size(), " inputs and ", run.images->num_classes(), " classes, the model expects ",
+             mc.input_dim, " and ", mc.classes);
+  // Image data: the step count follows from the epochs and the training set's size.
+  const int64_t per_epoch = run.images->batches_per_epoch(Split::kTrain, cfg.batch_size);
+  ZT_REQUIRE(per_epoch >= 1, "--batch-size ", cfg.batch_size, " is larger than the training set");
+  if (cfg.steps < 0) cfg.steps = static_cast<int>((cfg.epochs > 0 ? cfg.epochs : 3) * per_epoch);
+  if (cfg.warmup_steps < 0) cfg.warmup_steps = std::max(1, cfg.steps / 50);
+  if (cfg.eval_every < 0) cfg.eval_every = std::max(1, cfg.steps / 4);
 }
 
 // Refuses a run that cannot fit, with the cheapest fix, before anything is allocated.
 void check_fits(const RunContext& run, Runtime& rt, const BatchSplit& split) {
-  PlanInputs in;
-  in.zero_stage = run.cfg.zero_stage;
+  PlanInputs in = run.plan;
   in.micro_batch = split.micro;
-  in.seq_len = run.T;
-  in.sgd = run.cfg.optimizer == OptimizerKind::kSgd;
   in.micro_batches = split.accum;
-  in.sampling = run.is_gpt && (run.cfg.sample_tokens > 0 || run.cfg.sample_every > 0);
-  in.working = run.working;
   require_fits(plan_run(run.mc, rt, in));
-}
-
-void resolve_schedule(RunContext& run) {
-  TrainConfig& cfg = run.cfg;
-  if (!run.is_gpt) {
-    const int64_t per_epoch = run.images->batches_per_epoch(Split::kTrain, cfg.batch_size);
-    ZT_REQUIRE(per_epoch >= 1, "--batch-size ", cfg.batch_size, " is larger than the training set");
-    if (cfg.steps < 0) cfg.steps = static_cast<int>((cfg.epochs > 0 ? cfg.epochs : 3) * per_epoch);
-  }
-  if (cfg.steps < 0) cfg.steps = 1500;  // gpt-tiny reaches within ~0.15 nats of the synthetic floor
-  ZT_REQUIRE(cfg.steps >= 1, "--steps must be at least 1, got ", cfg.steps);
-  if (cfg.lr < 0) cfg.lr = cfg.optimizer == OptimizerKind::kAdamW ? (run.is_gpt ? 3e-3f : 1e-3f) : 0.05f;
-  ZT_REQUIRE(cfg.lr > 0 && std::isfinite(cfg.lr), "--lr must be positive, got ", cfg.lr);
-  if (cfg.min_lr < 0) cfg.min_lr = cfg.lr / 10;
-  if (cfg.warmup_steps < 0) cfg.warmup_steps = std::max(1, cfg.steps / 50);
-  if (cfg.eval_every < 0) cfg.eval_every = std::max(1, cfg.steps / 4);
-  ZT_REQUIRE(cfg.weight_decay >= 0, "--weight-decay must not be negative, got ", cfg.weight_decay);
-  ZT_REQUIRE(cfg.grad_clip >= 0, "--grad-clip must not be negative, got ", cfg.grad_clip);
-  ZT_REQUIRE(cfg.top_k >= 0 && cfg.temperature > 0, "--top-k must be >= 0 and --temperature > 0");
 }
 
 // ---------------- the trainer --------------------------------------------------------------------
@@ -677,27 +612,30 @@ void Trainer::write_trace(World& w) {
 
 TrainResult train(const TrainConfig& config) {
   RunContext run;
-  run.cfg = config;
-  TrainConfig& cfg = run.cfg;
-  run.mc = make_model_config(cfg.model, cfg.overrides);
+  run.mc = make_model_config(config.model, config.overrides);
   run.is_gpt = run.mc.kind == ModelKind::kGpt;
-  open_data(run);
-  ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
-  const DeviceSpec spec = parse_device_spec(cfg.devices);
-  // --trace: the recorder outlives the devices (their stream workers report to it).
+  const DeviceSpec spec = parse_device_spec(config.devices);
+  // --trace: the recorder is the runtime's task observer, so it outlives the devices.
   std::unique_ptr<TraceRecorder> tracer;
-  if (!cfg.trace_path.empty()) {
-    ZT_REQUIRE(std::ofstream(cfg.trace_path).good(), "cannot write --trace file '", cfg.trace_path, "'");
+  if (!config.trace_path.empty()) {
+    ZT_REQUIRE(std::ofstream(config.trace_path).good(), "cannot write --trace file '", config.trace_path, "'");
     tracer = std::make_unique<TraceRecorder>();
   }
-  auto rt = Runtime::create(spec, CpuDeviceOptions{cfg.device_memory}, tracer.get());
-  const BatchSplit split = resolve_batch(cfg, run.is_gpt, rt->size());
-  resolve_precision(run, rt->backend());
+  auto rt = Runtime::create(spec, CpuDeviceOptions{config.device_memory}, tracer.get());
+  const RunShape shape = resolve_run_shape(config, run.mc, rt->size(), rt->backend());
+  run.cfg = shape.config;
+  run.T = shape.seq_len;
+  run.precision = shape.precision;
+  run.working = shape.working;
+  run.scaling = shape.scaling;
+  run.initial_scale = shape.initial_scale;
+  run.plan = shape.plan;
+  const BatchSplit split = even_split(run.cfg.batch_size, rt->size(), run.cfg.micro_batch_size);
   check_fits(run, *rt, split);
-  resolve_schedule(run);
-  if (cfg.profile_steps.size()) parse_step_range(cfg.profile_steps, cfg.steps);
+  open_data(run);
+  if (!run.cfg.profile_steps.empty()) parse_step_range(run.cfg.profile_steps, run.cfg.steps);
   // --log-format json: the metrics records go to stdout as well, in place of the text output.
-  Logger log(cfg.metrics_path, cfg.log_format == LogFormat::kJson, cfg.quiet);
+  Logger log(run.cfg.metrics_path, run.cfg.log_format == LogFormat::kJson, run.cfg.quiet);
   Trainer trainer(run, log, tracer.get());
   return trainer.run(std::move(rt), spec, split);
 }

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
 
@@ -38,6 +39,7 @@ struct RunContext {
   DType working = DType::kF32;
   ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
   float initial_scale = 1.0f;
+  PlanInputs plan;  // the memory plan's inputs (micro-batch and accumulation follow the split)
   std::unique_ptr<LanguageData> lang;
   std::unique_ptr<ImageData> images;
 };

@@ -1,7 +1,6 @@
 // The zerotrain binary as a user meets it: every bad input gets one clear sentence on stderr and
 // exit code 2 before any training starts; `info` and a short `train` succeed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,35 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using zt::test_util::RunResult;
 
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(ZEROTRAIN_BIN) + " " + args + " 2>&1";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+RunResult run(const std::string& args) { return zt::test_util::run_binary(ZEROTRAIN_BIN, args); }
 
 class Cli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zt_cli_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return dir_.path(name); }
   void write(const std::string& name, const std::string& bytes) {
     std::ofstream(path(name), std::ios::binary) << bytes;
   }
@@ -58,7 +41,7 @@ class Cli : public ::testing::Test {
     EXPECT_NE(r.output.find(expect), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "training started: " << r.output;
   }
-  fs::path dir_;
+  zt::test_util::TempDir dir_{"cli"};
 };
 
 TEST_F(Cli, InfoSucceeds) {
@@ -147,6 +130,76 @@ TEST_F(Cli, ShortTrainingRunWritesMetrics) {
   EXPECT_EQ(steps, 12);
   EXPECT_GE(evals, 1);
   EXPECT_EQ(summaries, 1);
+}
+
+// Issue 12 items 5, 8, 9 and the run-shape checks: one sentence, exit code 2, before training.
+TEST_F(Cli, RunShapeChecks) {
+  for (const char* flag : {"--resume", "--checkpoint-dir", "--init-from", "--metrics", "--trace", "--plot"})
+    expect_usage_error(std::string("train ") + flag + " ''", std::string(flag) + ": must not be empty");
+  expect_usage_error("train --lr 1e308", "--lr: is out of range for a float");
+  expect_usage_error("train --initial-scale 1e39", "out of range for a float");
+  expect_usage_error("train --embd 2147483647 --heads 1", "parameters, above the limit of 1099511627776");
+  expect_usage_error("train --layers 2147483647", "parameters, above the limit");
+  expect_usage_error("plan --layers 2147483647", "parameters, above the limit");
+  expect_usage_error("train --batch-size 2147483646 --devices cpu:2", "tokens, above the limit");
+  expect_usage_error("train --zero-stage 2 --devices cpu:3 --batch-size 16", "does not split evenly over 3 devices");
+  // --init-from with a checkpoint that would be resumed: an explicit one, always.
+  expect_usage_error("train --init-from " + path("w.safetensors") + " --resume " + path("ckpt"),
+                     "--init-from only seeds a fresh run");
+  // Outputs never overwrite inputs or each other.
+  write("book.txt", std::string(4096, 'a'));
+  expect_usage_error("train --data " + path("book.txt") + " --plot " + path("book.txt"),
+                     "--plot '" + path("book.txt") + "' is the --data input");
+  expect_usage_error("train --metrics " + path("out.json") + " --trace " + path("out.json"),
+                     "--metrics and --trace both name");
+  // The same file under another name (a hard link) is the same file.
+  fs::create_hard_link(path("book.txt"), path("link.txt"));
+  expect_usage_error("train --data " + path("book.txt") + " --metrics " + path("link.txt"), "is the --data input");
+  EXPECT_EQ(fs::file_size(path("book.txt")), 4096u);
+}
+
+TEST_F(Cli, DefaultBatchSplitsOverOddDeviceCounts) {
+  // Before: "--batch-size 16 does not split evenly over 3 devices", a value the user never passed.
+  const RunResult r = run("train --devices cpu:3 --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, InitFromWithResumeAutoRefusedOnlyWhenACheckpointExists) {
+  const std::string ckpt = path("ckpt"), weights = path("w.safetensors");
+  const std::string tiny = " --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --quiet";
+  ASSERT_EQ(run("train" + tiny + " --checkpoint-dir " + ckpt).exit_code, 0);
+  ASSERT_EQ(run("export --checkpoint " + ckpt + " --out " + weights).exit_code, 0);
+  // Nothing to resume yet in a fresh directory: --init-from seeds the run.
+  const RunResult fresh = run("train" + tiny + " --checkpoint-dir " + path("fresh") + " --resume auto --init-from " + weights);
+  EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+  expect_usage_error("train" + tiny + " --checkpoint-dir " + ckpt + " --resume auto --init-from " + weights,
+                     "--resume auto finds a checkpoint in " + ckpt);
+}
+
+// Issue 11 item 7: plan accepts any train command line and prints the plan of its memory flags.
+TEST_F(Cli, PlanAcceptsEveryTrainFlag) {
+  const std::string memory = "--model gpt-tiny --batch-size 16 --micro-batch-size 4 --devices cpu:4";
+  const RunResult alone = run("plan " + memory);
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("total"), std::string::npos) << alone.output;
+  const RunResult issue = run("plan --model gpt-tiny --data synthetic --steps 8 --batch-size 16 --micro-batch-size 4 --devices cpu:4");
+  EXPECT_EQ(issue.exit_code, 0) << issue.output;
+  EXPECT_EQ(issue.output, alone.output);
+  const RunResult all = run(
+      "plan " + memory + " --data " + path("never-opened.txt") + " --steps 8 --lr 1e-3 --min-lr 1e-4 --warmup-steps 2" +
+      " --lr-schedule linear --weight-decay 0.1 --grad-clip 0.5 --seed 7 --eval-every 4 --eval-batches 2" +
+      " --sample-every 4 --sample-tokens 16 --temperature 0.9 --top-k 5 --metrics " + path("m.jsonl") +
+      " --trace " + path("t.json") + " --profile-steps 2:3 --quiet --log-format json --plot " + path("p.svg") +
+      " --loss-scale none --scale-window 10 --stochastic-rounding --checkpoint-dir " + path("c") +
+      " --save-every 2 --keep 1 --snapshot-every 2 --hang-timeout 60 --max-skipped-steps 5");
+  EXPECT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_EQ(all.output, alone.output);
+  EXPECT_FALSE(fs::exists(path("m.jsonl")));  // plan writes nothing
+  // The shared validators and run-shape checks answer the same way as for train.
+  expect_usage_error("plan --steps -5", "--steps: must be a whole number >= 1, got '-5'");
+  expect_usage_error("plan --batch-size 8 --micro-batch-size 3", "not a multiple of --micro-batch-size 3");
+  expect_usage_error("plan --model gpt-tiny --data fashion-mnist", "image dataset");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "train/plot.h"
 #include "train/report.h"
+#include "test_util.h"
 
 namespace {
 
@@ -159,21 +160,10 @@ TEST(Suggest, NearestName) {
 
 // ---- the binary ------------------------------------------------------------------------------
 
-struct RunResult {
-  int exit_code;
-  std::string output;
-};
+using zt::test_util::RunResult;
 
 RunResult run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = std::string(ZEROTRAIN_BIN) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  std::FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return zt::test_util::run_binary(ZEROTRAIN_BIN, args, with_stderr);
 }
 
 TEST(Binary, SuggestsTheNearestFlagAndSubcommand) {

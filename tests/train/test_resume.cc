@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "sanitizer.h"
+#include "test_util.h"
 #include "train_checks.h"
 
 #include <unistd.h>
@@ -40,20 +41,12 @@ class Resume : public ::testing::Test {
 };
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
-  TrainConfig c;
+  TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
   c.overrides.layers = 2;
   c.overrides.embd = 64;
   c.overrides.heads = 2;
   c.overrides.seq_len = 32;
-  c.devices = "cpu:" + std::to_string(devices);
-  c.zero_stage = stage;
-  c.steps = steps;
   c.batch_size = 12;  // splits over 1, 2, 3 and 4 devices
-  c.quiet = true;
-  c.sample_tokens = 0;
-  c.eval_every = 0;
-  c.eval_batches = 1;
-  c.keep_final_params = true;
   c.precision = p;
   return c;
 }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "sanitizer.h"
+#include "test_util.h"
 #include "train_checks.h"
 
 #include <cmath>
@@ -26,22 +27,14 @@ namespace {
 constexpr bool kSanitized = test::kSanitized;
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
-  TrainConfig c;
+  TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
   if (kSanitized) {
     c.overrides.layers = 1;
     c.overrides.embd = 32;
     c.overrides.heads = 2;
     c.overrides.seq_len = 16;
   }
-  c.devices = "cpu:" + std::to_string(devices);
-  c.zero_stage = stage;
-  c.steps = steps;
   c.batch_size = 8;
-  c.quiet = true;
-  c.sample_tokens = 0;
-  c.eval_every = 0;
-  c.eval_batches = 1;
-  c.keep_final_params = true;
   c.precision = p;
   // A schedule that does not depend on the run's length, so that a run of k steps is a prefix of
   // a run of k + 1 steps.

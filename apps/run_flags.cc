@@ -1,0 +1,199 @@
+// The shared run flags (apps/run_flags.h): definitions, help texts and validators in one place.
+#include "run_flags.h"
+
+#include <string>
+#include <vector>
+
+#include "cli_checks.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "train/plan.h"
+#include "train/schedule.h"
+
+namespace zt {
+
+std::vector<int> parse_hidden(const std::string& hidden) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (!hidden.empty() && pos <= hidden.size()) {
+    const size_t comma = hidden.find(',', pos);
+    const std::string item = hidden.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    ZT_REQUIRE(!item.empty() && *end == '\0' && v > 0 && v <= (1 << 20), "--hidden '", hidden,
+               "' must be positive sizes separated by commas, e.g. 256,128");
+    out.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+TrainConfig RunFlags::to_config() const {
+  TrainConfig tc = config;
+  tc.schedule = parse_lr_schedule(schedule);
+  tc.optimizer = optimizer == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  if (!hidden.empty()) tc.overrides.hidden = parse_hidden(hidden);
+  tc.log_format = log_format == "json" ? LogFormat::kJson : LogFormat::kText;
+  for (const std::string& f : inject_faults) tc.inject_faults.push_back(parse_fault_injection(f));
+  // The flag's IsMember check admits only these (train.cc's parse_precision says the same).
+  tc.precision = precision == "fp32"   ? Precision::kFp32
+                 : precision == "bf16" ? Precision::kBf16
+                 : precision == "fp16" ? Precision::kFp16
+                                       : Precision::kAuto;
+  tc.on_scale_collapse_bf16 = on_collapse == "bf16";
+  return tc;
+}
+
+void add_device_memory_option(CLI::App& sub, size_t& bytes) {
+  sub.add_option_function<std::string>(
+         "--device-memory",
+         [&bytes](const std::string& s) {
+           try {
+             bytes = parse_memory_size(s);
+           } catch (const Error& e) {
+             throw CLI::ValidationError(e.message());
+           }
+         },
+         "Memory of each simulated CPU device (e.g. 16GiB, 512MiB); plan: also overrides a GPU's memory")
+      ->type_name("SIZE");
+}
+
+void add_run_flags(CLI::App& sub, RunFlags& f) {
+  TrainConfig& tc = f.config;
+  using zt_cli::non_empty;
+  std::string presets;
+  for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  sub.add_option("--model", tc.model, "Model preset: " + presets)->capture_default_str();
+  sub.add_option("--data", tc.data,
+                 "synthetic, a text file, llm.c token shards (*.bin glob), or fashion-mnist (MLP); plan does not "
+                 "open it")
+      ->capture_default_str()->check(non_empty());
+  sub.add_option("--devices", tc.devices, "Devices: all (every GPU, else 2 simulated), cpu:N, cuda:0,1,3, cuda:0x4")
+      ->capture_default_str();
+  sub.add_option("--zero-stage", tc.zero_stage,
+                 "ZeRO stage: 0 data parallel, 1 shard optimizer state, 2 + gradients, 3 + parameters")
+      ->capture_default_str()->check(CLI::Range(0, 3));
+  sub.add_option("--steps", tc.steps, "Optimizer steps (default 1500; MLP: --epochs worth)")->check(zt_cli::whole(1));
+  sub.add_option("--epochs", tc.epochs, "Image data: epochs to train when --steps is not given (default 3)")
+      ->check(zt_cli::whole(1));
+  sub.add_option("--batch-size", tc.batch_size,
+                 "Global batch in sequences/examples (default 8 per 2 devices, MLP 128, rounded up to a multiple of "
+                 "the devices)")
+      ->check(zt_cli::whole(1));
+  sub.add_option("--micro-batch-size", tc.micro_batch_size, "Per-device micro-batch; accumulation = batch / (devices x micro-batch)")
+      ->check(zt_cli::whole(1));
+  sub.add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(zt_cli::number(0, true));
+  sub.add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(zt_cli::number(0, false));
+  sub.add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 2% of steps)")
+      ->check(zt_cli::whole(0));
+  sub.add_option("--lr-schedule", f.schedule, "cosine, linear or constant")->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+  sub.add_option("--weight-decay", tc.weight_decay, "Decoupled weight decay (matrices and embeddings)")
+      ->capture_default_str()->check(zt_cli::number(0, false));
+  sub.add_option("--grad-clip", tc.grad_clip, "Clip the global gradient norm to this (0 = off)")
+      ->capture_default_str()->check(zt_cli::number(0, false));
+  sub.add_option("--optimizer", f.optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  sub.add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str()
+      ->check(zt_cli::seed());
+  sub.add_option("--eval-every", tc.eval_every, "Evaluate every N steps (default 4 times a run)")
+      ->check(zt_cli::whole(0));
+  sub.add_option("--eval-batches", tc.eval_batches, "Validation batches per evaluation")->capture_default_str()
+      ->check(zt_cli::whole(1));
+  sub.add_option("--sample-every", tc.sample_every, "Print a text sample every N steps (0 = only at the end)")
+      ->check(zt_cli::whole(0));
+  sub.add_option("--sample-tokens", tc.sample_tokens, "Tokens per sample")->capture_default_str()
+      ->check(zt_cli::whole(0));
+  sub.add_option("--temperature", tc.temperature, "Sampling temperature")->capture_default_str()
+      ->check(zt_cli::number(0, true));
+  sub.add_option("--top-k", tc.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
+      ->check(zt_cli::whole(0));
+  sub.add_option("--metrics", tc.metrics_path, "Write JSON lines: one per step, eval and a summary")->check(non_empty());
+  sub.add_option("--trace", tc.trace_path,
+                 "Write a Chrome/Perfetto trace (JSON): stream work and host ranges per device, pool bytes")
+      ->check(non_empty());
+  sub.add_option("--profile-steps", tc.profile_steps,
+                 "A:B: CUDA profiler capture (cudaProfilerStart/Stop) around steps A..B, for nsys "
+                 "--capture-range=cudaProfilerApi")
+      ->check(non_empty());
+  sub.add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(zt_cli::whole(1));
+  sub.add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(zt_cli::whole(1));
+  sub.add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(zt_cli::whole(1));
+  sub.add_option("--seq-len", tc.overrides.seq_len, "Override the model's context length")->check(zt_cli::whole(1));
+  sub.add_option("--train-seq-len", tc.train_seq_len, "Tokens per training sequence (default: the context)")
+      ->check(zt_cli::whole(1));
+  sub.add_option("--vocab", tc.overrides.vocab, "Override the vocabulary size")->check(zt_cli::whole(1));
+  sub.add_option("--hidden", f.hidden, "MLP hidden sizes, e.g. 256,128");
+  sub.add_flag("--quiet", tc.quiet, "No progress output");
+  add_device_memory_option(sub, tc.device_memory);
+  sub.add_option("--log-format", f.log_format, "text (progress line, summary table) or json (the --metrics records on stdout)")
+      ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
+  sub.add_option("--plot", f.plot, "Write the loss curve (train, eval, entropy floor) as an SVG file")->check(non_empty());
+  sub.add_option("--precision", f.precision,
+                 "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
+                 "master weights and moments stay fp32")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+  sub.add_option("--loss-scale", tc.loss_scale, "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
+      ->capture_default_str();
+  sub.add_option("--initial-scale", tc.initial_scale, "Dynamic loss scaling: initial scale")->capture_default_str()
+      ->check(zt_cli::number(0, true));
+  sub.add_option("--scale-window", tc.scale_window, "Dynamic loss scaling: overflow-free steps before the scale doubles")
+      ->capture_default_str()->check(zt_cli::whole(1));
+  sub.add_option("--scale-hysteresis", tc.scale_hysteresis,
+                 "Dynamic loss scaling: overflows tolerated (step skipped, scale kept) before the scale halves")
+      ->capture_default_str()->check(zt_cli::whole(1));
+  sub.add_option("--min-scale", tc.min_scale, "Dynamic loss scaling: the scale never goes below this; an overflow there is a collapse")
+      ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_option("--max-scale", tc.max_scale, "Dynamic loss scaling: the scale never grows above this")
+      ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_flag("--stochastic-rounding", tc.stochastic_rounding,
+               "Round the 16-bit parameters stochastically from the fp32 master (seeded by --seed)");
+  sub.add_option("--on-scale-collapse", f.on_collapse,
+                 "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
+      ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
+  sub.add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init")
+      ->check(non_empty());
+  sub.add_option("--checkpoint-dir", tc.checkpoint_dir,
+                 "Save sharded checkpoints here (every --save-every steps and at the end), atomically")
+      ->check(non_empty());
+  sub.add_option("--save-every", tc.save_every, "Save a checkpoint every N steps (0 = only at the end)")
+      ->capture_default_str()->check(zt_cli::whole(0));
+  sub.add_option("--keep", tc.keep, "Complete checkpoints to keep (older ones are pruned after a save; 0 = all)")
+      ->capture_default_str()->check(zt_cli::whole(0));
+  sub.add_option("--resume", tc.resume,
+                 "auto (the newest complete checkpoint in --checkpoint-dir, else start fresh) or a checkpoint "
+                 "directory; any device count and ZeRO stage")
+      ->check(non_empty());
+  sub.add_option("--snapshot-every", tc.snapshot_every,
+                 "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
+                 "the run goes on from the snapshot on the others (0 = off)")
+      ->capture_default_str()->check(zt_cli::whole(0));
+  sub.add_option("--inject-fault", f.inject_faults,
+                 "device=D,step=S[,kind=error|hang]: make device D (its position among the devices at that step) "
+                 "fail at step S (testing recovery; may be given more than once)")
+      ->check(non_empty());
+  sub.add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
+      ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
+                 "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
+      ->capture_default_str()->check(zt_cli::whole(1));
+}
+
+}  // namespace zt
+
+#include "runtime/runtime.h"
+
+namespace zt {
+
+PlannedDevices planned_devices(const DeviceSpec& spec) {
+  if (spec.kind == DeviceSpec::Kind::kCpu)
+    return {spec.cpu_count ? spec.cpu_count : default_cpu_device_count(), Backend::kCpu};
+  const CudaAvailability avail = cuda_availability();
+  // Without a usable GPU, "cuda" is refused by Runtime::create and "all" means simulated devices.
+  if (!avail.usable) return {default_cpu_device_count(), Backend::kCpu};
+  return {spec.cuda_ordinals.empty() ? avail.device_count : static_cast<int>(spec.cuda_ordinals.size()),
+          Backend::kCuda};
+}
+
+}  // namespace zt

@@ -1,0 +1,199 @@
+// Run-shape resolution (train/run_shape.h): defaults, accumulation, precision and loss scaling,
+// and the checks that need neither the data nor a device.
+#include "train/run_shape.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "checkpoint/checkpoint.h"
+#include "core/status.h"
+#include "train/trace.h"
+
+namespace zt {
+
+namespace {
+
+// The float flags arrive as floats: a value beyond FLT_MAX became inf when it was parsed.
+void require_float(float v, const char* flag) {
+  ZT_REQUIRE(std::isfinite(v), flag, " is out of range for a float (at most ", FLT_MAX, "), got ", v);
+}
+
+}  // namespace
+
+int default_batch_size(bool gpt, int devices) {
+  const int64_t base = int64_t{gpt ? 8 : 128} * ((devices + 1) / 2);
+  return static_cast<int>((base + devices - 1) / devices * devices);
+}
+
+RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int N, Backend backend) {
+  RunShape s;
+  s.config = cfg_in;
+  TrainConfig& cfg = s.config;
+  s.devices = N;
+  s.backend = backend;
+  const bool is_gpt = mc.kind == ModelKind::kGpt;
+  ZT_REQUIRE(N >= 1, "a run needs at least one device, got ", N);
+  if (is_gpt) {
+    ZT_REQUIRE(cfg.data != "fashion-mnist", "--data fashion-mnist is an image dataset; use it with --model mlp");
+    if (cfg.train_seq_len == 0) cfg.train_seq_len = mc.seq_len;
+    ZT_REQUIRE(cfg.train_seq_len >= 1 && cfg.train_seq_len <= mc.seq_len, "sequence length ", cfg.train_seq_len,
+               " is above the model's context of ", mc.seq_len, " tokens; raise --seq-len or lower --train-seq-len");
+  }
+  ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
+
+  if (cfg.batch_size < 0) cfg.batch_size = default_batch_size(is_gpt, N);
+  ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
+  ZT_REQUIRE(cfg.batch_size % N == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", N,
+             " devices; use a multiple of ", N);
+  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / N;
+  ZT_REQUIRE(cfg.micro_batch_size >= 1, "--micro-batch-size must be at least 1, got ", cfg.micro_batch_size);
+  ZT_REQUIRE((cfg.batch_size / N) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", N,
+             " device", N == 1 ? "" : "s", " is ", cfg.batch_size / N, " per device, not a multiple of --micro-batch-size ",
+             cfg.micro_batch_size, "; the global batch must split into whole micro-batches");
+  s.accum = cfg.batch_size / N / cfg.micro_batch_size;
+  s.seq_len = is_gpt ? cfg.train_seq_len : 1;
+
+  // Sizes that follow from the batch, in 64 bits: one micro-batch's tokens and the largest
+  // per-layer activation (the MLP's widest layer; GPT's 4C-wide MLP input or the T x T attention).
+  const int64_t B = cfg.micro_batch_size, T = s.seq_len;
+  const int64_t tokens = B * T;  // both < 2^31: no overflow
+  ZT_REQUIRE(tokens <= kMaxMicroBatchTokens, "a micro-batch of ", B, " sequences of ", T, " tokens is ", tokens,
+             " tokens, above the limit of ", kMaxMicroBatchTokens, "; lower --micro-batch-size or --train-seq-len");
+  int64_t widest = 0;
+  if (is_gpt) {
+    widest = std::max<int64_t>(int64_t{4} * mc.embd, int64_t{mc.heads} * T);
+    widest = std::max<int64_t>(widest, mc.vocab);
+  } else {
+    widest = std::max<int64_t>(mc.input_dim, mc.classes);
+    for (int h : mc.hidden) widest = std::max<int64_t>(widest, h);
+  }
+  // tokens <= 2^31 and widest < 2^33: the product fits in 64 bits.
+  ZT_REQUIRE(tokens * widest <= kMaxLayerActivation, "one layer's activations for a micro-batch of ", tokens,
+             " tokens would hold ", tokens * widest, " elements, above the limit of ", kMaxLayerActivation,
+             "; lower --micro-batch-size, --train-seq-len or the model's width");
+
+  // Precision and loss scaling.
+  s.precision = cfg.precision != Precision::kAuto ? cfg.precision
+                : backend == Backend::kCuda       ? Precision::kBf16
+                                                  : Precision::kFp32;
+  s.working = s.precision == Precision::kBf16   ? DType::kBF16
+              : s.precision == Precision::kFp16 ? DType::kF16
+                                                : DType::kF32;
+  if (cfg.loss_scale == "auto") {
+    if (s.precision == Precision::kFp16) s.scaling = ZeroOptions::Scaling::kDynamic, s.initial_scale = cfg.initial_scale;
+  } else if (cfg.loss_scale == "dynamic") {
+    s.scaling = ZeroOptions::Scaling::kDynamic, s.initial_scale = cfg.initial_scale;
+  } else if (cfg.loss_scale != "none") {
+    char* end = nullptr;
+    const double v = std::strtod(cfg.loss_scale.c_str(), &end);
+    ZT_REQUIRE(end && *end == 0 && !cfg.loss_scale.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38,
+               "--loss-scale must be dynamic, none or a positive number, got '", cfg.loss_scale, "'");
+    s.scaling = ZeroOptions::Scaling::kFixed, s.initial_scale = static_cast<float>(v);
+  }
+  require_float(cfg.initial_scale, "--initial-scale");
+  require_float(cfg.min_scale, "--min-scale");
+  require_float(cfg.max_scale, "--max-scale");
+  ZT_REQUIRE(cfg.scale_window >= 1, "--scale-window must be at least 1, got ", cfg.scale_window);
+  ZT_REQUIRE(cfg.scale_hysteresis >= 1, "--scale-hysteresis must be at least 1, got ", cfg.scale_hysteresis);
+  ZT_REQUIRE(cfg.min_scale > 0 && cfg.min_scale <= cfg.max_scale && cfg.initial_scale >= cfg.min_scale &&
+                 cfg.initial_scale <= cfg.max_scale,
+             "the loss scales must satisfy 0 < --min-scale <= --initial-scale <= --max-scale, got ", cfg.min_scale, ", ",
+             cfg.initial_scale, ", ", cfg.max_scale);
+  ZT_REQUIRE(cfg.max_skipped_steps >= 1, "--max-skipped-steps must be at least 1, got ", cfg.max_skipped_steps);
+  ZT_REQUIRE(!cfg.on_scale_collapse_bf16 || s.precision == Precision::kFp16,
+             "--on-scale-collapse bf16 applies to --precision fp16 runs only");
+
+  // Steps and the schedule. Image data knows its steps only from its size (trainer: epochs).
+  ZT_REQUIRE(cfg.steps == -1 || cfg.steps >= 1, "--steps must be at least 1, got ", cfg.steps);
+  if (cfg.steps < 0 && is_gpt) cfg.steps = 1500;  // gpt-tiny reaches within ~0.15 nats of the synthetic floor
+  if (!cfg.profile_steps.empty() && cfg.steps > 0) parse_step_range(cfg.profile_steps, cfg.steps);
+  require_float(cfg.lr, "--lr");
+  if (cfg.lr < 0) cfg.lr = cfg.optimizer == OptimizerKind::kAdamW ? (is_gpt ? 3e-3f : 1e-3f) : 0.05f;
+  ZT_REQUIRE(cfg.lr > 0, "--lr must be positive, got ", cfg.lr);
+  require_float(cfg.min_lr, "--min-lr");
+  if (cfg.min_lr < 0) cfg.min_lr = cfg.lr / 10;
+  if (cfg.steps > 0) {
+    if (cfg.warmup_steps < 0) cfg.warmup_steps = std::max(1, cfg.steps / 50);
+    if (cfg.eval_every < 0) cfg.eval_every = std::max(1, cfg.steps / 4);
+  }
+  require_float(cfg.weight_decay, "--weight-decay");
+  require_float(cfg.grad_clip, "--grad-clip");
+  require_float(cfg.temperature, "--temperature");
+  ZT_REQUIRE(cfg.weight_decay >= 0, "--weight-decay must not be negative, got ", cfg.weight_decay);
+  ZT_REQUIRE(cfg.grad_clip >= 0, "--grad-clip must not be negative, got ", cfg.grad_clip);
+  ZT_REQUIRE(cfg.top_k >= 0 && cfg.temperature > 0, "--top-k must be >= 0 and --temperature > 0");
+  ZT_REQUIRE(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
+
+  s.plan.devices = N;
+  s.plan.zero_stage = cfg.zero_stage;
+  s.plan.micro_batch = cfg.micro_batch_size;
+  s.plan.seq_len = s.seq_len;
+  s.plan.sgd = cfg.optimizer == OptimizerKind::kSgd;
+  s.plan.micro_batches = s.accum;
+  s.plan.sampling = is_gpt && (cfg.sample_tokens > 0 || cfg.sample_every > 0);
+  s.plan.working = s.working;
+  return s;
+}
+
+namespace {
+
+struct RunPath {
+  const char* flag;
+  std::string path;
+};
+
+// Same file: the same inode when both exist, else the same canonical path.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa{}, sb{};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+  if (ea || eb) return a == b;
+  return ca == cb;
+}
+
+}  // namespace
+
+void check_run_paths(const TrainConfig& cfg, const std::string& plot) {
+  std::vector<RunPath> inputs, outputs;
+  std::error_code ec;
+  // --data names a built-in dataset, a file, or a glob of shards (a glob's files are never
+  // outputs' names: those contain no '*').
+  if (std::filesystem::is_regular_file(cfg.data, ec)) inputs.push_back({"--data", cfg.data});
+  if (!cfg.init_from.empty()) inputs.push_back({"--init-from", cfg.init_from});
+  if (!cfg.metrics_path.empty()) outputs.push_back({"--metrics", cfg.metrics_path});
+  if (!cfg.trace_path.empty()) outputs.push_back({"--trace", cfg.trace_path});
+  if (!plot.empty()) outputs.push_back({"--plot", plot});
+  if (!cfg.checkpoint_dir.empty()) outputs.push_back({"--checkpoint-dir", cfg.checkpoint_dir});
+  // --resume reads from (a checkpoint under) --checkpoint-dir by design, so it is checked against
+  // the file outputs only.
+  if (!cfg.resume.empty() && cfg.resume != "auto") inputs.push_back({"--resume", cfg.resume});
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const RunPath& in : inputs) {
+      if (std::string(in.flag) == "--resume" && std::string(outputs[i].flag) == "--checkpoint-dir") continue;
+      ZT_REQUIRE(!same_file(outputs[i].path, in.path), outputs[i].flag, " '", outputs[i].path, "' is the ", in.flag,
+                 " input; writing it would destroy the input, so choose another path");
+    }
+    for (size_t j = 0; j < i; ++j)
+      ZT_REQUIRE(!same_file(outputs[i].path, outputs[j].path), outputs[j].flag, " and ", outputs[i].flag,
+                 " both name '", outputs[i].path, "'; give each output its own path");
+  }
+  if (!cfg.init_from.empty() && !cfg.resume.empty()) {
+    bool resumes = cfg.resume != "auto";
+    if (!resumes)
+      for (const CheckpointEntry& e : list_checkpoints(cfg.checkpoint_dir)) resumes = resumes || e.has_manifest;
+    ZT_REQUIRE(!resumes, "--init-from only seeds a fresh run, but --resume ", cfg.resume,
+               cfg.resume == "auto" ? " finds a checkpoint in " + cfg.checkpoint_dir : std::string(" resumes a checkpoint"),
+               " whose weights would replace it; drop --init-from or --resume");
+  }
+}
+
+}  // namespace zt

@@ -1,0 +1,209 @@
+// resolve_run_shape and check_run_paths (train/run_shape.h): the defaults train and plan agree on,
+// every data-independent check's sentence, 64-bit shape limits, and the input/output path rules.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cmath>
+#include <functional>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "test_util.h"
+#include "train/run_shape.h"
+
+namespace zt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs fn and returns the zt::Error's message ("" when nothing was thrown); the kind must be
+// kInvalidArgument (a user's mistake, exit code 2).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();
+    return e.message();
+  }
+  return "";
+}
+
+TEST(RunShape, DefaultBatchIsTheSmallestMultipleOfTheDevicesAtOrAbove8Per2) {
+  EXPECT_EQ(default_batch_size(true, 1), 8);
+  EXPECT_EQ(default_batch_size(true, 2), 8);   // today's default job
+  EXPECT_EQ(default_batch_size(true, 4), 16);  // unchanged where it already divided
+  EXPECT_EQ(default_batch_size(true, 3), 18);
+  EXPECT_EQ(default_batch_size(false, 2), 128);
+  EXPECT_EQ(default_batch_size(false, 3), 258);
+  for (int n = 1; n <= 64; ++n)
+    for (bool gpt : {true, false}) {
+      const int floor = (gpt ? 8 : 128) * ((n + 1) / 2), b = default_batch_size(gpt, n);
+      EXPECT_EQ(b % n, 0) << n;
+      EXPECT_GE(b, floor) << n;
+      EXPECT_LT(b - n, floor) << n;  // the smallest such multiple
+      // And the whole run shape resolves with it.
+      const ModelConfig mc = make_model_config(gpt ? "gpt-tiny" : "mlp");
+      EXPECT_EQ(resolve_run_shape(TrainConfig{}, mc, n, Backend::kCpu).config.batch_size, b) << n;
+    }
+}
+
+TEST(RunShape, DefaultsOfTheDefaultJob) {
+  const RunShape s = resolve_run_shape(TrainConfig{}, make_model_config("gpt-tiny"), 2, Backend::kCpu);
+  EXPECT_EQ(s.config.batch_size, 8);
+  EXPECT_EQ(s.config.micro_batch_size, 4);
+  EXPECT_EQ(s.accum, 1);
+  EXPECT_EQ(s.seq_len, 64);
+  EXPECT_EQ(s.config.train_seq_len, 64);
+  EXPECT_EQ(s.config.steps, 1500);
+  EXPECT_EQ(s.config.warmup_steps, 30);
+  EXPECT_EQ(s.config.eval_every, 375);
+  EXPECT_FLOAT_EQ(s.config.lr, 3e-3f);
+  EXPECT_FLOAT_EQ(s.config.min_lr, 3e-4f);
+  EXPECT_EQ(s.precision, Precision::kFp32);
+  EXPECT_EQ(s.working, DType::kF32);
+  EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kNone);
+  EXPECT_EQ(s.plan.devices, 2);
+  EXPECT_EQ(s.plan.zero_stage, 2);
+  EXPECT_EQ(s.plan.micro_batch, 4);
+  EXPECT_EQ(s.plan.seq_len, 64);
+  EXPECT_EQ(s.plan.micro_batches, 1);
+  EXPECT_TRUE(s.plan.sampling);
+  EXPECT_FALSE(s.plan.sgd);
+}
+
+TEST(RunShape, AccumulationPrecisionAndScaling) {
+  TrainConfig c;
+  c.batch_size = 48;
+  c.micro_batch_size = 2;
+  c.train_seq_len = 16;
+  c.optimizer = OptimizerKind::kSgd;
+  c.sample_tokens = 0;
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  RunShape s = resolve_run_shape(c, mc, 4, Backend::kCuda);
+  EXPECT_EQ(s.accum, 48 / 4 / 2);
+  EXPECT_EQ(s.plan.micro_batches, 6);
+  EXPECT_EQ(s.seq_len, 16);
+  EXPECT_EQ(s.precision, Precision::kBf16);  // auto on GPUs
+  EXPECT_EQ(s.working, DType::kBF16);
+  EXPECT_FLOAT_EQ(s.config.lr, 0.05f);  // SGD
+  EXPECT_FALSE(s.plan.sampling);
+  EXPECT_TRUE(s.plan.sgd);
+  c.precision = Precision::kFp16;
+  s = resolve_run_shape(c, mc, 4, Backend::kCpu);
+  EXPECT_EQ(s.working, DType::kF16);
+  EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kDynamic);
+  EXPECT_FLOAT_EQ(s.initial_scale, 65536.0f);
+  c.loss_scale = "128";
+  s = resolve_run_shape(c, mc, 4, Backend::kCpu);
+  EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kFixed);
+  EXPECT_FLOAT_EQ(s.initial_scale, 128.0f);
+  c.loss_scale = "none";
+  EXPECT_EQ(resolve_run_shape(c, mc, 4, Backend::kCpu).scaling, ZeroOptions::Scaling::kNone);
+}
+
+TEST(RunShape, ImageDataLeavesTheStepsToTheData) {
+  const RunShape s = resolve_run_shape(TrainConfig{}, make_model_config("mlp"), 2, Backend::kCpu);
+  EXPECT_EQ(s.config.steps, -1);
+  EXPECT_EQ(s.config.warmup_steps, -1);
+  EXPECT_EQ(s.config.eval_every, -1);
+  EXPECT_EQ(s.seq_len, 1);
+  EXPECT_EQ(s.config.batch_size, 128);
+  EXPECT_FLOAT_EQ(s.config.lr, 1e-3f);
+}
+
+TEST(RunShape, EveryCheckSaysWhatIsWrong) {
+  const ModelConfig tiny = make_model_config("gpt-tiny");
+  struct Case {
+    std::function<void(TrainConfig&)> set;
+    int devices;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](TrainConfig& c) { c.batch_size = 9; }, 2, "--batch-size 9 does not split evenly over 2 devices"},
+      {[](TrainConfig& c) { c.batch_size = 8, c.micro_batch_size = 3; }, 2, "is 4 per device, not a multiple of --micro-batch-size 3"},
+      {[](TrainConfig& c) { c.batch_size = 0; }, 2, "--batch-size must be at least 1"},
+      {[](TrainConfig& c) { c.micro_batch_size = -2; }, 2, "--micro-batch-size must be at least 1"},
+      {[](TrainConfig& c) { c.train_seq_len = 65; }, 2, "above the model's context of 64"},
+      {[](TrainConfig& c) { c.zero_stage = 4; }, 2, "--zero-stage must be 0, 1, 2 or 3"},
+      {[](TrainConfig& c) { c.data = "fashion-mnist"; }, 2, "--data fashion-mnist is an image dataset"},
+      {[](TrainConfig& c) { c.lr = INFINITY; }, 2, "--lr is out of range for a float"},
+      {[](TrainConfig& c) { c.min_lr = INFINITY; }, 2, "--min-lr is out of range for a float"},
+      {[](TrainConfig& c) { c.steps = 0; }, 2, "--steps must be at least 1"},
+      {[](TrainConfig& c) { c.loss_scale = "lots"; }, 2, "--loss-scale must be dynamic, none or a positive number"},
+      {[](TrainConfig& c) { c.loss_scale = ""; }, 2, "--loss-scale must be dynamic, none or a positive number"},
+      {[](TrainConfig& c) { c.min_scale = 8, c.initial_scale = 4; }, 2, "0 < --min-scale <= --initial-scale"},
+      {[](TrainConfig& c) { c.scale_window = 0; }, 2, "--scale-window must be at least 1"},
+      {[](TrainConfig& c) { c.on_scale_collapse_bf16 = true; }, 2, "--precision fp16 runs only"},
+      {[](TrainConfig& c) { c.weight_decay = -1; }, 2, "--weight-decay must not be negative"},
+      {[](TrainConfig& c) { c.temperature = 0; }, 2, "--temperature > 0"},
+      {[](TrainConfig& c) { c.resume = "auto"; }, 2, "--resume auto needs --checkpoint-dir"},
+      {[](TrainConfig& c) { c.steps = 10, c.profile_steps = "5:11"; }, 2, "--profile-steps 5:11 must satisfy"},
+      {[](TrainConfig& c) { c.batch_size = INT_MAX - 1; }, 2, "tokens, above the limit of 2147483648"},
+      {[](TrainConfig& c) { c.batch_size = 8; }, 0, "at least one device"},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c;
+    k.set(c);
+    const std::string msg = error_of([&] { resolve_run_shape(c, tiny, k.devices, Backend::kCpu); });
+    EXPECT_NE(msg.find(k.message), std::string::npos) << "expected '" << k.message << "', got '" << msg << "'";
+  }
+}
+
+TEST(RunShape, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
+  ModelOverrides o;
+  o.embd = INT_MAX, o.heads = 1;  // issue 12 item 5: shard_range(n=-23622319953)
+  EXPECT_NE(error_of([&] { make_model_config("gpt-tiny", o); }).find("above the limit of 1099511627776"),
+            std::string::npos);
+  o = {};
+  o.layers = INT_MAX;
+  EXPECT_NE(error_of([&] { make_model_config("gpt-tiny", o); }).find("parameters"), std::string::npos);
+  o = {};
+  o.hidden = {1 << 20, 1 << 20, 1 << 20};
+  EXPECT_NE(error_of([&] { make_model_config("mlp", o); }).find("parameters"), std::string::npos);
+  // The largest preset, and a model just under the bound's order, are accepted.
+  EXPECT_EQ(error_of([] { make_model_config("gpt2-1558m"); }), "");
+  // A long context: one layer's T x T attention for every head of a micro-batch.
+  o = {};
+  o.seq_len = 1 << 20, o.heads = 64, o.embd = 64 * 8;
+  const ModelConfig wide = make_model_config("gpt-tiny", o);
+  TrainConfig c;
+  c.batch_size = 2;
+  EXPECT_NE(error_of([&] { resolve_run_shape(c, wide, 1, Backend::kCpu); }).find("one layer's activations"),
+            std::string::npos);
+  c.train_seq_len = 1024;
+  EXPECT_EQ(error_of([&] { resolve_run_shape(c, wide, 1, Backend::kCpu); }), "");
+}
+
+TEST(RunShape, OutputsNeverOverwriteInputsOrEachOther) {
+  test_util::TempDir dir("run_paths");
+  const std::string data = dir.path("book.txt");
+  std::ofstream(data) << "some text";
+  fs::create_hard_link(data, dir.path("alias.txt"));
+  TrainConfig c;
+  c.data = data;
+  EXPECT_EQ(error_of([&] { check_run_paths(c, dir.path("curve.svg")); }), "");
+  EXPECT_NE(error_of([&] { check_run_paths(c, data); }).find("--plot '" + data + "' is the --data input"),
+            std::string::npos);
+  c.metrics_path = dir.path("alias.txt");  // the same inode under another name
+  EXPECT_NE(error_of([&] { check_run_paths(c); }).find("is the --data input"), std::string::npos);
+  c.metrics_path = dir.path("sub/../m.jsonl");  // not there yet: canonical paths
+  c.trace_path = dir.path("m.jsonl");
+  EXPECT_NE(error_of([&] { check_run_paths(c); }).find("--metrics and --trace both name"), std::string::npos);
+  c.trace_path = dir.path("t.json");
+  EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
+  c.checkpoint_dir = dir.path("ckpt");
+  c.resume = dir.path("ckpt");  // resuming from the checkpoint directory is how --resume works
+  EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
+  c.init_from = dir.path("w.safetensors");
+  EXPECT_NE(error_of([&] { check_run_paths(c); }).find("--init-from only seeds a fresh run"), std::string::npos);
+  c.resume = "auto";  // nothing to resume in an empty --checkpoint-dir: --init-from seeds the run
+  EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
+}
+
+}  // namespace
+}  // namespace zt
