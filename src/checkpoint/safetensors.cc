@@ -2,17 +2,13 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <set>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
+#include "core/files.h"
 #include "core/status.h"
 
 namespace zt {
@@ -179,9 +175,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> prefix, uint
 
 struct SafetensorsWriter::State {
   std::string path;
-  std::string tmp_path;
-  std::string dir;
-  UniqueFd fd;
+  std::unique_ptr<AtomicFile> file;
   uint64_t data_bytes = 0;
   uint64_t written = 0;
   bool committed = false;
@@ -212,31 +206,16 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Spec> tensors
   ZT_REQUIRE(text.size() <= kSafetensorsMaxHeaderBytes, path, ": the safetensors header would exceed 100 MB");
 
   s_->path = path;
-  const size_t slash = path.find_last_of('/');
-  s_->dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  ZT_REQUIRE(!base.empty(), path, ": the safetensors output path names a directory, not a file");
-  s_->tmp_path = s_->dir + "/." + base + ".tmp-" + std::to_string(::getpid());
-  s_->fd.reset(::open(s_->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!s_->fd) ZT_THROW(ErrorKind::kIo, s_->tmp_path, ": cannot create the file (", errno_text(errno), ")");
-  try {
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    write_all(s_->fd.get(), len, 8, path);
-    write_all(s_->fd.get(), text.data(), text.size(), path);
-  } catch (...) {
-    s_->fd.reset();
-    ::unlink(s_->tmp_path.c_str());
-    throw;
-  }
+  ZT_REQUIRE(path.back() != '/', path, ": the safetensors output path names a directory, not a file");
+  s_->file = std::make_unique<AtomicFile>(path, "safetensors file");
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  s_->file->write(len, 8);
+  s_->file->write(text);
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (s_ && !s_->committed) {
-    s_->fd.reset();
-    ::unlink(s_->tmp_path.c_str());
-  }
-}
+// The AtomicFile removes its temporary file when destroyed uncommitted.
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::write(const void* data, uint64_t bytes) {
   ZT_REQUIRE(!s_->committed, s_->path, ": the safetensors file is already committed");
@@ -244,7 +223,7 @@ void SafetensorsWriter::write(const void* data, uint64_t bytes) {
   ZT_REQUIRE(checked_add(s_->written, bytes, &total) && total <= s_->data_bytes, s_->path,
              ": more tensor data written than the declared tensors hold (", s_->data_bytes, " bytes)");
   if (bytes == 0) return;
-  write_all(s_->fd.get(), data, bytes, s_->path);
+  s_->file->write(data, bytes);
   s_->written = total;
 }
 
@@ -252,12 +231,8 @@ void SafetensorsWriter::commit() {
   ZT_REQUIRE(!s_->committed, s_->path, ": the safetensors file is already committed");
   ZT_REQUIRE(s_->written == s_->data_bytes, s_->path, ": ", s_->written, " bytes of tensor data were written, but the "
              "declared tensors hold ", s_->data_bytes);
-  fsync_fd(s_->fd.get(), s_->path);
-  s_->fd.close_checked(s_->path);
-  if (::rename(s_->tmp_path.c_str(), s_->path.c_str()) != 0)
-    ZT_THROW(ErrorKind::kIo, s_->path, ": cannot rename ", s_->tmp_path, " into place (", errno_text(errno), ")");
+  s_->file->commit();
   s_->committed = true;
-  fsync_dir(s_->dir);
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
@@ -280,8 +255,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
 // ---- reader ----------------------------------------------------------------------------------
 
 struct SafetensorsFile::State {
-  std::string path;
-  UniqueFd fd;
+  InputFile file;
   SafetensorsHeader header;
 };
 
@@ -291,43 +265,31 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = defaul
 SafetensorsFile::~SafetensorsFile() = default;
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  auto s = std::make_unique<State>();
-  s->path = path;
-  s->fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!s->fd) {
-    const int err = errno;
-    if (err == ENOENT) ZT_THROW(ErrorKind::kInvalidArgument, path, ": the safetensors file does not exist");
-    ZT_THROW(ErrorKind::kIo, path, ": cannot open the safetensors file (", errno_text(err), ")");
-  }
-  struct stat st {};
-  if (::fstat(s->fd.get(), &st) != 0) ZT_THROW(ErrorKind::kIo, path, ": cannot stat (", errno_text(errno), ")");
-  if (!S_ISREG(st.st_mode)) ZT_THROW(ErrorKind::kInvalidArgument, path, ": is not a regular file");
-  const int flags = ::fcntl(s->fd.get(), F_GETFL);
-  if (flags >= 0) ::fcntl(s->fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-  const auto size = static_cast<uint64_t>(st.st_size);
+  InputFile file = InputFile::open(path, "safetensors file");
+  const uint64_t size = file.size();
   std::vector<uint8_t> prefix(std::min<uint64_t>(size, 8));
-  pread_exact(s->fd.get(), prefix.data(), prefix.size(), 0, path);
+  file.read_at(0, prefix.data(), prefix.size());
   const uint64_t n = header_length(prefix, size, path);
   prefix.resize(8 + n);
-  pread_exact(s->fd.get(), prefix.data() + 8, n, 8, path);
-  s->header = parse_safetensors_header(prefix, size, path);
-  return SafetensorsFile(std::move(s));
+  file.read_at(8, prefix.data() + 8, n);
+  SafetensorsHeader header = parse_safetensors_header(prefix, size, path);
+  return SafetensorsFile(std::make_unique<State>(State{std::move(file), std::move(header)}));
 }
 
-const std::string& SafetensorsFile::path() const { return s_->path; }
+const std::string& SafetensorsFile::path() const { return s_->file.path(); }
 const SafetensorsHeader& SafetensorsFile::header() const { return s_->header; }
 
 const SafetensorsEntry& SafetensorsFile::at(std::string_view name) const {
   const SafetensorsEntry* e = find(name);
-  ZT_REQUIRE(e != nullptr, s_->path, ": the safetensors file has no tensor ", shown(name));
+  ZT_REQUIRE(e != nullptr, path(), ": the safetensors file has no tensor ", shown(name));
   return *e;
 }
 
 void SafetensorsFile::read(const SafetensorsEntry& tensor, uint64_t offset, uint64_t bytes, void* out) const {
   uint64_t end;
-  ZT_REQUIRE(checked_add(offset, bytes, &end) && end <= tensor.bytes(), s_->path, ": tensor ", shown(tensor.name),
+  ZT_REQUIRE(checked_add(offset, bytes, &end) && end <= tensor.bytes(), path(), ": tensor ", shown(tensor.name),
              " has ", tensor.bytes(), " bytes; cannot read [", offset, ", +", bytes, ")");
-  pread_exact(s_->fd.get(), out, bytes, s_->header.data_offset + tensor.begin + offset, s_->path);
+  s_->file.read_at(s_->header.data_offset + tensor.begin + offset, out, bytes);
 }
 
 std::vector<uint8_t> SafetensorsFile::read(std::string_view name) const {

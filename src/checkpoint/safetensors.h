@@ -8,7 +8,8 @@
 // duplicate names; "__metadata__" (optional) maps strings to strings; each dtype is known; shape
 // dimensions are non-negative and product * element size == end - begin; offsets lie in the data
 // section, and the tensors tile it exactly (no overlaps, no holes, nothing after the last).
-// Files are read with pread, never mapped, so a file truncated while open is an error, not SIGBUS.
+// Files are opened through core/files.h's InputFile (regular files only; a FIFO cannot block) and
+// read with pread, never mapped, so a file truncated while open is zt::Error(kIo), not SIGBUS.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +55,10 @@ inline SafetensorsHeader parse_safetensors(std::span<const uint8_t> file, const 
 }
 
 // Streams a safetensors file: the tensors' specs first, then their bytes in the same order (in any
-// number of write() calls), then commit(). Atomic: written to a temporary name beside `path`,
-// fsync'd, renamed, directory fsync'd; destroyed uncommitted, the temporary file is removed.
+// number of write() calls), then commit(). Atomic through core/files.h's AtomicFile: written to a
+// temporary name beside `path`, fsync'd, renamed, directory fsync'd; destroyed uncommitted, the
+// temporary file is removed. A target that is not a regular file (a device node such as
+// /dev/full, a FIFO, a directory, a symbolic link) is refused (kInvalidArgument) and left as it is.
 class SafetensorsWriter {
  public:
   struct Spec {

@@ -12,6 +12,7 @@
 #include <zlib.h>
 
 #include "core/philox.h"
+#include "core/files.h"
 #include "core/status.h"
 
 namespace zt {
@@ -33,31 +34,52 @@ bool dir_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// The whole (decompressed) content; zlib passes files that are not gzip through unchanged.
+// The whole (decompressed) content; files that are not gzip pass through unchanged. The file is
+// opened through InputFile (a FIFO or device is refused before zlib reads a byte) and inflated
+// from memory, so reads are bounded by its size at open.
 std::vector<uint8_t> read_maybe_gzip(const std::string& path) {
-  errno = 0;
-  gzFile f = ::gzopen(path.c_str(), "rb");
-  if (!f) {
-    ZT_THROW(ErrorKind::kInvalidArgument, path, ": cannot open the IDX file (",
-             errno ? std::strerror(errno) : "out of memory", ")");
-  }
-  ::gzbuffer(f, 1 << 17);
+  std::vector<uint8_t> raw = InputFile::open(path, "IDX file").read_all(kMaxIdxBytes);
+  if (raw.size() < 2 || raw[0] != 0x1f || raw[1] != 0x8b) return raw;
+  z_stream zs{};
+  ZT_CHECK(::inflateInit2(&zs, 15 + 32) == Z_OK, "zlib inflateInit2 failed");  // +32: gzip header
   std::vector<uint8_t> out;
   std::vector<uint8_t> chunk(1 << 20);
-  int got;
-  while ((got = ::gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()))) > 0)
-    out.insert(out.end(), chunk.begin(), chunk.begin() + got);
-  int err = Z_OK;
-  const std::string what = ::gzerror(f, &err);
-  const int close_rc = ::gzclose(f);
-  // A gzip stream cut short reads as a clean end of data; gzclose reports it (Z_BUF_ERROR).
-  if (got < 0 || (err != Z_OK && err != Z_BUF_ERROR)) {
-    ZT_THROW(ErrorKind::kInvalidArgument, path, ": the gzip data is corrupt (", what, ")");
+  size_t pos = 0;  // the next raw byte not yet handed to zlib
+  int rc = Z_OK;
+  for (;;) {
+    if (zs.avail_in == 0 && pos < raw.size()) {
+      const size_t n = std::min<size_t>(raw.size() - pos, size_t{1} << 30);
+      zs.next_in = raw.data() + pos;
+      zs.avail_in = static_cast<uInt>(n);
+      pos += n;
+    }
+    zs.next_out = chunk.data();
+    zs.avail_out = static_cast<uInt>(chunk.size());
+    rc = ::inflate(&zs, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
+      const std::string what = zs.msg ? zs.msg : "zlib error " + std::to_string(rc);
+      ::inflateEnd(&zs);
+      ZT_THROW(ErrorKind::kInvalidArgument, path, ": the gzip data is corrupt (", what, ")");
+    }
+    out.insert(out.end(), chunk.begin(), chunk.end() - zs.avail_out);
+    if (out.size() > static_cast<uint64_t>(kMaxIdxBytes)) {
+      ::inflateEnd(&zs);
+      ZT_THROW(ErrorKind::kInvalidArgument, path, ": the gzip data inflates to more than 2^40 bytes");
+    }
+    if (rc == Z_STREAM_END) {
+      // Another gzip member may follow (gzip(1) concatenates them); anything else is ignored.
+      const size_t next = pos - zs.avail_in;
+      if (next + 1 < raw.size() && raw[next] == 0x1f && raw[next + 1] == 0x8b) {
+        ::inflateReset(&zs);
+        continue;
+      }
+      break;
+    }
+    if (rc == Z_BUF_ERROR && zs.avail_in == 0 && pos == raw.size()) break;  // input ran out mid-stream
   }
-  if (err == Z_BUF_ERROR || close_rc == Z_BUF_ERROR) {
+  ::inflateEnd(&zs);
+  if (rc != Z_STREAM_END)
     ZT_THROW(ErrorKind::kInvalidArgument, path, ": the gzip data ends early (truncated download?)");
-  }
-  ZT_REQUIRE(close_rc == Z_OK, path, ": reading the file failed (zlib error ", close_rc, ")");
   return out;
 }
 

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <limits>
 
+#include <sys/stat.h>
+
+#include "core/files.h"
 #include "core/philox.h"
 #include "core/status.h"
 #include "data/synthetic_data.h"
@@ -22,11 +25,42 @@ constexpr uint64_t kMaxCounter = uint64_t{1} << 32;
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
+
+int32_t TokenSegment::at(uint64_t i) const {
+  if (u8) return u8[i];
+  if (u16) return u16[i];
+  uint8_t b[2];
+  file->read_at(file_offset + 2 * i, b, 2);
+  return b[0] | (b[1] << 8);
+}
+
+void TokenSegment::read(uint64_t first, size_t n, int32_t* out, int vocab_size) const {
+  if (u8) {
+    for (size_t t = 0; t < n; ++t) out[t] = u8[first + t];
+  } else if (u16) {
+    for (size_t t = 0; t < n; ++t) out[t] = u16[first + t];
+  } else {
+    // Reuses out's storage: 2n bytes of uint16 fit in its 4n bytes; widened from the back.
+    auto* raw = reinterpret_cast<uint8_t*>(out);
+    file->read_at(file_offset + 2 * first, raw, 2 * n);
+    for (size_t t = n; t-- > 0;) out[t] = raw[2 * t] | (raw[2 * t + 1] << 8);
+    for (size_t t = 0; t < n; ++t)
+      if (out[t] >= vocab_size) [[unlikely]]
+        ZT_THROW(ErrorKind::kIo, file->path(), ": token ", out[t], " at position ", first + t,
+                 " is out of range for vocab ", vocab_size, ", although the file was valid when it was "
+                 "opened; it was rewritten while in use, so restore it and rerun");
+  }
+}
 
 const char* split_name(Split split) { return split == Split::kTrain ? "train" : "validation"; }
 
@@ -101,25 +135,16 @@ void TokenWindows::batch(Split split, uint64_t step, int64_t first, int count, i
   check_counters(step, first, count);
   const std::vector<uint64_t> ends = window_ends(split, T);
   const auto& segs = segments(split);
+  std::vector<int32_t> window(static_cast<size_t>(T) + 1);
   for (int row = 0; row < count; ++row) {
     const WindowStart w =
         locate(ends, sequence_random(seed_, split, step, static_cast<uint64_t>(first + row)));
     const TokenSegment& seg = segs[static_cast<size_t>(w.segment)];
+    seg.read(w.offset, window.size(), window.data(), vocab_size_);
     int32_t* in = inputs + static_cast<size_t>(row) * T;
     int32_t* tg = targets + static_cast<size_t>(row) * T;
-    if (seg.u8) {
-      const uint8_t* x = seg.u8 + w.offset;
-      for (int t = 0; t < T; ++t) {
-        in[t] = x[t];
-        tg[t] = x[t + 1];
-      }
-    } else {
-      const uint16_t* x = seg.u16 + w.offset;
-      for (int t = 0; t < T; ++t) {
-        in[t] = x[t];
-        tg[t] = x[t + 1];
-      }
-    }
+    std::copy(window.begin(), window.end() - 1, in);
+    std::copy(window.begin() + 1, window.end(), tg);
   }
 }
 
@@ -130,7 +155,8 @@ std::unique_ptr<LanguageData> open_language_data(const std::string& spec, uint64
   std::unique_ptr<LanguageData> data;
   if (spec == "synthetic") {
     data = std::make_unique<SyntheticData>(seed);
-  } else if (ends_with(spec, ".bin") || has_glob_chars(spec)) {
+  } else if (ends_with(spec, ".bin") || (has_glob_chars(spec) && !path_exists(spec))) {
+    // A path that exists is that file even when its name holds glob characters.
     return std::make_unique<TokenShardData>(spec, seed, vocab_hint > 0 ? vocab_hint : kGpt2VocabSize);
   } else {
     data = std::make_unique<TextFileData>(spec, seed);

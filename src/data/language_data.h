@@ -10,6 +10,8 @@
 
 namespace zt {
 
+class InputFile;
+
 // Fashion-MNIST's 10k test set plays the validation role for image data.
 enum class Split : uint8_t { kTrain = 0, kValidation = 1 };
 const char* split_name(Split split);  // "train" / "validation"
@@ -47,12 +49,20 @@ class LanguageData {
 };
 
 // A run of tokens that no sequence crosses (a shard, or one split's slice of a file). Exactly one
-// of u8 / u16 is set; the memory is owned by the dataset holding the segment.
+// of u8 / u16 / file is set; the memory or the open file is owned by the dataset holding the
+// segment. A file segment holds little-endian uint16 tokens from byte file_offset on and is read
+// with pread when sampled (never mapped: a file truncated while training gives zt::Error(kIo), not
+// SIGBUS).
 struct TokenSegment {
   const uint8_t* u8 = nullptr;
   const uint16_t* u16 = nullptr;
   uint64_t size = 0;
-  int32_t at(uint64_t i) const { return u8 ? u8[i] : u16[i]; }
+  const InputFile* file = nullptr;
+  uint64_t file_offset = 0;
+  int32_t at(uint64_t i) const;
+  // Tokens [first, first + n) into out; file tokens are checked against vocab_size again (the
+  // file may have been rewritten since it was validated).
+  void read(uint64_t first, size_t n, int32_t* out, int vocab_size) const;
 };
 
 // Where a sampled sequence starts: segment index within its split, and token offset within it.
@@ -102,8 +112,10 @@ class TokenWindows : public LanguageData {
 uint64_t sequence_random(uint64_t seed, Split split, uint64_t step, uint64_t index);
 
 // spec: "synthetic" (the built-in corpus), a glob or path ending in .bin (llm.c token shards), or
-// the path of a text file (bytes as tokens). vocab_hint is the model's vocabulary: token shards
-// are checked against it (<= 0: GPT-2's 50257); byte data needs at least 256.
+// the path of a text file (bytes as tokens). A path that exists is always that file, even when its
+// name holds glob characters; only a path that does not exist is read as a shard pattern.
+// vocab_hint is the model's vocabulary: token shards are checked against it (<= 0: GPT-2's 50257);
+// byte data needs at least 256.
 std::unique_ptr<LanguageData> open_language_data(const std::string& spec, uint64_t seed,
                                                  int vocab_hint);
 

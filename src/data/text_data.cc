@@ -1,36 +1,19 @@
 // Reading a text file into memory as byte tokens.
 #include "data/text_data.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <memory>
-
-#include <sys/stat.h>
-
+#include "core/files.h"
 #include "core/status.h"
 
 namespace zt {
 
+namespace {
+// The whole file is held in memory; beyond this, llm.c token shards are the format to use.
+constexpr uint64_t kMaxTextFileBytes = uint64_t{16} << 30;
+}  // namespace
+
 TextFileData::TextFileData(const std::string& path, uint64_t seed)
     : TokenWindows(seed, 256, path), path_(path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    ZT_THROW(ErrorKind::kInvalidArgument, path, ": cannot open the text file (", std::strerror(errno),
-             "); check the path given as the data spec");
-  }
-  ZT_REQUIRE(!S_ISDIR(st.st_mode), path, ": is a directory, not a text file; pass a file, a glob of "
-             ".bin shards, or 'synthetic'");
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) {
-    ZT_THROW(ErrorKind::kInvalidArgument, path, ": cannot open the text file (", std::strerror(errno), ")");
-  }
-  char buf[1 << 16];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof(buf), f.get())) > 0) bytes_.insert(bytes_.end(), buf, buf + got);
-  if (std::ferror(f.get())) {
-    ZT_THROW(ErrorKind::kIo, path, ": reading the text file failed (", std::strerror(errno), ")");
-  }
+  bytes_ = InputFile::open(path, "text file").read_all(kMaxTextFileBytes);
   ZT_REQUIRE(!bytes_.empty(), path, ": the text file is empty; a byte-level dataset needs at least "
              "T+1 bytes of text in each split");
   const uint64_t n_val = bytes_.size() / 10;

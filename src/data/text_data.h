@@ -11,7 +11,9 @@ namespace zt {
 
 class TextFileData : public TokenWindows {
  public:
-  // Throws kInvalidArgument naming the file when it is missing, unreadable, a directory or empty.
+  // Reads the file through InputFile: throws kInvalidArgument naming the file when it is missing,
+  // unreadable, not a regular file (a directory, FIFO or device such as /dev/zero), empty or over
+  // 16 GiB; kIo when it shrinks while being read.
   TextFileData(const std::string& path, uint64_t seed);
 
   std::string describe() const override;

@@ -1,31 +1,20 @@
-// Opening, validating and memory-mapping llm.c token shards.
+// Opening and validating llm.c token shards; sampled tokens are read with pread (token_shards.h).
 #include "data/token_shards.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 
-#include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
+#include "core/files.h"
 #include "core/status.h"
 
 namespace zt {
 
-// A read-only mapping of one whole shard; unmapped when the dataset goes.
-struct TokenShardData::Mapping {
-  void* addr = nullptr;
-  size_t length = 0;
-  ~Mapping() {
-    if (addr) ::munmap(addr, length);
-  }
-};
-
 namespace {
+
+constexpr size_t kValidateChunkBytes = size_t{1} << 20;
 
 bool is_validation_file(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -34,6 +23,10 @@ bool is_validation_file(const std::string& path) {
 }
 
 std::vector<std::string> expand(const std::string& pattern) {
+  // A path that exists is that file, whatever characters its name holds; only a path that does
+  // not exist is expanded as a pattern.
+  struct stat st {};
+  if (::stat(pattern.c_str(), &st) == 0) return {pattern};
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   std::vector<std::string> paths;
@@ -54,8 +47,11 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 }  // namespace
 
-uint64_t validate_token_shard(std::span<const uint8_t> bytes, int vocab_size, const std::string& name) {
-  const uint64_t size = bytes.size();
+namespace {
+
+// Header checks against the file's size; returns the token count. `bytes` holds at least the
+// header when size >= kShardHeaderBytes.
+uint64_t validate_shard_header(std::span<const uint8_t> bytes, uint64_t size, const std::string& name) {
   ZT_REQUIRE(size >= kShardHeaderBytes, name, ": the file is ", size, " bytes, shorter than the ",
              kShardHeaderBytes, "-byte llm.c shard header (truncated or not a token shard)");
   int32_t header[3];
@@ -70,16 +66,27 @@ uint64_t validate_token_shard(std::span<const uint8_t> bytes, int vocab_size, co
   ZT_REQUIRE(size == expected, name, ": the header declares ", count, " tokens, so the file should be ",
              expected, " bytes, but it is ", size, " bytes (",
              size < expected ? "truncated" : "trailing data", ")");
-  const uint8_t* tokens = bytes.data() + kShardHeaderBytes;
+  return count;
+}
+
+// Tokens first..first+n (little-endian uint16 at `tokens`) must be < vocab_size.
+void validate_shard_tokens(const uint8_t* tokens, uint64_t first, uint64_t n, int vocab_size,
+                           const std::string& name) {
   const auto limit = static_cast<uint32_t>(vocab_size);
-  for (uint64_t i = 0; i < count; ++i) {
-    uint16_t token;  // memcpy: a buffer need not be 2-byte aligned
-    std::memcpy(&token, tokens + 2 * i, sizeof(token));
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t token = tokens[2 * i] | (uint32_t{tokens[2 * i + 1]} << 8);
     if (token >= limit) [[unlikely]] {
-      ZT_THROW(ErrorKind::kInvalidArgument, name, ": token ", token, " at position ", i,
+      ZT_THROW(ErrorKind::kInvalidArgument, name, ": token ", token, " at position ", first + i,
                " is out of range for vocab ", vocab_size);
     }
   }
+}
+
+}  // namespace
+
+uint64_t validate_token_shard(std::span<const uint8_t> bytes, int vocab_size, const std::string& name) {
+  const uint64_t count = validate_shard_header(bytes, bytes.size(), name);
+  validate_shard_tokens(bytes.data() + kShardHeaderBytes, 0, count, vocab_size, name);
   return count;
 }
 
@@ -88,12 +95,10 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-  if (!f) ZT_THROW(ErrorKind::kIo, path, ": cannot create the token shard (", std::strerror(errno), ")");
-  bool ok = std::fwrite(header, sizeof(header), 1, f.get()) == 1;
-  if (!tokens.empty()) ok = ok && std::fwrite(tokens.data(), 2, tokens.size(), f.get()) == tokens.size();
-  ok = std::fclose(f.release()) == 0 && ok;
-  if (!ok) ZT_THROW(ErrorKind::kIo, path, ": writing the token shard failed (", std::strerror(errno), ")");
+  AtomicFile f(path, "token shard");
+  f.write(header, sizeof(header));
+  f.write(tokens.data(), 2 * tokens.size());
+  f.commit();
 }
 
 TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size)
@@ -102,43 +107,27 @@ TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vo
              "size must be in [1, 65536] (got ", vocab_size, ")");
   const std::vector<std::string> paths = expand(pattern);
   struct Shard {
-    const uint16_t* tokens;
+    const InputFile* file;
     uint64_t count;
     bool validation;
   };
   std::vector<Shard> shards;
+  std::vector<uint8_t> chunk(kValidateChunkBytes);
   for (const std::string& path : paths) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      ZT_THROW(ErrorKind::kInvalidArgument, path, ": cannot open the token shard (", std::strerror(errno), ")");
+    files_open_.push_back(std::make_unique<InputFile>(InputFile::open(path, "token shard")));
+    const InputFile& file = *files_open_.back();
+    const uint64_t size = file.size();
+    const size_t head = static_cast<size_t>(std::min<uint64_t>(size, kShardHeaderBytes));
+    file.read_at(0, chunk.data(), head);
+    const uint64_t count = validate_shard_header(std::span<const uint8_t>(chunk.data(), head), size, path);
+    // Every token is checked once here, a chunk at a time, so a bad file fails before training.
+    for (uint64_t first = 0; first < count;) {
+      const uint64_t n = std::min<uint64_t>(count - first, kValidateChunkBytes / 2);
+      file.read_at(kShardHeaderBytes + 2 * first, chunk.data(), static_cast<size_t>(2 * n));
+      validate_shard_tokens(chunk.data(), first, n, vocab_size, path);
+      first += n;
     }
-    struct stat st {};
-    const int stat_rc = ::fstat(fd, &st);
-    if (stat_rc != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      ZT_THROW(ErrorKind::kInvalidArgument, path, ": is not a regular file, so it cannot be a token shard");
-    }
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (size < kShardHeaderBytes) {
-      ::close(fd);
-      ZT_THROW(ErrorKind::kInvalidArgument, path, ": the file is ", size, " bytes, shorter than the ",
-               kShardHeaderBytes, "-byte llm.c shard header (truncated or not a token shard)");
-    }
-    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_errno = errno;
-    ::close(fd);
-    if (addr == MAP_FAILED) {
-      ZT_THROW(ErrorKind::kIo, path, ": cannot memory-map the token shard (", std::strerror(map_errno), ")");
-    }
-    auto mapping = std::make_unique<Mapping>();
-    mapping->addr = addr;
-    mapping->length = size;
-    mappings_.push_back(std::move(mapping));
-
-    const uint64_t count = validate_token_shard(
-        std::span<const uint8_t>(static_cast<const uint8_t*>(addr), size), vocab_size, path);
-    const auto* tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(addr) + kShardHeaderBytes);
-    shards.push_back(Shard{tokens, count, is_validation_file(path)});
+    shards.push_back(Shard{&file, count, is_validation_file(path)});
   }
 
   const bool named_split = std::any_of(shards.begin(), shards.end(), [](const Shard& s) { return s.validation; });
@@ -146,7 +135,7 @@ TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vo
     for (size_t k = 0; k < shards.size(); ++k) {
       const int split = shards[k].validation ? 1 : 0;
       files_[split].push_back(paths[k]);
-      segments_[split].push_back(TokenSegment{nullptr, shards[k].tokens, shards[k].count});
+      segments_[split].push_back(TokenSegment{nullptr, nullptr, shards[k].count, shards[k].file, kShardHeaderBytes});
     }
     ZT_REQUIRE(!files_[0].empty(), pattern, ": every matching shard is a validation shard (its name "
                "contains 'val'); the pattern must also match training shards");
@@ -162,11 +151,12 @@ TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vo
       const uint64_t train_part = std::min(s.count, n_train > seen ? n_train - seen : 0);
       if (train_part > 0) {
         files_[0].push_back(paths[k]);
-        segments_[0].push_back(TokenSegment{nullptr, s.tokens, train_part});
+        segments_[0].push_back(TokenSegment{nullptr, nullptr, train_part, s.file, kShardHeaderBytes});
       }
       if (train_part < s.count) {
         files_[1].push_back(paths[k]);
-        segments_[1].push_back(TokenSegment{nullptr, s.tokens + train_part, s.count - train_part});
+        segments_[1].push_back(
+            TokenSegment{nullptr, nullptr, s.count - train_part, s.file, kShardHeaderBytes + 2 * train_part});
       }
       seen += s.count;
     }

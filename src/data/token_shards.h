@@ -1,7 +1,8 @@
 // llm.c token shards (.bin): a 256 x int32 header {magic 20240520, version 1, token count, 0...}
-// followed by `count` little-endian uint16 GPT-2 token ids. Shards are memory-mapped and fully
-// validated when opened (header, exact size, every token < vocab), so a bad file fails before the
-// first step rather than in the middle of a run.
+// followed by `count` little-endian uint16 GPT-2 token ids. Shards are opened through InputFile and
+// fully validated when opened (header, exact size, every token < vocab), so a bad file fails
+// before the first step; sampled windows are then read with pread, never memory-mapped, so a shard
+// truncated or rewritten during training gives zt::Error(kIo) instead of SIGBUS.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "data/language_data.h"
 
 namespace zt {
@@ -33,7 +35,8 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
 // sorted file order) is validation. Every shard is one segment: no sequence crosses two files.
 class TokenShardData : public TokenWindows {
  public:
-  // pattern: a glob(3) pattern or a single path. Throws kInvalidArgument, naming the file and the
+  // pattern: a single path (a path that exists is that file, even with '*', '?' or '[' in its
+  // name) or else a glob(3) pattern. Throws kInvalidArgument, naming the file and the
   // problem, for no match, a short or oversized file, a wrong magic or version, or a token >= vocab.
   TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size);
   ~TokenShardData() override;
@@ -43,10 +46,9 @@ class TokenShardData : public TokenWindows {
   const std::vector<std::string>& files(Split split) const { return files_[static_cast<int>(split)]; }
 
  private:
-  struct Mapping;
   std::string pattern_;
   std::vector<std::string> files_[2];
-  std::vector<std::unique_ptr<Mapping>> mappings_;
+  std::vector<std::unique_ptr<InputFile>> files_open_;  // the segments point at these
 };
 
 }  // namespace zt

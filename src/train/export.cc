@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/dtype.h"
+#include "core/files.h"
 #include "core/status.h"
 #include "model/model.h"
 
@@ -65,6 +66,9 @@ ModelConfig checkpoint_model_config(const std::string& checkpoint_dir) {
 }
 
 ExportReport export_safetensors(const std::string& spec, const std::string& out_path) {
+  // Before reading gigabytes: a device node, FIFO, directory or link at --out is refused here, and
+  // SafetensorsWriter's AtomicFile looks again just before its rename.
+  check_output_path(out_path, "--out file");
   const std::string dir = resolve_checkpoint_dir(spec);
   const CheckpointReader reader = CheckpointReader::open(dir);
   const ModelConfig mc = config_from_meta(reader.meta(), dir);

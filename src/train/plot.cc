@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
+#include "core/files.h"
 #include "core/status.h"
 
 namespace zt {
@@ -152,17 +152,10 @@ std::string loss_curve_svg(const LossCurve& c) {
   return o;
 }
 
-void check_plot_path(const std::string& path) {
-  std::ofstream f(path, std::ios::app);
-  ZT_REQUIRE(f.good(), "cannot write --plot file '", path, "'; check that its folder exists and is writable");
-}
+void check_plot_path(const std::string& path) { check_output_path(path, "--plot file"); }
 
 void write_loss_curve_svg(const std::string& path, const LossCurve& curve) {
-  const std::string svg = loss_curve_svg(curve);
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << svg;
-  f.flush();
-  ZT_REQUIRE(f.good(), "cannot write --plot file '", path, "'");
+  write_file_atomic(path, loss_curve_svg(curve), "--plot file");
 }
 
 }  // namespace zt

@@ -19,9 +19,11 @@ struct LossCurve {
 // The SVG document. The training curve is one <polyline> with one point per step.
 std::string loss_curve_svg(const LossCurve& curve);
 
-// Fails early (before training) with one sentence when `path` cannot be written.
+// Fails early (before training) with one sentence (kInvalidArgument) when `path` cannot be
+// written: a missing or read-only folder, or something other than a regular file at the path.
 void check_plot_path(const std::string& path);
-// Writes the SVG to `path`; throws zt::Error(kInvalidArgument) when it cannot.
+// Replaces `path` with the SVG atomically (core/files.h AtomicFile); a failed write, fsync or
+// rename throws zt::Error(kIo) naming the file.
 void write_loss_curve_svg(const std::string& path, const LossCurve& curve);
 
 }  // namespace zt

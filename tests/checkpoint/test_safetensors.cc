@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -214,8 +215,56 @@ TEST(Safetensors, MalformedFilesAreRefusedRuleByRule) {
     write_file(path, c.bytes);
     expect_invalid([&] { SafetensorsFile::open(path); }, {path, c.expect});
   }
-  expect_invalid([&] { SafetensorsFile::open(dir.sub("missing.safetensors")); }, {"does not exist"});
+  expect_invalid([&] { SafetensorsFile::open(dir.sub("missing.safetensors")); }, {"missing", "No such file"});
   expect_invalid([&] { SafetensorsFile::open(dir.sub("")); }, {"not a regular file"});
+}
+
+// Issue 12: the writer refuses to replace anything but a regular file (the rename used to turn
+// `export --out /dev/full` into a regular file), and the reader refuses FIFOs and devices and
+// reports a file truncated while open.
+TEST(Safetensors, WriterRefusesNonRegularTargetsAndLeavesThem) {
+  TempDir dir;
+  const float x[3] = {1.0f, -2.0f, 3.5f};
+  const std::vector<SafetensorsTensor> tensors = {{"x", StorageDType::kF32, {3}, x, sizeof(x)}};
+  const std::string fifo = dir.sub("out.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_invalid([&] { write_safetensors(fifo, tensors); }, {fifo, "FIFO"});
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  expect_invalid([&] { SafetensorsFile::open(fifo); }, {fifo, "FIFO"});
+  for (const char* dev : {"/dev/full", "/dev/null"}) {
+    if (::access(dev, F_OK) != 0) continue;
+    expect_invalid([&] { write_safetensors(dev, tensors); }, {dev, "character device"});
+    ASSERT_EQ(::lstat(dev, &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << dev << " must stay a device node";
+  }
+  const std::string link = dir.sub("link.safetensors");
+  fs::create_symlink(dir.sub("elsewhere"), link);
+  expect_invalid([&] { write_safetensors(link, tensors); }, {link, "symbolic link"});
+  EXPECT_FALSE(fs::exists(dir.sub("elsewhere")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.sub("")), fs::directory_iterator{}), 2);  // no temp left
+}
+
+TEST(Safetensors, TruncatedWhileOpenIsAnIoError) {
+  TempDir dir;
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
+  const std::string path = dir.sub("w.safetensors");
+  write_safetensors(path, {{"v", StorageDType::kF32, {1000}, v.data(), v.size() * 4}});
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f.header().data_offset + 100)), 0);
+  float head[25];
+  f.read(f.at("v"), 0, sizeof(head), head);
+  EXPECT_EQ(std::memcmp(head, v.data(), sizeof(head)), 0);
+  try {
+    f.read("v");
+    ADD_FAILURE() << "expected zt::Error(kIo)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_THAT(e.message(), HasSubstr(path));
+    EXPECT_THAT(e.message(), HasSubstr("truncated"));
+  }
 }
 
 }  // namespace

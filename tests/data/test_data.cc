@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -394,6 +395,92 @@ TEST(TokenShards, BadShardsAreRejectedAtLoad) {
                  {only_val.file("*.bin"), "validation shard"});
 }
 
+// Runs f, which must throw zt::Error of `kind` whose message contains every part.
+template <typename F>
+void expect_error_kind(F&& f, ErrorKind kind, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected zt::Error(" << error_kind_name(kind) << ") mentioning '" << *parts.begin() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    for (const std::string& p : parts) EXPECT_THAT(e.message(), HasSubstr(p));
+  }
+}
+
+// Regression (issue 12): shards were memory-mapped, so one truncated during training killed the
+// process with SIGBUS. Now the sampler preads and the shrink is a zt::Error(kIo) naming the file.
+TEST(TokenShards, TruncatedWhileTrainingIsAnErrorNotSigbus) {
+  TempDir dir;
+  const std::string path = dir.file("live_train.bin");
+  std::vector<uint16_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
+  write_token_shard(path, tokens);
+  const TokenShardData d(path, 5, kGpt2VocabSize);
+  constexpr int T = 32;
+  const auto before = fetch(d, Split::kTrain, 0, 0, 8, T);
+  for (int r = 0; r < 8; ++r)
+    for (int t = 0; t < T; ++t)  // token == position: the reads are the file's bytes
+      ASSERT_EQ(before.targets[static_cast<size_t>(r * T + t)], before.inputs[static_cast<size_t>(r * T)] + t + 1);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(kShardHeaderBytes)), 0);
+  expect_error_kind([&] { fetch(d, Split::kTrain, 1, 0, 8, T); }, ErrorKind::kIo, {path, "truncated"});
+  expect_error_kind([&] { fetch(d, Split::kValidation, 1, 0, 8, T); }, ErrorKind::kIo, {path, "truncated"});
+}
+
+TEST(TokenShards, RewrittenWithOutOfVocabTokensWhileTrainingIsAnError) {
+  TempDir dir;
+  const std::string path = dir.file("live_train.bin");
+  write_token_shard(path, std::vector<uint16_t>(3000, 7));
+  const TokenShardData d(path, 5, 1000);
+  EXPECT_EQ(fetch(d, Split::kTrain, 0, 0, 4, 16).inputs[0], 7);
+  // Same size, every token now 0xffff (out of range for vocab 1000), written in place.
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(kShardHeaderBytes));
+  const std::string ff(6000, '\xff');
+  f.write(ff.data(), static_cast<std::streamsize>(ff.size()));
+  f.close();
+  expect_error_kind([&] { fetch(d, Split::kTrain, 1, 0, 4, 16); }, ErrorKind::kIo, {path, "65535", "vocab 1000"});
+}
+
+// Regression (issue 12): a FIFO as --data hung in open(); /dev/zero read until memory ran out.
+TEST(Factory, FifosAndDevicesAreRefusedQuickly) {
+  TempDir dir;
+  const std::string fifo = dir.file("data.txt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string fifo_bin = dir.file("data.bin");
+  ASSERT_EQ(::mkfifo(fifo_bin.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_invalid([&] { open_language_data(fifo, 0, 0); }, {fifo, "FIFO", "not a regular file"});
+  expect_invalid([&] { open_language_data(fifo_bin, 0, 0); }, {fifo_bin, "FIFO", "not a regular file"});
+  for (const char* dev : {"/dev/zero", "/dev/urandom"})
+    if (::access(dev, R_OK) == 0)
+      expect_invalid([&] { open_language_data(dev, 0, 0); }, {dev, "character device", "not a regular file"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // IDX readers share the opener.
+  expect_invalid([&] { read_idx(fifo, 3); }, {fifo, "FIFO"});
+  if (::access("/dev/zero", R_OK) == 0) expect_invalid([&] { read_idx("/dev/zero", 3); }, {"/dev/zero", "character device"});
+}
+
+// A path that exists is that file, even with glob characters in its name; only a path that does
+// not exist is a pattern.
+TEST(Factory, GlobCharactersInAnExistingNameAreThatFile) {
+  TempDir dir;
+  const std::string text = dir.file("notes[1]*.txt");
+  write_bytes(text, std::vector<uint8_t>(500, 'q'));
+  const auto t = open_language_data(text, 0, 0);
+  EXPECT_EQ(t->vocab_size(), 256);
+  EXPECT_EQ(t->num_tokens(Split::kTrain) + t->num_tokens(Split::kValidation), 500u);
+  EXPECT_THAT(t->describe(), HasSubstr("text file"));
+  // "shard[1].bin" also matches shard1.bin as a pattern; the existing file wins.
+  write_token_shard(dir.file("shard[1].bin"), std::vector<uint16_t>(300, 11));
+  write_token_shard(dir.file("shard1.bin"), std::vector<uint16_t>(300, 22));
+  const TokenShardData literal(dir.file("shard[1].bin"), 0, kGpt2VocabSize);
+  EXPECT_EQ(literal.files(Split::kTrain), std::vector<std::string>{dir.file("shard[1].bin")});
+  EXPECT_EQ(fetch(literal, Split::kTrain, 0, 0, 1, 8).inputs[0], 11);
+  // A pattern that names no existing file is still a pattern.
+  const TokenShardData pattern(dir.file("shard?.bin"), 0, kGpt2VocabSize);
+  EXPECT_EQ(pattern.files(Split::kTrain), std::vector<std::string>{dir.file("shard1.bin")});
+}
+
 TEST(TokenShards, ShorterThanASequence) {
   TempDir dir;
   write_token_shard(dir.file("small_train.bin"), std::vector<uint16_t>(100, 1));
@@ -443,7 +530,7 @@ TEST(TextFile, BytesAreTokens) {
 TEST(TextFile, BadFiles) {
   TempDir dir;
   const std::string missing = dir.file("missing.txt");
-  expect_invalid([&] { open_language_data(missing, 0, 0); }, {missing, "cannot open", "No such file"});
+  expect_invalid([&] { open_language_data(missing, 0, 0); }, {missing, "missing", "No such file"});
   const std::string empty = dir.file("empty.txt");
   write_bytes(empty, {});
   expect_invalid([&] { open_language_data(empty, 0, 0); }, {empty, "empty"});
