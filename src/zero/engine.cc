@@ -925,20 +925,25 @@ BlockBufferBytes ZeroEngine::block_buffer_bytes(int64_t numel, int world, const 
 namespace {
 
 // The longest rank's optimizer list (one segment per tensor piece in the rank's state range), so
-// the plan sizes the device copy of the lists as build_segments does.
+// the plan sizes the device copy of the lists as build_segments does. A tensor spans a contiguous
+// run of ranks' shards: counted with a difference array over ranks, O(tensors + world).
 size_t planned_optimizer_segments(const ParamLayout& L, int world, const ShardingPolicy& p, size_t* work) {
-  size_t most = 0;
-  for (int r = 0; r < world; ++r) {
-    size_t n = 0;
-    for (int b = 0; b < L.num_blocks(); ++b) {
-      const ShardRange sh = shard_range(L.block(b).numel, r, world);
-      const int64_t lo = p.shard_optimizer ? sh.begin : 0, hi = p.shard_optimizer ? sh.end : L.block(b).numel;
-      for (const ParamTensor& t : L.block(b).tensors) n += std::max(lo, t.offset) < std::min(hi, t.offset + t.numel);
-      *work += L.block(b).tensors.size();
+  std::vector<int64_t> diff(static_cast<size_t>(world) + 1, 0);
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    const int64_t shard = shard_range(L.block(b).numel, 0, world).shard_numel;
+    for (const ParamTensor& t : L.block(b).tensors) {
+      if (t.numel <= 0) continue;
+      const int64_t first = p.shard_optimizer ? t.offset / shard : 0;
+      const int64_t last = p.shard_optimizer ? (t.offset + t.numel - 1) / shard : world - 1;
+      ++diff[static_cast<size_t>(first)];
+      --diff[static_cast<size_t>(last) + 1];
     }
-    most = std::max(most, n);
+    *work += 1 + L.block(b).tensors.size();
   }
-  return most;
+  int64_t most = 0, run = 0;
+  for (int r = 0; r < world; ++r) most = std::max(most, run += diff[static_cast<size_t>(r)]);
+  *work += static_cast<size_t>(world);
+  return static_cast<size_t>(most);
 }
 
 }  // namespace
