@@ -77,6 +77,7 @@ struct Block {
     }
     ZT_THROW(ErrorKind::kInternal, "unknown buffer role");
   }
+  const DeviceBuffer& buffer(BufferRole role) const { return const_cast<Block*>(this)->buffer(role); }
 };
 
 // Where and when a traced span started (filled in by a stream callback).
@@ -750,7 +751,7 @@ ModelStateBytes ZeroRank::model_state_bytes() const {
   ModelStateBytes m;
   for (const auto& blk : blocks)
     for (const ResidentBuffer& rb : resident_buffers(blk.sizes, policy_))
-      *state_slot(m, rb.role) += const_cast<Block&>(blk).buffer(rb.role).size();
+      *state_slot(m, rb.role) += blk.buffer(rb.role).size();
   return m;
 }
 
