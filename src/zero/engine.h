@@ -11,7 +11,9 @@
 //
 // What is sharded is named once per engine (ShardingPolicy, zero/policy.h), and what each hook
 // allocates and frees is a list built from the model's declared visit order (zero/visit_plan.h)
-// that the hooks execute and the memory plan walks.
+// that the hooks execute and the memory plan walks. The hooks check that the model follows its
+// declared order, with each block's after_backward right after its last backward visit (as GPT and
+// MLP do); anything else is an internal error, not a silent drift from the plan.
 //
 // Per-rank memory (fp32, Psi parameters, N ranks; padding to N*16 elements per block aside):
 //   stage 0: params 4Psi + grads 4Psi + moments 8Psi            = 16Psi
