@@ -43,19 +43,29 @@ struct Alloc {
 
 // Small-pool segments for these blocks of one stream: first-fit decreasing into segments of
 // pool_small_segment_bytes() (the pool never splits a block across segments, so blocks near 1 MiB
-// leave holes that count).
-size_t small_segments_bytes(std::vector<size_t> rounded) {
+// leave holes that count). The first segment with room is found in a max-tree over the segments'
+// free bytes, so a plan stays O(n log n) in the blocks (a linear scan per block was quadratic).
+size_t small_segments_bytes(std::vector<size_t> rounded, size_t* work) {
   const size_t seg = pool_small_segment_bytes();
   std::sort(rounded.rbegin(), rounded.rend());
-  std::vector<size_t> room;
+  size_t leaves = 1;
+  while (leaves < rounded.size()) leaves *= 2;
+  std::vector<size_t> tree(2 * leaves, 0);  // free bytes; unused segments have none (every block is > 0)
+  size_t used = 0;
   for (size_t r : rounded) {
-    auto it = std::find_if(room.begin(), room.end(), [r](size_t free) { return free >= r; });
-    if (it == room.end())
-      room.push_back(seg - r);
-    else
-      *it -= r;
+    size_t i = 1;
+    if (tree[1] >= r) {
+      while (i < leaves) i = tree[2 * i] >= r ? 2 * i : 2 * i + 1;
+      tree[i] -= r;
+    } else {
+      i = leaves + used++;
+      tree[i] = seg - r;
+    }
+    for (i /= 2; i >= 1; i /= 2) tree[i] = std::max(tree[2 * i], tree[2 * i + 1]);
+    *work += 1 + 2 * static_cast<size_t>(std::log2(static_cast<double>(leaves)) + 1);
   }
-  return room.size() * seg;
+  *work += rounded.size() + 2 * leaves;
+  return used * seg;
 }
 
 // Reserved bytes of a run: resident blocks plus, for each pool, the phase that needs the most, plus
@@ -63,7 +73,7 @@ size_t small_segments_bytes(std::vector<size_t> rounded) {
 // Small-pool segments stay reserved once a transient freed a hole in them (only a segment with no
 // live block can be released), so the small pool is sized for the resident blocks with the largest
 // phase's small transients; large blocks get segments rounded to the large granularity.
-size_t reserved_bytes(const std::vector<Alloc>& resident, const std::vector<std::vector<Alloc>>& phases) {
+size_t reserved_bytes(const std::vector<Alloc>& resident, const std::vector<std::vector<Alloc>>& phases, size_t* work) {
   auto split = [](const std::vector<Alloc>& v, std::vector<size_t>& compute, std::vector<size_t>& comm, size_t& large) {
     for (const Alloc& a : v) {
       const size_t r = pool_rounded_size(a.bytes);
@@ -82,7 +92,7 @@ size_t reserved_bytes(const std::vector<Alloc>& resident, const std::vector<std:
     std::vector<size_t> c = compute, m = comm;
     size_t l = 0;
     split(phase, c, m, l);
-    best_small = std::max(best_small, small_segments_bytes(c) + small_segments_bytes(m));
+    best_small = std::max(best_small, small_segments_bytes(c, work) + small_segments_bytes(m, work));
     best_large = std::max(best_large, l);
     for (const Alloc& a : phase)
       if (a.engine_transient && !pool_is_small(pool_rounded_size(a.bytes)))
@@ -148,7 +158,11 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
   return static_cast<size_t>(bytes);
 }
 
-MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
+namespace {
+
+// The plan of `in` for an already built model of `mc` (the search for a fix plans many
+// configurations of one model).
+MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInputs& in) {
   ZT_REQUIRE(in.devices >= 1, "the plan needs at least one device, got ", in.devices);
   ZT_REQUIRE(in.zero_stage >= 0 && in.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", in.zero_stage);
   ZT_REQUIRE(in.micro_batch >= 1 && in.seq_len >= 1 && in.micro_batches >= 1, "micro-batch ", in.micro_batch,
@@ -156,7 +170,7 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   const bool gpt = mc.kind == ModelKind::kGpt;
   ZT_REQUIRE(!gpt || in.seq_len <= mc.seq_len, "sequence length ", in.seq_len, " is above the model's context of ",
              mc.seq_len, " tokens; raise --seq-len or lower --train-seq-len");
-  const auto model = make_model(mc);
+  const Model* model = &model_ref;
   const int N = in.devices, B = in.micro_batch, T = gpt ? in.seq_len : 1;
   ZeroOptions zo;
   zo.stage = in.zero_stage;
@@ -164,6 +178,7 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   zo.micro_batches = in.micro_batches;
   zo.working = in.working;
   const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
+  size_t work = eng.work;
 
   // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring
   // receive buffers (comm stream).
@@ -177,6 +192,7 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
   const size_t comm = Communicator::planned_buffer_bytes(N);
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
+  work += resident.size();
 
   // Two phases: a training micro-batch, and (GPT) the end-of-run sample's forward with its own
   // workspace next to everything resident.
@@ -208,13 +224,14 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   dev.optimizer = eng.state.optimizer;
   dev.comm = comm;
   dev.batch = inputs + targets + norms;
-  dev.total = reserved_bytes(resident, phases);
+  dev.total = reserved_bytes(resident, phases, &work);
   const size_t requested =
       dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
   dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
 
   MemoryPlan plan;
   plan.inputs = in;
+  plan.work = work + static_cast<size_t>(N);
   for (int r = 0; r < N; ++r) {
     DevicePlan d = dev;
     d.memory = device_memory(in, r);
@@ -224,7 +241,13 @@ MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   return plan;
 }
 
+}  // namespace
+
+MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) { return plan_for(*make_model(mc), mc, in); }
+
 MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
+  const auto model = make_model(mc);
+  auto plan_memory_only = [&](const ModelConfig&, const PlanInputs& c) { return plan_for(*model, mc, c); };
   MemoryPlan plan = plan_memory_only(mc, in);
   if (plan.fits) return plan;
   auto peak = [](const MemoryPlan& p) {
@@ -239,6 +262,7 @@ MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
     PlanInputs c = in;
     c.zero_stage = st;
     const MemoryPlan p = plan_memory_only(mc, c);
+    plan.work += p.work;
     if (p.fits) {
       s = {PlanSuggestion::kZeroStage, st, in.micro_batch, in.micro_batches, in.devices,
            "use --zero-stage " + std::to_string(st) + predicted(p)};
@@ -252,6 +276,7 @@ MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
     c.micro_batch = b;
     c.micro_batches = in.micro_batches * (in.micro_batch / b);
     const MemoryPlan p = plan_memory_only(mc, c);
+    plan.work += p.work;
     if (p.fits) {
       s = {PlanSuggestion::kMicroBatch, in.zero_stage, b, c.micro_batches, in.devices,
            "use --micro-batch-size " + std::to_string(b) + " (" + std::to_string(c.micro_batches) +
@@ -275,6 +300,7 @@ MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
       c.device_memory.clear();
       for (int r = 0; r < n; ++r) c.device_memory.push_back(device_memory(in, r));
       const MemoryPlan p = plan_memory_only(mc, c);
+    plan.work += p.work;
       if (p.fits) {
         std::string text = "run on " + std::to_string(n) + " devices";
         if (stage != in.zero_stage) text += " at --zero-stage " + std::to_string(stage);
@@ -295,6 +321,7 @@ MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
       c.micro_batch = b;
       c.micro_batches = in.micro_batches * (in.micro_batch / b);
       const MemoryPlan p = plan_memory_only(mc, c);
+    plan.work += p.work;
       if (p.fits) {
         s = {PlanSuggestion::kCombined, 3, b, c.micro_batches, in.devices,
              "use --zero-stage 3 with --micro-batch-size " + std::to_string(b) + " (" +
@@ -309,6 +336,7 @@ MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
   c.micro_batch = 1;
   c.micro_batches = in.micro_batches * in.micro_batch;
   const MemoryPlan p = plan_memory_only(mc, c);
+    plan.work += p.work;
   s = {PlanSuggestion::kNothing, 3, 1, c.micro_batches, in.devices,
        "even ZeRO stage 3 with micro-batch 1 needs " + format_plan_bytes(peak(p)) +
            " per device; use a smaller model or a shorter --train-seq-len, or devices with more memory"};

@@ -52,6 +52,9 @@ struct MemoryPlan {
   std::vector<DevicePlan> per_device;
   bool fits = true;
   PlanSuggestion suggestion;  // when !fits
+  // Loop iterations the plan took, over every configuration searched for the fix (tests check it
+  // grows linearly with the layers).
+  size_t work = 0;
   // One sentence: why it does not fit and what to change (empty when it fits).
   std::string verdict() const;
 };

@@ -9,6 +9,12 @@
 // calls the per-rank methods below; collectives rendezvous inside the Communicator. All ranks
 // call the same methods in the same order.
 //
+// What is sharded is named once per engine (ShardingPolicy, zero/policy.h), and what each hook
+// allocates and frees is a list built from the model's declared visit order (zero/visit_plan.h)
+// that the hooks execute and the memory plan walks. The hooks check that the model follows its
+// declared order, with each block's after_backward right after its last backward visit (as GPT and
+// MLP do); anything else is an internal error, not a silent drift from the plan.
+//
 // Per-rank memory (fp32, Psi parameters, N ranks; padding to N*16 elements per block aside):
 //   stage 0: params 4Psi + grads 4Psi + moments 8Psi            = 16Psi
 //   stage 1: params 4Psi + grads 4Psi + moments 8Psi/N          = 8Psi + 8Psi/N
@@ -44,7 +50,9 @@
 #include "optimizers/optimizers.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "zero/policy.h"
 #include "zero/shard_plan.h"
+#include "zero/visit_plan.h"
 
 namespace zt {
 
@@ -76,19 +84,6 @@ struct ModelStateBytes {
   size_t total() const { return params + grads + optimizer; }
 };
 
-// The buffers the engine allocates for one block on one rank (bytes; 0 = not allocated). The
-// constructor allocates exactly these, and memory plans (train/plan.h) are computed from them, so
-// prediction and allocation cannot drift apart. Equal on every rank (shards are padded).
-struct BlockBufferBytes {
-  size_t params = 0, grads = 0, acc = 0, m = 0, v = 0;  // resident for the engine's lifetime
-  size_t master = 0;    // fp32 master weights (mixed precision only; in fp32 the parameters are the master)
-  size_t bucket = 0;    // stages 2-3: full gradient of the running micro-batch, during the block's backward
-  size_t gathered = 0;  // stage 3: full parameters, while the block (or the prefetched next) is in use
-  // Mixed precision: fp32 copy of the block's parameters while it runs, and its fp32 gradient
-  // during its backward (the model computes in fp32).
-  size_t compute = 0, compute_grad = 0;
-};
-
 // One transient buffer live at the engine's transient peak.
 struct PlannedBuffer {
   size_t bytes = 0;
@@ -102,6 +97,7 @@ struct EngineMemoryPlan {
   // Transient buffers live at once at the peak (pool blocks, pool_rounded_size) of a training
   // micro-batch and of a forward-only pass (evaluation, sampling).
   std::vector<PlannedBuffer> train_peak, forward_peak;
+  size_t work = 0;  // loop iterations the plan took (tests check it is linear in the layers)
 };
 
 // One interval of work on a device stream, timed on the host when the stream reached it (CPU
@@ -111,7 +107,14 @@ struct TraceSpan {
   Kind kind;
   int rank, block;
   double start_us, end_us;
+  // Order, not time: `issued` counts the spans this rank's host thread opened before this one (a
+  // collective's span is opened when it is enqueued, so it waits only for compute work issued
+  // earlier); start_seq/end_seq number, over all streams, the moments streams reached the span's
+  // start and end.
+  uint64_t issued = 0, start_seq = 0, end_seq = 0;
 };
+
+class ZeroRank;
 
 class ZeroEngine {
  public:
@@ -120,6 +123,8 @@ class ZeroEngine {
 
   int world() const;
   int stage() const;
+  // What this engine's stage shards, computed once from it.
+  const ShardingPolicy& policy() const;
   // Loads the full parameters of every block from host memory (each rank keeps what its stage
   // keeps) and zeroes optimizer state. Blocks: one host vector per block, layout numel each.
   void load_parameters(int rank, const std::vector<std::vector<float>>& host_blocks);
@@ -191,12 +196,11 @@ class ZeroEngine {
 
   ModelStateBytes model_state_bytes(int rank) const;
 
-  // What one block's buffers take on one rank of `world`.
+  // What one block's buffers take on one rank of `world` (zt::block_buffer_bytes).
   static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
-  // What an engine of this model on `world` ranks allocates per rank: resident buffers, and the
-  // transient ones live at the peak, from walking the model's declared visit order exactly as the
-  // engine's hooks do (assumes, as GPT and MLP do, that a block's after_backward follows its last
-  // backward visit before the next visit).
+  // What an engine of this model on `world` ranks allocates per rank: the resident buffers
+  // (resident_buffers) and the transient ones live at the peak, from walking the visit plans the
+  // engine's hooks execute (make_visit_plan). Linear in the model's visits.
   static EngineMemoryPlan plan_memory(const Model& model, int world, const ZeroOptions& opt);
   static ModelStateBytes planned_model_state_bytes(const Model& model, int world, const ZeroOptions& opt);
 
@@ -209,6 +213,7 @@ class ZeroEngine {
   std::chrono::steady_clock::time_point trace_origin() const;
 
  private:
+  friend class ZeroRank;  // one rank's buffers, streams and per-rank work (engine.cc)
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

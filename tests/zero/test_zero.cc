@@ -14,6 +14,7 @@
 #include "runtime/runtime.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
+#include "zero/visit_plan.h"
 
 namespace zt {
 namespace {
@@ -153,55 +154,174 @@ TEST(Zero, CommunicationBytesPerStepFollowTheFormulas) {
 namespace zt {
 namespace {
 
-bool overlaps(const TraceSpan& a, const TraceSpan& b) { return a.start_us < b.end_us && b.start_us < a.end_us; }
+// One rank's spans in the order its host thread issued them.
+std::vector<TraceSpan> issued_by(const std::vector<TraceSpan>& trace, int rank) {
+  std::vector<TraceSpan> out;
+  for (const TraceSpan& s : trace)
+    if (s.rank == rank) out.push_back(s);
+  std::sort(out.begin(), out.end(), [](const TraceSpan& a, const TraceSpan& b) { return a.issued < b.issued; });
+  for (size_t i = 1; i < out.size(); ++i) EXPECT_LT(out[i - 1].issued, out[i].issued) << "issue numbers are unique";
+  return out;
+}
 
+// Recorded order, not wall-clock spans: the reduce-scatter of block k is enqueued (waiting only for
+// compute work issued before it) after block k's backward and before block k-1's backward is issued,
+// for every block of every micro-batch; and the streams do reach its start before they reach the
+// end of block k-1's backward (the overlap happens).
 TEST(Zero, GradientReduceScatterOverlapsTheNextBlocksBackward) {
   TrainConfig c = tiny(2, 2, 4);
   c.overrides = ModelOverrides{};
-  c.overrides.layers = 6;  // more buckets, more chances to see the overlap on 2 busy cores
+  c.overrides.layers = 6;
   c.keep_final_params = false;
   c.zero_trace = true;
   const TrainResult r = train(c);
-  int rs = 0, bw = 0, overlapping = 0;
-  for (const TraceSpan& s : r.trace) {
-    rs += s.kind == TraceSpan::kReduceScatter;
-    bw += s.kind == TraceSpan::kBackward;
+  int checked = 0, started_before = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<TraceSpan> s = issued_by(r.trace, rank);
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i].kind != TraceSpan::kReduceScatter || s[i].block < 2 || s[i].block > 6) continue;  // layer blocks 2..6
+      const int k = s[i].block;
+      // The previous compute span issued is block k's backward; the next is block k-1's.
+      const TraceSpan* prev = nullptr;
+      const TraceSpan* next = nullptr;
+      for (size_t j = i; j-- > 0;)
+        if (s[j].kind == TraceSpan::kBackward || s[j].kind == TraceSpan::kForward) {
+          prev = &s[j];
+          break;
+        }
+      for (size_t j = i + 1; j < s.size(); ++j)
+        if (s[j].kind == TraceSpan::kBackward || s[j].kind == TraceSpan::kForward) {
+          next = &s[j];
+          break;
+        }
+      ASSERT_TRUE(prev && next) << "rank " << rank << " reduce-scatter of block " << k;
+      EXPECT_EQ(prev->kind, TraceSpan::kBackward);
+      EXPECT_EQ(prev->block, k) << "the reduce-scatter of block " << k << " follows its backward";
+      EXPECT_EQ(next->kind, TraceSpan::kBackward);
+      EXPECT_EQ(next->block, k - 1) << "the reduce-scatter of block " << k << " precedes block " << k - 1 << "'s backward";
+      ++checked;
+      started_before += s[i].start_seq < next->end_seq;
+    }
   }
-  // Layer blocks are visited L..1 in backward: the reduce-scatter of block k can overlap the
-  // backward of block k-1 on the same rank.
-  for (const TraceSpan& a : r.trace)
-    for (const TraceSpan& b : r.trace)
-      if (a.kind == TraceSpan::kReduceScatter && b.kind == TraceSpan::kBackward && a.rank == b.rank &&
-          b.block >= 1 && b.block == a.block - 1 && overlaps(a, b))
-        ++overlapping;
-  EXPECT_GT(rs, 0);
-  EXPECT_GT(bw, 0);
-  EXPECT_GT(overlapping, 0) << rs << " reduce-scatters, " << bw << " backward spans, none overlapping";
+  EXPECT_GE(checked, 2 * 4 * 5) << "2 ranks x 4 steps (x micro-batches) x 5 layer blocks";
+  EXPECT_GT(started_before, 0) << "no reduce-scatter started before the next block's backward ended";
 }
 
+// Recorded order: the gather of block k+1 that feeds its forward is issued before block k's forward
+// work (during block k's visit, as a prefetch), and the forward of k+1 is the first compute that
+// waits for it; and the streams do reach its start before the end of block k's forward.
 TEST(Zero, Stage3PrefetchRunsAheadOfTheForwardThatNeedsIt) {
   TrainConfig c = tiny(2, 3, 3);
   c.overrides = ModelOverrides{};
   c.keep_final_params = false;
   c.zero_trace = true;
   const TrainResult r = train(c);
-  // The gather of block b+1 is issued while block b computes: for each forward span of block b,
-  // the gather of b+1 that feeds the next forward (the first one still running or later) must
-  // start before b's forward ends.
-  int ahead = 0, pairs = 0;
-  for (const TraceSpan& f : r.trace) {
-    if (f.kind != TraceSpan::kForward || f.block < 1) continue;
-    const TraceSpan* next = nullptr;
-    for (const TraceSpan& g : r.trace)
-      if (g.kind == TraceSpan::kGather && g.rank == f.rank && g.block == f.block + 1 && g.end_us >= f.start_us &&
-          (!next || g.start_us < next->start_us))
-        next = &g;
-    if (!next) continue;
-    ++pairs;
-    ahead += next->start_us < f.end_us;
+  const int layers = make_model_config("gpt-tiny").layers;
+  int pairs = 0, started_before = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<TraceSpan> s = issued_by(r.trace, rank);
+    for (size_t i = 0; i < s.size(); ++i) {
+      // Forward of a layer block k (1..L) followed by the forward of k+1.
+      if (s[i].kind != TraceSpan::kForward || s[i].block < 1 || s[i].block > layers) continue;
+      const int k = s[i].block;
+      size_t nf = i + 1;
+      while (nf < s.size() && s[nf].kind != TraceSpan::kForward && s[nf].kind != TraceSpan::kBackward) ++nf;
+      ASSERT_LT(nf, s.size());
+      ASSERT_EQ(s[nf].kind, TraceSpan::kForward);
+      ASSERT_EQ(s[nf].block, k + 1);
+      // The last gather of k+1 issued before its forward.
+      const TraceSpan* g = nullptr;
+      for (size_t j = nf; j-- > 0;)
+        if (s[j].kind == TraceSpan::kGather && s[j].block == k + 1) {
+          g = &s[j];
+          break;
+        }
+      ASSERT_TRUE(g) << "rank " << rank << ": no gather of block " << k + 1;
+      EXPECT_LT(g->issued, s[i].issued) << "the gather of block " << k + 1 << " is issued before block " << k
+                                        << "'s forward work";
+      // Block k's own gather (or prefetch) comes earlier still: k+1 is not gathered on demand.
+      for (size_t j = static_cast<size_t>(g - s.data()) + 1; j < nf; ++j) EXPECT_FALSE(s[j].kind == TraceSpan::kGather && s[j].block == k + 1);
+      ++pairs;
+      started_before += g->start_seq < s[i].end_seq;
+    }
   }
-  EXPECT_GT(pairs, 0);
-  EXPECT_GT(ahead, 0) << "no gather started before the previous block's forward ended";
+  EXPECT_GE(pairs, 2 * 3 * layers) << "2 ranks x 3 steps (x micro-batches) x L layer blocks";
+  EXPECT_GT(started_before, 0) << "no gather started before the previous block's forward ended";
+}
+
+// The policy is the stage's named meaning, and the visit plan the hooks execute frees everything it
+// allocates, follows the model's declared order, and puts each block's after_backward right after
+// its last backward visit.
+TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const ShardingPolicy p = policy_for_stage(stage);
+    EXPECT_EQ(p.shard_optimizer, stage >= 1);
+    EXPECT_EQ(p.shard_grads, stage >= 2);
+    EXPECT_EQ(p.shard_params, stage == 3);
+    EXPECT_EQ(p.where == GradAccumulation::kShardAccumulator, stage >= 2);
+    EXPECT_EQ(p.separate_accumulator(2), stage <= 1);
+    EXPECT_FALSE(p.separate_accumulator(1));
+  }
+  EXPECT_THROW(policy_for_stage(4), Error);
+  const auto model = make_model(make_model_config("gpt-tiny"));
+  const int nb = model->layout().num_blocks();
+  const auto fwd = model->forward_order(), bwd = model->backward_order();
+  for (int stage = 0; stage <= 3; ++stage)
+    for (DType w : {DType::kF32, DType::kBF16})
+      for (bool forward_only : {false, true}) {
+        ZeroOptions o;
+        o.stage = stage;
+        o.working = w;
+        std::vector<BlockBufferBytes> sizes;
+        for (int b = 0; b < nb; ++b) sizes.push_back(block_buffer_bytes(model->layout().block(b).numel, 4, o));
+        const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, policy_for_stage(stage), w != DType::kF32, forward_only);
+        // Visits in the declared order, after_backward after each block's last backward visit.
+        std::vector<int> visits;
+        std::vector<int> after;
+        for (size_t i = 0; i < vp.steps.size(); ++i) {
+          const VisitStep& st = vp.steps[i];
+          if (st.kind == VisitStep::kAfterBackward) {
+            ASSERT_GT(i, 0u);
+            EXPECT_EQ(vp.steps[i - 1].kind, VisitStep::kBackward);
+            EXPECT_EQ(vp.steps[i - 1].block, st.block);
+            after.push_back(st.block);
+          } else {
+            visits.push_back(st.block);
+          }
+        }
+        std::vector<int> expect = fwd;
+        if (!forward_only) expect.insert(expect.end(), bwd.begin(), bwd.end());
+        EXPECT_EQ(visits, expect);
+        EXPECT_EQ(after.size(), forward_only ? 0u : static_cast<size_t>(nb));
+        // Live bytes never go negative; every free matches a live allocation of that role; what
+        // is left at the end is only what end_micro_batch releases (gathered and fp32 copies).
+        std::vector<int> live(static_cast<size_t>(nb) * kNumBufferRoles, 0);
+        for (const BufferOp& op : vp.ops) {
+          int& l = live[static_cast<size_t>(op.block) * kNumBufferRoles + static_cast<int>(op.role)];
+          EXPECT_EQ(l, op.alloc ? 0 : 1) << "stage " << stage << " block " << op.block;
+          EXPECT_EQ(op.bytes, sizes[static_cast<size_t>(op.block)][op.role]);
+          EXPECT_GT(op.bytes, 0u);
+          l = op.alloc ? 1 : 0;
+        }
+        for (size_t i = 0; i < live.size(); ++i) {
+          const auto role = static_cast<BufferRole>(i % kNumBufferRoles);
+          if (live[i]) {
+            EXPECT_TRUE(role == BufferRole::kGathered || role == BufferRole::kComputeParams) << i;
+          }
+        }
+        // Stage 3 keeps at most the running block, the prefetched one and the tied embedding
+        // gathered; fp32 runs have no compute copies.
+        const TransientPeak peak = transient_peak(vp, nb);
+        int gathered = 0, copies = 0;
+        for (const BufferOp& op : peak.live) {
+          gathered += op.role == BufferRole::kGathered;
+          copies += op.role == BufferRole::kComputeParams || op.role == BufferRole::kComputeGrad;
+        }
+        EXPECT_LE(gathered, stage == 3 ? 3 : 0);
+        if (w == DType::kF32) {
+          EXPECT_EQ(copies, 0);
+        }
+      }
 }
 
 }  // namespace

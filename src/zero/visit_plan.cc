@@ -1,0 +1,193 @@
+// Builds the engine's allocation description (resident buffers per block, transient operations
+// per visit) and walks it for the memory plan. Everything here is linear in the visits: per-block
+// flags replace searches of the visit order and of the live set.
+#include "zero/visit_plan.h"
+
+#include "core/status.h"
+#include "memory/caching_allocator.h"
+#include "zero/engine.h"
+#include "zero/shard_plan.h"
+
+namespace zt {
+
+const char* buffer_role_label(BufferRole role) {
+  switch (role) {
+    case BufferRole::kParams: return "parameters";
+    case BufferRole::kFullGradBucket: return "gradients";
+    case BufferRole::kGradShardAccum: return "gradients";
+    case BufferRole::kMaster:
+    case BufferRole::kMomentM:
+    case BufferRole::kMomentV: return "optimizer state";
+    case BufferRole::kGathered: return "gathered parameters";
+    case BufferRole::kComputeParams: return "compute parameters";
+    case BufferRole::kComputeGrad: return "gradient bucket";
+  }
+  return "?";
+}
+
+BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt) {
+  const ShardingPolicy p = policy_for_stage(opt.stage);
+  const ShardRange sh = shard_range(numel, 0, world);
+  const int64_t full = sh.padded_numel, shard = sh.shard_numel;
+  const size_t w = dtype_size(opt.working);
+  const bool mixed = opt.working != DType::kF32;
+  const auto F = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+  const auto Wb = [w](int64_t n) { return static_cast<size_t>(n) * w; };
+  const int64_t state = p.shard_optimizer ? shard : full;
+  BlockBufferBytes b;
+  b[BufferRole::kParams] = Wb(p.shard_params ? shard : full);
+  b[BufferRole::kFullGradBucket] = Wb(full);
+  b[BufferRole::kGradShardAccum] = p.shard_grads || p.separate_accumulator(opt.micro_batches) ? Wb(shard) : 0;
+  b[BufferRole::kMaster] = mixed ? F(state) : 0;
+  b[BufferRole::kMomentM] = F(state);
+  b[BufferRole::kMomentV] = opt.sgd ? 0 : F(state);
+  b[BufferRole::kGathered] = p.shard_params ? Wb(full) : 0;
+  b[BufferRole::kComputeParams] = mixed ? F(full) : 0;
+  b[BufferRole::kComputeGrad] = mixed ? F(full) : 0;
+  return b;
+}
+
+std::vector<ResidentBuffer> resident_buffers(const BlockBufferBytes& sz, const ShardingPolicy& p) {
+  std::vector<ResidentBuffer> out;
+  out.push_back({BufferRole::kParams, sz[BufferRole::kParams]});
+  if (!p.shard_grads) out.push_back({BufferRole::kFullGradBucket, sz[BufferRole::kFullGradBucket]});
+  for (BufferRole r : {BufferRole::kGradShardAccum, BufferRole::kMaster, BufferRole::kMomentM, BufferRole::kMomentV})
+    if (sz[r]) out.push_back({r, sz[r]});
+  return out;
+}
+
+namespace {
+
+// Tracks which transient buffers are live while the steps are generated (the engine's state at
+// the same point of the micro-batch: everything is released at its end).
+class StepBuilder {
+ public:
+  StepBuilder(VisitPlan& plan, const std::vector<BlockBufferBytes>& sizes)
+      : plan_(plan), sizes_(sizes), live_(sizes.size() * kNumBufferRoles, 0) {}
+  bool live(BufferRole r, int b) const { return live_[slot(r, b)] != 0; }
+  void alloc(BufferRole r, int b) {
+    live_[slot(r, b)] = 1;
+    plan_.ops.push_back({true, r, b, sizes_[static_cast<size_t>(b)][r]});
+  }
+  void alloc_once(BufferRole r, int b) {
+    if (!live(r, b)) alloc(r, b);
+  }
+  void free_if_live(BufferRole r, int b) {
+    if (!live(r, b)) return;
+    live_[slot(r, b)] = 0;
+    plan_.ops.push_back({false, r, b, sizes_[static_cast<size_t>(b)][r]});
+  }
+  void begin(VisitStep::Kind kind, int b) {
+    VisitStep s{kind, b};
+    s.first_op = static_cast<uint32_t>(plan_.ops.size());
+    plan_.steps.push_back(s);
+  }
+  void end() { plan_.steps.back().num_ops = static_cast<uint32_t>(plan_.ops.size()) - plan_.steps.back().first_op; }
+
+ private:
+  static size_t slot(BufferRole r, int b) { return static_cast<size_t>(b) * kNumBufferRoles + static_cast<size_t>(r); }
+  VisitPlan& plan_;
+  const std::vector<BlockBufferBytes>& sizes_;
+  std::vector<uint8_t> live_;
+};
+
+struct Visit {
+  int block;
+  bool backward;
+  bool keep;           // stays gathered after this visit (the forward visits the block again)
+  bool last_backward;  // the block's last backward visit: its after_backward follows
+};
+
+// Forward then backward; a block seen again later in the forward (a tied embedding) stays
+// gathered until then, and the forward's last block is the backward's first.
+std::vector<Visit> make_visits(const std::vector<int>& fwd, const std::vector<int>& bwd, size_t num_blocks,
+                               size_t* work) {
+  std::vector<Visit> v(fwd.size() + bwd.size());
+  std::vector<uint8_t> seen(num_blocks, 0);
+  for (size_t i = fwd.size(); i-- > 0;) {
+    const auto b = static_cast<size_t>(fwd[i]);
+    ZT_CHECK(b < num_blocks, "the model's forward order names block ", fwd[i], " of ", num_blocks);
+    v[i] = {fwd[i], false, seen[b] != 0, false};
+    seen[b] = 1;
+  }
+  seen.assign(num_blocks, 0);
+  for (size_t i = bwd.size(); i-- > 0;) {
+    const auto b = static_cast<size_t>(bwd[i]);
+    ZT_CHECK(b < num_blocks, "the model's backward order names block ", bwd[i], " of ", num_blocks);
+    v[fwd.size() + i] = {bwd[i], true, false, seen[b] == 0};
+    seen[b] = 1;
+  }
+  *work += 2 * num_blocks + v.size();
+  return v;
+}
+
+}  // namespace
+
+VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& bwd,
+                          const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& p, bool mixed,
+                          bool forward_only) {
+  VisitPlan plan;
+  const std::vector<Visit> S = make_visits(fwd, bwd, sizes.size(), &plan.work);
+  const size_t limit = forward_only ? fwd.size() : S.size();
+  StepBuilder sb(plan, sizes);
+  for (size_t pos = 0; pos < limit; ++pos) {
+    const Visit& v = S[pos];
+    const int b = v.block;
+    sb.begin(v.backward ? VisitStep::kBackward : VisitStep::kForward, b);
+    if (pos > 0 && S[pos - 1].block != b && !S[pos - 1].keep) {
+      sb.free_if_live(BufferRole::kGathered, S[pos - 1].block);
+      sb.free_if_live(BufferRole::kComputeParams, S[pos - 1].block);
+    }
+    if (p.shard_params) {
+      sb.alloc_once(BufferRole::kGathered, b);
+      if (pos + 1 < limit) sb.alloc_once(BufferRole::kGathered, S[pos + 1].block);  // the prefetch
+    }
+    if (mixed) sb.alloc_once(BufferRole::kComputeParams, b);
+    if (v.backward && mixed) sb.alloc_once(BufferRole::kComputeGrad, b);
+    if (v.backward && !mixed && p.shard_grads) sb.alloc_once(BufferRole::kFullGradBucket, b);
+    sb.end();
+    if (v.last_backward) {
+      // The fp32 gradient is rounded into a 16-bit bucket allocated while it is still live; the
+      // transient bucket goes once its reduce-scatter is enqueued.
+      sb.begin(VisitStep::kAfterBackward, b);
+      if (mixed && p.shard_grads) sb.alloc(BufferRole::kFullGradBucket, b);
+      if (mixed) sb.free_if_live(BufferRole::kComputeGrad, b);
+      if (p.shard_grads) sb.free_if_live(BufferRole::kFullGradBucket, b);
+      sb.end();
+    }
+  }
+  plan.work += limit;
+  return plan;
+}
+
+TransientPeak transient_peak(const VisitPlan& plan, int num_blocks) {
+  TransientPeak out;
+  // First pass: the running total and the operation after which it peaks; second pass: replay up
+  // to there to name the live buffers (no live-set copy per new maximum).
+  size_t total = 0, peak_at = 0;
+  bool any = false;
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const BufferOp& op = plan.ops[i];
+    const size_t r = pool_rounded_size(op.bytes);
+    if (!op.alloc) {
+      total -= r;
+      continue;
+    }
+    total += r;
+    if (!any || total > out.pool_bytes) out.pool_bytes = total, peak_at = i, any = true;
+  }
+  out.work += plan.ops.size();
+  if (!any) return out;
+  std::vector<int64_t> where(static_cast<size_t>(num_blocks) * kNumBufferRoles, -1);
+  for (size_t i = 0; i <= peak_at; ++i) {
+    const BufferOp& op = plan.ops[i];
+    where[static_cast<size_t>(op.block) * kNumBufferRoles + static_cast<size_t>(op.role)] =
+        op.alloc ? static_cast<int64_t>(i) : -1;
+  }
+  for (int64_t i : where)
+    if (i >= 0) out.live.push_back(plan.ops[static_cast<size_t>(i)]);
+  out.work += peak_at + 1 + where.size();
+  return out;
+}
+
+}  // namespace zt

@@ -1,0 +1,92 @@
+// The one description of what the ZeRO engine allocates and frees: per block, the resident buffers
+// (in allocation order), and per micro-batch, the model's declared visit order as a list of steps,
+// each with the transient buffers it allocates and frees. The engine's hooks execute these lists
+// and the memory plan walks the same lists counting bytes, so the two cannot drift apart.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "zero/policy.h"
+
+namespace zt {
+
+// A buffer of one block on one rank, named by what it holds.
+enum class BufferRole : uint8_t {
+  kParams,          // working dtype; full (padded) block, or the rank's shard when shard_params
+  kFullGradBucket,  // working dtype, full (padded) block: what is reduce-scattered (resident unless shard_grads)
+  kGradShardAccum,  // working dtype, the rank's shard: the step's reduced gradient (see GradAccumulation)
+  kMaster,          // fp32 master weights (mixed precision), full or the rank's shard
+  kMomentM,         // fp32 first moment
+  kMomentV,         // fp32 second moment (AdamW)
+  kGathered,        // stage 3: full working parameters while the block (or the next) is in use
+  kComputeParams,   // mixed precision: fp32 copy of the block's parameters while it runs
+  kComputeGrad,     // mixed precision: fp32 gradient during the block's backward
+};
+constexpr int kNumBufferRoles = 9;
+
+// The pool label a role's allocations carry (memory summaries group by it).
+const char* buffer_role_label(BufferRole role);
+// Allocated for the comm stream (stage-3 gathers) rather than the compute stream.
+inline bool buffer_role_on_comm(BufferRole role) { return role == BufferRole::kGathered; }
+
+// What each buffer of one block takes on one rank (bytes; 0 = never allocated). Equal on every
+// rank (shards are padded).
+struct BlockBufferBytes {
+  size_t role[kNumBufferRoles] = {};
+  size_t& operator[](BufferRole r) { return role[static_cast<int>(r)]; }
+  size_t operator[](BufferRole r) const { return role[static_cast<int>(r)]; }
+};
+
+struct ZeroOptions;
+BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
+
+// The resident buffers of a block, in the order the engine allocates them.
+struct ResidentBuffer {
+  BufferRole role;
+  size_t bytes;
+};
+std::vector<ResidentBuffer> resident_buffers(const BlockBufferBytes& sizes, const ShardingPolicy& policy);
+
+// One transient allocation or free.
+struct BufferOp {
+  bool alloc;  // else free
+  BufferRole role;
+  int block;
+  size_t bytes;
+};
+
+// One hook call of a micro-batch, with the buffer operations the engine performs in it.
+struct VisitStep {
+  enum Kind : uint8_t { kForward, kBackward, kAfterBackward };
+  Kind kind;
+  int block;
+  uint32_t first_op = 0, num_ops = 0;  // into VisitPlan::ops
+};
+
+struct VisitPlan {
+  std::vector<VisitStep> steps;
+  std::vector<BufferOp> ops;
+  size_t work = 0;  // loop iterations spent building it (tests: linear in the visits)
+};
+
+// The steps of one micro-batch from the model's declared visit order: forward then backward
+// (forward_only: the forward alone, as evaluation and sampling run it). A block visited again later
+// in the forward (a tied embedding) stays gathered until then; a block's after_backward directly
+// follows its last backward visit. Stage 3 prefetches the next visit's block.
+VisitPlan make_visit_plan(const std::vector<int>& forward_order, const std::vector<int>& backward_order,
+                          const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& policy, bool mixed,
+                          bool forward_only);
+
+// The transient buffers live at once at the plan's peak of pool bytes (each rounded as the pool
+// rounds it), from walking the steps' operations in order.
+struct TransientPeak {
+  std::vector<BufferOp> live;  // the allocations live at the peak
+  size_t pool_bytes = 0;
+  size_t work = 0;  // loop iterations spent (tests: linear in the operations)
+};
+TransientPeak transient_peak(const VisitPlan& plan, int num_blocks);
+
+}  // namespace zt
