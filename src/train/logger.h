@@ -5,9 +5,12 @@
 
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "core/files.h"
 
 namespace zt {
 
@@ -16,7 +19,6 @@ class Logger {
   // metrics_path: "" = no metrics file. json_stdout: the records go to stdout, and no text.
   // quiet: neither text nor JSON on stdout (tests).
   Logger(const std::string& metrics_path, bool json_stdout, bool quiet);
-  ~Logger();
   Logger(const Logger&) = delete;
   Logger& operator=(const Logger&) = delete;
 
@@ -33,13 +35,9 @@ class Logger {
   void close();
 
  private:
-  std::string path_;
-  std::FILE* metrics_ = nullptr;
+  std::optional<OutputStream> metrics_;
   bool json_stdout_ = false, text_ = true, tty_ = false, mid_progress_ = false;
   std::mutex mu_;
 };
-
-// "1.23M", "45.6k", "789" (the progress line's throughput).
-std::string si(double v);
 
 }  // namespace zt

@@ -1,6 +1,8 @@
 // TraceRecorder: collects stream tasks, host ranges and counters; writes trace-event JSON.
 #include "train/trace.h"
 
+#include "core/files.h"
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
@@ -130,11 +132,7 @@ nlohmann::json TraceRecorder::to_json(const std::vector<std::string>& device_nam
 }
 
 void TraceRecorder::write(const std::string& path, const std::vector<std::string>& device_names) const {
-  std::ofstream f(path);
-  ZT_REQUIRE(f.good(), "cannot write --trace file '", path, "'");
-  f << to_json(device_names).dump() << "\n";
-  f.close();
-  ZT_REQUIRE(!f.fail(), "writing --trace file '", path, "' failed (disk full?)");
+  write_file_atomic(path, to_json(device_names).dump() + "\n", "--trace file");
 }
 
 }  // namespace zt

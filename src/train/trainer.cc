@@ -9,9 +9,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
+#include "core/files.h"
+#include "core/format.h"
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "train/checkpointer.h"
@@ -253,7 +254,7 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (!log_.text()) return;
   const ModelConfig& mc = run_.mc;
   char buf[512];
-  log_.line("model: " + mc.describe() + " (" + si(static_cast<double>(w.model().layout().total_parameters())) +
+  log_.line("model: " + mc.describe() + " (" + format_count(static_cast<double>(w.model().layout().total_parameters())) +
             " parameters)");
   log_.line("data: " + (run_.is_gpt ? run_.lang->describe() : run_.images->describe()));
   std::string names;
@@ -422,11 +423,11 @@ void Trainer::after_step(World& w, int step, const StepStats& st, double dt) {
   const double tps = done * cfg_.batch_size * run_.T / std::max(train_time_, 1e-9);
   const double el = seconds_since(t0_), eta = el / done * (cfg_.steps - step - 1);
   std::string mp;
-  if (scaling_ != ZeroOptions::Scaling::kNone) mp += " | scale " + si(st.loss_scale);
+  if (scaling_ != ZeroOptions::Scaling::kNone) mp += " | scale " + format_count(st.loss_scale);
   if (!result_.skipped_steps.empty()) mp += " | skipped " + std::to_string(result_.skipped_steps.size());
   char buf[512];
   std::snprintf(buf, sizeof buf, "step %*d/%d | loss %.4f | lr %.2e | %s tok/s | norm %.3f%s | mem %s | %s elapsed | ETA %s",
-                static_cast<int>(std::to_string(cfg_.steps).size()), step + 1, cfg_.steps, st.loss, st.lr, si(tps).c_str(),
+                static_cast<int>(std::to_string(cfg_.steps).size()), step + 1, cfg_.steps, st.loss, st.lr, format_count(tps).c_str(),
                 st.grad_norm, mp.c_str(), format_bytes(static_cast<double>(mem)).c_str(), format_hms(el).c_str(),
                 format_hms(eta).c_str());
   log_.progress(buf);
@@ -618,7 +619,7 @@ TrainResult train(const TrainConfig& config) {
   // --trace: the recorder is the runtime's task observer, so it outlives the devices.
   std::unique_ptr<TraceRecorder> tracer;
   if (!config.trace_path.empty()) {
-    ZT_REQUIRE(std::ofstream(config.trace_path).good(), "cannot write --trace file '", config.trace_path, "'");
+    check_output_path(config.trace_path, "--trace file");
     tracer = std::make_unique<TraceRecorder>();
   }
   auto rt = Runtime::create(spec, CpuDeviceOptions{config.device_memory}, tracer.get());
