@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <random>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -46,6 +49,35 @@ XxhState new_xxh_state() {
 }
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// The test hook (set_save_fault_hook); the flag keeps the common no-hook path free of the mutex.
+std::mutex g_hook_mu;
+SaveFaultHook g_hook;
+std::atomic<bool> g_hook_set{false};
+
+void fault_point(SavePoint p, const std::string& path) {
+  if (!g_hook_set.load(std::memory_order_acquire)) return;
+  SaveFaultHook hook;
+  {
+    std::lock_guard<std::mutex> lock(g_hook_mu);
+    hook = g_hook;
+  }
+  if (hook) hook(p, path);
+}
+
+// The owner record (owner.json): {"format", "version", "run_id", "identity", "adopted"}.
+constexpr char kOwnerFormat[] = "zerotrain-checkpoint-owner";
+constexpr uint64_t kMaxOwnerBytes = uint64_t{1} << 20;
+
+struct OwnerRecord {
+  std::string run_id;
+  RunIdentity identity;
+  std::vector<std::string> adopted;  // step directories committed before owner records, taken over
+};
+
+nlohmann::json identity_json(const RunIdentity& id) {
+  return {{"model", id.model}, {"model_description", id.model_description}, {"seed", id.seed}, {"data", id.data}};
+}
 
 // Runs fn(i) for i in [0, n) on up to `threads` threads; rethrows the exception of the lowest i
 // that failed, so messages do not depend on scheduling.
@@ -95,7 +127,85 @@ std::string read_small_file(int dir_fd, const std::string& name, uint64_t limit,
   return text;
 }
 
+// Reads ROOT/owner.json: nullopt when there is none; kInvalidArgument when it is damaged.
+std::optional<OwnerRecord> read_owner(const std::string& root) {
+  UniqueFd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return std::nullopt;
+  struct stat st {};
+  if (::fstatat(dir.get(), kOwnerFileName, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) return std::nullopt;
+  const std::string what = root + "/" + kOwnerFileName;
+  const std::string text = read_small_file(dir.get(), kOwnerFileName, kMaxOwnerBytes, what);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (j.at("format").get<std::string>() != kOwnerFormat || j.at("version").get<int>() != 1)
+      throw std::runtime_error("unknown format or version");
+    OwnerRecord rec;
+    rec.run_id = j.at("run_id").get<std::string>();
+    const nlohmann::json& id = j.at("identity");
+    rec.identity.model = id.at("model");
+    rec.identity.model_description = id.at("model_description").get<std::string>();
+    rec.identity.seed = id.at("seed").get<uint64_t>();
+    rec.identity.data = id.at("data").get<std::string>();
+    rec.adopted = j.value("adopted", std::vector<std::string>{});
+    if (rec.run_id.empty()) throw std::runtime_error("empty run id");
+    return rec;
+  } catch (const std::exception& e) {
+    ZT_THROW(ErrorKind::kInvalidArgument, what, " is not a valid owner record (", e.what(),
+             "); if ", root, " holds only this run's checkpoints, delete it and rerun with --resume auto, "
+             "else choose another --checkpoint-dir");
+  }
+}
+
+void write_owner(const std::string& root, const OwnerRecord& rec) {
+  const nlohmann::json j = {{"format", kOwnerFormat}, {"version", 1}, {"run_id", rec.run_id},
+                            {"identity", identity_json(rec.identity)}, {"adopted", rec.adopted}};
+  atomic_write_file(root, kOwnerFileName, j.dump(1) + "\n");
+}
+
+// The run id a committed checkpoint's manifest records ("" when none or unreadable).
+std::string checkpoint_owner(const std::string& dir) {
+  try {
+    UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!d) return {};
+    const std::string what = dir + "/" + kManifestFileName;
+    const Manifest m = parse_manifest(read_small_file(d.get(), kManifestFileName, kMaxManifestBytes, what), what);
+    return m.meta.value("checkpoint_owner", std::string());
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return hex64(v ^ (static_cast<uint64_t>(::getpid()) << 48));
+}
+
 }  // namespace
+
+const char* save_point_name(SavePoint p) {
+  switch (p) {
+    case SavePoint::kStage: return "stage";
+    case SavePoint::kWrite: return "write";
+    case SavePoint::kFsyncFile: return "fsync-file";
+    case SavePoint::kRenameFile: return "rename-file";
+    case SavePoint::kManifest: return "manifest";
+    case SavePoint::kRenameDir: return "rename-dir";
+    case SavePoint::kFsyncRoot: return "fsync-root";
+    case SavePoint::kLatest: return "latest";
+    case SavePoint::kPrune: return "prune";
+  }
+  return "?";
+}
+
+SaveFaultHook set_save_fault_hook(SaveFaultHook hook) {
+  std::lock_guard<std::mutex> lock(g_hook_mu);
+  SaveFaultHook previous = std::move(g_hook);
+  g_hook = std::move(hook);
+  g_hook_set.store(static_cast<bool>(g_hook), std::memory_order_release);
+  return previous;
+}
 
 // ---- names and discovery ---------------------------------------------------------------------
 
@@ -200,16 +310,22 @@ struct CheckpointWriter::State {
   std::vector<std::unique_ptr<WriterFile>> files;
   std::atomic<bool> broken{false};  // a write failed part-way: the files are not what was asked
   bool committed = false;
+  // From ROOT/owner.json when ROOT has an owner: stamped into the manifest, and what prune may
+  // delete (checkpoints stamped with it, or adopted by it).
+  std::string owner_run_id;
+  std::set<std::string> adopted;
 
   std::string what(const WriterFile& f) const { return "checkpoint " + root + "/" + name + ": " + f.final_name; }
 
   void finish(WriterFile& f) {
     std::lock_guard<std::mutex> lock(f.mu);
     if (f.finished) return;
-    fsync_fd(f.fd.get(), what(f));
-    f.fd.close_checked(what(f));
     const std::string from = staging_path + "/" + f.tmp_name;
     const std::string to = staging_path + "/" + f.final_name;
+    fault_point(SavePoint::kFsyncFile, from);
+    fsync_fd(f.fd.get(), what(f));
+    f.fd.close_checked(what(f));
+    fault_point(SavePoint::kRenameFile, to);
     if (::rename(from.c_str(), to.c_str()) != 0)
       ZT_THROW(ErrorKind::kIo, what(f), ": cannot rename the finished file into place (", errno_text(errno), ")");
     f.finished = true;
@@ -233,7 +349,14 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
   s_->name = format_step_dir(step);
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) ZT_THROW(ErrorKind::kIo, root, ": cannot create the checkpoint directory (", ec.message(), ")");
+  if (ec) {
+    // A path through a file, or one we may not create: the user's mistake, not the disk's.
+    const ErrorKind kind = ec == std::errc::not_a_directory || ec == std::errc::file_exists ||
+                                   ec == std::errc::permission_denied || ec == std::errc::read_only_file_system
+                               ? ErrorKind::kInvalidArgument
+                               : ErrorKind::kIo;
+    ZT_THROW(kind, root, ": cannot create the checkpoint directory (", ec.message(), ")");
+  }
   if (!fs::is_directory(root, ec))
     ZT_THROW(ErrorKind::kInvalidArgument, root, ": exists and is not a directory, so checkpoints cannot be saved there");
 
@@ -247,6 +370,13 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
                "holds ", lock_path, "; only one run may save into a checkpoint directory at a time");
     ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
   }
+
+  // Under the lock: the owner cannot change during this save.
+  if (const std::optional<OwnerRecord> owner = read_owner(root)) {
+    s_->owner_run_id = owner->run_id;
+    s_->adopted.insert(owner->adopted.begin(), owner->adopted.end());
+  }
+  fault_point(SavePoint::kStage, root);
 
   static std::atomic<uint64_t> counter{0};
   for (int attempt = 0;; ++attempt) {
@@ -334,6 +464,7 @@ void CheckpointWriter::write_range(int file, const std::string& name, uint64_t b
   std::lock_guard<std::mutex> lock(f.mu);
   ZT_REQUIRE(!f.finished, "checkpoint file ", f.final_name, " is already finished; no more writes to it");
   try {
+    fault_point(SavePoint::kWrite, s_->staging_path + "/" + f.tmp_name);
     write_all(f.fd.get(), data, bytes, s_->what(f));
   } catch (...) {
     s_->broken = true;
@@ -350,10 +481,13 @@ void CheckpointWriter::finish_file(int file) {
 }
 
 namespace {
-// Step 5: removes checkpoints beyond `keep` (never `current`), step directories without a
-// manifest, and leftovers of interrupted saves (.tmp-*, .trash-*, .latest.tmp-*). The caller holds
-// the root's lock, so no other save is in progress.
-void prune(const std::string& root, int64_t current, int keep);
+// Step 5: removes checkpoints beyond `keep` (never `current`) and leftovers of interrupted saves
+// (.tmp-*, .trash-*, .latest.tmp-*, .owner.json.tmp-*). With an owner (owner_run_id non-empty) only
+// the owner lineage's checkpoints count and are deleted; a step directory without a manifest is
+// never deleted (no save of ours leaves one). The caller holds the root's lock, so no other save is
+// in progress.
+void prune(const std::string& root, int64_t current, int keep, const std::string& owner_run_id,
+           const std::set<std::string>& adopted);
 }  // namespace
 
 std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
@@ -370,6 +504,7 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
   Manifest m;
   m.step = s.step;
   m.meta = meta;
+  if (!s.owner_run_id.empty()) m.meta["checkpoint_owner"] = s.owner_run_id;
   for (const std::string& name : s.array_order) {
     const ArrayDecl& decl = s.arrays.at(name);
     std::vector<ManifestRange>& rs = ranges[name];
@@ -393,10 +528,12 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
     m.files.push_back(ManifestFile{f->final_name, f->size, XXH64_digest(f->hash.get())});
 
   // 2. the manifest last, then the staging directory (atomic_write_file fsyncs it).
+  fault_point(SavePoint::kManifest, s.staging_path + "/" + kManifestFileName);
   atomic_write_file(s.staging_path, kManifestFileName, serialize_manifest(std::move(m)));
 
   // 3. into place: never destroying a complete step-N before this one is complete.
   const std::string final_path = s.root + "/" + s.name;
+  fault_point(SavePoint::kRenameDir, final_path);
   if (::rename(s.staging_path.c_str(), final_path.c_str()) == 0) {
     s.staging_exists = false;
   } else if (errno == ENOTEMPTY || errno == EEXIST) {
@@ -418,17 +555,20 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
   } else {
     ZT_THROW(ErrorKind::kIo, final_path, ": cannot rename the new checkpoint into place (", errno_text(errno), ")");
   }
+  fault_point(SavePoint::kFsyncRoot, s.root);
   fsync_dir(s.root);
   s.committed = true;
 
   // 4. latest.
+  fault_point(SavePoint::kLatest, s.root + "/" + kLatestFileName);
   atomic_write_file(s.root, kLatestFileName, s.name + "\n");
 
   // 5. prune and clean up (best effort: the checkpoint is complete whatever happens here, so a
   // failure only leaves more on disk for the next save to remove).
   s.discard_staging();
   try {
-    prune(s.root, s.step, keep);
+    fault_point(SavePoint::kPrune, s.root);
+    prune(s.root, s.step, keep, s.owner_run_id, s.adopted);
   } catch (const std::exception&) {
   }
   s.lock.reset();
@@ -437,23 +577,24 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
 
 namespace {
 
-void prune(const std::string& root, int64_t current, int keep) {
+void prune(const std::string& root, int64_t current, int keep, const std::string& owner_run_id,
+           const std::set<std::string>& adopted) {
   std::vector<CheckpointEntry> entries = list_checkpoints(root);
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
   int kept = 0;
   for (const CheckpointEntry& e : entries) {
-    if (e.step == current) continue;
-    if (!e.has_manifest) {
-      trash_dir(root, e.name);  // not committed by any save: an unfinished or damaged leftover
-    } else if (keep > 0 && ++kept >= keep) {
-      trash_dir(root, e.name);
-    }
+    // No save of ours leaves a step-N without a manifest (it appears by rename, complete), so such
+    // a directory is someone else's: never deleted (open_checkpoint_dir mentions it).
+    if (e.step == current || !e.has_manifest || keep == 0) continue;
+    if (!owner_run_id.empty() && !adopted.count(e.name) && checkpoint_owner(e.path) != owner_run_id) continue;
+    if (++kept >= keep) trash_dir(root, e.name);
   }
   if (DIR* d = ::opendir(root.c_str())) {
     std::vector<std::string> leftovers;
     while (const dirent* e = ::readdir(d)) {
       const std::string_view n = e->d_name;
-      if (starts_with(n, kStagingPrefix) || starts_with(n, kTrashPrefix) || starts_with(n, ".latest.tmp-"))
+      if (starts_with(n, kStagingPrefix) || starts_with(n, kTrashPrefix) || starts_with(n, ".latest.tmp-") ||
+          starts_with(n, ".owner.json.tmp-"))
         leftovers.emplace_back(n);
     }
     ::closedir(d);
@@ -583,6 +724,176 @@ void CheckpointReader::read(const std::string& name, uint64_t begin, uint64_t co
   }
 }
 
+// ---- ownership ---------------------------------------------------------------------------------
+
+std::string RunIdentity::describe() const {
+  return (model_description.empty() ? model.dump() : model_description) + ", seed " + std::to_string(seed) +
+         ", data " + data;
+}
+
+struct CheckpointDirLease::State {
+  std::string root;
+  std::string run_id;
+  std::vector<std::string> notes;
+  UniqueFd lock;  // flock'd on ROOT/.run.lock while the lease lives
+};
+
+CheckpointDirLease::CheckpointDirLease(std::unique_ptr<State> s) : s_(std::move(s)) {}
+CheckpointDirLease::CheckpointDirLease(CheckpointDirLease&&) noexcept = default;
+CheckpointDirLease& CheckpointDirLease::operator=(CheckpointDirLease&&) noexcept = default;
+CheckpointDirLease::~CheckpointDirLease() = default;
+const std::string& CheckpointDirLease::root() const { return s_->root; }
+const std::string& CheckpointDirLease::run_id() const { return s_->run_id; }
+const std::vector<std::string>& CheckpointDirLease::notes() const { return s_->notes; }
+
+namespace {
+
+bool is_permission_errno(int err) { return err == EACCES || err == EPERM || err == EROFS; }
+
+// "ROOT/latest is a file": the usual mistake is passing the latest pointer instead of its directory.
+[[noreturn]] void throw_not_a_directory(const std::string& dir, const char* flag) {
+  const fs::path p(dir);
+  if (p.filename() == kLatestFileName)
+    ZT_THROW(ErrorKind::kInvalidArgument, flag, " ", dir, " is the 'latest' pointer file of a checkpoint directory, "
+             "not a directory; pass ", flag, " ", p.parent_path().string().empty() ? "." : p.parent_path().string(),
+             " instead");
+  ZT_THROW(ErrorKind::kInvalidArgument, flag, " ", dir, " is a file, not a directory; choose a directory");
+}
+
+}  // namespace
+
+CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdentity& id, bool resuming) {
+  ZT_REQUIRE(!dir_in.empty(), "--checkpoint-dir is empty; name a directory");
+  std::string root = dir_in;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  struct stat st {};
+  if (::stat(root.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw_not_a_directory(root, "--checkpoint-dir");
+  } else {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) {
+      if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
+        ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " cannot be created: part of its path is a "
+                 "file, not a directory; choose another --checkpoint-dir");
+      ZT_THROW(is_permission_errno(ec.value()) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ",
+               root, " cannot be created (", ec.message(), "); choose a directory this user can write");
+    }
+  }
+  auto s = std::make_unique<CheckpointDirLease::State>();
+  s->root = root;
+
+  // The run lock first: everything below reads and writes ROOT as its only user.
+  const std::string lock_path = root + "/" + kRunLockFileName;
+  s->lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!s->lock) {
+    const int err = errno;
+    ZT_THROW(is_permission_errno(err) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ", root,
+             " is not writable (", lock_path, ": ", errno_text(err), "); choose a directory this user can write");
+  }
+  while (::flock(s->lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(s->lock.get(), buf, sizeof(buf) - 1, 0);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by another running training run",
+               holder.empty() ? std::string() : " (process " + holder + ")",
+               "; wait for it to finish or choose another --checkpoint-dir");
+    }
+    ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
+  }
+  // Our pid, for the message a second run gets (best effort: the lock is what matters).
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(s->lock.get(), 0) == 0) {
+    [[maybe_unused]] const ssize_t w = ::pwrite(s->lock.get(), pid.data(), pid.size(), 0);
+  }
+  // Writable? (The lock file may have existed, so creating a file is the real test; as root, only a
+  // read-only file system says no, as it would at the first save.)
+  {
+    const std::string probe = root + "/.probe-" + std::to_string(::getpid());
+    UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!fd) {
+      const int err = errno;
+      ZT_THROW(is_permission_errno(err) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ", root,
+               " is not writable (", errno_text(err), "); choose a directory this user can write");
+    }
+    fd.reset();
+    ::unlink(probe.c_str());
+  }
+
+  std::vector<CheckpointEntry> entries = list_checkpoints(root);
+  std::vector<std::string> committed, stray;
+  for (const CheckpointEntry& e : entries) (e.has_manifest ? committed : stray).push_back(e.name);
+  if (!stray.empty()) {
+    std::string names;
+    for (const std::string& n : stray) names += (names.empty() ? "" : ", ") + n;
+    s->notes.push_back("checkpoint directory " + root + ": " + names + (stray.size() == 1 ? " has" : " have") +
+                       " no " + kManifestFileName + " and " + (stray.size() == 1 ? "was" : "were") +
+                       " not written by a save of this run; left alone (remove " + (stray.size() == 1 ? "it" : "them") +
+                       " yourself if unwanted)");
+  }
+
+  std::optional<OwnerRecord> owner = read_owner(root);
+  OwnerRecord rec;
+  bool write = true;
+  if (owner) {
+    if (owner->identity.same_as(id)) {
+      rec = *owner;
+      write = false;
+    } else if (resuming) {
+      rec = *owner;  // the same lineage, continued with another seed or data
+      rec.identity = id;
+    } else if (committed.empty()) {
+      rec = OwnerRecord{new_run_id(), id, {}};
+      s->notes.push_back("checkpoint directory " + root + " was used by run " + owner->run_id + " (" +
+                         owner->identity.describe() + "), which left no checkpoint; this run takes it over");
+    } else {
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", committed.size(),
+               " checkpoint(s) of another run (run ", owner->run_id, ": ", owner->identity.describe(),
+               "; this run: ", id.describe(), "); continue that run with --resume auto, or choose another "
+               "--checkpoint-dir");
+    }
+  } else if (committed.empty()) {
+    rec = OwnerRecord{new_run_id(), id, {}};
+  } else {
+    // Checkpoints from before owner records: the newest one's manifest says whose they are.
+    RunIdentity theirs;
+    bool known = false;
+    try {
+      const std::string path = root + "/" + committed.back();
+      UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      const std::string what = path + "/" + kManifestFileName;
+      const Manifest m = parse_manifest(read_small_file(d.get(), kManifestFileName, kMaxManifestBytes, what), what);
+      const nlohmann::json& mm = m.meta.at("model");
+      for (const auto& [k, v] : id.model.items()) theirs.model[k] = mm.contains(k) ? mm.at(k) : nlohmann::json();
+      theirs.model_description = mm.value("describe", std::string());
+      theirs.seed = m.meta.at("sampler").at("seed").get<uint64_t>();
+      theirs.data = m.meta.at("sampler").at("data").get<std::string>();
+      known = true;
+    } catch (const std::exception&) {
+    }
+    if (!resuming && !(known && theirs.same_as(id))) {
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", committed.size(),
+               " checkpoint(s) of ", known ? "another run (" + theirs.describe() + "; this run: " + id.describe() + ")"
+                                           : std::string("an unknown run (no owner record)"),
+               "; continue that run with --resume auto, or choose another --checkpoint-dir");
+    }
+    rec = OwnerRecord{new_run_id(), id, committed};
+  }
+  if (write) {
+    try {
+      write_owner(root, rec);
+    } catch (const Error& e) {
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is not writable (", e.message(),
+               "); choose a directory this user can write");
+    }
+  }
+  s->run_id = rec.run_id;
+  return CheckpointDirLease(std::move(s));
+}
+
 // ---- resume ----------------------------------------------------------------------------------
 
 std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const std::string& spec,
@@ -590,6 +901,19 @@ std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const 
   ZT_REQUIRE(!spec.empty(), "--resume needs 'auto' or the path of a checkpoint directory");
   if (spec != "auto") {
     struct stat st {};
+    if (::stat(spec.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      const fs::path p(spec);
+      if (p.filename() == kLatestFileName) {
+        const std::string parent = p.parent_path().empty() ? "." : p.parent_path().string();
+        const std::optional<std::string> names = read_latest(parent);
+        ZT_THROW(ErrorKind::kInvalidArgument, "--resume ", spec, " is the 'latest' pointer file, not a checkpoint "
+                 "directory; use --resume ", names ? parent + "/" + *names : std::string("auto"),
+                 names ? std::string() : " --checkpoint-dir " + parent,
+                 names ? " (the checkpoint it names) or --resume auto --checkpoint-dir " + parent : std::string());
+      }
+      ZT_THROW(ErrorKind::kInvalidArgument, "--resume ", spec, " is a file, not a checkpoint directory; pass a "
+               "step-N directory, or --resume auto with --checkpoint-dir");
+    }
     const std::string manifest = spec + "/" + kManifestFileName;
     if (::lstat(manifest.c_str(), &st) != 0 && !list_checkpoints(spec).empty())
       ZT_THROW(ErrorKind::kInvalidArgument, spec, " holds checkpoints but is not one; pass one of its step-N "
@@ -599,6 +923,8 @@ std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const 
     return ResolvedCheckpoint{spec, step, std::move(reader)};
   }
 
+  struct stat rst {};
+  if (::stat(root.c_str(), &rst) == 0 && !S_ISDIR(rst.st_mode)) throw_not_a_directory(root, "--checkpoint-dir");
   std::vector<CheckpointEntry> entries = list_checkpoints(root);
   std::reverse(entries.begin(), entries.end());  // newest first
   std::vector<std::pair<std::string, std::string>> refused;  // (name, reason)

@@ -5,7 +5,8 @@
 //
 // Layout: ROOT/step-00000100/{manifest.json, rank-00000.bin, rank-00001.bin, ...}, ROOT/latest
 // (one line: the name of the newest committed checkpoint directory), ROOT/.lock (flock'd by the
-// one writer allowed at a time).
+// one writer allowed at a time), ROOT/owner.json (the identity of the run that owns ROOT, see
+// open_checkpoint_dir) and ROOT/.run.lock (flock'd by that run for its whole lifetime).
 //
 // Crash safety — the order of a save, each step durable before the next:
 //  1. files are written into a staging directory ROOT/.tmp-step-N-<pid>-<k> under temporary names
@@ -19,10 +20,12 @@
 //     leftovers of interrupted saves removed.
 // So a directory named step-N is always complete, `latest` never names an incomplete one, and a
 // crash at any instant leaves every previously committed checkpoint loadable. Loading never
-// deletes anything.
+// deletes anything, and pruning deletes only checkpoints the owner lineage committed (the manifest
+// records the owner's run id): a step-N without a manifest, or another run's, is left alone.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +40,8 @@
 namespace zt {
 
 inline constexpr char kLatestFileName[] = "latest";
+inline constexpr char kOwnerFileName[] = "owner.json";
+inline constexpr char kRunLockFileName[] = ".run.lock";
 
 // "step-00000100" (at least 8 digits); parse_step_dir is its inverse (nullopt for other names).
 std::string format_step_dir(int64_t step);
@@ -94,6 +99,64 @@ class CheckpointWriter {
   std::unique_ptr<State> s_;
 };
 
+// ---- test hook: a failure at any point of the save protocol ---------------------------------
+
+// The points of a save, in protocol order. kWrite is every write_range; kFsyncFile and kRenameFile
+// run once per file; the others once per save.
+enum class SavePoint { kStage, kWrite, kFsyncFile, kRenameFile, kManifest, kRenameDir, kFsyncRoot, kLatest, kPrune };
+inline constexpr SavePoint kAllSavePoints[] = {SavePoint::kStage,      SavePoint::kWrite,     SavePoint::kFsyncFile,
+                                               SavePoint::kRenameFile, SavePoint::kManifest,  SavePoint::kRenameDir,
+                                               SavePoint::kFsyncRoot,  SavePoint::kLatest,    SavePoint::kPrune};
+const char* save_point_name(SavePoint p);  // "fsync-file"
+// Called just before the step it names (kFsyncRoot: after the rename, before the fsync), from
+// whichever thread runs it, with the path it concerns. Whatever it throws is that step's failure
+// and goes through the same handling as a real one (a kWrite throw marks the writer broken, a
+// kPrune throw is swallowed like any prune failure). Must be thread-safe.
+using SaveFaultHook = std::function<void(SavePoint point, const std::string& path)>;
+// Tests only: installs the hook for every save in this process ({} removes it); returns the
+// previous one. Set it while no save is running.
+SaveFaultHook set_save_fault_hook(SaveFaultHook hook);
+
+// ---- ownership of a checkpoint directory ------------------------------------------------------
+
+// What makes two runs the same run: checkpoints of one must never be mixed with another's.
+struct RunIdentity {
+  nlohmann::json model = nlohmann::json::object();  // the shape, compared whole (train: run_identity())
+  std::string model_description;                    // "gpt: 1 layers, 2 heads, ..." for messages
+  uint64_t seed = 0;
+  std::string data;
+  std::string describe() const;  // "gpt: ..., seed 1, data synthetic"
+  bool same_as(const RunIdentity& o) const { return model == o.model && seed == o.seed && data == o.data; }
+};
+
+// Held for the whole run (move it into the run's scope; destroying it releases the run lock).
+class CheckpointDirLease {
+ public:
+  CheckpointDirLease(CheckpointDirLease&&) noexcept;
+  CheckpointDirLease& operator=(CheckpointDirLease&&) noexcept;
+  ~CheckpointDirLease();
+  const std::string& root() const;
+  const std::string& run_id() const;  // the owner lineage's id, recorded in owner.json and every manifest
+  // Sentences to print once before training (directories left alone, a takeover); may be empty.
+  const std::vector<std::string>& notes() const;
+
+ private:
+  struct State;
+  friend CheckpointDirLease open_checkpoint_dir(const std::string&, const RunIdentity&, bool);
+  explicit CheckpointDirLease(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+// Call before step 1 for --checkpoint-dir. Creates dir if needed and checks it is a writable
+// directory, takes ROOT/.run.lock for the lease's lifetime (a second concurrent run is refused),
+// then settles ownership: with no owner yet this run becomes the owner (owner.json written
+// atomically, with a new run id); the owner itself (same identity) or a resumed run (resuming =
+// --resume given) continues its lineage; another run is refused while the directory holds
+// committed checkpoints. Checkpoints that predate owner records are adopted when their
+// manifest's model/seed/data match (or when resuming), else refused. Every refusal is
+// kInvalidArgument with one sentence naming the fix (--resume, or another directory).
+CheckpointDirLease open_checkpoint_dir(const std::string& dir, const RunIdentity& id, bool resuming);
+
 // A validated checkpoint, open for reading. Every check happens in open(): the manifest's schema
 // and checksum, plain file names opened with O_NOFOLLOW, every file's size, and (with
 // kFull) the xxHash64 of every file and every range. read() is then safe from any thread.
@@ -136,6 +199,7 @@ struct ResolvedCheckpoint {
 // no checkpoint at all (a fresh start); throws kInvalidArgument when checkpoints exist but none
 // validates (starting from scratch silently would discard the run). Any other spec is the path
 // of one checkpoint directory, opened and validated with no fallback (its errors are thrown).
+// A spec or root that is a file (such as ROOT/latest) is kInvalidArgument naming the fix.
 std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const std::string& spec,
                                                  std::vector<std::string>* notes);
 

@@ -2,6 +2,7 @@
 #include "train/state_io.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -83,6 +84,7 @@ class ReaderSource final : public StateSource {
     r_.read(a, begin, count, out);
   }
   std::string describe() const override { return "checkpoint " + r_.path(); }
+  const nlohmann::json& meta() const override { return r_.meta(); }
 
  private:
   const CheckpointReader& r_;
@@ -135,6 +137,7 @@ class SnapshotSource final : public StateSource {
     ZT_CHECK(covered == count, "snapshot ranges do not cover ", a, " [", begin, ", ", end, ")");
   }
   std::string describe() const override { return "the snapshot of step " + std::to_string(s_.step); }
+  const nlohmann::json& meta() const override { return s_.meta; }
 
  private:
   int find(const std::string& a, Kind* kind) const {
@@ -157,7 +160,38 @@ class SnapshotSource final : public StateSource {
 std::unique_ptr<StateSource> source_of(const CheckpointReader& reader) { return std::make_unique<ReaderSource>(reader); }
 std::unique_ptr<StateSource> source_of(const HostSnapshot& snapshot) { return std::make_unique<SnapshotSource>(snapshot); }
 
+namespace {
+// The shape keys of meta["model"] (train/trainer.cc writes them): what makes two models the same.
+nlohmann::json model_shape(const ModelConfig& mc) {
+  return {{"layers", mc.layers}, {"heads", mc.heads},         {"embd", mc.embd},       {"seq_len", mc.seq_len},
+          {"vocab", mc.vocab},   {"input_dim", mc.input_dim}, {"hidden", mc.hidden},   {"classes", mc.classes}};
+}
+}  // namespace
+
+RunIdentity run_identity(const ModelConfig& mc, uint64_t seed, const std::string& data) {
+  RunIdentity id;
+  id.model = model_shape(mc);
+  id.model_description = mc.describe();
+  id.seed = seed;
+  id.data = data;
+  return id;
+}
+
 void check_source_matches(const StateSource& src, const Model& model, bool adamw) {
+  // The shape first: a different head count (or any shape change that keeps the array sizes)
+  // would otherwise load and train a different model from these weights.
+  const nlohmann::json& meta = src.meta();
+  if (meta.is_object() && meta.contains("model") && meta["model"].is_object()) {
+    const nlohmann::json& saved = meta["model"];
+    const nlohmann::json mine = model_shape(model.config());
+    std::string differs;
+    for (const auto& [k, v] : mine.items())
+      if (saved.contains(k) && saved[k] != v)
+        differs += (differs.empty() ? "" : ", ") + k + " " + saved[k].dump() + " there, " + v.dump() + " here";
+    ZT_REQUIRE(differs.empty(), src.describe(), " was saved from another model (",
+               saved.value("describe", std::string("?")), "; this run is ", model.config().describe(), ": ", differs,
+               "); resume with the same model flags, or start a fresh run in another --checkpoint-dir");
+  }
   for (const auto& b : model.layout().blocks()) {
     for (Kind k : {Kind::kMaster, Kind::kM}) {
       const std::string a = array_name(b.name, k);
@@ -247,41 +281,66 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
 }
 
 struct BackgroundSaver::Job {
+  // Owned by the job (the thread reads only these and the fields below it writes).
+  HostSnapshot snap;
+  std::string root;
+  int keep = 0;
+  OnDone on_done;  // never touched by the thread
   std::thread thread;
+  std::atomic<bool> finished{false};
+  std::string path;
+  double seconds = 0;
   std::exception_ptr error;
 };
 
 BackgroundSaver::BackgroundSaver(std::string root, int keep) : root_(std::move(root)), keep_(keep) {}
 
 BackgroundSaver::~BackgroundSaver() {
-  try {
-    wait();
-  } catch (...) {
-  }
+  // Join only: on_done may reference what the owner already destroyed, and a failure has nowhere
+  // to go (the run is ending, normally after an error of its own).
+  if (job_ && job_->thread.joinable()) job_->thread.join();
 }
 
-void BackgroundSaver::save(HostSnapshot snap, std::function<void(const std::string&, double)> on_done) {
+void BackgroundSaver::save(HostSnapshot snap, OnDone on_done) {
   wait();
-  job_ = std::make_unique<Job>();
-  Job* job = job_.get();
-  job->thread = std::thread([this, job, snap = std::move(snap), on_done = std::move(on_done)] {
+  auto job = std::make_unique<Job>();
+  job->snap = std::move(snap);
+  job->root = root_;
+  job->keep = keep_;
+  job->on_done = std::move(on_done);
+  Job* j = job.get();
+  job->thread = std::thread([j] {
     try {
-      const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(snap.step));
+      const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(j->snap.step));
       const auto t0 = std::chrono::steady_clock::now();
-      const std::string path = write_checkpoint(snap, root_, keep_);
-      if (on_done) on_done(path, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      j->path = write_checkpoint(j->snap, j->root, j->keep);
+      j->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
-      job->error = std::current_exception();
+      j->error = std::current_exception();
     }
+    // The snapshot's memory goes back now, not at the next collection.
+    j->snap = HostSnapshot{};
+    j->finished.store(true, std::memory_order_release);
   });
+  job_ = std::move(job);
+}
+
+void BackgroundSaver::collect() {
+  std::unique_ptr<Job> job = std::move(job_);
+  if (job->thread.joinable()) job->thread.join();
+  if (job->error) std::rethrow_exception(job->error);
+  if (job->on_done) job->on_done(job->path, job->seconds);
+}
+
+bool BackgroundSaver::poll() {
+  if (!job_) return true;
+  if (!job_->finished.load(std::memory_order_acquire)) return false;
+  collect();
+  return true;
 }
 
 void BackgroundSaver::wait() {
-  if (!job_) return;
-  if (job_->thread.joinable()) job_->thread.join();
-  std::exception_ptr e = job_->error;
-  job_.reset();
-  if (e) std::rethrow_exception(e);
+  if (job_) collect();
 }
 
 }  // namespace zt

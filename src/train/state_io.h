@@ -56,13 +56,21 @@ class StateSource {
   // Elements [begin, begin + count) into out (count * element size bytes).
   virtual void read(const std::string& array, uint64_t begin, uint64_t count, void* out) const = 0;
   virtual std::string describe() const = 0;  // "checkpoint /runs/a/step-00000100"
+  // The trainer's meta saved with the state (an empty object when none).
+  virtual const nlohmann::json& meta() const = 0;
 };
 std::unique_ptr<StateSource> source_of(const CheckpointReader& reader);
 std::unique_ptr<StateSource> source_of(const HostSnapshot& snapshot);
 
-// Checks that the source holds this model's state (every block's arrays with the right sizes,
-// the optimizer's moments); throws kInvalidArgument with one sentence naming what differs.
+// Checks that the source holds this model's state: the model shape its meta records (layers,
+// heads, embd, seq_len, vocab, hidden, ... — a head count changes no array size), every block's
+// arrays with the right sizes, the optimizer's moments; throws kInvalidArgument with one sentence
+// naming what differs (both shapes for a shape mismatch).
 void check_source_matches(const StateSource& src, const Model& model, bool adamw);
+
+// The identity that owns a checkpoint directory (checkpoint.h, open_checkpoint_dir): the model
+// shape (the keys the trainer's meta["model"] uses), the seed and the data.
+RunIdentity run_identity(const ModelConfig& mc, uint64_t seed, const std::string& data);
 // Loads rank's part of every block from src (any world size or stage may have written it).
 void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src, int rank);
 
@@ -70,14 +78,33 @@ void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src
 // commits with meta. Returns the checkpoint's path.
 std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep);
 
-// Saves in the background: save() waits for the previous save, then hands the snapshot to a
-// thread that writes and commits it. wait() joins and rethrows a failure of the last save.
+// Saves in the background, one save at a time. Safe by construction: the saving thread touches
+// only what the saver owns (the snapshot, moved in, and copies of root and keep), and the
+// destructor joins it, so nothing the thread uses can go away under it, whatever the owner's
+// declaration order or however its scope ends (an exception included).
+//
+// Callback contract: on_done(path, seconds) runs on the OWNER's thread, inside the save(), poll()
+// or wait() that finds the save committed — never on the saving thread and never from the
+// destructor. So it may use anything that is alive at those calls (objects declared after the
+// saver included) without locking against the saving thread; a save whose result is not
+// collected before the saver is destroyed (the run is failing) has its callback dropped.
+// Failures: an error of the background save is rethrown by the next save(), poll() or wait()
+// (save() then does not start the new one); the destructor swallows it.
+// All members are for one owner thread.
 class BackgroundSaver {
  public:
+  using OnDone = std::function<void(const std::string& path, double seconds)>;
   BackgroundSaver(std::string root, int keep);
   ~BackgroundSaver();
-  // on_done(path, seconds) runs on the saving thread after the commit.
-  void save(HostSnapshot snap, std::function<void(const std::string&, double)> on_done);
+  BackgroundSaver(const BackgroundSaver&) = delete;
+  BackgroundSaver& operator=(const BackgroundSaver&) = delete;
+
+  // Finishes the previous save (as wait()), then writes and commits snap on a new thread.
+  void save(HostSnapshot snap, OnDone on_done);
+  // Non-blocking: when the save in flight has finished, collects it (runs its on_done, or rethrows
+  // its failure). Returns true when no save is in flight afterwards.
+  bool poll();
+  // Blocks until the save in flight has finished, then collects it as poll() does.
   void wait();
 
  private:
@@ -85,6 +112,7 @@ class BackgroundSaver {
   int keep_;
   struct Job;
   std::unique_ptr<Job> job_;
+  void collect();  // joins job_ (finished or not), then on_done or rethrow
 };
 
 }  // namespace zt

@@ -3,6 +3,8 @@
 // and again; every time, --resume auto finds the newest complete checkpoint, which validates, and
 // no directory that looks like a checkpoint is incomplete. ZT_CRASH_TRIALS raises the trial count
 // (bench/crash_trials.sh runs many more).
+// Also: a run that fails (a device error, divergence) while a background save is in flight exits
+// with its own code and sentence, never a heap-corruption abort.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -117,6 +119,47 @@ TEST(CrashSafety, SigkillDuringCheckpointWritesNeverLosesTheNewestCompleteOne) {
   // And the survivor trains on.
   const int code = wait_exit(spawn(train_args(root.string(), static_cast<int>(last_step) + 2, /*resume=*/true)));
   EXPECT_EQ(code, 0);
+  fs::remove_all(root);
+}
+
+
+// Runs zerotrain with args (a shell word list); the exit code (-1 when not a normal exit) and
+// stdout+stderr.
+std::pair<int, std::string> run_capture(const std::string& args) {
+  const std::string cmd = std::string(ZEROTRAIN_BIN) + " " + args + " 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CrashSafety, AFailureWhileASaveIsInFlightExitsWithItsCodeNotAnAbort) {
+  const fs::path root = fs::temp_directory_path() / ("zt_inflight_" + std::to_string(::getpid()));
+  const std::string common = "train --layers 1 --embd 32 --heads 2 --seq-len 16 --devices cpu:2 --sample-tokens 0 "
+                             "--eval-every 0 --eval-batches 1 --save-every 1 --checkpoint-dir " + root.string();
+  struct Case {
+    const char* what;
+    std::string args;
+    int code;
+  };
+  const Case cases[] = {
+      {"a device error", common + " --steps 10 --inject-fault device=1,step=5", 1},
+      {"divergence", common + " --steps 30 --max-skipped-steps 2 --lr 1e30 --grad-clip 0", 3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    fs::remove_all(root);
+    const auto [code, out] = run_capture(c.args);
+    EXPECT_EQ(code, c.code) << out;
+    EXPECT_EQ(out.find("malloc"), std::string::npos) << out;
+    EXPECT_NE(out.find("zerotrain: "), std::string::npos) << "no sentence on stderr:\n" << out;
+    // What was committed before the failure is complete.
+    for (const auto& e : list_checkpoints(root.string())) EXPECT_NO_THROW(CheckpointReader::open(e.path)) << e.path;
+  }
   fs::remove_all(root);
 }
 

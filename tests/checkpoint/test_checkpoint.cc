@@ -2,11 +2,14 @@
 // (resharding), latest/keep/prune, resume fallback, refusal of every kind of damage (truncation and
 // bit flips in each file, path traversal, symlinks, unknown versions, gaps/overlaps, wrong sizes),
 // and crash safety: a child process saving checkpoints is SIGKILLed at random instants and resume
-// must always find the newest complete one with exactly the data written for its step.
+// must always find the newest complete one with exactly the data written for its step; a failure
+// injected at every point of a background save leaves the earlier checkpoints intact; directory
+// ownership (owner record, run lock, what prune may delete) and early refusal of bad directories.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -20,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,7 +33,10 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/manifest.h"
 #include "core/status.h"
+#include "model/config.h"
+#include "model/model.h"
 #include "sanitizer.h"
+#include "train/state_io.h"
 
 namespace zt {
 namespace {
@@ -354,7 +361,9 @@ TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNext
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000001", "step-00000004"}));
+  // The step directory without a manifest is no save's leftover (saves appear by rename): kept.
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000001", "step-00000003", "step-00000004"}));
+  EXPECT_EQ(read_file(dir.sub("step-00000003/rank-00000.bin")).size(), 7u);
 }
 
 TEST(Checkpoint, SavingAnExistingStepReplacesItAtomically) {
@@ -419,7 +428,8 @@ TEST(Checkpoint, WriterMisuseIsRefused) {
   expect_error([&] { CheckpointWriter(dir.str(), -1, 1); }, ErrorKind::kInvalidArgument, {"non-negative"});
   expect_error([&] { CheckpointWriter(dir.str(), 1, 0); }, ErrorKind::kInvalidArgument, {"1 to"});
   write_file(dir.sub("afile"), std::string("x"));
-  expect_error([&] { CheckpointWriter(dir.sub("afile"), 1, 1); }, ErrorKind::kIo, {"afile"});
+  // A file where the directory should be is the user's mistake (exit 2), not a disk failure.
+  expect_error([&] { CheckpointWriter(dir.sub("afile"), 1, 1); }, ErrorKind::kInvalidArgument, {"afile"});
   {
     CheckpointWriter w(dir.str(), 1, 1);
     w.declare_array("x", StorageDType::kF32, 2);
@@ -815,6 +825,368 @@ TEST(CheckpointCrash, SigkillAtRandomInstantsLeavesTheNewestCompleteCheckpointLo
               trials, loaded, static_cast<long long>(last), replaced, static_cast<long long>(save_us), mid_write,
               latest_lagging, unpruned);
   EXPECT_GT(loaded, trials / 2) << "kills land too early: the delays do not span a save";
+}
+
+
+// ---- failures during a background save (the save-protocol test hook) ------------------------
+
+// A hand-made two-rank snapshot whose values are a pure function of (step, rank, block, kind).
+HostSnapshot fake_snapshot(int64_t step) {
+  HostSnapshot snap;
+  snap.step = step;
+  snap.adamw = true;
+  snap.block_names = {"wte", "h.0"};
+  snap.block_numel = {1001, 257};
+  snap.meta = json{{"step", step}};
+  snap.shards.resize(2);
+  for (int r = 0; r < 2; ++r)
+    for (size_t b = 0; b < 2; ++b) {
+      HostShard h;
+      const int64_t n = snap.block_numel[b];
+      h.begin = n * r / 2;
+      const size_t count = static_cast<size_t>(n * (r + 1) / 2 - h.begin);
+      for (std::vector<float>* v : {&h.master, &h.m, &h.v}) {
+        v->resize(count);
+        for (size_t i = 0; i < count; ++i)
+          (*v)[i] = static_cast<float>(splitmix64(static_cast<uint64_t>(step) * 7919 + b * 131 + (h.begin + i) +
+                                                  static_cast<uint64_t>(v == &h.m) * 17 + static_cast<uint64_t>(v == &h.v) * 29) %
+                                       100000) * 1e-3f;
+      }
+      snap.shards[static_cast<size_t>(r)].push_back(std::move(h));
+    }
+  return snap;
+}
+
+// Every file under dir (recursively) with its bytes, so "byte-identical" is one comparison.
+std::map<std::string, std::vector<uint8_t>> tree_bytes(const std::string& dir) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_file(e.path().string());
+  return out;
+}
+
+// The restored arrays of a checkpoint equal the snapshot of its step, element for element.
+void expect_snapshot(const std::string& ckpt, int64_t step) {
+  const CheckpointReader reader = CheckpointReader::open(ckpt);
+  const auto src = source_of(reader);
+  const HostSnapshot want = fake_snapshot(step);
+  const auto want_src = source_of(want);
+  for (const std::string& block : want.block_names)
+    for (const char* kind : {"/master", "/m", "/v"}) {
+      const std::string a = block + kind;
+      const uint64_t n = want_src->numel(a);
+      std::vector<float> got(n), expected(n);
+      src->read(a, 0, n, got.data());
+      want_src->read(a, 0, n, expected.data());
+      EXPECT_TRUE(std::memcmp(got.data(), expected.data(), n * 4) == 0) << ckpt << ": " << a;
+    }
+}
+
+// Installs a hook for the scope of a test, removing it however the test ends.
+struct ScopedHook {
+  explicit ScopedHook(SaveFaultHook h) { set_save_fault_hook(std::move(h)); }
+  ~ScopedHook() { set_save_fault_hook({}); }
+};
+
+struct InjectedFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+TEST(SaveFaults, AFailureAtEveryPointLeavesTheEarlierCheckpointsIntactAndResumable) {
+  for (const SavePoint point : kAllSavePoints) {
+    for (const bool zt_error : {true, false}) {
+      SCOPED_TRACE(std::string(save_point_name(point)) + (zt_error ? " (zt::Error)" : " (std::runtime_error)"));
+      TempDir dir;
+      const std::string root = dir.sub("ckpt");
+      BackgroundSaver saver(root, 2);
+      saver.save(fake_snapshot(1), nullptr);
+      saver.save(fake_snapshot(2), nullptr);
+      saver.wait();
+      const auto before = tree_bytes(root);
+      std::atomic<int> hits{0};
+      std::vector<std::string> collected;
+      {
+        ScopedHook hook([&](SavePoint p, const std::string& path) {
+          if (p != point || hits++ != 0) return;  // the first time the point is reached
+          if (zt_error) ZT_THROW(ErrorKind::kIo, path, ": injected failure at ", save_point_name(p));
+          throw InjectedFailure(std::string("injected failure at ") + save_point_name(p));
+        });
+        saver.save(fake_snapshot(3), [&](const std::string& path, double) { collected.push_back(path); });
+        if (point == SavePoint::kPrune) {
+          EXPECT_NO_THROW(saver.wait()) << "pruning is best effort: the checkpoint is complete";
+        } else if (zt_error) {
+          EXPECT_THROW(saver.wait(), Error);
+        } else {
+          EXPECT_THROW(saver.wait(), InjectedFailure);
+        }
+      }
+      EXPECT_GE(hits.load(), 1) << "the point was never reached";
+      EXPECT_EQ(collected.size(), point == SavePoint::kPrune ? 1u : 0u) << "on_done runs only after a commit";
+      // The earlier checkpoints, byte for byte, and latest never names anything incomplete.
+      const auto after = tree_bytes(root);
+      for (const auto& [name, bytes] : before) {
+        if (name == kLatestFileName) continue;
+        ASSERT_TRUE(after.count(name)) << name << " vanished";
+        EXPECT_TRUE(after.at(name) == bytes) << name << " changed";
+      }
+      const bool committed = point == SavePoint::kFsyncRoot || point == SavePoint::kLatest || point == SavePoint::kPrune;
+      EXPECT_EQ(fs::exists(root + "/step-00000003"), committed);
+      for (const auto& e : fs::directory_iterator(root))
+        EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "staging left behind: " << e.path();
+      std::optional<ResolvedCheckpoint> resolved;
+      ASSERT_NO_THROW(resolved = resolve_resume(root, "auto", nullptr));
+      ASSERT_TRUE(resolved);
+      EXPECT_EQ(resolved->step, committed ? 3 : 2);
+      expect_snapshot(resolved->path, resolved->step);
+      expect_snapshot(root + "/step-00000001", 1);
+      const auto latest = read_latest(root);
+      ASSERT_TRUE(latest);
+      EXPECT_EQ(*latest, point == SavePoint::kPrune ? "step-00000003" : "step-00000002");
+      // Nothing is wedged: the next save goes through and prunes as asked.
+      saver.save(fake_snapshot(4), nullptr);
+      ASSERT_NO_THROW(saver.wait());
+      expect_snapshot(root + "/step-00000004", 4);
+      EXPECT_EQ(read_latest(root), "step-00000004");
+      EXPECT_EQ(list_checkpoints(root).size(), 2u);
+    }
+  }
+}
+
+TEST(SaveFaults, TheNextSaveRethrowsAFailureAndDoesNotStart) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  BackgroundSaver saver(root, 0);
+  ScopedHook hook([](SavePoint p, const std::string& path) {
+    if (p == SavePoint::kManifest && path.find("step-00000001") != std::string::npos)
+      ZT_THROW(ErrorKind::kIo, path, ": no space left on device (injected)");
+  });
+  saver.save(fake_snapshot(1), nullptr);
+  expect_error([&] { saver.save(fake_snapshot(2), nullptr); }, ErrorKind::kIo, {"no space left", "manifest.json"});
+  EXPECT_NO_THROW(saver.wait());  // reported once
+  EXPECT_TRUE(list_checkpoints(root).empty()) << "the save after a failure must not start";
+}
+
+TEST(SaveFaults, TheCallbackRunsOnTheOwnersThreadAndNeverFromTheDestructor) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  {
+    BackgroundSaver saver(root, 0);
+    std::thread::id ran_on;
+    saver.save(fake_snapshot(1), [&](const std::string&, double) { ran_on = std::this_thread::get_id(); });
+    while (!saver.poll()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(ran_on, std::this_thread::get_id());
+  }
+  // The trainer's failure path: the saver is destroyed (by an exception) while a save is in
+  // flight, after objects its callback uses (declared after it) are gone. The destructor must join
+  // and drop the callback: under ASan a call would be a use after scope; here the flag says so.
+  auto called = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> in_prune{false};
+  ScopedHook hook([&](SavePoint p, const std::string&) {
+    if (p != SavePoint::kPrune) return;
+    in_prune = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  try {
+    BackgroundSaver saver(root, 0);
+    std::vector<std::string> messages;  // destroyed before the saver
+    saver.save(fake_snapshot(2), [&messages, called](const std::string& path, double) {
+      messages.push_back(path);
+      *called = true;
+    });
+    while (!in_prune) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw InjectedFailure("a device failed");
+  } catch (const InjectedFailure&) {
+  }
+  EXPECT_FALSE(*called);
+  expect_snapshot(root + "/step-00000002", 2);  // the save itself finished before the destructor returned
+}
+
+// ---- ownership of a checkpoint directory -----------------------------------------------------
+
+RunIdentity identity(uint64_t seed, int heads = 2) {
+  RunIdentity id;
+  id.model = json{{"layers", 1}, {"heads", heads}, {"embd", 32}, {"seq_len", 16}, {"vocab", 256}, {"hidden", json::array()}};
+  id.model_description = "gpt: 1 layers, " + std::to_string(heads) + " heads, 32 wide, 16 context, vocab 256";
+  id.seed = seed;
+  id.data = "synthetic";
+  return id;
+}
+
+json owner_json(const std::string& root) {
+  const auto b = read_file(root + "/" + kOwnerFileName);
+  return json::parse(std::string(b.begin(), b.end()));
+}
+
+TEST(Ownership, TheFirstRunOwnsTheDirectoryAndAnotherRunIsRefused) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  std::string run_id;
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+    run_id = lease.run_id();
+    EXPECT_EQ(run_id.size(), 16u);
+    EXPECT_TRUE(lease.notes().empty());
+    const json owner = owner_json(root);
+    EXPECT_EQ(owner.at("run_id"), run_id);
+    EXPECT_EQ(owner.at("identity").at("seed"), 1);
+    save(root, 5, 2, test_arrays());
+    EXPECT_EQ(CheckpointReader::open(root + "/step-00000005").meta().at("checkpoint_owner"), run_id);
+  }
+  const std::string msg = expect_error([&] { open_checkpoint_dir(root, identity(2), false); }, ErrorKind::kInvalidArgument,
+                                       {root, "another run", run_id, "seed 1", "seed 2", "--resume auto",
+                                        "another --checkpoint-dir"});
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 0);
+  expect_error([&] { open_checkpoint_dir(root, identity(1, 4), false); }, ErrorKind::kInvalidArgument,
+               {"4 heads", "2 heads"});
+  // The owner again, or a resumed run: the same lineage.
+  EXPECT_EQ(open_checkpoint_dir(root, identity(1), false).run_id(), run_id);
+  EXPECT_EQ(open_checkpoint_dir(root, identity(2), true).run_id(), run_id);
+  EXPECT_EQ(owner_json(root).at("identity").at("seed"), 2) << "the lineage continues with the resumed run's identity";
+}
+
+TEST(Ownership, ASecondConcurrentRunIsRefusedAtStart) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  {
+    const CheckpointDirLease first = open_checkpoint_dir(root, identity(1), false);
+    expect_error([&] { open_checkpoint_dir(root, identity(1), false); }, ErrorKind::kInvalidArgument,
+                 {root, "in use by another running training run", "process " + std::to_string(::getpid())});
+    expect_error([&] { open_checkpoint_dir(root, identity(1), true); }, ErrorKind::kInvalidArgument, {"in use"});
+  }
+  EXPECT_NO_THROW(open_checkpoint_dir(root, identity(1), false));  // released with the lease
+}
+
+TEST(Ownership, AnOwnerThatLeftNoCheckpointIsTakenOverWithANote) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  const std::string first = open_checkpoint_dir(root, identity(1), false).run_id();
+  const CheckpointDirLease second = open_checkpoint_dir(root, identity(2), false);
+  EXPECT_NE(second.run_id(), first);
+  ASSERT_EQ(second.notes().size(), 1u);
+  EXPECT_THAT(second.notes()[0], HasSubstr(first));
+  EXPECT_THAT(second.notes()[0], HasSubstr("takes it over"));
+}
+
+TEST(Ownership, CheckpointsFromBeforeOwnerRecordsAreAdoptedOnlyByTheirRun) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  const RunIdentity theirs = identity(7);
+  json meta = {{"model", theirs.model}, {"sampler", {{"seed", 7}, {"data", "synthetic"}}}};
+  meta["model"]["describe"] = theirs.model_description;
+  save(root, 1, 1, arrays, 0, 2, meta);
+  save(root, 2, 1, arrays, 0, 2, meta);
+  expect_error([&] { open_checkpoint_dir(root, identity(8), false); }, ErrorKind::kInvalidArgument,
+               {"2 checkpoint(s) of another run", "seed 7", "seed 8", "--resume auto"});
+  EXPECT_FALSE(fs::exists(root + "/" + kOwnerFileName)) << "a refused run writes nothing";
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(7), false);
+    EXPECT_EQ(owner_json(root).at("adopted"), json::array({"step-00000001", "step-00000002"}));
+    // The lineage now includes them: keep 2 prunes the adopted step 1.
+    save(root, 3, 1, arrays, 2);
+  }
+  const auto entries = list_checkpoints(root);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].step, 2);
+  EXPECT_EQ(entries[1].step, 3);
+  // Checkpoints whose manifest says nothing of their run: only --resume adopts them.
+  TempDir other;
+  save(other.str(), 1, 1, arrays);
+  expect_error([&] { open_checkpoint_dir(other.str(), identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"an unknown run", "--resume auto"});
+  EXPECT_NO_THROW(open_checkpoint_dir(other.str(), identity(1), true));
+}
+
+TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOnce) {
+  TempDir dir, elsewhere;
+  const std::string root = dir.sub("ckpt");
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  // Another run's checkpoint copied in, and a step directory without a manifest.
+  {
+    const CheckpointDirLease other = open_checkpoint_dir(elsewhere.str(), identity(9), false);
+    save(elsewhere.str(), 2, 1, arrays);
+  }
+  const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+  save(root, 1, 1, arrays, 1);
+  fs::copy(elsewhere.str() + "/step-00000002", root + "/step-00000002");
+  fs::create_directories(root + "/step-00000009");
+  write_file(root + "/step-00000009/notes.txt", std::string("mine"));
+  const auto foreign = tree_bytes(root + "/step-00000002");
+  for (int64_t step = 3; step <= 5; ++step) save(root, step, 1, arrays, 1);
+  std::vector<int64_t> steps;
+  for (const auto& e : list_checkpoints(root)) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 5, 9}));
+  EXPECT_TRUE(tree_bytes(root + "/step-00000002") == foreign);
+  EXPECT_EQ(read_file(root + "/step-00000009/notes.txt").size(), 4u);
+  EXPECT_EQ(lease.notes().size(), 0u);  // it appeared after the lease was taken
+}
+
+TEST(Ownership, StrayDirectoriesAreNamedInOneNote) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  fs::create_directories(root + "/step-00000003");
+  fs::create_directories(root + "/step-00000004");
+  const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+  ASSERT_EQ(lease.notes().size(), 1u);
+  EXPECT_THAT(lease.notes()[0], HasSubstr("step-00000003, step-00000004 have no manifest.json"));
+  EXPECT_THAT(lease.notes()[0], HasSubstr("left alone"));
+}
+
+TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  save(root, 10, 1, {{"x", StorageDType::kF32, 10, {}}});
+  // The latest pointer instead of its directory, as --checkpoint-dir and as --resume.
+  expect_error([&] { open_checkpoint_dir(root + "/latest", identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"'latest' pointer file", "--checkpoint-dir " + root + " instead"});
+  expect_error([&] { resolve_resume(root, root + "/latest", nullptr); }, ErrorKind::kInvalidArgument,
+               {"'latest' pointer file", "--resume " + root + "/step-00000010", "--resume auto"});
+  expect_error([&] { resolve_resume(root + "/latest", "auto", nullptr); }, ErrorKind::kInvalidArgument,
+               {"'latest' pointer file"});
+  expect_error([&] { resolve_resume(root, root + "/step-00000010/manifest.json", nullptr); },
+               ErrorKind::kInvalidArgument, {"is a file, not a checkpoint directory"});
+  expect_error([&] { open_checkpoint_dir(root + "/latest/sub", identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"part of its path is a file"});
+  // Not writable: a read-only directory (as root, which may write anywhere, a directory of sysfs).
+  if (::geteuid() != 0) {
+    const std::string ro = dir.sub("ro");
+    fs::create_directories(ro);
+    ::chmod(ro.c_str(), 0555);
+    expect_error([&] { open_checkpoint_dir(ro, identity(1), false); }, ErrorKind::kInvalidArgument,
+                 {"not writable", "choose a directory"});
+    expect_error([&] { open_checkpoint_dir(ro + "/sub", identity(1), false); }, ErrorKind::kInvalidArgument,
+                 {"cannot be created"});
+    ::chmod(ro.c_str(), 0755);
+  } else if (fs::is_directory("/sys/kernel")) {
+    expect_error([&] { open_checkpoint_dir("/sys/kernel", identity(1), false); }, ErrorKind::kInvalidArgument,
+                 {"not writable", "choose a directory"});
+    expect_error([&] { open_checkpoint_dir("/sys/kernel/zt-checkpoints", identity(1), false); },
+                 ErrorKind::kInvalidArgument, {"cannot be created"});
+  }
+}
+
+// ---- resuming another model ------------------------------------------------------------------
+
+TEST(ModelShape, ACheckpointOfAnotherShapeIsRefusedNamingBoth) {
+  ModelOverrides o;
+  o.layers = 1;
+  o.embd = 32;
+  o.heads = 2;
+  o.seq_len = 16;
+  const ModelConfig mc = make_model_config("gpt-tiny", o);
+  const auto model = make_model(mc);
+  HostSnapshot snap = fake_snapshot(1);
+  const RunIdentity saved = run_identity(mc, 1, "synthetic");
+  snap.meta["model"] = saved.model;
+  snap.meta["model"]["heads"] = 4;  // same array sizes: only the recorded shape tells them apart
+  snap.meta["model"]["describe"] = "gpt: 1 layers, 4 heads, 32 wide, 16 context, vocab 256";
+  expect_error([&] { check_source_matches(*source_of(snap), *model, true); }, ErrorKind::kInvalidArgument,
+               {"another model", "4 heads", mc.describe(), "heads 4 there, 2 here"});
+  // The same shape passes the shape check (and fails later, on this fake snapshot's arrays).
+  snap.meta["model"] = saved.model;
+  const std::string msg = expect_error([&] { check_source_matches(*source_of(snap), *model, true); },
+                                       ErrorKind::kInvalidArgument, {"the snapshot of step 1"});
+  EXPECT_THAT(msg, ::testing::Not(HasSubstr("there,")));
 }
 
 }  // namespace
