@@ -64,12 +64,16 @@ HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCoun
 }
 
 Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_(log) {
-  if (!run.cfg.checkpoint_dir.empty()) saver_ = std::make_unique<BackgroundSaver>(run.cfg.checkpoint_dir, run.cfg.keep);
+  const TrainConfig& cfg = run.cfg;
+  if (cfg.checkpoint_dir.empty()) return;
+  lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, run_identity(run.mc, cfg.seed, cfg.data), !cfg.resume.empty()));
+  for (const std::string& n : lease_->notes()) log_.line("note: " + n);
+  saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep);
 }
 
 Checkpointer::~Checkpointer() {
-  // Joins the writer (a failure is dropped: the run is already ending with an error or has
-  // reported it through wait()); the previous complete checkpoints are untouched either way.
+  // Joins the writer (a failure nobody collected is dropped: the run is already ending with an
+  // error); the previous complete checkpoints are untouched either way.
   saver_.reset();
 }
 
@@ -96,6 +100,10 @@ std::string Checkpointer::save_now(const HostSnapshot& snap) {
   std::lock_guard<std::mutex> lock(mu_);
   paths_.push_back(path);
   return path;
+}
+
+void Checkpointer::poll() {
+  if (saver_) saver_->poll();
 }
 
 void Checkpointer::wait() {

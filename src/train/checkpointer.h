@@ -2,13 +2,15 @@
 // (the meta), periodic saves written in the background, and the host snapshots that in-process
 // recovery restarts from.
 //
-// Lifetime rule: the background writer's completion callback touches only this object (and the
-// Logger, which outlives it); the saver is the last member, so it is joined before anything the
-// callback uses is destroyed — also when an error unwinds the run while a save is in flight.
+// Lifetime rule: the background writer's completion callback runs on the trainer's thread (in
+// save/poll/wait) and touches only this object and the Logger, which outlives it; the saver is the
+// last member, so it is joined before anything else here is destroyed — also when an error unwinds
+// the run while a save is in flight — and the directory's lease is released after it.
 #pragma once
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,9 @@ HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCoun
 
 class Checkpointer {
  public:
-  // Does nothing when the run has no --checkpoint-dir.
+  // Does nothing when the run has no --checkpoint-dir. Else takes the directory for the run's
+  // lifetime (checkpoint/checkpoint.h open_checkpoint_dir: a writable directory, a run-wide lock,
+  // and an owner: another run's directory is refused) and prints its notes.
   Checkpointer(const RunContext& run, Logger& log);
   ~Checkpointer();
   bool enabled() const { return saver_ != nullptr; }
@@ -40,6 +44,8 @@ class Checkpointer {
   void save(HostSnapshot snap, double stall_s);
   // Writes synchronously (a conversion, or a stop on a signal); returns the checkpoint's path.
   std::string save_now(const HostSnapshot& snap);
+  // Collects a save that finished (its message and metrics record), without blocking.
+  void poll();
   // Waits for the save in flight; rethrows its failure.
   void wait();
   // Lines to print about saves that completed since the last call.
@@ -49,6 +55,7 @@ class Checkpointer {
  private:
   const RunContext& run_;
   Logger& log_;
+  std::optional<CheckpointDirLease> lease_;
   std::mutex mu_;
   std::vector<std::string> messages_, paths_;
   std::unique_ptr<BackgroundSaver> saver_;  // last member: see the lifetime rule above

@@ -177,6 +177,7 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
   result_.precision = precision_name(run_.precision);
   result_.entropy_floor = run_.is_gpt ? run_.lang->entropy_rate() : std::nullopt;
   const StopSignals signals;
+  checkpointer_ = std::make_unique<Checkpointer>(run_, log_);  // before --resume: it owns the directory
   BatchSplit split = first_split;
   for (int index = 0;; ++index) {
     if (survivors_) {
@@ -234,7 +235,6 @@ void Trainer::start_world(World& w, int index) {
   result_.skipped_steps = counters_.skipped_steps;
   result_.devices = w.size();
   result_.zero_stage = cfg_.zero_stage;
-  if (!checkpointer_) checkpointer_ = std::make_unique<Checkpointer>(run_, log_);
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
   w.comm().reset_counters();
@@ -325,6 +325,7 @@ bool Trainer::train_world(World& w) {
       }
       if (checkpointer_->enabled() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || last))
         save_at(w, step);
+      checkpointer_->poll();
       for (const std::string& m : checkpointer_->take_messages()) log_.line(m);
       if (const int sig = StopSignals::pending(); sig != 0 && !last) {
         stop_for_signal(w, step, sig);
