@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
@@ -123,20 +124,6 @@ TEST(CrashSafety, SigkillDuringCheckpointWritesNeverLosesTheNewestCompleteOne) {
 }
 
 
-// Runs zerotrain with args (a shell word list); the exit code (-1 when not a normal exit) and
-// stdout+stderr.
-std::pair<int, std::string> run_capture(const std::string& args) {
-  const std::string cmd = std::string(ZEROTRAIN_BIN) + " " + args + " 2>&1";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 TEST(CrashSafety, AFailureWhileASaveIsInFlightExitsWithItsCodeNotAnAbort) {
   const fs::path root = fs::temp_directory_path() / ("zt_inflight_" + std::to_string(::getpid()));
   const std::string common = "train --layers 1 --embd 32 --heads 2 --seq-len 16 --devices cpu:2 --sample-tokens 0 "
@@ -153,7 +140,7 @@ TEST(CrashSafety, AFailureWhileASaveIsInFlightExitsWithItsCodeNotAnAbort) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     fs::remove_all(root);
-    const auto [code, out] = run_capture(c.args);
+    const auto [code, out] = zt::test_util::run_binary(ZEROTRAIN_BIN, c.args);
     EXPECT_EQ(code, c.code) << out;
     EXPECT_EQ(out.find("malloc"), std::string::npos) << out;
     EXPECT_NE(out.find("zerotrain: "), std::string::npos) << "no sentence on stderr:\n" << out;

@@ -163,6 +163,8 @@ TEST_F(Resume, AutoFallsBackPastACorruptNewestCheckpointAndSaysSo) {
   b.keep_final_params = false;
   const TrainResult r = train(b);
   EXPECT_EQ(r.start_step, 2);
+  ASSERT_EQ(saved.losses.size(), 4u);
+  ASSERT_EQ(r.losses.size(), 3u);
   ASSERT_EQ(r.resume_notes.size(), 1u);
   EXPECT_NE(r.resume_notes[0].find("rank-00001.bin"), std::string::npos) << r.resume_notes[0];
   EXPECT_EQ(r.losses.front(), saved.losses[2]) << "step 3 from the step-2 checkpoint";

@@ -74,6 +74,8 @@ TEST(Train, GradientAccumulationEqualsOneBigBatch) {
   acc.micro_batch_size = 2;  // 4 micro-batches
   const TrainResult a = train(big);
   const TrainResult b = train(acc);
+  ASSERT_EQ(a.losses.size(), 6u);
+  ASSERT_EQ(b.losses.size(), a.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * a.losses[i]) << "step " << i;
 }

@@ -62,6 +62,8 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
     const TrainResult s = train(tiny(4, stage, kSteps));
     expect_same_bits(s0, s, "stage " + std::to_string(stage) + " vs stage 0");
   }
+  ASSERT_EQ(s0.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 1e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
@@ -77,6 +79,8 @@ TEST(Zero, GradientAccumulationIsRightAtEveryStage) {
     TrainConfig acc = big;
     acc.micro_batch_size = 1;
     const TrainResult a = train(big), b = train(acc);
+    ASSERT_EQ(a.losses.size(), 5u);
+    ASSERT_EQ(b.losses.size(), a.losses.size());
     for (size_t i = 0; i < a.losses.size(); ++i)
       EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * a.losses[i]) << "stage " << stage << " step " << i + 1;
   }
