@@ -191,7 +191,7 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
     World world(run_, std::move(rt), split, working_, scaling_);
     start_world(world, index);
     if (train_world(world)) {
-      finish(world);
+      if (result_.signal == 0) finish(world);  // a stop by signal reported itself in one line
       return result_;
     }
   }
