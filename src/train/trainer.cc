@@ -191,7 +191,7 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
     World world(run_, std::move(rt), split, working_, scaling_);
     start_world(world, index);
     if (train_world(world)) {
-      finish(world);
+      if (result_.signal == 0) finish(world);  // a signal stop is complete (saved, logged, closed)
       return result_;
     }
   }
