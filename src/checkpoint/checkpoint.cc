@@ -843,6 +843,12 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
       rec = *owner;
       write = false;
     } else if (resuming) {
+      // A resume continues the lineage with another seed or data, never another model. Refused
+      // here, before owner.json is rewritten: the checkpoint load would refuse it only afterwards.
+      ZT_REQUIRE(owner->identity.model == id.model || committed.empty(), "--checkpoint-dir ", root, " holds ",
+                 committed.size(), " checkpoint(s) of another model (", owner->identity.model_description,
+                 "; this run: ", id.model_description,
+                 "); resume with the same model flags, or start a fresh run in another --checkpoint-dir");
       rec = *owner;  // the same lineage, continued with another seed or data
       rec.identity = id;
     } else if (committed.empty()) {
