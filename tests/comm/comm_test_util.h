@@ -2,6 +2,8 @@
 // rank (NaN-poisonable), and small integers whose sums over <= 8 ranks are exact in every dtype.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -9,11 +11,23 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/status.h"
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "runtime/runtime.h"
 
 namespace zt::commtest {
+
+// The zt::Error fn throws (a test failure when it throws none).
+inline Error error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a zt::Error";
+  return Error(ErrorKind::kInternal, "none");
+}
 
 // ---- element access by dtype ----------------------------------------------------------------
 

@@ -528,16 +528,6 @@ TEST(Communicator, PerRankNumelMismatchThrows) {
 
 // ---- validation -----------------------------------------------------------------------------------
 
-Error error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return Error(ErrorKind::kInternal, "none");
-}
-
 TEST(Communicator, RejectsBadArgumentsWithClearMessages) {
   auto rt = Runtime::create_cpu(3);
   auto devs = first_devices(*rt, 2);

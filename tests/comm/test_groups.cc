@@ -31,16 +31,6 @@ using namespace std::chrono_literals;
 constexpr size_t kSmallChunk = 64;
 constexpr bool kSanitized = test::kSanitized;
 
-Error error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return Error(ErrorKind::kInternal, "none");
-}
-
 std::string text(const std::vector<int>& v) {
   std::string s;
   for (int x : v) s += std::to_string(x) + " ";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "sanitizer.h"
+#include "test_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,23 +24,15 @@ namespace {
 constexpr bool kSanitizer = test::kThreadSanitizer;
 
 TrainConfig tiny(int devices, int stage, int steps) {
-  TrainConfig c;
+  if (kSanitizer) steps = std::min(steps, 4);
+  TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
+  c.batch_size = 8;
   if (kSanitizer) {
     c.overrides.layers = 1;
     c.overrides.embd = 32;
     c.overrides.heads = 2;
     c.overrides.seq_len = 16;
-    steps = std::min(steps, 4);
   }
-  c.devices = "cpu:" + std::to_string(devices);
-  c.zero_stage = stage;
-  c.steps = steps;
-  c.batch_size = 8;
-  c.quiet = true;
-  c.sample_tokens = 0;
-  c.eval_every = 0;
-  c.eval_batches = 1;
-  c.keep_final_params = true;
   return c;
 }
 
