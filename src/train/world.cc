@@ -151,7 +151,20 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
 }
 
-World::~World() = default;
+// Work still queued on a device may read or write host memory this World owns (a batch being
+// uploaded, losses being copied back) when an error unwinds a step on another rank's thread: it
+// finishes before any member goes. A device with an injected hang is skipped (the runtime abandons
+// it, and its parked work never runs); a failed device's queue drains, its error was reported.
+World::~World() {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(run_.cfg.hang_timeout_s * 1000));
+  for (Device* d : devs_) {
+    if (d->hang_injected()) continue;
+    try {
+      d->synchronize_for(timeout);
+    } catch (const Error&) {
+    }
+  }
+}
 
 std::vector<std::string> World::device_names() const {
   std::vector<std::string> names;
