@@ -308,6 +308,14 @@ bool Trainer::train_world(World& w) {
       timer_->end_step();
       after_step(w, step, st, seconds_since(ts));
       const bool last = step + 1 == cfg_.steps;
+      if (last) {
+        // The training steps' traffic, read before the final evaluation's gathers add to it.
+        result_.comm_bytes_per_step_per_device.clear();
+        for (int r = 0; r < w.size(); ++r)
+          result_.comm_bytes_per_step_per_device.push_back(
+              (w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) /
+              static_cast<uint64_t>(cfg_.steps - world_start_));
+      }
       if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last) evaluate_at(w, step);
       if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
         log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
@@ -444,12 +452,6 @@ void Trainer::side_comm(World& w, Fn fn) {
 }
 
 void Trainer::evaluate_at(World& w, int step) {
-  if (step + 1 == cfg_.steps) {
-    result_.comm_bytes_per_step_per_device.clear();
-    for (int r = 0; r < w.size(); ++r)
-      result_.comm_bytes_per_step_per_device.push_back((w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) /
-                                                       static_cast<uint64_t>(cfg_.steps - world_start_));
-  }
   if (cfg_.zero_trace) {
     auto spans = w.engine().take_trace();
     result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
