@@ -42,6 +42,8 @@ TrainConfig RunFlags::to_config() const {
                  : precision == "fp16" ? Precision::kFp16
                                        : Precision::kAuto;
   tc.on_scale_collapse_bf16 = on_collapse == "bf16";
+  tc.recompute = parse_recompute(recompute);
+  tc.offload_optimizer = offload == "optimizer";
   return tc;
 }
 
@@ -152,6 +154,17 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--on-scale-collapse", f.on_collapse,
                  "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
       ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
+  sub.add_option("--recompute", f.recompute,
+                 "Activation recomputation: none, selective (attention probabilities, GELU and layernorm outputs) "
+                 "or full (each block re-runs its forward in the backward); the results do not change")
+      ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
+  sub.add_option("--offload", f.offload,
+                 "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
+                 "overlapped with the backward (none = on the devices)")
+      ->capture_default_str()->check(CLI::IsMember({"none", "optimizer"}));
+  sub.add_option("--offload-fraction", tc.offload_fraction,
+                 "With --offload optimizer: the part of each device's optimizer shard kept on the host (0..1]")
+      ->capture_default_str()->check(zt_cli::number(0, true))->check(CLI::Range(0.0f, 1.0f));
   sub.add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init")
       ->check(non_empty());
   sub.add_option("--checkpoint-dir", tc.checkpoint_dir,

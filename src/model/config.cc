@@ -108,4 +108,21 @@ ModelConfig make_model_config(const std::string& preset, const ModelOverrides& o
   return c;
 }
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+    case Recompute::kNone: break;
+  }
+  return "none";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "selective") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  ZT_REQUIRE(false, "--recompute '", s, "' must be none, selective or full");
+  return Recompute::kNone;
+}
+
 }  // namespace zt

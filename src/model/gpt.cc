@@ -272,6 +272,8 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config) { return std::make_unique<Gpt>(config); }
+std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute /*recompute: not yet*/) {
+  return std::make_unique<Gpt>(config);
+}
 
 }  // namespace zt

@@ -149,10 +149,11 @@ class Mlp final : public Model {
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& config) { return std::make_unique<Mlp>(config); }
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config);
+std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute);
 
-std::unique_ptr<Model> make_model(const ModelConfig& config) {
-  return config.kind == ModelKind::kGpt ? make_gpt(config) : make_mlp(config);
+// The MLP's activations are a few [B, hidden] rows: it keeps them under every recompute mode.
+std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute) {
+  return config.kind == ModelKind::kGpt ? make_gpt(config, recompute) : make_mlp(config);
 }
 
 }  // namespace zt

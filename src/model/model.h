@@ -69,6 +69,7 @@ class Model {
   virtual std::vector<int> backward_order() const = 0;
 };
 
-std::unique_ptr<Model> make_model(const ModelConfig& config);
+// `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
+std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone);
 
 }  // namespace zt

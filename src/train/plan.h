@@ -24,6 +24,9 @@ struct PlanInputs {
   bool sampling = false;   // GPT: a 1 x T sampling workspace is allocated (end-of-run sample)
   int max_devices = 0;     // devices that exist (for the "more devices" suggestion); 0 = devices
   DType working = DType::kF32;  // parameters and gradients (--precision); masters and moments are fp32
+  Recompute recompute = Recompute::kNone;  // what the activations keep (--recompute)
+  bool offload = false;          // --offload optimizer: masters and moments in host memory
+  float offload_fraction = 1.0f; // of each rank's optimizer shard
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).
@@ -37,6 +40,7 @@ struct DevicePlan {
   size_t peak_allocated = 0;  // predicted pool peak in blocks (MemoryStats::peak_allocated_bytes)
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory
   size_t memory = 0;       // the device's memory
+  size_t host = 0;         // pinned host bytes this device's offloaded optimizer state takes
   bool fits() const { return total <= memory; }
 };
 

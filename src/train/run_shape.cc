@@ -139,6 +139,9 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   s.plan.micro_batches = s.accum;
   s.plan.sampling = is_gpt && (cfg.sample_tokens > 0 || cfg.sample_every > 0);
   s.plan.working = s.working;
+  s.plan.recompute = cfg.recompute;
+  s.plan.offload = cfg.offload_optimizer;
+  s.plan.offload_fraction = cfg.offload_fraction;
   return s;
 }
 

@@ -77,6 +77,11 @@ struct TrainConfig {
   Precision precision = Precision::kAuto;
   // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
   std::string loss_scale = "auto";
+  Recompute recompute = Recompute::kNone;  // --recompute (model/config.h)
+  // --offload optimizer: each rank's fp32 master shard and moments live in pinned host memory and
+  // a host AdamW updates them; offload_fraction of each shard (the rest stays on the device).
+  bool offload_optimizer = false;
+  float offload_fraction = 1.0f;
   float initial_scale = 65536.0f;  // dynamic: 2^16
   int scale_window = 2000;         // overflow-free steps before the scale doubles
   int scale_hysteresis = 1;        // overflows tolerated (step skipped, scale kept) before a backoff

@@ -107,7 +107,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   for (int r = 0; r < rt_->size(); ++r) devs_.push_back(&rt_->device(r));
   const int N = size();
   comm_ = std::make_unique<Communicator>(devs_);
-  model_ = make_model(run.mc);
+  model_ = make_model(run.mc, run.cfg.recompute);
   engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zero_options(run, split.accum, working, scaling));
   engine_->set_tracing(run.cfg.zero_trace);
 
