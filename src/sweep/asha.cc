@@ -17,7 +17,7 @@ Asha::Asha(int min_steps, int max_steps, double eta) : min_steps_(min_steps), ma
   ZT_REQUIRE(std::isfinite(eta) && eta > 1, "--eta must be a number above 1, such as 3 (it is ", eta, ").");
   // Repeated multiplication, not pow(): the same doubles on every machine.
   for (double v = min_steps; v < max_steps; v *= eta) {
-    const double r = std::nearbyint(v);
+    const double r = std::round(v);
     if (r >= max_steps) break;
     const int step = static_cast<int>(r);
     if (rungs_.empty() || step > rungs_.back()) rungs_.push_back(step);

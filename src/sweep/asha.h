@@ -14,11 +14,11 @@ namespace zt::sweep {
 // otherwise it stops. scheduler none: every trial continues to max_steps.
 //
 // Details: n_k counts the reporting trial itself, so the first trials at a rung (n_k < eta) stop;
-// a decision is final when made (later, better reports never revive a stopped trial). A rung's
-// step is min_steps * eta^k rounded to the nearest integer (repeated doubles multiplication,
-// identical everywhere); a rung that rounds onto the previous one is skipped. A non-finite loss
-// (a diverged trial) is recorded as worse than every finite one and always stops. Thread-safe;
-// decisions depend only on the order of report() calls.
+// a decision is final when made (later, better reports never revive a stopped trial). Rung k's
+// step is min_steps * eta^k rounded to the nearest integer, halves up (the product by repeated
+// double multiplication, identical on every machine); a rung that rounds onto the previous one is
+// skipped. A non-finite loss (a diverged trial) is recorded as worse than every finite one and
+// always stops. Thread-safe; decisions depend only on the order of report() calls.
 class Asha {
  public:
   // Throws kInvalidArgument (one sentence naming --min-steps, --max-steps or --eta) unless
