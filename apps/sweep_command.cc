@@ -89,7 +89,7 @@ SweepCommand::SweepCommand(CLI::App& app) : f_(std::make_shared<RunFlags>()), o_
       ->capture_default_str()->check(CLI::IsMember({"none", "asha"}));
   sub_->add_option("--eta", o.eta, "ASHA: rungs are min-steps x eta^k; the top 1/eta at a rung continue")
       ->capture_default_str()->check(zt_cli::number(1, true));
-  sub_->add_option("--min-steps", o.min_steps, "ASHA: the first rung (default: max-steps / eta^3)")
+  sub_->add_option("--min-steps", o.min_steps, "ASHA: the first rung (default: max-steps / eta^K, eta^K <= the number of trials)")
       ->check(zt_cli::whole(1));
   sub_->add_option("--max-steps", o.max_steps,
                    "Steps of a trial that is never stopped; every trial's LR schedule spans it (default: --steps, else "
@@ -166,6 +166,7 @@ int SweepCommand::run(const std::vector<std::string>& args) {
   s.devices_per_trial = o.devices_per_trial;
   s.asha = o.scheduler == "asha";
   s.eta = o.eta;
+  s.order_seed = base_cfg.seed;
   ZT_REQUIRE(o.max_steps == 0 || base_cfg.steps < 0 || base_cfg.steps == o.max_steps, "--steps ", base_cfg.steps,
              " and --max-steps ", o.max_steps, " disagree; a sweep's trials run --max-steps (give one of them)");
   s.max_steps = o.max_steps > 0 ? o.max_steps : base_cfg.steps;
@@ -173,8 +174,12 @@ int SweepCommand::run(const std::vector<std::string>& args) {
     const ModelConfig mc = make_model_config(base_cfg.model, base_cfg.overrides);
     s.max_steps = resolve_run_shape(base_cfg, mc, o.devices_per_trial, pool.backend).config.steps;
   }
+  // Default: as many rungs as successive halving of this many trials has (eta^K <= trials), so that
+  // about one trial is promoted past the last rung.
+  const int halvings = std::max(1, static_cast<int>(std::floor(std::log(static_cast<double>(trials.size())) /
+                                                               std::log(o.eta) + 1e-9)));
   s.min_steps = o.min_steps > 0 ? o.min_steps
-                                : std::max(1, static_cast<int>(std::ceil(s.max_steps / std::pow(o.eta, 3))));
+                                : std::max(1, static_cast<int>(std::ceil(s.max_steps / std::pow(o.eta, halvings))));
   if (s.asha)
     ZT_REQUIRE(s.min_steps < s.max_steps, "--min-steps ", s.min_steps, " must be below --max-steps ", s.max_steps,
                " for ASHA to have a rung");

@@ -29,6 +29,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/files.h"
+#include "core/philox.h"
 #include "core/status.h"
 #include "data/image_data.h"
 #include "data/language_data.h"
@@ -223,8 +224,10 @@ class Runner {
   void open_dir();
   void load_state();
   void prepare();
-  void run_trial(int id, std::vector<int> devs);
+  // final_promotion: the end-of-sweep promotion (see run()): no rungs, never the stopped shortcut.
+  void run_trial(int id, std::vector<int> devs, bool final_promotion = false);
   EvalAction on_eval(int id, int step, double loss);
+  void live_eval(int id, int step, double loss);
   void finish_trial(TrialOutcome t);  // records it (results.jsonl) and prints its line
   void live(const std::string& line);
 
@@ -315,11 +318,16 @@ void Runner::prepare() {
   }
 }
 
-EvalAction Runner::on_eval(int id, int step, double loss) {
-  std::unique_lock lock(mu_);
+// Caller holds mu_ (or is alone).
+void Runner::live_eval(int id, int step, double loss) {
   char buf[64];
   std::snprintf(buf, sizeof buf, " | step %d | val %.4f", step, loss);
   live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) + buf + " | running");
+}
+
+EvalAction Runner::on_eval(int id, int step, double loss) {
+  std::unique_lock lock(mu_);
+  live_eval(id, step, loss);
   if (!rungs_.count(step)) return EvalAction::kContinue;
   bool go;
   if (const auto it = decisions_.find({id, step}); it != decisions_.end()) {
@@ -346,7 +354,7 @@ void Runner::finish_trial(TrialOutcome t) {
   done_[t.id] = std::move(t);
 }
 
-void Runner::run_trial(int id, std::vector<int> devs) {
+void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
   const std::string dir = trial_dir(spec_.dir, id);
   TrialOutcome t;
   t.id = id;
@@ -365,8 +373,10 @@ void Runner::run_trial(int id, std::vector<int> devs) {
     cfg.log_format = LogFormat::kText;
     cfg.sample_tokens = 0;  // nobody reads a trial's sample
     cfg.keep = std::max(cfg.keep, 2);
-    cfg.eval_steps.assign(rungs_.begin(), rungs_.end());
-    cfg.on_eval = [this, id](int step, double loss) { return on_eval(id, step, loss); };
+    if (!final_promotion) cfg.eval_steps.assign(rungs_.begin(), rungs_.end());
+    cfg.on_eval = [this, id, final_promotion](int step, double loss) {
+      return final_promotion ? (live_eval(id, step, loss), EvalAction::kContinue) : on_eval(id, step, loss);
+    };
     // Stopped at a rung in an earlier run whose results line was lost to a kill: it is over.
     int stopped_before = 0;
     {
@@ -374,7 +384,7 @@ void Runner::run_trial(int id, std::vector<int> devs) {
       for (const auto& [key, go] : decisions_)
         if (key.first == id && !go) stopped_before = key.second;
     }
-    if (stopped_before > 0 && newest_checkpoint_step(cfg.checkpoint_dir) >= stopped_before) {
+    if (!final_promotion && stopped_before > 0 && newest_checkpoint_step(cfg.checkpoint_dir) >= stopped_before) {
       t.status = "stopped";
       t.reason = "ASHA: not in the top 1/eta at its rung";
     } else {
@@ -386,6 +396,7 @@ void Runner::run_trial(int id, std::vector<int> devs) {
         t.reason = "ASHA: not in the top 1/eta at its rung";
       } else {
         t.status = "finished";
+        if (final_promotion) t.reason = "promoted at the end as the best at the highest rung reached";
       }
     }
   } catch (const Error& e) {
@@ -427,8 +438,13 @@ SweepResult Runner::run() {
   const StopSignals signals;
   DevicePacker packer(spec_.devices);
   std::vector<int> pending;
-  for (size_t i = 0; i < spec_.trials.size(); ++i)
-    if (!done_.count(static_cast<int>(i))) pending.push_back(static_cast<int>(i));
+  std::vector<int> order(spec_.trials.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  if (spec_.asha)  // Fisher-Yates with Philox: the same order on every machine and every rerun
+    for (size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[philox_u32(spec_.order_seed, 0x5eed, i) % i]);
+  for (int id : order)
+    if (!done_.count(id)) pending.push_back(id);
   if (spec_.live) {
     std::printf("sweep: %zu trials (%zu done before), %d device%s, %d per trial, scheduler %s\n", spec_.trials.size(),
                 spec_.trials.size() - pending.size(), spec_.devices, spec_.devices == 1 ? "" : "s",
@@ -476,6 +492,32 @@ SweepResult Runner::run() {
     ended_.clear();
     if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;
     cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ended_.empty(); });
+  }
+  // ASHA as agreed decides on arrival only, so when the rungs hold few reports nobody may reach
+  // --max-steps; then the best trial at the highest rung reached continues there from its rung
+  // checkpoint (without further reports), so that the sweep's pick has a full-length result.
+  if (spec_.asha && signal_ == 0) {
+    const TrialOutcome* best = nullptr;
+    bool any_finished = false;
+    for (const auto& [id, t] : done_) {
+      any_finished |= t.status == "finished";
+      if (t.status != "stopped" || !t.last_val) continue;
+      if (!best || t.steps > best->steps || (t.steps == best->steps && *t.last_val < *best->last_val)) best = &t;
+    }
+    if (!any_finished && best) {
+      const int id = best->id;
+      const auto devs = packer.acquire(spec_.devices_per_trial);
+      ZT_CHECK(devs.has_value());
+      const int64_t at = seq_++;
+      live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) +
+           " | promoted to --max-steps on device" + (devs->size() == 1 ? " " : "s ") + device_list(*devs));
+      lock.unlock();
+      run_trial(id, *devs, true);
+      lock.lock();
+      ended_.clear();
+      packer.release(*devs);
+      if (done_.count(id)) done_[id].acquired_seq = at, done_[id].devices = *devs;
+    }
   }
   SweepResult result;
   result.signal = signal_;

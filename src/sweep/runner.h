@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -33,6 +34,9 @@ struct SweepSpec {
   int min_steps = 1;
   int max_steps = 1;  // every trial's --steps (its LR schedule), stopped or not
   bool live = true;   // print the live table (one line per change) to stdout
+  // ASHA: trials start in an order shuffled by this seed (a grid lists its values sorted, and
+  // sorted arrival is ASHA's worst case: every newcomer beats the rung so far and is promoted).
+  uint64_t order_seed = 0;
 };
 
 // One trial's outcome, as results.jsonl records it.
