@@ -480,7 +480,10 @@ SweepResult Runner::run() {
            (devs->size() == 1 ? " " : "s ") + device_list(*devs));
       threads.emplace(id, std::thread([this, id, d = *devs] { run_trial(id, d); }));
     }
-    for (int id : ended_) {
+    // Taken out under the lock: trials that end while this thread joins others land in ended_ again.
+    std::vector<int> ended;
+    ended.swap(ended_);
+    for (int id : ended) {
       lock.unlock();
       threads[id].join();
       lock.lock();
@@ -489,7 +492,6 @@ SweepResult Runner::run() {
       held.erase(id);
       if (done_.count(id)) done_[id].acquired_seq = acquired[id];
     }
-    ended_.clear();
     if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;
     cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ended_.empty(); });
   }

@@ -120,6 +120,13 @@ std::string sweep_curves_svg(const SweepResult& r, const std::string& title) {
       o += (i ? " " : "") + num(X(t->val_curve[i].first)) + "," + num(Y(v));
     }
     o += "\"/>\n";
+    // Points too: a trial stopped at the first rung has a curve of one point.
+    o += "<g fill=\"" + (is_best ? std::string("#d62728") : color_of(t->id)) + "\" fill-opacity=\"" +
+         (faded && !is_best ? "0.4" : "0.9") + "\">";
+    for (const auto& [s, v] : t->val_curve)
+      o += "<circle cx=\"" + num(X(s)) + "\" cy=\"" + num(Y(std::isfinite(v) ? v : y_hi)) + "\" r=\"" +
+           (is_best ? "3.5" : "2.5") + "\"/>";
+    o += "</g>\n";
   }
   if (best) {
     const auto& [s, v] = best->val_curve.back();

@@ -166,6 +166,22 @@ TEST(SweepRun, EachTrialEqualsTheSameRunAloneAndPackingIsDisjoint) {
   }
 }
 
+// Trials ending while the runner joins others (short trials, many slots) are all collected.
+TEST(SweepRun, ManyShortConcurrentTrialsAllEnd) {
+  test_util::TempDir tmp("sweep_many");
+  std::vector<TrainConfig> configs;
+  for (int i = 0; i < 12; ++i) configs.push_back(with_lr(tiny(), 1e-3f * static_cast<float>(i + 1)));
+  const SweepResult r = sweep::run_sweep(make_spec(tmp.path("sweep"), configs, 4, 1, 2));
+  ASSERT_EQ(r.trials.size(), 12u);
+  expect_disjoint(r);
+  for (const TrialOutcome& t : r.trials) {
+    EXPECT_EQ(t.status, "finished") << t.reason;
+    EXPECT_EQ(t.steps, 2);
+    ASSERT_EQ(t.devices.size(), 1u);
+    EXPECT_LT(t.devices[0], 4);
+  }
+}
+
 TEST(SweepRun, FailingTrialsLeaveTheOthersBitwiseEqual) {
   test_util::TempDir tmp("sweep_fail");
   const int steps = 8;
