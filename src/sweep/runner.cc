@@ -185,16 +185,30 @@ std::string device_list(const std::vector<int>& devs) {
   return s;
 }
 
+}  // namespace
+
 // A trial's --devices: on CUDA the pool's GPUs at those positions. On the CPU backend a trial of k
 // devices gets k fresh simulated devices of the sweep's --device-memory: simulated devices share
 // nothing but the host (no memory, no links between runtimes), so k new ones are the same thing
 // as k of the pool's; the packer's indices still bound how many run at once.
 std::string subset_spec(const SweepSpec& spec, const std::vector<int>& devs) {
   if (spec.backend == Backend::kCpu) return "cpu:" + std::to_string(devs.size());
+  // Logical devices on one GPU (--devices cuda:0x4) are written as ordinal x count: the device
+  // syntax refuses an ordinal listed twice.
+  std::vector<std::pair<int, int>> groups;  // (ordinal, count), in order of first appearance
+  for (int d : devs) {
+    const int ordinal = spec.cuda_ordinals.at(static_cast<size_t>(d));
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == ordinal; });
+    if (it == groups.end()) groups.emplace_back(ordinal, 1);
+    else ++it->second;
+  }
   std::string s;
-  for (int d : devs) s += (s.empty() ? "" : ",") + std::to_string(spec.cuda_ordinals.at(static_cast<size_t>(d)));
+  for (const auto& [ordinal, count] : groups)
+    s += (s.empty() ? "" : ",") + std::to_string(ordinal) + (count > 1 ? "x" + std::to_string(count) : "");
   return "cuda:" + s;
 }
+
+namespace {
 
 // One copy of each distinct dataset the trials read (a swept --seed, --data or --vocab opens another).
 struct DataCache {

@@ -66,6 +66,10 @@ struct SweepResult {
 // SWEEP_DIR holds a different sweep, before any trial starts.
 SweepResult run_sweep(const SweepSpec& spec);
 
+// A trial's --devices for the pool positions `devs`: "cpu:K" on the CPU backend (K fresh simulated
+// devices), else the pool's GPUs at those positions, e.g. "cuda:1,3" or "cuda:0x2".
+std::string subset_spec(const SweepSpec& spec, const std::vector<int>& devs);
+
 // The trials that ran sorted by best validation loss (failed and unfit ones last), as a text table.
 std::string format_leaderboard(const SweepResult& result);
 // " lr=0.001 embd=128"

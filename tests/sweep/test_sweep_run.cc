@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/runtime.h"
 #include "sweep/runner.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -164,6 +165,19 @@ TEST(SweepRun, EachTrialEqualsTheSameRunAloneAndPackingIsDisjoint) {
     EXPECT_EQ(*r.trials[i].final_loss, a.final_loss);
     EXPECT_EQ(*r.trials[i].last_val, a.val_loss);
   }
+}
+
+TEST(SweepRun, TrialDeviceSubsets) {
+  SweepSpec s;
+  EXPECT_EQ(sweep::subset_spec(s, {2, 3}), "cpu:2");
+  s.backend = Backend::kCuda;
+  s.cuda_ordinals = {0, 1, 2, 3};
+  EXPECT_EQ(sweep::subset_spec(s, {1, 3}), "cuda:1,3");
+  s.cuda_ordinals = {0, 0, 0, 0};  // --devices cuda:0x4
+  EXPECT_EQ(sweep::subset_spec(s, {2, 3}), "cuda:0x2");
+  s.cuda_ordinals = {5, 5, 7, 7};  // --devices cuda:5x2,7x2
+  EXPECT_EQ(sweep::subset_spec(s, {1, 2, 3}), "cuda:5,7x2");
+  EXPECT_EQ(parse_device_spec(sweep::subset_spec(s, {1, 2, 3})).cuda_ordinals, (std::vector<int>{5, 7, 7}));
 }
 
 // Trials ending while the runner joins others (short trials, many slots) are all collected.
