@@ -237,7 +237,7 @@ TEST(SweepRun, AshaStoppedTrialsArePrefixesOfTheFullRun) {
   test_util::TempDir tmp("sweep_asha");
   const int steps = 12;
   std::vector<TrainConfig> configs;
-  for (float lr : {1e-4f, 3e-3f, 1e-2f, 3e-4f, 5e-3f, 2e-2f}) configs.push_back(with_lr(tiny(), lr));
+  for (float lr : {1e-4f, 3e-3f, 1e-2f, 2e-2f}) configs.push_back(with_lr(tiny(), lr));
   SweepSpec s = make_spec(tmp.path("sweep"), configs, 1, 1, steps);  // one at a time: the decisions are deterministic
   s.asha = true;
   s.eta = 2;
@@ -267,7 +267,7 @@ TEST(SweepRun, AshaStoppedTrialsArePrefixesOfTheFullRun) {
   }
   EXPECT_GE(stopped, 1);
   EXPECT_GE(finished, 1);
-  EXPECT_LT(r.steps_trained, static_cast<int64_t>(steps) * 6);
+  EXPECT_LT(r.steps_trained, static_cast<int64_t>(steps) * 4);
 }
 
 // ---- through the binary ------------------------------------------------------------------------
