@@ -239,6 +239,37 @@ TEST(SweepSpace, BadSpaceFilesAreOneSentenceEach) {
   EXPECT_THROW(parse({"lr=1"}, dir.path("missing.json")), Error);
 }
 
+TEST(SweepSpace, ProbeValuesAreTheListOrTheBoundsAsTrialsPrintThem) {
+  const SearchSpace s = parse({"lr=log:1e-4..1e-2", "warmup-steps=int:-3..200", "embd=64,128", "weight-decay=lin:0..0.25"});
+  EXPECT_EQ(probe_values(s.dims[0]), (std::vector<std::string>{"0.0001", "0.01"}));
+  EXPECT_EQ(probe_values(s.dims[1]), (std::vector<std::string>{"-3", "200"}));
+  EXPECT_EQ(probe_values(s.dims[2]), (std::vector<std::string>{"64", "128"}));
+  EXPECT_EQ(probe_values(s.dims[3]), (std::vector<std::string>{"0", "0.25"}));
+  // A bound with more digits than "%.9g" keeps is printed in full rather than rounded outside.
+  const SearchSpace fine = parse({"lr=lin:0.12345678951..0.12345678959"});
+  for (const std::string& v : probe_values(fine.dims[0])) {
+    const double x = std::strtod(v.c_str(), nullptr);
+    EXPECT_GE(x, fine.dims[0].lo) << v;
+    EXPECT_LE(x, fine.dims[0].hi) << v;
+  }
+  for (const TrialValues& t : generate_trials(fine, 200, 3)) {
+    const double x = std::strtod(t.values[0].second.c_str(), nullptr);
+    ASSERT_GE(x, fine.dims[0].lo) << t.values[0].second;
+    ASSERT_LE(x, fine.dims[0].hi) << t.values[0].second;
+  }
+}
+
+TEST(SweepSpace, KnownFlagsMayCarryTheirDashes) {
+  const SearchSpace s = parse_space({"lr=1,2"}, "", {"--lr", "--steps"});
+  EXPECT_EQ(s.dims[0].flag, "lr");
+  try {
+    parse_space({"stpes=1"}, "", {"--lr", "--steps"});
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("did you mean 'steps'?"), std::string::npos) << e.message();
+  }
+}
+
 TEST(SweepSpace, GenerateRefusesWhatItCannotRun) {
   const auto refused = [](const SearchSpace& s, int trials) -> std::string {
     try {
@@ -256,6 +287,7 @@ TEST(SweepSpace, GenerateRefusesWhatItCannotRun) {
   for (int i = 0; i < 10; ++i) big.push_back(kFlags[static_cast<size_t>(i)] + "=1,2,3,4");
   EXPECT_TRUE(contains(refused(parse(big), 0), "more than"));
   EXPECT_EQ(generate_trials(parse(big), 3, 1).size(), 3u);  // random search over the same lists is fine
+  EXPECT_TRUE(contains(refused(parse({"lr=log:1e-4..1e-2"}), static_cast<int>(kMaxGridTrials) + 1), "more than"));
 }
 
 }  // namespace
