@@ -175,6 +175,8 @@ void parse_space_file(const std::string& path, const std::vector<std::string>& k
       check_list(where, dim.values);
     } else if (value.is_string()) {
       parse_spec_body(trim(value.get<std::string>()), where, dim);
+    } else if (value.is_number() || value.is_boolean()) {
+      dim.values = {json_value_text(value, where)};  // one value: every trial gets it
     } else {
       invalid(where + " is malformed: give a list of values or a spec string such as \"log:1e-4..1e-2\".");
     }

@@ -42,7 +42,8 @@ inline constexpr int64_t kMaxGridTrials = 100000;
 // Also: a name may be written with its "--"; a list value given twice is refused (it would run
 // the same trial twice); a list whose values contain commas (--hidden 256,128) separates them
 // with ';' ("hidden=256,128;512"), or the JSON file lists them as strings; int bounds are whole
-// numbers within +-2^53; an empty space (no specs, no file) is refused. Dimensions come in the
+// numbers within +-2^53; an empty space (no specs, no file) is refused; in the file a lone number
+// or boolean is a list of that one value ({"layers": 4}). Dimensions come in the
 // order given: the --space texts first, then the file's keys in the file's order. `known_flags`
 // may be written with or without their "--".
 SearchSpace parse_space(const std::vector<std::string>& specs, const std::string& space_file,

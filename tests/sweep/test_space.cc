@@ -81,12 +81,15 @@ TEST(SweepSpace, JsonFileInItsOwnOrderAfterTheFlags) {
   const std::string path = write_file(
       dir, "space.json",
       R"({"lr": [1e-3, 3e-4], "warmup-steps": "int:0..200", "embd": [128, 256], "hidden": ["256,128", "512"],)"
-      R"( "min-lr": "log:1e-5..1e-4", "grad-clip": "0.5,1"})");
+      R"( "min-lr": "log:1e-5..1e-4", "grad-clip": "0.5,1", "seed": 7})");
   const SearchSpace s = parse({"layers=2,4"}, path);
-  ASSERT_EQ(s.dims.size(), 7u);
+  ASSERT_EQ(s.dims.size(), 8u);
+  EXPECT_EQ(s.dims[7].kind, Kind::kList);
+  EXPECT_EQ(s.dims[7].values, (std::vector<std::string>{"7"}));  // a lone number: one value
   std::vector<std::string> order;
   for (const Dimension& d : s.dims) order.push_back(d.flag);
-  EXPECT_EQ(order, (std::vector<std::string>{"layers", "lr", "warmup-steps", "embd", "hidden", "min-lr", "grad-clip"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"layers", "lr", "warmup-steps", "embd", "hidden", "min-lr", "grad-clip",
+                                             "seed"}));
   // Numbers keep their value exactly (shortest round-trip text), strings stay as written.
   ASSERT_EQ(s.dims[1].values.size(), 2u);
   EXPECT_EQ(std::strtod(s.dims[1].values[0].c_str(), nullptr), 1e-3);
@@ -231,6 +234,7 @@ TEST(SweepSpace, BadSpaceFilesAreOneSentenceEach) {
   EXPECT_TRUE(contains(file(R"({"lrr": [1e-3]})"), "did you mean 'lr'?"));
   EXPECT_TRUE(contains(file(R"({"lr": []})"), "empty list"));
   EXPECT_TRUE(contains(file(R"({"lr": null})"), "malformed"));
+  EXPECT_TRUE(contains(file(R"({"lr": {"lo": 1}})"), "malformed"));
   EXPECT_TRUE(contains(file(R"({"lr": [[1]]})"), "not a number, string or boolean"));
   EXPECT_TRUE(contains(file(R"({"lr": "log:1..0.5"})"), "empty range"));
   EXPECT_TRUE(contains(file(R"({"warmup-steps": "int:0..2.5"})"), "whole number"));
