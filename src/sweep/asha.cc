@@ -25,6 +25,26 @@ Asha::Asha(int min_steps, int max_steps, double eta) : min_steps_(min_steps), ma
   entries_.resize(rungs_.size());
 }
 
+Asha::Asha(Asha&& other) noexcept {
+  std::lock_guard<std::mutex> lock(other.mu_);
+  min_steps_ = other.min_steps_;
+  max_steps_ = other.max_steps_;
+  eta_ = other.eta_;
+  rungs_ = std::move(other.rungs_);
+  entries_ = std::move(other.entries_);
+}
+
+Asha& Asha::operator=(Asha&& other) noexcept {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mu_, other.mu_);
+  min_steps_ = other.min_steps_;
+  max_steps_ = other.max_steps_;
+  eta_ = other.eta_;
+  rungs_ = std::move(other.rungs_);
+  entries_ = std::move(other.entries_);
+  return *this;
+}
+
 std::vector<int> Asha::rungs() const { return rungs_; }
 
 int Asha::rung_index(int step) const {

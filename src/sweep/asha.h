@@ -24,6 +24,8 @@ class Asha {
   // Throws kInvalidArgument (one sentence naming --min-steps, --max-steps or --eta) unless
   // 1 <= min_steps <= max_steps and eta > 1 (finite).
   Asha(int min_steps, int max_steps, double eta);
+  Asha(Asha&& other) noexcept;             // movable (the mutex is not moved; a fresh one guards the state)
+  Asha& operator=(Asha&& other) noexcept;
   std::vector<int> rungs() const;                       // the steps at which trials report
   // Record trial's validation loss at `step` (a rung); returns true = continue, false = stop.
   // Throws kInternal when `step` is not a rung, when the trial did not continue from the rung
@@ -52,8 +54,8 @@ class Asha {
   };
   int rung_index(int step) const;  // -1 when not a rung
 
-  int min_steps_, max_steps_;
-  double eta_;
+  int min_steps_ = 1, max_steps_ = 1;
+  double eta_ = 3;
   std::vector<int> rungs_;
   mutable std::mutex mu_;
   std::vector<std::vector<Entry>> entries_;  // per rung, in arrival order

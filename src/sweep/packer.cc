@@ -12,6 +12,22 @@ DevicePacker::DevicePacker(int devices) {
   free_ = devices;
 }
 
+DevicePacker::DevicePacker(DevicePacker&& other) noexcept {
+  std::lock_guard<std::mutex> lock(other.mu_);
+  held_ = std::move(other.held_);
+  free_ = other.free_;
+  other.free_ = 0;
+}
+
+DevicePacker& DevicePacker::operator=(DevicePacker&& other) noexcept {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mu_, other.mu_);
+  held_ = std::move(other.held_);
+  free_ = other.free_;
+  other.free_ = 0;
+  return *this;
+}
+
 std::optional<std::vector<int>> DevicePacker::acquire(int k) {
   std::lock_guard<std::mutex> lock(mu_);
   const int n = static_cast<int>(held_.size());

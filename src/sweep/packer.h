@@ -12,6 +12,8 @@ namespace zt::sweep {
 class DevicePacker {
  public:
   explicit DevicePacker(int devices);  // devices >= 1 (kInternal otherwise)
+  DevicePacker(DevicePacker&& other) noexcept;  // movable (a fresh mutex guards the moved state)
+  DevicePacker& operator=(DevicePacker&& other) noexcept;
   // The lowest-numbered free devices, k of them, or nullopt when fewer than k are free.
   // Ascending. Throws kInvalidArgument (one sentence) when k < 1 or k > devices: such a request
   // could never be granted.

@@ -168,13 +168,15 @@ void parse_space_file(const std::string& path, const std::vector<std::string>& k
   for (const auto& [key, value] : root.items()) {
     const std::string where = "The space file's entry '" + key + "'";
     Dimension dim;
-    dim.flag = checked_flag(key, where, known_flags, dims);
+    dim.flag = checked_flag(key, "The space file " + path, known_flags, dims);
     if (value.is_array()) {
       dim.kind = Kind::kList;
       for (const json& v : value) dim.values.push_back(json_value_text(v, where));
       check_list(where, dim.values);
     } else if (value.is_string()) {
       parse_spec_body(trim(value.get<std::string>()), where, dim);
+    } else if (value.is_number() || value.is_boolean()) {
+      dim.values = {json_value_text(value, where)};  // one value: every trial gets it
     } else {
       invalid(where + " is malformed: give a list of values or a spec string such as \"log:1e-4..1e-2\".");
     }
@@ -252,7 +254,9 @@ int64_t SearchSpace::grid_size() const {
 }
 
 SearchSpace parse_space(const std::vector<std::string>& specs, const std::string& space_file,
-                        const std::vector<std::string>& known_flags) {
+                        const std::vector<std::string>& flags_as_given) {
+  std::vector<std::string> known_flags;
+  for (const std::string& f : flags_as_given) known_flags.push_back(f.rfind("--", 0) == 0 ? f.substr(2) : f);
   SearchSpace space;
   for (const std::string& spec : specs) {
     const std::string where = "--space '" + spec + "'";
@@ -299,6 +303,9 @@ std::vector<TrialValues> generate_trials(const SearchSpace& space, int trials, u
     }
     return out;
   }
+  if (trials > kMaxGridTrials)
+    invalid("--trials " + std::to_string(trials) + " is more than the " + std::to_string(kMaxGridTrials) +
+            " trials a sweep runs.");
   out.resize(static_cast<size_t>(trials));
   for (int i = 0; i < trials; ++i) {
     out[static_cast<size_t>(i)].id = i;
@@ -306,6 +313,16 @@ std::vector<TrialValues> generate_trials(const SearchSpace& space, int trials, u
       out[static_cast<size_t>(i)].values.emplace_back(d.flag, draw(d, seed, static_cast<uint64_t>(i)));
   }
   return out;
+}
+
+std::vector<std::string> probe_values(const Dimension& dim) {
+  switch (dim.kind) {
+    case Kind::kList: return dim.values;
+    case Kind::kInt: return {format_int(static_cast<int64_t>(dim.lo)), format_int(static_cast<int64_t>(dim.hi))};
+    case Kind::kLog:
+    case Kind::kLinear: return {format_real(dim.lo, dim.lo, dim.hi), format_real(dim.hi, dim.lo, dim.hi)};
+  }
+  return {};
 }
 
 }  // namespace zt::sweep

@@ -28,7 +28,8 @@ struct SearchSpace {
   int64_t grid_size() const;
 };
 
-// The largest grid generate_trials expands: a bigger product is a mistake, not a sweep to start.
+// The most trials generate_trials makes (a grid's product or --trials): more is a mistake, not a
+// sweep to start.
 inline constexpr int64_t kMaxGridTrials = 100000;
 
 // "--space NAME=SPEC" texts: "lr=1e-3,3e-4", "lr=log:1e-4..1e-2", "lr=lin:0.1..0.5",
@@ -41,8 +42,10 @@ inline constexpr int64_t kMaxGridTrials = 100000;
 // Also: a name may be written with its "--"; a list value given twice is refused (it would run
 // the same trial twice); a list whose values contain commas (--hidden 256,128) separates them
 // with ';' ("hidden=256,128;512"), or the JSON file lists them as strings; int bounds are whole
-// numbers within +-2^53; an empty space (no specs, no file) is refused. Dimensions come in the
-// order given: the --space texts first, then the file's keys in the file's order.
+// numbers within +-2^53; an empty space (no specs, no file) is refused; in the file a lone number
+// or boolean is a list of that one value ({"layers": 4}). Dimensions come in the
+// order given: the --space texts first, then the file's keys in the file's order. `known_flags`
+// may be written with or without their "--".
 SearchSpace parse_space(const std::vector<std::string>& specs, const std::string& space_file,
                         const std::vector<std::string>& known_flags);
 
@@ -60,8 +63,14 @@ struct TrialValues {
 // Random draws: each dimension draws from its own Philox stream (named by its flag) at index =
 // trial id, so adding a dimension or more trials never changes the values other trials get. A log
 // range is uniform in log(value), a lin range uniform in value, an int range uniform over its
-// integers, a list uniform over its values. Also throws kInvalidArgument for trials < 0 and for a
-// grid larger than kMaxGridTrials.
+// integers, a list uniform over its values (draws may repeat). Also throws kInvalidArgument for
+// trials < 0 and for more than kMaxGridTrials trials (grid or random).
 std::vector<TrialValues> generate_trials(const SearchSpace& space, int trials, uint64_t seed);
+
+// The texts to validate a dimension with before any trial starts ("a value outside the flag's own
+// range"): a list's values, or a range's two bounds printed as a trial's values are. Every value a
+// trial can get lies between the bounds, so checking them covers a flag whose valid values are an
+// interval.
+std::vector<std::string> probe_values(const Dimension& dim);
 
 }  // namespace zt::sweep

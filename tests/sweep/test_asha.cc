@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -197,6 +198,17 @@ TEST(Asha, MatchesDirectRuleOverRandomArrivalOrders) {
         ASSERT_EQ(replay.report(history[i].trial, history[i].step, history[i].loss), decisions[i]) << i;
     }
   }
+}
+
+TEST(Asha, MovedStateKeepsDeciding) {
+  Asha a(1, 9, 3);
+  for (int t = 0; t < 5; ++t) a.report(t, 1, kStep1[t]);
+  Asha b = std::move(a);
+  for (int t = 5; t < 9; ++t) EXPECT_EQ(b.report(t, 1, kStep1[t]), t == 6 || t == 8) << t;  // as in id order
+  Asha c(2, 4, 2);
+  c = std::move(b);
+  EXPECT_EQ(c.rungs(), (std::vector<int>{1, 3}));
+  EXPECT_EQ(c.recorded(0), 9);
 }
 
 TEST(Asha, MisuseIsAnInternalError) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -54,6 +55,20 @@ TEST(DevicePacker, EightOneDeviceTrialsOrFourTwoDeviceTrials) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(two.acquire(2), Devices({2 * i, 2 * i + 1}));
   EXPECT_EQ(two.acquire(2), std::nullopt);
   EXPECT_EQ(two.free_count(), 0);
+}
+
+TEST(DevicePacker, MovedStateKeepsItsHoldings) {
+  DevicePacker a(4);
+  a.acquire(2);
+  DevicePacker b = std::move(a);
+  EXPECT_EQ(b.free_count(), 2);
+  EXPECT_EQ(b.acquire(2), Devices({2, 3}));
+  DevicePacker c(1);
+  c = std::move(b);
+  EXPECT_EQ(c.devices(), 4);
+  EXPECT_EQ(c.free_count(), 0);
+  c.release({0, 1, 2, 3});
+  EXPECT_EQ(c.free_count(), 4);
 }
 
 TEST(DevicePacker, MisuseIsRefusedAndChangesNothing) {

@@ -81,12 +81,15 @@ TEST(SweepSpace, JsonFileInItsOwnOrderAfterTheFlags) {
   const std::string path = write_file(
       dir, "space.json",
       R"({"lr": [1e-3, 3e-4], "warmup-steps": "int:0..200", "embd": [128, 256], "hidden": ["256,128", "512"],)"
-      R"( "min-lr": "log:1e-5..1e-4", "grad-clip": "0.5,1"})");
+      R"( "min-lr": "log:1e-5..1e-4", "grad-clip": "0.5,1", "seed": 7})");
   const SearchSpace s = parse({"layers=2,4"}, path);
-  ASSERT_EQ(s.dims.size(), 7u);
+  ASSERT_EQ(s.dims.size(), 8u);
+  EXPECT_EQ(s.dims[7].kind, Kind::kList);
+  EXPECT_EQ(s.dims[7].values, (std::vector<std::string>{"7"}));  // a lone number: one value
   std::vector<std::string> order;
   for (const Dimension& d : s.dims) order.push_back(d.flag);
-  EXPECT_EQ(order, (std::vector<std::string>{"layers", "lr", "warmup-steps", "embd", "hidden", "min-lr", "grad-clip"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"layers", "lr", "warmup-steps", "embd", "hidden", "min-lr", "grad-clip",
+                                             "seed"}));
   // Numbers keep their value exactly (shortest round-trip text), strings stay as written.
   ASSERT_EQ(s.dims[1].values.size(), 2u);
   EXPECT_EQ(std::strtod(s.dims[1].values[0].c_str(), nullptr), 1e-3);
@@ -231,12 +234,44 @@ TEST(SweepSpace, BadSpaceFilesAreOneSentenceEach) {
   EXPECT_TRUE(contains(file(R"({"lrr": [1e-3]})"), "did you mean 'lr'?"));
   EXPECT_TRUE(contains(file(R"({"lr": []})"), "empty list"));
   EXPECT_TRUE(contains(file(R"({"lr": null})"), "malformed"));
+  EXPECT_TRUE(contains(file(R"({"lr": {"lo": 1}})"), "malformed"));
   EXPECT_TRUE(contains(file(R"({"lr": [[1]]})"), "not a number, string or boolean"));
   EXPECT_TRUE(contains(file(R"({"lr": "log:1..0.5"})"), "empty range"));
   EXPECT_TRUE(contains(file(R"({"warmup-steps": "int:0..2.5"})"), "whole number"));
   EXPECT_TRUE(contains(refusal({"lr=1"}, write_file(dir, "t.json", R"({"lr": [2]})")), "'lr' is given twice"));
   // A missing file is refused before anything starts, by the shared input opener.
   EXPECT_THROW(parse({"lr=1"}, dir.path("missing.json")), Error);
+}
+
+TEST(SweepSpace, ProbeValuesAreTheListOrTheBoundsAsTrialsPrintThem) {
+  const SearchSpace s = parse({"lr=log:1e-4..1e-2", "warmup-steps=int:-3..200", "embd=64,128", "weight-decay=lin:0..0.25"});
+  EXPECT_EQ(probe_values(s.dims[0]), (std::vector<std::string>{"0.0001", "0.01"}));
+  EXPECT_EQ(probe_values(s.dims[1]), (std::vector<std::string>{"-3", "200"}));
+  EXPECT_EQ(probe_values(s.dims[2]), (std::vector<std::string>{"64", "128"}));
+  EXPECT_EQ(probe_values(s.dims[3]), (std::vector<std::string>{"0", "0.25"}));
+  // A bound with more digits than "%.9g" keeps is printed in full rather than rounded outside.
+  const SearchSpace fine = parse({"lr=lin:0.12345678951..0.12345678959"});
+  for (const std::string& v : probe_values(fine.dims[0])) {
+    const double x = std::strtod(v.c_str(), nullptr);
+    EXPECT_GE(x, fine.dims[0].lo) << v;
+    EXPECT_LE(x, fine.dims[0].hi) << v;
+  }
+  for (const TrialValues& t : generate_trials(fine, 200, 3)) {
+    const double x = std::strtod(t.values[0].second.c_str(), nullptr);
+    ASSERT_GE(x, fine.dims[0].lo) << t.values[0].second;
+    ASSERT_LE(x, fine.dims[0].hi) << t.values[0].second;
+  }
+}
+
+TEST(SweepSpace, KnownFlagsMayCarryTheirDashes) {
+  const SearchSpace s = parse_space({"lr=1,2"}, "", {"--lr", "--steps"});
+  EXPECT_EQ(s.dims[0].flag, "lr");
+  try {
+    parse_space({"stpes=1"}, "", {"--lr", "--steps"});
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("did you mean 'steps'?"), std::string::npos) << e.message();
+  }
 }
 
 TEST(SweepSpace, GenerateRefusesWhatItCannotRun) {
@@ -256,6 +291,7 @@ TEST(SweepSpace, GenerateRefusesWhatItCannotRun) {
   for (int i = 0; i < 10; ++i) big.push_back(kFlags[static_cast<size_t>(i)] + "=1,2,3,4");
   EXPECT_TRUE(contains(refused(parse(big), 0), "more than"));
   EXPECT_EQ(generate_trials(parse(big), 3, 1).size(), 3u);  // random search over the same lists is fine
+  EXPECT_TRUE(contains(refused(parse({"lr=log:1e-4..1e-2"}), static_cast<int>(kMaxGridTrials) + 1), "more than"));
 }
 
 }  // namespace
