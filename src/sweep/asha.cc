@@ -1,5 +1,6 @@
 // ASHA's rung arithmetic and promotion rule (see asha.h); the sweep runner calls report() at
-// each rung and stops the trial when it returns false.
+// each rung, pauses the trial when it returns false, and asks promotable() before it starts a
+// new trial.
 #include "sweep/asha.h"
 
 #include <algorithm>
@@ -94,6 +95,47 @@ bool Asha::report(int trial, int step, double loss) {
   const bool promoted = finite && better < top;
   rung.push_back({trial, key, promoted, loss});
   return promoted;
+}
+
+namespace {
+
+// Rung entries in rank order, (loss, trial id) ascending.
+template <class Entry>
+std::vector<const Entry*> ranked(const std::vector<Entry>& rung) {
+  std::vector<const Entry*> order;
+  for (const Entry& e : rung) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->loss < b->loss || (a->loss == b->loss && a->trial < b->trial);
+  });
+  return order;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> Asha::promotable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return promotable_locked();
+}
+
+std::vector<std::pair<int, int>> Asha::promotable_locked() const {
+  std::vector<std::pair<int, int>> out;
+  for (size_t k = entries_.size(); k-- > 0;) {
+    const std::vector<Entry>& rung = entries_[k];
+    const auto top = static_cast<size_t>(std::floor(static_cast<double>(rung.size()) / eta_));
+    const std::vector<const Entry*> order = ranked(rung);
+    for (size_t i = 0; i < top && i < order.size(); ++i)
+      if (!order[i]->promoted && std::isfinite(order[i]->loss)) out.emplace_back(order[i]->trial, rungs_[k]);
+  }
+  return out;
+}
+
+void Asha::promote(int trial, int step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<std::pair<int, int>> can = promotable_locked();
+  ZT_CHECK(std::find(can.begin(), can.end(), std::make_pair(trial, step)) != can.end(), "ASHA: trial ", trial,
+           " is not promotable from step ", step);
+  for (Entry& e : entries_[static_cast<size_t>(rung_index(step))])
+    if (e.trial == trial) e.promoted = true;
 }
 
 }  // namespace zt::sweep

@@ -2,8 +2,9 @@
 // thread hands out device subsets (DevicePacker) and reacts when a trial ends. Files in SWEEP_DIR:
 //   sweep.json      the command and space; a rerun with another command is refused
 //   results.jsonl   one line per finished trial (finished, stopped, failed, does not fit): never rerun
-//   rungs.jsonl     every ASHA report (trial, step, loss, decision) in order: a rerun rebuilds Asha
-//                   from it and gives a rung already reported its recorded decision
+//   rungs.jsonl     every ASHA report (trial, step, loss, decision) and promotion of a paused trial
+//                   (trial, step, "promote") in order: a rerun rebuilds Asha and the paused set from
+//                   it and gives a rung already reported its recorded decision
 //   trial-NNN/      ckpt/ (saved at every rung and at the end), metrics.jsonl (the trial's records
 //                   over all runs of the sweep), metrics.run.jsonl (the current run's, merged in after)
 #include "sweep/runner.h"
@@ -27,7 +28,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/checkpoint.h"
 #include "core/files.h"
 #include "core/philox.h"
 #include "core/status.h"
@@ -167,13 +167,6 @@ void fill_from_metrics(const std::string& dir, TrialOutcome& t) {
   }
 }
 
-int newest_checkpoint_step(const std::string& root) {
-  int step = 0;
-  for (const CheckpointEntry& e : list_checkpoints(root))
-    if (e.has_manifest) step = std::max(step, static_cast<int>(e.step));
-  return step;
-}
-
 std::string plain_values(const std::vector<std::pair<std::string, std::string>>& values) {
   const std::string s = format_values(values);
   return s.empty() ? s : s.substr(1);
@@ -241,6 +234,9 @@ class Runner {
   // final_promotion: the end-of-sweep promotion (see run()): no rungs, never the stopped shortcut.
   void run_trial(int id, std::vector<int> devs, bool final_promotion = false);
   EvalAction on_eval(int id, int step, double loss);
+  // ASHA: the best paused trial it would promote now, or -1; caller holds mu_.
+  std::pair<int, int> next_promotion() const;
+  void finish_paused(int id);  // records a trial still paused at the end as stopped; caller holds mu_
   void live_eval(int id, int step, double loss);
   void finish_trial(TrialOutcome t);  // records it (results.jsonl) and prints its line
   void live(const std::string& line);
@@ -255,6 +251,7 @@ class Runner {
   std::vector<TrainConfig> configs_;                // ready to run (devices etc. set at launch)
   std::vector<std::string> unfit_;                  // per trial: the plan's verdict ("" fits)
   std::vector<int> ended_;                          // trial ids whose threads are done (to join)
+  std::map<int, int> paused_;                       // ASHA: trial -> the rung step it waits at
   int64_t seq_ = 0;
   int signal_ = 0;
 };
@@ -292,9 +289,38 @@ void Runner::load_state() {
   for (const json& j : read_jsonl(spec_.dir + "/rungs.jsonl")) {
     const int trial = j.value("trial", -1), step = j.value("step", 0);
     if (trial < 0 || decisions_.count({trial, step})) continue;
-    asha_.report(trial, step, j.value("loss", 0.0));
-    decisions_[{trial, step}] = j.value("continue", true);
+    if (j.value("promote", false)) {
+      asha_.promote(trial, step);
+      decisions_[{trial, step}] = true;
+      paused_.erase(trial);
+      continue;
+    }
+    // A diverged trial's NaN loss is written as null.
+    const double loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
+    const bool go = asha_.report(trial, step, loss);
+    decisions_[{trial, step}] = go;
+    if (!go && !done_.count(trial)) paused_[trial] = step;
   }
+}
+
+std::pair<int, int> Runner::next_promotion() const {
+  if (!spec_.asha) return {-1, 0};
+  for (const auto& [trial, step] : asha_.promotable())
+    if (const auto it = paused_.find(trial); it != paused_.end() && it->second == step) return {trial, step};
+  return {-1, 0};
+}
+
+void Runner::finish_paused(int id) {
+  TrialOutcome t;
+  t.id = id;
+  t.values = spec_.trials[static_cast<size_t>(id)].values;
+  t.status = "stopped";
+  t.reason = "ASHA: not in the top 1/eta at its rung";
+  try {
+    fill_from_metrics(trial_dir(spec_.dir, id), t);
+  } catch (const std::exception&) {
+  }
+  finish_trial(std::move(t));
 }
 
 // Every trial's run resolved and planned before any starts; a user's mistake throws (one
@@ -391,28 +417,24 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
     cfg.on_eval = [this, id, final_promotion](int step, double loss) {
       return final_promotion ? (live_eval(id, step, loss), EvalAction::kContinue) : on_eval(id, step, loss);
     };
-    // Stopped at a rung in an earlier run whose results line was lost to a kill: it is over.
-    int stopped_before = 0;
-    {
+    const TrainResult r = train(cfg);
+    merge_run_metrics(dir, r.start_step);
+    sig = r.signal;
+    if (r.stopped_at > 0) {
+      // Paused at a rung (its checkpoint saved there): promotable later, recorded as stopped if
+      // the sweep ends first.
       std::lock_guard lock(mu_);
-      for (const auto& [key, go] : decisions_)
-        if (key.first == id && !go) stopped_before = key.second;
+      paused_[id] = r.stopped_at;
+      live(trial_name(id) + " |" + format_values(t.values) + " | paused at step " + std::to_string(r.stopped_at) +
+           " (not in the top 1/eta of its rung yet)");
+      if (done_.count(id)) done_[id].released_seq = seq_;
+      ++seq_;
+      ended_.push_back(id);
+      cv_.notify_all();
+      return;
     }
-    if (!final_promotion && stopped_before > 0 && newest_checkpoint_step(cfg.checkpoint_dir) >= stopped_before) {
-      t.status = "stopped";
-      t.reason = "ASHA: not in the top 1/eta at its rung";
-    } else {
-      const TrainResult r = train(cfg);
-      merge_run_metrics(dir, r.start_step);
-      sig = r.signal;
-      if (r.stopped_at > 0) {
-        t.status = "stopped";
-        t.reason = "ASHA: not in the top 1/eta at its rung";
-      } else {
-        t.status = "finished";
-        if (final_promotion) t.reason = "promoted at the end as the best at the highest rung reached";
-      }
-    }
+    t.status = "finished";
+    if (final_promotion) t.reason = "promoted at the end as the best at the highest rung reached";
   } catch (const Error& e) {
     merge_run_metrics(dir, -1);
     t.status = "failed";
@@ -458,7 +480,7 @@ SweepResult Runner::run() {
     for (size_t i = order.size(); i > 1; --i)
       std::swap(order[i - 1], order[philox_u32(spec_.order_seed, 0x5eed, i) % i]);
   for (int id : order)
-    if (!done_.count(id)) pending.push_back(id);
+    if (!done_.count(id) && !paused_.count(id)) pending.push_back(id);  // paused ones wait for a promotion
   if (spec_.live) {
     std::printf("sweep: %zu trials (%zu done before), %d device%s, %d per trial, scheduler %s\n", spec_.trials.size(),
                 spec_.trials.size() - pending.size(), spec_.devices, spec_.devices == 1 ? "" : "s",
@@ -473,7 +495,24 @@ SweepResult Runner::run() {
   while (true) {
     const int sig = StopSignals::pending();
     if (sig != 0 && signal_ == 0) signal_ = sig;
-    while (signal_ == 0 && next < pending.size()) {
+    while (signal_ == 0) {
+      // ASHA's get_job: a promotion of a paused trial comes before a new trial.
+      if (const auto [pid, pstep] = next_promotion(); pid >= 0) {
+        auto devs = packer.acquire(spec_.devices_per_trial);
+        if (!devs) break;
+        asha_.promote(pid, pstep);
+        decisions_[{pid, pstep}] = true;
+        paused_.erase(pid);
+        append_line(spec_.dir + "/rungs.jsonl", json{{"trial", pid}, {"step", pstep}, {"promote", true}}.dump());
+        held[pid] = *devs;
+        acquired[pid] = seq_++;
+        live(trial_name(pid) + " |" + format_values(spec_.trials[static_cast<size_t>(pid)].values) +
+             " | promoted at step " + std::to_string(pstep) + " on device" + (devs->size() == 1 ? " " : "s ") +
+             device_list(*devs));
+        threads.emplace(pid, std::thread([this, id = pid, d = *devs] { run_trial(id, d); }));
+        continue;
+      }
+      if (next >= pending.size()) break;
       const int id = pending[next];
       if (!unfit_[static_cast<size_t>(id)].empty()) {
         TrialOutcome t;
@@ -506,12 +545,19 @@ SweepResult Runner::run() {
       held.erase(id);
       if (done_.count(id)) done_[id].acquired_seq = acquired[id];
     }
-    if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;
+    if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;  // (promotions were launched above)
     cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ended_.empty(); });
   }
-  // ASHA as agreed decides on arrival only, so when the rungs hold few reports nobody may reach
-  // --max-steps; then the best trial at the highest rung reached continues there from its rung
-  // checkpoint (without further reports), so that the sweep's pick has a full-length result.
+  // Out of work: the trials still paused stopped at their rungs.
+  if (signal_ == 0) {
+    std::vector<int> left;
+    for (const auto& entry : paused_) left.push_back(entry.first);
+    for (int id : left) finish_paused(id);
+    paused_.clear();
+  }
+  // With fewer trials than eta^(rungs) nobody may reach --max-steps; then the best trial at the
+  // highest rung reached continues there from its rung checkpoint (without further reports), so
+  // that the sweep's pick has a full-length result.
   if (spec_.asha && signal_ == 0) {
     const TrialOutcome* best = nullptr;
     bool any_finished = false;

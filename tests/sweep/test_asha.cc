@@ -231,6 +231,52 @@ TEST(Asha, MisuseIsAnInternalError) {
   EXPECT_EQ(a.recorded(0), 1);
 }
 
+// A paused trial is promoted once later reports lift it into its rung's top floor(n/eta), the
+// highest rung first (Li et al., Algorithm 2). Hand-derived with eta 3, rungs 1 and 3.
+TEST(Asha, PausedTrialsArePromotedWhenTheTopFractionGrows) {
+  Asha a(1, 9, 3);
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_FALSE(a.report(0, 1, 5.0));  // n 1, top 0: paused
+  EXPECT_FALSE(a.report(1, 1, 4.0));  // n 2, top 0: paused
+  EXPECT_TRUE(a.promotable().empty());
+  EXPECT_FALSE(a.report(2, 1, 6.0));  // n 3, top 1 = trial 1 (4.0), not trial 2
+  EXPECT_EQ(a.promotable(), (P{{1, 1}}));
+  a.promote(1, 1);
+  EXPECT_TRUE(a.promotable().empty());
+  EXPECT_TRUE(a.report(3, 1, 3.0));   // n 4, top 1: the best so far continues on arrival
+  EXPECT_FALSE(a.report(4, 1, 7.0));  // n 5, top 1
+  EXPECT_FALSE(a.report(5, 1, 8.0));  // n 6, top 2 = trials 3 and 1, both promoted already
+  EXPECT_TRUE(a.promotable().empty());
+  EXPECT_FALSE(a.report(6, 1, 4.5));  // n 7, top 2
+  EXPECT_FALSE(a.report(7, 1, 9.0));  // n 8, top 2
+  EXPECT_FALSE(a.report(1, 3, 2.0));  // rung 3: n 1, top 0
+  EXPECT_FALSE(a.report(3, 3, 2.5));  // n 2, top 0
+  EXPECT_FALSE(a.report(8, 1, 9.5));  // rung 1: n 9, top 3 = trials 3, 1, 6
+  // Trial 1 is the top of rung 3 once it holds three reports; for now only rung 1 has one.
+  EXPECT_EQ(a.promotable(), (P{{6, 1}}));
+  a.promote(6, 1);
+  EXPECT_TRUE(a.report(6, 3, 1.0));   // rung 3: n 3, top 1, and 1.0 is the best there
+  EXPECT_TRUE(a.promotable().empty());  // rung 3's top is trial 6, rung 1's are 3, 1, 6: all promoted
+  EXPECT_THROW(a.promote(0, 1), Error);  // 5.0 is not in rung 1's top 3 (3.0, 4.0, 4.5)
+}
+
+// promotable() lists the highest rung first. eta 2, rungs 1 and 2.
+TEST(Asha, PromotionsFromTheHighestRungFirst) {
+  Asha a(1, 4, 2);
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_FALSE(a.report(0, 1, 1.0));  // n 1, top 0
+  EXPECT_FALSE(a.report(1, 1, 2.0));  // n 2, top 1 = trial 0
+  EXPECT_EQ(a.promotable(), (P{{0, 1}}));
+  a.promote(0, 1);
+  EXPECT_FALSE(a.report(0, 2, 3.0));  // rung 2: n 1, top 0
+  EXPECT_TRUE(a.report(2, 1, 0.5));   // n 3, top 1
+  EXPECT_FALSE(a.report(2, 2, 4.0));  // rung 2: n 2, top 1 = trial 0
+  EXPECT_EQ(a.promotable(), (P{{0, 2}}));
+  for (int t = 3; t <= 9; ++t) a.report(t, 1, std::vector<double>{1.5, 0.1, 0.2, 1.2, 5.0, 6.0, 7.0}[t - 3]);
+  // Rung 1, ten reports, top 5: 0.1 (4), 0.2 (5), 0.5 (2), 1.0 (0), 1.2 (6); only trial 6 waits.
+  EXPECT_EQ(a.promotable(), (P{{0, 2}, {6, 1}}));
+}
+
 TEST(Asha, BadSettingsAreOneSentence) {
   const auto message = [](int min, int max, double eta) -> std::string {
     try {
