@@ -1,16 +1,22 @@
 // --recompute through the trainer: selective and full recomputation give per-step losses and final
 // master weights, working parameters and moments bitwise identical to none at every ZeRO stage, in
-// fp32 and bf16, with and without gradient accumulation; the summary counts the recompute time.
+// fp32 and bf16, with and without gradient accumulation; the summary counts the recompute time and
+// the trace shows one "recompute h.N" range per layer and backward.
 #include <gtest/gtest.h>
 
 #include "sanitizer.h"
 #include "test_util.h"
 #include "train_checks.h"
 
+#include <fstream>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "model/config.h"
 #include "train/report.h"
+#include "train/trace.h"
 #include "train/trainer.h"
 
 namespace zt {
@@ -76,6 +82,28 @@ TEST(Recompute, SummaryCountsRecomputeTime) {
   rep.phases = full.time_split;
   EXPECT_NE(format_summary(rep).find("recompute"), std::string::npos);
   EXPECT_GT(report_json(rep)["time_split"]["recompute_s"].get<double>(), 0.0);
+}
+
+// Each backward of each layer re-runs inside its own range, nested in that block's backward range,
+// on each device's host-ranges track.
+TEST(Recompute, TraceShowsARecomputeRangePerLayerAndBackward) {
+  test_util::TempDir dir("recompute_trace");
+  TrainConfig c = small_run(2, 3, Precision::kFp32, 2, Recompute::kSelective);  // 2 micro-batches
+  c.trace_path = dir.path("trace.json");
+  const TrainResult r = train(c);
+  std::ifstream f(c.trace_path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::map<std::pair<int, std::string>, int> count;  // (device, name) -> ranges
+  for (const auto& e : j["traceEvents"])
+    if (e.value("tid", -1) == TraceRecorder::kHostTid && e.value("ph", "") == "X")
+      ++count[{e["pid"].get<int>(), e["name"].get<std::string>()}];
+  const int backwards = static_cast<int>(r.losses.size()) * 2;
+  for (int d = 0; d < 2; ++d)
+    for (int l = 0; l < 2; ++l) {
+      const std::string h = "h." + std::to_string(l);
+      EXPECT_EQ((count[{d, "recompute " + h}]), backwards) << "device " << d << ", " << h;
+      EXPECT_EQ((count[{d, "backward " + h}]), backwards) << "device " << d << ", " << h;
+    }
 }
 
 }  // namespace
