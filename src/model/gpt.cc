@@ -169,7 +169,7 @@ class Gpt final : public Model {
     const GptPlan& P = ws.plan;
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const int64_t BT = P.B * P.T, C = P.C;
-    const int L = static_cast<int>(P.L), NH = static_cast<int>(P.NH);
+    const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
 
     p.before_forward(0);
