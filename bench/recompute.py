@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """--recompute overhead: step time of none, selective and full in one invocation (each mode its own
 process, modes interleaved over rounds so that a noisy neighbour hits all of them), as ratios to
-none, with the recompute share of compute from the run summary and the activation bytes the plan
-predicts. Targets (issue #16): selective <= 1.10x, full <= 1.40x on gpt2-124m.
+none, with the activation bytes the plan predicts. On a shared machine the wall-clock ratio moves
+with the neighbours' load, so two steadier figures stand beside it: the processes' CPU seconds, and
+the overhead from each run's own recompute time (the summary's recompute_s, timed on the stream):
+recompute / (step time - recompute), i.e. against the same run's step without its re-run ops.
+Targets (issue #16): selective <= 10%, full <= 40% of step time on gpt2-124m.
 
     python3 bench/recompute.py [--zerotrain build/cpu/apps/zerotrain] [--model gpt2-124m]
                                [--batch-size 1] [--seq-len 256] [--steps 3] [--rounds 1]
@@ -67,14 +70,16 @@ def main():
     base_ms, _, base_cpu = best["none"]
     print(f"{args.model}, {args.devices}, batch {args.batch_size} x {args.seq_len} tokens, median of {args.steps} "
           f"steps after a warm-up, best of {args.rounds} round(s); ratio = step time / none's")
-    print("| recompute | ms/step | ratio | process CPU s (ratio) | recompute share of compute | activations (plan) |")
-    print("|---|---|---|---|---|---|")
+    print("| recompute | ms/step | wall ratio | process CPU s (ratio) | recompute ms/step | in-run overhead | activations (plan) |")
+    print("|---|---|---|---|---|---|---|")
     for m in MODES:
         ms, s, cpu = best[m]
         ts = s["time_split"]
-        share = ts.get("recompute_s", 0) / ts["compute_s"] if ts["compute_s"] > 0 else 0
-        print(f"| {m} | {ms:.0f} | {ms / base_ms:.2f} | {cpu:.0f} ({cpu / base_cpu:.2f}) | {100 * share:.1f}% | "
-              f"{planned_activations(args, m)} |")
+        steps = s["steps"]
+        step_total = sum(ts[k] for k in ("compute_s", "comm_s", "optimizer_s", "other_s")) / steps
+        rc = ts.get("recompute_s", 0) / steps
+        print(f"| {m} | {ms:.0f} | {ms / base_ms:.2f} | {cpu:.0f} ({cpu / base_cpu:.2f}) | {1e3 * rc:.0f} | "
+              f"{100 * rc / (step_total - rc):.1f}% | {planned_activations(args, m)} |")
 
 
 if __name__ == "__main__":
