@@ -243,10 +243,10 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 
 }  // namespace
 
-MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) { return plan_for(*make_model(mc), mc, in); }
+MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) { return plan_for(*make_model(mc, in.recompute), mc, in); }
 
 MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
-  const auto model = make_model(mc);
+  const auto model = make_model(mc, in.recompute);
   auto plan_memory_only = [&](const ModelConfig&, const PlanInputs& c) { return plan_for(*model, mc, c); };
   MemoryPlan plan = plan_memory_only(mc, in);
   if (plan.fits) return plan;
@@ -362,7 +362,7 @@ std::string MemoryPlan::verdict() const {
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
   std::ostringstream os;
-  const auto model = make_model(mc);
+  const auto model = make_model(mc, in.recompute);
   char head[512];
   std::snprintf(head, sizeof head,
                 "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, %s, micro-batch %d x %d, "
