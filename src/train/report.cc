@@ -124,6 +124,9 @@ std::string format_summary(const RunReport& r) {
   auto share = [&](double s) { return fmt(s < 10 ? "%.2f s" : "%.1f s", s) + " (" + fmt("%.0f%%", total > 0 ? 100 * s / total : 0) + ")"; };
   out += "  time split   compute " + share(r.phases.compute) + " | exposed comm " + share(r.phases.comm) +
          " | optimizer " + share(r.phases.optimizer) + " | other " + share(r.phases.other) + "\n";
+  if (r.host_peak > 0)
+    out += "  offload      host optimizer exposed " + share(r.phases.host_optimizer) + ", host memory " +
+           format_bytes(static_cast<double>(r.host_peak)) + " per device\n";
 
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
@@ -150,7 +153,8 @@ nlohmann::json report_json(const RunReport& r) {
   j["time_split"] = {{"compute_s", r.phases.compute},
                      {"comm_s", r.phases.comm},
                      {"optimizer_s", r.phases.optimizer},
-                     {"other_s", r.phases.other}};
+                     {"other_s", r.phases.other},
+                     {"host_optimizer_s", r.phases.host_optimizer}};
   return j;
 }
 

@@ -40,6 +40,9 @@ struct PhaseTimes {
   double compute = 0;    // forward/backward issue + waiting for the compute streams
   double comm = 0;       // after the last backward, waiting for the gradient reductions to land
   double optimizer = 0;  // optimizer_step issue + its compute stream finishing
+  // Of `optimizer`: --offload optimizer's host update, which the devices wait for (the slowest
+  // rank's per step). It cannot hide behind backward: it needs the step's clip factor and flag.
+  double host_optimizer = 0;
   double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
   double total() const { return compute + comm + optimizer + other; }
 };
@@ -65,6 +68,7 @@ class StepPhaseTimer {
   void gradients_ready();
   void optimizer_begin();
   void optimizer_done();
+  void add_host_optimizer(double seconds) { totals_.host_optimizer += seconds; }
   void end_step();
   const PhaseTimes& totals() const { return totals_; }
 
@@ -94,13 +98,14 @@ struct RunReport {
   std::optional<double> mfu;
   PhaseTimes phases;
   std::vector<DeviceReport> devices;
+  size_t host_peak = 0;  // --offload optimizer: the largest device's host-arena peak (0: no offload)
 };
 
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
-// time_split {compute_s, comm_s, optimizer_s, other_s}.
+// time_split {compute_s, comm_s, optimizer_s, other_s, host_optimizer_s}.
 nlohmann::json report_json(const RunReport& r);
 
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").
