@@ -156,6 +156,22 @@ TEST(Offload, DeviceOptimizerBytesDropAndTheHostArenaHoldsWhatThePlanSays) {
   }
 }
 
+TEST(Offload, TheTraceShowsTheHostOptimizerAndTheSummaryItsTime) {
+  TrainConfig c = tiny(2, 2, 2, Precision::kBf16);
+  c.offload_optimizer = true;
+  c.zero_trace = true;
+  const TrainResult r = train(c);
+  int spans = 0;
+  for (const TraceSpan& s : r.trace)
+    if (s.kind == TraceSpan::kHostOptimizer) {
+      ++spans;
+      EXPECT_GE(s.end_us, s.start_us);
+    }
+  EXPECT_EQ(spans, 2 * 2) << "one host update per rank per step";
+  EXPECT_GT(r.time_split.host_optimizer, 0.0);
+  EXPECT_LE(r.time_split.host_optimizer, r.time_split.optimizer);
+}
+
 TEST(Offload, StageZeroAndBadFractionsAreRefusedWithOneSentence) {
   TrainConfig c = tiny(2, 0, 1, Precision::kFp32);
   c.offload_optimizer = true;
