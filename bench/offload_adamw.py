@@ -57,7 +57,7 @@ def torch_ms_per_step(n, threads, foreach, steps, warmup):
 def zerotrain_ms_per_step(bench, n, threads):
     env = dict(os.environ, ZT_NUM_THREADS=str(threads))
     out = subprocess.run(
-        [bench, f"--benchmark_filter=BM_adamw_host/{n}$", "--benchmark_format=json",
+        [bench, f"--benchmark_filter=BM_adamw_host/{n}/", "--benchmark_format=json",
          "--benchmark_repetitions=5", "--benchmark_report_aggregates_only=true"],
         env=env, check=True, capture_output=True, text=True).stdout
     runs = json.loads(out)["benchmarks"]

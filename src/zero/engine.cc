@@ -564,9 +564,11 @@ void ZeroRank::build_segments(float weight_decay) {
     char* p_base = static_cast<char*>(blk.params.data()) - (policy_.shard_params ? blk.shard.begin * w : 0);
     const char* g_base = whole ? static_cast<char*>(blk.full_grad_bucket.data())
                                : static_cast<char*>(accumulator(blk)) - blk.shard.begin * w;
-    float* master_base = e_.mixed() ? blk.master.as<float>() - shard_off : reinterpret_cast<float*>(p_base);
-    float* m_base = blk.m.as<float>() - shard_off;
-    float* v_base = e_.opt.sgd ? nullptr : blk.v.as<float>() - shard_off;
+    // A buffer the whole shard offloaded away is null: no device segment uses it.
+    const auto base = [shard_off](const DeviceBuffer& buf) { return buf.data() ? buf.as<float>() - shard_off : nullptr; };
+    float* master_base = e_.mixed() ? base(blk.master) : reinterpret_cast<float*>(p_base);
+    float* m_base = base(blk.m);
+    float* v_base = e_.opt.sgd ? nullptr : base(blk.v);
     for (const ParamTensor& t : L.block(static_cast<int>(b)).tensors) {
       const int64_t a = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
       if (a >= e) continue;
