@@ -1,8 +1,9 @@
 // Optimizer offload (--offload optimizer, --offload-fraction) through the whole trainer: per-step
 // losses and final master weights, working parameters and moments bitwise equal to the device
 // optimizer at stages 1-3, fp32 and bf16, with clipping, accumulation, uneven shards, SGD, an
-// injected overflow and fp16 dynamic scaling; device optimizer bytes drop by the offloaded part and
-// the host arena holds exactly the rest; stage 0 is refused with one sentence.
+// injected overflow, fp16 dynamic scaling and the switch to bf16 after a collapse; device optimizer
+// bytes drop by the offloaded part and the host arena holds what the plan says; the trace and the
+// summary show the host update; stage 0 is refused with one sentence.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -95,6 +96,21 @@ TEST(Offload, OverflowSkipsTheHostUpdateTooAndFp16DynamicScalingIsUnchanged) {
     probe.offload_optimizer = true;
     const TrainResult r = train(probe);
     ASSERT_EQ(r.skipped_steps, (std::vector<int>{3, 4}));
+    expect_offload_equals_device(c, {1.0f, 0.5f});
+  }
+}
+
+TEST(Offload, SwitchingToBf16AfterAScaleCollapseDerivesTheSameParameters) {
+  // fp16 gradients always overflow at this scale; --on-scale-collapse bf16 re-derives the 16-bit
+  // parameters from the fp32 master, part of which is on the host.
+  for (int stage = 1; stage <= 3; ++stage) {
+    TrainConfig c = tiny(2, stage, 4, Precision::kFp16);
+    c.initial_scale = c.min_scale = c.max_scale = 1e9f;
+    c.on_scale_collapse_bf16 = true;
+    TrainConfig probe = c;
+    probe.offload_optimizer = true;
+    const TrainResult r = train(probe);
+    ASSERT_EQ(r.switched_to_bf16_at, 1);
     expect_offload_equals_device(c, {1.0f, 0.5f});
   }
 }
