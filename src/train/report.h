@@ -40,10 +40,11 @@ struct PhaseTimes {
   double compute = 0;    // forward/backward issue + waiting for the compute streams
   double comm = 0;       // after the last backward, waiting for the gradient reductions to land
   double optimizer = 0;  // optimizer_step issue + its compute stream finishing
-  // Of `optimizer`: --offload optimizer's host update, which the devices wait for (the slowest
-  // rank's per step). It cannot hide behind backward: it needs the step's clip factor and flag.
-  double host_optimizer = 0;
   double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
+  // Of `optimizer` (not added to total()): --offload optimizer's host update, which the devices
+  // wait for (the slowest rank's, per step). It cannot hide behind backward: it needs the step's
+  // clip factor and overflow flag.
+  double host_optimizer = 0;
   double total() const { return compute + comm + optimizer + other; }
 };
 
