@@ -828,16 +828,18 @@ void ZeroRank::load_state(int b, const float* master_full, const float* m, const
       d_.memory().record_stream(tmp.data(), s);
     }
   }
-  ZT_CHECK(e_.opt.sgd || v != nullptr, "load_state: AdamW needs the second moment");
+  ZT_CHECK(e_.opt.sgd || n <= 0 || v != nullptr, "load_state: AdamW needs the second moment");
   // Offloaded: state elements [0, nh) go to the host buffers, the rest to the device.
   const int64_t nh = std::min(host_count(blk), std::max<int64_t>(n, 0));
   if (blk.off > 0) {
     s.synchronize();  // the last host update has finished with the host buffers
     for (HostBuffer* z : {&blk.h_master, &blk.h_m, &blk.h_v, &blk.h_grad, &blk.h_work})
       if (z->data()) std::memset(z->data(), 0, z->size());
-    std::memcpy(blk.h_master.data(), master_full + lo, bytes_of(nh));
-    std::memcpy(blk.h_m.data(), m, bytes_of(nh));
-    if (!e_.opt.sgd) std::memcpy(blk.h_v.data(), v, bytes_of(nh));
+    if (nh > 0) {  // (a rank may hold no real element of a small block)
+      std::memcpy(blk.h_master.data(), master_full + lo, bytes_of(nh));
+      std::memcpy(blk.h_m.data(), m, bytes_of(nh));
+      if (!e_.opt.sgd) std::memcpy(blk.h_v.data(), v, bytes_of(nh));
+    }
   }
   if (n > nh) {
     if (e_.mixed()) s.copy(blk.master.data(), master_full + lo + nh, bytes_of(n - nh));

@@ -223,7 +223,9 @@ std::string describe(const OffloadSide& s) {
 TEST_F(Resume, WithAndWithoutOffloadReshardedLoadsTheSameBits) {
   const std::pair<OffloadSide, OffloadSide> cases[] = {{{4, 2, true, 1.0f}, {2, 1, false, 1.0f}},
                                                         {{2, 1, false, 1.0f}, {4, 3, true, 0.5f}},
-                                                        {{4, 3, true, 0.5f}, {3, 2, true, 1.0f}}};
+                                                        {{4, 3, true, 0.5f}, {3, 2, true, 1.0f}},
+                                                        // 6 ranks: the last two hold no element of the small blocks
+                                                        {{2, 2, false, 1.0f}, {6, 3, true, 0.5f}}};
   int i = 0;
   for (const auto& [from, to] : cases) {
     SCOPED_TRACE(describe(from) + " -> " + describe(to));

@@ -79,6 +79,8 @@ TEST(Offload, BitsHoldWithAccumulationUnevenShardsAndSgd) {
   c.micro_batch_size = 1;
   c.optimizer = OptimizerKind::kSgd;
   expect_offload_equals_device(c, {1.0f});
+  c = tiny(6, 3, 3, Precision::kBf16);  // ranks 4 and 5 hold no element of the 64-element blocks
+  expect_offload_equals_device(c, {0.5f});
   c = tiny(2, 3, 3, Precision::kBf16);
   c.stochastic_rounding = true;  // the host draws the same Philox bits for the same elements
   expect_offload_equals_device(c, {0.5f});
