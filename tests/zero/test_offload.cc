@@ -24,6 +24,11 @@
 namespace zt {
 namespace {
 
+constexpr bool kSanitized = test::kSanitized;
+// Fraction 0.5 has a host and a device part; 1 adds the empty device buffers. Sanitizer runs (CI,
+// 2 cores) keep the first.
+const std::vector<float> kFractions = kSanitized ? std::vector<float>{0.5f} : std::vector<float>{1.0f, 0.5f};
+
 using test::expect_same_state;
 using test::expect_train_error;
 
@@ -68,13 +73,13 @@ void expect_offload_equals_device(TrainConfig c, const std::vector<float>& fract
 
 TEST(Offload, BitsEqualTheDeviceOptimizerAtEveryStageInFp32AndBf16) {
   for (Precision p : {Precision::kFp32, Precision::kBf16})
-    for (int stage = 1; stage <= 3; ++stage) expect_offload_equals_device(tiny(2, stage, 3, p), {1.0f, 0.5f});
+    for (int stage = 1; stage <= 3; ++stage) expect_offload_equals_device(tiny(2, stage, 3, p), kFractions);
 }
 
 TEST(Offload, BitsHoldWithAccumulationUnevenShardsAndSgd) {
   TrainConfig c = tiny(3, 2, 3, Precision::kBf16);  // 3 ranks: the last rank's shard is padded
   c.micro_batch_size = 2;                           // two micro-batches per step
-  expect_offload_equals_device(c, {1.0f, 0.3f});
+  expect_offload_equals_device(c, kSanitized ? std::vector<float>{0.3f} : std::vector<float>{1.0f, 0.3f});
   c = tiny(4, 1, 3, Precision::kFp32);
   c.micro_batch_size = 1;
   c.optimizer = OptimizerKind::kSgd;
@@ -98,14 +103,14 @@ TEST(Offload, OverflowSkipsTheHostUpdateTooAndFp16DynamicScalingIsUnchanged) {
     probe.offload_optimizer = true;
     const TrainResult r = train(probe);
     ASSERT_EQ(r.skipped_steps, (std::vector<int>{3, 4}));
-    expect_offload_equals_device(c, {1.0f, 0.5f});
+    expect_offload_equals_device(c, kFractions);
   }
 }
 
 TEST(Offload, SwitchingToBf16AfterAScaleCollapseDerivesTheSameParameters) {
   // fp16 gradients always overflow at this scale; --on-scale-collapse bf16 re-derives the 16-bit
   // parameters from the fp32 master, part of which is on the host.
-  for (int stage = 1; stage <= 3; ++stage) {
+  for (int stage = kSanitized ? 3 : 1; stage <= 3; ++stage) {
     TrainConfig c = tiny(2, stage, 4, Precision::kFp16);
     c.initial_scale = c.min_scale = c.max_scale = 1e9f;
     c.on_scale_collapse_bf16 = true;
@@ -113,7 +118,7 @@ TEST(Offload, SwitchingToBf16AfterAScaleCollapseDerivesTheSameParameters) {
     probe.offload_optimizer = true;
     const TrainResult r = train(probe);
     ASSERT_EQ(r.switched_to_bf16_at, 1);
-    expect_offload_equals_device(c, {1.0f, 0.5f});
+    expect_offload_equals_device(c, kFractions);
   }
 }
 
