@@ -246,6 +246,7 @@ TEST_F(Resume, WithAndWithoutOffloadReshardedLoadsTheSameBits) {
 TEST_F(Resume, WithOffloadIsBitExactAndContinuesAsTheDeviceOptimizer) {
   const int kSave = 3, kEnd = 5;
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    if (test::kSanitized && p == Precision::kFp32) continue;  // CI's 2 cores: bf16 covers the paths
     for (int stage = 1; stage <= 3; ++stage) {
       const OffloadSide side{2, stage, true, stage == 2 ? 0.5f : 1.0f};
       SCOPED_TRACE(std::string(p == Precision::kFp32 ? "fp32, " : "bf16, ") + describe(side));
