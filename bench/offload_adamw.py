@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--bench", default="build/cpu/bench/bench_offload_adamw")
     ap.add_argument("--params", type=int, default=31_000_000, help="1048576 or 31000000 (the binary's sizes)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     n, th = args.params, args.threads
     import torch
