@@ -154,6 +154,11 @@ TEST(Offload, DeviceOptimizerBytesDropAndTheHostArenaHoldsWhatThePlanSays) {
       in.offload = true;
       in.offload_fraction = f;
       const MemoryPlan plan = plan_memory(mc, in);
+      const std::string text = format_plan(mc, plan);
+      EXPECT_NE(text.find("host (offloaded optimizer, " + std::to_string(static_cast<int>(f * 100)) + "% of each shard): " +
+                          format_plan_bytes(plan.per_device[0].host) + " per device"),
+                std::string::npos)
+          << text;
       const auto model = make_model(mc);
       // Independent count: per rank, f of its shard's parameters keep 12 bytes on the host (fp32
       // master and two moments) plus copies of the gradient (and, bf16, of the working
