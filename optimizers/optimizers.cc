@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kernels/elementwise.h"
 #include "kernels/op_table.h"
+#include "optimizers/cpu/multi_tensor.h"
 #include "optimizers/multi_tensor_elem.h"
 
 namespace zt::optim {
@@ -104,6 +105,32 @@ void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype,
   if (chunks == 0) return;
   require_kernel(s, OpId::kSgdMulti, {param_dtype, grad_dtype})
       .sgd_multi(s, segs.host.data(), segs.host.size(), segs.device, chunks, param_dtype, grad_dtype, hp, sc);
+}
+
+void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const AdamWConfig& hp,
+                const StepScalars& sc) {
+  constexpr const char* op = "adamw_host";
+  check_dtype(op, "param", param_dtype);
+  check_dtype(op, "grad", grad_dtype);
+  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
+  if (check_segments(op, segs, param_dtype, /*needs_v=*/true) == 0) return;
+  const AdamWArgs a{hp.lr,
+                    hp.beta1,
+                    hp.beta2,
+                    hp.eps,
+                    adamw_bias_correction(hp.beta1, hp.step),
+                    adamw_bias_correction(hp.beta2, hp.step)};
+  cpu_kernels::adamw_multi(segs, param_dtype, grad_dtype, a, sc, static_cast<uint64_t>(hp.step));
+}
+
+void sgd_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const SgdConfig& hp,
+              const StepScalars& sc) {
+  constexpr const char* op = "sgd_host";
+  check_dtype(op, "param", param_dtype);
+  check_dtype(op, "grad", grad_dtype);
+  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
+  if (check_segments(op, segs, param_dtype, /*needs_v=*/false) == 0) return;
+  cpu_kernels::sgd_multi(segs, param_dtype, grad_dtype, hp, sc);
 }
 
 void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype,

@@ -75,6 +75,18 @@ void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtyp
 void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
                const SgdConfig& hp, const StepScalars& sc);
 
+// The host update of optimizer offload: the same per-element loops (adamw_elem / sgd_elem, chunked
+// by kMultiTensorChunk, vectorised, over parallel_for) as the CPU backend's adamw_multi /
+// sgd_multi, run synchronously on the calling thread over host memory. `sc`'s pointers are host
+// floats: the caller copies the device's overflow flag and inverse loss scale first, so the host
+// update reads the very values the device update reads and the bits are the device optimizer's
+// (with the CUDA backend: as far as its kernels' per-element math is the same, no FMA contraction).
+// Validation as adamw_multi / sgd_multi.
+void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const AdamWConfig& hp,
+                const StepScalars& sc);
+void sgd_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const SgdConfig& hp,
+              const StepScalars& sc);
+
 // One gradient shard for the check.
 struct GradSegment {
   const void* grad = nullptr;  // dtype `grad_dtype`

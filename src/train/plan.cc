@@ -177,6 +177,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   zo.sgd = in.sgd;
   zo.micro_batches = in.micro_batches;
   zo.working = in.working;
+  zo.offload = in.offload;  // the device optimizer bytes drop by the offloaded part, counted in eng.host
+  zo.offload_fraction = in.offload_fraction;
   const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
   size_t work = eng.work;
 
@@ -222,6 +224,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   dev.params = eng.state.params;
   dev.grads = eng.state.grads;
   dev.optimizer = eng.state.optimizer;
+  dev.host = eng.host;
   dev.comm = comm;
   dev.batch = inputs + targets + norms;
   dev.total = reserved_bytes(resident, phases, &work);
@@ -388,6 +391,10 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
                   F(d.total).c_str(), d.memory ? F(d.memory).c_str() : "-", d.fits() ? "yes" : "NO");
     os << line;
   }
+  if (in.offload)
+    os << "host (offloaded optimizer, " << static_cast<int>(in.offload_fraction * 100 + 0.5) << "% of each shard): "
+       << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())
+       << " in all\n";
   if (plan.fits) {
     os << "verdict: fits (predicted pool peak " << F(plan.per_device[0].peak_allocated) << " in blocks, "
        << F(plan.per_device[0].total) << " reserved per device)\n";

@@ -132,6 +132,9 @@ std::string format_summary(const RunReport& r) {
     out += "  recompute    " + fmt(r.phases.recompute < 10 ? "%.2f s" : "%.1f s", r.phases.recompute) +
            " per device re-running forward ops in backward (" +
            fmt("%.0f%%", r.phases.compute > 0 ? 100 * r.phases.recompute / r.phases.compute : 0) + " of compute)\n";
+  if (r.host_peak > 0)
+    out += "  offload      host optimizer exposed " + share(r.phases.host_optimizer) + ", host memory " +
+           format_bytes(static_cast<double>(r.host_peak)) + " per device\n";
 
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
@@ -159,7 +162,8 @@ nlohmann::json report_json(const RunReport& r) {
                      {"comm_s", r.phases.comm},
                      {"optimizer_s", r.phases.optimizer},
                      {"other_s", r.phases.other},
-                     {"recompute_s", r.phases.recompute}};
+                     {"recompute_s", r.phases.recompute},
+                     {"host_optimizer_s", r.phases.host_optimizer}};
   return j;
 }
 

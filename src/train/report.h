@@ -44,6 +44,10 @@ struct PhaseTimes {
   // Part of compute, not a phase of its own: seconds a device's compute stream spent re-running
   // forward ops inside backward (--recompute), the mean over devices.
   double recompute = 0;
+  // Of `optimizer` (not added to total()): --offload optimizer's host update, which the devices
+  // wait for (the slowest rank's, per step). It cannot hide behind backward: it needs the step's
+  // clip factor and overflow flag.
+  double host_optimizer = 0;
   double total() const { return compute + comm + optimizer + other; }
 };
 
@@ -69,6 +73,7 @@ class StepPhaseTimer {
   void gradients_ready();
   void optimizer_begin();
   void optimizer_done();
+  void add_host_optimizer(double seconds) { totals_.host_optimizer += seconds; }
   void end_step();
   const PhaseTimes& totals() const { return totals_; }
 
@@ -98,13 +103,14 @@ struct RunReport {
   std::optional<double> mfu;
   PhaseTimes phases;
   std::vector<DeviceReport> devices;
+  size_t host_peak = 0;  // --offload optimizer: the largest device's host-arena peak (0: no offload)
 };
 
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
-// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s}.
+// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}.
 nlohmann::json report_json(const RunReport& r);
 
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").

@@ -1,6 +1,7 @@
 // One training step on every rank (see step.h).
 #include "train/step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/nvtx.h"
@@ -93,6 +94,11 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
     world.device(r).compute().synchronize();
   });
   timer.optimizer_done();
+  if (cfg.offload_optimizer) {
+    double host = 0;
+    for (int r = 0; r < N; ++r) host = std::max(host, engine.host_update_seconds(r));
+    timer.add_host_optimizer(host);
+  }
   return st;
 }
 

@@ -587,6 +587,8 @@ void Trainer::finish(World& w) {
     const size_t peak = w.device(r).memory().stats().peak_allocated_bytes, act = w.rank(r).ws->bytes();
     result_.peak_bytes_per_device.push_back(peak);
     result_.model_state_bytes_per_device.push_back(mb.total());
+    result_.host_peak_bytes_per_device.push_back(engine.host_peak_bytes(r));
+    report.host_peak = std::max(report.host_peak, engine.host_peak_bytes(r));
     report.devices.push_back({w.device(r).name(), mb.params, mb.grads, mb.optimizer, act, w.comm().buffer_bytes(r), peak,
                               result_.comm_bytes_per_step_per_device[static_cast<size_t>(r)]});
     memory.push_back({{"params", mb.params}, {"grads", mb.grads}, {"optimizer", mb.optimizer}, {"activations", act},
@@ -600,6 +602,7 @@ void Trainer::finish(World& w) {
                             {"seconds", result_.seconds},
                             {"peak_bytes_per_device", result_.peak_bytes_per_device},
                             {"model_state_bytes_per_device", result_.model_state_bytes_per_device},
+                            {"host_peak_bytes_per_device", result_.host_peak_bytes_per_device},
                             {"comm_bytes_per_step_per_device", result_.comm_bytes_per_step_per_device},
                             {"memory_per_device", memory},
                             {"parameters", w.model().layout().total_parameters()},

@@ -154,6 +154,7 @@ struct TrainResult {
   std::optional<double> mfu;   // when the devices' peak FLOP/s is known
   std::vector<size_t> peak_bytes_per_device;
   std::vector<size_t> model_state_bytes_per_device;
+  std::vector<size_t> host_peak_bytes_per_device;  // --offload optimizer: each rank's host-arena peak
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps
   int devices = 1;
   int zero_stage = 0;

@@ -11,6 +11,10 @@
 #include "train/export.h"
 #include "train/state_io.h"
 
+#if ZT_WITH_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#endif
+
 namespace zt {
 
 void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm, std::chrono::milliseconds timeout,
@@ -74,6 +78,8 @@ ZeroOptions zero_options(const RunContext& run, int accum, DType working, ZeroOp
   zo.scale_config.max_scale = cfg.max_scale;
   zo.rounding = cfg.stochastic_rounding ? optim::Rounding::kStochastic : optim::Rounding::kNearest;
   zo.seed = cfg.seed;
+  zo.offload = cfg.offload_optimizer;
+  zo.offload_fraction = cfg.offload_fraction;
   return zo;
 }
 
@@ -108,7 +114,12 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   const int N = size();
   comm_ = std::make_unique<Communicator>(devs_);
   model_ = make_model(run.mc, run.cfg.recompute);
-  engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zero_options(run, split.accum, working, scaling));
+  ZeroOptions zo = zero_options(run, split.accum, working, scaling);
+#if ZT_WITH_CUDA
+  // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
+  if (rt_->backend() == Backend::kCuda) zo.host_memory = [] { return cuda::make_pinned_host_raw_allocator(); };
+#endif
+  engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
   engine_->set_tracing(run.cfg.zero_trace);
 
   // Parameters: initialised once on the host (deterministic in the seed, independent of the

@@ -23,6 +23,7 @@
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
+#include "memory/host_arena.h"
 #include "optimizers/optimizers.h"
 
 namespace zt {
@@ -62,6 +63,13 @@ struct Block {
   DeviceBuffer params, full_grad_bucket, grad_shard_accum, master, m, v;
   DeviceBuffer gathered, compute, compute_grad;
   std::unique_ptr<Event> gathered_ready;
+  // Offload: the first `off` elements of the rank's shard keep master and moments on the host
+  // (h_master, h_m, h_v); h_grad receives their final gradient, h_work (mixed precision) their new
+  // working parameters, which always equal the device's (an overflowed step copies them back
+  // unchanged). The device's master/m/v hold shard elements [off, shard_numel).
+  int64_t off = 0;
+  HostBuffer h_master, h_m, h_v, h_grad, h_work;
+  bool grad_on_host = false;  // this step's copy into h_grad is enqueued
 
   DeviceBuffer& buffer(BufferRole role) {
     switch (role) {
@@ -118,6 +126,8 @@ class ZeroRank final : public ParamAccess {
   optim::LossScaleState loss_scale_state();
   void mark_overflow() { ops::fill(compute_, f32(flags.as<float>(), 1, idx()), 1.0f); }
   ModelStateBytes model_state_bytes() const;
+  size_t host_peak_bytes() const { return arena_ ? arena_->peak() : 0; }
+  double host_update_seconds() const { return host_seconds_.load(); }
   // This rank's accumulated gradient shard of block b, widened to fp32 on the host.
   std::vector<float> gradient_shard_to_host(int b);
   // Compute waits for everything enqueued on comm so far.
@@ -130,6 +140,8 @@ class ZeroRank final : public ParamAccess {
   Device& device() { return d_; }
   Stream& compute_stream() { return compute_; }
 
+  // Offload: this rank's host arena; declared first so that it outlives the blocks' host buffers.
+  std::unique_ptr<HostArena> arena_;
   std::vector<Block> blocks;
   DeviceBuffer scaler, flags;  // see Impl::reset_scaler
 
@@ -145,6 +157,13 @@ class ZeroRank final : public ParamAccess {
   void reduce_gradient(int b);
   void* accumulator(Block& blk);
   void build_segments(float weight_decay);
+  // Offload: elements of block's real shard whose state is on the host, and where the device's
+  // parameters of the shard start.
+  int64_t host_count(const Block& blk) const { return std::min(blk.off, std::max<int64_t>(blk.shard.size(), 0)); }
+  int64_t param_offset(const Block& blk) const { return policy_.shard_params ? 0 : blk.shard.begin; }
+  // Offload: h_work := the device's working parameters of the offloaded elements (after a load).
+  void refresh_host_working(Block& blk);
+  void offload_step(const OptimizerStep& st, const optim::StepScalars& sc);
   void close_compute_span();
   void open_compute_span(int b, bool backward);
 
@@ -161,6 +180,10 @@ class ZeroRank final : public ParamAccess {
   std::vector<optim::GradSegment> grad_segs_;
   DeviceBuffer opt_segs_dev_, grad_segs_dev_;
   float segs_weight_decay_ = -1;
+  // Offload: the host update's list (host memory) and scalars.
+  std::vector<optim::OptimizerSegment> host_segs_;
+  HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale
+  std::atomic<double> host_seconds_{0.0};
   // The micro-batch being issued: its plan and the next step of it.
   int micro_ = 0;
   const VisitPlan* plan_ = nullptr;
@@ -241,7 +264,12 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
     : e_(e), policy_(e.policy), r_(r), d_(d), compute_(d.compute()), comm_(d.comm()) {
   comm_done_ = d.create_event();
   compute_done_ = d.create_event();
+  if (e_.opt.offload) {
+    arena_ = std::make_unique<HostArena>(e_.opt.host_memory ? e_.opt.host_memory() : nullptr);
+    host_scalars_ = HostBuffer(*arena_, kOffloadScalarBytes, "the offloaded step's scalars");
+  }
   const ParamLayout& L = e_.model.layout();
+  const size_t w = dtype_size(e_.opt.working);
   for (int b = 0; b < L.num_blocks(); ++b) {
     Block blk;
     blk.numel = L.block(b).numel;
@@ -249,6 +277,16 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
     blk.sizes = zt::block_buffer_bytes(blk.numel, e_.world(), e_.opt);
     for (const ResidentBuffer& rb : resident_buffers(blk.sizes, policy_))
       allocate(blk, rb.role, rb.bytes, compute_, buffer_role_label(rb.role));
+    blk.off = blk.sizes.offloaded;
+    if (blk.off > 0) {
+      // The same bytes as BlockBufferBytes::host (the plan counts them from there).
+      const size_t k = static_cast<size_t>(blk.off);
+      blk.h_master = HostBuffer(*arena_, k * 4, "offloaded master weights");
+      blk.h_m = HostBuffer(*arena_, k * 4, "offloaded moments");
+      if (!e_.opt.sgd) blk.h_v = HostBuffer(*arena_, k * 4, "offloaded moments");
+      blk.h_grad = HostBuffer(*arena_, k * w, "offloaded gradients");
+      if (e_.mixed()) blk.h_work = HostBuffer(*arena_, k * w, "offloaded working parameters");
+    }
     blk.gathered_ready = d.create_event();
     blocks.push_back(std::move(blk));
   }
@@ -423,6 +461,13 @@ void ZeroRank::reduce_gradient(int b) {
       ops::accumulate(comm_, typed(acc, W, n, idx()), region);
   }
   if (rs_start) e_.close_span(comm_, rs_start, TraceSpan::kReduceScatter, r_, b);
+  // Offload: the step's gradient of this block is final; its offloaded part goes to the host
+  // now, overlapping the rest of the backward (the host update waits for comm).
+  const int64_t nh = host_count(blk);
+  if (nh > 0 && micro_ == e_.opt.micro_batches - 1) {
+    comm_.copy(blk.h_grad.data(), acc, bytes_of(nh, W));
+    blk.grad_on_host = true;
+  }
 }
 
 // Where this rank's reduced gradient shard of the step lives (GradAccumulation).
@@ -504,6 +549,7 @@ void ZeroRank::build_segments(float weight_decay) {
   if (!opt_segs_.empty() || !grad_segs_.empty()) compute_.synchronize();
   opt_segs_.clear();
   grad_segs_.clear();
+  host_segs_.clear();
   int64_t global = 0;  // element index of the block's first element in the whole model
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& blk = blocks[b];
@@ -511,14 +557,18 @@ void ZeroRank::build_segments(float weight_decay) {
     // Unsharded optimizer state updates whole tensors; sharded, the intersection of each tensor
     // with the shard. Bases are pointers to element 0 of the block (shard buffers are offset by -begin).
     const bool whole = !policy_.shard_optimizer;
-    const int64_t lo = whole ? 0 : blk.shard.begin, hi = whole ? blk.numel : blk.shard.end;
-    const int64_t shard_off = whole ? 0 : blk.shard.begin;
+    // Offload: the device updates shard elements [off, ...), the host [0, off) (blk.off is 0 when
+    // the state is whole: stage 0 does not offload).
+    const int64_t lo = (whole ? 0 : blk.shard.begin) + blk.off, hi = whole ? blk.numel : blk.shard.end;
+    const int64_t shard_off = (whole ? 0 : blk.shard.begin) + blk.off;
     char* p_base = static_cast<char*>(blk.params.data()) - (policy_.shard_params ? blk.shard.begin * w : 0);
     const char* g_base = whole ? static_cast<char*>(blk.full_grad_bucket.data())
                                : static_cast<char*>(accumulator(blk)) - blk.shard.begin * w;
-    float* master_base = e_.mixed() ? blk.master.as<float>() - shard_off : reinterpret_cast<float*>(p_base);
-    float* m_base = blk.m.as<float>() - shard_off;
-    float* v_base = blk.v.data() ? blk.v.as<float>() - shard_off : nullptr;
+    // A buffer the whole shard offloaded away is null: no device segment uses it.
+    const auto base = [shard_off](const DeviceBuffer& buf) { return buf.data() ? buf.as<float>() - shard_off : nullptr; };
+    float* master_base = e_.mixed() ? base(blk.master) : reinterpret_cast<float*>(p_base);
+    float* m_base = base(blk.m);
+    float* v_base = e_.opt.sgd ? nullptr : base(blk.v);
     for (const ParamTensor& t : L.block(static_cast<int>(b)).tensors) {
       const int64_t a = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
       if (a >= e) continue;
@@ -532,6 +582,26 @@ void ZeroRank::build_segments(float weight_decay) {
       seg.weight_decay = t.weight_decay ? weight_decay : 0.0f;
       seg.rng_offset = static_cast<uint64_t>(global + a);
       opt_segs_.push_back(seg);
+    }
+    if (blk.off > 0) {
+      const int64_t hlo = blk.shard.begin, hhi = std::min(blk.shard.begin + blk.off, blk.shard.end);
+      const int64_t b0 = blk.shard.begin;
+      float* h_master = blk.h_master.as<float>() - b0;
+      char* h_param = e_.mixed() ? static_cast<char*>(blk.h_work.data()) - b0 * w : reinterpret_cast<char*>(h_master);
+      for (const ParamTensor& t : L.block(static_cast<int>(b)).tensors) {
+        const int64_t a = std::max(hlo, t.offset), e = std::min(hhi, t.offset + t.numel);
+        if (a >= e) continue;
+        optim::OptimizerSegment seg;
+        seg.param = h_param + a * w;
+        seg.grad = static_cast<const char*>(blk.h_grad.data()) + (a - b0) * w;
+        seg.master = h_master + a;
+        seg.m = blk.h_m.as<float>() - b0 + a;
+        seg.v = blk.h_v.data() ? blk.h_v.as<float>() - b0 + a : nullptr;
+        seg.n = e - a;
+        seg.weight_decay = t.weight_decay ? weight_decay : 0.0f;
+        seg.rng_offset = static_cast<uint64_t>(global + a);
+        host_segs_.push_back(seg);
+      }
     }
     global += blk.numel;
   }
@@ -587,6 +657,7 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
   sc.rounding = e_.opt.rounding;
   sc.seed = e_.opt.seed;
   const optim::SegmentList<optim::OptimizerSegment> segs{opt_segs_, opt_segs_dev_.as<optim::OptimizerSegment>()};
+  if (arena_) offload_step(st, sc);
   if (st.adamw)
     optim::adamw_multi(compute_, segs, W, W, optim::AdamWConfig{st.lr, st.beta1, st.beta2, st.eps, st.step}, sc);
   else
@@ -602,12 +673,57 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
   }
 }
 
+// Offload: the host part of the update (see engine.h). Enqueued before the device update of the
+// rest so that its scalar copies read the flag and scale before anything changes them.
+void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& sc) {
+  const DType W = e_.opt.working;
+  // A gradient changed after its copy (poke_gradient) or a step with fewer micro-batches than
+  // configured: copy what is not on the host yet (compute already waits for comm).
+  for (auto& blk : blocks) {
+    const int64_t nh = host_count(blk);
+    if (nh > 0 && !blk.grad_on_host) compute_.copy(blk.h_grad.data(), accumulator(blk), bytes_of(nh, W));
+    blk.grad_on_host = false;
+  }
+  float* hs = host_scalars_.as<float>();
+  compute_.copy(hs, flags.data(), sizeof(float));
+  if (sc.inv_loss_scale) compute_.copy(hs + 1, sc.inv_loss_scale, sizeof(float));
+  optim::StepScalars hsc = sc;
+  hsc.found_inf = hs;
+  hsc.inv_loss_scale = sc.inv_loss_scale ? hs + 1 : nullptr;
+  std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(compute_, issued_++) : nullptr;
+  // The compute stream waits for this function: its duration is the optimizer time the device
+  // cannot hide (the clip factor and the flag exist only after the whole backward).
+  compute_.host_func([this, st, hsc, W] {
+    const NvtxRange range(NvtxCategory::kOptimizer, "host optimizer", idx());
+    const auto t0 = std::chrono::steady_clock::now();
+    if (st.adamw)
+      optim::adamw_host(host_segs_, W, W, optim::AdamWConfig{st.lr, st.beta1, st.beta2, st.eps, st.step}, hsc);
+    else
+      optim::sgd_host(host_segs_, W, W, optim::SgdConfig{st.lr, st.momentum, false, st.step}, hsc);
+    host_seconds_.store(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+  if (start) e_.close_span(compute_, start, TraceSpan::kHostOptimizer, r_, -1);
+  for (auto& blk : blocks) {
+    const int64_t nh = host_count(blk);
+    if (nh <= 0) continue;
+    const void* src = e_.mixed() ? blk.h_work.data() : blk.h_master.data();
+    compute_.copy(at(blk.params.data(), W, param_offset(blk)), src, bytes_of(nh, W));
+  }
+}
+
+void ZeroRank::refresh_host_working(Block& blk) {
+  const int64_t nh = host_count(blk);
+  if (!e_.mixed() || nh <= 0) return;
+  compute_.copy(blk.h_work.data(), at(blk.params.data(), e_.opt.working, param_offset(blk)), bytes_of(nh, e_.opt.working));
+}
+
 // ---------------------------------------------------------------------------------------------
 // ZeroRank: host transfers (checkpoints, tests, recovery; not the hot path).
 
 void ZeroRank::load_parameters(const std::vector<std::vector<float>>& host) {
   const DType W = e_.opt.working;
   Stream& s = compute_;
+  if (arena_) s.synchronize();  // the host buffers are written below, on this thread
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& blk = blocks[b];
     ZT_CHECK(static_cast<int64_t>(host[b].size()) == blk.numel, "block ", b, " has ", host[b].size(),
@@ -626,11 +742,17 @@ void ZeroRank::load_parameters(const std::vector<std::vector<float>>& host) {
       if (!policy_.shard_optimizer)
         s.copy(blk.master.data(), full.data(), blk.master.size());
       else
-        s.copy(blk.master.data(), full.as<float>() + lo, bytes_of(sn));
+        s.copy(blk.master.data(), full.as<float>() + lo + blk.off, bytes_of(sn - blk.off));
     }
     d_.memory().record_stream(full.data(), s);
     for (DeviceBuffer* z : {&blk.full_grad_bucket, &blk.grad_shard_accum, &blk.m, &blk.v})
       if (z->data()) s.memset(z->data(), 0, z->size());  // +0 in every dtype
+    if (blk.off > 0) {
+      for (HostBuffer* z : {&blk.h_master, &blk.h_m, &blk.h_v, &blk.h_grad, &blk.h_work})
+        if (z->data()) std::memset(z->data(), 0, z->size());
+      std::memcpy(blk.h_master.data(), host[b].data() + lo, bytes_of(host_count(blk)));
+      refresh_host_working(blk);
+    }
   }
   reset_scaler();  // synchronizes: the host vectors may go away
 }
@@ -640,9 +762,15 @@ std::vector<float> ZeroRank::moments_to_host(int b) {
   d_.synchronize();
   const int64_t n = blk.shard.size();
   const int64_t off = policy_.shard_optimizer ? 0 : blk.shard.begin;
-  std::vector<float> out(static_cast<size_t>(n) * (blk.v.data() ? 2 : 1));
-  to_host(compute_, out.data(), blk.m.as<float>() + off, n);
-  if (blk.v.data()) to_host(compute_, out.data() + n, blk.v.as<float>() + off, n);
+  const bool adamw = !e_.opt.sgd;
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 0)) * (adamw ? 2 : 1));
+  const int64_t nh = host_count(blk);  // offloaded: [0, nh) on the host, the rest on the device
+  if (nh > 0) {
+    std::memcpy(out.data(), blk.h_m.data(), bytes_of(nh));
+    if (adamw) std::memcpy(out.data() + n, blk.h_v.data(), bytes_of(nh));
+  }
+  to_host(compute_, out.data() + nh, blk.m.as<float>() + off, n - nh);
+  if (adamw) to_host(compute_, out.data() + n + nh, blk.v.as<float>() + off, n - nh);
   return out;
 }
 
@@ -654,13 +782,23 @@ void ZeroRank::state_to_host(int b, float* master, float* m, float* v, void* wor
   if (n == 0) return;
   const int64_t off = policy_.shard_optimizer ? 0 : blk.shard.begin;  // in the state buffers
   const int64_t poff = policy_.shard_params ? 0 : blk.shard.begin;    // in the parameter buffer
-  const size_t fb = bytes_of(n);
-  if (e_.mixed())
-    compute_.copy(master, blk.master.as<float>() + off, fb);
-  else
-    compute_.copy(master, blk.params.as<float>() + poff, fb);
-  compute_.copy(m, blk.m.as<float>() + off, fb);
-  if (v && blk.v.data()) compute_.copy(v, blk.v.as<float>() + off, fb);
+  // Offloaded: shard elements [0, nh) are on the host (after the stream's last host update).
+  const int64_t nh = host_count(blk);
+  if (nh > 0) {
+    compute_.synchronize();
+    std::memcpy(master, blk.h_master.data(), bytes_of(nh));
+    std::memcpy(m, blk.h_m.data(), bytes_of(nh));
+    if (v && blk.h_v.data()) std::memcpy(v, blk.h_v.data(), bytes_of(nh));
+  }
+  const size_t fb = bytes_of(n - nh);
+  if (fb > 0) {
+    if (e_.mixed())
+      compute_.copy(master + nh, blk.master.as<float>() + off, fb);
+    else
+      compute_.copy(master + nh, blk.params.as<float>() + poff + nh, fb);
+    compute_.copy(m + nh, blk.m.as<float>() + off, fb);
+    if (v && !e_.opt.sgd) compute_.copy(v + nh, blk.v.as<float>() + off, fb);
+  }
   if (working && e_.mixed()) compute_.copy(working, at(blk.params.data(), W, poff), bytes_of(n, W));
   compute_.synchronize();
 }
@@ -690,14 +828,25 @@ void ZeroRank::load_state(int b, const float* master_full, const float* m, const
       d_.memory().record_stream(tmp.data(), s);
     }
   }
-  if (n > 0) {
-    if (e_.mixed()) s.copy(blk.master.data(), master_full + lo, bytes_of(n));
-    s.copy(blk.m.data(), m, bytes_of(n));
-    if (blk.v.data()) {
-      ZT_CHECK(v != nullptr, "load_state: AdamW needs the second moment");
-      s.copy(blk.v.data(), v, bytes_of(n));
+  ZT_CHECK(e_.opt.sgd || n <= 0 || v != nullptr, "load_state: AdamW needs the second moment");
+  // Offloaded: state elements [0, nh) go to the host buffers, the rest to the device.
+  const int64_t nh = std::min(host_count(blk), std::max<int64_t>(n, 0));
+  if (blk.off > 0) {
+    s.synchronize();  // the last host update has finished with the host buffers
+    for (HostBuffer* z : {&blk.h_master, &blk.h_m, &blk.h_v, &blk.h_grad, &blk.h_work})
+      if (z->data()) std::memset(z->data(), 0, z->size());
+    if (nh > 0) {  // (a rank may hold no real element of a small block)
+      std::memcpy(blk.h_master.data(), master_full + lo, bytes_of(nh));
+      std::memcpy(blk.h_m.data(), m, bytes_of(nh));
+      if (!e_.opt.sgd) std::memcpy(blk.h_v.data(), v, bytes_of(nh));
     }
   }
+  if (n > nh) {
+    if (e_.mixed()) s.copy(blk.master.data(), master_full + lo + nh, bytes_of(n - nh));
+    s.copy(blk.m.data(), m + nh, bytes_of(n - nh));
+    if (!e_.opt.sgd) s.copy(blk.v.data(), v + nh, bytes_of(n - nh));
+  }
+  refresh_host_working(blk);
   s.synchronize();
 }
 
@@ -711,6 +860,7 @@ void ZeroRank::poke_gradient(int b, int64_t offset, float value) {
   else if (W == DType::kBF16) bits = float_to_bf16_bits(value);
   else bits = float_to_half_bits(value);
   compute_.copy(at(accumulator(blk), W, offset), &bits, dtype_size(W));  // little-endian: the low bytes
+  blk.grad_on_host = false;  // offload: copy the changed gradient again
   compute_.synchronize();  // `bits` lives on this frame
 }
 
@@ -742,7 +892,16 @@ void ZeroRank::reallocate_working(const ZeroOptions& o) {
     // sharded optimizer state: this rank's shard, then the all-gather in set_working_dtype).
     const int64_t n = policy_.shard_optimizer ? blk.shard.shard_numel : blk.shard.padded_numel;
     void* dst = policy_.gathers_params_after_step() ? at(blk.params.data(), working, blk.shard.begin) : blk.params.data();
-    ops::cast(compute_, typed(dst, working, n, idx()), f32(blk.master.as<float>(), n, idx()));
+    // Offloaded: the first `off` elements' master is on the host.
+    if (blk.off > 0) {
+      DeviceBuffer tmp(d_.memory(), bytes_of(blk.off), compute_, "load staging");
+      compute_.copy(tmp.data(), blk.h_master.data(), bytes_of(blk.off));
+      ops::cast(compute_, typed(dst, working, blk.off, idx()), f32(tmp.as<float>(), blk.off, idx()));
+    }
+    if (n > blk.off)
+      ops::cast(compute_, typed(at(dst, working, blk.off), working, n - blk.off, idx()),
+                f32(blk.master.as<float>(), n - blk.off, idx()));
+    refresh_host_working(blk);
   }
   segs_weight_decay_ = -1;  // buffers moved: rebuild the multi-tensor lists
 }
@@ -795,6 +954,8 @@ void ZeroEngine::set_loss_scale_state(int rank, const optim::LossScaleState& st)
 }
 optim::LossScaleState ZeroEngine::loss_scale_state(int rank) { return impl_->rank(rank).loss_scale_state(); }
 ModelStateBytes ZeroEngine::model_state_bytes(int rank) const { return impl_->rank(rank).model_state_bytes(); }
+size_t ZeroEngine::host_peak_bytes(int rank) const { return impl_->rank(rank).host_peak_bytes(); }
+double ZeroEngine::host_update_seconds(int rank) const { return impl_->rank(rank).host_update_seconds(); }
 void ZeroEngine::state_to_host(int rank, int block, float* master, float* m, float* v, void* working) {
   impl_->rank(rank).state_to_host(block, master, m, v, working);
 }
@@ -856,7 +1017,9 @@ std::vector<float> ZeroEngine::master_to_host(int block) {
   }
   for (int r = 0; r < world(); ++r) {
     const Block& blk = impl_->rank(r).block(block);
-    to_host(impl_->rank(r).compute_stream(), out.data() + blk.shard.begin, blk.master.data(), blk.shard.size());
+    const int64_t n = blk.shard.size(), nh = std::min(blk.off, std::max<int64_t>(n, 0));  // offloaded: [0, nh) on the host
+    if (nh > 0) std::memcpy(out.data() + blk.shard.begin, blk.h_master.data(), bytes_of(nh));
+    to_host(impl_->rank(r).compute_stream(), out.data() + blk.shard.begin + nh, blk.master.data(), n - nh);
   }
   return out;
 }
@@ -960,7 +1123,9 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
       plan.resident.push_back(rb.bytes);
       *state_slot(plan.state, rb.role) += rb.bytes;
     }
+    plan.host += sizes.back().host;
   }
+  if (opt.offload) plan.host += kOffloadScalarBytes;
   plan.work += static_cast<size_t>(L.num_blocks());
   // Per rank: the loss-scale state, the overflow flags, and the multi-tensor lists.
   const size_t opt_segs = planned_optimizer_segments(L, world, p, &plan.work);

@@ -42,6 +42,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -49,6 +50,7 @@
 #include "core/dtype.h"
 #include "optimizers/optimizers.h"
 #include "memory/caching_allocator.h"
+#include "memory/raw_allocator.h"
 #include "model/model.h"
 #include "zero/policy.h"
 #include "zero/shard_plan.h"
@@ -69,6 +71,13 @@ struct ZeroOptions {
   optim::LossScaleConfig scale_config;
   optim::Rounding rounding = optim::Rounding::kNearest;  // of the 16-bit parameters
   uint64_t seed = 0;                                     // stochastic rounding stream
+  // Optimizer offload (ZeRO-Offload; stages 1-3): per block, the first offloaded_elements() of
+  // each rank's (padded) optimizer shard keep their fp32 master and moments in a host arena; see
+  // "Optimizer offload" above. offload_fraction in (0, 1].
+  bool offload = false;
+  float offload_fraction = 1.0f;
+  // Where the host arena's bytes come from (pinned memory on CUDA); null: aligned host memory.
+  std::function<std::unique_ptr<RawAllocator>()> host_memory;
 };
 
 struct OptimizerStep {
@@ -97,13 +106,14 @@ struct EngineMemoryPlan {
   // Transient buffers live at once at the peak (pool blocks, pool_rounded_size) of a training
   // micro-batch and of a forward-only pass (evaluation, sampling).
   std::vector<PlannedBuffer> train_peak, forward_peak;
+  size_t host = 0;  // offload: the rank's host-arena bytes (what host_peak_bytes(r) reports)
   size_t work = 0;  // loop iterations the plan took (tests check it is linear in the layers)
 };
 
 // One interval of work on a device stream, timed on the host when the stream reached it (CPU
 // backend: exact; CUDA: when the host callback ran). Used to show overlap; see set_tracing().
 struct TraceSpan {
-  enum Kind { kForward, kBackward, kReduceScatter, kGather };
+  enum Kind { kForward, kBackward, kReduceScatter, kGather, kHostOptimizer };
   Kind kind;
   int rank, block;
   double start_us, end_us;
@@ -195,6 +205,11 @@ class ZeroEngine {
   std::vector<float> master_to_host(int block);
 
   ModelStateBytes model_state_bytes(int rank) const;
+  // Offload: the peak of rank's host-arena bytes (0 without offload).
+  size_t host_peak_bytes(int rank) const;
+  // Offload: host-clock seconds the last optimizer_step's host update took on rank (the time the
+  // rank's compute stream waited for it); 0 without offload.
+  double host_update_seconds(int rank) const;
 
   // What one block's buffers take on one rank of `world` (zt::block_buffer_bytes).
   static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);

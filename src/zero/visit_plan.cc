@@ -3,6 +3,8 @@
 // flags replace searches of the visit order and of the live set.
 #include "zero/visit_plan.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "zero/engine.h"
@@ -35,16 +37,29 @@ BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions&
   const auto Wb = [w](int64_t n) { return static_cast<size_t>(n) * w; };
   const int64_t state = p.shard_optimizer ? shard : full;
   BlockBufferBytes b;
+  b.offloaded = offloaded_elements(shard, opt);
+  const int64_t k = b.offloaded;
+  b.host = F(k) * (opt.sgd ? 2 : 3) + Wb(k) * (mixed ? 2 : 1);
   b[BufferRole::kParams] = Wb(p.shard_params ? shard : full);
   b[BufferRole::kFullGradBucket] = Wb(full);
   b[BufferRole::kGradShardAccum] = p.shard_grads || p.separate_accumulator(opt.micro_batches) ? Wb(shard) : 0;
-  b[BufferRole::kMaster] = mixed ? F(state) : 0;
-  b[BufferRole::kMomentM] = F(state);
-  b[BufferRole::kMomentV] = opt.sgd ? 0 : F(state);
+  b[BufferRole::kMaster] = mixed ? F(state - k) : 0;
+  b[BufferRole::kMomentM] = F(state - k);
+  b[BufferRole::kMomentV] = opt.sgd ? 0 : F(state - k);
   b[BufferRole::kGathered] = p.shard_params ? Wb(full) : 0;
   b[BufferRole::kComputeParams] = mixed ? F(full) : 0;
   b[BufferRole::kComputeGrad] = mixed ? F(full) : 0;
   return b;
+}
+
+int64_t offloaded_elements(int64_t shard_numel, const ZeroOptions& opt) {
+  if (!opt.offload) return 0;
+  ZT_REQUIRE(opt.stage >= 1, "--offload optimizer needs --zero-stage 1, 2 or 3: at stage 0 every device keeps the "
+             "whole optimizer state, which offload would copy to the host once per device");
+  ZT_REQUIRE(opt.offload_fraction > 0.0f && opt.offload_fraction <= 1.0f, "--offload-fraction must be in (0, 1], got ",
+             opt.offload_fraction);
+  const auto k = static_cast<int64_t>(static_cast<double>(opt.offload_fraction) * static_cast<double>(shard_numel));
+  return std::min(k, shard_numel);
 }
 
 std::vector<ResidentBuffer> resident_buffers(const BlockBufferBytes& sz, const ShardingPolicy& p) {

@@ -36,12 +36,24 @@ inline bool buffer_role_on_comm(BufferRole role) { return role == BufferRole::kG
 // rank (shards are padded).
 struct BlockBufferBytes {
   size_t role[kNumBufferRoles] = {};
+  // Optimizer offload: elements of the rank's shard whose master and moments live on the host (the
+  // device's kMaster/kMomentM/kMomentV cover the rest), and the host bytes they take (master,
+  // moments, and host copies of their gradient and, mixed precision, working parameters).
+  int64_t offloaded = 0;
+  size_t host = 0;
   size_t& operator[](BufferRole r) { return role[static_cast<int>(r)]; }
   size_t operator[](BufferRole r) const { return role[static_cast<int>(r)]; }
 };
 
 struct ZeroOptions;
 BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
+// Offload: the first floor(offload_fraction * shard_numel) elements of every rank's padded shard
+// (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
+// outside (0, 1].
+int64_t offloaded_elements(int64_t shard_numel, const ZeroOptions& opt);
+// Host bytes a rank's arena holds besides the blocks' (the overflow flag and inverse loss scale
+// the host update reads).
+inline constexpr size_t kOffloadScalarBytes = 2 * sizeof(float);
 
 // The resident buffers of a block, in the order the engine allocates them.
 struct ResidentBuffer {

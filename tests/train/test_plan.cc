@@ -1,8 +1,7 @@
 // The memory plan against real runs: predicted pool peaks within 5% of the measured ones (gpt-tiny
 // and a wider variant whose blocks take the large pool; 1, 2 and 4 devices; stages 0-3; each
-// --recompute mode), exact
-// model-state bytes, a run that cannot fit refused before training with the cheapest fix, and that
-// fix followed fits.
+// --recompute mode; with --offload optimizer also the host arena's peak), exact model-state bytes,
+// a run that cannot fit refused before training with the cheapest fix, and that fix followed fits.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -110,6 +109,38 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
           const double predicted = static_cast<double>(p.peak_allocated);
           EXPECT_NEAR(predicted / measured, 1.0, 0.05) << "predicted " << p.peak_allocated << " measured " << measured;
           EXPECT_GE(p.total, p.peak_allocated);
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, PredictsPeaksAndHostBytesWithOffloadWithinFivePercent) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    const ModelConfig mc = make_model_config("gpt-tiny", {});
+    for (int n : {2, 4}) {
+      for (int stage = 1; stage <= 3; ++stage) {
+        TrainConfig c = short_run("gpt-tiny", {}, n, stage);
+        c.precision = p;
+        c.offload_optimizer = true;
+        c.offload_fraction = stage == 2 ? 0.5f : 1.0f;
+        SCOPED_TRACE(std::to_string(n) + " devices, stage " + std::to_string(stage) + ", fraction " +
+                     std::to_string(c.offload_fraction) + (p == Precision::kBf16 ? ", bf16" : ", fp32"));
+        PlanInputs in = inputs_of(c, n);
+        in.offload = true;
+        in.offload_fraction = c.offload_fraction;
+        const MemoryPlan plan = plan_memory(mc, in);
+        ASSERT_TRUE(plan.fits);
+        const TrainResult r = train(c);
+        ASSERT_EQ(r.host_peak_bytes_per_device.size(), static_cast<size_t>(n));
+        for (int d = 0; d < n; ++d) {
+          const DevicePlan& pd = plan.per_device[static_cast<size_t>(d)];
+          EXPECT_EQ(pd.params + pd.grads + pd.optimizer, r.model_state_bytes_per_device[static_cast<size_t>(d)]);
+          const double measured = static_cast<double>(r.peak_bytes_per_device[static_cast<size_t>(d)]);
+          EXPECT_NEAR(static_cast<double>(pd.peak_allocated) / measured, 1.0, 0.05);
+          const double host = static_cast<double>(r.host_peak_bytes_per_device[static_cast<size_t>(d)]);
+          ASSERT_GT(host, 0);
+          EXPECT_NEAR(static_cast<double>(pd.host) / host, 1.0, 0.05) << "predicted " << pd.host << " measured " << host;
         }
       }
     }
