@@ -1,7 +1,7 @@
 // The memory plan against real runs: predicted pool peaks within 5% of the measured ones (gpt-tiny
 // and a wider variant whose blocks take the large pool; 1, 2 and 4 devices; stages 0-3), exact
 // model-state bytes, a run that cannot fit refused before training with the cheapest fix, and that
-// fix followed fits.
+// fix followed fits. (test_plan_largest.cc: the fix chain's recompute and offload, plan --largest.)
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,6 +44,9 @@ PlanInputs inputs_of(const TrainConfig& c, int devices, size_t memory = 0) {
   in.sampling = c.sample_tokens > 0;
   in.max_devices = 8;
   in.working = c.precision == Precision::kBf16 ? DType::kBF16 : c.precision == Precision::kFp16 ? DType::kF16 : DType::kF32;
+  in.recompute = c.recompute;
+  in.offload = c.offload_optimizer;
+  in.offload_fraction = c.offload_fraction;
   return in;
 }
 
@@ -143,6 +146,9 @@ TEST(Plan, RefusesARunThatCannotFitAndTheFixFits) {
 TEST(Plan, SuggestsASmallerMicroBatchWhenStagesDoNotHelp) {
   const ModelConfig mc = make_model_config("gpt-tiny");
   TrainConfig c = short_run("gpt-tiny", {}, 1, 2);
+  // Recompute and offload already at their most: the chain tries them before the micro-batch.
+  c.recompute = Recompute::kFull;
+  c.offload_optimizer = true;
   c.batch_size = 8;
   c.micro_batch_size = 8;
   TrainConfig small = c;
