@@ -1,7 +1,8 @@
 // Memory plan: per-device bytes of a training run from the sizing functions of the engine
 // (ZeroEngine::plan_memory), the model (workspace_bytes), the communicator (planned_buffer_bytes)
 // and the pool (pool_rounded_size and segment rules), plus the trainer's batch buffers; then the
-// verdict and the cheapest change that fits.
+// verdict and the cheapest change that fits; and the largest model of a family per ZeRO stage,
+// recompute and offload (`plan --largest`).
 //
 // What the device must hold is predicted as the pool's reserved bytes at the peak: every block
 // rounded as the pool rounds it, small blocks packed into small-pool segments per stream, large
@@ -19,8 +20,8 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <utility>
 #include <sstream>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "core/format.h"
