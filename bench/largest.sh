@@ -21,9 +21,10 @@ if [[ -z "${layers:-}" ]]; then
   echo "no GPT-2 shape fits with stage 3, --recompute full and --offload optimizer"
   exit 1
 fi
-# The same run as planned (its evaluation and end-of-run sample included), kept short.
+# The same run as planned (its evaluation and end-of-run sample included), kept short; a step of
+# these sizes on 2 cores takes longer than the default hang timeout.
 train=(train "${run[@]}" --layers "$layers" --embd "$width" --heads $((width / 64)) --vocab 50257 --seq-len 512
        --zero-stage 3 --recompute full --offload optimizer --steps "$steps" --eval-every 0 --eval-batches 1
-       --sample-tokens 8)
+       --sample-tokens 8 --hang-timeout 86400)
 echo "\$ zerotrain ${train[*]}"
 "$bin" "${train[@]}"

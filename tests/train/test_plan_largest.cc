@@ -1,6 +1,6 @@
-// Issue 16 item 3: the GPT-2 shape family, `plan --largest` (its answer fits and the next shape
-// does not, against a linear scan; monotone in stage, recompute and offload), and the cheapest-fix
-// chain with recompute and offload (its order on synthetic plans, and its proposals followed fit).
+// Issue 16 item 3: the GPT-2 shape family; `plan --largest` (answer fits, next does not, monotone
+// in stage/recompute/offload; the reported model trains in its memory, the next is refused); the
+// cheapest-fix chain with recompute and offload (its order, and its proposals followed fit).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +16,8 @@
 #include "model/model.h"
 #include "test_util.h"
 #include "train/plan.h"
+#include "train/run_shape.h"
+#include "train/trainer.h"
 
 namespace zt {
 namespace {
@@ -312,6 +314,56 @@ TEST(PlanLargest, RealPlanProposesRecomputeBeforeOffload) {
   EXPECT_EQ(plan.suggestion.kind, PlanSuggestion::kRecompute) << plan.suggestion.text;
   EXPECT_NE(plan.suggestion.text.find("--recompute"), std::string::npos) << plan.suggestion.text;
   EXPECT_TRUE(plan_memory_only(mc, with_levers(st3, 3, plan.suggestion.recompute, false)).fits);
+}
+
+// Issue 16's target at a small scale: the model plan --largest reports for stage 3 + full
+// recompute + offload trains in the memory it was planned for (measured pool peak within it), and
+// train refuses the next shape up before allocating anything.
+TEST(PlanLargest, ReportedModelTrainsAndTheNextIsRefused) {
+  const std::vector<ModelConfig> family = gpt2_shape_family(16);
+  auto run_of = [](const ModelConfig& m, size_t memory) {
+    TrainConfig c;
+    c.model = "gpt2-124m";
+    c.overrides.layers = m.layers, c.overrides.embd = m.embd, c.overrides.heads = m.heads;
+    c.overrides.seq_len = m.seq_len, c.overrides.vocab = m.vocab;
+    c.devices = "cpu:4";
+    c.zero_stage = 3;
+    c.recompute = Recompute::kFull;
+    c.offload_optimizer = true;
+    c.steps = 2;
+    c.batch_size = 4;
+    c.train_seq_len = 16;
+    c.eval_every = 0;
+    c.eval_batches = 1;
+    c.sample_tokens = 2;
+    c.quiet = true;
+    c.device_memory = memory;
+    return c;
+  };
+  // The plan inputs train derives from that run (sampling, accumulation, precision).
+  auto inputs = [&](size_t memory) {
+    PlanInputs in = resolve_run_shape(run_of(family[0], memory), family[0], 4, Backend::kCpu).plan;
+    in.device_memory = {memory};
+    return in;
+  };
+  // A memory between what shapes 1 and 2 need: the search must answer 1.
+  const size_t one = plan_memory_only(family[1], inputs(0)).per_device[0].total;
+  const size_t two = plan_memory_only(family[2], inputs(0)).per_device[0].total;
+  ASSERT_LT(one, two);
+  const size_t memory = (one + two) / 2;
+  ASSERT_EQ(largest_fitting(family, inputs(memory)), 1);
+
+  const TrainResult r = train(run_of(family[1], memory));
+  EXPECT_EQ(r.steps, 2);
+  ASSERT_EQ(r.peak_bytes_per_device.size(), 4u);
+  for (size_t peak : r.peak_bytes_per_device) EXPECT_LE(peak, memory);
+  try {
+    train(run_of(family[2], memory));
+    ADD_FAILURE() << "the next shape up was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();
+    EXPECT_NE(e.message().find("does not fit"), std::string::npos) << e.message();
+  }
 }
 
 TEST(PlanLargest, BinaryPrintsTheTable) {
