@@ -1,5 +1,6 @@
 // zerotrain: the one binary. Subcommands: train (the default job trains gpt-tiny on the synthetic
-// corpus), info (devices, peer access, build), plan (will it fit? apps/plan_command.cc). The only
+// corpus), info (devices, peer access, build), plan (will it fit? apps/plan_command.cc), sweep (many
+// trials at once, apps/sweep_command.cc). The only
 // place an error becomes an exit code.
 #include <cblas.h>
 
@@ -18,6 +19,7 @@
 #include "memory/caching_allocator.h"
 #include "plan_command.h"
 #include "run_flags.h"
+#include "sweep_command.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
 #include "train/report.h"
@@ -124,12 +126,13 @@ int main(int argc, char** argv) {
   zt::add_run_flags(*train, run_flags);
 
   zt::PlanCommand plan(app);
+  zt::SweepCommand sweep(app);
   std::string export_checkpoint, export_out;
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
   exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
   exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
-  const std::vector<std::string> subcommands = {"train", "info", "plan", "export"};
+  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return run_info(devices);
     if (plan.parsed()) return plan.run();
+    if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
     if (exp->parsed()) {
       const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
       std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,

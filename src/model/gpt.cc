@@ -3,9 +3,12 @@
 // written out op by op (as llm.c's train_gpt2.c), no autograd tape.
 // Blocks: 0 = embeddings (wte, wpe; wte is also the LM head), 1..L = transformer layers,
 // L+1 = final layernorm. Backward visits: head (block 0, partial), L+1, L..1, encoder (block 0).
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 
+#include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -16,9 +19,18 @@ namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
 
-// Offsets (in floats) of every activation in the workspace arena.
+// Offsets (in floats) of every activation in the workspace arena. Under recomputation, fields of
+// different layers share one offset (the recompute scratch): backward re-runs the forward op
+// that wrote it, from kept inputs, right before reading it.
+//  - none:      every layer keeps all it wrote;
+//  - selective: ln1, ln2 (outputs only; mean/rstd stay per layer), the attention probabilities
+//               and the GELU output share one scratch: re-run from the kept residual, qkv and fch;
+//  - full:      only residual3 (the next block's input) stays per layer; the whole block forward
+//               re-runs into one shared set in its backward (all but the output projection and add,
+//               whose results backward never reads).
 struct GptPlan {
   int64_t B, T, C, NH, L, V;
+  Recompute recompute;
   int64_t total = 0;
   int64_t encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
   // shared scratch (not needed by backward, or reused across layers)
@@ -35,15 +47,30 @@ struct GptPlan {
     return off;
   }
 
-  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab) {
+  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r)
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), recompute(r) {
     const int64_t BT = B * T, BTC = BT * C, att_size = B * NH * T * T;
     encoded = add(BTC);
     layers.resize(static_cast<size_t>(L));
+    // Fields that do not depend on the layer are allocated once and copied into every layer.
+    Layer shared{};
+    if (r == Recompute::kSelective) {
+      shared.ln1 = add(BTC), shared.att = add(att_size), shared.ln2 = add(BTC), shared.fch_gelu = add(4 * BTC);
+    } else if (r == Recompute::kFull) {
+      shared.ln1 = add(BTC), shared.ln1_mean = add(BT), shared.ln1_rstd = add(BT), shared.qkv = add(3 * BTC);
+      shared.atty = add(BTC), shared.att = add(att_size), shared.residual2 = add(BTC), shared.ln2 = add(BTC);
+      shared.ln2_mean = add(BT), shared.ln2_rstd = add(BT), shared.fch = add(4 * BTC);
+      shared.fch_gelu = add(4 * BTC);
+    }
     for (auto& l : layers) {
-      l.ln1 = add(BTC), l.ln1_mean = add(BT), l.ln1_rstd = add(BT), l.qkv = add(3 * BTC);
-      l.atty = add(BTC), l.att = add(att_size), l.residual2 = add(BTC), l.ln2 = add(BTC);
-      l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC), l.fch_gelu = add(4 * BTC);
+      l = shared;
+      if (r == Recompute::kNone) l.ln1 = add(BTC);
+      if (r != Recompute::kFull) l.ln1_mean = add(BT), l.ln1_rstd = add(BT), l.qkv = add(3 * BTC), l.atty = add(BTC);
+      if (r == Recompute::kNone) l.att = add(att_size);
+      if (r != Recompute::kFull) l.residual2 = add(BTC);
+      if (r == Recompute::kNone) l.ln2 = add(BTC);
+      if (r != Recompute::kFull) l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC);
+      if (r == Recompute::kNone) l.fch_gelu = add(4 * BTC);
       l.residual3 = add(BTC);
     }
     lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
@@ -55,20 +82,40 @@ struct GptPlan {
 
 class GptWorkspace final : public Workspace {
  public:
-  GptWorkspace(const ModelConfig& c, Device& d, int B, int T)
-      : plan(c, B, T), device(d.index()), buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
+  GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r)
+      : plan(c, B, T, r), device(d.index()), buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
   TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.V}); }
   size_t bytes() const override { return buf.size(); }
+  double take_recompute_seconds() override { return recompute_s.exchange(0.0); }
+
+  // Brackets a backward's recompute ops with stream callbacks, so that the time counted is when
+  // the stream ran them (the host only enqueues them). Both callbacks run in stream order.
+  void recompute_begin(Stream& s) {
+    s.host_func([this] { recompute_start = now(); });
+  }
+  void recompute_end(Stream& s) {
+    s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); });
+  }
 
   TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
 
   GptPlan plan;
   int device;
   DeviceBuffer buf;
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  double recompute_start = 0;            // written and read only by this workspace's stream callbacks
+  std::atomic<double> recompute_s{0.0};  // read by the host after synchronizing the stream
 };
+
+// What one call of Gpt::block_forward runs: the training/eval forward, or a backward's recompute.
+enum class BlockPass { kForward, kSelective, kFull };
 
 // Parameter views of one layer block.
 struct LayerParams {
@@ -77,7 +124,7 @@ struct LayerParams {
 
 class Gpt final : public Model {
  public:
-  explicit Gpt(const ModelConfig& c) : config_(c) {
+  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r) {
     const int64_t C = c.embd, V = c.vocab, T = c.seq_len, L = c.layers;
     const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
     const int emb = layout_.add_block("embeddings");
@@ -108,12 +155,12 @@ class Gpt final : public Model {
   const ParamLayout& layout() const override { return layout_; }
 
   size_t workspace_bytes(int B, int T) const override {
-    return static_cast<size_t>(GptPlan(config_, B, T).total) * 4;
+    return static_cast<size_t>(GptPlan(config_, B, T, recompute_).total) * 4;
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
     ZT_REQUIRE(T >= 1 && T <= config_.seq_len, "sequence length ", T, " is above the model's context of ",
                config_.seq_len, " tokens");
-    return std::make_unique<GptWorkspace>(config_, d, B, T);
+    return std::make_unique<GptWorkspace>(config_, d, B, T, recompute_);
   }
 
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss,
@@ -122,7 +169,7 @@ class Gpt final : public Model {
     const GptPlan& P = ws.plan;
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const int64_t BT = P.B * P.T, C = P.C;
-    const int L = static_cast<int>(P.L), NH = static_cast<int>(P.NH);
+    const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
 
     p.before_forward(0);
@@ -134,27 +181,8 @@ class Gpt final : public Model {
     for (int l = 0; l < L; ++l) {
       p.before_forward(l + 1);
       const LayerParams w = layer_params(p, l + 1);
-      const auto& A = P.layers[static_cast<size_t>(l)];
-      TensorView ln1 = act(A.ln1, Shape{BT, C}), qkv = act(A.qkv, Shape{BT, 3 * C});
-      TensorView atty = act(A.atty, Shape{BT, C}), attproj = act(P.attproj, Shape{BT, C});
-      TensorView res2 = act(A.residual2, Shape{BT, C}), ln2 = act(A.ln2, Shape{BT, C});
-      TensorView fch = act(A.fch, Shape{BT, 4 * C}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * C});
-      TensorView fcproj = act(P.fcproj, Shape{BT, C}), res3 = act(A.residual3, Shape{BT, C});
-      const TensorView res_in{residual.data, DType::kF32, Shape{BT, C}, residual.device};
-      ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}), res_in,
-                             w.ln1w, w.ln1b, kLayerNormEps);
-      ops::matmul_forward(s, qkv, ln1, w.qkvw, w.qkvb);
-      ops::attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(P.preatt, Shape{P.B, P.NH, P.T, P.T}),
-                             act(A.att, Shape{P.B, P.NH, P.T, P.T}), act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
-      ops::matmul_forward(s, attproj, atty, w.attprojw, w.attprojb);
-      ops::add(s, res2, res_in, attproj);
-      ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2,
-                             w.ln2w, w.ln2b, kLayerNormEps);
-      ops::matmul_forward(s, fch, ln2, w.fcw, w.fcb);
-      ops::gelu_forward(s, fch_gelu, fch);
-      ops::matmul_forward(s, fcproj, fch_gelu, w.fcprojw, w.fcprojb);
-      ops::add(s, res3, res2, fcproj);
-      residual = res3;
+      block_forward(s, ws, w, l, BlockPass::kForward);
+      residual = act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.B, P.T, C});
     }
 
     p.before_forward(L + 1);
@@ -200,6 +228,15 @@ class Gpt final : public Model {
       const LayerParams g = layer_grads(p, l + 1);
       const auto& A = P.layers[static_cast<size_t>(l)];
       const int64_t res_in = l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded;
+      // After before_backward: stage 3 has gathered this block again, so the recompute sees the
+      // same parameters as the forward did. It writes activations only, never a gradient.
+      if (P.recompute != Recompute::kNone) {
+        OptionalNvtxRange range;
+        if (ranges_enabled()) range.open(NvtxCategory::kBackward, "recompute h." + std::to_string(l), p.device_index());
+        ws.recompute_begin(s);
+        block_forward(s, ws, w, l, P.recompute == Recompute::kFull ? BlockPass::kFull : BlockPass::kSelective);
+        ws.recompute_end(s);
+      }
       TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * C}), dfch = act(P.dfch, Shape{BT, 4 * C});
       TensorView datty = act(P.datty, Shape{BT, C}), dqkv = act(P.dqkv, Shape{BT, 3 * C});
       // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
@@ -246,6 +283,40 @@ class Gpt final : public Model {
   }
 
  private:
+  // Layer l's forward ops (pass kForward), or the subset a backward re-runs: selective re-runs
+  // the ops whose outputs it did not keep (both layernorms, attention, GELU) from kept inputs;
+  // full re-runs everything backward reads. The same call writes the same bits each time.
+  void block_forward(Stream& s, GptWorkspace& ws, const LayerParams& w, int l, BlockPass pass) const {
+    const GptPlan& P = ws.plan;
+    const int64_t BT = P.B * P.T, C = P.C;
+    const int NH = static_cast<int>(P.NH);
+    const bool fwd = pass == BlockPass::kForward, matmuls = pass != BlockPass::kSelective;
+    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    const auto& A = P.layers[static_cast<size_t>(l)];
+    const TensorView res_in = act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{BT, C});
+    TensorView ln1 = act(A.ln1, Shape{BT, C}), qkv = act(A.qkv, Shape{BT, 3 * C});
+    TensorView atty = act(A.atty, Shape{BT, C}), attproj = act(P.attproj, Shape{BT, C});
+    TensorView res2 = act(A.residual2, Shape{BT, C}), ln2 = act(A.ln2, Shape{BT, C});
+    TensorView fch = act(A.fch, Shape{BT, 4 * C}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * C});
+    ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}), res_in, w.ln1w,
+                           w.ln1b, kLayerNormEps);
+    if (matmuls) ops::matmul_forward(s, qkv, ln1, w.qkvw, w.qkvb);
+    ops::attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(P.preatt, Shape{P.B, P.NH, P.T, P.T}),
+                           act(A.att, Shape{P.B, P.NH, P.T, P.T}), act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
+    if (matmuls) {
+      ops::matmul_forward(s, attproj, atty, w.attprojw, w.attprojb);
+      ops::add(s, res2, res_in, attproj);
+    }
+    ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
+                           w.ln2b, kLayerNormEps);
+    if (matmuls) ops::matmul_forward(s, fch, ln2, w.fcw, w.fcb);
+    ops::gelu_forward(s, fch_gelu, fch);
+    if (!fwd) return;  // backward never reads the block's output projection or its sum
+    TensorView fcproj = act(P.fcproj, Shape{BT, C}), res3 = act(A.residual3, Shape{BT, C});
+    ops::matmul_forward(s, fcproj, fch_gelu, w.fcprojw, w.fcprojb);
+    ops::add(s, res3, res2, fcproj);
+  }
+
   TensorView tensor_at(float* base, int device, int block, int idx) const {
     const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
     return TensorView{base + t.offset, DType::kF32, t.shape, device};
@@ -267,13 +338,14 @@ class Gpt final : public Model {
   }
 
   ModelConfig config_;
+  Recompute recompute_;
   ParamLayout layout_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute /*recompute: not yet*/) {
-  return std::make_unique<Gpt>(config);
+std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute) {
+  return std::make_unique<Gpt>(config, recompute);
 }
 
 }  // namespace zt

@@ -47,6 +47,9 @@ class Workspace {
   // Logits of the last forward when it ran with train=false: [B*T, V] or [B, classes].
   virtual TensorView logits() = 0;
   virtual size_t bytes() const = 0;
+  // Seconds the device stream spent re-running forward ops inside backward() (--recompute) since
+  // the last call; read only after synchronizing the stream the model ran on.
+  virtual double take_recompute_seconds() { return 0; }
 };
 
 class Model {

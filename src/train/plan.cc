@@ -470,7 +470,7 @@ std::string MemoryPlan::verdict() const {
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
   std::ostringstream os;
-  const auto model = make_model(mc);
+  const auto model = make_model(mc, in.recompute);
   char head[512];
   std::snprintf(head, sizeof head,
                 "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, %s, micro-batch %d x %d, "

@@ -52,7 +52,8 @@ std::optional<double> model_flops_utilization(double flops_per_token, double tok
 
 // ---- StepPhaseTimer ---------------------------------------------------------------------------
 
-StepPhaseTimer::StepPhaseTimer(int ranks) : rank_done_(static_cast<size_t>(std::max(ranks, 1)), 0.0) {}
+StepPhaseTimer::StepPhaseTimer(int ranks)
+    : rank_done_(static_cast<size_t>(std::max(ranks, 1)), 0.0), rank_recompute_(rank_done_.size(), 0.0) {}
 
 double StepPhaseTimer::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -61,9 +62,11 @@ double StepPhaseTimer::now() const {
 void StepPhaseTimer::begin_step() {
   step_start_ = now();
   std::fill(rank_done_.begin(), rank_done_.end(), step_start_);
+  std::fill(rank_recompute_.begin(), rank_recompute_.end(), 0.0);
   gradients_ = opt_begin_ = opt_end_ = step_start_;
 }
 void StepPhaseTimer::rank_compute_done(int rank) { rank_done_.at(static_cast<size_t>(rank)) = now(); }
+void StepPhaseTimer::rank_recompute(int rank, double seconds) { rank_recompute_.at(static_cast<size_t>(rank)) = seconds; }
 void StepPhaseTimer::gradients_ready() { gradients_ = now(); }
 void StepPhaseTimer::optimizer_begin() { opt_begin_ = now(); }
 void StepPhaseTimer::optimizer_done() { opt_end_ = now(); }
@@ -78,6 +81,7 @@ void StepPhaseTimer::end_step() {
   totals_.comm += comm;
   totals_.optimizer += opt;
   totals_.other += std::max(0.0, (end - step_start_) - compute - comm - opt);
+  for (double s : rank_recompute_) totals_.recompute += s / static_cast<double>(rank_recompute_.size());
 }
 
 // ---- formatting -------------------------------------------------------------------------------
@@ -124,6 +128,10 @@ std::string format_summary(const RunReport& r) {
   auto share = [&](double s) { return fmt(s < 10 ? "%.2f s" : "%.1f s", s) + " (" + fmt("%.0f%%", total > 0 ? 100 * s / total : 0) + ")"; };
   out += "  time split   compute " + share(r.phases.compute) + " | exposed comm " + share(r.phases.comm) +
          " | optimizer " + share(r.phases.optimizer) + " | other " + share(r.phases.other) + "\n";
+  if (r.phases.recompute > 0)
+    out += "  recompute    " + fmt(r.phases.recompute < 10 ? "%.2f s" : "%.1f s", r.phases.recompute) +
+           " per device re-running forward ops in backward (" +
+           fmt("%.0f%%", r.phases.compute > 0 ? 100 * r.phases.recompute / r.phases.compute : 0) + " of compute)\n";
 
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
@@ -150,7 +158,8 @@ nlohmann::json report_json(const RunReport& r) {
   j["time_split"] = {{"compute_s", r.phases.compute},
                      {"comm_s", r.phases.comm},
                      {"optimizer_s", r.phases.optimizer},
-                     {"other_s", r.phases.other}};
+                     {"other_s", r.phases.other},
+                     {"recompute_s", r.phases.recompute}};
   return j;
 }
 

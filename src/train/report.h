@@ -41,6 +41,9 @@ struct PhaseTimes {
   double comm = 0;       // after the last backward, waiting for the gradient reductions to land
   double optimizer = 0;  // optimizer_step issue + its compute stream finishing
   double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
+  // Part of compute, not a phase of its own: seconds a device's compute stream spent re-running
+  // forward ops inside backward (--recompute), the mean over devices.
+  double recompute = 0;
   double total() const { return compute + comm + optimizer + other; }
 };
 
@@ -62,6 +65,7 @@ class StepPhaseTimer {
   explicit StepPhaseTimer(int ranks);
   void begin_step();
   void rank_compute_done(int rank);  // thread-safe per rank (each rank writes its own slot)
+  void rank_recompute(int rank, double seconds);  // this step's recompute stream time; same rule
   void gradients_ready();
   void optimizer_begin();
   void optimizer_done();
@@ -71,7 +75,7 @@ class StepPhaseTimer {
  private:
   double now() const;
   double step_start_ = 0, gradients_ = 0, opt_begin_ = 0, opt_end_ = 0;
-  std::vector<double> rank_done_;
+  std::vector<double> rank_done_, rank_recompute_;
   PhaseTimes totals_;
 };
 
@@ -100,7 +104,7 @@ struct RunReport {
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
-// time_split {compute_s, comm_s, optimizer_s, other_s}.
+// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s}.
 nlohmann::json report_json(const RunReport& r);
 
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").

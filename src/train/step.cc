@@ -32,6 +32,7 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
     R.loss_sum += world.read_losses(r);  // synchronizes: hb may be recycled by the prefetcher after this
   }
   timer.rank_compute_done(r);
+  timer.rank_recompute(r, R.ws->take_recompute_seconds());  // read_losses synchronized the stream
   for (const GradientFault& f : run.cfg.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
   engine.check_gradients(r, R.norms.as<float>());

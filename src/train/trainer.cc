@@ -99,13 +99,14 @@ void open_data(RunContext& run) {
   TrainConfig& cfg = run.cfg;
   const ModelConfig& mc = run.mc;
   if (run.is_gpt) {
-    run.lang = open_language_data(cfg.data, cfg.seed, mc.vocab);
+    run.lang = cfg.language_data ? cfg.language_data : open_language_data(cfg.data, cfg.seed, mc.vocab);
     ZT_REQUIRE(run.lang->vocab_size() <= mc.vocab, "the data has token ids up to ", run.lang->vocab_size() - 1,
                " but the model's vocabulary is ", mc.vocab, "; use --vocab ", run.lang->vocab_size(), " or more");
     run.lang->validate(run.T);
     return;
   }
-  run.images = open_image_data(cfg.data == "synthetic" ? "fashion-mnist" : cfg.data, cfg.seed);
+  run.images = cfg.image_data ? cfg.image_data
+                              : open_image_data(cfg.data == "synthetic" ? "fashion-mnist" : cfg.data, cfg.seed);
   ZT_REQUIRE(run.images->image_size() == mc.input_dim && run.images->num_classes() == mc.classes, "the data has ",
              run.images->image_size(), " inputs and ", run.images->num_classes(), " classes, the model expects ",
              mc.input_dim, " and ", mc.classes);
@@ -138,7 +139,7 @@ class Trainer {
   void inject_faults(World& w, int step);
   void after_step(World& w, int step, const StepStats& st, double dt);
   void on_skipped(World& w, int step, const StepStats& st);
-  void evaluate_at(World& w, int step);
+  EvalAction evaluate_at(World& w, int step);
   void save_at(World& w, int step);
   bool recover(World& w, const Error& e, int step);
   void stop_for_signal(World& w, int step, int sig);
@@ -316,7 +317,10 @@ bool Trainer::train_world(World& w) {
               (w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) /
               static_cast<uint64_t>(cfg_.steps - world_start_));
       }
-      if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last) evaluate_at(w, step);
+      EvalAction action = EvalAction::kContinue;
+      if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
+          std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), step + 1) != cfg_.eval_steps.end())
+        action = evaluate_at(w, step);
       if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
         log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
         std::string text;
@@ -331,8 +335,14 @@ bool Trainer::train_world(World& w) {
         log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
                    {"stall_ms", seconds_since(ts0) * 1e3}});
       }
-      if (checkpointer_->enabled() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || last))
+      if (checkpointer_->enabled() &&
+          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || last || action != EvalAction::kContinue))
         save_at(w, step);
+      if (action == EvalAction::kStop && !last) {
+        checkpointer_->wait();
+        result_.stopped_at = step + 1;
+        return true;
+      }
       checkpointer_->poll();
       for (const std::string& m : checkpointer_->take_messages()) log_.line(m);
       if (const int sig = StopSignals::pending(); sig != 0 && !last) {
@@ -451,7 +461,7 @@ void Trainer::side_comm(World& w, Fn fn) {
     side_bytes_[static_cast<size_t>(r)] += w.comm().counters(r).bytes_sent - before[static_cast<size_t>(r)];
 }
 
-void Trainer::evaluate_at(World& w, int step) {
+EvalAction Trainer::evaluate_at(World& w, int step) {
   if (cfg_.zero_trace) {
     auto spans = w.engine().take_trace();
     result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
@@ -471,6 +481,7 @@ void Trainer::evaluate_at(World& w, int step) {
   if (ev.accuracy) n += std::snprintf(buf + n, sizeof buf - n, ", test accuracy %.2f%%", *ev.accuracy * 100);
   if (result_.entropy_floor) std::snprintf(buf + n, sizeof buf - n, " (floor %.4f)", *result_.entropy_floor);
   log_.line(buf);
+  return cfg_.on_eval ? cfg_.on_eval(step + 1, ev.loss) : EvalAction::kContinue;
 }
 
 // Snapshot to host (the stall), then write and commit in the background.
@@ -527,9 +538,9 @@ void Trainer::finish(World& w) {
   const int N = w.size();
   ZeroEngine& engine = w.engine();
   result_.checkpoints = checkpointer_->paths();
-  result_.steps = cfg_.steps - result_.start_step;
+  result_.steps = counters_.step - result_.start_step;  // counters_.step < --steps when on_eval stopped the run
   result_.seconds = seconds_since(t0_);
-  result_.tokens_per_s = static_cast<double>(cfg_.steps - world_start_) * cfg_.batch_size * run_.T /
+  result_.tokens_per_s = static_cast<double>(counters_.step - world_start_) * cfg_.batch_size * run_.T /
                          std::max(train_time_, 1e-9);
   if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
   if (run_.is_gpt && cfg_.sample_tokens > 0) {

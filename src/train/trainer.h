@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,9 @@
 #include "zero/engine.h"
 
 namespace zt {
+
+class LanguageData;
+class ImageData;
 
 enum class OptimizerKind { kAdamW, kSgd };
 // Progress output: text (progress line, evaluations, summary table) or JSON lines on stdout (the
@@ -52,6 +56,13 @@ struct Recovery {
   std::string cause;           // the error, or "stopped answering"
   int resumed_from_step = 0;   // the snapshot's step
   int devices_after = 0;
+};
+
+// What an on_eval hook (a sweep's scheduler) tells the loop after an evaluation.
+enum class EvalAction {
+  kContinue,
+  kSave,  // save a checkpoint at this step (when checkpoint_dir is set) and go on
+  kStop,  // save a checkpoint at this step (when checkpoint_dir is set) and end the run here
 };
 
 struct TrainConfig {
@@ -118,6 +129,14 @@ struct TrainConfig {
   LogFormat log_format = LogFormat::kText;
   bool keep_final_params = false;  // tests: return the full parameters of every block
   bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
+  // Sweeps (src/sweep/): evaluations at these 1-based steps besides eval_every's (the rungs), a
+  // hook called after every evaluation with its step and validation loss, and a dataset opened
+  // once for many runs (used in place of opening `data`; it must be what `data`, `seed` and the
+  // vocabulary would open — the sweep keys its cache by them). Read concurrently, never copied.
+  std::vector<int> eval_steps;
+  std::function<EvalAction(int step, double val_loss)> on_eval;
+  std::shared_ptr<const LanguageData> language_data;
+  std::shared_ptr<const ImageData> image_data;
 };
 
 struct TrainResult {
@@ -152,6 +171,7 @@ struct TrainResult {
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
+  int stopped_at = 0;  // on_eval returned kStop after this step (0: it ran to the end)
   int signal = 0;  // SIGINT/SIGTERM that stopped the run after `steps` steps (0: it ran to the end)
 };
 

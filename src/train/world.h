@@ -40,8 +40,9 @@ struct RunContext {
   ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
   float initial_scale = 1.0f;
   PlanInputs plan;  // the memory plan's inputs (micro-batch and accumulation follow the split)
-  std::unique_ptr<LanguageData> lang;
-  std::unique_ptr<ImageData> images;
+  // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
+  std::shared_ptr<const LanguageData> lang;
+  std::shared_ptr<const ImageData> images;
 };
 
 // Host-side rows of one micro-batch: what the data layer fills and the prefetcher double-buffers.

@@ -49,25 +49,49 @@ TEST(ModelConfig, OverridesAndErrors) {
   }
 }
 
-// Single-device parameter access over host-initialised blocks.
+// Single-device parameter access over host-initialised blocks. With `only_visited` it acts like
+// ZeRO stage 3 at its strictest: only the block of the latest before_* call holds its parameters,
+// every other block is NaN, so a model reading a block outside its visit (a recompute issued
+// before before_backward) gets NaN gradients.
 class TestParams final : public ParamAccess {
  public:
-  TestParams(Device& d, const ParamLayout& layout) : d_(d) {
+  TestParams(Device& d, const ParamLayout& layout, bool only_visited = false) : d_(d), only_visited_(only_visited) {
     for (const auto& b : layout.blocks()) {
       p_.emplace_back(d.memory(), b.numel * 4, d.compute(), "p");
       g_.emplace_back(d.memory(), b.numel * 4, d.compute(), "g");
+      host_.emplace_back(b.numel);
     }
+  }
+  // Sets block b's parameters (call with the device idle).
+  void set(int b, const std::vector<float>& v) {
+    host_[b] = v;
+    d_.compute().copy(params(b), v.data(), v.size() * 4);
+    d_.compute().synchronize();
   }
   int device_index() const override { return d_.index(); }
   float* params(int b) override { return p_[b].as<float>(); }
   float* grads(int b) override { return g_[b].as<float>(); }
   std::vector<int> forward_order, backward_done;
-  void before_forward(int b) override { forward_order.push_back(b); }
+  void before_forward(int b) override {
+    forward_order.push_back(b);
+    visit(b);
+  }
+  void before_backward(int b) override { visit(b); }
   void after_backward(int b) override { backward_done.push_back(b); }
 
  private:
+  void visit(int b) {
+    if (!only_visited_) return;
+    Stream& s = d_.compute();
+    for (size_t i = 0; i < p_.size(); ++i)
+      if (static_cast<int>(i) != b) s.memset(p_[i].data(), 0xFF, p_[i].size());  // NaN
+    s.copy(params(b), host_[b].data(), host_[b].size() * 4);
+    s.synchronize();  // host_ may be set again by the test after this
+  }
   Device& d_;
+  bool only_visited_;
   std::vector<DeviceBuffer> p_, g_;
+  std::vector<std::vector<float>> host_;
 };
 
 // ---- float64 reference models ----------------------------------------------------------------
@@ -133,13 +157,14 @@ double mlp_loss_ref(const ModelConfig& c, const ParamLayout& L, const Blocks& p,
 // gradient coordinates (every tensor, first/last/random elements) with the float64 reference.
 template <typename LossRef>
 void check_model(const ModelConfig& c, const Batch& batch_host_shapes, const std::vector<char>& inputs_bytes,
-                 const std::vector<int32_t>& targets, LossRef loss_ref, int positions) {
+                 const std::vector<int32_t>& targets, LossRef loss_ref, int positions,
+                 Recompute recompute = Recompute::kNone) {
   auto rt = Runtime::create_cpu(1);
   Device& d = rt->device(0);
   Stream& s = d.compute();
-  auto model = make_model(c);
+  auto model = make_model(c, recompute);
   const ParamLayout& L = model->layout();
-  TestParams P(d, L);
+  TestParams P(d, L, /*only_visited=*/true);
   Blocks host(L.num_blocks());
   for (int b = 0; b < L.num_blocks(); ++b) {
     std::vector<float> f(L.block(b).numel);
@@ -148,7 +173,7 @@ void check_model(const ModelConfig& c, const Batch& batch_host_shapes, const std
     for (auto& t : L.block(b).tensors)
       if (t.init != ParamInit::kNormal)
         for (int64_t i = 0; i < t.numel; ++i) f[t.offset + i] += 0.1f * philox_normal(5, b * 100 + t.offset, i);
-    s.copy(P.params(b), f.data(), f.size() * 4);
+    P.set(b, f);
     s.memset(P.grads(b), 0, f.size() * 4);
     s.synchronize();
     host[b].assign(f.begin(), f.end());
@@ -218,7 +243,43 @@ TEST(Gpt, ForwardLossAndEveryGradientMatchFloat64Reference) {
   shapes.targets = ConstTensorView{nullptr, DType::kI32, Shape{B, T}, 0};
   auto model = make_model(c);
   const ParamLayout& L = model->layout();
-  check_model(c, shapes, bytes, tgt, [&](const Blocks& p) { return gpt_loss_ref(c, L, p, tok, tgt, B, T); }, B * T);
+  // Under recomputation backward reads re-run activations; with 2 layers the shared scratch holds
+  // layer 1's values when layer 0's backward starts, so a missing or misplaced re-run shows.
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    SCOPED_TRACE(recompute_name(r));
+    check_model(c, shapes, bytes, tgt, [&](const Blocks& p) { return gpt_loss_ref(c, L, p, tok, tgt, B, T); }, B * T, r);
+  }
+}
+
+// Activation bytes per mode, from the shapes: per layer, none keeps ln1, ln2 (BTC each), qkv
+// (3BTC), attention output (BTC), probabilities (B*NH*T*T), residual2 and residual3 (BTC each),
+// fch and its GELU (4BTC each), and four mean/rstd vectors (BT each). Selective keeps one shared
+// copy of ln1, ln2, probabilities and GELU output; full keeps residual3 per layer and one shared
+// copy of everything else. Every activation is padded to 64 floats.
+TEST(Gpt, WorkspaceUnderRecomputeShrinksByTheDroppedActivations) {
+  ModelOverrides o;
+  o.layers = 5, o.heads = 4, o.embd = 24, o.seq_len = 13, o.vocab = 50;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  const int64_t B = 3, T = 11, C = c.embd, NH = c.heads, L = c.layers;
+  auto pad = [](int64_t floats) { return (floats + 63) / 64 * 64 * 4; };
+  const int64_t BT = B * T, BTC = BT * C, att = B * NH * T * T;
+  const int64_t dropped_selective = 2 * pad(BTC) + pad(att) + pad(4 * BTC);
+  const int64_t per_layer = 4 * pad(BTC) + pad(3 * BTC) + pad(att) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
+  const int64_t dropped_full = per_layer - pad(BTC);  // all but residual3
+  const auto none = static_cast<int64_t>(make_model(c, Recompute::kNone)->workspace_bytes(B, T));
+  const auto sel = static_cast<int64_t>(make_model(c, Recompute::kSelective)->workspace_bytes(B, T));
+  const auto full = static_cast<int64_t>(make_model(c, Recompute::kFull)->workspace_bytes(B, T));
+  EXPECT_EQ(none - sel, (L - 1) * dropped_selective);
+  EXPECT_EQ(none - full, (L - 1) * dropped_full);
+  // The workspace takes what workspace_bytes says, in every mode.
+  auto rt = Runtime::create_cpu(1);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    auto m = make_model(c, r);
+    EXPECT_EQ(m->make_workspace(rt->device(0), B, T)->bytes(), m->workspace_bytes(B, T)) << recompute_name(r);
+  }
+  // The MLP keeps a few rows of activations and recomputes nothing.
+  const ModelConfig mlp = make_model_config("mlp");
+  EXPECT_EQ(make_model(mlp, Recompute::kFull)->workspace_bytes(8, 1), make_model(mlp)->workspace_bytes(8, 1));
 }
 
 TEST(Mlp, ForwardLossAndEveryGradientMatchFloat64Reference) {

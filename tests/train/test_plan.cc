@@ -1,7 +1,6 @@
 // The memory plan against real runs: predicted pool peaks within 5% of the measured ones (gpt-tiny
-// and a wider variant whose blocks take the large pool; 1, 2 and 4 devices; stages 0-3), exact
-// model-state bytes, a run that cannot fit refused before training with the cheapest fix, and that
-// fix followed fits. (test_plan_largest.cc: the fix chain's recompute and offload, plan --largest.)
+// and a wider variant; 1, 2 and 4 devices; stages 0-3; each --recompute mode), exact model-state
+// bytes, a run that cannot fit refused with the cheapest fix, and that fix followed fits.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -43,8 +42,8 @@ PlanInputs inputs_of(const TrainConfig& c, int devices, size_t memory = 0) {
   in.micro_batches = c.batch_size / devices / c.micro_batch_size;
   in.sampling = c.sample_tokens > 0;
   in.max_devices = 8;
-  in.working = c.precision == Precision::kBf16 ? DType::kBF16 : c.precision == Precision::kFp16 ? DType::kF16 : DType::kF32;
   in.recompute = c.recompute;
+  in.working = c.precision == Precision::kBf16 ? DType::kBF16 : c.precision == Precision::kFp16 ? DType::kF16 : DType::kF32;
   in.offload = c.offload_optimizer;
   in.offload_fraction = c.offload_fraction;
   return in;
@@ -55,6 +54,7 @@ struct Case {
   ModelOverrides overrides;
   bool sgd;
   Precision precision = Precision::kFp32;
+  Recompute recompute = Recompute::kNone;
 };
 
 TEST(Plan, PoolRoundingMatchesTheAllocator) {
@@ -81,17 +81,26 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
   const Case cases[] = {{"gpt-tiny", {}, false},
                         {"gpt-tiny wide, SGD", wide, true},
                         {"gpt-tiny, bf16", {}, false, Precision::kBf16},
-                        {"gpt-tiny wide, fp16", wide, false, Precision::kFp16}};
+                        {"gpt-tiny wide, fp16", wide, false, Precision::kFp16},
+                        {"gpt-tiny, selective recompute", {}, false, Precision::kFp32, Recompute::kSelective},
+                        {"gpt-tiny wide, bf16, full recompute", wide, false, Precision::kBf16, Recompute::kFull}};
   for (const Case& k : cases) {
     const ModelConfig mc = make_model_config("gpt-tiny", k.overrides);
     for (int n : {1, 2, 4}) {
+      if (k.recompute != Recompute::kNone && n != 2) continue;  // the device count changes no activation
       for (int stage = 0; stage <= 3; ++stage) {
         SCOPED_TRACE(std::string(k.name) + ", " + std::to_string(n) + " devices, stage " + std::to_string(stage));
         TrainConfig c = short_run("gpt-tiny", k.overrides, n, stage);
         if (k.sgd) c.optimizer = OptimizerKind::kSgd;
         c.precision = k.precision;
+        c.recompute = k.recompute;
         const MemoryPlan plan = plan_memory(mc, inputs_of(c, n));
         ASSERT_TRUE(plan.fits);
+        if (k.recompute != Recompute::kNone) {  // the prediction follows the mode
+          PlanInputs keep_all = inputs_of(c, n);
+          keep_all.recompute = Recompute::kNone;
+          EXPECT_LT(plan.per_device[0].activations, plan_memory(mc, keep_all).per_device[0].activations);
+        }
         const TrainResult r = train(c);
         ASSERT_EQ(r.peak_bytes_per_device.size(), static_cast<size_t>(n));
         for (int d = 0; d < n; ++d) {
