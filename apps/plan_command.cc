@@ -20,13 +20,24 @@ PlanCommand::PlanCommand(CLI::App& app) : f_(std::make_shared<RunFlags>()) {
   sub_ = app.add_subcommand("plan", "Predict per-device memory of a training run and whether it fits "
                                     "(accepts every train flag)");
   add_run_flags(*sub_, *f_);
+  sub_->add_flag("--largest", largest_,
+                 "Instead of one run's plan: the largest GPT-2-shape model that fits these devices, batch and "
+                 "--train-seq-len (default 1024) under each ZeRO stage, recompute and offload");
 }
 
 bool PlanCommand::parsed() const { return sub_->parsed(); }
 
 int PlanCommand::run() {
-  const TrainConfig tc = f_->to_config();
-  const ModelConfig mc = make_model_config(tc.model, tc.overrides);
+  TrainConfig tc = f_->to_config();
+  if (largest_) {
+    // The family fixes the model: a model flag would be silently ignored, so it is refused.
+    for (const char* flag : {"--model", "--layers", "--heads", "--embd", "--seq-len", "--vocab", "--hidden"})
+      ZT_REQUIRE(sub_->count(flag) == 0, "plan --largest searches the GPT-2 shape family (heads = width/64, vocab "
+                                         "50257, context = --train-seq-len); drop ", flag);
+    if (!tc.train_seq_len) tc.train_seq_len = 1024;
+  }
+  const ModelConfig mc =
+      largest_ ? gpt2_shape_family(tc.train_seq_len).front() : make_model_config(tc.model, tc.overrides);
   auto rt = Runtime::create(parse_device_spec(tc.devices), CpuDeviceOptions{tc.device_memory});
   const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
   MemoryPlan plan = plan_run(mc, *rt, shape.plan);
@@ -37,6 +48,10 @@ int PlanCommand::run() {
   }
   std::printf("devices: %s (%s backend)\n", tc.devices.c_str(), backend_name(rt->backend()));
   if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
+  if (largest_) {
+    std::printf("%s", format_largest(plan_largest(gpt2_shape_family(tc.train_seq_len), plan.inputs)).c_str());
+    return 0;
+  }
   std::printf("%s", format_plan(mc, plan).c_str());
   return 0;
 }

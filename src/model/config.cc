@@ -3,6 +3,7 @@
 #include "model/config.h"
 
 #include <sstream>
+#include <utility>
 
 #include "core/status.h"
 
@@ -123,6 +124,64 @@ Recompute parse_recompute(const std::string& s) {
   if (s == "full") return Recompute::kFull;
   ZT_REQUIRE(false, "--recompute '", s, "' must be none, selective or full");
   return Recompute::kNone;
+}
+
+namespace {
+
+constexpr int kGpt2Vocab = 50257;
+constexpr int kHeadWidth = 64;
+// GPT-2's four published shapes (Radford et al., 2019).
+struct Gpt2Shape {
+  int layers, embd;
+  const char* name;
+};
+constexpr Gpt2Shape kGpt2Shapes[] = {{12, 768, "GPT-2 small"}, {24, 1024, "GPT-2 medium"}, {36, 1280, "GPT-2 large"},
+                                     {48, 1600, "GPT-2 XL"}};
+
+}  // namespace
+
+std::vector<ModelConfig> gpt2_shape_family(int context) {
+  ZT_REQUIRE(context >= 1, "the context of the GPT-2 shape family must be at least 1 token, got ", context);
+  std::vector<std::pair<int, int>> anchors = {{3, 256}, {6, 512}};
+  for (const Gpt2Shape& s : kGpt2Shapes) anchors.push_back({s.layers, s.embd});
+  // Beyond XL until the parameter limit: +12 layers, width x 1.25 rounded to the head width.
+  constexpr int64_t kMaxParameters = int64_t{1} << 40;
+  auto params = [&](int64_t L, int64_t C) {
+    return int64_t{kGpt2Vocab} * C + int64_t{context} * C + L * (12 * C * C + 13 * C) + 2 * C;
+  };
+  while (params(anchors.back().first, anchors.back().second) < kMaxParameters) {
+    const auto [L, C] = anchors.back();
+    const int next = static_cast<int>((static_cast<int64_t>(C) * 5 / 4 + kHeadWidth / 2) / kHeadWidth * kHeadWidth);
+    anchors.push_back({L + 12, next});
+  }
+  std::vector<ModelConfig> family;
+  auto add = [&](int L, int C) {
+    if (params(L, C) > kMaxParameters) return;
+    ModelConfig c;
+    c.kind = ModelKind::kGpt;
+    c.preset = "gpt2-family";
+    c.layers = L, c.embd = C, c.heads = C / kHeadWidth, c.seq_len = context, c.vocab = kGpt2Vocab;
+    family.push_back(c);
+  };
+  constexpr int kSteps = 4;  // members per anchor interval
+  for (size_t a = 0; a + 1 < anchors.size(); ++a) {
+    const auto [L0, C0] = anchors[a];
+    const auto [L1, C1] = anchors[a + 1];
+    for (int j = 0; j < kSteps; ++j) {
+      const int L = L0 + ((L1 - L0) * j + kSteps / 2) / kSteps;
+      const int C = (C0 + ((C1 - C0) * j / kSteps + kHeadWidth / 2) / kHeadWidth * kHeadWidth);
+      add(L, C);
+    }
+  }
+  add(anchors.back().first, anchors.back().second);
+  return family;
+}
+
+std::string gpt2_shape_name(const ModelConfig& c) {
+  if (c.kind != ModelKind::kGpt || c.vocab != kGpt2Vocab) return "";
+  for (const Gpt2Shape& s : kGpt2Shapes)
+    if (s.layers == c.layers && s.embd == c.embd && c.heads == c.embd / kHeadWidth) return s.name;
+  return "";
 }
 
 }  // namespace zt

@@ -46,3 +46,19 @@ const std::vector<std::string>& model_preset_names();
 ModelConfig make_model_config(const std::string& preset, const ModelOverrides& o = {});
 
 }  // namespace zt
+
+namespace zt {
+
+// The GPT-2 shape family `zerotrain plan --largest` searches, smallest first: GPT-2's published
+// depths and widths (small 12 x 768, medium 24 x 1024, large 36 x 1280, XL 48 x 1600) as anchors,
+// two smaller ones below them (3 x 256, 6 x 512) and, beyond XL, the same progression (12 more
+// layers, width x 1.25); between two anchors three intermediate members, depth and width
+// interpolated (width a multiple of 64). Heads = width / 64, vocab 50257, context `context`.
+// Width grows with every member and depth never shrinks, so every tensor, and with it the memory
+// of any run, is monotone along the family (what the binary search relies on). Ends before the
+// parameter limit (2^40).
+std::vector<ModelConfig> gpt2_shape_family(int context);
+// "GPT-2 small" .. "GPT-2 XL" for the anchors of that name, else "".
+std::string gpt2_shape_name(const ModelConfig& c);
+
+}  // namespace zt

@@ -1,7 +1,8 @@
 // Memory plan: per-device bytes of a training run from the sizing functions of the engine
 // (ZeroEngine::plan_memory), the model (workspace_bytes), the communicator (planned_buffer_bytes)
 // and the pool (pool_rounded_size and segment rules), plus the trainer's batch buffers; then the
-// verdict and the cheapest change that fits.
+// verdict and the cheapest change that fits; and the largest model of a family per ZeRO stage,
+// recompute and offload (`plan --largest`).
 //
 // What the device must hold is predicted as the pool's reserved bytes at the peak: every block
 // rounded as the pool rounds it, small blocks packed into small-pool segments per stream, large
@@ -18,7 +19,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "core/format.h"
@@ -246,103 +249,208 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 
 }  // namespace
 
-MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) { return plan_for(*make_model(mc, in.recompute), mc, in); }
+MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
+  return plan_for(*make_model(mc, in.recompute), mc, in);
+}
 
-MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
-  const auto model = make_model(mc, in.recompute);
-  auto plan_memory_only = [&](const ModelConfig&, const PlanInputs& c) { return plan_for(*model, mc, c); };
-  MemoryPlan plan = plan_memory_only(mc, in);
-  if (plan.fits) return plan;
-  auto peak = [](const MemoryPlan& p) {
-    size_t m = 0;
-    for (const auto& d : p.per_device) m = std::max(m, d.total);
-    return m;
+namespace {
+
+size_t peak_total(const MemoryPlan& p) {
+  size_t m = 0;
+  for (const auto& d : p.per_device) m = std::max(m, d.total);
+  return m;
+}
+
+size_t peak_host(const MemoryPlan& p) {
+  size_t m = 0;
+  for (const auto& d : p.per_device) m = std::max(m, d.host);
+  return m;
+}
+
+bool offload_changed(const PlanInputs& a, const PlanInputs& b) {
+  return a.offload != b.offload || (b.offload && a.offload_fraction != b.offload_fraction);
+}
+
+// The levers that change neither the batch nor the devices, in the order plan_memory tries them:
+// each one alone (stage, then recompute, then offload), then two or more together, cheapest first
+// (no offload before offload, then the lighter recompute, then the lower stage).
+std::vector<PlanInputs> lever_runs(const PlanInputs& in) {
+  std::vector<PlanInputs> out;
+  const int rc0 = static_cast<int>(in.recompute), full = static_cast<int>(Recompute::kFull);
+  const bool can_offload = !in.offload || in.offload_fraction < 1.0f;
+  auto with = [&](int stage, int rc, bool offload) {
+    PlanInputs c = in;
+    c.zero_stage = stage;
+    c.recompute = static_cast<Recompute>(rc);
+    if (offload) c.offload = true, c.offload_fraction = 1.0f;
+    return c;
   };
-  auto predicted = [&](const MemoryPlan& p) { return " (predicted " + format_plan_bytes(peak(p)) + " per device)"; };
-  PlanSuggestion& s = plan.suggestion;
-  // 1. A higher ZeRO stage: more communication at most, same math, same batch.
-  for (int st = in.zero_stage + 1; st <= 3; ++st) {
-    PlanInputs c = in;
-    c.zero_stage = st;
-    const MemoryPlan p = plan_memory_only(mc, c);
-    plan.work += p.work;
-    if (p.fits) {
-      s = {PlanSuggestion::kZeroStage, st, in.micro_batch, in.micro_batches, in.devices,
-           "use --zero-stage " + std::to_string(st) + predicted(p)};
-      return plan;
-    }
+  for (int st = in.zero_stage + 1; st <= 3; ++st) out.push_back(with(st, rc0, false));
+  for (int rc = rc0 + 1; rc <= full; ++rc) out.push_back(with(in.zero_stage, rc, false));
+  if (can_offload) out.push_back(with(in.zero_stage, rc0, true));
+  for (bool off : {false, true}) {
+    if (off && !can_offload) continue;
+    for (int rc = rc0; rc <= full; ++rc)
+      for (int st = in.zero_stage; st <= 3; ++st)
+        if ((st != in.zero_stage) + (rc != rc0) + off >= 2) out.push_back(with(st, rc, off));
   }
-  // 2. A smaller micro-batch with more accumulation (the same global batch, slower steps).
-  for (int b = in.micro_batch - 1; b >= 1; --b) {
-    if (in.micro_batch % b) continue;
-    PlanInputs c = in;
-    c.micro_batch = b;
-    c.micro_batches = in.micro_batches * (in.micro_batch / b);
-    const MemoryPlan p = plan_memory_only(mc, c);
-    plan.work += p.work;
-    if (p.fits) {
-      s = {PlanSuggestion::kMicroBatch, in.zero_stage, b, c.micro_batches, in.devices,
-           "use --micro-batch-size " + std::to_string(b) + " (" + std::to_string(c.micro_batches) +
-               " accumulation steps, same global batch)" + predicted(p)};
-      return plan;
-    }
+  return out;
+}
+
+// "--zero-stage 3 --recompute full --offload optimizer": what `c` changes of `in`.
+std::string lever_flags(const PlanInputs& in, const PlanInputs& c) {
+  std::string t;
+  auto add = [&](const std::string& f) { t += (t.empty() ? "" : " ") + f; };
+  if (c.zero_stage != in.zero_stage) add("--zero-stage " + std::to_string(c.zero_stage));
+  if (c.recompute != in.recompute) add(std::string("--recompute ") + recompute_name(c.recompute));
+  if (c.offload != in.offload) add("--offload optimizer");
+  if (c.offload && in.offload_fraction != c.offload_fraction) add("--offload-fraction 1");
+  return t;
+}
+
+PlanSuggestion suggestion_for(PlanSuggestion::Kind kind, const PlanInputs& c, std::string text) {
+  PlanSuggestion s;
+  s.kind = kind;
+  s.zero_stage = c.zero_stage;
+  s.micro_batch = c.micro_batch;
+  s.micro_batches = c.micro_batches;
+  s.devices = c.devices;
+  s.recompute = c.recompute;
+  s.offload = c.offload;
+  s.offload_fraction = c.offload_fraction;
+  s.text = std::move(text);
+  return s;
+}
+
+// Plans of one model configuration under every recompute mode (each mode is its own model: what
+// the workspace keeps differs).
+class ModelsByRecompute {
+ public:
+  explicit ModelsByRecompute(const ModelConfig& mc) : mc_(mc) {}
+  MemoryPlan plan(const PlanInputs& in) {
+    auto& m = models_[static_cast<int>(in.recompute)];
+    if (!m) m = make_model(mc_, in.recompute);
+    return plan_for(*m, mc_, in);
   }
+
+ private:
+  const ModelConfig& mc_;
+  std::unique_ptr<Model> models_[3];
+};
+
+}  // namespace
+
+PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan(const PlanInputs&)>& plan_of,
+                            size_t* work) {
+  auto fits = [&](const PlanInputs& c, MemoryPlan* out) {
+    *out = plan_of(c);
+    if (work) *work += out->work;
+    return out->fits;
+  };
+  auto predicted = [](const MemoryPlan& p) {
+    std::string t = " (predicted " + format_plan_bytes(peak_total(p)) + " per device";
+    if (const size_t host = peak_host(p)) t += ", " + format_plan_bytes(host) + " of host memory per device";
+    return t + ")";
+  };
+  MemoryPlan p;
+  // 1. The levers that keep the batch and the devices, alone, then together.
+  const std::vector<PlanInputs> levers = lever_runs(in);
+  for (const PlanInputs& c : levers) {
+    if (!fits(c, &p)) continue;
+    const int changed = (c.zero_stage != in.zero_stage) + (c.recompute != in.recompute) + offload_changed(in, c);
+    const PlanSuggestion::Kind kind = changed > 1                      ? PlanSuggestion::kCombined
+                                      : c.zero_stage != in.zero_stage  ? PlanSuggestion::kZeroStage
+                                      : c.recompute != in.recompute    ? PlanSuggestion::kRecompute
+                                                                       : PlanSuggestion::kOffload;
+    return suggestion_for(kind, c, "use " + lever_flags(in, c) + predicted(p));
+  }
+  // 2. A smaller micro-batch with more accumulation (the same global batch, slower steps), alone,
+  // then with the levers: the largest micro-batch that fits with any of them.
+  auto smaller_micro_batch = [&](const PlanInputs& base, PlanSuggestion::Kind kind) {
+    for (int b = in.micro_batch - 1; b >= 1; --b) {
+      if (in.micro_batch % b) continue;
+      PlanInputs c = base;
+      c.micro_batch = b;
+      c.micro_batches = in.micro_batches * (in.micro_batch / b);
+      if (!fits(c, &p)) continue;
+      const std::string flags = lever_flags(in, c);
+      return std::optional<PlanSuggestion>(suggestion_for(
+          kind, c,
+          "use " + (flags.empty() ? "" : flags + " with ") + "--micro-batch-size " + std::to_string(b) + " (" +
+              std::to_string(c.micro_batches) + " accumulation steps, same global batch)" + predicted(p)));
+    }
+    return std::optional<PlanSuggestion>();
+  };
   // 3. More devices (those that exist), keeping the global batch.
   const long global = static_cast<long>(in.devices) * in.micro_batch * in.micro_batches;
-  auto more_devices = [&](int stage, PlanSuggestion::Kind kind) {
+  auto more_devices = [&](const PlanInputs& base, PlanSuggestion::Kind kind) {
     for (int n = in.devices + 1; n <= in.max_devices; ++n) {
       if (global % n) continue;
       const int per = static_cast<int>(global / n);
       int b = std::min(in.micro_batch, per);
       while (per % b) --b;
-      PlanInputs c = in;
+      PlanInputs c = base;
       c.devices = n;
-      c.zero_stage = stage;
       c.micro_batch = b;
       c.micro_batches = per / b;
       c.device_memory.clear();
       for (int r = 0; r < n; ++r) c.device_memory.push_back(device_memory(in, r));
-      const MemoryPlan p = plan_memory_only(mc, c);
-    plan.work += p.work;
-      if (p.fits) {
-        std::string text = "run on " + std::to_string(n) + " devices";
-        if (stage != in.zero_stage) text += " at --zero-stage " + std::to_string(stage);
-        if (b != in.micro_batch) text += " with --micro-batch-size " + std::to_string(b);
-        s = {kind, stage, b, c.micro_batches, n, text + " (same global batch)" + predicted(p)};
-        return true;
-      }
+      if (!fits(c, &p)) continue;
+      std::string text = "run on " + std::to_string(n) + " devices";
+      const std::string flags = lever_flags(in, c);
+      if (!flags.empty()) text += " with " + flags;
+      if (b != in.micro_batch)
+        text += (flags.empty() ? " with " : " ") + std::string("--micro-batch-size ") + std::to_string(b);
+      return std::optional<PlanSuggestion>(suggestion_for(kind, c, text + " (same global batch)" + predicted(p)));
     }
-    return false;
+    return std::optional<PlanSuggestion>();
   };
-  if (more_devices(in.zero_stage, PlanSuggestion::kDevices)) return plan;
-  // 4. Both: stage 3 and the largest micro-batch that fits, then stage 3 on more devices.
-  if (in.zero_stage < 3) {
-    for (int b = in.micro_batch - 1; b >= 1; --b) {
-      if (in.micro_batch % b) continue;
-      PlanInputs c = in;
-      c.zero_stage = 3;
+  if (auto s = smaller_micro_batch(in, PlanSuggestion::kMicroBatch)) return *s;
+  if (auto s = more_devices(in, PlanSuggestion::kDevices)) return *s;
+  // 4. Both: the levers with the largest micro-batch that fits, then with more devices. A lever
+  // run that does not fit at micro-batch 1 fits at no larger one (activations and batch buffers
+  // only grow with it), so it is dropped after one plan.
+  std::vector<const PlanInputs*> with_micro_batch;
+  for (const PlanInputs& lever : levers) {
+    PlanInputs c = lever;
+    c.micro_batch = 1;
+    c.micro_batches = in.micro_batches * in.micro_batch;
+    if (in.micro_batch > 1 && fits(c, &p)) with_micro_batch.push_back(&lever);
+  }
+  for (int b = in.micro_batch - 1; b >= 1; --b) {
+    if (in.micro_batch % b) continue;
+    for (const PlanInputs* lever : with_micro_batch) {
+      PlanInputs c = *lever;
       c.micro_batch = b;
       c.micro_batches = in.micro_batches * (in.micro_batch / b);
-      const MemoryPlan p = plan_memory_only(mc, c);
-    plan.work += p.work;
-      if (p.fits) {
-        s = {PlanSuggestion::kCombined, 3, b, c.micro_batches, in.devices,
-             "use --zero-stage 3 with --micro-batch-size " + std::to_string(b) + " (" +
-                 std::to_string(c.micro_batches) + " accumulation steps, same global batch)" + predicted(p)};
-        return plan;
-      }
+      if (!fits(c, &p)) continue;
+      return suggestion_for(PlanSuggestion::kCombined, c,
+                            "use " + lever_flags(in, c) + " with --micro-batch-size " + std::to_string(b) + " (" +
+                                std::to_string(c.micro_batches) + " accumulation steps, same global batch)" +
+                                predicted(p));
     }
-    if (more_devices(3, PlanSuggestion::kCombined)) return plan;
   }
-  PlanInputs c = in;
+  for (const PlanInputs& lever : levers)
+    if (auto s = more_devices(lever, PlanSuggestion::kCombined)) return *s;
+  PlanInputs c = levers.empty() ? in : levers.back();  // every lever at its most
   c.zero_stage = 3;
   c.micro_batch = 1;
   c.micro_batches = in.micro_batches * in.micro_batch;
-  const MemoryPlan p = plan_memory_only(mc, c);
-    plan.work += p.work;
-  s = {PlanSuggestion::kNothing, 3, 1, c.micro_batches, in.devices,
-       "even ZeRO stage 3 with micro-batch 1 needs " + format_plan_bytes(peak(p)) +
-           " per device; use a smaller model or a shorter --train-seq-len, or devices with more memory"};
+  fits(c, &p);
+  std::string most = "ZeRO stage 3";
+  if (c.recompute != Recompute::kNone) most += std::string(" with --recompute ") + recompute_name(c.recompute);
+  if (c.offload) most += std::string(c.recompute != Recompute::kNone ? "," : " with") + " --offload optimizer";
+  return suggestion_for(PlanSuggestion::kNothing, c,
+                        "even " + most + " and micro-batch 1 needs " + format_plan_bytes(peak_total(p)) +
+                            " per device; use a smaller model or a shorter --train-seq-len, or devices with more "
+                            "memory");
+}
+
+MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
+  ModelsByRecompute models(mc);
+  MemoryPlan plan = models.plan(in);
+  if (plan.fits) return plan;
+  plan.suggestion = cheapest_fix(in, [&](const PlanInputs& c) { return models.plan(c); }, &plan.work);
   return plan;
 }
 
@@ -400,6 +508,147 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
        << F(plan.per_device[0].total) << " reserved per device)\n";
   } else {
     os << "verdict: " << plan.verdict() << "\n";
+  }
+  return os.str();
+}
+
+std::string format_parameter_count(int64_t n) {
+  const char* units[] = {"", " K", " M", " B", " T"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1000 && u < 4) v /= 1000, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 || v >= 100 ? "%.0f%s" : v >= 10 ? "%.1f%s" : "%.2f%s", v, units[u]);
+  return buf;
+}
+
+namespace {
+
+// The device with the highest total (every device plans the same bytes today; the memories may differ).
+DevicePlan peak_device(const MemoryPlan& p) {
+  DevicePlan best;
+  for (const auto& d : p.per_device)
+    if (d.total >= best.total) best = d;
+  return best;
+}
+
+// largest_fitting, with the plan of its answer (of the smallest member when none fits).
+int largest_with_plan(const std::vector<ModelConfig>& family, const PlanInputs& in, MemoryPlan* answer,
+                      size_t* plans, size_t* work) {
+  ZT_REQUIRE(!family.empty(), "the model family to search is empty");
+  auto plan_of = [&](int i) {
+    const ModelConfig& m = family[static_cast<size_t>(i)];
+    MemoryPlan p = plan_for(*make_model(m, in.recompute), m, in);
+    if (plans) ++*plans;
+    if (work) *work += p.work;
+    return p;
+  };
+  // Invariant: `lo` fits (or is -1), `hi` does not (or is past the end).
+  int lo = -1, hi = static_cast<int>(family.size());
+  MemoryPlan lo_plan;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    MemoryPlan p = plan_of(mid);
+    if (p.fits)
+      lo = mid, lo_plan = std::move(p);
+    else
+      hi = mid;
+  }
+  if (answer) *answer = lo >= 0 ? std::move(lo_plan) : plan_of(0);
+  return lo;
+}
+
+}  // namespace
+
+int largest_fitting(const std::vector<ModelConfig>& family, const PlanInputs& in, size_t* plans, size_t* work) {
+  return largest_with_plan(family, in, nullptr, plans, work);
+}
+
+LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in) {
+  LargestTable t;
+  t.inputs = in;
+  t.family = family;
+  for (int st = 0; st <= 3; ++st) {
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      for (bool off : {false, true}) {
+        PlanInputs c = in;
+        c.zero_stage = st;
+        c.recompute = rc;
+        c.offload = off;
+        LargestRow row;
+        row.zero_stage = st;
+        row.recompute = rc;
+        row.offload = off;
+        MemoryPlan p;
+        row.index = largest_with_plan(family, c, &p, &t.plans, &t.work);
+        row.peak = peak_device(p);
+        t.rows.push_back(row);
+      }
+    }
+  }
+  return t;
+}
+
+std::string format_largest(const LargestTable& t) {
+  const PlanInputs& in = t.inputs;
+  std::ostringstream os;
+  size_t memory = 0;
+  for (int r = 0; r < in.devices; ++r) memory = std::max(memory, device_memory(in, r));
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "largest GPT-2-shape model that fits: %d device%s x %s, %s, %s, micro-batch %d x %d, %d micro-batch%s "
+                "per step\n",
+                in.devices, in.devices == 1 ? "" : "s", format_plan_bytes(memory).c_str(),
+                in.working == DType::kF32    ? "fp32"
+                : in.working == DType::kBF16 ? "bf16 + fp32 master"
+                                             : "fp16 + fp32 master",
+                in.sgd ? "SGD" : "AdamW", in.micro_batch, in.seq_len, in.micro_batches,
+                in.micro_batches == 1 ? "" : "es");
+  os << line;
+  std::snprintf(line, sizeof line, "%-5s  %-9s  %-9s  %-24s %10s %12s %12s\n", "stage", "recompute", "offload",
+                "largest model", "parameters", "device peak", "host/device");
+  os << line;
+  auto shape = [](const ModelConfig& m) {
+    std::string s = std::to_string(m.layers) + " x " + std::to_string(m.embd);
+    const std::string name = gpt2_shape_name(m);
+    return name.empty() ? s : s + " (" + name + ")";
+  };
+  bool none = false, last = false;
+  for (const LargestRow& r : t.rows) {
+    std::string model = "none fits", params = "-";
+    if (r.index >= 0) {
+      const ModelConfig& m = t.family[static_cast<size_t>(r.index)];
+      model = shape(m);
+      params = format_parameter_count(m.num_parameters());
+      last = last || r.index + 1 == static_cast<int>(t.family.size());
+    }
+    none = none || r.index < 0;
+    std::snprintf(line, sizeof line, "%-5d  %-9s  %-9s  %-24s %10s %12s %12s\n", r.zero_stage,
+                  recompute_name(r.recompute), r.offload ? "optimizer" : "none", model.c_str(), params.c_str(),
+                  format_plan_bytes(r.peak.total).c_str(), format_plan_bytes(r.peak.host).c_str());
+    os << line;
+  }
+  os << "family: " << shape(t.family.front()) << " to " << shape(t.family.back()) << " (" << t.family.size()
+     << " shapes; heads = width/64, vocab 50257, context " << in.seq_len
+     << "); each row names the largest that fits, and the next shape up does not\n";
+  os << "device peak: the predicted reserved bytes of that model on the fullest device; host/device: the "
+        "offloaded optimizer state each device keeps in host memory\n";
+  if (none) os << "none fits: even " << shape(t.family.front()) << " does not; its device peak is shown\n";
+  if (last) os << "a row at the family's last shape may fit more (the family ends at the parameter limit)\n";
+  // The headline of issue 16's target: what recompute and offload add on top of stage 3.
+  const LargestRow* alone = nullptr;
+  const LargestRow* most = nullptr;
+  for (const LargestRow& r : t.rows) {
+    if (r.zero_stage != 3) continue;
+    if (r.recompute == Recompute::kNone && !r.offload) alone = &r;
+    if (r.recompute == Recompute::kFull && r.offload) most = &r;
+  }
+  if (alone && most && alone->index >= 0 && most->index >= 0) {
+    const double ratio = static_cast<double>(t.family[static_cast<size_t>(most->index)].num_parameters()) /
+                         static_cast<double>(t.family[static_cast<size_t>(alone->index)].num_parameters());
+    std::snprintf(line, sizeof line,
+                  "stage 3 with --recompute full --offload optimizer: %.2fx the parameters of stage 3 alone\n", ratio);
+    os << line;
   }
   return os.str();
 }

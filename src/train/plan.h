@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,11 +46,16 @@ struct DevicePlan {
   bool fits() const { return total <= memory; }
 };
 
+// The cheapest change that fits, with the run it describes (every field, changed or not).
 struct PlanSuggestion {
-  enum Kind { kNone, kZeroStage, kMicroBatch, kDevices, kCombined, kNothing };
+  // kCombined: more than one lever (ZeRO stage, recompute, offload, micro-batch, devices) changed.
+  enum Kind { kNone, kZeroStage, kMicroBatch, kDevices, kCombined, kNothing, kRecompute, kOffload };
   Kind kind = kNone;
   int zero_stage = 0, micro_batch = 0, micro_batches = 0, devices = 0;
-  std::string text;  // "use --zero-stage 3 (peak 1.20 GiB per device)"
+  Recompute recompute = Recompute::kNone;
+  bool offload = false;
+  float offload_fraction = 1.0f;
+  std::string text;  // "use --recompute selective (predicted 1.20 GiB per device)"
 };
 
 struct MemoryPlan {
@@ -64,9 +71,48 @@ struct MemoryPlan {
 };
 
 // Throws zt::Error(kInvalidArgument) for inconsistent inputs (stage, sizes, device count).
+// When `in` does not fit, the suggestion is the first of these that fits, in the order a user
+// should try them (the cost each adds to a step, not its saving): a higher ZeRO stage; selective,
+// then full recompute; optimizer offload (recompute first: it adds compute, offload adds a host
+// optimizer step and host-device copies); two or more of those together; a smaller micro-batch
+// with more accumulation; more devices; and the micro-batch or the devices together with the
+// levers before them.
 MemoryPlan plan_memory(const ModelConfig& model, const PlanInputs& in);
 // The plan of `in` alone (no search for a fix).
 MemoryPlan plan_memory_only(const ModelConfig& model, const PlanInputs& in);
+
+// The cheapest-fix search of plan_memory over any plan function (plan_memory passes the real
+// plan; tests pass synthetic ones to check the order). `work` accumulates the plans' work.
+PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan(const PlanInputs&)>& plan_of,
+                            size_t* work);
+
+// `zerotrain plan --largest`: per combination of ZeRO stage, recompute and offload, the largest
+// member of a family (model/config.h: gpt2_shape_family) that fits the devices of `in`, found by
+// binary search (the family's memory is monotone). The next member up does not fit.
+struct LargestRow {
+  int zero_stage = 0;
+  Recompute recompute = Recompute::kNone;
+  bool offload = false;
+  int index = -1;  // into the family; -1: not even the smallest fits
+  DevicePlan peak; // of the largest that fits (the device with the highest total); else of the smallest
+};
+struct LargestTable {
+  PlanInputs inputs;  // the run's batch, sequence, precision and devices (the levers vary per row)
+  std::vector<ModelConfig> family;
+  std::vector<LargestRow> rows;  // stage 0-3 x recompute none/selective/full x offload none/optimizer
+  size_t plans = 0;   // plans computed (about rows x log2(family) for the binary searches)
+  size_t work = 0;    // their work (MemoryPlan::work)
+};
+// The index of the largest member of `family` whose plan under `in` fits, or -1. Binary search:
+// what it returns fits and the next member does not (or it is the last).
+int largest_fitting(const std::vector<ModelConfig>& family, const PlanInputs& in, size_t* plans = nullptr,
+                    size_t* work = nullptr);
+LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in);
+// The table a person reads: stage, recompute, offload, largest model (layers x width), parameters,
+// device peak, host bytes; then how to read it.
+std::string format_largest(const LargestTable& table);
+// "1.56 B", "354.8 M", "45.7 K"
+std::string format_parameter_count(int64_t n);
 
 // Human-readable table: one row per device, then the verdict.
 std::string format_plan(const ModelConfig& model, const MemoryPlan& plan);

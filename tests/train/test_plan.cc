@@ -45,6 +45,8 @@ PlanInputs inputs_of(const TrainConfig& c, int devices, size_t memory = 0) {
   in.max_devices = 8;
   in.recompute = c.recompute;
   in.working = c.precision == Precision::kBf16 ? DType::kBF16 : c.precision == Precision::kFp16 ? DType::kF16 : DType::kF32;
+  in.offload = c.offload_optimizer;
+  in.offload_fraction = c.offload_fraction;
   return in;
 }
 
@@ -186,6 +188,9 @@ TEST(Plan, RefusesARunThatCannotFitAndTheFixFits) {
 TEST(Plan, SuggestsASmallerMicroBatchWhenStagesDoNotHelp) {
   const ModelConfig mc = make_model_config("gpt-tiny");
   TrainConfig c = short_run("gpt-tiny", {}, 1, 2);
+  // Recompute and offload already at their most: the chain tries them before the micro-batch.
+  c.recompute = Recompute::kFull;
+  c.offload_optimizer = true;
   c.batch_size = 8;
   c.micro_batch_size = 8;
   TrainConfig small = c;
