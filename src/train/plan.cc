@@ -287,12 +287,13 @@ std::vector<PlanInputs> lever_runs(const PlanInputs& in) {
   };
   for (int st = in.zero_stage + 1; st <= 3; ++st) out.push_back(with(st, rc0, false));
   for (int rc = rc0 + 1; rc <= full; ++rc) out.push_back(with(in.zero_stage, rc, false));
-  if (can_offload) out.push_back(with(in.zero_stage, rc0, true));
+  // Offload needs stage 1 or above (at stage 0 every device keeps the whole optimizer state).
+  if (can_offload && in.zero_stage >= 1) out.push_back(with(in.zero_stage, rc0, true));
   for (bool off : {false, true}) {
     if (off && !can_offload) continue;
     for (int rc = rc0; rc <= full; ++rc)
       for (int st = in.zero_stage; st <= 3; ++st)
-        if ((st != in.zero_stage) + (rc != rc0) + off >= 2) out.push_back(with(st, rc, off));
+        if ((st != in.zero_stage) + (rc != rc0) + off >= 2 && !(off && st == 0)) out.push_back(with(st, rc, off));
   }
   return out;
 }
@@ -571,6 +572,7 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
   for (int st = 0; st <= 3; ++st) {
     for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       for (bool off : {false, true}) {
+        if (off && st == 0) continue;  // offload needs stage 1 or above
         PlanInputs c = in;
         c.zero_stage = st;
         c.recompute = rc;
