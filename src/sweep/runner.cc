@@ -288,13 +288,14 @@ void Runner::load_state() {
   // Asha's state is the sequence of its reports: replay them in their original order.
   for (const json& j : read_jsonl(spec_.dir + "/rungs.jsonl")) {
     const int trial = j.value("trial", -1), step = j.value("step", 0);
-    if (trial < 0 || decisions_.count({trial, step})) continue;
+    if (trial < 0) continue;
     if (j.value("promote", false)) {
       asha_.promote(trial, step);
       decisions_[{trial, step}] = true;
       paused_.erase(trial);
       continue;
     }
+    if (decisions_.count({trial, step})) continue;  // a report repeated by a resumed run
     // A diverged trial's NaN loss is written as null.
     const double loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
     const bool go = asha_.report(trial, step, loss);
