@@ -70,12 +70,18 @@ void check_loss_scale_config(const char* op, const LossScaleConfig& c) {
 }
 
 // What adamw_multi and sgd_multi check before launching; returns the list's chunk count.
-int64_t check_update(Stream& s, const char* op, SegmentList<OptimizerSegment> segs, DType param_dtype,
-                     DType grad_dtype, int step, bool needs_v) {
+// The checks every update makes (device or host); returns the chunks of work (0: nothing to do).
+int64_t check_host_update(const char* op, std::span<const OptimizerSegment> segs, DType param_dtype,
+                          DType grad_dtype, int step, bool needs_v) {
   check_dtype(op, "param", param_dtype);
   check_dtype(op, "grad", grad_dtype);
   ZT_REQUIRE(step >= 1, op, ": step ", step, " must be >= 1 (it counts from 1)");
-  const int64_t chunks = check_segments(op, segs.host, param_dtype, needs_v);
+  return check_segments(op, segs, param_dtype, needs_v);
+}
+
+int64_t check_update(Stream& s, const char* op, SegmentList<OptimizerSegment> segs, DType param_dtype,
+                     DType grad_dtype, int step, bool needs_v) {
+  const int64_t chunks = check_host_update(op, segs.host, param_dtype, grad_dtype, step, needs_v);
   check_device_list(s, op, segs.device, chunks > 0);
   return chunks;
 }
@@ -109,11 +115,7 @@ void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype,
 
 void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const AdamWConfig& hp,
                 const StepScalars& sc) {
-  constexpr const char* op = "adamw_host";
-  check_dtype(op, "param", param_dtype);
-  check_dtype(op, "grad", grad_dtype);
-  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
-  if (check_segments(op, segs, param_dtype, /*needs_v=*/true) == 0) return;
+  if (check_host_update("adamw_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/true) == 0) return;
   const AdamWArgs a{hp.lr,
                     hp.beta1,
                     hp.beta2,
@@ -125,11 +127,7 @@ void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType
 
 void sgd_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const SgdConfig& hp,
               const StepScalars& sc) {
-  constexpr const char* op = "sgd_host";
-  check_dtype(op, "param", param_dtype);
-  check_dtype(op, "grad", grad_dtype);
-  ZT_REQUIRE(hp.step >= 1, op, ": step ", hp.step, " must be >= 1 (it counts from 1)");
-  if (check_segments(op, segs, param_dtype, /*needs_v=*/false) == 0) return;
+  if (check_host_update("sgd_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false) == 0) return;
   cpu_kernels::sgd_multi(segs, param_dtype, grad_dtype, hp, sc);
 }
 

@@ -7,46 +7,14 @@
 #include <cstdio>
 
 #include "core/files.h"
+#include "train/svg.h"
 #include "core/status.h"
 
 namespace zt {
 
 namespace {
 
-constexpr double kWidth = 800, kHeight = 480;
-constexpr double kLeft = 72, kRight = 24, kTop = 44, kBottom = 58;  // plot-area margins
-
-std::string num(double v, int decimals = 1) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-// Tick spacing of 1, 2 or 5 times a power of ten giving about `target` intervals over [lo, hi].
-double nice_step(double lo, double hi, int target) {
-  const double raw = std::max(hi - lo, 1e-12) / target;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (m * p >= raw) return m * p;
-  return 10 * p;
-}
-
-// Decimals enough to tell ticks `step` apart.
-int decimals_for(double step) { return std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9))); }
+using namespace svg;  // train/svg.h: frame, num, xml_escape, nice_step, decimals_for
 
 }  // namespace
 
@@ -62,50 +30,11 @@ std::string loss_curve_svg(const LossCurve& c) {
   for (double v : c.train) take(v);
   for (const auto& e : c.eval) take(e.second);
   if (c.floor) take(*c.floor);
-  if (!std::isfinite(y_lo)) y_lo = 0, y_hi = 1;
-  if (y_hi - y_lo < 1e-9) y_lo -= 0.5, y_hi += 0.5;
-  const double y_step = nice_step(y_lo, y_hi, 6);
-  y_lo = std::floor(y_lo / y_step) * y_step;
-  y_hi = std::ceil(y_hi / y_step) * y_step;
-  const double x_step = std::max(1.0, nice_step(0, x_max, 8));
-  const double x_hi = std::ceil(x_max / x_step) * x_step;
-
-  const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
-  auto X = [&](double s) { return kLeft + s / x_hi * pw; };
-  auto Y = [&](double v) { return kTop + (y_hi - v) / (y_hi - y_lo) * ph; };
-
-  std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(kWidth, 0) + "\" height=\"" + num(kHeight, 0) +
-       "\" viewBox=\"0 0 " + num(kWidth, 0) + " " + num(kHeight, 0) +
-       "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
-  o += "<rect x=\"0\" y=\"0\" width=\"" + num(kWidth, 0) + "\" height=\"" + num(kHeight, 0) + "\" fill=\"white\"/>\n";
-  o += "<text x=\"" + num(kWidth / 2) + "\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">" +
-       xml_escape(c.title.empty() ? "loss" : c.title) + "</text>\n";
-
-  // Grid and ticks.
-  o += "<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n";
-  for (double v = y_lo; v <= y_hi + y_step / 2; v += y_step)
-    o += "<line x1=\"" + num(kLeft) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(kLeft + pw) + "\" y2=\"" + num(Y(v)) + "\"/>\n";
-  for (double s = 0; s <= x_hi + x_step / 2; s += x_step)
-    o += "<line x1=\"" + num(X(s)) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(X(s)) + "\" y2=\"" + num(kTop + ph) + "\"/>\n";
-  o += "</g>\n<g fill=\"#333\">\n";
-  const int yd = decimals_for(y_step);
-  for (double v = y_lo; v <= y_hi + y_step / 2; v += y_step)
-    o += "<text x=\"" + num(kLeft - 8) + "\" y=\"" + num(Y(v) + 4) + "\" text-anchor=\"end\">" + num(v, yd) + "</text>\n";
-  for (double s = 0; s <= x_hi + x_step / 2; s += x_step)
-    o += "<text x=\"" + num(X(s)) + "\" y=\"" + num(kTop + ph + 18) + "\" text-anchor=\"middle\">" + num(s, 0) + "</text>\n";
-  o += "</g>\n";
-  o += "<g stroke=\"#333\" stroke-width=\"1\">\n";
-  for (double v = y_lo; v <= y_hi + y_step / 2; v += y_step)
-    o += "<line x1=\"" + num(kLeft - 4) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(kLeft) + "\" y2=\"" + num(Y(v)) + "\"/>\n";
-  for (double s = 0; s <= x_hi + x_step / 2; s += x_step)
-    o += "<line x1=\"" + num(X(s)) + "\" y1=\"" + num(kTop + ph) + "\" x2=\"" + num(X(s)) + "\" y2=\"" + num(kTop + ph + 4) + "\"/>\n";
-  o += "<line x1=\"" + num(kLeft) + "\" y1=\"" + num(kTop) + "\" x2=\"" + num(kLeft) + "\" y2=\"" + num(kTop + ph) + "\"/>\n";
-  o += "<line x1=\"" + num(kLeft) + "\" y1=\"" + num(kTop + ph) + "\" x2=\"" + num(kLeft + pw) + "\" y2=\"" + num(kTop + ph) + "\"/>\n";
-  o += "</g>\n";
-  o += "<text x=\"" + num(kLeft + pw / 2) + "\" y=\"" + num(kHeight - 14) + "\" text-anchor=\"middle\">step</text>\n";
-  o += "<text transform=\"translate(18 " + num(kTop + ph / 2) +
-       ") rotate(-90)\" text-anchor=\"middle\">loss (nats)</text>\n";
+  const Axes ax = make_axes(y_lo, y_hi, x_max);
+  const double pw = ax.pw;
+  auto X = [&](double s) { return ax.X(s); };
+  auto Y = [&](double v) { return ax.Y(v); };
+  std::string o = open_frame(ax, c.title.empty() ? "loss" : c.title, "loss (nats)");
 
   // Data.
   if (c.floor)
@@ -113,7 +42,7 @@ std::string loss_curve_svg(const LossCurve& c) {
          "\" y2=\"" + num(Y(*c.floor)) + "\" stroke=\"#2ca02c\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
   o += "<polyline class=\"train\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" stroke-linejoin=\"round\" points=\"";
   for (int i = 0; i < n; ++i) {
-    const double v = std::isfinite(c.train[static_cast<size_t>(i)]) ? c.train[static_cast<size_t>(i)] : y_hi;
+    const double v = std::isfinite(c.train[static_cast<size_t>(i)]) ? c.train[static_cast<size_t>(i)] : ax.y_hi;
     if (i) o += ' ';
     o += num(X(i + 1)) + "," + num(Y(v));
   }
