@@ -308,7 +308,9 @@ TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers
     EXPECT_EQ(r.devices, 3);
     ASSERT_EQ(r.losses.size(), 30u) << "every step reported once";
     EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
-    if (hang) EXPECT_EQ(rec.cause, "stopped answering");
+    if (hang) {
+      EXPECT_EQ(rec.cause, "stopped answering");
+    }
   }
 }
 
