@@ -546,7 +546,8 @@ SweepResult Runner::run() {
       held.erase(id);
       if (done_.count(id)) done_[id].acquired_seq = acquired[id];
     }
-    if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;  // (promotions were launched above)
+    if (threads.empty() && signal_ == 0 && next_promotion().first >= 0) continue;  // the last report made one
+    if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;
     cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ended_.empty(); });
   }
   // Out of work: the trials still paused stopped at their rungs.

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/runtime.h"
+#include "sweep/asha.h"
 #include "sweep/runner.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -268,6 +269,39 @@ TEST(SweepRun, AshaStoppedTrialsArePrefixesOfTheFullRun) {
   EXPECT_GE(stopped, 1);
   EXPECT_GE(finished, 1);
   EXPECT_LT(r.steps_trained, static_cast<int64_t>(steps) * 4);
+}
+
+// ASHA's end state (Li et al., Algorithm 2): when the sweep is out of work, no trial stopped at a
+// rung is in that rung's top floor(n/eta): every promotion the reports allow was made, including
+// one that only the last report allowed. Checked by replaying rungs.jsonl into an independent Asha.
+TEST(SweepRun, AshaLeavesNoPromotableTrialBehind) {
+  test_util::TempDir tmp("sweep_asha_end");
+  std::vector<TrainConfig> configs;
+  for (float lr : {3e-3f, 1e-4f, 2e-2f, 1e-2f, 5e-4f, 6e-3f, 2e-4f, 1e-3f, 4e-3f}) configs.push_back(with_lr(tiny(), lr));
+  SweepSpec s = make_spec(tmp.path("sweep"), configs, 1, 1, 9);
+  s.asha = true;
+  s.eta = 3;
+  s.min_steps = 1;
+  const SweepResult r = sweep::run_sweep(s);
+  sweep::Asha replay(1, 9, 3);
+  std::ifstream f(s.dir + "/rungs.jsonl");
+  int promotions = 0;
+  for (std::string line; std::getline(f, line);) {
+    const json j = json::parse(line);
+    if (j.value("promote", false)) {
+      replay.promote(j["trial"].get<int>(), j["step"].get<int>()), ++promotions;
+    } else {
+      EXPECT_EQ(replay.report(j["trial"].get<int>(), j["step"].get<int>(), j["loss"].get<double>()),
+                j["continue"].get<bool>());
+    }
+  }
+  EXPECT_TRUE(replay.promotable().empty()) << "a paused trial was left behind at step "
+                                           << replay.promotable().front().second;
+  EXPECT_EQ(replay.recorded(0), 9);
+  EXPECT_GE(promotions, 1) << "with 9 trials arriving one at a time, some wait and are promoted later";
+  int finished = 0;
+  for (const TrialOutcome& t : r.trials) finished += t.status == "finished";
+  EXPECT_EQ(finished, 1) << "9 trials, eta 3: one reaches --max-steps through the rungs";
 }
 
 // ---- through the binary ------------------------------------------------------------------------
