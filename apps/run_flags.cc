@@ -85,9 +85,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
       ->check(zt_cli::whole(1));
   sub.add_option("--micro-batch-size", tc.micro_batch_size, "Per-device micro-batch; accumulation = batch / (devices x micro-batch)")
       ->check(zt_cli::whole(1));
-  sub.add_option("--lr", tc.lr, "Peak learning rate (default 3e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(zt_cli::number(0, true));
+  sub.add_option("--lr", tc.lr, "Peak learning rate (default 1.88e-3 GPT, 1e-3 MLP, 0.05 SGD)")->check(zt_cli::number(0, true));
   sub.add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(zt_cli::number(0, false));
-  sub.add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 2% of steps)")
+  sub.add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 13.5% of steps for GPT with AdamW, else 2%)")
       ->check(zt_cli::whole(0));
   sub.add_option("--lr-schedule", f.schedule, "cosine, linear or constant")->capture_default_str()
       ->check(CLI::IsMember({"cosine", "linear", "constant"}));

@@ -79,7 +79,7 @@ struct TrainConfig {
   int train_seq_len = 0;     // GPT: tokens per training sequence; 0 = the model's context
   float lr = -1;             // -1 = default for the optimizer
   float min_lr = -1;         // -1 = lr / 10
-  int warmup_steps = -1;     // -1 = 2% of steps
+  int warmup_steps = -1;     // -1 = 13.5% of steps (GPT, AdamW: the default job's sweep), else 2%
   LrSchedule schedule = LrSchedule::kCosine;
   float weight_decay = 0.0f;
   float grad_clip = 1.0f;    // 0 = no clipping

@@ -220,6 +220,12 @@ std::vector<std::string> flag_values(const std::vector<std::string>& a, const st
 // the example still does what it shows), a short sample, one evaluation batch, and GPT-2 presets
 // shrunk to one small layer with their other flags kept.
 std::vector<std::string> fast_form(std::vector<std::string> a) {
+  if (!a.empty() && a[0] == "sweep") {  // every trial at most 6 steps (ASHA keeps its rungs below)
+    const std::string max = flag_value(a, "--max-steps");
+    if (max.empty() || std::atoi(max.c_str()) > 6) set_flag(a, "--max-steps", "6");
+    set_flag(a, "--eval-batches", "1");
+    return a;
+  }
   if (a.empty() || a[0] != "train") return a;
   int steps = find_flag(a, "--resume").index >= 0 ? 4 : 2;
   for (const std::string& f : flag_values(a, "--inject-fault")) {
@@ -381,6 +387,7 @@ TEST(ReadmeExtractor, FastFormShrinksTrainOnly) {
   EXPECT_EQ(flag_value(fast_form({"train", "--profile-steps", "10:12"}), "--steps"), "12");
   EXPECT_EQ(flag_value(fast_form({"train", "--resume", "auto"}), "--steps"), "4");
   EXPECT_EQ(fast_form({"plan", "--steps", "3000"}), (std::vector<std::string>{"plan", "--steps", "3000"}));
+  EXPECT_EQ(flag_value(fast_form({"sweep", "--max-steps", "1500", "--space", "lr=1e-3,2e-3"}), "--max-steps"), "6");
 }
 
 TEST(Readme, EveryExampleCommandRuns) {

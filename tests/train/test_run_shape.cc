@@ -60,10 +60,10 @@ TEST(RunShape, DefaultsOfTheDefaultJob) {
   EXPECT_EQ(s.seq_len, 64);
   EXPECT_EQ(s.config.train_seq_len, 64);
   EXPECT_EQ(s.config.steps, 1500);
-  EXPECT_EQ(s.config.warmup_steps, 30);
+  EXPECT_EQ(s.config.warmup_steps, 202);  // the sweep's pick (README): 13.5% of 1500
   EXPECT_EQ(s.config.eval_every, 375);
-  EXPECT_FLOAT_EQ(s.config.lr, 3e-3f);
-  EXPECT_FLOAT_EQ(s.config.min_lr, 3e-4f);
+  EXPECT_FLOAT_EQ(s.config.lr, 1.88e-3f);
+  EXPECT_FLOAT_EQ(s.config.min_lr, 1.88e-4f);
   EXPECT_EQ(s.precision, Precision::kFp32);
   EXPECT_EQ(s.working, DType::kF32);
   EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kNone);
