@@ -151,7 +151,7 @@ TEST(MixedPrecision, Bf16AndFp16LandWithinTwoPercentOfFp32) {
   TrainConfig c = tiny(2, 2, 400, Precision::kFp32);
   c.keep_final_params = false;
   c.schedule = LrSchedule::kCosine;
-  c.warmup_steps = -1;
+  c.lr = -1, c.warmup_steps = -1;  // the default job's learning rate and warmup
   auto tail = [](const TrainResult& r) {  // mean of the last 20 steps: one step's loss is noisy
     double s = 0;
     for (size_t i = r.losses.size() - 20; i < r.losses.size(); ++i) s += r.losses[i];
