@@ -1,0 +1,271 @@
+// Helpers of the op test binaries (test_kernels, test_tp_ops): Philox inputs, float64 comparisons
+// with dtype-aware tolerances, device tensors, the per-backend fixture, and the child-process runner
+// that checks results do not depend on the thread count. Tolerances: see tests/kernels/test_ops.cc.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/philox.h"
+#include "core/status.h"
+#include "memory/caching_allocator.h"
+#include "runtime/runtime.h"
+
+extern char** environ;
+
+namespace zt {
+
+// Test names and messages say "cpu"/"cuda" rather than the enum's bytes.
+inline void PrintTo(Backend b, std::ostream* os) { *os << backend_name(b); }
+
+namespace op_test {
+
+using DVec = std::vector<double>;
+using FVec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+
+struct Tol {
+  double rtol, rms_tol;
+};
+constexpr Tol kTolElem{1e-5, 1e-6};
+constexpr Tol kTolReduce{1e-4, 2e-5};
+
+// ---- random inputs ---------------------------------------------------------------------------
+
+inline uint64_t test_seed() {
+  if (const char* s = std::getenv("ZT_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return 20240917;
+}
+
+// Philox-based: every value is a pure function of (seed, stream, index); each call draws a new
+// stream, so every buffer of a test is independent.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : seed_(seed) {}
+  FVec normal(int64_t n, float stddev = 1.0f, float mean = 0.0f) {
+    const uint64_t stream = next_stream_++;
+    FVec v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = mean + stddev * philox_normal(seed_, stream, i);
+    return v;
+  }
+  FVec uniform(int64_t n, float lo, float hi) {
+    const uint64_t stream = next_stream_++;
+    FVec v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(seed_, stream, i);
+    return v;
+  }
+  IVec ints(int64_t n, int32_t lo, int32_t hi) {  // [lo, hi)
+    const uint64_t stream = next_stream_++;
+    IVec v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      v[i] =
+          lo + static_cast<int32_t>(philox_u32(seed_, stream, i) % static_cast<uint32_t>(hi - lo));
+    return v;
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t next_stream_ = 1;
+};
+
+inline DVec to_d(const FVec& v) { return DVec(v.begin(), v.end()); }
+inline FVec to_f(const DVec& v) {
+  FVec f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = static_cast<float>(v[i]);
+  return f;
+}
+
+// ---- comparisons -------------------------------------------------------------------------------
+
+inline ::testing::AssertionResult close(const FVec& got, const DVec& ref, Tol tol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  double sq = 0;
+  for (double r : ref) sq += r * r;
+  const double atol = tol.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size()));
+  size_t bad = 0;
+  double worst = 0;
+  std::ostringstream msg;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]);
+    const double bound = tol.rtol * std::fabs(ref[i]) + atol;
+    if (!(err <= bound)) {  // NaN fails
+      if (bad < 5)
+        msg << "\n  [" << i << "] got " << got[i] << " want " << ref[i] << " (err " << err << " > "
+            << bound << ")";
+      ++bad;
+    }
+    if (bound > 0 && err / bound > worst) worst = err / bound;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << got.size() << " elements out of tolerance (rtol " << tol.rtol
+         << ", rms_tol " << tol.rms_tol << ", worst err/bound " << worst << ")" << msg.str();
+}
+
+template <typename T>
+::testing::AssertionResult bitwise_equal(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0)
+      return ::testing::AssertionFailure()
+             << "first difference at [" << i << "]: " << +got[i] << " vs " << +want[i];
+  return ::testing::AssertionSuccess();
+}
+
+// ---- device tensors
+// --------------------------------------------------------------------------------
+
+// Memory from the device pool; host <-> device through stream copies.
+class DevTensor {
+ public:
+  DevTensor(Device& dev, Stream& s, DType dtype, Shape shape)
+      : stream_(&s),
+        buf_(dev.memory(), static_cast<size_t>(shape.numel()) * dtype_size(dtype), s, "test"),
+        view_{buf_.data(), dtype, shape, dev.index()} {}
+  operator TensorView() const { return view_; }       // NOLINT
+  operator ConstTensorView() const { return view_; }  // NOLINT
+  const TensorView& view() const { return view_; }
+
+  void upload_bytes(const void* src) {
+    stream_->copy(view_.data, src, view_.nbytes());
+    stream_->synchronize();
+  }
+  template <typename T>
+  void upload(const std::vector<T>& host) {
+    ZT_CHECK(static_cast<int64_t>(host.size()) == view_.numel() &&
+             sizeof(T) == dtype_size(view_.dtype));
+    upload_bytes(host.data());
+  }
+  template <typename T>
+  std::vector<T> download() const {
+    ZT_CHECK(sizeof(T) == dtype_size(view_.dtype));
+    std::vector<T> host(static_cast<size_t>(view_.numel()));
+    stream_->copy(host.data(), view_.data, view_.nbytes());
+    stream_->synchronize();
+    return host;
+  }
+  FVec f() const { return download<float>(); }
+
+ private:
+  Stream* stream_;
+  DeviceBuffer buf_;
+  TensorView view_;
+};
+
+inline FVec nan_vec(int64_t n) {
+  return FVec(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+}
+
+inline std::unique_ptr<Runtime> make_runtime(Backend backend, std::string* skip_reason) {
+  if (backend == Backend::kCpu) return Runtime::create_cpu(1);
+  const CudaAvailability cuda = cuda_availability();
+  if (!cuda.usable) {
+    *skip_reason = "no usable GPU: " + cuda.reason;
+    return nullptr;
+  }
+  return Runtime::create(parse_device_spec("cuda:0"));
+}
+
+// Each test binary derives its own suite from it (class OpsTest : public OpsFixture {}).
+class OpsFixture : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    rt_ = make_runtime(GetParam(), &reason);
+    if (!rt_) GTEST_SKIP() << reason;
+    dev_ = &rt_->device(0);
+    s_ = &dev_->compute();
+  }
+
+  Stream& s() { return *s_; }
+  void sync() { s_->synchronize(); }
+
+  DevTensor empty(Shape shape, DType dtype = DType::kF32) {
+    return DevTensor(*dev_, *s_, dtype, shape);
+  }
+  DevTensor tensor(const FVec& host, Shape shape) {
+    DevTensor t(*dev_, *s_, DType::kF32, shape);
+    t.upload(host);
+    return t;
+  }
+  DevTensor tensor(const IVec& host, Shape shape) {
+    DevTensor t(*dev_, *s_, DType::kI32, shape);
+    t.upload(host);
+    return t;
+  }
+  DevTensor poisoned(Shape shape) { return tensor(nan_vec(shape.numel()), shape); }
+
+  std::unique_ptr<Runtime> rt_;
+  Device* dev_ = nullptr;
+  Stream* s_ = nullptr;
+  Rng rng_{test_seed()};
+};
+
+inline std::string self_exe() {
+  char buf[4096];
+  const ssize_t len = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  ZT_CHECK(len > 0, "readlink /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+// Runs this binary's test `child_test` (e.g. "Determinism.ChildWritesOutputs") with `threads`
+// worker threads (zt pool and OpenBLAS) and returns what it wrote to $ZT_DETERMINISM_OUT.
+inline std::vector<uint8_t> outputs_of_child(int threads, const std::string& child_test) {
+  const std::string path = ::testing::TempDir() + "zt_determinism_" + std::to_string(getpid()) +
+                           "_" + std::to_string(threads) + ".bin";
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("ZT_NUM_THREADS=", 0) == 0 || kv.rfind("OPENBLAS_NUM_THREADS=", 0) == 0 ||
+        kv.rfind("ZT_DETERMINISM_OUT=", 0) == 0 || kv.rfind("GTEST_", 0) == 0)
+      continue;
+    env.push_back(kv);
+  }
+  env.push_back("ZT_NUM_THREADS=" + std::to_string(threads));
+  env.push_back("OPENBLAS_NUM_THREADS=" + std::to_string(threads));
+  env.push_back("ZT_DETERMINISM_OUT=" + path);
+  std::vector<char*> envp;
+  for (std::string& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  const std::string exe = self_exe();
+  std::string filter = "--gtest_filter=" + child_test;
+  char* argv[] = {const_cast<char*>(exe.c_str()), filter.data(), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  ZT_CHECK(rc == 0, "posix_spawn failed: ", std::strerror(rc));
+  int status = 0;
+  ZT_CHECK(waitpid(pid, &status, 0) == pid);
+  ZT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child with ", threads,
+           " threads failed (status ", status, ")");
+  std::ifstream f(path, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::remove(path.c_str());
+  return bytes;
+}
+
+}  // namespace op_test
+}  // namespace zt
