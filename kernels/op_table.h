@@ -60,7 +60,15 @@ namespace zt {
   X(kAdamwMulti, adamw_multi)                                  \
   X(kSgdMulti, sgd_multi)                                      \
   X(kUnscaleCheck, unscale_check)                              \
-  X(kLossScaleUpdate, loss_scale_update)
+  X(kLossScaleUpdate, loss_scale_update)                       \
+  X(kPositionForward, position_forward)                        \
+  X(kPositionBackward, position_backward)                      \
+  X(kBiasForward, bias_forward)                                \
+  X(kBiasBackward, bias_backward)                              \
+  X(kRowMax, row_max)                                          \
+  X(kVocabPartials, vocab_partials)                            \
+  X(kVocabLossGrad, vocab_loss_grad)                           \
+  X(kReduceSlices, reduce_slices)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -82,10 +90,17 @@ struct OpTable {
   void (*add)(Stream&, float* out, const float* a, const float* b, int64_t n) = nullptr;
   void (*cast)(Stream&, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = nullptr;
   void (*accumulate)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
+  // V = rows of the wte shard, which holds ids [v_begin, v_begin + V) of v_total (> 0); wpe/dwpe
+  // may be nullptr (no position term).
   void (*encoder_forward)(Stream&, float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                          int64_t B, int64_t T, int64_t C, int64_t V) = nullptr;
+                          int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
   void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                           int64_t B, int64_t T, int64_t C, int64_t V) = nullptr;
+                           int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
+                           int64_t v_total) = nullptr;
+  void (*position_forward)(Stream&, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
+                           int64_t T) = nullptr;
+  void (*position_backward)(Stream&, float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0,
+                            int64_t T) = nullptr;
   void (*layernorm_forward)(Stream&, float* out, float* mean, float* rstd, const float* in,
                             const float* weight, const float* bias, int64_t N, int64_t C, float eps) = nullptr;
   void (*layernorm_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
@@ -95,6 +110,8 @@ struct OpTable {
                          int64_t N, int64_t C, int64_t OC) = nullptr;
   void (*matmul_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
                           const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) = nullptr;
+  void (*bias_forward)(Stream&, float* x, const float* bias, int64_t N, int64_t C) = nullptr;
+  void (*bias_backward)(Stream&, float* dbias, const float* dout, int64_t N, int64_t C) = nullptr;
   void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
                             int64_t T, int64_t C, int64_t NH) = nullptr;
   void (*attention_backward)(Stream&, float* dqkv, float* dpreatt, float* datt, const float* dout,
@@ -107,6 +124,17 @@ struct OpTable {
   void (*classifier_forward_backward)(Stream&, float* logits, float* losses, const int32_t* targets,
                                       int64_t N, int64_t V, float dloss, bool compute_grad,
                                       const float* dloss_scale) = nullptr;
+  // Vocabulary-parallel cross-entropy over a shard logits [N, V] holding ids [v_begin, v_begin + V)
+  // of v_total (> 0).
+  void (*row_max)(Stream&, float* out, const float* logits, int64_t N, int64_t V) = nullptr;
+  void (*vocab_partials)(Stream&, float* out, const float* logits, const float* max, const int32_t* targets,
+                         int64_t N, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
+  void (*vocab_loss_grad)(Stream&, float* logits, float* losses, const float* max, const float* sumexp,
+                          const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
+                          int64_t v_begin, int64_t v_total, float dloss, bool compute_grad,
+                          const float* dloss_scale) = nullptr;
+  // out[n] = sum (take_max false) or max (true) over in[S, n] in slice order.
+  void (*reduce_slices)(Stream&, float* out, const float* in, int64_t S, int64_t n, bool take_max) = nullptr;
   void (*adamw_update)(Stream&, float* params, const float* grads, float* m, float* v, int64_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
                        float bias_correction2, float grad_scale) = nullptr;

@@ -4,6 +4,9 @@
 // for the work, and nothing here knows a backend's types.
 #include "kernels/ops.h"
 
+#include <initializer_list>
+#include <utility>
+
 #include "kernels/elementwise.h"
 #include "kernels/op_table.h"
 #include "runtime/device.h"
@@ -131,46 +134,99 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
   }
 }
 
-// ---- encoder -----------------------------------------------------------------------------------
+// ---- encoder and position embedding ------------------------------------------------------------
 
 namespace {
+
+// The vocabulary total of a shard of `rows` rows (total 0 = the shard is the whole vocabulary).
+int64_t check_vocab(const char* op, const VocabRange& vocab, const char* table,
+                    const ConstTensorView& t, int64_t rows) {
+  if (vocab.total == 0) {
+    ZT_REQUIRE(vocab.begin == 0, op, ": vocab begin ", vocab.begin, " needs a vocab total (", table,
+               " ", t.shape.str(), " is a shard only when total > 0)");
+    return rows;
+  }
+  ZT_REQUIRE(vocab.begin >= 0 && vocab.total > 0 && vocab.begin + rows <= vocab.total, op, ": ",
+             table, " ", t.shape.str(), " as the vocabulary rows [", vocab.begin, ", ",
+             vocab.begin + rows, ") does not fit in a vocabulary of ", vocab.total);
+  return vocab.total;
+}
+
 struct EncoderDims {
-  int64_t B, T, C, V;
+  int64_t B, T, C, V, total;
 };
 EncoderDims check_encoder(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
                           const ConstTensorView& tokens, const ConstTensorView& wte,
-                          const ConstTensorView& wpe) {
+                          const char* wte_name, const ConstTensorView& wpe, const char* wpe_name,
+                          const VocabRange& vocab) {
   check_f32(s, op, x_name, x);
   check_view(s, op, "tokens", tokens, DType::kI32);
-  check_f32(s, op, "wte", wte);
-  check_f32(s, op, "wpe", wpe);
+  check_f32(s, op, wte_name, wte);
   ZT_REQUIRE(tokens.shape.ndim() == 2, op, ": tokens ", tokens.shape.str(), " must be [B, T]");
-  ZT_REQUIRE(wte.shape.ndim() == 2 && wpe.shape.ndim() == 2 && wte.shape[1] == wpe.shape[1], op,
-             ": wte ", wte.shape.str(), " and wpe ", wpe.shape.str(),
-             " must be [V, C] and [maxT, C]");
-  const EncoderDims d{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0]};
-  ZT_REQUIRE(d.T <= wpe.shape[0], op, ": tokens ", tokens.shape.str(), " has T = ", d.T,
-             " but wpe ", wpe.shape.str(), " holds only ", wpe.shape[0], " positions");
+  ZT_REQUIRE(wte.shape.ndim() == 2, op, ": ", wte_name, " ", wte.shape.str(), " must be [V, C]");
+  const EncoderDims d{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0],
+                      check_vocab(op, vocab, wte_name, wte, wte.shape[0])};
+  if (present(wpe)) {
+    check_f32(s, op, wpe_name, wpe);
+    ZT_REQUIRE(wpe.shape.ndim() == 2 && wpe.shape[1] == d.C, op, ": ", wte_name, " ",
+               wte.shape.str(), " and ", wpe_name, " ", wpe.shape.str(),
+               " must be [V, C] and [maxT, C]");
+    ZT_REQUIRE(d.T <= wpe.shape[0], op, ": tokens ", tokens.shape.str(), " has T = ", d.T, " but ",
+               wpe_name, " ", wpe.shape.str(), " holds only ", wpe.shape[0], " positions");
+  }
   ZT_REQUIRE(x.shape == (Shape{d.B, d.T, d.C}), op, ": ", x_name, " ", x.shape.str(),
-             " but tokens ", tokens.shape.str(), " and wte ", wte.shape.str(), " need ",
+             " but tokens ", tokens.shape.str(), " and ", wte_name, " ", wte.shape.str(), " need ",
              Shape{d.B, d.T, d.C}.str());
   return d;
 }
+
+// x [R, C] (rows of [..., C]) against wpe [maxT, C]; returns R.
+int64_t check_position(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
+                       const ConstTensorView& wpe, const char* wpe_name, int64_t row0, int64_t T) {
+  check_f32(s, op, x_name, x);
+  check_f32(s, op, wpe_name, wpe);
+  ZT_REQUIRE(wpe.shape.ndim() == 2 && x.shape.ndim() >= 1 && last_dim(x) == wpe.shape[1], op, ": ",
+             x_name, " ", x.shape.str(), " and ", wpe_name, " ", wpe.shape.str(),
+             " must be [..., C] and [maxT, C]");
+  ZT_REQUIRE(T >= 1 && T <= wpe.shape[0] && row0 >= 0, op, ": T = ", T, " and row0 = ", row0,
+             " with ", wpe_name, " ", wpe.shape.str(), " (need 1 <= T <= ", wpe.shape[0],
+             " and row0 >= 0)");
+  return rows(x);
+}
+
 }  // namespace
 
 void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
-                     ConstTensorView wpe) {
-  const EncoderDims d = check_encoder(s, "encoder_forward", out, "out", tokens, wte, wpe);
+                     ConstTensorView wpe, VocabRange vocab) {
+  const EncoderDims d =
+      check_encoder(s, "encoder_forward", out, "out", tokens, wte, "wte", wpe, "wpe", vocab);
   if (out.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderForward).encoder_forward(s, f32(out), i32(tokens), f32(wte), f32(wpe), d.B, d.T, d.C, d.V);
+  f32_kernel(s, OpId::kEncoderForward)
+      .encoder_forward(s, f32(out), i32(tokens), f32(wte), present(wpe) ? f32(wpe) : nullptr, d.B,
+                       d.T, d.C, d.V, vocab.begin, d.total);
 }
 
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
-                      ConstTensorView tokens) {
-  const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, dwpe);
+                      ConstTensorView tokens, VocabRange vocab) {
+  const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, "dwte",
+                                      dwpe, "dwpe", vocab);
   if (dout.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderBackward).encoder_backward(s, f32(dwte), f32(dwpe), f32(dout), i32(tokens), d.B, d.T, d.C,
-               d.V);
+  f32_kernel(s, OpId::kEncoderBackward)
+      .encoder_backward(s, f32(dwte), present(dwpe) ? f32(dwpe) : nullptr, f32(dout), i32(tokens),
+                        d.B, d.T, d.C, d.V, vocab.begin, d.total);
+}
+
+void position_forward(Stream& s, TensorView x, ConstTensorView wpe, int64_t row0, int64_t T) {
+  const int64_t R = check_position(s, "position_forward", x, "x", wpe, "wpe", row0, T);
+  if (x.numel() == 0) return;
+  f32_kernel(s, OpId::kPositionForward).position_forward(s, f32(x), f32(wpe), R, last_dim(x), row0, T);
+}
+
+void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t row0, int64_t T) {
+  const int64_t R = check_position(s, "position_backward", dx, "dx", dwpe, "dwpe", row0, T);
+  if (dx.numel() == 0) return;
+  f32_kernel(s, OpId::kPositionBackward)
+      .position_backward(s, f32(dwpe), f32(dx), R, last_dim(dx), row0, T);
 }
 
 // ---- layernorm
@@ -279,6 +335,33 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
   if (N == 0 || OC == 0) return;
   f32_kernel(s, OpId::kMatmulBackward).matmul_backward(s, present(din) ? f32(din) : nullptr, f32(dweight),
                present(dbias) ? f32(dbias) : nullptr, f32(dout), f32(in), f32(weight), N, C, OC);
+}
+
+// ---- bias --------------------------------------------------------------------------------------
+
+namespace {
+// x [..., C] against bias [C]; returns the row count.
+int64_t check_bias(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
+                   const ConstTensorView& bias, const char* bias_name) {
+  check_f32(s, op, x_name, x);
+  check_f32(s, op, bias_name, bias);
+  ZT_REQUIRE(x.shape.ndim() >= 1 && is_vector(bias, last_dim(x)), op, ": ", x_name, " ",
+             x.shape.str(), " but ", bias_name, " ", bias.shape.str(), " (need [",
+             x.shape.ndim() ? last_dim(x) : 0, "])");
+  return rows(x);
+}
+}  // namespace
+
+void bias_forward(Stream& s, TensorView x, ConstTensorView bias) {
+  const int64_t N = check_bias(s, "bias_forward", x, "x", bias, "bias");
+  if (x.numel() == 0) return;
+  f32_kernel(s, OpId::kBiasForward).bias_forward(s, f32(x), f32(bias), N, last_dim(x));
+}
+
+void bias_backward(Stream& s, TensorView dbias, ConstTensorView dout) {
+  const int64_t N = check_bias(s, "bias_backward", dout, "dout", dbias, "dbias");
+  if (dout.numel() == 0) return;
+  f32_kernel(s, OpId::kBiasBackward).bias_backward(s, f32(dbias), f32(dout), N, last_dim(dout));
 }
 
 // ---- attention
@@ -404,6 +487,82 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
   if (N == 0) return;
   f32_kernel(s, OpId::kClassifierForwardBackward).classifier_forward_backward(s, f32(logits), f32(losses), i32(targets), N, V, dloss,
                compute_grad, dloss_scale);
+}
+
+// ---- vocabulary-parallel cross-entropy ------------------------------------------------------------
+
+namespace {
+// logits [..., V], V > 0; returns N (rows).
+int64_t check_logits(Stream& s, const char* op, const ConstTensorView& logits) {
+  check_f32(s, op, "logits", logits);
+  ZT_REQUIRE(logits.shape.ndim() >= 1 && last_dim(logits) > 0, op, ": logits ", logits.shape.str(),
+             " must be [..., V], V > 0");
+  return rows(logits);
+}
+// One element per row of logits; targets int32, everything else fp32.
+void check_rows(Stream& s, const char* op, const ConstTensorView& logits, int64_t N,
+                std::initializer_list<std::pair<const char*, ConstTensorView>> per_row,
+                const ConstTensorView* targets = nullptr) {
+  if (targets != nullptr) {
+    check_view(s, op, "targets", *targets, DType::kI32);
+    ZT_REQUIRE(targets->numel() == N, op, ": logits ", logits.shape.str(), " has ", N,
+               " rows but targets ", targets->shape.str());
+  }
+  for (const auto& [name, v] : per_row) {
+    check_f32(s, op, name, v);
+    ZT_REQUIRE(v.numel() == N, op, ": logits ", logits.shape.str(), " has ", N, " rows but ", name,
+               " ", v.shape.str());
+  }
+}
+}  // namespace
+
+void row_max(Stream& s, TensorView out, ConstTensorView logits) {
+  constexpr const char* op = "row_max";
+  const int64_t N = check_logits(s, op, logits);
+  check_rows(s, op, logits, N, {{"out", out}});
+  if (N == 0) return;
+  f32_kernel(s, OpId::kRowMax).row_max(s, f32(out), f32(logits), N, last_dim(logits));
+}
+
+void vocab_partials(Stream& s, TensorView out, ConstTensorView logits, ConstTensorView max,
+                    ConstTensorView targets, VocabRange vocab) {
+  constexpr const char* op = "vocab_partials";
+  const int64_t N = check_logits(s, op, logits), V = last_dim(logits);
+  check_rows(s, op, logits, N, {{"max", max}}, &targets);
+  check_f32(s, op, "out", out);
+  ZT_REQUIRE(out.numel() == 2 * N, op, ": logits ", logits.shape.str(), " has ", N,
+             " rows but out ", out.shape.str(), " (need [2, ", N, "])");
+  const int64_t total = check_vocab(op, vocab, "logits", logits, V);
+  if (N == 0) return;
+  f32_kernel(s, OpId::kVocabPartials)
+      .vocab_partials(s, f32(out), f32(logits), f32(max), i32(targets), N, V, vocab.begin, total);
+}
+
+void vocab_loss_grad(Stream& s, TensorView logits, TensorView losses, ConstTensorView max,
+                     ConstTensorView sumexp, ConstTensorView target_logit, ConstTensorView targets,
+                     VocabRange vocab, float dloss, bool compute_grad, const float* dloss_scale) {
+  constexpr const char* op = "vocab_loss_grad";
+  const int64_t N = check_logits(s, op, logits), V = last_dim(logits);
+  check_rows(s, op, logits, N,
+             {{"losses", losses}, {"max", max}, {"sumexp", sumexp}, {"target_logit", target_logit}},
+             &targets);
+  const int64_t total = check_vocab(op, vocab, "logits", logits, V);
+  if (N == 0) return;
+  f32_kernel(s, OpId::kVocabLossGrad)
+      .vocab_loss_grad(s, f32(logits), f32(losses), f32(max), f32(sumexp), f32(target_logit),
+                       i32(targets), N, V, vocab.begin, total, dloss, compute_grad, dloss_scale);
+}
+
+void reduce_slices(Stream& s, TensorView out, ConstTensorView in, SliceReduce kind) {
+  constexpr const char* op = "reduce_slices";
+  check_f32(s, op, "out", out);
+  check_f32(s, op, "in", in);
+  const int64_t S = in.shape.ndim() ? in.shape[0] : 0, n = out.numel();
+  ZT_REQUIRE(in.shape.ndim() >= 1 && S >= 1 && in.numel() == S * n, op, ": in ", in.shape.str(),
+             " must be [S, n] with S >= 1 slices of out ", out.shape.str(), "'s ", n, " elements");
+  if (n == 0) return;
+  f32_kernel(s, OpId::kReduceSlices)
+      .reduce_slices(s, f32(out), f32(in), S, n, kind == SliceReduce::kMax);
 }
 
 // ---- optimizers

@@ -35,14 +35,32 @@ void cast(Stream& s, TensorView dst, ConstTensorView src);
 // equal add(dst, dst, src). The reduction step of the collectives (src/comm/).
 void accumulate(Stream& s, TensorView dst, ConstTensorView src);
 
+// ---- tensor (vocabulary) parallelism ---------------------------------------------------
+// Which rows of the vocabulary a rank's embedding/LM-head shard holds: rows [begin, begin + wte rows)
+// of a vocabulary of `total` ids (total 0 = the shard is the whole vocabulary, begin must be 0).
+struct VocabRange {
+  int64_t begin = 0;
+  int64_t total = 0;
+};
+
 // ---- GPT-2 encoder: token + position embedding -----------------------------
-// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]; tokens [B,T] int32, wte [V,C], wpe [maxT,C], T <= maxT.
-// Token ids outside [0, V) are a caller bug (data loaders validate); the CPU backend checks them.
+// out[b,t] = (token in [begin, begin+Vl) ? wte[token-begin] : 0) + (wpe given ? wpe[t] : 0);
+// tokens [B,T] int32, wte [Vl,C] (the shard `vocab` names; the whole table by default), wpe
+// [maxT,C] with T <= maxT, or an empty view (data == nullptr): no position term. Token ids outside
+// [0, total) (or [0, Vl) when total == 0) are a caller bug (data loaders validate); the CPU backend
+// checks them. The default `vocab` keeps the single-device behaviour bit for bit.
 void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
-                     ConstTensorView wpe);
-// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]
+                     ConstTensorView wpe, VocabRange vocab = {});
+// dwte[token-begin] += dout[b,t] for in-range tokens only; dwpe[t] += dout[b,t] (dwpe may be an
+// empty view: skipped).
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
-                      ConstTensorView tokens);
+                      ConstTensorView tokens, VocabRange vocab = {});
+// x[i, :] += wpe[(row0 + i) % T, :] for x [R, C] (rows of a flattened [B, T, C] starting at global
+// row row0; R need not be a multiple of T), wpe [maxT, C], T <= maxT.
+void position_forward(Stream& s, TensorView x, ConstTensorView wpe, int64_t row0, int64_t T);
+// dwpe[(row0 + i) % T, :] += dx[i, :] (fixed order: deterministic, independent of threads). For
+// row0 = 0 and R = B*T, the bits of encoder_backward's dwpe.
+void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t row0, int64_t T);
 
 // ---- layernorm over the last dim ------------------------------------------------
 // in/out [N,C]; weight/bias [C]; mean/rstd [N] are saved for backward. rstd = 1/sqrt(var + eps),
@@ -61,6 +79,12 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
 // dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (if given)
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                      ConstTensorView dout, ConstTensorView in, ConstTensorView weight);
+
+// x[N, C] += bias[C] (broadcast over rows)
+void bias_forward(Stream& s, TensorView x, ConstTensorView bias);
+// dbias[C] += sum over rows of dout[N, C]; the bits matmul_backward's dbias adds for the same dout
+// (each backend uses its matmul_backward bias reduction).
+void bias_backward(Stream& s, TensorView dbias, ConstTensorView dout);
 
 // ---- causal multi-head self-attention -------------------------------------------
 // qkv [B,T,3C] (q, k, v each [B,T,C] interleaved as in GPT-2's c_attn), NH heads of size C/NH.
@@ -89,6 +113,32 @@ void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
                                  ConstTensorView targets, float dloss, bool compute_grad,
                                  const float* dloss_scale = nullptr);
+
+// ---- vocabulary-parallel cross-entropy: three ops around two all-gathers the caller does ----
+// With T shards of logits [N, V] (shard k holds the columns [begin_k, begin_k + Vl)):
+//  1. row_max: out[i] = max_j logits[i, j] over the shard logits [N, Vl].
+void row_max(Stream& s, TensorView out, ConstTensorView logits);
+//  2. (caller all-gathers the T ranks' row maxima into [T, N] and reduces them with reduce_slices
+//     kMax) then vocab_partials with the global row max: out [2, N] (any shape of 2N elements):
+//     out[0, i] = sum_j exp(logits[i, j] - max[i])   (fixed order)
+//     out[1, i] = logits[i, targets[i] - vocab.begin] if targets[i] in [begin, begin + Vl), else 0
+//     targets [N] int32, < 0 = ignore (both outputs 0 then). Targets >= total (Vl when total is 0)
+//     are a caller bug the CPU backend checks.
+void vocab_partials(Stream& s, TensorView out, ConstTensorView logits, ConstTensorView max,
+                    ConstTensorView targets, VocabRange vocab);
+//  3. (caller all-gathers the partials into [T, 2N] and sums them with reduce_slices kSum) then
+//     vocab_loss_grad: losses[i] = log(sumexp[i]) + max[i] - target_logit[i] (0 for ignored rows);
+//     when compute_grad, logits (in place) become (exp(logits - max)/sumexp - onehot) * dloss
+//     (* *dloss_scale when given, as classifier_forward_backward), onehot at targets[i] - begin when
+//     in range; ignored rows get gradient 0. With one shard (the whole vocabulary) this is
+//     classifier_forward_backward up to the rounding of sumexp to fp32 (about 1 ulp).
+void vocab_loss_grad(Stream& s, TensorView logits, TensorView losses, ConstTensorView max,
+                     ConstTensorView sumexp, ConstTensorView target_logit, ConstTensorView targets,
+                     VocabRange vocab, float dloss, bool compute_grad, const float* dloss_scale = nullptr);
+// out[j] = reduce over k = 0..S-1 of in[k, j] (in [S, n], out [n]), in the fixed order k = 0, 1, ...
+// (fp32 adds for kSum; exact for kMax).
+enum class SliceReduce { kSum, kMax };
+void reduce_slices(Stream& s, TensorView out, ConstTensorView in, SliceReduce kind);
 
 // ---- optimizers over flat fp32 buffers (one call covers a whole flat shard) ------------
 struct AdamWParams {

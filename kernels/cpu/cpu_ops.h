@@ -22,11 +22,16 @@ void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n)
 void accumulate(void* dst, const void* src, DType dtype, int64_t n);
 
 // ---- encoder ----------------------------------------------------------------------------
-// Throws zt::Error when a token id is outside [0, V).
+// wte/dwte hold the V vocabulary rows [v_begin, v_begin + V) of v_total; tokens of other rows
+// contribute nothing to them. wpe/dwpe may be nullptr (no position term). Throws zt::Error when a
+// token id is outside [0, v_total).
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                     int64_t B, int64_t T, int64_t C, int64_t V);
+                     int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, int64_t V);
+                      int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
+// x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order.
+void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T);
+void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
 
 // ---- layernorm ----------------------------------------------------------------------------
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
@@ -40,6 +45,10 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
                     int64_t C, int64_t OC);
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                      const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
+void bias_forward(float* x, const float* bias, int64_t N, int64_t C);
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
 
 // ---- attention ------------------------------------------------------------------------------
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
@@ -61,6 +70,20 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
                                  int64_t V, float dloss, bool compute_grad,
                                  const float* dloss_scale);
 
+// ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --
+// out[N] = row maxima.
+void row_max(float* out, const float* logits, int64_t N, int64_t V);
+// out[0..N) = sum exp(logits - max) (double, fixed lane order, rounded to fp32); out[N..2N) = the
+// target's logit when this shard holds it, else 0; both 0 for ignored rows. Throws zt::Error when
+// a target is >= v_total.
+void vocab_partials(float* out, const float* logits, const float* max, const int32_t* targets,
+                    int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
+// Losses and (compute_grad) dlogits in place, with classifier_forward_backward's arithmetic.
+void vocab_loss_grad(float* logits, float* losses, const float* max, const float* sumexp,
+                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
+                     int64_t v_begin, int64_t v_total, float dloss, bool compute_grad,
+                     const float* dloss_scale);
+
 // ---- optimizers
 // -----------------------------------------------------------------------------------
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
@@ -75,5 +98,7 @@ void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t 
 // double): the same bits for any thread count.
 constexpr int64_t kSumSquaresBlock = 4096;
 void sum_squares(float* out, const float* x, int64_t n);
+// out[j] = in[0, j] (+ or max) in[1, j] ... in[S-1, j], fp32, slices in index order.
+void reduce_slices(float* out, const float* in, int64_t S, int64_t n, bool take_max);
 
 }  // namespace zt::cpu_kernels

@@ -1,4 +1,5 @@
-// CPU kernels for the GPT-2 encoder (token + position embedding), forward and backward.
+// CPU kernels for the GPT-2 encoder (token + position embedding, optionally over one vocabulary
+// shard) and the position embedding alone (sequence-parallel rows), forward and backward.
 #include <algorithm>
 
 #include "core/status.h"
@@ -13,42 +14,87 @@ namespace {
 // repeated tokens accumulate in (b, t) order whatever the thread count.
 constexpr int64_t kEncoderColumnBlock = 64;
 
-void check_token(int32_t token, int64_t V, int64_t row, int64_t T, const char* op) {
-  if (token < 0 || token >= V) [[unlikely]]
+void check_token(int32_t token, int64_t total, int64_t row, int64_t T, const char* op) {
+  if (token < 0 || token >= total) [[unlikely]]
     ZT_THROW(ErrorKind::kInvalidArgument, op, ": token id ", token, " at (b=", row / T,
-             ", t=", row % T, ") is outside the vocabulary [0, ", V, ")");
+             ", t=", row % T, ") is outside the vocabulary [0, ", total, ")");
+}
+
+// Runs fn(c0, c1) over fixed blocks of kEncoderColumnBlock columns of [0, C), in parallel.
+template <typename F>
+void for_column_blocks(int64_t C, F&& fn) {
+  const int64_t num_blocks = (C + kEncoderColumnBlock - 1) / kEncoderColumnBlock;
+  parallel_for(num_blocks, 1, [&](int64_t blk0, int64_t blk1) {
+    fn(blk0 * kEncoderColumnBlock, std::min(C, blk1 * kEncoderColumnBlock));
+  });
 }
 
 }  // namespace
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                     int64_t B, int64_t T, int64_t C, int64_t V) {
+                     int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
   parallel_for(B * T, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      check_token(tokens[r], V, r, T, "encoder_forward");
-      const float* w = wte + tokens[r] * C;
-      const float* p = wpe + (r % T) * C;
+      check_token(tokens[r], v_total, r, T, "encoder_forward");
+      const int64_t local = tokens[r] - v_begin;
       float* o = out + r * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+      if (local >= 0 && local < V) {
+        const float* w = wte + local * C;
+        if (wpe != nullptr) {
+          const float* p = wpe + (r % T) * C;
+          for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+        } else {
+          std::copy(w, w + C, o);
+        }
+      } else if (wpe != nullptr) {
+        // Another shard holds the token: only the position term (0 + p, as the formula says).
+        const float* p = wpe + (r % T) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = 0.0f + p[c];
+      } else {
+        std::fill(o, o + C, 0.0f);
+      }
     }
   });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, int64_t V) {
-  for (int64_t r = 0; r < B * T; ++r) check_token(tokens[r], V, r, T, "encoder_backward");
-  const int64_t num_blocks = (C + kEncoderColumnBlock - 1) / kEncoderColumnBlock;
-  parallel_for(num_blocks, 1, [=](int64_t blk0, int64_t blk1) {
-    const int64_t c0 = blk0 * kEncoderColumnBlock;
-    const int64_t c1 = std::min(C, blk1 * kEncoderColumnBlock);
+                      int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
+  for (int64_t r = 0; r < B * T; ++r) check_token(tokens[r], v_total, r, T, "encoder_backward");
+  for_column_blocks(C, [=](int64_t c0, int64_t c1) {
     for (int64_t r = 0; r < B * T; ++r) {
       const float* d = dout + r * C;
-      float* gw = dwte + tokens[r] * C;
-      float* gp = dwpe + (r % T) * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        gw[c] += d[c];
-        gp[c] += d[c];
+      const int64_t local = tokens[r] - v_begin;
+      if (local >= 0 && local < V) {
+        float* gw = dwte + local * C;
+        for (int64_t c = c0; c < c1; ++c) gw[c] += d[c];
       }
+      if (dwpe != nullptr) {
+        float* gp = dwpe + (r % T) * C;
+        for (int64_t c = c0; c < c1; ++c) gp[c] += d[c];
+      }
+    }
+  });
+}
+
+void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T) {
+  parallel_for(R, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* p = wpe + ((row0 + r) % T) * C;
+      float* o = x + r * C;
+      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
+    }
+  });
+}
+
+void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0,
+                       int64_t T) {
+  // Each column block adds its columns of every row in row order, so every dwpe element sums its
+  // rows in increasing i (the order encoder_backward uses), whatever the thread count.
+  for_column_blocks(C, [=](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < R; ++r) {
+      const float* d = dx + r * C;
+      float* gp = dwpe + ((row0 + r) % T) * C;
+      for (int64_t c = c0; c < c1; ++c) gp[c] += d[c];
     }
   });
 }

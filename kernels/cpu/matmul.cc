@@ -1,5 +1,6 @@
 // CPU kernels for matmul with bias: matrix products through detail::sgemm (OpenBLAS over fixed
-// output tiles, in parallel), the bias gradient as fixed-order column sums.
+// output tiles, in parallel), the bias gradient as fixed-order column sums; the bias alone
+// (bias_forward/backward, for row-parallel layers that add it after a reduction) shares them.
 #include <algorithm>
 
 #include "kernels/cpu/cpu_common.h"
@@ -45,6 +46,20 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
   // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
   detail::sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dweight, C);
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
+}
+
+void bias_forward(float* x, const float* bias, int64_t N, int64_t C) {
+  parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = x + r * C;
+      for (int64_t c = 0; c < C; ++c) row[c] += bias[c];
+    }
+  });
+}
+
+// The same column sums as matmul_backward's dbias: the bits must match (ops.h).
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
+  add_column_sums(dbias, dout, N, C);
 }
 
 }  // namespace zt::cpu_kernels

@@ -41,6 +41,14 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, adamw_update);
   ZT_CPU_ENTRY(cpu_kernels, sgd_update);
   ZT_CPU_ENTRY(cpu_kernels, sum_squares);
+  ZT_CPU_ENTRY(cpu_kernels, position_forward);
+  ZT_CPU_ENTRY(cpu_kernels, position_backward);
+  ZT_CPU_ENTRY(cpu_kernels, bias_forward);
+  ZT_CPU_ENTRY(cpu_kernels, bias_backward);
+  ZT_CPU_ENTRY(cpu_kernels, row_max);
+  ZT_CPU_ENTRY(cpu_kernels, vocab_partials);
+  ZT_CPU_ENTRY(cpu_kernels, vocab_loss_grad);
+  ZT_CPU_ENTRY(cpu_kernels, reduce_slices);
   ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
 
   // The worker gets a copy of the host list: the caller's may be gone by the time it runs.

@@ -1,4 +1,6 @@
-// CPU kernel for sum of squares (gradient norms): fixed blocks, double partials, fixed order.
+// CPU kernels for reductions: sum of squares (gradient norms: fixed blocks, double partials, fixed
+// order) and the slice-wise sum/max of gathered shards (reduce_slices, slices in index order).
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
@@ -23,6 +25,19 @@ void sum_squares(float* out, const float* x, int64_t n) {
   double total = 0.0;
   for (double p : partial) total += p;
   out[0] = static_cast<float>(total);
+}
+
+void reduce_slices(float* out, const float* in, int64_t S, int64_t n, bool take_max) {
+  parallel_for(n, detail::kElemGrain, [=](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      float acc = in[j];
+      for (int64_t k = 1; k < S; ++k) {
+        const float v = in[k * n + j];
+        acc = take_max ? (v > acc ? v : acc) : acc + v;
+      }
+      out[j] = acc;
+    }
+  });
 }
 
 }  // namespace zt::cpu_kernels

@@ -1,4 +1,4 @@
-// CUDA matmul and causal self-attention (kernels/ops.h semantics): cuBLAS GEMMs in true fp32
+// CUDA matmul (and its bias alone) and causal self-attention (kernels/ops.h semantics): cuBLAS GEMMs in true fp32
 // (CUBLAS_COMPUTE_32F, no TF32) plus small kernels for the bias, the column sums of dbias and
 // the causal softmax (exp_elem of kernels/elementwise.h, sums in double, as the CPU kernels). Everything is deterministic: cuBLAS GEMMs are bit-reproducible for a fixed
 // handle/workspace, and our reductions run in a fixed order.
@@ -159,6 +159,22 @@ void matmul_backward(void* stream, float* din, float* dweight, float* dbias, con
                                                                                      N, OC);
     ZT_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+// ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
+void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C) {
+  detail::LaunchScope scope(stream);
+  add_bias_kernel<<<detail::grid_for(N * C), detail::kElementwiseBlock, 0, scope.stream()>>>(x, bias,
+                                                                                            N, C);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
+void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
+  detail::LaunchScope scope(stream);
+  const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
+  bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout, N, C);
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- attention ------------------------------------------------------------------------------

@@ -28,13 +28,23 @@ void add(void* stream, float* out, const float* a, const float* b, int64_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])), dtype f32/f16/bf16 (f32: exactly add).
 void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n);
 
-// ---- encoder: out[B,T,C] = wte[tokens[b,t]] + wpe[t]; wte [V,C], wpe [>=T, C] ---------------
+// ---- encoder: out[B,T,C] = wte[tokens[b,t] - v_begin] (0 when another shard holds the token) +
+// wpe[t] (skipped when wpe == nullptr); wte [V,C] holds ids [v_begin, v_begin + V) of v_total,
+// wpe [>=T, C] ---------------------------------------------------------------------------------
 void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
-                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
-// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. Repeated tokens accumulate in a fixed
-// order (deterministic: e.g. sort (token, position) pairs, or one thread per (token row, c)).
+                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
+                     int64_t v_total);
+// dwte[tokens[b,t] - v_begin] += dout[b,t] for the shard's tokens; dwpe[t] += dout[b,t] (skipped
+// when dwpe == nullptr). Repeated tokens accumulate in a fixed order (deterministic: e.g. sort
+// (token, position) pairs, or one thread per (token row, c)).
 void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
-                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V);
+                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
+                      int64_t v_begin, int64_t v_total);
+// x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in increasing r.
+void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
+                      int64_t T);
+void position_backward(void* stream, float* dwpe, const float* dx, int64_t R, int64_t C,
+                       int64_t row0, int64_t T);
 
 // ---- layernorm: in/out [N,C], weight/bias [C], mean/rstd [N] ---------------------------------
 void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
@@ -51,6 +61,10 @@ void matmul_forward(void* stream, float* out, const float* in, const float* weig
 // dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
                      const float* in, const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
+void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);
+void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C);
 
 // ---- causal self-attention: qkv [B,T,3C], out [B,T,C], preatt/att [B,NH,T,T], hs = C/NH -----
 // preatt = q k^T / sqrt(hs) (entries above the diagonal: unspecified); att = causal softmax
@@ -78,6 +92,16 @@ void classifier_forward_backward(void* stream, float* logits, float* losses, con
                                  int64_t N, int64_t V, float dloss, bool compute_grad,
                                  const float* dloss_scale);
 
+// ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
+// v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN) ----------
+void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V);
+void vocab_partials(void* stream, float* out, const float* logits, const float* max,
+                    const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
+void vocab_loss_grad(void* stream, float* logits, float* losses, const float* max,
+                     const float* sumexp, const float* target_logit, const int32_t* targets,
+                     int64_t N, int64_t V, int64_t v_begin, int64_t v_total, float dloss,
+                     bool compute_grad, const float* dloss_scale);
+
 // ---- optimizers over n fp32 elements (n may be 0) --------------------------------------------
 // Per-element math: zt::adamw_elem / sgd_elem in kernels/elementwise.h. bias_correction1/2 =
 // 1 - beta^step, computed once on the host by ops.cc (zt::adamw_bias_correction), so both
@@ -95,5 +119,7 @@ size_t sum_squares_workspace_bytes(int64_t n);
 // out[0] (device fp32) = sum(x^2), accumulated in double/fixed order: deterministic run to run.
 void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
                  size_t workspace_bytes);
+// out[j] = in[0,j] (+ or max) in[1,j] ... in[S-1,j] for in [S,n], fp32, slices in index order.
+void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t n, bool take_max);
 
 }  // namespace zt::cuda_ops

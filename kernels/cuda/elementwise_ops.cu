@@ -1,5 +1,6 @@
-// CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder, the optimizer
-// updates and sum_squares. Per-element math comes from kernels/elementwise.h, shared with the CPU
+// CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder (optionally
+// over one vocabulary shard) and the position embedding alone, the optimizer updates, sum_squares
+// and reduce_slices. Per-element math comes from kernels/elementwise.h, shared with the CPU
 // loops.
 // Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
 // and independent of the GPU model).
@@ -62,19 +63,29 @@ __global__ void relu_backward_kernel(float* __restrict__ din, const float* __res
 }
 
 // ---- encoder ---------------------------------------------------------------------------------
-// A token id outside [0, V) is a caller bug; rather than read out of bounds, its row becomes NaN
-// so that the loss shows it.
+// A token id outside [0, total) is a caller bug; rather than read out of bounds, its row becomes
+// NaN so that the loss shows it. Tokens of other shards (outside [begin, begin + V)) contribute
+// nothing but the position term. wpe may be nullptr.
 __global__ void encoder_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
                                        const float* __restrict__ wte,
                                        const float* __restrict__ wpe, int64_t B, int64_t T,
-                                       int64_t C, int64_t V) {
+                                       int64_t C, int64_t V, int64_t begin, int64_t total) {
   const int64_t n = B * T * C;
   ZT_GRID_STRIDE_LOOP(i, n) {
     const int64_t bt = i / C;
     const int64_t c = i - bt * C;
     const int64_t t = bt % T;
     const int32_t tok = tokens[bt];
-    out[i] = (tok >= 0 && tok < V) ? wte[tok * C + c] + wpe[t * C + c] : NAN;
+    const int64_t local = tok - begin;
+    // The same expressions as the CPU kernel, so that signed zeros match too.
+    const bool here = local >= 0 && local < V;
+    float v;
+    if (wpe != nullptr) {
+      v = here ? wte[local * C + c] + wpe[t * C + c] : 0.0f + wpe[t * C + c];
+    } else {
+      v = here ? wte[local * C + c] : 0.0f;
+    }
+    out[i] = (tok >= 0 && tok < total) ? v : NAN;
   }
 }
 
@@ -90,7 +101,7 @@ __global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,
   }
 }
 
-// dwte[v,c] += dout[p,c] for every position p (in increasing order) with tokens[p] == v.
+// dwte[v,c] += dout[p,c] for every position p (in increasing order) with tokens[p] == begin + v.
 // Deterministic without atomics or sorting: thread (chunk, c) owns the rows [v0, v1) of channel
 // c, scans all positions in order (tokens staged through shared memory, one broadcast read per
 // warp) and accumulates into its own rows only. The chunking changes how much scanning is done,
@@ -103,7 +114,8 @@ constexpr int64_t kEncoderTargetBlocks = 1024;
 __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,
                                             const float* __restrict__ dout,
                                             const int32_t* __restrict__ tokens, int64_t BT,
-                                            int64_t C, int64_t V, int64_t rows_per_chunk) {
+                                            int64_t C, int64_t V, int64_t begin,
+                                            int64_t rows_per_chunk) {
   __shared__ int32_t tile[kEncoderTokenTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kEncoderBwdBlock + threadIdx.x;
   const int64_t v0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -115,9 +127,48 @@ __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,
     __syncthreads();
     if (c >= C) continue;
     for (int64_t j = 0; j < count; ++j) {
-      const int64_t tok = tile[j];
+      const int64_t tok = tile[j] - begin;  // the shard's row; other shards' tokens miss [v0, v1)
       if (tok >= v0 && tok < v1) dwte[tok * C + c] += dout[(base + j) * C + c];
     }
+  }
+}
+
+// x[r, c] += wpe[(row0 + r) % T, c] for x [R, C].
+__global__ void position_forward_kernel(float* __restrict__ x, const float* __restrict__ wpe,
+                                        int64_t R, int64_t C, int64_t row0, int64_t T) {
+  const int64_t n = R * C;
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    const int64_t r = i / C;
+    const int64_t c = i - r * C;
+    x[i] += wpe[((row0 + r) % T) * C + c];
+  }
+}
+
+// dwpe[p, c] += dx[r, c] over the rows r with (row0 + r) % T == p, in increasing r: one thread per
+// (p, c), float adds in the CPU kernel's order (the same bits).
+__global__ void position_backward_kernel(float* __restrict__ dwpe, const float* __restrict__ dx,
+                                         int64_t R, int64_t C, int64_t row0, int64_t T) {
+  const int64_t n = T * C;
+  ZT_GRID_STRIDE_LOOP(i, n) {
+    const int64_t p = i / C;
+    const int64_t c = i - p * C;
+    const int64_t first = ((p - row0 % T) % T + T) % T;  // the first row r >= 0 at position p
+    float acc = dwpe[i];
+    for (int64_t r = first; r < R; r += T) acc += dx[r * C + c];
+    dwpe[i] = acc;
+  }
+}
+
+// out[j] = in[0, j] (+ or max) in[1, j] ... in[S-1, j], slices in index order.
+__global__ void reduce_slices_kernel(float* __restrict__ out, const float* __restrict__ in,
+                                     int64_t S, int64_t n, bool take_max) {
+  ZT_GRID_STRIDE_LOOP(j, n) {
+    float acc = in[j];
+    for (int64_t k = 1; k < S; ++k) {
+      const float v = in[k * n + j];
+      acc = take_max ? (v > acc ? v : acc) : acc + v;
+    }
+    out[j] = acc;
   }
 }
 
@@ -235,15 +286,17 @@ void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n
 
 // ---- encoder -------------------------------------------------------------------------------------
 void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
-                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
+                     int64_t v_total) {
   detail::LaunchScope scope(stream);
   encoder_forward_kernel<<<grid_for(B * T * C), kElementwiseBlock, 0, scope.stream()>>>(
-      out, tokens, wte, wpe, B, T, C, V);
+      out, tokens, wte, wpe, B, T, C, V, v_begin, v_total);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
-                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
+                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
+                      int64_t v_begin, int64_t /*v_total*/) {
   detail::LaunchScope scope(stream);
   if (dwpe != nullptr) {
     encoder_backward_wpe_kernel<<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(
@@ -258,9 +311,32 @@ void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
     const dim3 grid(static_cast<unsigned>(channel_blocks),
                     static_cast<unsigned>((V + rows_per_chunk - 1) / rows_per_chunk));
     encoder_backward_wte_kernel<<<grid, kEncoderBwdBlock, 0, scope.stream()>>>(
-        dwte, dout, tokens, B * T, C, V, rows_per_chunk);
+        dwte, dout, tokens, B * T, C, V, v_begin, rows_per_chunk);
     ZT_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
+                      int64_t T) {
+  detail::LaunchScope scope(stream);
+  position_forward_kernel<<<grid_for(R * C), kElementwiseBlock, 0, scope.stream()>>>(x, wpe, R, C,
+                                                                                     row0, T);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void position_backward(void* stream, float* dwpe, const float* dx, int64_t R, int64_t C,
+                       int64_t row0, int64_t T) {
+  detail::LaunchScope scope(stream);
+  position_backward_kernel<<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(dwpe, dx, R,
+                                                                                      C, row0, T);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t n, bool take_max) {
+  detail::LaunchScope scope(stream);
+  reduce_slices_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, in, S, n,
+                                                                              take_max);
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- activations -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-// CUDA layernorm (forward/backward) and the fused softmax + cross-entropy classifier: one warp
+// CUDA layernorm (forward/backward), the fused softmax + cross-entropy classifier and its
+// vocabulary-parallel form (row_max, vocab_partials, vocab_loss_grad): one warp
 // (layernorm) or one block (classifier) per row, sums accumulated in double like the CPU kernels
 // and combined in a fixed order. The layernorm parameter gradients are column sums by a fixed
 // row-stripe tree: no float atomics anywhere, so every result is run-to-run deterministic.
@@ -162,7 +163,107 @@ __global__ void __launch_bounds__(kClassifierBlock)
   }
 }
 
+// ---- vocabulary-parallel cross-entropy: one block per row, as the classifier ------------------
+__global__ void __launch_bounds__(kClassifierBlock)
+    row_max_kernel(float* __restrict__ out, const float* __restrict__ logits, int64_t N, int64_t V) {
+  __shared__ float scratch[kWarpSize];
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float* x = logits + row * V;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
+    m = detail::block_max(m, scratch);
+    if (threadIdx.x == 0) out[row] = m;
+  }
+}
+
+// out[row] = sum exp(x - max) (double, rounded to fp32), out[N + row] = the target's logit when this
+// shard holds it; both 0 for ignored rows, NaN sum for a target >= total (a caller bug the CPU
+// backend throws for).
+__global__ void __launch_bounds__(kClassifierBlock)
+    vocab_partials_kernel(float* __restrict__ out, const float* __restrict__ logits,
+                          const float* __restrict__ max, const int32_t* __restrict__ targets,
+                          int64_t N, int64_t V, int64_t begin, int64_t total) {
+  __shared__ double scratch_sum[kWarpSize];
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int32_t target = targets[row];
+    if (target < 0) {  // uniform over the block: no thread reaches the block_sum below
+      if (threadIdx.x == 0) {
+        out[row] = 0.0f;
+        out[N + row] = 0.0f;
+      }
+      continue;
+    }
+    const float* x = logits + row * V;
+    const float m = max[row];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp_elem(x[i] - m);
+    s = detail::block_sum(s, scratch_sum);
+    if (threadIdx.x == 0) {
+      const int64_t local = target - begin;
+      out[row] = target < total ? static_cast<float>(s) : NAN;
+      out[N + row] = local >= 0 && local < V ? x[local] : 0.0f;
+    }
+  }
+}
+
+// losses and (compute_grad) dlogits in place, with the classifier's arithmetic.
+__global__ void __launch_bounds__(kClassifierBlock)
+    vocab_loss_grad_kernel(float* __restrict__ logits, float* __restrict__ losses,
+                           const float* __restrict__ max, const float* __restrict__ sumexp,
+                           const float* __restrict__ target_logit,
+                           const int32_t* __restrict__ targets, int64_t N, int64_t V, int64_t begin,
+                           int64_t total, float dloss_arg, bool compute_grad,
+                           const float* __restrict__ dloss_scale) {
+  const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    float* x = logits + row * V;
+    const int32_t target = targets[row];
+    const bool ignored = target < 0;
+    const double sum = sumexp[row];
+    const float m = max[row];
+    if (threadIdx.x == 0) {
+      losses[row] = ignored          ? 0.0f
+                    : target < total ? static_cast<float>(log(sum) - (double{target_logit[row]} - m))
+                                     : NAN;
+    }
+    if (!compute_grad) continue;
+    const float inv = static_cast<float>(1.0 / sum);
+    const int64_t local = target - begin;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const float p = exp_elem(x[i] - m) * inv;
+      x[i] = ignored ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss;
+    }
+  }
+}
+
+unsigned row_blocks(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(N, 65535)); }
+
 }  // namespace
+
+void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V) {
+  detail::LaunchScope scope(stream);
+  row_max_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(out, logits, N, V);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void vocab_partials(void* stream, float* out, const float* logits, const float* max,
+                    const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+  detail::LaunchScope scope(stream);
+  vocab_partials_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
+      out, logits, max, targets, N, V, v_begin, v_total);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void vocab_loss_grad(void* stream, float* logits, float* losses, const float* max,
+                     const float* sumexp, const float* target_logit, const int32_t* targets,
+                     int64_t N, int64_t V, int64_t v_begin, int64_t v_total, float dloss,
+                     bool compute_grad, const float* dloss_scale) {
+  detail::LaunchScope scope(stream);
+  vocab_loss_grad_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
+      logits, losses, max, sumexp, target_logit, targets, N, V, v_begin, v_total, dloss,
+      compute_grad, dloss_scale);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
 
 void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
                        const float* weight, const float* bias, int64_t N, int64_t C, float eps) {

@@ -59,6 +59,14 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, adamw_update);
   ZT_CUDA_ENTRY(cuda_ops, sgd_update);
   ZT_CUDA_ENTRY(optim::cuda_kernels, loss_scale_update);
+  ZT_CUDA_ENTRY(cuda_ops, position_forward);
+  ZT_CUDA_ENTRY(cuda_ops, position_backward);
+  ZT_CUDA_ENTRY(cuda_ops, bias_forward);
+  ZT_CUDA_ENTRY(cuda_ops, bias_backward);
+  ZT_CUDA_ENTRY(cuda_ops, row_max);
+  ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
+  ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
+  ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
 
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");

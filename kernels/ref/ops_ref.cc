@@ -8,22 +8,49 @@
 namespace zt::ref {
 
 void encoder_forward_ref(DSpan out, ISpan tokens, CDSpan wte, CDSpan wpe, int64_t B, int64_t T,
-                         int64_t C) {
+                         int64_t C, int64_t begin) {
+  const int64_t V = static_cast<int64_t>(wte.size()) / C;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t local = tokens[b * T + t] - begin;
       for (int64_t c = 0; c < C; ++c)
-        out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+        out[(b * T + t) * C + c] = (local >= 0 && local < V ? wte[local * C + c] : 0.0) +
+                                   (wpe.empty() ? 0.0 : wpe[t * C + c]);
+    }
 }
 
 void encoder_backward_ref(DSpan dwte, DSpan dwpe, CDSpan dout, ISpan tokens, int64_t B, int64_t T,
-                          int64_t C) {
+                          int64_t C, int64_t begin) {
+  const int64_t V = static_cast<int64_t>(dwte.size()) / C;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t local = tokens[b * T + t] - begin;
       for (int64_t c = 0; c < C; ++c) {
         const double d = dout[(b * T + t) * C + c];
-        dwte[tokens[b * T + t] * C + c] += d;
-        dwpe[t * C + c] += d;
+        if (local >= 0 && local < V) dwte[local * C + c] += d;
+        if (!dwpe.empty()) dwpe[t * C + c] += d;
       }
+    }
+}
+
+void position_forward_ref(DSpan x, CDSpan wpe, int64_t R, int64_t C, int64_t row0, int64_t T) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) x[r * C + c] += wpe[((row0 + r) % T) * C + c];
+}
+
+void position_backward_ref(DSpan dwpe, CDSpan dx, int64_t R, int64_t C, int64_t row0, int64_t T) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) dwpe[((row0 + r) % T) * C + c] += dx[r * C + c];
+}
+
+void bias_forward_ref(DSpan x, CDSpan bias, int64_t N, int64_t C) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < C; ++c) x[r * C + c] += bias[c];
+}
+
+void bias_backward_ref(DSpan dbias, CDSpan dout, int64_t N, int64_t C) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < C; ++c) dbias[c] += dout[r * C + c];
 }
 
 void layernorm_forward_ref(DSpan out, DSpan mean, DSpan rstd, CDSpan in, CDSpan weight, CDSpan bias,
@@ -198,6 +225,52 @@ void classifier_ref(DSpan losses, DSpan dlogits, CDSpan logits, ISpan targets, i
     losses[r] = std::log(sum) + mx - x[targets[r]];
     for (int64_t i = 0; i < V; ++i)
       d[i] = (std::exp(x[i] - mx) / sum - (i == targets[r] ? 1.0 : 0.0)) * dloss;
+  }
+}
+
+void row_max_ref(DSpan out, CDSpan logits, int64_t N, int64_t V) {
+  for (int64_t r = 0; r < N; ++r) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, logits[r * V + j]);
+    out[r] = m;
+  }
+}
+
+void vocab_partials_ref(DSpan out, CDSpan logits, CDSpan max, ISpan targets, int64_t N, int64_t V,
+                        int64_t begin) {
+  for (int64_t r = 0; r < N; ++r) {
+    double sum = 0, target_logit = 0;
+    if (targets[r] >= 0) {
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(logits[r * V + j] - max[r]);
+      const int64_t local = targets[r] - begin;
+      if (local >= 0 && local < V) target_logit = logits[r * V + local];
+    }
+    out[r] = sum;
+    out[N + r] = target_logit;
+  }
+}
+
+void vocab_loss_grad_ref(DSpan losses, DSpan dlogits, CDSpan logits, CDSpan max, CDSpan sumexp,
+                         CDSpan target_logit, ISpan targets, int64_t N, int64_t V, int64_t begin,
+                         double dloss) {
+  for (int64_t r = 0; r < N; ++r) {
+    const bool ignored = targets[r] < 0;
+    losses[r] = ignored ? 0.0 : std::log(sumexp[r]) + max[r] - target_logit[r];
+    const int64_t local = targets[r] - begin;
+    for (int64_t j = 0; j < V; ++j) {
+      const double p = std::exp(logits[r * V + j] - max[r]) / sumexp[r];
+      dlogits[r * V + j] = ignored ? 0.0 : (p - (j == local ? 1.0 : 0.0)) * dloss;
+    }
+  }
+}
+
+void reduce_slices_ref(DSpan out, CDSpan in, bool take_max) {
+  const size_t n = out.size();
+  for (size_t j = 0; j < n; ++j) {
+    double acc = in[j];
+    for (size_t k = 1; k * n < in.size(); ++k)
+      acc = take_max ? std::max(acc, in[k * n + j]) : acc + in[k * n + j];
+    out[j] = acc;
   }
 }
 
