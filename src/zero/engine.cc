@@ -4,6 +4,9 @@
 // Invariants:
 //  - Collectives are issued from after_backward / before_* hooks and optimizer_step in the same
 //    order on every rank (the model's block order), so the per-rank rendezvous always pairs up.
+//  - Gradients and parameters travel on the rank's data group only (the world group when
+//    tensor == 1, so nothing changes then); the overflow flag's all-reduce is the one world-group
+//    collective, issued by every rank at the same point of the step.
 //  - Everything a collective reads was written on the compute stream; the Communicator makes the
 //    comm stream wait for it (producer = compute). Everything compute reads that comm wrote is
 //    guarded by an event recorded on the comm stream right after the collective was enqueued.
@@ -20,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "comm/mesh.h"
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
@@ -170,6 +174,8 @@ class ZeroRank final : public ParamAccess {
   ZeroEngine::Impl& e_;
   const ShardingPolicy& policy_;
   int r_;
+  CommGroup data_;  // the ranks sharing this rank's tensor coordinate; shards are over them
+  int data_index_;  // this rank's position in data_ (what the rank is in a tensor == 1 engine)
   Device& d_;
   Stream& compute_;
   Stream& comm_;
@@ -199,7 +205,13 @@ class ZeroRank final : public ParamAccess {
 
 struct ZeroEngine::Impl {
   Impl(const Model& m, std::vector<Device*> devs, Communicator& c, const ZeroOptions& o)
-      : model(m), devices(std::move(devs)), comm(c), opt(o), policy(policy_for_stage(o.stage)) {
+      : model(m),
+        devices(std::move(devs)),
+        comm(c),
+        opt(o),
+        policy(policy_for_stage(o.stage)),
+        mesh(MeshShape{.data = data_parallel_size(static_cast<int>(devices.size()), o), .tensor = o.tensor},
+             static_cast<int>(devices.size())) {
     ZT_CHECK(comm.world() == static_cast<int>(devices.size()), "communicator and engine disagree on the world size");
     const ParamLayout& L = model.layout();
     std::vector<BlockBufferBytes> sizes;
@@ -217,7 +229,15 @@ struct ZeroEngine::Impl {
 
   bool mixed() const { return opt.working != DType::kF32; }
   int world() const { return static_cast<int>(devices.size()); }
+  int data_size() const { return mesh.size(MeshAxis::kData); }
+  int tensor_size() const { return mesh.size(MeshAxis::kTensor); }
   ZeroRank& rank(int r) { return *ranks.at(static_cast<size_t>(r)); }
+  // The ranks of tensor coordinate t, by data index.
+  std::vector<int> tensor_ranks(int t) const {
+    ZT_REQUIRE(t >= 0 && t < tensor_size(), "tensor coordinate ", t, " is outside the engine's tensor degree of ",
+               tensor_size());
+    return mesh.data_group(mesh.rank_at(MeshCoord{.data = 0, .tensor = t}));
+  }
 
   // ---- tracing ----
   bool tracing = false;
@@ -252,6 +272,7 @@ struct ZeroEngine::Impl {
   Communicator& comm;
   ZeroOptions opt;
   const ShardingPolicy policy;
+  const Mesh mesh;  // {data = N / tensor, tensor}
   VisitPlan train_plan, forward_plan;  // what each micro-batch's hooks allocate and free
   std::vector<std::unique_ptr<ZeroRank>> ranks;
 };
@@ -261,7 +282,14 @@ struct ZeroEngine::Impl {
 // ZeroRank: construction, the model's hooks and the micro-batch lifecycle.
 
 ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
-    : e_(e), policy_(e.policy), r_(r), d_(d), compute_(d.compute()), comm_(d.comm()) {
+    : e_(e),
+      policy_(e.policy),
+      r_(r),
+      data_(e.comm.group(e.mesh.data_group(r))),
+      data_index_(e.mesh.index(MeshAxis::kData, r)),
+      d_(d),
+      compute_(d.compute()),
+      comm_(d.comm()) {
   comm_done_ = d.create_event();
   compute_done_ = d.create_event();
   if (e_.opt.offload) {
@@ -273,7 +301,7 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
   for (int b = 0; b < L.num_blocks(); ++b) {
     Block blk;
     blk.numel = L.block(b).numel;
-    blk.shard = shard_range(blk.numel, r, e_.world());
+    blk.shard = shard_range(blk.numel, data_index_, e_.data_size());
     blk.sizes = zt::block_buffer_bytes(blk.numel, e_.world(), e_.opt);
     for (const ResidentBuffer& rb : resident_buffers(blk.sizes, policy_))
       allocate(blk, rb.role, rb.bytes, compute_, buffer_role_label(rb.role));
@@ -405,7 +433,7 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
   std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(comm_, issued_++) : nullptr;
   const DType W = e_.opt.working;
   comm_.copy(at(blk.gathered.data(), W, blk.shard.begin), blk.params.data(), bytes_of(blk.shard.shard_numel, W));
-  e_.comm.all_gather(r_, typed(blk.gathered.data(), W, blk.shard.padded_numel, idx()), nullptr, block_name(b));
+  data_.all_gather(r_, typed(blk.gathered.data(), W, blk.shard.padded_numel, idx()), nullptr, block_name(b));
   if (start) e_.close_span(comm_, start, TraceSpan::kGather, r_, b);
   comm_.record(*blk.gathered_ready);
   d_.memory().record_stream(blk.gathered.data(), compute_);
@@ -446,9 +474,9 @@ void ZeroRank::reduce_gradient(int b) {
     compute_.record(*compute_done_);
     comm_.wait(*compute_done_);
     rs_start = e_.open_span(comm_, issued_++);
-    e_.comm.reduce_scatter(r_, full_view, nullptr, block_name(b));
+    data_.reduce_scatter(r_, full_view, nullptr, block_name(b));
   } else {
-    e_.comm.reduce_scatter(r_, full_view, &compute_, block_name(b));
+    data_.reduce_scatter(r_, full_view, &compute_, block_name(b));
   }
   // This rank's reduced shard now sits at full + begin; fold it into the step's accumulator.
   const int64_t n = blk.shard.shard_numel;
@@ -623,7 +651,8 @@ void ZeroRank::check_gradients(float* device_out) {
       e_.opt.scaling == ZeroOptions::Scaling::kNone ? nullptr : &scaler.as<optim::LossScaleState>()->inv_scale;
   optim::unscale_check(compute_, {grad_segs_, grad_segs_dev_.as<optim::GradSegment>()}, e_.opt.working, inv,
                        device_out, static_cast<int>(blocks.size()), flags.as<float>());
-  // Every rank must skip together: sum the flags over ranks, on the devices.
+  // Every rank of the mesh (every tensor coordinate too) must skip together: sum the flags over
+  // all ranks, on the devices.
   e_.comm.all_reduce(r_, f32(flags.as<float>(), e_.world(), idx()), &compute_, "overflow flag");
   record_comm_and_wait(compute_);
 }
@@ -641,8 +670,8 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
       void* acc = accumulator(blk);
       void* region = at(blk.full_grad_bucket.data(), W, blk.shard.begin);
       if (acc != region) compute_.copy(region, acc, bytes_of(blk.shard.shard_numel, W));
-      e_.comm.all_gather(r_, typed(blk.full_grad_bucket.data(), W, blk.shard.padded_numel, idx()), &compute_,
-                         L.block(static_cast<int>(b)).name);
+      data_.all_gather(r_, typed(blk.full_grad_bucket.data(), W, blk.shard.padded_numel, idx()), &compute_,
+                       L.block(static_cast<int>(b)).name);
     }
     record_comm_and_wait(compute_);
   }
@@ -668,8 +697,8 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
   }
   if (policy_.gathers_params_after_step()) {
     for (size_t b = 0; b < blocks.size(); ++b)
-      e_.comm.all_gather(r_, typed(blocks[b].params.data(), W, blocks[b].shard.padded_numel, idx()), &compute_,
-                         L.block(static_cast<int>(b)).name);
+      data_.all_gather(r_, typed(blocks[b].params.data(), W, blocks[b].shard.padded_numel, idx()), &compute_,
+                       L.block(static_cast<int>(b)).name);
   }
 }
 
@@ -930,6 +959,8 @@ ZeroEngine::~ZeroEngine() {
 }
 
 int ZeroEngine::world() const { return impl_->world(); }
+int ZeroEngine::data_size() const { return impl_->data_size(); }
+int ZeroEngine::tensor_size() const { return impl_->tensor_size(); }
 int ZeroEngine::stage() const { return impl_->opt.stage; }
 const ShardingPolicy& ZeroEngine::policy() const { return impl_->policy; }
 ParamAccess& ZeroEngine::access(int rank) { return impl_->rank(rank); }
@@ -981,7 +1012,8 @@ std::pair<int64_t, int64_t> ZeroEngine::state_range(int rank, int block) const {
   return {sh.begin, sh.end};
 }
 
-std::vector<float> ZeroEngine::block_to_host(int block) {
+std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
+  const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
   const DType W = impl_->opt.working;
   std::vector<float> out(static_cast<size_t>(impl_->rank(0).block(block).numel));
@@ -996,26 +1028,27 @@ std::vector<float> ZeroEngine::block_to_host(int block) {
     to_host(s, out.data() + at_out, tmp.data(), n);
   };
   if (!impl_->policy.shard_params) {
-    fetch(0, static_cast<int64_t>(out.size()), 0);
+    fetch(ranks[0], static_cast<int64_t>(out.size()), 0);
     return out;
   }
-  for (int r = 0; r < world(); ++r) {
+  for (int r : ranks) {
     const ShardRange& sh = impl_->rank(r).block(block).shard;
     fetch(r, sh.size(), sh.begin);
   }
   return out;
 }
 
-std::vector<float> ZeroEngine::master_to_host(int block) {
-  if (!impl_->mixed()) return block_to_host(block);
+std::vector<float> ZeroEngine::master_to_host(int block, int tensor) {
+  if (!impl_->mixed()) return block_to_host(block, tensor);
+  const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
-  const Block& b0 = impl_->rank(0).block(block);
+  const Block& b0 = impl_->rank(ranks[0]).block(block);
   std::vector<float> out(static_cast<size_t>(b0.numel));
   if (!impl_->policy.shard_optimizer) {
-    to_host(impl_->rank(0).compute_stream(), out.data(), b0.master.data(), b0.numel);
+    to_host(impl_->rank(ranks[0]).compute_stream(), out.data(), b0.master.data(), b0.numel);
     return out;
   }
-  for (int r = 0; r < world(); ++r) {
+  for (int r : ranks) {
     const Block& blk = impl_->rank(r).block(block);
     const int64_t n = blk.shard.size(), nh = std::min(blk.off, std::max<int64_t>(n, 0));  // offloaded: [0, nh) on the host
     if (nh > 0) std::memcpy(out.data() + blk.shard.begin, blk.h_master.data(), bytes_of(nh));
@@ -1064,16 +1097,19 @@ void ZeroEngine::set_working_dtype(DType working) {
   impl_->opt.working = working;
   impl_->opt.scaling = ZeroOptions::Scaling::kNone;
   if (impl_->policy.gathers_params_after_step()) {
+    const std::vector<std::vector<int>> groups = impl_->mesh.groups(MeshAxis::kData);
     for (size_t b = 0; b < impl_->rank(0).blocks.size(); ++b) {
-      std::vector<TensorView> full;
-      std::vector<Stream*> producers;
-      for (int r = 0; r < N; ++r) {
-        ZeroRank& R = impl_->rank(r);
-        const Block& blk = R.blocks[b];
-        full.push_back(typed(blk.params.data(), working, blk.shard.padded_numel, R.device().index()));
-        producers.push_back(&R.compute_stream());
+      for (const std::vector<int>& members : groups) {
+        std::vector<TensorView> full;  // indexed by position in the data group
+        std::vector<Stream*> producers;
+        for (int r : members) {
+          ZeroRank& R = impl_->rank(r);
+          const Block& blk = R.blocks[b];
+          full.push_back(typed(blk.params.data(), working, blk.shard.padded_numel, R.device().index()));
+          producers.push_back(&R.compute_stream());
+        }
+        impl_->comm.group(members).all_gather(full, producers);
       }
-      impl_->comm.all_gather(full, producers);
     }
   }
   for (int r = 0; r < N; ++r) {
@@ -1092,6 +1128,7 @@ namespace {
 // the plan sizes the device copy of the lists as build_segments does. A tensor spans a contiguous
 // run of ranks' shards: counted with a difference array over ranks, O(tensors + world).
 size_t planned_optimizer_segments(const ParamLayout& L, int world, const ShardingPolicy& p, size_t* work) {
+  // `world`: the ranks the blocks are sharded over (the data group).
   std::vector<int64_t> diff(static_cast<size_t>(world) + 1, 0);
   for (int b = 0; b < L.num_blocks(); ++b) {
     const int64_t shard = shard_range(L.block(b).numel, 0, world).shard_numel;
@@ -1128,7 +1165,7 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   if (opt.offload) plan.host += kOffloadScalarBytes;
   plan.work += static_cast<size_t>(L.num_blocks());
   // Per rank: the loss-scale state, the overflow flags, and the multi-tensor lists.
-  const size_t opt_segs = planned_optimizer_segments(L, world, p, &plan.work);
+  const size_t opt_segs = planned_optimizer_segments(L, data_parallel_size(world, opt), p, &plan.work);
   plan.resident.push_back(sizeof(optim::LossScaleState));
   plan.resident.push_back(static_cast<size_t>(world) * sizeof(float));
   plan.resident.push_back(std::max<size_t>(1, opt_segs) * sizeof(optim::OptimizerSegment));

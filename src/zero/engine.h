@@ -38,6 +38,15 @@
 // summed across ranks with an all-reduce on the devices, and the optimizer and the dynamic scale
 // update read that flag and the scale from device memory: every rank skips an overflowed step
 // together, and nothing about it needs the host.
+//
+// Tensor parallelism (ZeroOptions::tensor = T > 1): the N devices form the mesh
+// {data = N / T, tensor = T} (comm/mesh.h; tensor varies fastest), and the model each rank is given
+// is its tensor rank's local model: the same layout everywhere, different values per tensor
+// coordinate. Each tensor coordinate's D = N / T ranks (its data group) are one ZeRO engine of D
+// ranks: every shard, reduce-scatter and all-gather above is over the data group, with the rank's
+// data index in the place of its rank, so a tensor coordinate computes the bits a D-device engine
+// computes on its blocks. Only the overflow flag is summed over all N ranks, so that the whole
+// mesh skips an overflowed step together.
 #pragma once
 
 #include <chrono>
@@ -60,6 +69,8 @@ namespace zt {
 
 struct ZeroOptions {
   int stage = 2;
+  // Tensor-parallel degree T (must divide the devices): ZeRO shards over data groups of N / T ranks.
+  int tensor = 1;
   bool sgd = false;  // SGD keeps one moment buffer, AdamW two
   int micro_batches = 1;  // per step (gradient accumulation)
   // Parameters and gradients for compute and communication: f32, bf16 or f16.
@@ -131,16 +142,19 @@ class ZeroEngine {
   ZeroEngine(const Model& model, std::vector<Device*> devices, Communicator& comm, const ZeroOptions& opt);
   ~ZeroEngine();
 
-  int world() const;
+  int world() const;        // N: every device of the engine
+  int data_size() const;    // D = N / tensor: the ranks each block is sharded over
+  int tensor_size() const;  // T
   int stage() const;
   // What this engine's stage shards, computed once from it.
   const ShardingPolicy& policy() const;
   // Loads the full parameters of every block from host memory (each rank keeps what its stage
   // keeps) and zeroes optimizer state. Blocks: one host vector per block, layout numel each.
   void load_parameters(int rank, const std::vector<std::vector<float>>& host_blocks);
-  // The full parameters of block b, assembled on the host from the ranks that hold them (any
-  // stage); synchronizes every device. For tests, checkpoints and exports, not the hot path.
-  std::vector<float> block_to_host(int block);
+  // The full parameters of block b of tensor coordinate `tensor`, assembled on the host from that
+  // coordinate's ranks that hold them (any stage); synchronizes every device. For tests,
+  // checkpoints and exports, not the hot path.
+  std::vector<float> block_to_host(int block, int tensor = 0);
   // This rank's optimizer moments of block b over its shard's real elements (m, then v).
   std::vector<float> moments_to_host(int rank, int block);
 
@@ -177,8 +191,8 @@ class ZeroEngine {
   void set_working_dtype(DType working);
   DType working_dtype() const;
   // Diagnostics after an overflow (synchronizes every device; not the hot path): "h.3.mlp.c_fc.weight"
-  // — the first tensor, in layout order, whose accumulated gradient holds inf/NaN on some rank; empty
-  // if none does.
+  // — the first tensor, in layout order, whose accumulated gradient holds inf/NaN on some rank (of
+  // any tensor coordinate); empty if none does.
   std::string first_nonfinite_gradient();
   // Tests: writes `value` (converted to the working dtype) into element `offset` of rank's
   // accumulated gradient shard of `block`, on the compute stream, before check_gradients.
@@ -187,6 +201,7 @@ class ZeroEngine {
   // ---- checkpoints and recovery (host memory; synchronize the rank's device; not the hot path) ----
   // The elements [begin, end) of block b whose optimizer state rank r saves: its shard's real
   // elements at every stage (stage 0 keeps everything on every rank, but each saves its shard).
+  // Shards are over r's data group (its data index of data_size()).
   ShardRange shard_of(int rank, int block) const;
   // The elements of block b whose optimizer state rank r keeps ([0, numel) at stage 0, else its shard).
   std::pair<int64_t, int64_t> state_range(int rank, int block) const;
@@ -200,9 +215,9 @@ class ZeroEngine {
                   const void* working_full);
   void set_loss_scale_state(int rank, const optim::LossScaleState& st);
 
-  // The fp32 master weights of block b over the whole block, assembled from the ranks' shards
-  // (equals block_to_host in fp32). Synchronizes every device.
-  std::vector<float> master_to_host(int block);
+  // The fp32 master weights of block b of tensor coordinate `tensor` over the whole block, assembled
+  // from that coordinate's ranks' shards (equals block_to_host in fp32). Synchronizes every device.
+  std::vector<float> master_to_host(int block, int tensor = 0);
 
   ModelStateBytes model_state_bytes(int rank) const;
   // Offload: the peak of rank's host-arena bytes (0 without offload).
@@ -211,9 +226,10 @@ class ZeroEngine {
   // rank's compute stream waited for it); 0 without offload.
   double host_update_seconds(int rank) const;
 
-  // What one block's buffers take on one rank of `world` (zt::block_buffer_bytes).
+  // What one block's buffers take on one rank of `world` devices (zt::block_buffer_bytes; sharded
+  // over world / opt.tensor of them, as in the three calls below).
   static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
-  // What an engine of this model on `world` ranks allocates per rank: the resident buffers
+  // What an engine of this model on `world` devices allocates per rank: the resident buffers
   // (resident_buffers) and the transient ones live at the peak, from walking the visit plans the
   // engine's hooks execute (make_visit_plan). Linear in the model's visits.
   static EngineMemoryPlan plan_memory(const Model& model, int world, const ZeroOptions& opt);

@@ -4,6 +4,7 @@
 #include "zero/visit_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/status.h"
 #include "memory/caching_allocator.h"
@@ -27,9 +28,20 @@ const char* buffer_role_label(BufferRole role) {
   return "?";
 }
 
+int data_parallel_size(int world, const ZeroOptions& opt) {
+  const int t = opt.tensor;
+  if (t >= 1 && world >= 1 && world % t == 0) return world / t;
+  // The divisor of `world` closest to t (the smaller one on a tie).
+  int nearest = 1;
+  for (int d = 1; d <= world; ++d)
+    if (world % d == 0 && std::abs(d - t) < std::abs(nearest - t)) nearest = d;
+  ZT_THROW(ErrorKind::kInvalidArgument, "a tensor-parallel degree of ", t, " does not divide the ", world,
+           " devices; use a divisor of ", world, " (nearest: ", nearest, ")");
+}
+
 BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt) {
   const ShardingPolicy p = policy_for_stage(opt.stage);
-  const ShardRange sh = shard_range(numel, 0, world);
+  const ShardRange sh = shard_range(numel, 0, data_parallel_size(world, opt));
   const int64_t full = sh.padded_numel, shard = sh.shard_numel;
   const size_t w = dtype_size(opt.working);
   const bool mixed = opt.working != DType::kF32;

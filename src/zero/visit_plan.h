@@ -46,6 +46,11 @@ struct BlockBufferBytes {
 };
 
 struct ZeroOptions;
+// The ranks each block is sharded over: a data group of world / opt.tensor devices (one tensor
+// coordinate's ranks). Throws kInvalidArgument with one sentence when opt.tensor does not divide
+// world.
+int data_parallel_size(int world, const ZeroOptions& opt);
+// world: the number of devices; the shards are over data_parallel_size(world, opt) of them.
 BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
 // Offload: the first floor(offload_fraction * shard_numel) elements of every rank's padded shard
 // (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
