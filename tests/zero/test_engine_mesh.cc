@@ -205,6 +205,7 @@ struct Case {
   DType working = DType::kF32;
   int poke_step = -1;    // this step, a non-finite gradient on the mesh's last rank
   int switch_step = -1;  // before this step, set_working_dtype(bf16) (from f16)
+  float offload = 0;     // optimizer offload fraction (0: none)
 };
 
 std::string describe(const Case& c) {
@@ -218,6 +219,8 @@ ZeroOptions options(const Case& c, int tensor) {
   o.tensor = tensor;
   o.micro_batches = kMicro;
   o.working = c.working;
+  o.offload = c.offload > 0;
+  o.offload_fraction = c.offload > 0 ? c.offload : 1.0f;
   if (c.working != DType::kF32) {
     o.scaling = ZeroOptions::Scaling::kDynamic;
     o.initial_scale = 1024.0f;
@@ -299,6 +302,9 @@ void expect_mesh_matches_separate_engines(const Case& c) {
         EXPECT_EQ(a.end, e.end);
         EXPECT_EQ(a.padded_numel, e.padded_numel);
         EXPECT_EQ(mesh.engine().state_range(r, b), ref.state_range(d, b));
+        if (b == 0) {
+          EXPECT_EQ(mesh.engine().host_peak_bytes(r), ref.host_peak_bytes(d)) << "rank " << r;
+        }
       }
     }
   }
@@ -376,6 +382,23 @@ TEST(ZeroMesh, SwitchingTheWorkingDtypeGathersOverTheDataGroup) {
     c.working = DType::kF16;
     c.switch_step = 1;
     expect_mesh_matches_separate_engines(c);
+  }
+}
+
+// Offload keeps the first part of each rank's data-group shard on the host.
+TEST(ZeroMesh, OffloadedOptimizerStateFollowsTheDataGroupShards) {
+  for (auto [stage, w] : {std::pair{1, DType::kBF16}, std::pair{3, DType::kF32}}) {
+    Case c;
+    c.mc = mlp_config();
+    c.stage = stage;
+    c.working = w;
+    c.offload = 0.5f;
+    c.steps = 2;
+    expect_mesh_matches_separate_engines(c);
+    // A rank's host arena: the 2-device plan's (its shards are over the data group of 2).
+    const auto model = make_model(c.mc);
+    EXPECT_GT(ZeroEngine::plan_memory(*model, 4, options(c, 2)).host, 0u);
+    EXPECT_EQ(ZeroEngine::plan_memory(*model, 4, options(c, 2)).host, ZeroEngine::plan_memory(*model, 2, options(c, 1)).host);
   }
 }
 
