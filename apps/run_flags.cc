@@ -165,6 +165,13 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--offload-fraction", tc.offload_fraction,
                  "With --offload optimizer: the part of each device's optimizer shard kept on the host (0..1]")
       ->capture_default_str()->check(zt_cli::number(0, true))->check(CLI::Range(0.0f, 1.0f));
+  sub.add_option("--tensor-parallel,--tp", tc.tensor_parallel,
+                 "Tensor (model) parallelism: split every GPT layer over T devices (Megatron-LM's layout, "
+                 "vocabulary-parallel loss); the devices form a (devices / T data) x (T tensor) mesh")
+      ->capture_default_str()->check(zt_cli::whole(1));
+  sub.add_flag("--sequence-parallel,!--no-sequence-parallel", tc.sequence_parallel,
+               "With --tensor-parallel > 1: shard layernorm and residual activations along the sequence "
+               "(all-gather / reduce-scatter instead of all-reduce); on by default");
   sub.add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init")
       ->check(non_empty());
   sub.add_option("--checkpoint-dir", tc.checkpoint_dir,

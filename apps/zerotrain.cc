@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli_checks.h"
+#include "comm/mesh.h"
 #include "core/status.h"
 #include "core/suggest.h"
 #include "memory/caching_allocator.h"
@@ -35,7 +36,7 @@ constexpr int kExitDiverged = 3;  // the loss scale collapsed, or too many conse
 
 std::string human_bytes(double b) { return zt::format_bytes(b); }
 
-int run_info(const std::string& devices_flag) {
+int run_info(const std::string& devices_flag, int tensor) {
   const zt::DeviceSpec spec = zt::parse_device_spec(devices_flag);
   auto rt = zt::Runtime::create(spec);
 
@@ -99,6 +100,25 @@ int run_info(const std::string& devices_flag) {
       std::printf("\n");
     }
   }
+  // --tensor-parallel T: the (data x tensor) mesh a train run would form on these devices, its
+  // groups, and whether each tensor group's members reach each other directly.
+  if (tensor > 1) {
+    ZT_REQUIRE(rt->size() % tensor == 0, "--tensor-parallel ", tensor, " does not divide the ", rt->size(), " devices");
+    const zt::Mesh mesh(zt::MeshShape{.data = rt->size() / tensor, .tensor = tensor}, rt->size());
+    std::printf("mesh: %s\n", mesh.describe().c_str());
+    for (zt::MeshAxis axis : {zt::MeshAxis::kTensor, zt::MeshAxis::kData}) {
+      std::printf("  %s groups:", zt::mesh_axis_name(axis));
+      for (const auto& g : mesh.groups(axis)) {
+        bool peer = true;
+        for (int a : g)
+          for (int b : g) peer = peer && (a == b || rt->device(a).can_access_peer(rt->device(b)));
+        std::string members;
+        for (int a : g) members += (members.empty() ? "" : ",") + std::to_string(a);
+        std::printf(" {%s}%s", members.c_str(), peer ? "" : " (no peer access)");
+      }
+      std::printf("\n");
+    }
+  }
   const zt::MemoryStats st = rt->device(0).memory().stats();
   std::printf("pool: a caching allocator per device; requests rounded to %s, requests up to 1 MiB packed "
               "into %s segments, larger ones in their own segments rounded to 2 MiB; blocks are tied to their "
@@ -120,6 +140,9 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "Show devices, peer access and build options");
   info->add_option("--devices", devices, "Devices: all, cpu:N, cuda:0,1,3, cuda:0x4")
       ->capture_default_str();
+  int info_tensor = 1;
+  info->add_option("--tensor-parallel,--tp", info_tensor, "Show the (data x tensor) mesh --tensor-parallel T forms")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
 
   zt::RunFlags run_flags;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
@@ -171,7 +194,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (info->parsed()) return run_info(devices);
+    if (info->parsed()) return run_info(devices, info_tensor);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
     if (exp->parsed()) {

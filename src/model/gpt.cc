@@ -15,6 +15,37 @@
 
 namespace zt {
 
+// GPT-2's parameter blocks (see the top of this file); also the logical layout of a
+// tensor-parallel GPT (model/gpt_tp.cc).
+ParamLayout gpt_layout(const ModelConfig& c) {
+  ParamLayout layout;
+  const int64_t C = c.embd, V = c.vocab, T = c.seq_len, L = c.layers;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  const int emb = layout.add_block("embeddings");
+  layout.add_tensor(emb, "wte.weight", Shape{V, C}, ParamInit::kNormal, std, true);
+  layout.add_tensor(emb, "wpe.weight", Shape{T, C}, ParamInit::kNormal, std, true);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    const int b = layout.add_block("h." + std::to_string(l));
+    layout.add_tensor(b, p + "ln_1.weight", Shape{C}, ParamInit::kOnes, 0, false);
+    layout.add_tensor(b, p + "ln_1.bias", Shape{C}, ParamInit::kZeros, 0, false);
+    layout.add_tensor(b, p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::kNormal, std, true);
+    layout.add_tensor(b, p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::kZeros, 0, false);
+    layout.add_tensor(b, p + "attn.c_proj.weight", Shape{C, C}, ParamInit::kNormal, proj_std, true);
+    layout.add_tensor(b, p + "attn.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
+    layout.add_tensor(b, p + "ln_2.weight", Shape{C}, ParamInit::kOnes, 0, false);
+    layout.add_tensor(b, p + "ln_2.bias", Shape{C}, ParamInit::kZeros, 0, false);
+    layout.add_tensor(b, p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::kNormal, std, true);
+    layout.add_tensor(b, p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::kZeros, 0, false);
+    layout.add_tensor(b, p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::kNormal, proj_std, true);
+    layout.add_tensor(b, p + "mlp.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
+  }
+  const int lnf = layout.add_block("ln_f");
+  layout.add_tensor(lnf, "ln_f.weight", Shape{C}, ParamInit::kOnes, 0, false);
+  layout.add_tensor(lnf, "ln_f.bias", Shape{C}, ParamInit::kZeros, 0, false);
+  return layout;
+}
+
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
@@ -124,32 +155,7 @@ struct LayerParams {
 
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r) {
-    const int64_t C = c.embd, V = c.vocab, T = c.seq_len, L = c.layers;
-    const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
-    const int emb = layout_.add_block("embeddings");
-    layout_.add_tensor(emb, "wte.weight", Shape{V, C}, ParamInit::kNormal, std, true);
-    layout_.add_tensor(emb, "wpe.weight", Shape{T, C}, ParamInit::kNormal, std, true);
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "h." + std::to_string(l) + ".";
-      const int b = layout_.add_block("h." + std::to_string(l));
-      layout_.add_tensor(b, p + "ln_1.weight", Shape{C}, ParamInit::kOnes, 0, false);
-      layout_.add_tensor(b, p + "ln_1.bias", Shape{C}, ParamInit::kZeros, 0, false);
-      layout_.add_tensor(b, p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::kNormal, std, true);
-      layout_.add_tensor(b, p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::kZeros, 0, false);
-      layout_.add_tensor(b, p + "attn.c_proj.weight", Shape{C, C}, ParamInit::kNormal, proj_std, true);
-      layout_.add_tensor(b, p + "attn.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
-      layout_.add_tensor(b, p + "ln_2.weight", Shape{C}, ParamInit::kOnes, 0, false);
-      layout_.add_tensor(b, p + "ln_2.bias", Shape{C}, ParamInit::kZeros, 0, false);
-      layout_.add_tensor(b, p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::kNormal, std, true);
-      layout_.add_tensor(b, p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::kZeros, 0, false);
-      layout_.add_tensor(b, p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::kNormal, proj_std, true);
-      layout_.add_tensor(b, p + "mlp.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
-    }
-    const int lnf = layout_.add_block("ln_f");
-    layout_.add_tensor(lnf, "ln_f.weight", Shape{C}, ParamInit::kOnes, 0, false);
-    layout_.add_tensor(lnf, "ln_f.bias", Shape{C}, ParamInit::kZeros, 0, false);
-  }
+  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r), layout_(gpt_layout(c)) {}
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }

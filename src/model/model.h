@@ -8,9 +8,13 @@
 #include "memory/caching_allocator.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/tensor_split.h"
 #include "runtime/device.h"
 
 namespace zt {
+
+class Communicator;
+class Mesh;
 
 // Where the model reads parameters and accumulates gradients, block by block.
 class ParamAccess {
@@ -50,6 +54,10 @@ class Workspace {
   // Seconds the device stream spent re-running forward ops inside backward() (--recompute) since
   // the last call; read only after synchronizing the stream the model ran on.
   virtual double take_recompute_seconds() { return 0; }
+  // Row `row` of the logits of the last forward (train=false) over the whole vocabulary, into host
+  // memory `out` (vocab floats), ready when `s` has run. A tensor-parallel workspace gathers the
+  // rank's vocabulary shards first (a tensor-group collective: every rank of the group calls it).
+  virtual void read_logits_row(Stream& s, int row, float* out);
 };
 
 class Model {
@@ -70,9 +78,31 @@ class Model {
   // to prefetch the next block's parameters and to decide when a gathered block can go.
   virtual std::vector<int> forward_order() const = 0;
   virtual std::vector<int> backward_order() const = 0;
+  // Tensor-parallel models: how the local blocks map onto the logical (one-device) layout; null
+  // for a model that is not split.
+  virtual const TensorMap* tensor_map() const { return nullptr; }
+};
+
+// Tensor parallelism of a model (Megatron-LM's layout, model/tensor_split.h): each rank runs the
+// local model, and the collectives of its tensor group (mesh->tensor_group(rank)) run inside
+// forward() and backward() on the ranks' comm streams.
+struct TensorParallel {
+  int degree = 1;
+  // Sequence parallelism (Korthikanti et al. 2022): layernorms, residual adds and their
+  // activations hold 1/degree of the rows; an all-gather enters each column-parallel matmul and a
+  // reduce-scatter leaves each row-parallel one (instead of all-reduces).
+  bool sequence = true;
+  // Null for a model used only for its layout and memory plan (forward/backward then refuse).
+  // Both must outlive the model; the comm's rank r drives device comm->device(r).
+  Communicator* comm = nullptr;
+  const Mesh* mesh = nullptr;
 };
 
 // `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
-std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone);
+// tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
+std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
+                                  const TensorParallel& tp = {});
+// GPT-2's logical parameter layout (the one-device model's).
+ParamLayout gpt_layout(const ModelConfig& config);
 
 }  // namespace zt

@@ -42,7 +42,9 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
                    {"seq_len", run.T}}},
       {"rng", {{"seed", cfg.seed}, {"philox_counter", "step"}}},
       {"optimizer", cfg.optimizer == OptimizerKind::kAdamW ? "adamw" : "sgd"},
-      {"tensors", tensor_table(world.model().layout())},
+      // The logical (one-device) tensors, whatever the tensor degree: the arrays hold those.
+      {"tensors", tensor_table(world.model().tensor_map() ? *world.model().tensor_map()->logical : world.model().layout())},
+      {"tensor_parallel", cfg.tensor_parallel},
       {"updates", counters.updates},
       {"skipped_steps", counters.skipped_steps},
       {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps},

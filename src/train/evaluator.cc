@@ -27,7 +27,8 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
     std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * classes));
     for (int64_t e = 0; e < batches; ++e) {
       if (is_gpt)
-        run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), r * B, B, T, hb.tokens.data(), hb.targets.data());
+        run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
+                        hb.tokens.data(), hb.targets.data());
       else
         run.images->examples(Split::kValidation, (e * N + r) * B, B, hb.images.data(), hb.targets.data());
       world.upload(r, hb);
@@ -47,6 +48,7 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   double ls = 0;
   int64_t c = 0, n = 0;
   for (int r = 0; r < N; ++r) {
+    if (!world.tensor_lead(r)) continue;  // a tensor group's ranks hold the same losses
     ls += loss_sum[static_cast<size_t>(r)];
     c += correct[static_cast<size_t>(r)];
     n += count[static_cast<size_t>(r)];

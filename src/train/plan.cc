@@ -182,6 +182,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   zo.working = in.working;
   zo.offload = in.offload;  // the device optimizer bytes drop by the offloaded part, counted in eng.host
   zo.offload_fraction = in.offload_fraction;
+  zo.tensor = in.tensor;
   const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
   size_t work = eng.work;
 
@@ -193,7 +194,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   resident.push_back({ws, false});
   const size_t inputs = static_cast<size_t>(B) * static_cast<size_t>(gpt ? T : mc.input_dim) * 4;
   const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
-  const size_t norms = static_cast<size_t>(model->layout().num_blocks()) * 4;
+  const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks()) * 4;  // ZeroEngine::check_gradients
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
   const size_t comm = Communicator::planned_buffer_bytes(N);
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
@@ -250,7 +251,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 }  // namespace
 
 MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
-  return plan_for(*make_model(mc, in.recompute), mc, in);
+  return plan_for(*make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}), mc, in);
 }
 
 namespace {
@@ -330,7 +331,7 @@ class ModelsByRecompute {
   explicit ModelsByRecompute(const ModelConfig& mc) : mc_(mc) {}
   MemoryPlan plan(const PlanInputs& in) {
     auto& m = models_[static_cast<int>(in.recompute)];
-    if (!m) m = make_model(mc_, in.recompute);
+    if (!m) m = make_model(mc_, in.recompute, TensorParallel{in.tensor, in.sequence_parallel});
     return plan_for(*m, mc_, in);
   }
 
@@ -382,12 +383,13 @@ PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan
     }
     return std::optional<PlanSuggestion>();
   };
-  // 3. More devices (those that exist), keeping the global batch.
-  const long global = static_cast<long>(in.devices) * in.micro_batch * in.micro_batches;
+  // 3. More devices (those that exist), keeping the global batch (and the tensor degree: the
+  // batch splits over the data axis).
+  const long global = static_cast<long>(in.devices / in.tensor) * in.micro_batch * in.micro_batches;
   auto more_devices = [&](const PlanInputs& base, PlanSuggestion::Kind kind) {
     for (int n = in.devices + 1; n <= in.max_devices; ++n) {
-      if (global % n) continue;
-      const int per = static_cast<int>(global / n);
+      if (n % in.tensor || global % (n / in.tensor)) continue;
+      const int per = static_cast<int>(global / (n / in.tensor));
       int b = std::min(in.micro_batch, per);
       while (per % b) --b;
       PlanInputs c = base;
@@ -474,13 +476,16 @@ std::string MemoryPlan::verdict() const {
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
   std::ostringstream os;
-  const auto model = make_model(mc, in.recompute);
   char head[512];
   std::snprintf(head, sizeof head,
-                "memory plan: %s (%.2fM parameters), %d device%s, ZeRO stage %d, %s, %s, micro-batch %d x %d, "
+                "memory plan: %s (%.2fM parameters), %d device%s%s, ZeRO stage %d, %s, %s, micro-batch %d x %d, "
                 "%d micro-batch%s per step\n",
-                mc.describe().c_str(), static_cast<double>(model->layout().total_parameters()) / 1e6, in.devices,
-                in.devices == 1 ? "" : "s", in.zero_stage,
+                mc.describe().c_str(), static_cast<double>(mc.num_parameters()) / 1e6, in.devices,
+                in.devices == 1 ? "" : "s",
+                in.tensor > 1 ? (" (" + std::to_string(in.devices / in.tensor) + " data x " + std::to_string(in.tensor) +
+                                 " tensor" + (in.sequence_parallel ? ", sequence-parallel)" : ")")).c_str()
+                              : "",
+                in.zero_stage,
                 in.working == DType::kF32 ? "fp32" : in.working == DType::kBF16 ? "bf16 + fp32 master" : "fp16 + fp32 master",
                 in.sgd ? "SGD" : "AdamW", in.micro_batch,
                 mc.kind == ModelKind::kGpt ? in.seq_len : 1, in.micro_batches, in.micro_batches == 1 ? "" : "es");
@@ -539,7 +544,7 @@ int largest_with_plan(const std::vector<ModelConfig>& family, const PlanInputs& 
   ZT_REQUIRE(!family.empty(), "the model family to search is empty");
   auto plan_of = [&](int i) {
     const ModelConfig& m = family[static_cast<size_t>(i)];
-    MemoryPlan p = plan_for(*make_model(m, in.recompute), m, in);
+    MemoryPlan p = plan_for(*make_model(m, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}), m, in);
     if (plans) ++*plans;
     if (work) *work += p.work;
     return p;

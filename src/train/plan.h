@@ -29,6 +29,8 @@ struct PlanInputs {
   Recompute recompute = Recompute::kNone;  // what the activations keep (--recompute)
   bool offload = false;          // --offload optimizer: masters and moments in host memory
   float offload_fraction = 1.0f; // of each rank's optimizer shard
+  int tensor = 1;                // --tensor-parallel: devices = data x tensor
+  bool sequence_parallel = true;
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).

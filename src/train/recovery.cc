@@ -9,9 +9,19 @@ std::optional<Survivors> surviving_devices(World& world, const DeviceSpec& curre
   Survivors s;
   s.spec.kind = cuda ? DeviceSpec::Kind::kCuda : DeviceSpec::Kind::kCpu;
   s.spec.text = "the surviving devices";
+  // Tensor parallelism: a tensor group that lost a member cannot run its layers; the whole group
+  // is dropped and the survivors form a smaller data axis (the snapshot is in the logical layout,
+  // so it reshards onto any mesh).
+  auto group_lost = [&](int r) {
+    for (int q : world.mesh().tensor_group(r))
+      if (world.device(q).failed()) return true;
+    return false;
+  };
   for (int r = 0; r < N; ++r) {
     if (world.device(r).failed()) {
       s.lost += (s.lost.empty() ? "" : ", ") + world.device(r).name();
+    } else if (group_lost(r)) {
+      s.dropped += (s.dropped.empty() ? "" : ", ") + world.device(r).name();
     } else {
       ++s.count;
       // CUDA: the survivor's physical GPU (logical devices may share one).

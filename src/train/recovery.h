@@ -12,6 +12,7 @@ namespace zt {
 struct Survivors {
   DeviceSpec spec;       // the devices left, in their order
   std::string lost;      // names of the failed devices, e.g. "cpu:1, cpu:3"
+  std::string dropped;   // healthy devices dropped with a failed tensor-group peer (--tensor-parallel)
   int count = 0;
 };
 

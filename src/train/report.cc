@@ -139,15 +139,20 @@ std::string format_summary(const RunReport& r) {
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
   for (const DeviceReport& d : r.devices) w = std::max(w, d.name.size());
-  const char* heads[] = {"params", "grads", "optimizer", "activations", "comm buf", "pool peak", "sent/step"};
+  // With tensor parallelism the bytes sent split by axis: data (ZeRO) and tensor (activations).
+  const bool tp = std::any_of(r.devices.begin(), r.devices.end(), [](const DeviceReport& d) { return d.tensor_sent_per_step > 0; });
+  std::vector<const char*> heads = {"params", "grads", "optimizer", "activations", "comm buf", "pool peak", "sent/step"};
+  if (tp) heads.back() = "data/step", heads.push_back("tensor/step");
   out += "  " + pad("device", w, true);
   for (const char* h : heads) out += "  " + pad(h, 11);
   out += "\n";
   for (const DeviceReport& d : r.devices) {
     out += "  " + pad(d.name, w, true);
-    for (double v : {double(d.params), double(d.grads), double(d.optimizer), double(d.activations),
-                     double(d.comm_buffers), double(d.pool_peak), double(d.sent_per_step)})
-      out += "  " + pad(format_bytes(v), 11);
+    std::vector<double> cols = {double(d.params),       double(d.grads),     double(d.optimizer),
+                                double(d.activations),  double(d.comm_buffers), double(d.pool_peak),
+                                double(d.sent_per_step - d.tensor_sent_per_step)};
+    if (tp) cols.push_back(double(d.tensor_sent_per_step));
+    for (double v : cols) out += "  " + pad(format_bytes(v), 11);
     out += "\n";
   }
   return out;

@@ -88,6 +88,7 @@ struct DeviceReport {
   std::string name;
   size_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0, pool_peak = 0;
   uint64_t sent_per_step = 0;
+  uint64_t tensor_sent_per_step = 0;  // of sent_per_step: on the tensor axis (--tensor-parallel)
 };
 
 struct RunReport {

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/status.h"
+#include "model/model.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -48,16 +49,34 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   }
   ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
 
-  if (cfg.batch_size < 0) cfg.batch_size = default_batch_size(is_gpt, N);
+  // Tensor parallelism: the devices form a (data x tensor) mesh; the batch splits over the data
+  // ranks only (the ranks of a tensor group run the same rows).
+  const int TP = cfg.tensor_parallel;
+  ZT_REQUIRE(TP >= 1, "--tensor-parallel must be at least 1, got ", TP);
+  if (TP > 1) {
+    ZT_REQUIRE(is_gpt, "--tensor-parallel splits GPT models only; run --model ", mc.preset.empty() ? "mlp" : mc.preset,
+               " with --tensor-parallel 1");
+    if (N % TP != 0) {
+      int nearest = 1;
+      for (int k = 1; k <= N; ++k)
+        if (N % k == 0 && std::abs(k - TP) < std::abs(nearest - TP)) nearest = k;
+      ZT_THROW(ErrorKind::kInvalidArgument, "--tensor-parallel ", TP, " does not divide the ", N, " device",
+               N == 1 ? "" : "s", "; the nearest valid degree is ", nearest);
+    }
+    make_model(mc, cfg.recompute, TensorParallel{TP, cfg.sequence_parallel});  // the model's own checks
+  }
+  const int DP = N / TP;
+  const char* unit = TP > 1 ? " data-parallel rank" : " device";
+  if (cfg.batch_size < 0) cfg.batch_size = default_batch_size(is_gpt, DP);
   ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
-  ZT_REQUIRE(cfg.batch_size % N == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", N,
-             " devices; use a multiple of ", N);
-  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / N;
+  ZT_REQUIRE(cfg.batch_size % DP == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", DP, unit,
+             "s; use a multiple of ", DP);
+  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / DP;
   ZT_REQUIRE(cfg.micro_batch_size >= 1, "--micro-batch-size must be at least 1, got ", cfg.micro_batch_size);
-  ZT_REQUIRE((cfg.batch_size / N) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", N,
-             " device", N == 1 ? "" : "s", " is ", cfg.batch_size / N, " per device, not a multiple of --micro-batch-size ",
+  ZT_REQUIRE((cfg.batch_size / DP) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", DP, unit,
+             DP == 1 ? "" : "s", " is ", cfg.batch_size / DP, " per", unit, ", not a multiple of --micro-batch-size ",
              cfg.micro_batch_size, "; the global batch must split into whole micro-batches");
-  s.accum = cfg.batch_size / N / cfg.micro_batch_size;
+  s.accum = cfg.batch_size / DP / cfg.micro_batch_size;
   s.seq_len = is_gpt ? cfg.train_seq_len : 1;
 
   // Sizes that follow from the batch, in 64 bits: one micro-batch's tokens and the largest
@@ -146,6 +165,13 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   s.plan.recompute = cfg.recompute;
   s.plan.offload = cfg.offload_optimizer;
   s.plan.offload_fraction = cfg.offload_fraction;
+  s.plan.tensor = TP;
+  s.plan.sequence_parallel = cfg.sequence_parallel;
+  if (TP > 1) {
+    ZT_REQUIRE(!cfg.sequence_parallel || (int64_t{cfg.micro_batch_size} * s.seq_len) % TP == 0,
+               "sequence parallelism over ", TP, " ranks needs the micro-batch's tokens (", cfg.micro_batch_size, " x ",
+               s.seq_len, ") to be a multiple of ", TP, "; change --micro-batch-size or --train-seq-len, or pass --no-sequence-parallel");
+  }
   return s;
 }
 

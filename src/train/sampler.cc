@@ -59,8 +59,7 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
       engine.begin_micro_batch(r, 0, /*forward_only=*/true);
       world.model().forward(s, engine.access(r), *R.sample_ws, sb, 0.0f, false);
       engine.end_micro_batch(r);
-      s.copy(row.data(), static_cast<float*>(R.sample_ws->logits().data) + static_cast<size_t>(len - 1) * V,
-             row.size() * 4);
+      R.sample_ws->read_logits_row(s, len - 1, row.data());
       s.synchronize();
       const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
                                     philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));

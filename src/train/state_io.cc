@@ -9,8 +9,10 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/mesh.h"
 #include "core/nvtx.h"
 #include "core/status.h"
+#include "zero/shard_plan.h"
 
 namespace zt {
 
@@ -27,6 +29,68 @@ const char* kind_suffix(Kind k) {
   return "";
 }
 std::string array_name(const std::string& block, Kind k) { return block + kind_suffix(k); }
+
+// The arrays of checkpoints and snapshots are the logical (one-device) blocks whatever the tensor
+// degree; a tensor-parallel model's local blocks map onto them (model/tensor_split.h).
+const ParamLayout& logical_layout(const Model& model) {
+  return model.tensor_map() ? *model.tensor_map()->logical : model.layout();
+}
+int tensor_coord(const ZeroEngine& engine, int rank) {
+  const int T = engine.tensor_size(), N = engine.world();
+  return Mesh(MeshShape{.data = N / T, .tensor = T}, N).index(MeshAxis::kTensor, rank);
+}
+
+// The ranks' shards of local blocks -> shards of the logical blocks (each logical block cut into
+// one contiguous range per rank), so that a snapshot of a tensor-parallel run is laid out as any
+// other run's. Replicated tensors are written by every rank of a tensor group (equal bits).
+HostSnapshot to_logical(const HostSnapshot& local, const TensorMap& map, const ZeroEngine& engine) {
+  const ParamLayout& L = *map.logical;
+  const int N = static_cast<int>(local.shards.size());
+  HostSnapshot out;
+  out.step = local.step;
+  out.working = local.working;
+  out.adamw = local.adamw;
+  out.meta = local.meta;
+  for (const auto& b : L.blocks()) {
+    out.block_names.push_back(b.name);
+    out.block_numel.push_back(b.numel);
+  }
+  out.shards.assign(static_cast<size_t>(N), std::vector<HostShard>(static_cast<size_t>(L.num_blocks())));
+  const bool mixed = local.working != DType::kF32;
+  const size_t es = mixed ? dtype_size(local.working) : 0;
+  for (int lb = 0; lb < L.num_blocks(); ++lb) {
+    const size_t n = static_cast<size_t>(L.block(lb).numel);
+    std::vector<float> master(n, 0.0f), m(n, 0.0f), v(local.adamw ? n : 0, 0.0f);
+    std::vector<uint8_t> working(n * es, 0);
+    for (int r = 0; r < N; ++r) {
+      const int t = tensor_coord(engine, r);
+      for (int b = 0; b < map.local->num_blocks(); ++b) {
+        const auto& places = map.places[static_cast<size_t>(b)];
+        if (std::none_of(places.begin(), places.end(), [&](const LogicalPlace& p) { return p.block == lb; })) continue;
+        const HostShard& h = local.shards[static_cast<size_t>(r)][static_cast<size_t>(b)];
+        map.for_each_run(t, b, h.begin, h.begin + static_cast<int64_t>(h.master.size()),
+                         [&](int to, int64_t lo, int64_t li, int64_t count) {
+                           if (to != lb) return;
+                           const size_t at = static_cast<size_t>(li - h.begin), k = static_cast<size_t>(count);
+                           std::copy_n(h.master.data() + at, k, master.data() + lo);
+                           std::copy_n(h.m.data() + at, k, m.data() + lo);
+                           if (local.adamw) std::copy_n(h.v.data() + at, k, v.data() + lo);
+                           if (mixed) std::memcpy(working.data() + static_cast<size_t>(lo) * es, h.working.data() + at * es, k * es);
+                         });
+      }
+    }
+    for (int r = 0; r < N; ++r) {
+      const size_t lo = n * static_cast<size_t>(r) / static_cast<size_t>(N), hi = n * static_cast<size_t>(r + 1) / static_cast<size_t>(N);
+      HostShard& h = out.shards[static_cast<size_t>(r)][static_cast<size_t>(lb)];
+      h.begin = static_cast<int64_t>(lo);
+      h.master.assign(master.begin() + static_cast<ptrdiff_t>(lo), master.begin() + static_cast<ptrdiff_t>(hi));
+      h.m.assign(m.begin() + static_cast<ptrdiff_t>(lo), m.begin() + static_cast<ptrdiff_t>(hi));
+      if (local.adamw) h.v.assign(v.begin() + static_cast<ptrdiff_t>(lo), v.begin() + static_cast<ptrdiff_t>(hi));
+      if (mixed) h.working.assign(working.begin() + static_cast<ptrdiff_t>(lo * es), working.begin() + static_cast<ptrdiff_t>(hi * es));
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -67,6 +131,7 @@ HostSnapshot take_snapshot(ZeroEngine& engine, const Model& model, bool adamw, i
                            mixed ? h.working.data() : nullptr);
     }
   });
+  if (const TensorMap* map = model.tensor_map()) return to_logical(snap, *map, engine);
   return snap;
 }
 
@@ -192,7 +257,7 @@ void check_source_matches(const StateSource& src, const Model& model, bool adamw
                saved.value("describe", std::string("?")), "; this run is ", model.config().describe(), ": ", differs,
                "); resume with the same model flags, or start a fresh run in another --checkpoint-dir");
   }
-  for (const auto& b : model.layout().blocks()) {
+  for (const auto& b : logical_layout(model).blocks()) {
     for (Kind k : {Kind::kMaster, Kind::kM}) {
       const std::string a = array_name(b.name, k);
       ZT_REQUIRE(src.has(a), src.describe(), " has no '", a, "': it was saved from another model (this one is ",
@@ -212,33 +277,69 @@ void check_source_matches(const StateSource& src, const Model& model, bool adamw
 
 void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src, int rank) {
   const ParamLayout& L = model.layout();
+  const TensorMap* map = model.tensor_map();
+  const int t = map ? tensor_coord(engine, rank) : 0;
   const DType W = engine.working_dtype();
   const NvtxRange range(NvtxCategory::kCheckpoint, "restore state", rank);
   for (int b = 0; b < L.num_blocks(); ++b) {
     const std::string& name = L.block(b).name;
-    const uint64_t numel = static_cast<uint64_t>(L.block(b).numel);
-    std::vector<float> master(numel);
-    src.read(array_name(name, Kind::kMaster), 0, numel, master.data());
+    // Elements [lo, hi) of local block b's array `kind` into out (element size es): straight
+    // from the array of the same name, or, tensor-parallel, from the logical arrays they map to.
+    auto read = [&](Kind kind, int64_t lo, int64_t hi, void* out, size_t es) {
+      if (hi <= lo) return;
+      if (!map) {
+        src.read(array_name(name, kind), static_cast<uint64_t>(lo), static_cast<uint64_t>(hi - lo), out);
+        return;
+      }
+      map->for_each_run(t, b, lo, hi, [&](int lb, int64_t at, int64_t li, int64_t n) {
+        src.read(array_name(map->logical->block(lb).name, kind), static_cast<uint64_t>(at), static_cast<uint64_t>(n),
+                 static_cast<uint8_t*>(out) + static_cast<size_t>(li - lo) * es);
+      });
+    };
+    const int64_t numel = L.block(b).numel;
+    std::vector<float> master(static_cast<size_t>(numel), 0.0f);
+    read(Kind::kMaster, 0, numel, master.data(), 4);
     const auto [lo, hi] = engine.state_range(rank, b);
-    const uint64_t n = static_cast<uint64_t>(hi - lo);
-    std::vector<float> m(n), v;
-    if (n) src.read(array_name(name, Kind::kM), static_cast<uint64_t>(lo), n, m.data());
-    const std::string va = array_name(name, Kind::kV);
-    if (src.has(va)) {
-      v.resize(n);
-      if (n) src.read(va, static_cast<uint64_t>(lo), n, v.data());
+    const size_t n = static_cast<size_t>(hi - lo);
+    std::vector<float> m(n, 0.0f), v;
+    read(Kind::kM, lo, hi, m.data(), 4);
+    // Every logical block's arrays were checked to exist alike (check_source_matches).
+    const std::string& probe = map ? map->logical->block(map->places[static_cast<size_t>(b)][0].block).name : name;
+    if (src.has(array_name(probe, Kind::kV))) {
+      v.assign(n, 0.0f);
+      read(Kind::kV, lo, hi, v.data(), 4);
     }
     // The saved 16-bit parameters when they are of this run's dtype (stochastic rounding makes
     // them more than the master rounded); else they are derived from the master.
     std::vector<uint8_t> working;
-    const std::string wa = array_name(name, Kind::kWorking);
-    if (W != DType::kF32 && src.has(wa) && src.dtype(wa) == to_storage_dtype(W) && src.numel(wa) == numel) {
-      working.resize(numel * dtype_size(W));
-      src.read(wa, 0, numel, working.data());
+    const std::string wa = array_name(probe, Kind::kWorking);
+    if (W != DType::kF32 && src.has(wa) && src.dtype(wa) == to_storage_dtype(W) &&
+        src.numel(wa) == src.numel(array_name(probe, Kind::kMaster))) {
+      working.assign(static_cast<size_t>(numel) * dtype_size(W), 0);
+      read(Kind::kWorking, 0, numel, working.data(), dtype_size(W));
     }
     engine.load_state(rank, b, master.data(), m.data(), v.empty() ? nullptr : v.data(),
                       working.empty() ? nullptr : working.data());
   }
+}
+
+std::vector<std::vector<float>> logical_parameters(ZeroEngine& engine, const Model& model, bool master) {
+  const ParamLayout& L = model.layout();
+  const TensorMap* map = model.tensor_map();
+  std::vector<std::vector<float>> out;
+  if (!map) {
+    for (int b = 0; b < L.num_blocks(); ++b) out.push_back(master ? engine.master_to_host(b) : engine.block_to_host(b));
+    return out;
+  }
+  for (const auto& lb : map->logical->blocks()) out.emplace_back(static_cast<size_t>(lb.numel), 0.0f);
+  for (int t = 0; t < engine.tensor_size(); ++t)
+    for (int b = 0; b < L.num_blocks(); ++b) {
+      const std::vector<float> local = master ? engine.master_to_host(b, t) : engine.block_to_host(b, t);
+      map->for_each_run(t, b, 0, L.block(b).numel, [&](int lb, int64_t at, int64_t li, int64_t n) {
+        std::copy_n(local.data() + li, n, out[static_cast<size_t>(lb)].data() + at);
+      });
+    }
+  return out;
 }
 
 std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep) {

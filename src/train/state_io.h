@@ -71,8 +71,12 @@ void check_source_matches(const StateSource& src, const Model& model, bool adamw
 // The identity that owns a checkpoint directory (checkpoint.h, open_checkpoint_dir): the model
 // shape (the keys the trainer's meta["model"] uses), the seed and the data.
 RunIdentity run_identity(const ModelConfig& mc, uint64_t seed, const std::string& data);
-// Loads rank's part of every block from src (any world size or stage may have written it).
+// Loads rank's part of every block from src (any world size, stage or tensor degree may have
+// written it: the arrays are always the logical, one-device blocks).
 void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src, int rank);
+// The whole model's parameters in the logical (one-device) layout, one vector per logical block:
+// the fp32 masters (master) or the working parameters widened to fp32. Synchronizes every device.
+std::vector<std::vector<float>> logical_parameters(ZeroEngine& engine, const Model& model, bool master);
 
 // Writes a snapshot as a checkpoint (one file per rank that took it, written concurrently), then
 // commits with meta. Returns the checkpoint's path.

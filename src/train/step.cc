@@ -58,11 +58,17 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
 
   StepStats st;
   st.lr = lr;
-  // Global loss and gradient norm, summed in a fixed order (rank, then block).
+  // Global loss and gradient norm, summed in a fixed order (rank, then block). With tensor
+  // parallelism every rank of a tensor group holds the same losses and the same replicated
+  // parameters' gradients: those are counted once, from the group's first rank.
   double loss_sum = 0, sq = 0;
   for (int r = 0; r < N; ++r) {
-    loss_sum += world.rank(r).loss_sum;
-    for (float n2 : world.rank(r).norm_host) sq += n2;
+    const bool lead = world.tensor_lead(r);
+    if (lead) loss_sum += world.rank(r).loss_sum;
+    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroEngine::check_gradients).
+    const auto& norms = world.rank(r).norm_host;
+    for (size_t b = 0; b < norms.size(); ++b)
+      if (lead || b < norms.size() / 2) sq += norms[b];
   }
   st.grad_norm = std::sqrt(sq);
   st.loss = loss_sum / positions;

@@ -23,6 +23,7 @@
 #include "train/run_shape.h"
 #include "train/sampler.h"
 #include "train/signals.h"
+#include "train/state_io.h"
 #include "train/step.h"
 #include "train/trace.h"
 #include "train/world.h"
@@ -166,7 +167,7 @@ class Trainer {
   double train_time_ = 0;
   Clock::time_point t0_;
   std::unique_ptr<StepPhaseTimer> timer_;
-  std::vector<uint64_t> side_bytes_;
+  std::vector<uint64_t> side_bytes_, side_tensor_bytes_;
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 
@@ -186,7 +187,7 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
       spec_ = survivors_->spec;
       survivors_.reset();
       rt = Runtime::create(spec_, CpuDeviceOptions{cfg_.device_memory}, tracer_);
-      split = split_batch(cfg_.batch_size, rt->size(), cfg_.micro_batch_size);
+      split = split_batch(cfg_.batch_size, rt->size() / cfg_.tensor_parallel, cfg_.micro_batch_size);
       check_fits(run_, *rt, split);
     }
     World world(run_, std::move(rt), split, working_, scaling_);
@@ -238,6 +239,7 @@ void Trainer::start_world(World& w, int index) {
   result_.zero_stage = cfg_.zero_stage;
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
+  side_tensor_bytes_.assign(static_cast<size_t>(w.size()), 0);
   w.comm().reset_counters();
   t0_ = Clock::now();
   train_time_ = 0;
@@ -255,7 +257,7 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (!log_.text()) return;
   const ModelConfig& mc = run_.mc;
   char buf[512];
-  log_.line("model: " + mc.describe() + " (" + format_count(static_cast<double>(w.model().layout().total_parameters())) +
+  log_.line("model: " + mc.describe() + " (" + format_count(static_cast<double>(run_.mc.num_parameters())) +
             " parameters)");
   log_.line("data: " + (run_.is_gpt ? run_.lang->describe() : run_.images->describe()));
   std::string names;
@@ -267,8 +269,13 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
                                                             : "");
   log_.line(buf);
   if (!w.runtime().fallback_note().empty()) log_.line("note: " + w.runtime().fallback_note());
-  std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d devices x %d micro-batches x %d, %d steps, %s lr %.2g",
-                cfg_.batch_size, run_.T, w.size(), w.split().accum, w.split().micro, cfg_.steps,
+  const bool tp = cfg_.tensor_parallel > 1;
+  if (tp)
+    log_.line("mesh: " + w.mesh().describe() + ", tensor-parallel GPT (Megatron layout" +
+              (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
+  std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
+                cfg_.batch_size, run_.T, w.mesh().shape().data, tp ? "data ranks" : "devices", w.split().accum,
+                w.split().micro, cfg_.steps,
                 cfg_.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg_.lr);
   log_.line(buf);
   if (result_.entropy_floor) {
@@ -312,10 +319,14 @@ bool Trainer::train_world(World& w) {
       if (last) {
         // The training steps' traffic, read before the final evaluation's gathers add to it.
         result_.comm_bytes_per_step_per_device.clear();
-        for (int r = 0; r < w.size(); ++r)
+        result_.tensor_bytes_per_step_per_device.clear();
+        const uint64_t steps = static_cast<uint64_t>(cfg_.steps - world_start_);
+        for (int r = 0; r < w.size(); ++r) {
           result_.comm_bytes_per_step_per_device.push_back(
-              (w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) /
-              static_cast<uint64_t>(cfg_.steps - world_start_));
+              (w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) / steps);
+          result_.tensor_bytes_per_step_per_device.push_back(
+              (w.tensor_bytes_sent(r) - side_tensor_bytes_[static_cast<size_t>(r)]) / steps);
+        }
       }
       EvalAction action = EvalAction::kContinue;
       if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
@@ -454,11 +465,16 @@ void Trainer::after_step(World& w, int step, const StepStats& st, double dt) {
 
 template <typename Fn>
 void Trainer::side_comm(World& w, Fn fn) {
-  std::vector<uint64_t> before;
-  for (int r = 0; r < w.size(); ++r) before.push_back(w.comm().counters(r).bytes_sent);
+  std::vector<uint64_t> before, before_tensor;
+  for (int r = 0; r < w.size(); ++r) {
+    before.push_back(w.comm().counters(r).bytes_sent);
+    before_tensor.push_back(w.tensor_bytes_sent(r));
+  }
   fn();
-  for (int r = 0; r < w.size(); ++r)
+  for (int r = 0; r < w.size(); ++r) {
     side_bytes_[static_cast<size_t>(r)] += w.comm().counters(r).bytes_sent - before[static_cast<size_t>(r)];
+    side_tensor_bytes_[static_cast<size_t>(r)] += w.tensor_bytes_sent(r) - before_tensor[static_cast<size_t>(r)];
+  }
 }
 
 EvalAction Trainer::evaluate_at(World& w, int step) {
@@ -501,11 +517,12 @@ bool Trainer::recover(World& w, const Error& e, int step) {
   result_.recoveries.push_back(rec);
   log_.emit({{"event", "recovery"}, {"step", rec.failed_at_step}, {"device", rec.device}, {"cause", rec.cause},
              {"resumed_from_step", rec.resumed_from_step}, {"devices", rec.devices_after}});
-  char buf[768];
+  char buf[1024];
+  const std::string peers = survivors_->dropped.empty() ? "" : " and its tensor group (" + survivors_->dropped + ")";
   std::snprintf(buf, sizeof buf,
-                "device %s failed at step %d (%s): dropping it, resharding the snapshot of step %d onto %d devices and "
+                "device %s failed at step %d (%s): dropping it%s, resharding the snapshot of step %d onto %d devices and "
                 "going on (%d steps redone)",
-                rec.device.c_str(), step + 1, rec.cause.c_str(), rec.resumed_from_step, rec.devices_after,
+                rec.device.c_str(), step + 1, rec.cause.c_str(), peers.c_str(), rec.resumed_from_step, rec.devices_after,
                 step - rec.resumed_from_step);
   log_.line(buf);
   return true;
@@ -551,10 +568,26 @@ void Trainer::finish(World& w) {
     log_.line(buf);
     log_.line(result_.sample);
   }
-  if (cfg_.keep_final_params)
+  if (cfg_.keep_final_params) {
+    // The logical (one-device) blocks, whatever the tensor degree.
+    result_.final_params = logical_parameters(engine, w.model(), true);
+    result_.final_working = logical_parameters(engine, w.model(), false);
+  }
+  if (cfg_.keep_final_params && w.model().tensor_map()) {
+    const bool adamw = cfg_.optimizer == OptimizerKind::kAdamW;
+    const HostSnapshot snap =
+        take_snapshot(engine, w.model(), adamw, counters_.step, [&](const std::function<void(int)>& fn) { w.for_ranks(fn); });
+    for (size_t b = 0; b < snap.block_names.size(); ++b) {
+      std::vector<float> first, second;
+      for (const auto& rank : snap.shards) {
+        first.insert(first.end(), rank[b].m.begin(), rank[b].m.end());
+        second.insert(second.end(), rank[b].v.begin(), rank[b].v.end());
+      }
+      first.insert(first.end(), second.begin(), second.end());
+      result_.final_moments.push_back(std::move(first));
+    }
+  } else if (cfg_.keep_final_params)
     for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
-      result_.final_params.push_back(engine.master_to_host(b));
-      result_.final_working.push_back(engine.block_to_host(b));
       // The whole block's first moments, then its second ones (whatever the device count).
       std::vector<float> first, second;
       for (int r = 0; r < N; ++r) {
@@ -577,7 +610,7 @@ void Trainer::finish(World& w) {
   report.per_example = !run_.is_gpt;
   report.tokens_per_s = result_.tokens_per_s;
   report.flops_per_token = result_.flops_per_token =
-      training_flops_per_token(run_.mc, w.model().layout().total_parameters(), run_.T);
+      training_flops_per_token(run_.mc, run_.mc.num_parameters(), run_.T);
   report.peak_flops = total_peak_flops(w.device_names());
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
@@ -589,10 +622,14 @@ void Trainer::finish(World& w) {
     result_.model_state_bytes_per_device.push_back(mb.total());
     result_.host_peak_bytes_per_device.push_back(engine.host_peak_bytes(r));
     report.host_peak = std::max(report.host_peak, engine.host_peak_bytes(r));
+    result_.activation_bytes_per_device.push_back(act);
+    const uint64_t tensor_sent = r < static_cast<int>(result_.tensor_bytes_per_step_per_device.size())
+                                     ? result_.tensor_bytes_per_step_per_device[static_cast<size_t>(r)]
+                                     : 0;
     report.devices.push_back({w.device(r).name(), mb.params, mb.grads, mb.optimizer, act, w.comm().buffer_bytes(r), peak,
-                              result_.comm_bytes_per_step_per_device[static_cast<size_t>(r)]});
+                              result_.comm_bytes_per_step_per_device[static_cast<size_t>(r)], tensor_sent});
     memory.push_back({{"params", mb.params}, {"grads", mb.grads}, {"optimizer", mb.optimizer}, {"activations", act},
-                      {"comm_buffers", w.comm().buffer_bytes(r)}, {"pool_peak", peak}});
+                      {"comm_buffers", w.comm().buffer_bytes(r)}, {"pool_peak", peak}, {"tensor_sent_per_step", tensor_sent}});
   }
   nlohmann::json summary = {{"event", "summary"},
                             {"steps", result_.steps},
@@ -605,8 +642,9 @@ void Trainer::finish(World& w) {
                             {"host_peak_bytes_per_device", result_.host_peak_bytes_per_device},
                             {"comm_bytes_per_step_per_device", result_.comm_bytes_per_step_per_device},
                             {"memory_per_device", memory},
-                            {"parameters", w.model().layout().total_parameters()},
+                            {"parameters", run_.mc.num_parameters()},
                             {"devices", N},
+                            {"tensor_parallel", cfg_.tensor_parallel},
                             {"zero_stage", cfg_.zero_stage}};
   if (result_.entropy_floor) summary["entropy_floor"] = *result_.entropy_floor;
   if (result_.accuracy) summary["accuracy"] = *result_.accuracy;
@@ -648,7 +686,7 @@ TrainResult train(const TrainConfig& config) {
   run.scaling = shape.scaling;
   run.initial_scale = shape.initial_scale;
   run.plan = shape.plan;
-  const BatchSplit split = even_split(run.cfg.batch_size, rt->size(), run.cfg.micro_batch_size);
+  const BatchSplit split = even_split(run.cfg.batch_size, rt->size() / run.cfg.tensor_parallel, run.cfg.micro_batch_size);
   check_fits(run, *rt, split);
   open_data(run);
   if (!run.cfg.profile_steps.empty()) parse_step_range(run.cfg.profile_steps, run.cfg.steps);

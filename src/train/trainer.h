@@ -93,6 +93,11 @@ struct TrainConfig {
   // a host AdamW updates them; offload_fraction of each shard (the rest stays on the device).
   bool offload_optimizer = false;
   float offload_fraction = 1.0f;
+  // --tensor-parallel T: every GPT layer split over T devices (model/gpt_tp.cc); the ZeRO engine
+  // shards over the devices / T data-parallel ranks. --no-sequence-parallel turns off sequence
+  // parallelism (on by default when T > 1).
+  int tensor_parallel = 1;
+  bool sequence_parallel = true;
   float initial_scale = 65536.0f;  // dynamic: 2^16
   int scale_window = 2000;         // overflow-free steps before the scale doubles
   int scale_hysteresis = 1;        // overflows tolerated (step skipped, scale kept) before a backoff
@@ -156,6 +161,8 @@ struct TrainResult {
   std::vector<size_t> model_state_bytes_per_device;
   std::vector<size_t> host_peak_bytes_per_device;  // --offload optimizer: each rank's host-arena peak
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps
+  std::vector<uint64_t> tensor_bytes_per_step_per_device;  // of those, on the tensor axis (--tensor-parallel)
+  std::vector<size_t> activation_bytes_per_device;          // each rank's activation workspace
   int devices = 1;
   int zero_stage = 0;
   std::string precision;               // "fp32", "bf16", "fp16" (at the end of the run)

@@ -80,6 +80,7 @@ ZeroOptions zero_options(const RunContext& run, int accum, DType working, ZeroOp
   zo.seed = cfg.seed;
   zo.offload = cfg.offload_optimizer;
   zo.offload_fraction = cfg.offload_fraction;
+  zo.tensor = cfg.tensor_parallel;
   return zo;
 }
 
@@ -111,9 +112,11 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
              ZeroOptions::Scaling scaling)
     : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
   for (int r = 0; r < rt_->size(); ++r) devs_.push_back(&rt_->device(r));
-  const int N = size();
+  const int N = size(), TP = run.cfg.tensor_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
-  model_ = make_model(run.mc, run.cfg.recompute);
+  ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");
+  mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP, .tensor = TP}, N);
+  model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
 #if ZT_WITH_CUDA
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
@@ -123,22 +126,36 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   engine_->set_tracing(run.cfg.zero_trace);
 
   // Parameters: initialised once on the host (deterministic in the seed, independent of the
-  // device count), or read from --init-from.
+  // device count and the tensor degree: the logical, one-device blocks), or read from --init-from;
+  // a tensor-parallel rank loads its shard of them.
   const ParamLayout& layout = model_->layout();
-  std::vector<std::vector<float>> host(static_cast<size_t>(layout.num_blocks()));
+  const TensorMap* map = model_->tensor_map();
+  const ParamLayout& logical = map ? *map->logical : layout;
+  std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
   if (!run.cfg.init_from.empty()) {
     std::vector<std::string> ignored;
-    host = read_safetensors_weights(run.cfg.init_from, run.mc, layout, &ignored);
+    host = read_safetensors_weights(run.cfg.init_from, run.mc, logical, &ignored);
     init_note_ = "initialised from " + run.cfg.init_from;
     if (!ignored.empty())
       init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
   } else {
-    for (int b = 0; b < layout.num_blocks(); ++b) {
-      host[static_cast<size_t>(b)].resize(static_cast<size_t>(layout.block(b).numel));
-      init_block_host(layout.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
+    for (int b = 0; b < logical.num_blocks(); ++b) {
+      host[static_cast<size_t>(b)].resize(static_cast<size_t>(logical.block(b).numel));
+      init_block_host(logical.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
     }
   }
-  for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
+  if (!map) {
+    for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
+  } else {
+    std::vector<const float*> blocks;
+    for (const auto& b : host) blocks.push_back(b.data());
+    for (int t = 0; t < TP; ++t) {
+      std::vector<std::vector<float>> local;
+      for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
+      for (int r = 0; r < N; ++r)
+        if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->load_parameters(r, local);
+    }
+  }
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
@@ -149,7 +166,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.ws = model_->make_workspace(d, B, T);
     R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
     R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
-    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(layout.num_blocks()) * 4, s, "grad norm");
+    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks()) * 4, s, "grad norm");
     R.batch.B = B;
     R.batch.T = T;
     R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
@@ -157,8 +174,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.batch.targets =
         ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
-    R.norm_host.resize(static_cast<size_t>(layout.num_blocks()));
-    R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, r));
+    R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks()));
+    // The ranks of a tensor group run the same rows: the batch splits over the data axis.
+    R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, mesh_->index(MeshAxis::kData, r)));
   }
 }
 
@@ -218,6 +236,11 @@ void World::upload(int r, const HostBatch& hb) {
   if (run_.is_gpt) s.copy(R.inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
   else s.copy(R.inputs.data(), hb.images.data(), hb.images.size() * 4);
   s.copy(R.targets.data(), hb.targets.data(), hb.targets.size() * 4);
+}
+
+uint64_t World::tensor_bytes_sent(int r) {
+  if (mesh_->shape().tensor == 1) return 0;
+  return comm_->group(mesh_->tensor_group(r)).counters(r).bytes_sent;
 }
 
 double World::read_losses(int r) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "comm/mesh.h"
 #include "data/image_data.h"
 #include "data/language_data.h"
 #include "data/prefetcher.h"
@@ -86,6 +87,12 @@ class World {
   Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
   const std::vector<Device*>& devices() const { return devs_; }
   Communicator& comm() { return *comm_; }
+  // The (data x tensor) mesh of the ranks (--tensor-parallel); data x 1 without tensor parallelism.
+  const Mesh& mesh() const { return *mesh_; }
+  // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
+  bool tensor_lead(int r) const { return mesh_->index(MeshAxis::kTensor, r) == 0; }
+  // Bytes rank r sent in its tensor group's collectives (0 without tensor parallelism).
+  uint64_t tensor_bytes_sent(int r);
   const Model& model() const { return *model_; }
   ZeroEngine& engine() { return *engine_; }
   RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
@@ -113,6 +120,7 @@ class World {
   std::unique_ptr<Runtime> rt_;  // before everything on its devices: destroyed after them
   std::vector<Device*> devs_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroEngine> engine_;
   std::vector<RankState> ranks_;

@@ -581,7 +581,15 @@ void ZeroRank::build_segments(float weight_decay) {
   int64_t global = 0;  // element index of the block's first element in the whole model
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& blk = blocks[b];
-    grad_segs_.push_back({accumulator(blk), blk.shard.size(), static_cast<int>(b)});
+    // The norm of a tensor-parallel block's replicated tail (model/tensor_split.h) goes to
+    // out[B + b], apart from the rest, so the host counts it once per tensor group.
+    const TensorMap* map = e_.model.tensor_map();
+    const int64_t split_at = std::clamp(map ? map->replicated_from(static_cast<int>(b)) : blk.shard.end,
+                                        blk.shard.begin, blk.shard.end);
+    grad_segs_.push_back({accumulator(blk), split_at - blk.shard.begin, static_cast<int>(b)});
+    if (split_at < blk.shard.end)
+      grad_segs_.push_back({static_cast<char*>(accumulator(blk)) + (split_at - blk.shard.begin) * w,
+                            blk.shard.end - split_at, static_cast<int>(blocks.size() + b)});
     // Unsharded optimizer state updates whole tensors; sharded, the intersection of each tensor
     // with the shard. Bases are pointers to element 0 of the block (shard buffers are offset by -begin).
     const bool whole = !policy_.shard_optimizer;
@@ -650,7 +658,7 @@ void ZeroRank::check_gradients(float* device_out) {
   const float* inv =
       e_.opt.scaling == ZeroOptions::Scaling::kNone ? nullptr : &scaler.as<optim::LossScaleState>()->inv_scale;
   optim::unscale_check(compute_, {grad_segs_, grad_segs_dev_.as<optim::GradSegment>()}, e_.opt.working, inv,
-                       device_out, static_cast<int>(blocks.size()), flags.as<float>());
+                       device_out, 2 * static_cast<int>(blocks.size()), flags.as<float>());
   // Every rank of the mesh (every tensor coordinate too) must skip together: sum the flags over
   // all ranks, on the devices.
   e_.comm.all_reduce(r_, f32(flags.as<float>(), e_.world(), idx()), &compute_, "overflow flag");

@@ -107,7 +107,7 @@ class EngineRun {
       R.ws = model_->make_workspace(*d, kRows, T);
       R.inputs = DeviceBuffer(d->memory(), in, d->compute(), "batch");
       R.targets = DeviceBuffer(d->memory(), static_cast<size_t>(kRows) * static_cast<size_t>(T) * 4, d->compute(), "batch");
-      R.norms = DeviceBuffer(d->memory(), static_cast<size_t>(model_->layout().num_blocks()) * 4, d->compute(), "norms");
+      R.norms = DeviceBuffer(d->memory(), static_cast<size_t>(2 * model_->layout().num_blocks()) * 4, d->compute(), "norms");
     }
   }
 
