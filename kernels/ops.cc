@@ -314,7 +314,7 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
                      ConstTensorView dout, ConstTensorView in, ConstTensorView weight) {
   constexpr const char* op = "matmul_backward";
   if (present(din)) check_f32(s, op, "din", din);
-  check_f32(s, op, "dweight", dweight);
+  if (present(dweight)) check_f32(s, op, "dweight", dweight);
   if (present(dbias)) check_f32(s, op, "dbias", dbias);
   check_f32(s, op, "dout", dout);
   check_f32(s, op, "in", in);
@@ -327,13 +327,14 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
              weight.shape.str(), " but dout ", dout.shape.str());
   ZT_REQUIRE(!present(din) || din.shape == in.shape, op, ": in ", in.shape.str(), " but din ",
              din.shape.str());
-  ZT_REQUIRE(dweight.shape == weight.shape, op, ": weight ", weight.shape.str(), " but dweight ",
-             dweight.shape.str());
+  ZT_REQUIRE(!present(dweight) || dweight.shape == weight.shape, op, ": weight ", weight.shape.str(),
+             " but dweight ", dweight.shape.str());
   ZT_REQUIRE(!present(dbias) || is_vector(dbias, OC), op, ": weight ", weight.shape.str(),
              " but dbias ", dbias.shape.str());
   const int64_t N = rows(in);
   if (N == 0 || OC == 0) return;
-  f32_kernel(s, OpId::kMatmulBackward).matmul_backward(s, present(din) ? f32(din) : nullptr, f32(dweight),
+  f32_kernel(s, OpId::kMatmulBackward).matmul_backward(s, present(din) ? f32(din) : nullptr,
+               present(dweight) ? f32(dweight) : nullptr,
                present(dbias) ? f32(dbias) : nullptr, f32(dout), f32(in), f32(weight), N, C, OC);
 }
 

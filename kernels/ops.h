@@ -76,7 +76,8 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
 void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorView weight,
                     ConstTensorView bias);
 // din[N,C] += dout @ weight (if given: the first layer of a model needs no din);
-// dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (if given)
+// dweight[OC,C] += dout^T @ in (if given: a tensor-parallel model issues din first, starts its
+// reduction, then the weight gradient); dbias[OC] += sum_rows(dout) (if given)
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                      ConstTensorView dout, ConstTensorView in, ConstTensorView weight);
 

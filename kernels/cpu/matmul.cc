@@ -44,7 +44,7 @@ void matmul_backward(float* din, float* dweight, float* dbias, const float* dout
   if (din != nullptr)
     detail::sgemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, din, C);
   // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
-  detail::sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dweight, C);
+  if (dweight != nullptr) detail::sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dweight, C);
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
 

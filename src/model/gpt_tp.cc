@@ -15,6 +15,14 @@
 // redone in backward instead of keeping the gathered copy), and a reduce-scatter of the partial
 // sums leaves each row-parallel one. Without it, every rank holds all rows and all-reduces instead.
 // Replicated tensors' gradients come from the rank's rows only and are all-reduced over the group.
+//
+// Overlap, where the dependencies allow it (the backward): each column-parallel backward (and the
+// LM head's) computes its input gradient first, starts that gradient's reduce-scatter (all-reduce
+// without sequence parallelism) on the comm stream, and computes the weight gradient while it
+// runs; the collective is waited for through an event recorded right after it on the rank's comm
+// stream (nothing else can enqueue there while the rank's thread is in the call). The other
+// collectives sit between dependent ops and are waited for at once. (Prefetching the layernorm
+// re-gathers would need one more [B*T, C] buffer: not done, to keep activations at ~1/T.)
 #include <algorithm>
 #include <string>
 
@@ -83,7 +91,8 @@ class TpWorkspace final : public Workspace {
  public:
   TpWorkspace(const GptTp& model, const ModelConfig& c, Device& d, int B, int T, int degree, bool sp, int64_t rep_max)
       : plan(c, B, T, degree, sp, rep_max), model(model), device(d.index()),
-        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
+        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
+        reduced(d.create_event()) {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
@@ -98,6 +107,8 @@ class TpWorkspace final : public Workspace {
   const GptTp& model;
   int device;
   DeviceBuffer buf;
+  // Recorded on the comm stream right after a collective the compute stream waits for later.
+  std::unique_ptr<Event> reduced;
 };
 
 // One rank's view of its tensor group for the duration of a forward or backward.
@@ -119,6 +130,15 @@ struct TpRank {
   void all_reduce(Stream& s, TensorView full, const char* tag) const {
     group.all_reduce(rank, full, &s, tag);
     comm->wait_done(rank, s);
+  }
+  // The same collectives, started after everything `s` issued but not waited for: `done` is
+  // recorded on the comm stream right after, for s.wait(done) when the result is needed.
+  enum class Op { kAllGather, kReduceScatter, kAllReduce };
+  void start(Stream& s, Op op, TensorView full, const char* tag, Event& done) const {
+    if (op == Op::kAllGather) group.all_gather(rank, full, &s, tag);
+    if (op == Op::kReduceScatter) group.reduce_scatter(rank, full, &s, tag);
+    if (op == Op::kAllReduce) group.all_reduce(rank, full, &s, tag);
+    comm->device(rank).comm().record(done);
   }
 };
 
@@ -281,8 +301,11 @@ class GptTp final : public Model {
     p.before_backward(0);
     const TensorView lnf_all = enter(s, tr, ws, act(P.lnf, Shape{P.R, C}), "tp ln_f");
     ops::fill(s, full2, 0.0f);
-    ops::matmul_backward(s, full2, grad(p, 0, 0), TensorView{}, act(P.logits, Shape{BT, Vl}), lnf_all, param(p, 0, 0));
-    const TensorView dlnf = leave(s, tr, ws, full2, "tp d ln_f");
+    const TensorView dlogits = act(P.logits, Shape{BT, Vl});
+    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dlogits, lnf_all, param(p, 0, 0));
+    start_leave(s, tr, ws, full2, "tp d ln_f");
+    ops::matmul_backward(s, TensorView{}, grad(p, 0, 0), TensorView{}, dlogits, lnf_all, param(p, 0, 0));
+    const TensorView dlnf = finish_leave(s, tr, ws, full2);
     const int lnf_block = L + 1;
     p.before_backward(lnf_block);
     const RepGrads rg = rep_grads(s, ws, p, lnf_block);
@@ -364,6 +387,16 @@ class GptTp final : public Model {
     tr.all_gather(s, ws.view(P.full, Shape{P.B * P.T * P.C}), tag);
     return full;
   }
+  // leave(), started but not waited for (finish_leave waits and returns the rank's rows).
+  void start_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
+    const TensorView flat{partial.data, DType::kF32, Shape{partial.shape.numel()}, partial.device};
+    tr.start(s, ws.plan.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat, tag, *ws.reduced);
+  }
+  TensorView finish_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial) const {
+    s.wait(*ws.reduced);
+    return ws.plan.sp ? rows_of(partial, tr.t * ws.plan.R, ws.plan.R) : partial;
+  }
+
   // Out of a row-parallel matmul (or the embedding): partial sums over all rows [B*T, C] -> the
   // sum on the rank's rows (reduce-scatter; an all-reduce without sequence parallelism).
   TensorView leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
@@ -436,8 +469,10 @@ class GptTp final : public Model {
     ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * Cl}), dfch_gelu);
     const TensorView ln2_all = enter(s, tr, ws, act(A.ln2, Shape{R, C}), "tp ln_2");
     zero(full2);
-    ops::matmul_backward(s, full2, grad(p, blk, 3), grad(p, blk, 4), dfch, ln2_all, param(p, blk, 3));
-    const TensorView dln2 = leave(s, tr, ws, full2, "tp d ln_2");
+    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dfch, ln2_all, param(p, blk, 3));
+    start_leave(s, tr, ws, full2, "tp d ln_2");
+    ops::matmul_backward(s, TensorView{}, grad(p, blk, 3), grad(p, blk, 4), dfch, ln2_all, param(p, blk, 3));
+    const TensorView dln2 = finish_leave(s, tr, ws, full2);
     ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
                             act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}));
 
@@ -453,8 +488,10 @@ class GptTp final : public Model {
                             act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.att, Shape{P.B, NHl, P.T, P.T}), NHl);
     const TensorView ln1_all = enter(s, tr, ws, act(A.ln1, Shape{R, C}), "tp ln_1");
     zero(full2);
-    ops::matmul_backward(s, full2, grad(p, blk, 0), grad(p, blk, 1), dqkv, ln1_all, param(p, blk, 0));
-    const TensorView dln1 = leave(s, tr, ws, full2, "tp d ln_1");
+    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dqkv, ln1_all, param(p, blk, 0));
+    start_leave(s, tr, ws, full2, "tp d ln_1");
+    ops::matmul_backward(s, TensorView{}, grad(p, blk, 0), grad(p, blk, 1), dqkv, ln1_all, param(p, blk, 0));
+    const TensorView dln1 = finish_leave(s, tr, ws, full2);
     ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
                             act(A.ln1_rstd, Shape{R}));
   }
