@@ -26,6 +26,7 @@ const char* nvtx_category_name(NvtxCategory c) {
     case NvtxCategory::kLossScale: return "loss-scale";
     case NvtxCategory::kCheckpoint: return "checkpoint";
     case NvtxCategory::kData: return "data";
+    case NvtxCategory::kTensorParallel: return "tensor-parallel";
   }
   return "?";
 }
@@ -41,6 +42,7 @@ uint32_t nvtx_category_color(NvtxCategory c) {
     case NvtxCategory::kLossScale: return 0xFFC62828;   // red
     case NvtxCategory::kCheckpoint: return 0xFF00838F;  // teal
     case NvtxCategory::kData: return 0xFF6D4C41;        // brown
+    case NvtxCategory::kTensorParallel: return 0xFFAD1457;  // magenta
   }
   return 0xFF000000;
 }

@@ -21,8 +21,9 @@ enum class NvtxCategory : uint8_t {
   kLossScale,
   kCheckpoint,
   kData,
+  kTensorParallel,  // a tensor-parallel model's collectives (their own track in --trace)
 };
-inline constexpr int kNvtxCategoryCount = 9;
+inline constexpr int kNvtxCategoryCount = 10;
 
 const char* nvtx_category_name(NvtxCategory c);
 uint32_t nvtx_category_color(NvtxCategory c);  // ARGB, distinct per category

@@ -28,6 +28,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mesh.h"
+#include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -119,26 +120,26 @@ struct TpRank {
   int t;     // coordinate on the tensor axis = position in the group
 
   // Per-rank collectives on the comm stream, after everything `s` issued; `s` waits for them.
-  void all_gather(Stream& s, TensorView full, const char* tag) const {
-    group.all_gather(rank, full, &s, tag);
-    comm->wait_done(rank, s);
-  }
-  void reduce_scatter(Stream& s, TensorView full, const char* tag) const {
-    group.reduce_scatter(rank, full, &s, tag);
-    comm->wait_done(rank, s);
-  }
-  void all_reduce(Stream& s, TensorView full, const char* tag) const {
-    group.all_reduce(rank, full, &s, tag);
-    comm->wait_done(rank, s);
-  }
+  enum class Op { kAllGather, kReduceScatter, kAllReduce };
+  void all_gather(Stream& s, TensorView full, const char* tag) const { run(s, Op::kAllGather, full, tag, nullptr); }
+  void reduce_scatter(Stream& s, TensorView full, const char* tag) const { run(s, Op::kReduceScatter, full, tag, nullptr); }
+  void all_reduce(Stream& s, TensorView full, const char* tag) const { run(s, Op::kAllReduce, full, tag, nullptr); }
   // The same collectives, started after everything `s` issued but not waited for: `done` is
   // recorded on the comm stream right after, for s.wait(done) when the result is needed.
-  enum class Op { kAllGather, kReduceScatter, kAllReduce };
-  void start(Stream& s, Op op, TensorView full, const char* tag, Event& done) const {
+  void start(Stream& s, Op op, TensorView full, const char* tag, Event& done) const { run(s, op, full, tag, &done); }
+
+ private:
+  void run(Stream& s, Op op, TensorView full, const char* tag, Event* done) const {
+    OptionalNvtxRange range;  // the tensor-collectives track of --trace
+    if (ranges_enabled()) range.open(NvtxCategory::kTensorParallel, tag, comm->device(rank).index());
     if (op == Op::kAllGather) group.all_gather(rank, full, &s, tag);
     if (op == Op::kReduceScatter) group.reduce_scatter(rank, full, &s, tag);
     if (op == Op::kAllReduce) group.all_reduce(rank, full, &s, tag);
-    comm->device(rank).comm().record(done);
+    if (done) {
+      comm->device(rank).comm().record(*done);
+    } else {
+      comm->wait_done(rank, s);
+    }
   }
 };
 

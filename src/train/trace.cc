@@ -63,7 +63,8 @@ void TraceRecorder::pop() {
       Open o = std::move(it->second.back());
       it->second.pop_back();
       if (it->second.empty()) open_.erase(it);
-      slices_.push_back(Slice{o.device >= 0 ? o.device : kHostPid, kHostTid, std::move(o.name),
+      const int tid = o.category == NvtxCategory::kTensorParallel ? kTensorTid : kHostTid;
+      slices_.push_back(Slice{o.device >= 0 ? o.device : kHostPid, tid, std::move(o.name),
                               nvtx_category_name(o.category), o.ts, te - o.ts});
     }
   }
@@ -117,8 +118,11 @@ nlohmann::json TraceRecorder::to_json(const std::vector<std::string>& device_nam
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", pname}}}});
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
     for (int tid : tids) {
-      const std::string tname = tid == kHostTid ? "host ranges" : tid == 0 ? "compute stream" : tid == 1 ? "comm stream"
-                                                                                                           : "stream " + std::to_string(tid);
+      const std::string tname = tid == kHostTid     ? "host ranges"
+                                : tid == kTensorTid ? "tensor collectives"
+                                : tid == 0          ? "compute stream"
+                                : tid == 1          ? "comm stream"
+                                                    : "stream " + std::to_string(tid);
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", tname}}}});
       events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"sort_index", tid}}}});
     }

@@ -38,6 +38,7 @@ class TraceRecorder final : public TaskObserver, public RangeSink {
   using Clock = std::chrono::steady_clock;
   // Track ids inside a device's process.
   static constexpr int kHostTid = 100;   // NVTX ranges of the device's host thread
+  static constexpr int kTensorTid = 101;  // its tensor-parallel collectives' ranges (their own track)
   static constexpr int kHostPid = 1000;  // process of ranges with no device (the main thread)
 
   // Installs itself as the range sink (forwarding ranges to the sink installed before). As a task

@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "sanitizer.h"
 #include "test_util.h"
@@ -193,6 +197,32 @@ TEST(TensorParallel, TensorAxisBytesMatchTheClosedForm) {
   }
   const TrainResult plain = train(mesh_run(2, 1, 2, 2));
   for (uint64_t got : plain.tensor_bytes_per_step_per_device) EXPECT_EQ(got, 0u);
+}
+
+// --trace: every device has a "tensor collectives" track holding each layer's named collectives
+// (forward and backward), apart from the host ranges.
+TEST(TensorParallel, TraceShowsTensorCollectivesOnTheirOwnTrack) {
+  test_util::TempDir dir("tp_trace");
+  TrainConfig c = small_mesh_run(1, 2, 2, 1);
+  c.trace_path = dir.path("trace.json");
+  train(c);
+  std::ifstream f(c.trace_path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::set<int> named;
+  std::set<std::pair<int, std::string>> seen;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["name"] == "thread_name" && e["args"]["name"] == "tensor collectives") named.insert(e["pid"].get<int>());
+    if (e["ph"] == "X" && e["tid"] == 101) {
+      EXPECT_EQ(e["cat"], "tensor-parallel");
+      seen.insert({e["pid"].get<int>(), e["name"].get<std::string>()});
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_TRUE(named.count(d)) << "device " << d << " has no tensor collectives track";
+    for (const char* name : {"tp ln_1", "tp attn.c_proj", "tp ln_2", "tp mlp.c_proj", "tp d ln_1", "tp d ln_2",
+                             "tp logits max", "tp replicated grads"})
+      EXPECT_TRUE(seen.count({d, name})) << "device " << d << " lacks " << name;
+  }
 }
 
 // A device of a (2 data x 2 tensor) run fails: its tensor group is dropped, the run goes on at
