@@ -17,6 +17,8 @@
 #include "train_checks.h"
 
 #include "model/config.h"
+#include "model/model.h"
+#include "train/export.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
@@ -90,6 +92,13 @@ TEST(TensorParallel, CheckpointsReshardAcrossTensorDegrees) {
   save.keep = 0;
   const TrainResult saved = train(save);
   ASSERT_EQ(saved.checkpoints.size(), 2u);
+  // `zerotrain export` of the tensor-parallel checkpoint: the full GPT-2 tensors, read back into
+  // the one-device layout, are the run's gathered master weights.
+  export_safetensors(saved.checkpoints[1], dir.path("w.safetensors"));
+  const ModelConfig mc = make_model_config(save.model, save.overrides);
+  EXPECT_TRUE(test::same_bits(read_safetensors_weights(dir.path("w.safetensors"), mc, gpt_layout(mc), nullptr),
+                              saved.final_params))
+      << "exported tensors differ from the gathered master weights";
   for (auto [data, tensor, stage] : {std::tuple{4, 1, 2}, {1, 4, 3}, {2, 2, 0}}) {
     SCOPED_TRACE(std::to_string(data) + " data x " + std::to_string(tensor) + " tensor, stage " + std::to_string(stage));
     TrainConfig c = small_mesh_run(data, tensor, stage, 5);
