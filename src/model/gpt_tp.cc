@@ -16,13 +16,18 @@
 // sums leaves each row-parallel one. Without it, every rank holds all rows and all-reduces instead.
 // Replicated tensors' gradients come from the rank's rows only and are all-reduced over the group.
 //
-// Overlap, where the dependencies allow it (the backward): each column-parallel backward (and the
-// LM head's) computes its input gradient first, starts that gradient's reduce-scatter (all-reduce
-// without sequence parallelism) on the comm stream, and computes the weight gradient while it
-// runs; the collective is waited for through an event recorded right after it on the rank's comm
-// stream (nothing else can enqueue there while the rank's thread is in the call). The other
-// collectives sit between dependent ops and are waited for at once. (Prefetching the layernorm
-// re-gathers would need one more [B*T, C] buffer: not done, to keep activations at ~1/T.)
+// Overlap, where the dependencies allow it, with sequence parallelism:
+//  - forward, each column-parallel matmul (QKV, MLP up, LM head): the rank multiplies its own rows
+//    while the all-gather brings the other ranks' rows, then multiplies those (collective matmul
+//    in one step: 1/T of the GEMM hides the gather);
+//  - backward, each column-parallel layer (and the LM head): the re-gather of its input starts
+//    right after the previous matmul has read the shared buffer, and runs under the ops before the
+//    weight gradient needs it (GELU's or attention's backward, and the input gradient's GEMM,
+//    which does not read it); the input gradient's reduce-scatter (all-reduce without sequence
+//    parallelism) then runs under the weight gradient's GEMM.
+// A started collective is waited for through an event recorded right after it on the rank's comm
+// stream (nothing else can enqueue there while the rank's thread is in the call). The row-parallel
+// outputs' reduce-scatters sit between dependent ops and are waited for at once.
 #include <algorithm>
 #include <string>
 
@@ -93,7 +98,7 @@ class TpWorkspace final : public Workspace {
   TpWorkspace(const GptTp& model, const ModelConfig& c, Device& d, int B, int T, int degree, bool sp, int64_t rep_max)
       : plan(c, B, T, degree, sp, rep_max), model(model), device(d.index()),
         buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
-        reduced(d.create_event()) {}
+        gathered(d.create_event()), reduced(d.create_event()) {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
@@ -109,7 +114,7 @@ class TpWorkspace final : public Workspace {
   int device;
   DeviceBuffer buf;
   // Recorded on the comm stream right after a collective the compute stream waits for later.
-  std::unique_ptr<Event> reduced;
+  std::unique_ptr<Event> gathered, reduced;
 };
 
 // One rank's view of its tensor group for the duration of a forward or backward.
@@ -267,9 +272,8 @@ class GptTp final : public Model {
     ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}), residual,
                            param(p, L + 1, 0), param(p, L + 1, 1), kLayerNormEps);
     p.before_forward(0);  // the LM head reads wte again (stage 3 gathers it again)
-    const TensorView lnf_all = enter(s, tr, ws, lnf, "tp ln_f");
     TensorView logits = act(P.logits, Shape{BT, Vl});
-    ops::matmul_forward(s, logits, lnf_all, param(p, 0, 0), ConstTensorView{});
+    column_matmul(s, tr, ws, logits, lnf, param(p, 0, 0), ConstTensorView{}, "tp ln_f");
 
     // Vocabulary-parallel cross-entropy: the row maxima, then the sums of exponentials and the
     // target logits, each combined over the group in a fixed order.
@@ -300,11 +304,13 @@ class GptTp final : public Model {
 
     // LM head: logits = lnf @ wte_shard^T; dlnf is a partial sum over the vocabulary shards.
     p.before_backward(0);
-    const TensorView lnf_all = enter(s, tr, ws, act(P.lnf, Shape{P.R, C}), "tp ln_f");
+    const TensorView lnf_all = start_enter(s, tr, ws, act(P.lnf, Shape{P.R, C}), "tp ln_f");
     ops::fill(s, full2, 0.0f);
     const TensorView dlogits = act(P.logits, Shape{BT, Vl});
+    // The input gradient reads no activation (its `in` argument only sizes the op).
     ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dlogits, lnf_all, param(p, 0, 0));
     start_leave(s, tr, ws, full2, "tp d ln_f");
+    finish_enter(s, ws);
     ops::matmul_backward(s, TensorView{}, grad(p, 0, 0), TensorView{}, dlogits, lnf_all, param(p, 0, 0));
     const TensorView dlnf = finish_leave(s, tr, ws, full2);
     const int lnf_block = L + 1;
@@ -388,6 +394,36 @@ class GptTp final : public Model {
     tr.all_gather(s, ws.view(P.full, Shape{P.B * P.T * P.C}), tag);
     return full;
   }
+  // enter() started but not waited for: finish_enter() before reading other ranks' rows (the
+  // rank's own are in place at once).
+  TensorView start_enter(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView local, const char* tag) const {
+    const TpPlan& P = ws.plan;
+    if (!P.sp) return local;
+    TensorView full = ws.view(P.full, Shape{P.B * P.T, P.C});
+    s.copy(rows_of(full, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+    tr.start(s, TpRank::Op::kAllGather, ws.view(P.full, Shape{P.B * P.T * P.C}), tag, *ws.gathered);
+    return full;
+  }
+  void finish_enter(Stream& s, TpWorkspace& ws) const {
+    if (ws.plan.sp) s.wait(*ws.gathered);
+  }
+  // out [B*T, N] = (all rows of `local`) @ weight^T + bias: the rank's own rows while the gather
+  // runs, then the others.
+  void column_matmul(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView out, TensorView local,
+                     ConstTensorView weight, ConstTensorView bias, const char* tag) const {
+    const TpPlan& P = ws.plan;
+    if (!P.sp) {
+      ops::matmul_forward(s, out, local, weight, bias);
+      return;
+    }
+    const TensorView all = start_enter(s, tr, ws, local, tag);
+    const int64_t mine = tr.t * P.R, BT = P.B * P.T;
+    ops::matmul_forward(s, rows_of(out, mine, P.R), rows_of(all, mine, P.R), weight, bias);
+    finish_enter(s, ws);
+    if (mine > 0) ops::matmul_forward(s, rows_of(out, 0, mine), rows_of(all, 0, mine), weight, bias);
+    if (mine + P.R < BT)
+      ops::matmul_forward(s, rows_of(out, mine + P.R, BT - mine - P.R), rows_of(all, mine + P.R, BT - mine - P.R), weight, bias);
+  }
   // leave(), started but not waited for (finish_leave waits and returns the rank's rows).
   void start_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
     const TensorView flat{partial.data, DType::kF32, Shape{partial.shape.numel()}, partial.device};
@@ -423,8 +459,7 @@ class GptTp final : public Model {
     TensorView ln1 = act(A.ln1, Shape{R, C});
     ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{R}), act(A.ln1_rstd, Shape{R}), res_in, param(p, blk, 6),
                            param(p, blk, 7), kLayerNormEps);
-    const TensorView ln1_all = enter(s, tr, ws, ln1, "tp ln_1");
-    ops::matmul_forward(s, act(A.qkv, Shape{BT, 3 * Cl}), ln1_all, param(p, blk, 0), param(p, blk, 1));
+    column_matmul(s, tr, ws, act(A.qkv, Shape{BT, 3 * Cl}), ln1, param(p, blk, 0), param(p, blk, 1), "tp ln_1");
     ops::attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), act(P.preatt, Shape{P.B, NHl, P.T, P.T}),
                            act(A.att, Shape{P.B, NHl, P.T, P.T}), act(A.qkv, Shape{P.B, P.T, 3 * Cl}), NHl);
     ops::matmul_forward(s, full, act(A.atty, Shape{BT, Cl}), param(p, blk, 2), ConstTensorView{});
@@ -436,9 +471,8 @@ class GptTp final : public Model {
     TensorView ln2 = act(A.ln2, Shape{R, C});
     ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}), res2, param(p, blk, 9),
                            param(p, blk, 10), kLayerNormEps);
-    const TensorView ln2_all = enter(s, tr, ws, ln2, "tp ln_2");
     TensorView fch = act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * Cl});
-    ops::matmul_forward(s, fch, ln2_all, param(p, blk, 3), param(p, blk, 4));
+    column_matmul(s, tr, ws, fch, ln2, param(p, blk, 3), param(p, blk, 4), "tp ln_2");
     ops::gelu_forward(s, fch_gelu, fch);
     ops::matmul_forward(s, full, fch_gelu, param(p, blk, 5), ConstTensorView{});
     TensorView fcproj = leave(s, tr, ws, full, "tp mlp.c_proj");
@@ -467,11 +501,12 @@ class GptTp final : public Model {
     ops::matmul_backward(s, dfch_gelu, grad(p, blk, 5), TensorView{}, dres_all, act(A.fch_gelu, Shape{BT, 4 * Cl}),
                          param(p, blk, 5));
     zero(dfch);
+    const TensorView ln2_all = start_enter(s, tr, ws, act(A.ln2, Shape{R, C}), "tp ln_2");
     ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * Cl}), dfch_gelu);
-    const TensorView ln2_all = enter(s, tr, ws, act(A.ln2, Shape{R, C}), "tp ln_2");
     zero(full2);
     ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dfch, ln2_all, param(p, blk, 3));
     start_leave(s, tr, ws, full2, "tp d ln_2");
+    finish_enter(s, ws);
     ops::matmul_backward(s, TensorView{}, grad(p, blk, 3), grad(p, blk, 4), dfch, ln2_all, param(p, blk, 3));
     const TensorView dln2 = finish_leave(s, tr, ws, full2);
     ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
@@ -483,14 +518,15 @@ class GptTp final : public Model {
     TensorView datty = act(P.datty, Shape{BT, Cl}), dqkv = act(P.dqkv, Shape{BT, 3 * Cl});
     zero(datty);
     ops::matmul_backward(s, datty, grad(p, blk, 2), TensorView{}, dres2_all, act(A.atty, Shape{BT, Cl}), param(p, blk, 2));
+    const TensorView ln1_all = start_enter(s, tr, ws, act(A.ln1, Shape{R, C}), "tp ln_1");
     zero(dqkv);
     ops::attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.dpreatt, Shape{P.B, NHl, P.T, P.T}),
                             act(P.datt, Shape{P.B, NHl, P.T, P.T}), act(P.datty, Shape{P.B, P.T, Cl}),
                             act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.att, Shape{P.B, NHl, P.T, P.T}), NHl);
-    const TensorView ln1_all = enter(s, tr, ws, act(A.ln1, Shape{R, C}), "tp ln_1");
     zero(full2);
     ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dqkv, ln1_all, param(p, blk, 0));
     start_leave(s, tr, ws, full2, "tp d ln_1");
+    finish_enter(s, ws);
     ops::matmul_backward(s, TensorView{}, grad(p, blk, 0), grad(p, blk, 1), dqkv, ln1_all, param(p, blk, 0));
     const TensorView dln1 = finish_leave(s, tr, ws, full2);
     ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
