@@ -126,7 +126,9 @@ struct OpTable {
                                       const float* dloss_scale) = nullptr;
   // Vocabulary-parallel cross-entropy over a shard logits [N, V] holding ids [v_begin, v_begin + V)
   // of v_total (> 0).
-  void (*row_max)(Stream&, float* out, const float* logits, int64_t N, int64_t V) = nullptr;
+  // V: the shard's columns; columns at ids >= v_total (padding) take no part (vocab ops, ops.h).
+  void (*row_max)(Stream&, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+                  int64_t v_total) = nullptr;
   void (*vocab_partials)(Stream&, float* out, const float* logits, const float* max, const int32_t* targets,
                          int64_t N, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
   void (*vocab_loss_grad)(Stream&, float* logits, float* losses, const float* max, const float* sumexp,

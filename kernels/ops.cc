@@ -146,9 +146,10 @@ int64_t check_vocab(const char* op, const VocabRange& vocab, const char* table,
                " ", t.shape.str(), " is a shard only when total > 0)");
     return rows;
   }
-  ZT_REQUIRE(vocab.begin >= 0 && vocab.total > 0 && vocab.begin + rows <= vocab.total, op, ": ",
+  // Padding (ids >= total) may fill the shard's tail or all of it, never precede the real ids.
+  ZT_REQUIRE(vocab.begin >= 0 && vocab.total > 0 && (vocab.begin < vocab.total || rows > 0), op, ": ",
              table, " ", t.shape.str(), " as the vocabulary rows [", vocab.begin, ", ",
-             vocab.begin + rows, ") does not fit in a vocabulary of ", vocab.total);
+             vocab.begin + rows, ") of a vocabulary of ", vocab.total, " is not a shard of it");
   return vocab.total;
 }
 
@@ -517,12 +518,13 @@ void check_rows(Stream& s, const char* op, const ConstTensorView& logits, int64_
 }
 }  // namespace
 
-void row_max(Stream& s, TensorView out, ConstTensorView logits) {
+void row_max(Stream& s, TensorView out, ConstTensorView logits, VocabRange vocab) {
   constexpr const char* op = "row_max";
-  const int64_t N = check_logits(s, op, logits);
+  const int64_t N = check_logits(s, op, logits), V = last_dim(logits);
   check_rows(s, op, logits, N, {{"out", out}});
+  const int64_t total = check_vocab(op, vocab, "logits", logits, V);
   if (N == 0) return;
-  f32_kernel(s, OpId::kRowMax).row_max(s, f32(out), f32(logits), N, last_dim(logits));
+  f32_kernel(s, OpId::kRowMax).row_max(s, f32(out), f32(logits), N, V, vocab.begin, total);
 }
 
 void vocab_partials(Stream& s, TensorView out, ConstTensorView logits, ConstTensorView max,

@@ -38,6 +38,9 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src);
 // ---- tensor (vocabulary) parallelism ---------------------------------------------------
 // Which rows of the vocabulary a rank's embedding/LM-head shard holds: rows [begin, begin + wte rows)
 // of a vocabulary of `total` ids (total 0 = the shard is the whole vocabulary, begin must be 0).
+// A shard may reach past `total` (a vocabulary padded to a multiple of the shard count): ids >=
+// total are padding, never a token or a target; the cross-entropy ops leave those columns out of
+// the max and the sums and give them gradient 0.
 struct VocabRange {
   int64_t begin = 0;
   int64_t total = 0;
@@ -117,8 +120,9 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
 
 // ---- vocabulary-parallel cross-entropy: three ops around two all-gathers the caller does ----
 // With T shards of logits [N, V] (shard k holds the columns [begin_k, begin_k + Vl)):
-//  1. row_max: out[i] = max_j logits[i, j] over the shard logits [N, Vl].
-void row_max(Stream& s, TensorView out, ConstTensorView logits);
+//  1. row_max: out[i] = max_j logits[i, j] over the shard logits [N, Vl] (its real columns: -inf
+//     for a shard of padding only).
+void row_max(Stream& s, TensorView out, ConstTensorView logits, VocabRange vocab = {});
 //  2. (caller all-gathers the T ranks' row maxima into [T, N] and reduces them with reduce_slices
 //     kMax) then vocab_partials with the global row max: out [2, N] (any shape of 2N elements):
 //     out[0, i] = sum_j exp(logits[i, j] - max[i])   (fixed order)

@@ -3,6 +3,7 @@
 // follow the classifier's arithmetic so that one shard gives its results to about an ulp.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
@@ -69,9 +70,18 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
   });
 }
 
-void row_max(float* out, const float* logits, int64_t N, int64_t V) {
+namespace {
+// The shard's real columns: those at ids < total (the rest is a padded vocabulary's tail).
+int64_t real_columns(int64_t V, int64_t v_begin, int64_t v_total) {
+  return std::clamp<int64_t>(v_total - v_begin, 0, V);
+}
+}  // namespace
+
+void row_max(float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+  const int64_t real = real_columns(V, v_begin, v_total);
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) out[r] = detail::max_of(logits + r * V, V);
+    for (int64_t r = r0; r < r1; ++r)
+      out[r] = real > 0 ? detail::max_of(logits + r * V, real) : -std::numeric_limits<float>::infinity();
   });
 }
 
@@ -85,6 +95,7 @@ void check_target(const char* op, int32_t target, int64_t row, int64_t v_total) 
 
 void vocab_partials(float* out, const float* logits, const float* max, const int32_t* targets,
                     int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+  const int64_t real = real_columns(V, v_begin, v_total);
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t target = targets[r];
@@ -95,7 +106,7 @@ void vocab_partials(float* out, const float* logits, const float* max, const int
         continue;
       }
       const float* x = logits + r * V;
-      out[r] = static_cast<float>(exp_sum(x, V, max[r]));
+      out[r] = real > 0 ? static_cast<float>(exp_sum(x, real, max[r])) : 0.0f;
       const int64_t local = target - v_begin;
       out[N + r] = local >= 0 && local < V ? x[local] : 0.0f;
     }
@@ -108,6 +119,7 @@ void vocab_loss_grad(float* logits, float* losses, const float* max, const float
                      const float* dloss_scale) {
   // Read here, when the stream runs the op: the scale is written by earlier work on the stream.
   const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
+  const int64_t real = real_columns(V, v_begin, v_total);
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* x = logits + r * V;
@@ -124,12 +136,13 @@ void vocab_loss_grad(float* logits, float* losses, const float* max, const float
       if (!compute_grad) continue;
       // As classifier_forward_backward: exp in place, one scale, the target element fixed up.
       const float inv_sum = static_cast<float>(1.0 / sum);
-      exp_row(x, V, mx);
+      exp_row(x, real, mx);
       const int64_t local = target - v_begin;
-      const bool here = local >= 0 && local < V;
+      const bool here = local >= 0 && local < real;
       const float e_target = here ? x[local] : 0.0f;
-      scale_row(x, V, inv_sum * dloss);
+      scale_row(x, real, inv_sum * dloss);
       if (here) x[local] = (e_target * inv_sum - 1.0f) * dloss;
+      std::fill(x + real, x + V, 0.0f);  // padding: no probability, no gradient
     }
   });
 }

@@ -72,7 +72,7 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --
 // out[N] = row maxima.
-void row_max(float* out, const float* logits, int64_t N, int64_t V);
+void row_max(float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
 // out[0..N) = sum exp(logits - max) (double, fixed lane order, rounded to fp32); out[N..2N) = the
 // target's logit when this shard holds it, else 0; both 0 for ignored rows. Throws zt::Error when
 // a target is >= v_total.

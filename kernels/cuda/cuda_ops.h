@@ -94,7 +94,8 @@ void classifier_forward_backward(void* stream, float* logits, float* losses, con
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
 // v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN) ----------
-void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V);
+void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+             int64_t v_total);
 void vocab_partials(void* stream, float* out, const float* logits, const float* max,
                     const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
 void vocab_loss_grad(void* stream, float* logits, float* losses, const float* max,

@@ -165,12 +165,12 @@ __global__ void __launch_bounds__(kClassifierBlock)
 
 // ---- vocabulary-parallel cross-entropy: one block per row, as the classifier ------------------
 __global__ void __launch_bounds__(kClassifierBlock)
-    row_max_kernel(float* __restrict__ out, const float* __restrict__ logits, int64_t N, int64_t V) {
+    row_max_kernel(float* __restrict__ out, const float* __restrict__ logits, int64_t N, int64_t V, int64_t real) {
   __shared__ float scratch[kWarpSize];
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const float* x = logits + row * V;
     float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
+    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) m = fmaxf(m, x[i]);
     m = detail::block_max(m, scratch);
     if (threadIdx.x == 0) out[row] = m;
   }
@@ -195,8 +195,9 @@ __global__ void __launch_bounds__(kClassifierBlock)
     }
     const float* x = logits + row * V;
     const float m = max[row];
+    const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding takes no part
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp_elem(x[i] - m);
+    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += exp_elem(x[i] - m);
     s = detail::block_sum(s, scratch_sum);
     if (threadIdx.x == 0) {
       const int64_t local = target - begin;
@@ -229,9 +230,10 @@ __global__ void __launch_bounds__(kClassifierBlock)
     if (!compute_grad) continue;
     const float inv = static_cast<float>(1.0 / sum);
     const int64_t local = target - begin;
+    const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding: gradient 0
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
       const float p = exp_elem(x[i] - m) * inv;
-      x[i] = ignored ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss;
+      x[i] = ignored || i >= real ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss;
     }
   }
 }
@@ -240,9 +242,11 @@ unsigned row_blocks(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(
 
 }  // namespace
 
-void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V) {
+void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+             int64_t v_total) {
   detail::LaunchScope scope(stream);
-  row_max_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(out, logits, N, V);
+  const int64_t real = std::min(V, std::max(int64_t{0}, v_total - v_begin));
+  row_max_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(out, logits, N, V, real);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -50,8 +50,17 @@ enum LayerTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2
 // replicated ln1w, ln1b, attprojb, ln2w, ln2b, fcprojb (indices 6-11).
 constexpr LayerTensor kRepTensors[] = {kLn1w, kLn1b, kAttprojb, kLn2w, kLn2b, kFcprojb};
 
+// The vocabulary a tensor-parallel GPT splits: padded to a multiple of 64 x degree (Megatron pads
+// to 128 x degree), so every rank holds a whole number of 64-row tiles (GPT-2's 50257 is prime
+// to every degree: 50304 rows at degree 2). Padding rows are zero, never looked up, left out of
+// the softmax, and receive no gradient; checkpoints keep the real rows only.
+int64_t padded_vocab(int64_t V, int degree) {
+  const int64_t q = int64_t{64} * degree;
+  return (V + q - 1) / q * q;
+}
+
 struct TpPlan {
-  int64_t B, T, C, NH, L, V, D;  // D = tensor degree
+  int64_t B, T, C, NH, L, V, Vp, D;  // V real, Vp padded vocabulary; D = tensor degree
   bool sp;
   int64_t R;  // rows a rank's residual stream holds
   int64_t total = 0;
@@ -71,7 +80,8 @@ struct TpPlan {
   }
 
   TpPlan(const ModelConfig& c, int64_t B_, int64_t T_, int degree, bool sequence, int64_t rep_max)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), D(degree), sp(sequence) {
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), Vp(padded_vocab(c.vocab, degree)),
+        D(degree), sp(sequence) {
     const int64_t BT = B * T, Cl = C / D, att_size = B * (NH / D) * T * T;
     R = sp ? BT / D : BT;
     rep_numel = (rep_max + D - 1) / D * D;
@@ -82,12 +92,12 @@ struct TpPlan {
       l.att = add(att_size), l.residual2 = add(R * C), l.ln2 = add(R * C), l.ln2_mean = add(R), l.ln2_rstd = add(R);
       l.fch = add(BT * 4 * Cl), l.fch_gelu = add(BT * 4 * Cl), l.residual3 = add(R * C);
     }
-    lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (V / D)), losses = add(BT);
+    lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (Vp / D)), losses = add(BT);
     full = add(BT * C), full2 = add(BT * C), preatt = add(att_size), dresidual = add(R * C);
     dfch = add(BT * 4 * Cl), dfch_gelu = add(BT * 4 * Cl), datty = add(BT * Cl), dqkv = add(BT * 3 * Cl);
     dpreatt = add(att_size), datt = add(att_size);
     stat_max = add(D * BT), gmax = add(BT), stat_part = add(D * 2 * BT), gsum = add(2 * BT);
-    rep = add(rep_numel), row = add(V);
+    rep = add(rep_numel), row = add(Vp);
   }
 };
 
@@ -102,8 +112,8 @@ class TpWorkspace final : public Workspace {
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
-  // The rank's vocabulary shard of the logits: [B*T, V / degree].
-  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.V / plan.D}); }
+  // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree].
+  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}); }
   size_t bytes() const override { return buf.size(); }
   void read_logits_row(Stream& s, int row, float* out) override;
 
@@ -167,7 +177,6 @@ class GptTp final : public Model {
     if (c.heads % D != 0) refuse("heads", c.heads);
     if (c.embd % D != 0) refuse("width", c.embd);
     if ((4 * c.embd) % D != 0) refuse("MLP width", 4 * c.embd);
-    if (c.vocab % D != 0) refuse("vocabulary", c.vocab);
 
     map_.degree = D;
     map_.logical = &logical_;
@@ -180,7 +189,7 @@ class GptTp final : public Model {
       map_.places[static_cast<size_t>(block)].push_back({lb, li, split});
     };
     const int emb = layout_.add_block("embeddings");
-    add(emb, 0, 0, Shape{V / D, C}, TensorSplit::kRows);
+    add(emb, 0, 0, Shape{padded_vocab(V, D) / D, C}, TensorSplit::kRows);
     add(emb, 0, 1, Shape{c.seq_len, C}, TensorSplit::kReplicated);
     for (int l = 0; l < c.layers; ++l) {
       const int b = layout_.add_block("h." + std::to_string(l)), lb = l + 1;
@@ -244,7 +253,7 @@ class GptTp final : public Model {
     const TpPlan& P = ws.plan;
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const TpRank tr = rank_of(p.device_index());
-    const int64_t BT = P.B * P.T, C = P.C, Vl = P.V / P.D;
+    const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     TensorView full = act(P.full, Shape{BT, C});
@@ -279,7 +288,7 @@ class GptTp final : public Model {
     // target logits, each combined over the group in a fixed order.
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
     TensorView stat_max = act(P.stat_max, Shape{P.D, BT});
-    ops::row_max(s, act(P.stat_max + tr.t * BT, Shape{BT}), logits);
+    ops::row_max(s, act(P.stat_max + tr.t * BT, Shape{BT}), logits, ops::VocabRange{tr.t * Vl, P.V});
     tr.all_gather(s, act(P.stat_max, Shape{P.D * BT}), "tp logits max");
     TensorView gmax = act(P.gmax, Shape{BT});
     ops::reduce_slices(s, gmax, stat_max, ops::SliceReduce::kMax);
@@ -295,7 +304,7 @@ class GptTp final : public Model {
     auto& ws = static_cast<TpWorkspace&>(wsb);
     const TpPlan& P = ws.plan;
     const TpRank tr = rank_of(p.device_index());
-    const int64_t BT = P.B * P.T, C = P.C, Vl = P.V / P.D;
+    const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     TensorView dresidual = act(P.dresidual, Shape{P.R, C});
@@ -345,10 +354,10 @@ class GptTp final : public Model {
   void read_logits_row(TpWorkspace& ws, Stream& s, int row, float* out) const {
     const TpPlan& P = ws.plan;
     const TpRank tr = rank_of(ws.device);
-    const int64_t Vl = P.V / P.D;
+    const int64_t Vl = P.Vp / P.D;
     s.copy(ws.buf.as<float>() + P.row + tr.t * Vl, ws.buf.as<float>() + P.logits + static_cast<int64_t>(row) * Vl,
            static_cast<size_t>(Vl) * 4);
-    tr.all_gather(s, ws.view(P.row, Shape{P.V}), "tp logits row");
+    tr.all_gather(s, ws.view(P.row, Shape{P.Vp}), "tp logits row");
     s.copy(out, ws.buf.as<float>() + P.row, static_cast<size_t>(P.V) * 4);
   }
 

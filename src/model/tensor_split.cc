@@ -31,7 +31,11 @@ Run run_at(const ParamTensor& lt, const ParamTensor& gt, TensorSplit split, int 
   const int64_t width = gt.shape.ndim() > 1 ? gt.numel / gt.shape[0] : 1;
   switch (split) {
     case TensorSplit::kReplicated: return {i, n - i};
-    case TensorSplit::kRows: return {t * n + i, n - i};
+    case TensorSplit::kRows: {
+      // A padded tensor's tail rows (beyond the logical tensor) map nowhere.
+      const int64_t at = t * n + i;
+      return at < gt.numel ? Run{at, std::min(n - i, gt.numel - at)} : Run{-1, n - i};
+    }
     case TensorSplit::kCols: {
       const int64_t lw = width / T, row = i / lw, col = i % lw;
       return {row * width + t * lw + col, lw - col};
@@ -58,7 +62,7 @@ void TensorMap::for_each_run(int t, int block, int64_t begin, int64_t end,
     for (int64_t i = lo; i < hi;) {
       const Run r = run_at(lt, gt, pl[k].split, t, degree, i - lt.offset);
       const int64_t count = std::min(r.count, hi - i);
-      fn(pl[k].block, gt.offset + r.logical, i, count);
+      if (r.logical >= 0) fn(pl[k].block, gt.offset + r.logical, i, count);
       i += count;
     }
   }

@@ -6,8 +6,9 @@
 // Splits (T = the tensor degree, t = the rank's coordinate on the tensor axis):
 //  - kReplicated: every tensor rank holds the whole tensor (layernorms, row-parallel biases,
 //    position embeddings); its gradient is summed over the tensor group, so the copies stay equal.
-//  - kRows: rank t holds rows [t R/T, (t+1) R/T) of a logical [R, ...] tensor (column-parallel
-//    weights and biases, the vocabulary-parallel embedding).
+//  - kRows: rank t holds rows [t R'/T, (t+1) R'/T) of a logical [R, ...] tensor padded to R' >= R
+//    rows (column-parallel weights and biases; the vocabulary-parallel embedding, whose padding
+//    rows beyond R map nowhere).
 //  - kCols: rank t holds columns [t W/T, (t+1) W/T) of every row of a logical [R, W] tensor
 //    (row-parallel weights).
 //  - kQkvRows: a logical [3C, ...] tensor of three stacked parts (GPT-2's q, k, v): rank t holds

@@ -518,8 +518,8 @@ TEST_F(BadInput, ThreeDevicesTrainAndResumeATwoDeviceRun) {
 
 }  // namespace
 
-// --tensor-parallel T that does not divide the devices or the model (heads, width, vocabulary),
-// a model it cannot split, or sequence parallelism over a micro-batch of too few tokens: one
+// --tensor-parallel T that does not divide the devices or the heads (the width and the MLP follow
+// from the heads; the vocabulary is padded), a model it cannot split, or sequence parallelism over a micro-batch of too few tokens: one
 // sentence naming the numbers and the nearest valid T.
 namespace {
 TEST_F(BadInput, TensorParallelDegreesThatDoNotDivideAreRefused) {
@@ -528,8 +528,6 @@ TEST_F(BadInput, TensorParallelDegreesThatDoNotDivideAreRefused) {
        "does not divide the 4 devices; the nearest valid degree is 2"},
       {"heads", small({"--steps", "2", "--devices", "cpu:4", "--tp", "4"}), 2,
        "does not divide the model's heads (2); the nearest valid degree is 2"},
-      {"vocab", small({"--steps", "2", "--devices", "cpu:4", "--tp", "4", "--heads", "4", "--vocab", "250"}), 2,
-       "vocabulary (250); the nearest valid degree is 2"},
       {"mlp", {"train", "--model", "mlp", "--steps", "2", "--devices", "cpu:2", "--tp", "2"}, 2, "GPT models only"},
       {"sequence tokens", small({"--steps", "2", "--devices", "cpu:2", "--tp", "2", "--batch-size", "1",
                                  "--train-seq-len", "15"}), 2, "multiple of 2"},

@@ -400,6 +400,67 @@ TEST_P(TpOpsTest, VocabParallelChainMatchesClassifier) {
   }
 }
 
+// A padded vocabulary: T equal shards of W columns each, T * W >= V, the ids >= V filled with
+// large logits that must not count. The chain equals the classifier on the real [N, V] logits, a
+// shard of padding only included, and the padding's gradient is exactly 0.
+TEST_P(TpOpsTest, PaddedVocabularyColumnsTakeNoPart) {
+  const int64_t N = 5, V = 37;
+  const FVec logits = rng_.normal(N * V, 3.0f);
+  IVec targets = rng_.ints(N, 0, static_cast<int32_t>(V));
+  targets[1] = -1;
+  targets[2] = static_cast<int32_t>(V - 1);
+  DevTensor ttargets = tensor(targets, {N});
+  const float dloss = 0.5f;
+  for (int64_t shards : {2, 4}) {
+    const int64_t W = shards == 2 ? 24 : 16;  // 4 x 16 = 64: the last shard is all padding
+    SCOPED_TRACE(::testing::Message() << shards << " shards of " << W);
+    std::vector<DevTensor> shard_logits;
+    FVec maxima;
+    for (int64_t k = 0; k < shards; ++k) {
+      FVec m(static_cast<size_t>(N * W), 0.0f);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < W; ++j) {
+          const int64_t id = k * W + j;
+          m[static_cast<size_t>(r * W + j)] = id < V ? logits[static_cast<size_t>(r * V + id)] : 50.0f + static_cast<float>(j);
+        }
+      shard_logits.push_back(tensor(m, {N, W}));
+      DevTensor mx = poisoned({N});
+      ops::row_max(s(), mx, shard_logits.back(), ops::VocabRange{k * W, V});
+      const FVec mk = mx.f();
+      maxima.insert(maxima.end(), mk.begin(), mk.end());
+    }
+    DevTensor gmax = poisoned({N});
+    ops::reduce_slices(s(), gmax, tensor(maxima, {shards, N}), ops::SliceReduce::kMax);
+    FVec parts;
+    for (int64_t k = 0; k < shards; ++k) {
+      DevTensor p = poisoned({2, N});
+      ops::vocab_partials(s(), p, shard_logits[static_cast<size_t>(k)], gmax, ttargets, ops::VocabRange{k * W, V});
+      const FVec pk = p.f();
+      parts.insert(parts.end(), pk.begin(), pk.end());
+    }
+    DevTensor reduced = poisoned({2 * N});
+    ops::reduce_slices(s(), reduced, tensor(parts, {shards, 2 * N}), ops::SliceReduce::kSum);
+    FVec losses0, dlogits(static_cast<size_t>(N * V));
+    for (int64_t k = 0; k < shards; ++k) {
+      DevTensor losses = poisoned({N});
+      ops::vocab_loss_grad(s(), shard_logits[static_cast<size_t>(k)], losses, gmax, slice(reduced, 0, N),
+                           slice(reduced, N, N), ttargets, ops::VocabRange{k * W, V}, dloss, true);
+      if (k == 0) losses0 = losses.f();
+      const FVec g = shard_logits[static_cast<size_t>(k)].f();
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < W; ++j) {
+          const int64_t id = k * W + j;
+          if (id < V) dlogits[static_cast<size_t>(r * V + id)] = g[static_cast<size_t>(r * W + j)];
+          else EXPECT_EQ(g[static_cast<size_t>(r * W + j)], 0.0f) << "padding id " << id << " got a gradient";
+        }
+    }
+    DevTensor full = tensor(logits, {N, V}), full_losses = poisoned({N});
+    ops::classifier_forward_backward(s(), full, full_losses, ttargets, dloss, true);
+    EXPECT_TRUE(within(losses0, full_losses.f(), 1e-6, 0.0)) << "losses vs classifier";
+    EXPECT_TRUE(within(dlogits, full.f(), 1e-6, 1e-6 * dloss)) << "dlogits vs classifier";
+  }
+}
+
 TEST_P(TpOpsTest, EmptyRowsLaunchNothingAndTouchNothing) {
   DevTensor logits = empty({0, 5}), out = empty({0}), parts = empty({2, 0}), targets = empty({0}, DType::kI32);
   ops::row_max(s(), out, logits);

@@ -17,13 +17,15 @@
 namespace zt {
 namespace {
 
-ModelConfig tiny_config() {
+// vocab 256 splits evenly at T = 2 and 4 (padded to a multiple of 64 T: no padding); 250 pads to
+// 256, the last shard partly padding.
+ModelConfig tiny_config(int vocab = 256) {
   ModelOverrides o;
   o.layers = 2;
   o.embd = 32;
   o.heads = 4;
   o.seq_len = 16;
-  o.vocab = 64;
+  o.vocab = vocab;
   return make_model_config("gpt-tiny", o);
 }
 
@@ -113,8 +115,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     ASSERT_NEAR(got[i], want[i], tol * std::max(scale, 1e-3)) << what << " element " << i;
 }
 
-void check_degree(int D, bool sequence) {
-  const ModelConfig c = tiny_config();
+void check_degree(int D, bool sequence, int vocab = 256) {
+  const ModelConfig c = tiny_config(vocab);
   const Inputs in = make_inputs(c);
   // One device: the reference.
   auto rt1 = Runtime::create_cpu(1);
@@ -182,8 +184,16 @@ TEST(GptTensorParallel, MatchesOneDeviceWithoutSequenceParallelism) {
   check_degree(4, false);
 }
 
+// GPT-2's vocabulary divides by no degree: it is padded (here 250 -> 256), and the padding rows
+// neither change the loss nor appear in the gradients.
+TEST(GptTensorParallel, MatchesOneDeviceWithAPaddedVocabulary) {
+  check_degree(2, true, 250);
+  check_degree(4, true, 250);
+  check_degree(4, false, 250);
+}
+
 TEST(GptTensorParallel, MapTilesEveryLogicalTensorOncePerSplit) {
-  const ModelConfig c = tiny_config();
+  const ModelConfig c = tiny_config(250);
   for (int D : {2, 4}) {
     auto model = make_model(c, Recompute::kNone, TensorParallel{D, true, nullptr, nullptr});
     const TensorMap& map = *model->tensor_map();
@@ -211,13 +221,15 @@ TEST(GptTensorParallel, MapTilesEveryLogicalTensorOncePerSplit) {
         EXPECT_GE(tensors[i].offset, map.replicated_from(b)) << "replicated tensors come last in " << tensors[i].name;
       }
     }
-    // Split tensors hold 1/D of their elements on each rank, replicated ones all of them.
-    EXPECT_EQ(model->layout().total_parameters() * D, L.total_parameters() + (D - 1) * replicated);
+    // Split tensors hold 1/D of their elements on each rank (wte: of its padded rows), replicated
+    // ones all of them.
+    const int64_t padding = (model->layout().block(0).tensors[0].shape[0] * D - c.vocab) * c.embd;
+    EXPECT_EQ(model->layout().total_parameters() * D, L.total_parameters() + (D - 1) * replicated + padding);
   }
 }
 
 TEST(GptTensorParallel, RefusesDegreesThatDoNotDivideTheModel) {
-  const ModelConfig c = tiny_config();  // 4 heads, width 32, vocab 64
+  const ModelConfig c = tiny_config();  // 4 heads, width 32
   try {
     make_model(c, Recompute::kNone, TensorParallel{3, true, nullptr, nullptr});
     FAIL();
