@@ -26,10 +26,16 @@ struct Checker {
   std::vector<size_t> taken;
 
   explicit Checker(const Schedule& s)
-      : S(s), P(s.stages), m(s.micro_batches), V(s.virtual_stages), st(size_t(P)),
-        chan(size_t(P) * size_t(P)), taken(size_t(P) * size_t(P), 0) {
+      : S(s),
+        P(s.stages),
+        m(s.micro_batches),
+        V(s.virtual_stages),
+        st(size_t(P)),
+        chan(size_t(P) * size_t(P)),
+        taken(size_t(P) * size_t(P), 0) {
     for (StageState& x : st)
-      for (auto* v : {&x.f, &x.b, &x.w, &x.bw, &x.got_act, &x.got_grad}) v->assign(size_t(m * V), 0);
+      for (auto* v : {&x.f, &x.b, &x.w, &x.bw, &x.got_act, &x.got_grad})
+        v->assign(size_t(m * V), 0);
   }
 
   const Action& at(int s, size_t k) const { return S.actions[size_t(s)][k]; }
@@ -60,7 +66,8 @@ struct Checker {
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput: {
         if (!x.f[id]) return concat(where(s, k), " runs before its forward");
-        if (x.b[id] || x.bw[id]) return concat(where(s, k), " is a second backward of that micro-batch");
+        if (x.b[id] || x.bw[id])
+          return concat(where(s, k), " is a second backward of that micro-batch");
         const bool next_done =
             local ? (x.b[local_id(a.chunk + 1)] || x.bw[local_id(a.chunk + 1)]) : x.got_grad[id];
         if (g < last && !next_done)
@@ -85,8 +92,8 @@ struct Checker {
         if (other_g < 0 || other_g > last)
           return concat(where(s, k), ": virtual stage ", g, " has no neighbour that way");
         if (a.peer != other_g % P)
-          return concat(where(s, k), ": the neighbouring virtual stage ", other_g, " lives on stage ",
-                        other_g % P, ", not ", a.peer);
+          return concat(where(s, k), ": the neighbouring virtual stage ", other_g,
+                        " lives on stage ", other_g % P, ", not ", a.peer);
         if (send) {
           if (act ? !x.f[id] : !(x.b[id] || x.bw[id]))
             return concat(where(s, k), " sends data that has not been computed yet (its ",
@@ -151,7 +158,8 @@ struct Checker {
       const std::string peer_state =
           k2 == S.actions[size_t(p2)].size()
               ? concat("stage ", p2, " has finished its list without posting it")
-              : concat("stage ", p2, " is itself stuck at action ", k2, " (", describe(at(p2, k2)), ")");
+              : concat("stage ", p2, " is itself stuck at action ", k2, " (", describe(at(p2, k2)),
+                       ")");
       return concat("deadlock: ", where(s, k), " waits for a send from stage ", p2, ", but ",
                     peer_state);
     }
@@ -167,17 +175,18 @@ struct Checker {
         for (int c = 0; c < V; ++c) {
           const StageState& x = st[size_t(s)];
           const size_t id = size_t(i * V + c);
-          const char* missing = !x.f[id]                  ? "F"
-                                : split && x.bw[id]       ? nullptr
-                                : split && !x.b[id]       ? "B"
-                                : split && !x.w[id]       ? "W"
-                                : !split && !x.bw[id]     ? "BW"
-                                                          : "";
+          const char* missing = !x.f[id]              ? "F"
+                                : split && x.bw[id]   ? nullptr
+                                : split && !x.b[id]   ? "B"
+                                : split && !x.w[id]   ? "W"
+                                : !split && !x.bw[id] ? "BW"
+                                                      : "";
           if (missing == nullptr)
             return concat("stage ", s, " runs a fused backward of micro-batch ", i, " chunk ", c,
                           " in a schedule that splits B and W");
           if (*missing)
-            return concat("stage ", s, " never runs ", missing, " of micro-batch ", i, " chunk ", c);
+            return concat("stage ", s, " never runs ", missing, " of micro-batch ", i, " chunk ",
+                          c);
         }
     return "";
   }
@@ -195,9 +204,9 @@ std::string find_schedule_error(const Schedule& schedule) {
 void check_schedule(const Schedule& schedule) {
   const std::string e = find_schedule_error(schedule);
   if (!e.empty())
-    ZT_THROW(ErrorKind::kInternal, "pipeline schedule ", pipe_schedule_name(schedule.kind), " (P=",
-             schedule.stages, ", m=", schedule.micro_batches, ", V=", schedule.virtual_stages,
-             "): ", e);
+    ZT_THROW(ErrorKind::kInternal, "pipeline schedule ", pipe_schedule_name(schedule.kind),
+             " (P=", schedule.stages, ", m=", schedule.micro_batches,
+             ", V=", schedule.virtual_stages, "): ", e);
 }
 
 }  // namespace zt

@@ -4,7 +4,8 @@
 // The check executes every stage's list on a model of the communication of schedule.h: a send is
 // posted and its stage goes on; the k-th recv at b from a takes the k-th send a->b and blocks until
 // that send has been posted. It fails, naming the stage, the action index and the action, on:
-//  - a deadlock (every unfinished stage blocked in a recv): the first stuck stage, what it waits for
+//  - a deadlock (every unfinished stage blocked in a recv): the first stuck stage, what it waits
+//  for
 //    and what that peer is doing;
 //  - a recv matched to a send of another micro-batch, chunk or payload (pairs posted in different
 //    orders), a send/recv to a stage that does not hold the neighbouring virtual stage, a send that

@@ -118,6 +118,7 @@ std::string PipelinePartition::describe() const {
 
 PipelinePartition partition_pipeline(const PipelineCosts& costs, int stages, int virtual_stages) {
   const int blocks = static_cast<int>(costs.blocks.size());
+  // Devices = stages: the device count is the caller's to check; here only stages vs blocks.
   validate_pipeline_shape(stages, stages, virtual_stages, blocks);
   const int parts = stages * virtual_stages;
   const double inf = std::numeric_limits<double>::infinity();
@@ -143,9 +144,11 @@ std::vector<int> parse_pp_layout(const std::string& text) {
   size_t i = 0;
   while (true) {
     const size_t comma = text.find(',', i);
-    const std::string item = text.substr(i, comma == std::string::npos ? std::string::npos : comma - i);
-    const bool digits = !item.empty() && item.size() <= 9 &&
-                        std::all_of(item.begin(), item.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    const std::string item =
+        text.substr(i, comma == std::string::npos ? std::string::npos : comma - i);
+    const bool digits =
+        !item.empty() && item.size() <= 9 &&
+        std::all_of(item.begin(), item.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
     ZT_REQUIRE(digits, "--pp-layout '", text, "': '", item,
                "' is not a block count; give one count per stage, e.g. 4,4,3,1");
     out.push_back(std::stoi(item));
@@ -155,33 +158,37 @@ std::vector<int> parse_pp_layout(const std::string& text) {
   return out;
 }
 
-void validate_pp_layout(const std::vector<int>& layout, int blocks, int stages, int virtual_stages) {
+void validate_pp_layout(const std::vector<int>& layout, int blocks, int stages,
+                        int virtual_stages) {
   const int parts = stages * virtual_stages;
   const std::string text = layout_text(layout);
   ZT_REQUIRE(static_cast<int>(layout.size()) == parts, "--pp-layout ", text, " has ", layout.size(),
              " entries but the pipeline has ", parts,
-             virtual_stages > 1 ? concat(" chunks (", stages, " stages x ", virtual_stages, " virtual stages)")
-                                : std::string(" stages"),
+             virtual_stages > 1
+                 ? concat(" chunks (", stages, " stages x ", virtual_stages, " virtual stages)")
+                 : std::string(" stages"),
              "; give one block count per ", virtual_stages > 1 ? "chunk" : "stage");
   for (size_t k = 0; k < layout.size(); ++k)
     ZT_REQUIRE(layout[k] >= 1, "--pp-layout ", text, " gives ", layout[k], " blocks to ",
                virtual_stages > 1 ? "chunk " : "stage ", k, "; every ",
                virtual_stages > 1 ? "chunk" : "stage", " needs at least one block");
   const long sum = std::accumulate(layout.begin(), layout.end(), 0L);
-  ZT_REQUIRE(sum == blocks, "--pp-layout ", text, " covers ", sum, " blocks but the model has ", blocks,
-             "; the counts must add up to ", blocks, " so that every block is in exactly one stage");
+  ZT_REQUIRE(sum == blocks, "--pp-layout ", text, " covers ", sum, " blocks but the model has ",
+             blocks, "; the counts must add up to ", blocks,
+             " so that every block is in exactly one stage");
 }
 
 void validate_pipeline_shape(int devices, int stages, int virtual_stages, int blocks) {
   ZT_REQUIRE(stages >= 1, "--pipeline-parallel ", stages, ": a pipeline needs at least one stage");
   ZT_REQUIRE(virtual_stages >= 1, "--virtual-stages ", virtual_stages,
              ": each stage needs at least one chunk");
-  ZT_REQUIRE(devices % stages == 0, "--pipeline-parallel ", stages, " does not divide the ", devices,
-             " devices; data x tensor x pipeline must equal the device count");
+  ZT_REQUIRE(devices % stages == 0, "--pipeline-parallel ", stages, " does not divide the ",
+             devices, " devices; data x tensor x pipeline must equal the device count");
   const long parts = long(stages) * virtual_stages;
   ZT_REQUIRE(parts <= blocks, "--pipeline-parallel ", stages,
-             virtual_stages > 1 ? concat(" x --virtual-stages ", virtual_stages, " = ", parts, " chunks")
-                                : std::string(" stages"),
+             virtual_stages > 1
+                 ? concat(" x --virtual-stages ", virtual_stages, " = ", parts, " chunks")
+                 : std::string(" stages"),
              " but the model has only ", blocks, " blocks; every ",
              virtual_stages > 1 ? "chunk" : "stage", " needs at least one block");
 }

@@ -46,7 +46,8 @@ struct PipelinePartition {
 };
 
 // The balanced split of costs.blocks into stages*virtual_stages parts (validated first).
-PipelinePartition partition_pipeline(const PipelineCosts& costs, int stages, int virtual_stages = 1);
+PipelinePartition partition_pipeline(const PipelineCosts& costs, int stages,
+                                     int virtual_stages = 1);
 
 // The split a user gave (--pp-layout), validated against the model, with its costs.
 PipelinePartition partition_from_layout(const PipelineCosts& costs, const std::vector<int>& layout,
@@ -57,7 +58,8 @@ std::vector<int> parse_pp_layout(const std::string& text);
 
 // One sentence each: a layout whose count is not stages*virtual_stages, an entry below 1, counts
 // that do not add up to the model's blocks.
-void validate_pp_layout(const std::vector<int>& layout, int blocks, int stages, int virtual_stages = 1);
+void validate_pp_layout(const std::vector<int>& layout, int blocks, int stages,
+                        int virtual_stages = 1);
 
 // One sentence each: P < 1, P not dividing the devices, more parts (P*V) than blocks.
 void validate_pipeline_shape(int devices, int stages, int virtual_stages, int blocks);

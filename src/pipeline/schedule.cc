@@ -24,8 +24,8 @@ const char* pipe_schedule_name(PipeSchedule schedule) {
 }
 
 PipeSchedule parse_pipe_schedule(const std::string& name) {
-  for (PipeSchedule s : {PipeSchedule::kGpipe, PipeSchedule::k1F1B, PipeSchedule::kInterleaved,
-                         PipeSchedule::kZbH1})
+  for (PipeSchedule s :
+       {PipeSchedule::kGpipe, PipeSchedule::k1F1B, PipeSchedule::kInterleaved, PipeSchedule::kZbH1})
     if (name == pipe_schedule_name(s)) return s;
   ZT_THROW(ErrorKind::kInvalidArgument, "pipeline schedule '", name,
            "' is not one of gpipe, 1f1b, interleaved, zb-h1");
@@ -174,9 +174,10 @@ std::string schedule_note(PipeSchedule schedule, int stages, int micro_batches) 
     return "";
   return detail::concat("pipeline: ", micro_batches, " micro-batches for ", stages, " stages: the ",
                         pipe_schedule_name(schedule),
-                        " schedule runs GPipe-like (all forwards, then all backwards) and idles ",
-                        "more; use at least ", stages, " micro-batches for a real ",
-                        pipe_schedule_name(schedule), " schedule");
+                        " schedule cannot fill its warm-up and runs GPipe-like (the first stages ",
+                        "run every forward before any backward), idling more; use at least ",
+                        stages, " micro-batches for a real ", pipe_schedule_name(schedule),
+                        " schedule");
 }
 
 }  // namespace zt

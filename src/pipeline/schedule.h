@@ -25,8 +25,9 @@
 //    on every stage (1F1B's peak on the first stage). With F = B = W and m >= P the makespan is
 //    3m + P - 1 (1F1B: 3(m + P - 1)).
 //  - m < P: GPipe, 1F1B and ZB-H1 run; 1F1B's and ZB-H1's warm-up is capped at m, so they become
-//    GPipe-like (all forwards, then all backwards) and `schedule_note` returns a sentence saying so
-//    for the run to print. Interleaved refuses (m % P != 0) with one sentence. Nothing hangs.
+//    GPipe-like (the first stages run every forward before any backward) and `schedule_note`
+//    returns a sentence saying so for the run to print. Interleaved refuses (m % P != 0) with one
+//    sentence. Nothing hangs.
 #pragma once
 
 #include <cstdint>
@@ -69,9 +70,9 @@ std::string describe(const Action& a);
 
 struct Schedule {
   PipeSchedule kind = PipeSchedule::k1F1B;
-  int stages = 1;          // P
-  int micro_batches = 1;   // m
-  int virtual_stages = 1;  // V (chunks per stage)
+  int stages = 1;                            // P
+  int micro_batches = 1;                     // m
+  int virtual_stages = 1;                    // V (chunks per stage)
   std::vector<std::vector<Action>> actions;  // one ordered list per stage
 
   bool splits_backward() const { return kind == PipeSchedule::kZbH1; }
@@ -81,7 +82,8 @@ struct Schedule {
 
 // Builds the per-stage lists. P >= 1, m >= 1, V >= 1 (V > 1 only for kInterleaved; interleaved
 // needs m % P == 0); a violation is one zt::Error sentence naming the numbers.
-Schedule make_schedule(PipeSchedule schedule, int stages, int micro_batches, int virtual_stages = 1);
+Schedule make_schedule(PipeSchedule schedule, int stages, int micro_batches,
+                       int virtual_stages = 1);
 
 // A sentence for the run to print when the schedule degrades (m < P: GPipe-like), else "".
 std::string schedule_note(PipeSchedule schedule, int stages, int micro_batches);

@@ -34,10 +34,11 @@ PipelineTiming simulate_schedule(const Schedule& S, const ActionCosts& costs) {
           if (taken[c] == chan[c].size()) break;  // the peer has not posted it yet
           now = std::max(now, chan[c][taken[c]++]);
         } else {
-          const double d = a.kind == ActionKind::kForward          ? costs.forward
-                           : a.kind == ActionKind::kBackwardInput  ? costs.backward_input
-                           : a.kind == ActionKind::kBackwardWeight ? costs.backward_weight
-                                                                   : costs.backward_input + costs.backward_weight;
+          const double d = a.kind == ActionKind::kForward         ? costs.forward
+                           : a.kind == ActionKind::kBackwardInput ? costs.backward_input
+                           : a.kind == ActionKind::kBackwardWeight
+                               ? costs.backward_weight
+                               : costs.backward_input + costs.backward_weight;
           r.first_start[size_t(s)] = std::min(r.first_start[size_t(s)], now);
           now += d;
           r.busy[size_t(s)] += d;
@@ -65,7 +66,8 @@ PipelineTiming simulate_schedule(const Schedule& S, const ActionCosts& costs) {
   return r;
 }
 
-double theoretical_bubble(PipeSchedule schedule, int stages, int micro_batches, int virtual_stages) {
+double theoretical_bubble(PipeSchedule schedule, int stages, int micro_batches,
+                          int virtual_stages) {
   const double P = stages, m = micro_batches, V = virtual_stages;
   ZT_REQUIRE(stages >= 1 && micro_batches >= 1 && virtual_stages >= 1, "pipeline: ", stages,
              " stages, ", micro_batches, " micro-batches and ", virtual_stages,
@@ -88,9 +90,9 @@ std::vector<int> peak_live_activations(const Schedule& S, bool until_weight) {
     int live = 0, top = 0;
     for (const Action& a : list) {
       if (a.kind == ActionKind::kForward) top = std::max(top, ++live);
-      const bool frees = a.kind == ActionKind::kBackward ||
-                         a.kind == (until_weight ? ActionKind::kBackwardWeight
-                                                 : ActionKind::kBackwardInput);
+      const bool frees =
+          a.kind == ActionKind::kBackward ||
+          a.kind == (until_weight ? ActionKind::kBackwardWeight : ActionKind::kBackwardInput);
       if (frees) --live;
     }
     peak.push_back(top);

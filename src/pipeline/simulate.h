@@ -39,7 +39,7 @@ struct PipelineTiming {
   std::vector<double> last_end;
   double makespan = 0;
   double bubble_fraction = 0;
-  std::vector<int> peak_live;            // see peak_live_activations
+  std::vector<int> peak_live;  // see peak_live_activations
   std::vector<int> peak_weight_pending;
 };
 

@@ -45,7 +45,8 @@ std::pair<double, double> objective(const PipelineCosts& c, const std::vector<in
   int b = 0;
   for (size_t k = 0; k < counts.size(); ++k) {
     double t = k == 0 ? c.embedding.time : 0, m = k == 0 ? c.embedding.memory : 0;
-    for (int i = 0; i < counts[k]; ++i, ++b) t += c.blocks[size_t(b)].time, m += c.blocks[size_t(b)].memory;
+    for (int i = 0; i < counts[k]; ++i, ++b)
+      t += c.blocks[size_t(b)].time, m += c.blocks[size_t(b)].memory;
     if (k + 1 == counts.size()) t += c.head.time, m += c.head.memory;
     t_max = std::max(t_max, t);
     m_max = std::max(m_max, m);
@@ -54,7 +55,8 @@ std::pair<double, double> objective(const PipelineCosts& c, const std::vector<in
 }
 
 TEST(PipePartition, MatchesBruteForceOnSmallModels) {
-  // Fixed seed; small integer costs so that ties in time are common and the memory tie-break counts.
+  // Fixed seed; small integer costs so that ties in time are common and the memory tie-break
+  // counts.
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int> cost(1, 5), extra(0, 6);
   int checked = 0;
@@ -113,8 +115,9 @@ TEST(PipePartition, UnevenCountsKeepEveryBlock) {
   EXPECT_EQ(p.blocks_per_part[0] + p.blocks_per_part[1], 7);
   EXPECT_EQ(p.slowest_time(), 4.0);
   const PipelinePartition q = partition_from_layout(uniform(12, {0, 5}, {0, 7}), {4, 4, 3, 1}, 4);
-  EXPECT_EQ(q.describe(), "stage 0: embedding + h.0-h.3, stage 1: h.4-h.7, stage 2: h.8-h.10, "
-                          "stage 3: h.11 + ln_f + head");
+  EXPECT_EQ(q.describe(),
+            "stage 0: embedding + h.0-h.3, stage 1: h.4-h.7, stage 2: h.8-h.10, "
+            "stage 3: h.11 + ln_f + head");
   EXPECT_EQ(q.part_costs[0].memory, 45.0);
   EXPECT_EQ(q.part_costs[3].memory, 17.0);
   EXPECT_EQ(q.largest_memory(), 45.0);
@@ -131,28 +134,44 @@ TEST(PipePartition, ParsesLayouts) {
 }
 
 TEST(PipePartition, RefusesBadLayoutsAndShapesWithOneSentence) {
-  EXPECT_EQ(error_of([] { validate_pp_layout({4, 4, 3}, 12, 3); }),
-            "--pp-layout 4,4,3 covers 11 blocks but the model has 12; the counts must add up to 12 so "
-            "that every block is in exactly one stage");
-  EXPECT_EQ(error_of([] { validate_pp_layout({4, 4, 5}, 12, 3); }),
-            "--pp-layout 4,4,5 covers 13 blocks but the model has 12; the counts must add up to 12 so "
-            "that every block is in exactly one stage");
-  EXPECT_EQ(error_of([] { validate_pp_layout({6, 6}, 12, 4); }),
-            "--pp-layout 6,6 has 2 entries but the pipeline has 4 stages; give one block count per stage");
-  EXPECT_EQ(error_of([] { validate_pp_layout({6, 6}, 12, 2, 2); }),
+  EXPECT_EQ(
+      error_of([] {
+        validate_pp_layout({4, 4, 3}, 12, 3);
+      }),
+      "--pp-layout 4,4,3 covers 11 blocks but the model has 12; the counts must add up to 12 so "
+      "that every block is in exactly one stage");
+  EXPECT_EQ(
+      error_of([] {
+        validate_pp_layout({4, 4, 5}, 12, 3);
+      }),
+      "--pp-layout 4,4,5 covers 13 blocks but the model has 12; the counts must add up to 12 so "
+      "that every block is in exactly one stage");
+  EXPECT_EQ(error_of([] {
+              validate_pp_layout({6, 6}, 12, 4);
+            }),
+            "--pp-layout 6,6 has 2 entries but the pipeline has 4 stages; give one block count per "
+            "stage");
+  EXPECT_EQ(error_of([] {
+              validate_pp_layout({6, 6}, 12, 2, 2);
+            }),
             "--pp-layout 6,6 has 2 entries but the pipeline has 4 chunks (2 stages x 2 virtual "
             "stages); give one block count per chunk");
-  EXPECT_EQ(error_of([] { validate_pp_layout({12, 0}, 12, 2); }),
+  EXPECT_EQ(error_of([] {
+              validate_pp_layout({12, 0}, 12, 2);
+            }),
             "--pp-layout 12,0 gives 0 blocks to stage 1; every stage needs at least one block");
-  EXPECT_EQ(error_of([] { validate_pipeline_shape(8, 3, 1, 12); }),
-            "--pipeline-parallel 3 does not divide the 8 devices; data x tensor x pipeline must equal "
-            "the device count");
-  EXPECT_EQ(error_of([] { validate_pipeline_shape(4, 4, 1, 3); }),
-            "--pipeline-parallel 4 stages but the model has only 3 blocks; every stage needs at least "
-            "one block");
-  EXPECT_EQ(error_of([] { partition_pipeline(uniform(6), 4, 2); }),
-            "--pipeline-parallel 4 x --virtual-stages 2 = 8 chunks but the model has only 6 blocks; "
-            "every chunk needs at least one block");
+  EXPECT_EQ(
+      error_of([] { validate_pipeline_shape(8, 3, 1, 12); }),
+      "--pipeline-parallel 3 does not divide the 8 devices; data x tensor x pipeline must equal "
+      "the device count");
+  EXPECT_EQ(
+      error_of([] { validate_pipeline_shape(4, 4, 1, 3); }),
+      "--pipeline-parallel 4 stages but the model has only 3 blocks; every stage needs at least "
+      "one block");
+  EXPECT_EQ(
+      error_of([] { partition_pipeline(uniform(6), 4, 2); }),
+      "--pipeline-parallel 4 x --virtual-stages 2 = 8 chunks but the model has only 6 blocks; "
+      "every chunk needs at least one block");
   EXPECT_EQ(error_of([] { validate_pipeline_shape(8, 2, 1, 12); }), "");
 }
 

@@ -36,7 +36,8 @@ TEST(PipeSchedule, NamesRoundTripAndBadNamesListTheValidOnes) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-    EXPECT_EQ(e.message(), "pipeline schedule 'zb-v' is not one of gpipe, 1f1b, interleaved, zb-h1");
+    EXPECT_EQ(e.message(),
+              "pipeline schedule 'zb-v' is not one of gpipe, 1f1b, interleaved, zb-h1");
   }
 }
 
@@ -56,7 +57,8 @@ std::vector<std::tuple<PipeSchedule, int, int, int>> grid() {
 // Independent of check.cc: counts and orders straight from the lists, plus the send/recv framing.
 TEST(PipeSchedule, EveryShapeIsDeadlockFreeAndRunsOneFBWPerMicroBatchInOrder) {
   for (auto [kind, P, m, V] : grid()) {
-    SCOPED_TRACE(::testing::Message() << pipe_schedule_name(kind) << " P=" << P << " m=" << m << " V=" << V);
+    SCOPED_TRACE(::testing::Message()
+                 << pipe_schedule_name(kind) << " P=" << P << " m=" << m << " V=" << V);
     const Schedule S = make_schedule(kind, P, m, V);
     ASSERT_EQ(find_schedule_error(S), "");
     ASSERT_EQ(int(S.actions.size()), P);
@@ -117,9 +119,10 @@ TEST(PipeSchedule, EveryShapeIsDeadlockFreeAndRunsOneFBWPerMicroBatchInOrder) {
 }
 
 TEST(PipeSchedule, ShapesTheScheduleCannotRunAreOneSentence) {
-  EXPECT_EQ(error_of([] { make_schedule(PipeSchedule::kInterleaved, 4, 6, 2); }),
-            "pipeline: the interleaved schedule needs the micro-batches (6) to be a multiple of the "
-            "stages (4); use 8 micro-batches or another schedule");
+  EXPECT_EQ(
+      error_of([] { make_schedule(PipeSchedule::kInterleaved, 4, 6, 2); }),
+      "pipeline: the interleaved schedule needs the micro-batches (6) to be a multiple of the "
+      "stages (4); use 8 micro-batches or another schedule");
   EXPECT_EQ(error_of([] { make_schedule(PipeSchedule::k1F1B, 4, 8, 2); }),
             "pipeline: 2 virtual stages per device need the interleaved schedule, not 1f1b");
   EXPECT_EQ(error_of([] { make_schedule(PipeSchedule::kGpipe, 0, 8); }),
@@ -139,10 +142,12 @@ TEST(PipeSchedule, FewerMicroBatchesThanStagesRunsGpipeLikeWithANote) {
       if (a.kind != ActionKind::kSend && a.kind != ActionKind::kRecv) compute.push_back(a.kind);
     EXPECT_EQ(compute[0], ActionKind::kForward);
     EXPECT_EQ(compute[1], ActionKind::kForward);
-    EXPECT_EQ(schedule_note(kind, 4, 2),
-              std::string("pipeline: 2 micro-batches for 4 stages: the ") + pipe_schedule_name(kind) +
-                  " schedule runs GPipe-like (all forwards, then all backwards) and idles more; use "
-                  "at least 4 micro-batches for a real " + pipe_schedule_name(kind) + " schedule");
+    EXPECT_EQ(
+        schedule_note(kind, 4, 2),
+        std::string("pipeline: 2 micro-batches for 4 stages: the ") + pipe_schedule_name(kind) +
+            " schedule cannot fill its warm-up and runs GPipe-like (the first stages run every "
+            "forward before any backward), idling more; use at least 4 micro-batches for a real " +
+            pipe_schedule_name(kind) + " schedule");
   }
   EXPECT_EQ(schedule_note(PipeSchedule::k1F1B, 4, 4), "");
   EXPECT_EQ(schedule_note(PipeSchedule::kGpipe, 4, 2), "");
@@ -163,15 +168,17 @@ TEST(PipeScheduleCheck, SwappedSendAndRecvIsADeadlockNamingTheStuckStage) {
   const size_t send = find_action(L, ActionKind::kSend, Payload::kActivation, 0);
   const size_t recv = find_action(L, ActionKind::kRecv, Payload::kGradient, 0);
   std::swap(L[send], L[recv]);
-  EXPECT_EQ(find_schedule_error(S),
-            "deadlock: stage 2 action 2 (recv gradient m0 c0 <- stage 3) waits for a send from stage 3, "
-            "but stage 3 is itself stuck at action 0 (recv activation m0 c0 <- stage 2)");
+  EXPECT_EQ(
+      find_schedule_error(S),
+      "deadlock: stage 2 action 2 (recv gradient m0 c0 <- stage 3) waits for a send from stage 3, "
+      "but stage 3 is itself stuck at action 0 (recv activation m0 c0 <- stage 2)");
   try {
     check_schedule(S);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInternal);
-    EXPECT_EQ(e.message().rfind("pipeline schedule 1f1b (P=4, m=8, V=1): deadlock: stage 2", 0), 0u);
+    EXPECT_EQ(e.message().rfind("pipeline schedule 1f1b (P=4, m=8, V=1): deadlock: stage 2", 0),
+              0u);
   }
 }
 
@@ -193,9 +200,8 @@ TEST(PipeScheduleCheck, MissingRecvIsAForwardWithoutItsActivation) {
   auto& L = S.actions[1];
   const size_t recv = find_action(L, ActionKind::kRecv, Payload::kActivation, 3);
   L.erase(L.begin() + long(recv));
-  EXPECT_EQ(find_schedule_error(S),
-            "stage 1 action " + std::to_string(recv) +
-                " (F(m3 c0)) runs before its activation was received");
+  EXPECT_EQ(find_schedule_error(S), "stage 1 action " + std::to_string(recv) +
+                                        " (F(m3 c0)) runs before its activation was received");
 }
 
 TEST(PipeScheduleCheck, BackwardBeforeForwardIsCaught) {
@@ -226,8 +232,9 @@ TEST(PipeScheduleCheck, WeightGradientBeforeItsInputGradientAndMissingWAreCaught
     const size_t b = find_action(L, ActionKind::kBackwardInput, Payload::kNone, 0);
     const size_t w = find_action(L, ActionKind::kBackwardWeight, Payload::kNone, 0);
     std::swap(L[b], L[w]);
-    EXPECT_EQ(find_schedule_error(T), "stage 0 action " + std::to_string(b) +
-                                          " (W(m0 c0)) runs before its input-gradient backward (B)");
+    EXPECT_EQ(find_schedule_error(T),
+              "stage 0 action " + std::to_string(b) +
+                  " (W(m0 c0)) runs before its input-gradient backward (B)");
   }
   auto& L = S.actions[3];
   L.erase(L.begin() + long(find_action(L, ActionKind::kBackwardWeight, Payload::kNone, 5)));
@@ -245,10 +252,11 @@ TEST(PipeScheduleCheck, ASendNobodyReceivesIsCaught) {
 // ---- simulation ---------------------------------------------------------------------------------
 
 TEST(PipeSimulate, EqualCostBubbleEqualsTheClosedForm) {
-  const ActionCosts unit{};                              // F = B = W = 1
+  const ActionCosts unit{};  // F = B = W = 1
   const ActionCosts uneven{.forward = 1, .backward_input = 2, .backward_weight = 0.5};
   for (auto [kind, P, m, V] : grid()) {
-    SCOPED_TRACE(::testing::Message() << pipe_schedule_name(kind) << " P=" << P << " m=" << m << " V=" << V);
+    SCOPED_TRACE(::testing::Message()
+                 << pipe_schedule_name(kind) << " P=" << P << " m=" << m << " V=" << V);
     const Schedule S = make_schedule(kind, P, m, V);
     const double theory = theoretical_bubble(kind, P, m, V);
     const PipelineTiming t = simulate_schedule(S, unit);
@@ -267,7 +275,8 @@ TEST(PipeSimulate, ZeroBubbleBeatsOneFOneBAtEightMicroBatchesFourStages) {
   EXPECT_LT(zb, ofob);
   EXPECT_DOUBLE_EQ(ofob, 3.0 / 11.0);  // (P-1)/(m+P-1)
   EXPECT_DOUBLE_EQ(zb, 3.0 / 27.0);    // (P-1)/(3m+P-1): idle/busy = (P-1)/(3m)
-  const double inter = simulate_schedule(make_schedule(PipeSchedule::kInterleaved, 4, 8, 2)).bubble_fraction;
+  const double inter =
+      simulate_schedule(make_schedule(PipeSchedule::kInterleaved, 4, 8, 2)).bubble_fraction;
   EXPECT_DOUBLE_EQ(inter, 3.0 / 19.0);  // (P-1)/(Vm+P-1)
 }
 
@@ -296,7 +305,8 @@ TEST(PipeSimulate, PeakLiveActivations) {
         }
       }
     }
-  // Interleaved: the first stage holds (P-1)*2 + (V-1)*P + 1 chunks' activations (Megatron warm-up).
+  // Interleaved: the first stage holds (P-1)*2 + (V-1)*P + 1 chunks' activations (Megatron
+  // warm-up).
   EXPECT_EQ(peak_live_activations(make_schedule(PipeSchedule::kInterleaved, 4, 8, 2))[0], 11);
 }
 
