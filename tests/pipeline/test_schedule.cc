@@ -195,6 +195,17 @@ TEST(PipeScheduleCheck, InterleavedCrossChunkDeadlockIsFound) {
             "stage 1, but stage 1 is itself stuck at action 0 (recv activation m0 c0 <- stage 0)");
 }
 
+TEST(PipeScheduleCheck, MissingSendLeavesTheReceiverWaitingOnAFinishedStage) {
+  Schedule S = make_schedule(PipeSchedule::k1F1B, 2, 2);
+  auto& last = S.actions[1];
+  last.erase(last.begin() + long(find_action(last, ActionKind::kSend, Payload::kGradient, 1)));
+  const size_t recv = find_action(S.actions[0], ActionKind::kRecv, Payload::kGradient, 1);
+  EXPECT_EQ(find_schedule_error(S), "deadlock: stage 0 action " + std::to_string(recv) +
+                                        " (recv gradient m1 c0 <- stage 1) waits for a send from "
+                                        "stage 1, but stage 1 has finished its list without "
+                                        "posting it");
+}
+
 TEST(PipeScheduleCheck, MissingRecvIsAForwardWithoutItsActivation) {
   Schedule S = make_schedule(PipeSchedule::k1F1B, 4, 8);
   auto& L = S.actions[1];
