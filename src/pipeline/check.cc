@@ -68,10 +68,12 @@ struct Checker {
         if (!x.f[id]) return concat(where(s, k), " runs before its forward");
         if (x.b[id] || x.bw[id])
           return concat(where(s, k), " is a second backward of that micro-batch");
+        // The last virtual stage starts the backward itself (the loss); the others need the next
+        // one's.
         const bool next_done =
-            local ? (x.b[local_id(a.chunk + 1)] || x.bw[local_id(a.chunk + 1)]) : x.got_grad[id];
-        if (g < last && !next_done)
-          return concat(where(s, k), " runs before its output gradient was received");
+            g == last ||
+            (local ? (x.b[local_id(a.chunk + 1)] || x.bw[local_id(a.chunk + 1)]) : x.got_grad[id]);
+        if (!next_done) return concat(where(s, k), " runs before its output gradient was received");
         (a.kind == ActionKind::kBackward ? x.bw : x.b)[id] = 1;
         break;
       }
