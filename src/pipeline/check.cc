@@ -13,20 +13,24 @@ using detail::concat;
 
 struct StageState {
   size_t pos = 0;
+  bool send_posted = false;  // rendezvous: the send at pos is posted, waiting for its recv
+  size_t send_slot = 0;      // its index in the channel
   // Indexed by micro * V + chunk.
   std::vector<char> f, b, w, bw, got_act, got_grad;
 };
 
 struct Checker {
   const Schedule& S;
+  CommModel model;
   int P, m, V;
   std::vector<StageState> st;
   // chan[a * P + b]: sends posted a -> b (stage, action index), and how many b has received.
   std::vector<std::vector<std::pair<int, size_t>>> chan;
   std::vector<size_t> taken;
 
-  explicit Checker(const Schedule& s)
+  Checker(const Schedule& s, CommModel cm)
       : S(s),
+        model(cm),
         P(s.stages),
         m(s.micro_batches),
         V(s.virtual_stages),
@@ -100,7 +104,14 @@ struct Checker {
           if (act ? !x.f[id] : !(x.b[id] || x.bw[id]))
             return concat(where(s, k), " sends data that has not been computed yet (its ",
                           act ? "forward" : "backward", " has not run)");
-          chan[size_t(s * P + a.peer)].push_back({s, k});
+          const size_t c = size_t(s * P + a.peer);
+          if (!x.send_posted) {
+            chan[c].push_back({s, k});
+            x.send_posted = true;
+            x.send_slot = chan[c].size() - 1;
+          }
+          if (model == CommModel::kRendezvous && taken[c] <= x.send_slot) return "";  // blocked
+          x.send_posted = false;
         } else {
           const size_t c = size_t(a.peer * P + s);
           if (taken[c] >= chan[c].size()) return "";  // blocked until the peer posts its send
@@ -162,8 +173,10 @@ struct Checker {
               ? concat("stage ", p2, " has finished its list without posting it")
               : concat("stage ", p2, " is itself stuck at action ", k2, " (", describe(at(p2, k2)),
                        ")");
-      return concat("deadlock: ", where(s, k), " waits for a send from stage ", p2, ", but ",
-                    peer_state);
+      return concat("deadlock: ", where(s, k),
+                    at(s, k).kind == ActionKind::kRecv ? " waits for a send from stage "
+                                                       : " waits for a recv on stage ",
+                    p2, ", but ", peer_state);
     }
     for (int a = 0; a < P; ++a)
       for (int b = 0; b < P; ++b) {
@@ -196,15 +209,15 @@ struct Checker {
 
 }  // namespace
 
-std::string find_schedule_error(const Schedule& schedule) {
+std::string find_schedule_error(const Schedule& schedule, CommModel model) {
   if (schedule.stages < 1 || schedule.micro_batches < 1 || schedule.virtual_stages < 1)
     return concat("the schedule's shape (", schedule.stages, " stages, ", schedule.micro_batches,
                   " micro-batches, ", schedule.virtual_stages, " chunks) is not positive");
-  return Checker(schedule).run();
+  return Checker(schedule, model).run();
 }
 
-void check_schedule(const Schedule& schedule) {
-  const std::string e = find_schedule_error(schedule);
+void check_schedule(const Schedule& schedule, CommModel model) {
+  const std::string e = find_schedule_error(schedule, model);
   if (!e.empty())
     ZT_THROW(ErrorKind::kInternal, "pipeline schedule ", pipe_schedule_name(schedule.kind),
              " (P=", schedule.stages, ", m=", schedule.micro_batches,

@@ -22,11 +22,20 @@
 
 namespace zt {
 
+// How a send behaves. kPostedSends is what the schedules are written for (PyTorch's pipelining
+// posts isend and waits on the send handles at the end of the step; NCCL isend does not block the
+// host). kRendezvous is a send that blocks its stage until the peer's matching recv has been
+// posted (the Communicator's per-rank send() today): the plain schedules deadlock under it (1F1B
+// as soon as m > 1 and P > 1: stage s sends an activation while stage s+1 sends a gradient), so a
+// runtime that wires them must post sends without waiting for the peer, or pair them as send_recv.
+enum class CommModel { kPostedSends, kRendezvous };
+
 // The first problem found, as one sentence; "" when the schedule is sound.
-std::string find_schedule_error(const Schedule& schedule);
+std::string find_schedule_error(const Schedule& schedule,
+                                CommModel model = CommModel::kPostedSends);
 
 // Throws zt::Error (kInternal: a generated schedule that fails is a bug) with that sentence,
 // prefixed with the schedule's name and shape.
-void check_schedule(const Schedule& schedule);
+void check_schedule(const Schedule& schedule, CommModel model = CommModel::kPostedSends);
 
 }  // namespace zt

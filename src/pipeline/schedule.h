@@ -12,7 +12,8 @@
 //    the same device (P = 1 with V > 1) there is no send/recv: the hand-off is local.
 //  - Communication semantics the lists are written for (and check.h verifies): a send is posted
 //    and the sender goes on (an isend on a comm stream); a recv blocks its stage until the matching
-//    send has been posted. The k-th send a->b matches the k-th recv at b from a.
+//    send has been posted. The k-th send a->b matches the k-th recv at b from a. (Sends that wait
+//    for their recv deadlock 1F1B; see CommModel in check.h.)
 //  - Orders: GPipe = all forwards, then all backwards (reverse order). 1F1B = P-1-s warm-up
 //    forwards, steady one-forward-one-backward, cool-down backwards (PyTorch Schedule1F1B /
 //    Megatron). Interleaved = Megatron's interleaved 1F1B (Narayanan et al. 2021): warm-up

@@ -206,6 +206,18 @@ TEST(PipeScheduleCheck, MissingSendLeavesTheReceiverWaitingOnAFinishedStage) {
                                         "posting it");
 }
 
+// Why the lists assume posted sends: with sends that wait for their recv, 1F1B deadlocks in its
+// steady state (stage 0 sends activation 1 while stage 1 sends gradient 0); GPipe does not.
+TEST(PipeScheduleCheck, RendezvousSendsDeadlockOneFOneBButNotGpipe) {
+  EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::k1F1B, 2, 4), CommModel::kRendezvous),
+            "deadlock: stage 0 action 3 (send activation m1 c0 -> stage 1) waits for a recv on "
+            "stage 1, but stage 1 is itself stuck at action 3 (send gradient m0 c0 -> stage 0)");
+  EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::kGpipe, 4, 8), CommModel::kRendezvous),
+            "");
+  EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::k1F1B, 4, 1), CommModel::kRendezvous),
+            "");
+}
+
 TEST(PipeScheduleCheck, MissingRecvIsAForwardWithoutItsActivation) {
   Schedule S = make_schedule(PipeSchedule::k1F1B, 4, 8);
   auto& L = S.actions[1];
