@@ -212,6 +212,13 @@ TEST(PipeScheduleCheck, RendezvousSendsDeadlockOneFOneBButNotGpipe) {
   EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::k1F1B, 2, 4), CommModel::kRendezvous),
             "deadlock: stage 0 action 3 (send activation m1 c0 -> stage 1) waits for a recv on "
             "stage 1, but stage 1 is itself stuck at action 3 (send gradient m0 c0 -> stage 0)");
+  for (int P = 2; P <= 4; ++P)
+    for (int m = 2; m <= 8; ++m)
+      EXPECT_EQ(
+          find_schedule_error(make_schedule(PipeSchedule::k1F1B, P, m), CommModel::kRendezvous)
+              .rfind("deadlock: ", 0),
+          0u)
+          << "P=" << P << " m=" << m;
   EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::kGpipe, 4, 8), CommModel::kRendezvous),
             "");
   EXPECT_EQ(find_schedule_error(make_schedule(PipeSchedule::k1F1B, 4, 1), CommModel::kRendezvous),
