@@ -25,6 +25,10 @@
 namespace zt {
 namespace {
 
+// Under a sanitizer the slow tests keep fewer configurations (what the sanitizer checks, the
+// threads and memory of the collectives, is the same in each).
+constexpr bool kSanitized = test::kThreadSanitizer || test::kAddressSanitizer;
+
 // gpt-tiny (4 layers, 4 heads, 128 wide, vocabulary 256) on data x tensor simulated devices,
 // 8 sequences of 32 tokens per step.
 TrainConfig mesh_run(int data, int tensor, int stage, int steps) {
@@ -50,11 +54,12 @@ TrainConfig small_mesh_run(int data, int tensor, int stage, int steps, Precision
 }
 
 TEST(TensorParallel, LossesMatchOneDeviceOnEveryMesh) {
-  const int steps = test::kThreadSanitizer || test::kAddressSanitizer ? 10 : 50;
+  const int steps = kSanitized ? 10 : 50;
   const TrainResult one = train(mesh_run(1, 1, 2, steps));
   for (auto [data, tensor] : {std::pair{1, 2}, {1, 4}, {2, 2}, {4, 2}}) {
+    if (kSanitized && (data == 1) != (tensor == 4)) continue;  // (1, 4) and (2, 2) only
     for (bool sp : {true, false}) {
-      if (!sp && (data != 2 || tensor != 2)) continue;  // without sequence parallelism: one mesh
+      if (!sp && (data != 2 || tensor != 2 || kSanitized)) continue;  // without sequence parallelism: one mesh
       SCOPED_TRACE(std::to_string(data) + " data x " + std::to_string(tensor) + " tensor" + (sp ? "" : ", no SP"));
       TrainConfig c = mesh_run(data, tensor, 2, steps);
       c.sequence_parallel = sp;
@@ -132,6 +137,7 @@ TEST(TensorParallel, ActivationsPerDeviceAreAboutOneOverT) {
 
 TEST(TensorParallel, PlanPredictsThePoolPeakWithinFivePercent) {
   for (auto [data, tensor, stage] : {std::tuple{1, 2, 0}, {2, 2, 3}, {1, 4, 2}}) {
+    if (kSanitized && tensor == 2) continue;
     for (bool sp : {true, false}) {
       SCOPED_TRACE(std::to_string(data) + " x " + std::to_string(tensor) + ", stage " + std::to_string(stage) +
                    (sp ? "" : ", no SP"));
@@ -192,6 +198,7 @@ uint64_t tensor_bytes_closed_form(const ModelConfig& mc, int B, int S, int T, in
 TEST(TensorParallel, TensorAxisBytesMatchTheClosedForm) {
   const ModelConfig mc = make_model_config("gpt-tiny", {});
   for (auto [data, tensor] : {std::pair{1, 2}, {2, 2}, {1, 4}}) {
+    if (kSanitized && data == 1 && tensor == 2) continue;
     for (bool sp : {true, false}) {
       TrainConfig c = mesh_run(data, tensor, 2, 2);
       c.sequence_parallel = sp;
