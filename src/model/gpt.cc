@@ -46,6 +46,20 @@ ParamLayout gpt_layout(const ModelConfig& c) {
   return layout;
 }
 
+std::vector<int> gpt_forward_order(int layers) {
+  std::vector<int> o;
+  for (int b = 0; b <= layers + 1; ++b) o.push_back(b);
+  o.push_back(0);  // LM head (tied to wte)
+  return o;
+}
+
+std::vector<int> gpt_backward_order(int layers) {
+  std::vector<int> o = {0, layers + 1};
+  for (int l = layers; l >= 1; --l) o.push_back(l);
+  o.push_back(0);  // encoder
+  return o;
+}
+
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
@@ -275,18 +289,8 @@ class Gpt final : public Model {
     p.after_backward(0);
   }
 
-  std::vector<int> forward_order() const override {
-    std::vector<int> o;
-    for (int b = 0; b <= config_.layers + 1; ++b) o.push_back(b);
-    o.push_back(0);  // LM head (tied to wte)
-    return o;
-  }
-  std::vector<int> backward_order() const override {
-    std::vector<int> o = {0, config_.layers + 1};
-    for (int l = config_.layers; l >= 1; --l) o.push_back(l);
-    o.push_back(0);  // encoder
-    return o;
-  }
+  std::vector<int> forward_order() const override { return gpt_forward_order(config_.layers); }
+  std::vector<int> backward_order() const override { return gpt_backward_order(config_.layers); }
 
  private:
   // Layer l's forward ops (pass kForward), or the subset a backward re-runs: selective re-runs

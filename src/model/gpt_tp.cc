@@ -224,19 +224,9 @@ class GptTp final : public Model {
     return std::make_unique<TpWorkspace>(*this, config_, d, B, T, tp_.degree, tp_.sequence, rep_max_);
   }
 
-  // GPT-2's orders (model/gpt.cc): the blocks are the same.
-  std::vector<int> forward_order() const override {
-    std::vector<int> o;
-    for (int b = 0; b < layout_.num_blocks(); ++b) o.push_back(b);
-    o.push_back(0);  // LM head (tied to wte)
-    return o;
-  }
-  std::vector<int> backward_order() const override {
-    std::vector<int> o = {0, config_.layers + 1};
-    for (int l = config_.layers; l >= 1; --l) o.push_back(l);
-    o.push_back(0);  // encoder
-    return o;
-  }
+  // GPT-2's orders: the blocks are the same.
+  std::vector<int> forward_order() const override { return gpt_forward_order(config_.layers); }
+  std::vector<int> backward_order() const override { return gpt_backward_order(config_.layers); }
 
   TpRank rank_of(int device) const {
     ZT_CHECK(tp_.comm && tp_.mesh, "a tensor-parallel model built for planning cannot run");
@@ -308,20 +298,13 @@ class GptTp final : public Model {
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     TensorView dresidual = act(P.dresidual, Shape{P.R, C});
-    TensorView full2 = act(P.full2, Shape{BT, C});
     ops::fill(s, dresidual, 0.0f);
 
     // LM head: logits = lnf @ wte_shard^T; dlnf is a partial sum over the vocabulary shards.
     p.before_backward(0);
     const TensorView lnf_all = start_enter(s, tr, ws, act(P.lnf, Shape{P.R, C}), "tp ln_f");
-    ops::fill(s, full2, 0.0f);
-    const TensorView dlogits = act(P.logits, Shape{BT, Vl});
-    // The input gradient reads no activation (its `in` argument only sizes the op).
-    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dlogits, lnf_all, param(p, 0, 0));
-    start_leave(s, tr, ws, full2, "tp d ln_f");
-    finish_enter(s, ws);
-    ops::matmul_backward(s, TensorView{}, grad(p, 0, 0), TensorView{}, dlogits, lnf_all, param(p, 0, 0));
-    const TensorView dlnf = finish_leave(s, tr, ws, full2);
+    const TensorView dlnf = column_backward(s, tr, ws, act(P.logits, Shape{BT, Vl}), lnf_all, param(p, 0, 0),
+                                            grad(p, 0, 0), TensorView{}, "tp d ln_f");
     const int lnf_block = L + 1;
     p.before_backward(lnf_block);
     const RepGrads rg = rep_grads(s, ws, p, lnf_block);
@@ -433,6 +416,21 @@ class GptTp final : public Model {
     if (mine + P.R < BT)
       ops::matmul_forward(s, rows_of(out, mine + P.R, BT - mine - P.R), rows_of(all, mine + P.R, BT - mine - P.R), weight, bias);
   }
+  // Backward of a column-parallel matmul out = in_all @ weight^T + bias whose input's gather was
+  // started (start_enter): the input gradient first (it does not read in_all), its reduction over
+  // the group started, then the weight and bias gradients under it; returns the rank's rows of
+  // the input gradient.
+  TensorView column_backward(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView dout, TensorView in_all,
+                             TensorView weight, TensorView dweight, TensorView dbias, const char* tag) const {
+    TensorView din = ws.view(ws.plan.full2, Shape{ws.plan.B * ws.plan.T, ws.plan.C});
+    ops::fill(s, din, 0.0f);
+    ops::matmul_backward(s, din, TensorView{}, TensorView{}, dout, in_all, weight);
+    start_leave(s, tr, ws, din, tag);
+    finish_enter(s, ws);
+    ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
+    return finish_leave(s, tr, ws, din);
+  }
+
   // leave(), started but not waited for (finish_leave waits and returns the rank's rows).
   void start_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
     const TensorView flat{partial.data, DType::kF32, Shape{partial.shape.numel()}, partial.device};
@@ -499,7 +497,6 @@ class GptTp final : public Model {
     const int blk = l + 1;
     const TensorView res_in = l > 0 ? act(P.layers[static_cast<size_t>(l - 1)].residual3, Shape{R, C})
                                     : act(P.encoded, Shape{R, C});
-    TensorView full2 = act(P.full2, Shape{BT, C});
     const RepGrads rg = rep_grads(s, ws, p, blk);
 
     // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) + bias
@@ -512,12 +509,8 @@ class GptTp final : public Model {
     zero(dfch);
     const TensorView ln2_all = start_enter(s, tr, ws, act(A.ln2, Shape{R, C}), "tp ln_2");
     ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * Cl}), dfch_gelu);
-    zero(full2);
-    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dfch, ln2_all, param(p, blk, 3));
-    start_leave(s, tr, ws, full2, "tp d ln_2");
-    finish_enter(s, ws);
-    ops::matmul_backward(s, TensorView{}, grad(p, blk, 3), grad(p, blk, 4), dfch, ln2_all, param(p, blk, 3));
-    const TensorView dln2 = finish_leave(s, tr, ws, full2);
+    const TensorView dln2 = column_backward(s, tr, ws, dfch, ln2_all, param(p, blk, 3), grad(p, blk, 3), grad(p, blk, 4),
+                                            "tp d ln_2");
     ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
                             act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}));
 
@@ -532,12 +525,8 @@ class GptTp final : public Model {
     ops::attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.dpreatt, Shape{P.B, NHl, P.T, P.T}),
                             act(P.datt, Shape{P.B, NHl, P.T, P.T}), act(P.datty, Shape{P.B, P.T, Cl}),
                             act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.att, Shape{P.B, NHl, P.T, P.T}), NHl);
-    zero(full2);
-    ops::matmul_backward(s, full2, TensorView{}, TensorView{}, dqkv, ln1_all, param(p, blk, 0));
-    start_leave(s, tr, ws, full2, "tp d ln_1");
-    finish_enter(s, ws);
-    ops::matmul_backward(s, TensorView{}, grad(p, blk, 0), grad(p, blk, 1), dqkv, ln1_all, param(p, blk, 0));
-    const TensorView dln1 = finish_leave(s, tr, ws, full2);
+    const TensorView dln1 = column_backward(s, tr, ws, dqkv, ln1_all, param(p, blk, 0), grad(p, blk, 0), grad(p, blk, 1),
+                                            "tp d ln_1");
     ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
                             act(A.ln1_rstd, Shape{R}));
   }

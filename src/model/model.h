@@ -102,7 +102,11 @@ struct TensorParallel {
 // tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {});
-// GPT-2's logical parameter layout (the one-device model's).
+// GPT-2's logical parameter layout (the one-device model's), and the block visit orders of its
+// forward (blocks 0..L+1, then 0 again for the tied LM head) and backward (head, ln_f, L..1,
+// encoder), shared by the one-device and tensor-parallel GPT.
 ParamLayout gpt_layout(const ModelConfig& config);
+std::vector<int> gpt_forward_order(int layers);
+std::vector<int> gpt_backward_order(int layers);
 
 }  // namespace zt
