@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/elementwise.h"
@@ -165,6 +166,21 @@ ZT_CPU_CLONES void probs_tile(float* P, const float* lse, int64_t i0, int64_t nr
   }
 }
 
+// One online-softmax step of a row over a key tile: the running max m and sum l absorb the
+// tile's scores, o (the row's unnormalised output) is rescaled to the new max, and row becomes
+// exp(score - max) for the visible keys and 0 for the masked ones up to nc.
+ZT_CPU_CLONES void online_softmax_row(float* row, int64_t visible, int64_t nc, float* m, float* l,
+                                      float* o, int64_t hs) {
+  const float mx = std::max(*m, detail::max_of(row, visible));
+  const float corr = exp_elem(*m - mx);  // 0 on the first tile (m = -inf)
+  for (int64_t c = 0; c < visible; ++c) row[c] = exp_elem(row[c] - mx);
+  const double sum = detail::lane_sum(visible, [row](int64_t c) { return double{row[c]}; });
+  for (int64_t c = visible; c < nc; ++c) row[c] = 0.0f;
+  *l = *l * corr + static_cast<float>(sum);
+  *m = mx;
+  for (int64_t i = 0; i < hs; ++i) o[i] *= corr;
+}
+
 void flash_head_forward(float* out, float* lse, const float* qkv, int64_t i0,
                         const FlashLayout& L) {
   const int64_t i1 = std::min(L.T, i0 + kFlashTile), nr = i1 - i0, hs = L.hs;
@@ -179,23 +195,9 @@ void flash_head_forward(float* out, float* lse, const float* qkv, int64_t i0,
   for (int64_t j0 = 0; j0 < i1; j0 += kFlashTile) {
     const int64_t nc = std::min(i1, j0 + kFlashTile) - j0;
     score_tile(S, q, k, i0, nr, j0, nc, L);
-    for (int64_t r = 0; r < nr; ++r) {
-      float* row = S + r * kFlashTile;
-      const int64_t visible = std::min(nc, i0 + r - j0 + 1);  // >= 1: tiles are aligned
-      float mx = m[r];
-      for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, row[c]);
-      const float corr = exp_elem(m[r] - mx);  // 0 on the first tile (m = -inf)
-      float sum = 0.0f;
-      for (int64_t c = 0; c < visible; ++c) {
-        row[c] = exp_elem(row[c] - mx);
-        sum += row[c];
-      }
-      for (int64_t c = visible; c < nc; ++c) row[c] = 0.0f;
-      l[r] = l[r] * corr + sum;
-      m[r] = mx;
-      float* o = out + (i0 + r) * L.C;
-      for (int64_t i = 0; i < hs; ++i) o[i] *= corr;
-    }
+    for (int64_t r = 0; r < nr; ++r)  // visible >= 1: tiles are aligned
+      online_softmax_row(S + r * kFlashTile, std::min(nc, i0 + r - j0 + 1), nc, &m[r], &l[r],
+                         out + (i0 + r) * L.C, hs);
     // out[i0:i1] += P @ v[j0:j0+nc]
     detail::sgemm_serial(false, false, nr, hs, nc, 1.0f, S, kFlashTile, v + j0 * L.ld, L.ld, 1.0f,
                          out + i0 * L.C, L.C);
@@ -209,7 +211,7 @@ void flash_head_forward(float* out, float* lse, const float* qkv, int64_t i0,
 }
 
 // dS = P * (dP - D) in place of dP, where dP = dout_i v_j^T.
-void dscores_tile(float* dP, const float* P, const float* dout, const float* v, const float* D,
+ZT_CPU_CLONES void dscores_tile(float* dP, const float* P, const float* dout, const float* v, const float* D,
                   int64_t i0, int64_t nr, int64_t j0, int64_t nc, const FlashLayout& L) {
   detail::sgemm_serial(false, true, nr, nc, L.hs, 1.0f, dout + i0 * L.C, L.C, v + j0 * L.ld, L.ld,
                        0.0f, dP, kFlashTile);
@@ -263,6 +265,36 @@ void flash_head_backward_q(float* dqkv, const float* dout, const float* qkv, con
   }
 }
 
+// dq, dk and dv of one head in one task, without the two-pass schedule's second recomputation
+// of P and dS. Per output row it makes the same sgemm calls on the same operands in the same
+// order (dk_j, dv_j over query tiles ascending; dq_i over key tiles ascending), so its bits equal
+// the two passes': which schedule runs may depend on the thread count, the result does not.
+void flash_head_backward_fused(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                               const float* D, const FlashLayout& L) {
+  const float* q = qkv;
+  const float* k = qkv + L.C;
+  const float* v = qkv + 2 * L.C;
+  float* dk = dqkv + L.C;
+  float* dv = dqkv + 2 * L.C;
+  alignas(64) float P[kFlashTile * kFlashTile];
+  alignas(64) float dS[kFlashTile * kFlashTile];
+  for (int64_t j0 = 0; j0 < L.T; j0 += kFlashTile) {
+    const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
+    for (int64_t i0 = j0; i0 < L.T; i0 += kFlashTile) {
+      const int64_t nr = std::min(L.T, i0 + kFlashTile) - i0;
+      score_tile(P, q, k, i0, nr, j0, nc, L);
+      probs_tile(P, lse + i0, i0, nr, j0, nc);
+      detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C,
+                           1.0f, dv + j0 * L.ld, L.ld);
+      dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
+      detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld,
+                           L.ld, 1.0f, dk + j0 * L.ld, L.ld);
+      detail::sgemm_serial(false, false, nr, L.hs, nc, L.scale, dS, kFlashTile, k + j0 * L.ld,
+                           L.ld, 1.0f, dqkv + i0 * L.ld, L.ld);
+    }
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
@@ -294,6 +326,17 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
       }
     }
   });
+  if (B * NH >= parallel_threads()) {  // enough heads to keep every thread busy
+    parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
+      for (int64_t bh = bh0; bh < bh1; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        flash_head_backward_fused(dqkv + L.qkv_off(b, h), dout + L.out_off(b, h),
+                                  qkv + L.qkv_off(b, h), lse + L.row_off(b, h),
+                                  D + L.row_off(b, h), L);
+      }
+    });
+    return;
+  }
   // dk/dv and dq write disjoint columns of dqkv: two passes, each over (batch, head, tile).
   parallel_for(B * NH * L.tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t task = t0; task < t1; ++task) {

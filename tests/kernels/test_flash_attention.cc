@@ -171,7 +171,10 @@ TEST(FlashAttentionValidation, ShapesAndScratchSizeAreChecked) {
 
 // ---- determinism ---------------------------------------------------------------------------------
 
-// Forward and backward outputs of a few shapes (partial tiles, many tasks) as bytes.
+// Forward and backward outputs of a few shapes (partial tiles, many tasks) as bytes. The CPU
+// backward runs one task per head when there are at least as many heads as threads, else two
+// passes over tiles: B * NH = 2 at T = 1024 takes the first with 1 thread and the second with 3,
+// so this also checks that both schedules give the same bits.
 std::vector<uint8_t> flash_outputs(Device& dev) {
   Stream& s = dev.compute();
   Rng rng(test_seed() + 5);
