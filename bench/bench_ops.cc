@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/parallel.h"
 #include "core/philox.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
@@ -197,11 +198,40 @@ void BM_AttentionForwardBackward(benchmark::State& state, Backend backend) {
   flops(state, t, 6.0 * B * T * T * C);
 }
 
+// Tiled (flash-style) attention on the same shapes. Counters: attn_bytes = what the op needs
+// beyond its inputs and outputs (lse + backward scratch, plus on the CPU two 64x64 fp32 tiles on
+// the stack of each worker thread; shared memory on the GPU), vs_today = attn_bytes over today's
+// preatt + att + dpreatt + datt (4 B NH T^2 fp32), the issue's <= 1/8 target at T = 1024.
+void BM_FlashAttentionForwardBackward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int64_t scratch_floats =
+      static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
+  Tensor qkv(t, {B, T, 3 * C}), out(t, {B, T, C}), lse(t, {B, NH, T});
+  Tensor dout(t, {B, T, C}), dqkv(t, {B, T, 3 * C}), scratch(t, {scratch_floats});
+  run(state, t, [&] {
+    zt::ops::flash_attention_forward(t.s(), out, lse, qkv, static_cast<int>(NH));
+    zt::ops::flash_attention_backward(t.s(), dqkv, dout, qkv, out, lse, static_cast<int>(NH),
+                                      scratch);
+  });
+  flops(state, t, 6.0 * B * T * T * C);
+  const double stack_tiles =
+      backend == Backend::kCpu ? 2.0 * 64 * 64 * sizeof(float) * zt::parallel_threads() : 0.0;
+  const double mine = static_cast<double>(lse.buf.size() + scratch.buf.size()) + stack_tiles;
+  const double today = 4.0 * B * NH * T * T * sizeof(float);
+  state.counters["attn_bytes"] = mine;
+  state.counters["today_bytes"] = today;
+  state.counters["vs_today"] = mine / today;
+}
+
 void attention_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "T", "C", "NH"});
   b->Args({4, 256, 768, 12});
   b->Args({4, 1024, 768, 12});
-  b->Unit(benchmark::kMillisecond)->UseRealTime();
+  // Process CPU time beside wall time: on a shared machine the CPU column compares the two
+  // attention kernels more steadily than the wall clock.
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime();
 }
 
 // ---- GELU forward: 4 B read + 4 B write per element
@@ -372,6 +402,8 @@ const int kRegistered = [] {
   register_on_backends("BM_LayernormForward", BM_LayernormForward, layernorm_shapes);
   register_on_backends("BM_LayernormBackward", BM_LayernormBackward, layernorm_shapes);
   register_on_backends("BM_AttentionForwardBackward", BM_AttentionForwardBackward,
+                       attention_shapes);
+  register_on_backends("BM_FlashAttentionForwardBackward", BM_FlashAttentionForwardBackward,
                        attention_shapes);
   register_on_backends("BM_GeluForward", BM_GeluForward, elementwise_sizes);
   register_on_backends("BM_Classifier", BM_Classifier, classifier_shapes);

@@ -49,6 +49,8 @@ namespace zt {
   X(kMatmulBackward, matmul_backward)                          \
   X(kAttentionForward, attention_forward)                      \
   X(kAttentionBackward, attention_backward)                    \
+  X(kFlashAttentionForward, flash_attention_forward)           \
+  X(kFlashAttentionBackward, flash_attention_backward)         \
   X(kGeluForward, gelu_forward)                                \
   X(kGeluBackward, gelu_backward)                              \
   X(kReluForward, relu_forward)                                \
@@ -117,6 +119,12 @@ struct OpTable {
   void (*attention_backward)(Stream&, float* dqkv, float* dpreatt, float* datt, const float* dout,
                              const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                              int64_t NH) = nullptr;
+  // scratch: flash_attention_scratch_bytes(B, T, C, NH) bytes.
+  void (*flash_attention_forward)(Stream&, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                                  int64_t C, int64_t NH) = nullptr;
+  void (*flash_attention_backward)(Stream&, float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, float* scratch, int64_t B,
+                                   int64_t T, int64_t C, int64_t NH) = nullptr;
   void (*gelu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;

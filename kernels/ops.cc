@@ -427,6 +427,54 @@ void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorVi
                f32(att), d.B, d.T, d.C, d.NH);
 }
 
+size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t /*C*/, int64_t NH) {
+  return static_cast<size_t>(B * NH * T) * sizeof(float);
+}
+
+void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTensorView qkv,
+                             int num_heads) {
+  constexpr const char* op = "flash_attention_forward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
+                         {"lse", lse},
+                         {"qkv", qkv}})
+    check_f32(s, op, name, v);
+  const AttentionDims d = check_attention(op, qkv, num_heads, {{"out", out}}, {});
+  ZT_REQUIRE(lse.shape == (Shape{d.B, d.NH, d.T}), op, ": qkv ", qkv.shape.str(), " with ",
+             num_heads, " heads but lse ", lse.shape.str(), " (need ",
+             Shape{d.B, d.NH, d.T}.str(), ")");
+  if (d.B * d.T == 0) return;
+  f32_kernel(s, OpId::kFlashAttentionForward)
+      .flash_attention_forward(s, f32(out), f32(lse), f32(qkv), d.B, d.T, d.C, d.NH);
+}
+
+void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
+                              ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
+                              int num_heads, TensorView scratch) {
+  constexpr const char* op = "flash_attention_backward";
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"dqkv", dqkv},
+                         {"dout", dout},
+                         {"qkv", qkv},
+                         {"out", out},
+                         {"lse", lse},
+                         {"scratch", scratch}})
+    check_f32(s, op, name, v);
+  const AttentionDims d =
+      check_attention(op, qkv, num_heads, {{"dout", dout}, {"out", out}}, {});
+  ZT_REQUIRE(dqkv.shape == qkv.shape, op, ": qkv ", qkv.shape.str(), " but dqkv ",
+             dqkv.shape.str());
+  ZT_REQUIRE(lse.shape == (Shape{d.B, d.NH, d.T}), op, ": qkv ", qkv.shape.str(), " with ",
+             num_heads, " heads but lse ", lse.shape.str(), " (need ",
+             Shape{d.B, d.NH, d.T}.str(), ")");
+  const size_t need = flash_attention_scratch_bytes(d.B, d.T, d.C, d.NH);
+  ZT_REQUIRE(scratch.nbytes() >= need, op, ": scratch ", scratch.shape.str(), " holds ",
+             scratch.nbytes(), " bytes but qkv ", qkv.shape.str(), " with ", num_heads,
+             " heads needs ", need);
+  if (d.B * d.T == 0) return;
+  f32_kernel(s, OpId::kFlashAttentionBackward)
+      .flash_attention_backward(s, f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse),
+                                f32(scratch), d.B, d.T, d.C, d.NH);
+}
+
 // ---- activations
 // ----------------------------------------------------------------------------------
 

@@ -101,6 +101,21 @@ void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorVi
                         ConstTensorView dout, ConstTensorView qkv, ConstTensorView att,
                         int num_heads);
 
+// ---- tiled (flash-style) causal attention: no T x T buffer ------------------------------------
+// Same math and layout as attention_forward/backward, computed tile by tile with an online
+// softmax (O(T) memory per row, only the causal half of the tiles visited).
+// out [B,T,C]; lse [B,NH,T] (fp32) = log sum_j exp(score_tj) per row, saved for backward.
+void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTensorView qkv,
+                             int num_heads);
+// dqkv [B,T,3C] +=; out and lse from flash_attention_forward; scratch: at least
+// flash_attention_scratch_bytes(B, T, C, NH) bytes of fp32 (any shape), overwritten. The op
+// allocates nothing else from the device pool.
+void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
+                              ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
+                              int num_heads, TensorView scratch);
+// What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
+size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
+
 // ---- activations ----------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in);

@@ -1,9 +1,13 @@
 // CPU kernels for causal multi-head self-attention (GPT-2 layout: qkv [B,T,3C]). Per (batch,
 // head): scores and the products with V are OpenBLAS sgemm calls over blocks of query rows that
 // stop at the causal boundary of the block (so about half of the T x T products are skipped), and
-// the softmax and its backward are vectorised row loops.
+// the softmax and its backward are vectorised row loops. The flash_attention_* kernels below do
+// the same math tile by tile with an online softmax and never hold more than two tiles per task.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/elementwise.h"
@@ -118,6 +122,236 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
       head_backward(dqkv + b * T * 3 * C + h * L.hs, dpreatt + bh * T * T, datt + bh * T * T,
                     dout + b * T * C + h * L.hs, qkv + b * T * 3 * C + h * L.hs, att + bh * T * T,
                     L);
+    }
+  });
+}
+
+// ---- tiled (flash-style) attention -----------------------------------------------------------
+// Tasks are (batch, head, tile) triples with fixed tile bounds, and each task's sums run in a fixed
+// order inside one thread, so the bits do not depend on the thread count. Query and key tiles are
+// the same size and aligned, so every row of a visited tile sees at least one key (the diagonal).
+
+namespace {
+
+constexpr int64_t kFlashTile = 64;
+
+struct FlashLayout {
+  int64_t B, T, C, NH, hs, ld, tiles;
+  float scale;
+  FlashLayout(int64_t B_, int64_t T_, int64_t C_, int64_t NH_)
+      : B(B_), T(T_), C(C_), NH(NH_), hs(C_ / NH_), ld(3 * C_),
+        tiles((T_ + kFlashTile - 1) / kFlashTile),
+        scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(C_ / NH_)))) {}
+  // head h of batch b: q (k, v at +C, +2C) with row stride ld; out/dout rows with stride C.
+  int64_t qkv_off(int64_t b, int64_t h) const { return b * T * ld + h * hs; }
+  int64_t out_off(int64_t b, int64_t h) const { return b * T * C + h * hs; }
+  int64_t row_off(int64_t b, int64_t h) const { return (b * NH + h) * T; }  // lse, D
+};
+
+// S[r, c] = scale q_{i0+r} . k_{j0+c} for an nr x nc tile (row stride kFlashTile).
+void score_tile(float* S, const float* q, const float* k, int64_t i0, int64_t nr, int64_t j0,
+                int64_t nc, const FlashLayout& L) {
+  detail::sgemm_serial(false, true, nr, nc, L.hs, L.scale, q + i0 * L.ld, L.ld, k + j0 * L.ld,
+                       L.ld, 0.0f, S, kFlashTile);
+}
+
+// P[r, c] = exp(S[r, c] - lse_r) for keys at or below the diagonal, 0 above it.
+ZT_CPU_CLONES void probs_tile(float* P, const float* lse, int64_t i0, int64_t nr, int64_t j0,
+                              int64_t nc) {
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t visible = std::min(nc, i0 + r - j0 + 1);
+    float* row = P + r * kFlashTile;
+    for (int64_t c = 0; c < visible; ++c) row[c] = exp_elem(row[c] - lse[r]);
+    for (int64_t c = std::max<int64_t>(visible, 0); c < nc; ++c) row[c] = 0.0f;
+  }
+}
+
+// One online-softmax step of a row over a key tile: the running max m and sum l absorb the
+// tile's scores, o (the row's unnormalised output) is rescaled to the new max, and row becomes
+// exp(score - max) for the visible keys and 0 for the masked ones up to nc.
+ZT_CPU_CLONES void online_softmax_row(float* row, int64_t visible, int64_t nc, float* m, float* l,
+                                      float* o, int64_t hs) {
+  const float mx = std::max(*m, detail::max_of(row, visible));
+  const float corr = exp_elem(*m - mx);  // 0 on the first tile (m = -inf)
+  for (int64_t c = 0; c < visible; ++c) row[c] = exp_elem(row[c] - mx);
+  const double sum = detail::lane_sum(visible, [row](int64_t c) { return double{row[c]}; });
+  for (int64_t c = visible; c < nc; ++c) row[c] = 0.0f;
+  *l = *l * corr + static_cast<float>(sum);
+  *m = mx;
+  for (int64_t i = 0; i < hs; ++i) o[i] *= corr;
+}
+
+void flash_head_forward(float* out, float* lse, const float* qkv, int64_t i0,
+                        const FlashLayout& L) {
+  const int64_t i1 = std::min(L.T, i0 + kFlashTile), nr = i1 - i0, hs = L.hs;
+  const float* q = qkv;
+  const float* k = qkv + L.C;
+  const float* v = qkv + 2 * L.C;
+  alignas(64) float S[kFlashTile * kFlashTile];
+  float m[kFlashTile], l[kFlashTile];
+  std::fill(m, m + nr, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + nr, 0.0f);
+  for (int64_t r = 0; r < nr; ++r) std::fill(out + (i0 + r) * L.C, out + (i0 + r) * L.C + hs, 0.0f);
+  for (int64_t j0 = 0; j0 < i1; j0 += kFlashTile) {
+    const int64_t nc = std::min(i1, j0 + kFlashTile) - j0;
+    score_tile(S, q, k, i0, nr, j0, nc, L);
+    for (int64_t r = 0; r < nr; ++r)  // visible >= 1: tiles are aligned
+      online_softmax_row(S + r * kFlashTile, std::min(nc, i0 + r - j0 + 1), nc, &m[r], &l[r],
+                         out + (i0 + r) * L.C, hs);
+    // out[i0:i1] += P @ v[j0:j0+nc]
+    detail::sgemm_serial(false, false, nr, hs, nc, 1.0f, S, kFlashTile, v + j0 * L.ld, L.ld, 1.0f,
+                         out + i0 * L.C, L.C);
+  }
+  for (int64_t r = 0; r < nr; ++r) {
+    const float inv = 1.0f / l[r];
+    float* o = out + (i0 + r) * L.C;
+    for (int64_t i = 0; i < hs; ++i) o[i] *= inv;
+    lse[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+// dS = P * (dP - D) in place of dP, where dP = dout_i v_j^T.
+ZT_CPU_CLONES void dscores_tile(float* dP, const float* P, const float* dout, const float* v, const float* D,
+                  int64_t i0, int64_t nr, int64_t j0, int64_t nc, const FlashLayout& L) {
+  detail::sgemm_serial(false, true, nr, nc, L.hs, 1.0f, dout + i0 * L.C, L.C, v + j0 * L.ld, L.ld,
+                       0.0f, dP, kFlashTile);
+  for (int64_t r = 0; r < nr; ++r)
+    for (int64_t c = 0; c < nc; ++c)
+      dP[r * kFlashTile + c] = P[r * kFlashTile + c] * (dP[r * kFlashTile + c] - D[i0 + r]);
+}
+
+// dk, dv of keys [j0, j0 + tile): every query tile at or below the diagonal, in order.
+void flash_head_backward_kv(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                            const float* D, int64_t j0, const FlashLayout& L) {
+  const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
+  const float* q = qkv;
+  const float* k = qkv + L.C;
+  const float* v = qkv + 2 * L.C;
+  float* dk = dqkv + L.C;
+  float* dv = dqkv + 2 * L.C;
+  alignas(64) float P[kFlashTile * kFlashTile];
+  alignas(64) float dS[kFlashTile * kFlashTile];
+  for (int64_t i0 = j0; i0 < L.T; i0 += kFlashTile) {
+    const int64_t nr = std::min(L.T, i0 + kFlashTile) - i0;
+    score_tile(P, q, k, i0, nr, j0, nc, L);
+    probs_tile(P, lse + i0, i0, nr, j0, nc);
+    // dv[j] += P^T dout_i
+    detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C,
+                         1.0f, dv + j0 * L.ld, L.ld);
+    dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
+    // dk[j] += scale dS^T q_i
+    detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld, L.ld,
+                         1.0f, dk + j0 * L.ld, L.ld);
+  }
+}
+
+// dq of queries [i0, i0 + tile): every key tile up to the diagonal, in order.
+void flash_head_backward_q(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                           const float* D, int64_t i0, const FlashLayout& L) {
+  const int64_t i1 = std::min(L.T, i0 + kFlashTile), nr = i1 - i0;
+  const float* q = qkv;
+  const float* k = qkv + L.C;
+  const float* v = qkv + 2 * L.C;
+  alignas(64) float P[kFlashTile * kFlashTile];
+  alignas(64) float dS[kFlashTile * kFlashTile];
+  for (int64_t j0 = 0; j0 < i1; j0 += kFlashTile) {
+    const int64_t nc = std::min(i1, j0 + kFlashTile) - j0;
+    score_tile(P, q, k, i0, nr, j0, nc, L);
+    probs_tile(P, lse + i0, i0, nr, j0, nc);
+    dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
+    // dq[i] += scale dS k_j
+    detail::sgemm_serial(false, false, nr, L.hs, nc, L.scale, dS, kFlashTile, k + j0 * L.ld, L.ld,
+                         1.0f, dqkv + i0 * L.ld, L.ld);
+  }
+}
+
+// dq, dk and dv of one head in one task, without the two-pass schedule's second recomputation
+// of P and dS. Per output row it makes the same sgemm calls on the same operands in the same
+// order (dk_j, dv_j over query tiles ascending; dq_i over key tiles ascending), so its bits equal
+// the two passes': which schedule runs may depend on the thread count, the result does not.
+void flash_head_backward_fused(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                               const float* D, const FlashLayout& L) {
+  const float* q = qkv;
+  const float* k = qkv + L.C;
+  const float* v = qkv + 2 * L.C;
+  float* dk = dqkv + L.C;
+  float* dv = dqkv + 2 * L.C;
+  alignas(64) float P[kFlashTile * kFlashTile];
+  alignas(64) float dS[kFlashTile * kFlashTile];
+  for (int64_t j0 = 0; j0 < L.T; j0 += kFlashTile) {
+    const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
+    for (int64_t i0 = j0; i0 < L.T; i0 += kFlashTile) {
+      const int64_t nr = std::min(L.T, i0 + kFlashTile) - i0;
+      score_tile(P, q, k, i0, nr, j0, nc, L);
+      probs_tile(P, lse + i0, i0, nr, j0, nc);
+      detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C,
+                           1.0f, dv + j0 * L.ld, L.ld);
+      dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
+      detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld,
+                           L.ld, 1.0f, dk + j0 * L.ld, L.ld);
+      detail::sgemm_serial(false, false, nr, L.hs, nc, L.scale, dS, kFlashTile, k + j0 * L.ld,
+                           L.ld, 1.0f, dqkv + i0 * L.ld, L.ld);
+    }
+  }
+}
+
+}  // namespace
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH) {
+  const FlashLayout L(B, T, C, NH);
+  parallel_for(B * NH * L.tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t bh = task / L.tiles, b = bh / NH, h = bh % NH;
+      flash_head_forward(out + L.out_off(b, h), lse + L.row_off(b, h), qkv + L.qkv_off(b, h),
+                         (task % L.tiles) * kFlashTile, L);
+    }
+  });
+}
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
+                              int64_t NH) {
+  const FlashLayout L(B, T, C, NH);
+  float* D = scratch;  // [B, NH, T]: rowsum(dout * out), the softmax backward's dot per row
+  parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
+    for (int64_t bh = bh0; bh < bh1; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* dy = dout + L.out_off(b, h) + t * C;
+        const float* y = out + L.out_off(b, h) + t * C;
+        double acc = 0.0;
+        for (int64_t i = 0; i < L.hs; ++i) acc += double{dy[i]} * y[i];
+        D[L.row_off(b, h) + t] = static_cast<float>(acc);
+      }
+    }
+  });
+  if (B * NH >= parallel_threads()) {  // enough heads to keep every thread busy
+    parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
+      for (int64_t bh = bh0; bh < bh1; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        flash_head_backward_fused(dqkv + L.qkv_off(b, h), dout + L.out_off(b, h),
+                                  qkv + L.qkv_off(b, h), lse + L.row_off(b, h),
+                                  D + L.row_off(b, h), L);
+      }
+    });
+    return;
+  }
+  // dk/dv and dq write disjoint columns of dqkv: two passes, each over (batch, head, tile).
+  parallel_for(B * NH * L.tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t bh = task / L.tiles, b = bh / NH, h = bh % NH;
+      flash_head_backward_kv(dqkv + L.qkv_off(b, h), dout + L.out_off(b, h), qkv + L.qkv_off(b, h),
+                             lse + L.row_off(b, h), D + L.row_off(b, h),
+                             (task % L.tiles) * kFlashTile, L);
+    }
+  });
+  parallel_for(B * NH * L.tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t bh = task / L.tiles, b = bh / NH, h = bh % NH;
+      flash_head_backward_q(dqkv + L.qkv_off(b, h), dout + L.out_off(b, h), qkv + L.qkv_off(b, h),
+                            lse + L.row_off(b, h), D + L.row_off(b, h),
+                            (task % L.tiles) * kFlashTile, L);
     }
   });
 }

@@ -76,6 +76,15 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
 
+// Tiled causal attention (kernels/ops.h flash_attention_*; kernels/cuda/flash_attention.cu):
+// one block per (batch, head, query tile) forward, per (batch, head, key tile) for dK/dV; lse
+// [B,NH,T]; scratch: B*NH*T floats (D = rowsum(dout * out)). Head size <= 128.
+void flash_attention_forward(void* stream, float* out, float* lse, const float* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH);
+void flash_attention_backward(void* stream, float* dqkv, const float* dout, const float* qkv,
+                              const float* out, const float* lse, float* scratch, int64_t B,
+                              int64_t T, int64_t C, int64_t NH);
+
 // ---- activations over n elements (n may be 0) -----------------------------------------------
 // Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.
 void gelu_forward(void* stream, float* out, const float* in, int64_t n);

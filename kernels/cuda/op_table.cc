@@ -51,6 +51,8 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, matmul_backward);
   ZT_CUDA_ENTRY(cuda_ops, attention_forward);
   ZT_CUDA_ENTRY(cuda_ops, attention_backward);
+  ZT_CUDA_ENTRY(cuda_ops, flash_attention_forward);
+  ZT_CUDA_ENTRY(cuda_ops, flash_attention_backward);
   ZT_CUDA_ENTRY(cuda_ops, gelu_forward);
   ZT_CUDA_ENTRY(cuda_ops, gelu_backward);
   ZT_CUDA_ENTRY(cuda_ops, relu_forward);
