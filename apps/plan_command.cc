@@ -36,8 +36,14 @@ int PlanCommand::run() {
                                          "50257, context = --train-seq-len); drop ", flag);
     if (!tc.train_seq_len) tc.train_seq_len = 1024;
   }
-  const ModelConfig mc =
-      largest_ ? gpt2_shape_family(tc.train_seq_len).front() : make_model_config(tc.model, tc.overrides);
+  // With --tensor-parallel T, the members whose heads T divides (the others cannot be split).
+  std::vector<ModelConfig> family;
+  if (largest_) {
+    family = gpt2_shape_family(tc.train_seq_len);
+    std::erase_if(family, [&](const ModelConfig& m) { return m.heads % std::max(1, tc.tensor_parallel) != 0; });
+    ZT_REQUIRE(!family.empty(), "no GPT-2 shape has a head count --tensor-parallel ", tc.tensor_parallel, " divides");
+  }
+  const ModelConfig mc = largest_ ? family.front() : make_model_config(tc.model, tc.overrides);
   auto rt = Runtime::create(parse_device_spec(tc.devices), CpuDeviceOptions{tc.device_memory});
   const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
   MemoryPlan plan = plan_run(mc, *rt, shape.plan);
@@ -49,7 +55,7 @@ int PlanCommand::run() {
   std::printf("devices: %s (%s backend)\n", tc.devices.c_str(), backend_name(rt->backend()));
   if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
   if (largest_) {
-    std::printf("%s", format_largest(plan_largest(gpt2_shape_family(tc.train_seq_len), plan.inputs)).c_str());
+    std::printf("%s", format_largest(plan_largest(family, plan.inputs)).c_str());
     return 0;
   }
   std::printf("%s", format_plan(mc, plan).c_str());

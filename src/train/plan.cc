@@ -578,6 +578,7 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
     for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       for (bool off : {false, true}) {
         if (off && st == 0) continue;  // offload needs stage 1 or above
+        if (rc != Recompute::kNone && in.tensor > 1) continue;  // not with tensor parallelism yet
         PlanInputs c = in;
         c.zero_stage = st;
         c.recompute = rc;
@@ -603,9 +604,10 @@ std::string format_largest(const LargestTable& t) {
   for (int r = 0; r < in.devices; ++r) memory = std::max(memory, device_memory(in, r));
   char line[512];
   std::snprintf(line, sizeof line,
-                "largest GPT-2-shape model that fits: %d device%s x %s, %s, %s, micro-batch %d x %d, %d micro-batch%s "
+                "largest GPT-2-shape model that fits: %d device%s x %s%s, %s, %s, micro-batch %d x %d, %d micro-batch%s "
                 "per step\n",
                 in.devices, in.devices == 1 ? "" : "s", format_plan_bytes(memory).c_str(),
+                in.tensor > 1 ? (" (tensor-parallel " + std::to_string(in.tensor) + ", heads it divides only)").c_str() : "",
                 in.working == DType::kF32    ? "fp32"
                 : in.working == DType::kBF16 ? "bf16 + fp32 master"
                                              : "fp16 + fp32 master",
