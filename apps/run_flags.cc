@@ -160,7 +160,7 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   sub.add_option("--offload", f.offload,
                  "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
-                 "overlapped with the backward (none = on the devices)")
+                 "after the backward; gradient shards stream to the host during it (none = on the devices)")
       ->capture_default_str()->check(CLI::IsMember({"none", "optimizer"}));
   sub.add_option("--offload-fraction", tc.offload_fraction,
                  "With --offload optimizer: the part of each device's optimizer shard kept on the host (0..1]")
