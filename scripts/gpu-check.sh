@@ -96,6 +96,11 @@ fi
 
 # ---- 4. tests ---------------------------------------------------------------------------------
 if ((built)); then
+  # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops and
+  # the tiled attention on the GPU against the CPU backend's ops and the float64 references.
+  run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
+    -R '^Backends/(TpOpsTest|FlashAttention[A-Za-z]*)\..*/cuda'
+  (($? != 0)) && failed=1
   run_step ctest 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
     --output-junit "$OUT/ctest-junit.xml"
   rc=$?
