@@ -101,33 +101,7 @@ struct TpPlan {
   }
 };
 
-class GptTp;
-
-class TpWorkspace final : public Workspace {
- public:
-  TpWorkspace(const GptTp& model, const ModelConfig& c, Device& d, int B, int T, int degree, bool sp, int64_t rep_max)
-      : plan(c, B, T, degree, sp, rep_max), model(model), device(d.index()),
-        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
-        gathered(d.create_event()), reduced(d.create_event()) {}
-  int B() const override { return static_cast<int>(plan.B); }
-  int T() const override { return static_cast<int>(plan.T); }
-  TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
-  // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree].
-  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}); }
-  size_t bytes() const override { return buf.size(); }
-  void read_logits_row(Stream& s, int row, float* out) override;
-
-  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
-
-  TpPlan plan;
-  const GptTp& model;
-  int device;
-  DeviceBuffer buf;
-  // Recorded on the comm stream right after a collective the compute stream waits for later.
-  std::unique_ptr<Event> gathered, reduced;
-};
-
-// One rank's view of its tensor group for the duration of a forward or backward.
+// One rank's view of its tensor group (found once, when its workspace is made).
 struct TpRank {
   Communicator* comm;
   CommGroup group;
@@ -156,6 +130,33 @@ struct TpRank {
       comm->wait_done(rank, s);
     }
   }
+};
+
+class GptTp;
+
+class TpWorkspace final : public Workspace {
+ public:
+  TpWorkspace(const GptTp& model, const ModelConfig& c, Device& d, int B, int T, int degree, bool sp, int64_t rep_max)
+      : plan(c, B, T, degree, sp, rep_max), model(model), device(d.index()),
+        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
+        gathered(d.create_event()), reduced(d.create_event()) {}
+  int B() const override { return static_cast<int>(plan.B); }
+  int T() const override { return static_cast<int>(plan.T); }
+  TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
+  // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree].
+  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}); }
+  size_t bytes() const override { return buf.size(); }
+  void read_logits_row(Stream& s, int row, float* out) override;
+
+  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
+
+  TpPlan plan;
+  const GptTp& model;
+  int device;
+  DeviceBuffer buf;
+  // Recorded on the comm stream right after a collective the compute stream waits for later.
+  std::unique_ptr<Event> gathered, reduced;
+  TpRank rank{};  // the device's rank in the model's communicator and its tensor group
 };
 
 TensorView rows_of(TensorView v, int64_t first_row, int64_t rows) {
@@ -221,7 +222,9 @@ class GptTp final : public Model {
     ZT_REQUIRE(!tp_.sequence || (int64_t{B} * T) % tp_.degree == 0, "sequence parallelism over ", tp_.degree,
                " ranks needs the micro-batch's tokens (", B, " x ", T, " = ", int64_t{B} * T,
                ") to be a multiple of ", tp_.degree, "; change --micro-batch-size or --seq-len, or pass --no-sequence-parallel");
-    return std::make_unique<TpWorkspace>(*this, config_, d, B, T, tp_.degree, tp_.sequence, rep_max_);
+    auto ws = std::make_unique<TpWorkspace>(*this, config_, d, B, T, tp_.degree, tp_.sequence, rep_max_);
+    ws->rank = rank_of(d.index());
+    return ws;
   }
 
   // GPT-2's orders: the blocks are the same.
@@ -242,7 +245,7 @@ class GptTp final : public Model {
     auto& ws = static_cast<TpWorkspace&>(wsb);
     const TpPlan& P = ws.plan;
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
-    const TpRank tr = rank_of(p.device_index());
+    const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
@@ -293,7 +296,7 @@ class GptTp final : public Model {
   void backward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch) const override {
     auto& ws = static_cast<TpWorkspace&>(wsb);
     const TpPlan& P = ws.plan;
-    const TpRank tr = rank_of(p.device_index());
+    const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
@@ -336,7 +339,7 @@ class GptTp final : public Model {
 
   void read_logits_row(TpWorkspace& ws, Stream& s, int row, float* out) const {
     const TpPlan& P = ws.plan;
-    const TpRank tr = rank_of(ws.device);
+    const TpRank& tr = ws.rank;
     const int64_t Vl = P.Vp / P.D;
     s.copy(ws.buf.as<float>() + P.row + tr.t * Vl, ws.buf.as<float>() + P.logits + static_cast<int64_t>(row) * Vl,
            static_cast<size_t>(Vl) * 4);
