@@ -220,28 +220,35 @@ ZT_CPU_CLONES void dscores_tile(float* dP, const float* P, const float* dout, co
       dP[r * kFlashTile + c] = P[r * kFlashTile + c] * (dP[r * kFlashTile + c] - D[i0 + r]);
 }
 
-// dk, dv of keys [j0, j0 + tile): every query tile at or below the diagonal, in order.
-void flash_head_backward_kv(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                            const float* D, int64_t j0, const FlashLayout& L) {
-  const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
+// One (query tile i0, key tile j0) step of the backward, shared by both schedules so their calls
+// are the same: P and dS of the tile (dS left for the caller's dq), then dv and dk of the keys.
+void kv_tile_step(float* P, float* dS, float* dqkv, const float* dout, const float* qkv, const float* lse,
+                  const float* D, int64_t i0, int64_t nr, int64_t j0, int64_t nc, const FlashLayout& L) {
   const float* q = qkv;
   const float* k = qkv + L.C;
   const float* v = qkv + 2 * L.C;
   float* dk = dqkv + L.C;
   float* dv = dqkv + 2 * L.C;
+  score_tile(P, q, k, i0, nr, j0, nc, L);
+  probs_tile(P, lse + i0, i0, nr, j0, nc);
+  // dv[j] += P^T dout_i
+  detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C, 1.0f, dv + j0 * L.ld,
+                       L.ld);
+  dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
+  // dk[j] += scale dS^T q_i
+  detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld, L.ld, 1.0f,
+                       dk + j0 * L.ld, L.ld);
+}
+
+// dk, dv of keys [j0, j0 + tile): every query tile at or below the diagonal, in order.
+void flash_head_backward_kv(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                            const float* D, int64_t j0, const FlashLayout& L) {
+  const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
   alignas(64) float P[kFlashTile * kFlashTile];
   alignas(64) float dS[kFlashTile * kFlashTile];
   for (int64_t i0 = j0; i0 < L.T; i0 += kFlashTile) {
     const int64_t nr = std::min(L.T, i0 + kFlashTile) - i0;
-    score_tile(P, q, k, i0, nr, j0, nc, L);
-    probs_tile(P, lse + i0, i0, nr, j0, nc);
-    // dv[j] += P^T dout_i
-    detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C,
-                         1.0f, dv + j0 * L.ld, L.ld);
-    dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
-    // dk[j] += scale dS^T q_i
-    detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld, L.ld,
-                         1.0f, dk + j0 * L.ld, L.ld);
+    kv_tile_step(P, dS, dqkv, dout, qkv, lse, D, i0, nr, j0, nc, L);
   }
 }
 
@@ -271,24 +278,14 @@ void flash_head_backward_q(float* dqkv, const float* dout, const float* qkv, con
 // the two passes': which schedule runs may depend on the thread count, the result does not.
 void flash_head_backward_fused(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                const float* D, const FlashLayout& L) {
-  const float* q = qkv;
   const float* k = qkv + L.C;
-  const float* v = qkv + 2 * L.C;
-  float* dk = dqkv + L.C;
-  float* dv = dqkv + 2 * L.C;
   alignas(64) float P[kFlashTile * kFlashTile];
   alignas(64) float dS[kFlashTile * kFlashTile];
   for (int64_t j0 = 0; j0 < L.T; j0 += kFlashTile) {
     const int64_t nc = std::min(L.T, j0 + kFlashTile) - j0;
     for (int64_t i0 = j0; i0 < L.T; i0 += kFlashTile) {
       const int64_t nr = std::min(L.T, i0 + kFlashTile) - i0;
-      score_tile(P, q, k, i0, nr, j0, nc, L);
-      probs_tile(P, lse + i0, i0, nr, j0, nc);
-      detail::sgemm_serial(true, false, nc, L.hs, nr, 1.0f, P, kFlashTile, dout + i0 * L.C, L.C,
-                           1.0f, dv + j0 * L.ld, L.ld);
-      dscores_tile(dS, P, dout, v, D, i0, nr, j0, nc, L);
-      detail::sgemm_serial(true, false, nc, L.hs, nr, L.scale, dS, kFlashTile, q + i0 * L.ld,
-                           L.ld, 1.0f, dk + j0 * L.ld, L.ld);
+      kv_tile_step(P, dS, dqkv, dout, qkv, lse, D, i0, nr, j0, nc, L);
       detail::sgemm_serial(false, false, nr, L.hs, nc, L.scale, dS, kFlashTile, k + j0 * L.ld,
                            L.ld, 1.0f, dqkv + i0 * L.ld, L.ld);
     }
