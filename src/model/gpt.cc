@@ -73,16 +73,22 @@ constexpr float kLayerNormEps = 1e-5f;
 //  - full:      only residual3 (the next block's input) stays per layer; the whole block forward
 //               re-runs into one shared set in its backward (all but the output projection and add,
 //               whose results backward never reads).
+//  A pipeline chunk plans only its own layers; `encoded` is its input (the encoder's output, or the
+//  activation received from the previous chunk), the final layernorm, logits and losses exist only
+//  in a head chunk, and a split backward keeps each layer's four matmul output gradients for
+//  backward_weight.
 struct GptPlan {
   int64_t B, T, C, NH, L, V;
   Recompute recompute;
+  bool head, split;
   int64_t total = 0;
-  int64_t encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
+  int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
   // shared scratch (not needed by backward, or reused across layers)
   int64_t preatt, attproj, fcproj, dresidual, dln, dfch, dfch_gelu, datty, dqkv, dpreatt, datt;
   struct Layer {
     int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
+    int64_t dres3 = 0, dfch = 0, dres2 = 0, dqkv = 0;  // split backward: kept output gradients
   };
   std::vector<Layer> layers;
 
@@ -92,8 +98,8 @@ struct GptPlan {
     return off;
   }
 
-  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), recompute(r) {
+  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, int64_t layer_count, bool head_, bool split_)
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), recompute(r), head(head_), split(split_) {
     const int64_t BT = B * T, BTC = BT * C, att_size = B * NH * T * T;
     encoded = add(BTC);
     layers.resize(static_cast<size_t>(L));
@@ -117,22 +123,44 @@ struct GptPlan {
       if (r != Recompute::kFull) l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC);
       if (r == Recompute::kNone) l.fch_gelu = add(4 * BTC);
       l.residual3 = add(BTC);
+      if (split) l.dres3 = add(BTC), l.dfch = add(4 * BTC), l.dres2 = add(BTC), l.dqkv = add(3 * BTC);
     }
-    lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
+    if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
     preatt = add(att_size), attproj = add(BTC), fcproj = add(BTC);
     dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC), dfch_gelu = add(4 * BTC);
     datty = add(BTC), dqkv = add(3 * BTC), dpreatt = add(att_size), datt = add(att_size);
   }
 };
 
+// One chunk of the model a Gpt runs: the whole model, or a run of a pipeline stage's layers, with
+// the local blocks it reads.
+struct GptChunk {
+  int first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
+  int emb_block = -1;             // embedding chunks: the block of wte and wpe
+  std::vector<int> layer_blocks;  // the block of each of its layers
+  int lnf_block = -1;             // head chunks: ln_f, and the block whose wte is the LM head
+  int head_block = -1;
+};
+
 class GptWorkspace final : public Workspace {
  public:
-  GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r)
-      : plan(c, B, T, r), device(d.index()), buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
+  GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r, int chunk_, const GptChunk& k, bool split)
+      : plan(c, B, T, r, k.layers, k.head, split), chunk(chunk_), embedding(k.embedding), device(d.index()),
+        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
-  TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
-  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.V}); }
+  TensorView losses() override { return plan.head ? view(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
+  TensorView logits() override {
+    return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.V}) : TensorView{};
+  }
+  TensorView stage_input() override { return embedding ? TensorView{} : view(plan.encoded, Shape{plan.B, plan.T, plan.C}); }
+  TensorView stage_output() override {
+    return plan.head ? TensorView{} : view(plan.layers.back().residual3, Shape{plan.B, plan.T, plan.C});
+  }
+  TensorView stage_gradient() override {
+    return plan.head && embedding ? TensorView{} : view(plan.dresidual, Shape{plan.B, plan.T, plan.C});
+  }
   size_t bytes() const override { return buf.size(); }
   double take_recompute_seconds() override { return recompute_s.exchange(0.0); }
 
@@ -148,6 +176,8 @@ class GptWorkspace final : public Workspace {
   TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
 
   GptPlan plan;
+  int chunk;
+  bool embedding;
   int device;
   DeviceBuffer buf;
 
@@ -167,130 +197,255 @@ struct LayerParams {
   TensorView ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
 
+// Which parts of a backward one call runs: both (backward()), or the zero-bubble split.
+enum class BackPass { kFused, kInput, kWeight };
+
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r), layout_(gpt_layout(c)) {}
+  // The whole model: one chunk, local blocks = logical blocks.
+  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r), layout_(gpt_layout(c)) {
+    GptChunk k;
+    k.layers = c.layers, k.embedding = k.head = true;
+    k.emb_block = k.head_block = 0, k.lnf_block = c.layers + 1;
+    for (int l = 0; l < c.layers; ++l) k.layer_blocks.push_back(l + 1);
+    chunks_.push_back(k);
+    for (int b = 0; b < layout_.num_blocks(); ++b) logical_.push_back(b);
+  }
+  // A pipeline stage (make_gpt_stage): its layout holds copies of the logical blocks it runs.
+  Gpt(const ModelConfig& c, const PipelineStageSpec& spec, Recompute r)
+      : config_(c), recompute_(r), split_(spec.split_backward) {
+    const ParamLayout whole = gpt_layout(c);
+    auto take = [&](int logical) {
+      const int b = layout_.add_block(whole.block(logical).name);
+      for (const ParamTensor& t : whole.block(logical).tensors)
+        layout_.add_tensor(b, t.name, t.shape, t.init, t.init_std, t.weight_decay);
+      logical_.push_back(logical);
+      return b;
+    };
+    bool embeds = false, heads = false;
+    for (const PipelineChunk& pc : spec.chunks) embeds |= pc.embedding, heads |= pc.head;
+    const int emb = embeds ? take(0) : -1;
+    for (const PipelineChunk& pc : spec.chunks) {
+      ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= c.layers,
+               "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", c.layers, "-layer model");
+      GptChunk k;
+      k.first_layer = pc.first_layer, k.layers = pc.layers, k.embedding = pc.embedding, k.head = pc.head;
+      k.emb_block = pc.embedding ? emb : -1;
+      for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
+      chunks_.push_back(k);
+    }
+    if (heads) {
+      const int lnf = take(c.layers + 1), head = embeds ? emb : take(0);
+      for (GptChunk& k : chunks_)
+        if (k.head) k.lnf_block = lnf, k.head_block = head;
+    }
+  }
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  int logical_block(int block) const override { return logical_.at(static_cast<size_t>(block)); }
 
   size_t workspace_bytes(int B, int T) const override {
-    return static_cast<size_t>(GptPlan(config_, B, T, recompute_).total) * 4;
+    size_t total = 0;
+    for (const GptChunk& k : chunks_) total += static_cast<size_t>(GptPlan(config_, B, T, recompute_, k.layers, k.head, split_).total) * 4;
+    return total;
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
+    ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");
+    return make_chunk_workspace(d, B, T, 0);
+  }
+  std::unique_ptr<Workspace> make_chunk_workspace(Device& d, int B, int T, int chunk) const override {
     ZT_REQUIRE(T >= 1 && T <= config_.seq_len, "sequence length ", T, " is above the model's context of ",
                config_.seq_len, " tokens");
-    return std::make_unique<GptWorkspace>(config_, d, B, T, recompute_);
+    ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
+    return std::make_unique<GptWorkspace>(config_, d, B, T, recompute_, chunk, chunks_[static_cast<size_t>(chunk)], split_);
   }
 
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss,
                bool train) const override {
     auto& ws = static_cast<GptWorkspace&>(wsb);
     const GptPlan& P = ws.plan;
+    const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const int64_t BT = P.B * P.T, C = P.C;
-    const int L = static_cast<int>(P.L);
+    const int L = K.layers;
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
 
-    p.before_forward(0);
-    const TensorView wte = param(p, 0, 0), wpe_full = param(p, 0, 1);
-    const TensorView wpe{wpe_full.data, DType::kF32, Shape{P.T, C}, wpe_full.device};
     TensorView residual = act(P.encoded, Shape{P.B, P.T, C});
-    ops::encoder_forward(s, residual, batch.inputs, wte, wpe);
+    if (K.embedding) {
+      p.before_forward(K.emb_block);
+      const TensorView wte = param(p, K.emb_block, 0), wpe_full = param(p, K.emb_block, 1);
+      const TensorView wpe{wpe_full.data, DType::kF32, Shape{P.T, C}, wpe_full.device};
+      ops::encoder_forward(s, residual, batch.inputs, wte, wpe);
+    }
 
     for (int l = 0; l < L; ++l) {
-      p.before_forward(l + 1);
-      const LayerParams w = layer_params(p, l + 1);
+      const int b = K.layer_blocks[static_cast<size_t>(l)];
+      p.before_forward(b);
+      const LayerParams w = layer_params(p, b);
       block_forward(s, ws, w, l, BlockPass::kForward);
       residual = act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.B, P.T, C});
     }
+    if (!K.head) return;  // the pipeline sends stage_output() (the last residual) on
 
-    p.before_forward(L + 1);
+    p.before_forward(K.lnf_block);
     const TensorView res_final{residual.data, DType::kF32, Shape{BT, C}, residual.device};
     TensorView lnf = act(P.lnf, Shape{BT, C});
     ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}), res_final,
-                           param(p, L + 1, 0), param(p, L + 1, 1), kLayerNormEps);
-    p.before_forward(0);  // the LM head reads wte again (stage 3 gathers it again)
+                           param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
+    p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     TensorView logits = act(P.logits, Shape{BT, P.V});
-    ops::matmul_forward(s, logits, lnf, param(p, 0, 0), ConstTensorView{});
+    ops::matmul_forward(s, logits, lnf, param(p, K.head_block, 0), ConstTensorView{});
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
     ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale);
   }
 
-  void backward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch) const override {
-    auto& ws = static_cast<GptWorkspace&>(wsb);
+  void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kFused);
+  }
+  void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    ZT_CHECK(split_, "backward_input on a model made without split_backward");
+    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kInput);
+  }
+  void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    ZT_CHECK(split_, "backward_weight on a model made without split_backward");
+    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kWeight);
+  }
+
+  // Each chunk's visits in chunk order (forward) and reverse chunk order (backward); the whole
+  // model's are gpt_forward_order / gpt_backward_order.
+  std::vector<int> forward_order() const override {
+    std::vector<int> o;
+    for (const GptChunk& k : chunks_) {
+      if (k.embedding) o.push_back(k.emb_block);
+      o.insert(o.end(), k.layer_blocks.begin(), k.layer_blocks.end());
+      if (k.head) o.push_back(k.lnf_block), o.push_back(k.head_block);
+    }
+    return o;
+  }
+  std::vector<int> backward_order() const override {
+    std::vector<int> o;
+    for (auto k = chunks_.rbegin(); k != chunks_.rend(); ++k) {
+      if (k->head) o.push_back(k->head_block), o.push_back(k->lnf_block);
+      o.insert(o.end(), k->layer_blocks.rbegin(), k->layer_blocks.rend());
+      if (k->embedding) o.push_back(k->emb_block);
+    }
+    return o;
+  }
+
+ private:
+  // One chunk's backward. kFused is backward(); kInput computes every input gradient (the chain
+  // through the chunk, plus the layernorm gradients it passes) and keeps each matmul's output
+  // gradient; kWeight adds the matmul weight and bias gradients and the embedding's from those.
+  // Hooks: kFused and kInput call before_backward, kFused and kWeight after_backward.
+  void backward_pass(Stream& s, ParamAccess& p, GptWorkspace& ws, const Batch& batch, BackPass pass) const {
     const GptPlan& P = ws.plan;
+    const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     const int64_t BT = P.B * P.T, C = P.C;
-    const int L = static_cast<int>(P.L), NH = static_cast<int>(P.NH);
+    const int L = K.layers, NH = static_cast<int>(P.NH);
+    const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput, fused = pass == BackPass::kFused;
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
+    // Keeps `v` in the layer's slot for backward_weight (split) and returns where weight reads it.
+    auto keep = [&](TensorView v, int64_t slot) {
+      if (fused) return v;
+      TensorView k = act(slot, v.shape);
+      if (input) s.copy(k.data, v.data, static_cast<size_t>(v.numel()) * 4);
+      return k;
+    };
+    const TensorView none{};
 
     TensorView dresidual = act(P.dresidual, Shape{BT, C});
     TensorView dln = act(P.dln, Shape{BT, C});
-    zero(dresidual);
-
-    // LM head: logits = lnf @ wte^T
-    p.before_backward(0);
-    zero(dln);
-    ops::matmul_backward(s, dln, grad(p, 0, 0), TensorView{}, act(P.logits, Shape{BT, P.V}),
-                         act(P.lnf, Shape{BT, C}), param(p, 0, 0));
-    // final layernorm
-    p.before_backward(L + 1);
-    const int64_t last_res = L > 0 ? P.layers[static_cast<size_t>(L - 1)].residual3 : P.encoded;
-    ops::layernorm_backward(s, dresidual, grad(p, L + 1, 0), grad(p, L + 1, 1), dln,
-                            act(last_res, Shape{BT, C}), param(p, L + 1, 0),
-                            act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}));
-    p.after_backward(L + 1);
+    // Without a head the gradient of the chunk's output was received into dresidual.
+    if (K.head) {
+      // LM head: logits = lnf @ wte^T (dlogits were left in the logits by the forward)
+      const TensorView dlogits = act(P.logits, Shape{BT, P.V}), lnf = act(P.lnf, Shape{BT, C});
+      if (input) {
+        zero(dresidual);
+        p.before_backward(K.head_block);
+        zero(dln);
+      }
+      ops::matmul_backward(s, input ? dln : none, weight ? grad(p, K.head_block, 0) : none, none, dlogits, lnf,
+                           param(p, K.head_block, 0));
+      if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
+      // final layernorm
+      if (input) {
+        p.before_backward(K.lnf_block);
+        const int64_t last_res = L > 0 ? P.layers[static_cast<size_t>(L - 1)].residual3 : P.encoded;
+        ops::layernorm_backward(s, dresidual, grad(p, K.lnf_block, 0), grad(p, K.lnf_block, 1), dln,
+                                act(last_res, Shape{BT, C}), param(p, K.lnf_block, 0),
+                                act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}));
+      }
+      if (weight) p.after_backward(K.lnf_block);
+    }
 
     for (int l = L - 1; l >= 0; --l) {
-      p.before_backward(l + 1);
-      const LayerParams w = layer_params(p, l + 1);
-      const LayerParams g = layer_grads(p, l + 1);
+      const int b = K.layer_blocks[static_cast<size_t>(l)];
+      if (input) p.before_backward(b);
+      const LayerParams w = layer_params(p, b);
+      const LayerParams g = layer_grads(p, b);
       const auto& A = P.layers[static_cast<size_t>(l)];
       const int64_t res_in = l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded;
       // After before_backward: stage 3 has gathered this block again, so the recompute sees the
       // same parameters as the forward did. It writes activations only, never a gradient.
-      if (P.recompute != Recompute::kNone) {
+      if (input && P.recompute != Recompute::kNone) {
         OptionalNvtxRange range;
-        if (ranges_enabled()) range.open(NvtxCategory::kBackward, "recompute h." + std::to_string(l), p.device_index());
+        if (ranges_enabled()) range.open(NvtxCategory::kBackward, "recompute h." + std::to_string(K.first_layer + l), p.device_index());
         ws.recompute_begin(s);
         block_forward(s, ws, w, l, P.recompute == Recompute::kFull ? BlockPass::kFull : BlockPass::kSelective);
         ws.recompute_end(s);
       }
-      TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * C}), dfch = act(P.dfch, Shape{BT, 4 * C});
-      TensorView datty = act(P.datty, Shape{BT, C}), dqkv = act(P.dqkv, Shape{BT, 3 * C});
+      TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * C});
+      TensorView dfch = act(fused ? P.dfch : A.dfch, Shape{BT, 4 * C});
+      TensorView datty = act(P.datty, Shape{BT, C});
+      TensorView dqkv = act(fused ? P.dqkv : A.dqkv, Shape{BT, 3 * C});
       // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-      zero(dfch_gelu);
-      ops::matmul_backward(s, dfch_gelu, g.fcprojw, g.fcprojb, dresidual, act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
-      zero(dfch);
-      ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * C}), dfch_gelu);
-      zero(dln);
-      ops::matmul_backward(s, dln, g.fcw, g.fcb, dfch, act(A.ln2, Shape{BT, C}), w.fcw);
-      ops::layernorm_backward(s, dresidual, g.ln2w, g.ln2b, dln, act(A.residual2, Shape{BT, C}), w.ln2w,
-                              act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}));
+      const TensorView dres3 = keep(dresidual, A.dres3);
+      if (input) zero(dfch_gelu);
+      ops::matmul_backward(s, input ? dfch_gelu : none, weight ? g.fcprojw : none, weight ? g.fcprojb : none, dres3,
+                           act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
+      if (input) {
+        zero(dfch);
+        ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * C}), dfch_gelu);
+        zero(dln);
+      }
+      ops::matmul_backward(s, input ? dln : none, weight ? g.fcw : none, weight ? g.fcb : none, dfch,
+                           act(A.ln2, Shape{BT, C}), w.fcw);
+      if (input)
+        ops::layernorm_backward(s, dresidual, g.ln2w, g.ln2b, dln, act(A.residual2, Shape{BT, C}), w.ln2w,
+                                act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}));
       // residual2 = residual + attproj(attention(qkv(ln1(residual))))
-      zero(datty);
-      ops::matmul_backward(s, datty, g.attprojw, g.attprojb, dresidual, act(A.atty, Shape{BT, C}), w.attprojw);
-      zero(dqkv);
-      ops::attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * C}), act(P.dpreatt, Shape{P.B, P.NH, P.T, P.T}),
-                              act(P.datt, Shape{P.B, P.NH, P.T, P.T}), act(P.datty, Shape{P.B, P.T, C}),
-                              act(A.qkv, Shape{P.B, P.T, 3 * C}), act(A.att, Shape{P.B, P.NH, P.T, P.T}), NH);
-      zero(dln);
-      ops::matmul_backward(s, dln, g.qkvw, g.qkvb, dqkv, act(A.ln1, Shape{BT, C}), w.qkvw);
-      ops::layernorm_backward(s, dresidual, g.ln1w, g.ln1b, dln, act(res_in, Shape{BT, C}), w.ln1w,
-                              act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}));
-      p.after_backward(l + 1);
+      const TensorView dres2 = keep(dresidual, A.dres2);
+      if (input) zero(datty);
+      ops::matmul_backward(s, input ? datty : none, weight ? g.attprojw : none, weight ? g.attprojb : none, dres2,
+                           act(A.atty, Shape{BT, C}), w.attprojw);
+      if (input) {
+        zero(dqkv);
+        ops::attention_backward(s, TensorView{dqkv.data, DType::kF32, Shape{P.B, P.T, 3 * C}, dqkv.device},
+                                act(P.dpreatt, Shape{P.B, P.NH, P.T, P.T}), act(P.datt, Shape{P.B, P.NH, P.T, P.T}),
+                                act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
+                                act(A.att, Shape{P.B, P.NH, P.T, P.T}), NH);
+        zero(dln);
+      }
+      ops::matmul_backward(s, input ? dln : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
+                           act(A.ln1, Shape{BT, C}), w.qkvw);
+      if (input)
+        ops::layernorm_backward(s, dresidual, g.ln1w, g.ln1b, dln, act(res_in, Shape{BT, C}), w.ln1w,
+                                act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}));
+      if (weight) p.after_backward(b);
     }
 
-    p.before_backward(0);
-    const TensorView dwpe_full = grad(p, 0, 1);
-    const TensorView dwpe{dwpe_full.data, DType::kF32, Shape{P.T, C}, dwpe_full.device};
-    ops::encoder_backward(s, grad(p, 0, 0), dwpe, act(P.dresidual, Shape{P.B, P.T, C}), batch.inputs);
-    p.after_backward(0);
+    if (!K.embedding) return;  // dresidual now holds the gradient of the chunk's input
+    if (input) p.before_backward(K.emb_block);
+    if (weight) {
+      const TensorView dwpe_full = grad(p, K.emb_block, 1);
+      const TensorView dwpe{dwpe_full.data, DType::kF32, Shape{P.T, C}, dwpe_full.device};
+      ops::encoder_backward(s, grad(p, K.emb_block, 0), dwpe, act(P.dresidual, Shape{P.B, P.T, C}), batch.inputs);
+      p.after_backward(K.emb_block);
+    }
   }
-
-  std::vector<int> forward_order() const override { return gpt_forward_order(config_.layers); }
-  std::vector<int> backward_order() const override { return gpt_backward_order(config_.layers); }
 
  private:
   // Layer l's forward ops (pass kForward), or the subset a backward re-runs: selective re-runs
@@ -349,13 +504,25 @@ class Gpt final : public Model {
 
   ModelConfig config_;
   Recompute recompute_;
+  bool split_ = false;
   ParamLayout layout_;
+  std::vector<GptChunk> chunks_;
+  std::vector<int> logical_;  // logical block of each local block
 };
 
 }  // namespace
 
 std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute) {
   return std::make_unique<Gpt>(config, recompute);
+}
+
+std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute) {
+  ZT_REQUIRE(config.kind == ModelKind::kGpt, "pipeline parallelism splits GPT models only, not the MLP");
+  ZT_REQUIRE(!stage.chunks.empty(), "a pipeline stage runs at least one chunk");
+  // backward_weight reads the layer inputs a recompute would have overwritten by then.
+  ZT_REQUIRE(!(stage.split_backward && recompute != Recompute::kNone), "--recompute ", recompute_name(recompute),
+             " is not supported with a split backward (zb-h1) yet; use --recompute none or another schedule");
+  return std::make_unique<Gpt>(config, stage, recompute);
 }
 
 }  // namespace zt

@@ -149,24 +149,4 @@ class Mlp final : public Model {
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& config) { return std::make_unique<Mlp>(config); }
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute);
-std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp);
-
-// The MLP's activations are a few [B, hidden] rows: it keeps them under every recompute mode.
-std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute, const TensorParallel& tp) {
-  if (tp.degree > 1) {
-    ZT_REQUIRE(config.kind == ModelKind::kGpt, "tensor parallelism splits GPT models only, not the MLP");
-    ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
-               " is not supported with tensor parallelism yet; use --recompute none");
-    return make_gpt_tp(config, tp);
-  }
-  return config.kind == ModelKind::kGpt ? make_gpt(config, recompute) : make_mlp(config);
-}
-
-void Workspace::read_logits_row(Stream& s, int row, float* out) {
-  const TensorView l = logits();
-  const int64_t V = l.shape[1];
-  s.copy(out, static_cast<const float*>(l.data) + static_cast<int64_t>(row) * V, static_cast<size_t>(V) * sizeof(float));
-}
-
 }  // namespace zt

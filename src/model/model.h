@@ -58,6 +58,15 @@ class Workspace {
   // memory `out` (vocab floats), ready when `s` has run. A tensor-parallel workspace gathers the
   // rank's vocabulary shards first (a tensor-group collective: every rank of the group calls it).
   virtual void read_logits_row(Stream& s, int row, float* out);
+  // Pipeline stage models (make_gpt_stage): a workspace serves one chunk of the stage. The
+  // activation the chunk reads instead of embedding tokens ([B, T, C], filled by the pipeline's
+  // receive before forward), the activation forward leaves for the next chunk, and the gradient
+  // with respect to that output (received before backward; backward turns it, in place, into the
+  // gradient with respect to the chunk's input, what the previous chunk receives). Empty views
+  // where the chunk has no such neighbour (and for whole models).
+  virtual TensorView stage_input() { return {}; }
+  virtual TensorView stage_output() { return {}; }
+  virtual TensorView stage_gradient() { return {}; }
 };
 
 class Model {
@@ -81,7 +90,43 @@ class Model {
   // Tensor-parallel models: how the local blocks map onto the logical (one-device) layout; null
   // for a model that is not split.
   virtual const TensorMap* tensor_map() const { return nullptr; }
+
+  // ---- pipeline stages (make_gpt_stage; a whole model is one chunk and its own logical model) ----
+  // Chunks this model runs (a stage with V virtual stages runs V); workspaces serve one chunk each,
+  // and forward()/backward() run the chunk of the workspace they are given.
+  virtual int chunks() const { return 1; }
+  virtual std::unique_ptr<Workspace> make_chunk_workspace(Device& device, int B, int T, int chunk) const;
+  // The block of the whole (logical) model that local block `block` holds; a pipeline stage's
+  // tied LM head is a copy of logical block 0 (the embeddings), so two stages may name the same.
+  virtual int logical_block(int block) const { return block; }
+  // The backward split for zero-bubble schedules: backward_input computes what the previous chunk
+  // needs (the input gradient, and the layernorm gradients on the way), backward_weight the matmul
+  // and embedding weight gradients from what backward_input kept. Together they add the bits
+  // backward() adds. Only models made with split_backward support them.
+  virtual void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
+  virtual void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
 };
+
+// One chunk of a pipeline stage: a contiguous run of transformer layers; the first virtual stage's
+// chunk also runs the embedding, the last one's the final layernorm, the LM head and the loss.
+struct PipelineChunk {
+  int first_layer = 0;
+  int layers = 0;
+  bool embedding = false;
+  bool head = false;
+};
+
+// What one pipeline stage of GPT runs: its chunks in chunk order. The stage's layout holds the
+// embeddings block if a chunk embeds, its layers' blocks in chunk order, then ln_f and (when the
+// stage does not also embed) a copy of the embeddings block whose wte is the tied LM head — the
+// Megatron arrangement: the copy's gradient is summed with the first stage's before the update.
+struct PipelineStageSpec {
+  std::vector<PipelineChunk> chunks;
+  bool split_backward = false;  // keep what backward_weight needs (ZB-H1)
+};
+// GPT only; no tensor parallelism; recompute not with split_backward (one sentence each).
+std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
+                                      Recompute recompute = Recompute::kNone);
 
 // Tensor parallelism of a model (Megatron-LM's layout, model/tensor_split.h): each rank runs the
 // local model, and the collectives of its tensor group (mesh->tensor_group(rank)) run inside
