@@ -138,6 +138,10 @@ struct Copy {
   size_t bytes = 0;
   Stream* src_producer = nullptr;
   Stream* dst_producer = nullptr;
+  // Posted sends: the source's comm stream waits for this record (taken at post time) instead of
+  // recording src_producer, and `src_copied` is recorded after the copy.
+  const Event* src_posted = nullptr;
+  Event* src_copied = nullptr;
 };
 
 std::string ranks_name(const std::vector<int>& ranks) {
@@ -191,7 +195,8 @@ struct CommGroupState {
 
 using detail::CommGroupState;
 
-// One half of a per-rank point-to-point copy, owned by the calling thread's stack while it waits.
+// One half of a per-rank point-to-point copy, owned by the calling thread's stack while it waits,
+// or, for a posted send (ticket > 0), by Impl::posted until wait_send or destruction.
 struct Communicator::P2POp {
   P2POp(bool is_send_, int src_, int dst_, TensorView buf_, Stream* producer_)
       : is_send(is_send_), src(src_), dst(dst_), buf(buf_), producer(producer_) {}
@@ -202,6 +207,12 @@ struct Communicator::P2POp {
   Stream* producer = nullptr;
   bool done = false;  // guarded by rv_mu
   StoredError error;
+  // Posted sends only: one event, recorded on the producer at post time, then after the copy on
+  // the source's comm stream (the comm stream's wait has captured the first record by then).
+  uint64_t ticket = 0;
+  std::unique_ptr<Event> event;
+  bool producer_recorded = false;
+  bool copy_recorded = false;  // guarded by rv_mu
 };
 
 struct Communicator::Impl {
@@ -239,6 +250,17 @@ struct Communicator::Impl {
   std::map<std::pair<int, int>, std::deque<P2POp*>> pending_recvs;
   bool aborted = false;          // guarded by rv_mu
   std::string abort_reason;      // guarded by rv_mu
+
+  // Posted sends of one rank, guarded by rv_mu. `completed` lists matched sends without error
+  // that nobody waited for yet, oldest first: beyond kMaxUnwaitedSends the oldest is forgotten.
+  struct Posted {
+    uint64_t next_ticket = 1;
+    std::map<uint64_t, std::unique_ptr<P2POp>> live;
+    std::deque<uint64_t> completed;
+    std::vector<std::unique_ptr<Event>> free_events;  // reused: one cudaEventCreate per peak send
+  };
+  std::vector<Posted> posted;  // by rank
+  void forget(int rank, uint64_t ticket);
 };
 
 // ---- construction ----------------------------------------------------------------------------
@@ -261,6 +283,7 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
   // A chunk holds at least one element of any type.
   impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
   impl_->ranks.resize(static_cast<size_t>(n));
+  impl_->posted = std::vector<Impl::Posted>(static_cast<size_t>(n));  // not movable: no resize
   for (int r = 0; r < n; ++r) {
     Impl::Rank& rk = impl_->ranks[r];
     Device& d = *devices_[r];
@@ -737,7 +760,10 @@ void Communicator::Impl::enqueue_copies(const std::vector<Device*>& devices, con
     }
   };
   for (const Copy& c : copies) {
-    after_producer(c.src, c.src_producer);
+    if (c.src_posted != nullptr)
+      devices[c.src]->comm().wait(*c.src_posted);
+    else
+      after_producer(c.src, c.src_producer);
     after_producer(c.dst, c.dst_producer);
     devices[c.dst]->comm().record(*ranks[c.dst].ready);
     involved[c.src] = involved[c.dst] = 1;
@@ -748,6 +774,7 @@ void Communicator::Impl::enqueue_copies(const std::vector<Device*>& devices, con
       comm.wait(*ranks[c.dst].ready);
       comm.copy_peer(*devices[c.dst], c.to, c.from, c.bytes);
       comm.record(*ranks[c.src].sent);
+      if (c.src_copied != nullptr) comm.record(*c.src_copied);
     }
     ranks[c.src].counters.bytes_sent += c.bytes;
     ranks[c.dst].counters.bytes_received += c.bytes;
@@ -813,20 +840,10 @@ void Communicator::p2p_call(int rank, P2POp* ops, int count) {
     }
     P2POp* other = others.front();
     others.pop_front();
-    P2POp* s = op->is_send ? op : other;
-    P2POp* r = op->is_send ? other : op;
-    StoredError error;
-    try {
-      check_transfer("send/recv", devices_, s->src, s->buf, r->dst, r->buf);
-      Copy c{s->src, r->dst, static_cast<const char*>(s->buf.data), static_cast<char*>(r->buf.data),
-             static_cast<size_t>(s->buf.numel()) * dtype_size(s->buf.dtype), s->producer, r->producer};
-      std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
-      im.enqueue_copies(devices_, {c});
-    } catch (...) {
-      error.capture(std::current_exception());
-    }
-    s->error = r->error = error;
-    s->done = r->done = true;
+    if (op->is_send)
+      match(op, other);
+    else
+      match(other, op);
   }
   im.rv_cv.notify_all();
   const auto all_done = [&] {
@@ -846,6 +863,128 @@ void Communicator::p2p_call(int rank, P2POp* ops, int count) {
   }
   for (int k = 0; k < count; ++k)
     if (ops[k].error.set) ops[k].error.raise();
+}
+
+// Enqueues a matched pair's copy, with rv_mu held; errors go to both halves.
+void Communicator::match(P2POp* s, P2POp* r) {
+  Impl& im = *impl_;
+  StoredError error;
+  try {
+    check_transfer("send/recv", devices_, s->src, s->buf, r->dst, r->buf);
+    Copy c{s->src, r->dst, static_cast<const char*>(s->buf.data), static_cast<char*>(r->buf.data),
+           static_cast<size_t>(s->buf.numel()) * dtype_size(s->buf.dtype), s->producer, r->producer};
+    if (s->ticket != 0) {
+      c.src_producer = nullptr;
+      c.src_posted = s->producer_recorded ? s->event.get() : nullptr;
+      c.src_copied = s->event.get();
+    }
+    std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
+    im.enqueue_copies(devices_, {c});
+    s->copy_recorded = s->ticket != 0 && c.bytes > 0;
+  } catch (...) {
+    error.capture(std::current_exception());
+  }
+  s->error = r->error = error;
+  s->done = r->done = true;
+  if (s->ticket != 0 && !error.set) {
+    Impl::Posted& p = im.posted[static_cast<size_t>(s->src)];
+    p.completed.push_back(s->ticket);
+    if (p.completed.size() > kMaxUnwaitedSends) im.forget(s->src, p.completed.front());
+  }
+}
+
+// Drops a posted send's record (after wait_send, or when too many were never waited for).
+void Communicator::Impl::forget(int rank, uint64_t ticket) {
+  Posted& p = posted[static_cast<size_t>(rank)];
+  const auto it = p.live.find(ticket);
+  if (it == p.live.end()) return;
+  const auto c = std::find(p.completed.begin(), p.completed.end(), ticket);
+  if (c != p.completed.end()) p.completed.erase(c);
+  p.free_events.push_back(std::move(it->second->event));
+  p.live.erase(it);
+}
+
+uint64_t Communicator::isend(int rank, int peer, ConstTensorView buf, Stream* producer) {
+  const int n = world();
+  ZT_REQUIRE(rank >= 0 && rank < n, "isend: rank ", rank, " is not a rank of a ", n, "-rank communicator");
+  ZT_REQUIRE(peer >= 0 && peer < n, "isend: peer ", peer, " of rank ", rank, " is not a rank of a ", n,
+             "-rank communicator");
+  ZT_REQUIRE(peer != rank, "isend: rank ", rank, " cannot send to itself (use a copy on its own stream)");
+  ZT_REQUIRE(buf.numel() == 0 || (buf.data != nullptr && buf.device == devices_[rank]->index()),
+             "isend: the buffer of rank ", rank, " is not on ", devices_[rank]->name());
+  check_producer("isend", devices_, rank, producer);
+  std::optional<NvtxRange> range;
+  if (ranges_enabled())
+    range.emplace(NvtxCategory::kCollective,
+                  collective_label("isend", {}, buf.numel() * static_cast<int64_t>(dtype_size(buf.dtype))),
+                  devices_[rank]->index());
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.rv_mu);
+  if (im.aborted) ZT_THROW(ErrorKind::kDevice, "isend on rank ", rank, " abandoned: ", im.abort_reason);
+  Impl::Posted& p = im.posted[static_cast<size_t>(rank)];
+  auto op = std::make_unique<P2POp>(true, rank, peer,
+                                    TensorView{const_cast<void*>(buf.data), buf.dtype, buf.shape, buf.device},
+                                    nullptr);
+  op->ticket = p.next_ticket++;
+  if (p.free_events.empty()) {
+    op->event = devices_[rank]->create_event();
+  } else {
+    op->event = std::move(p.free_events.back());
+    p.free_events.pop_back();
+  }
+  // The copy is enqueued on the comm stream later, after what that stream holds then; a producer
+  // record is needed only for another stream, and must be taken now: at match time the producer
+  // may hold later work (even work that waits for this copy).
+  if (producer != nullptr && producer != &devices_[rank]->comm()) {
+    producer->record(*op->event);
+    op->producer_recorded = true;
+  }
+  P2POp* raw = op.get();
+  const uint64_t ticket = raw->ticket;
+  p.live.emplace(ticket, std::move(op));
+  auto& recvs = im.pending_recvs[std::make_pair(rank, peer)];
+  if (recvs.empty()) {
+    im.pending_sends[std::make_pair(rank, peer)].push_back(raw);
+    return ticket;
+  }
+  P2POp* r = recvs.front();
+  recvs.pop_front();
+  match(raw, r);
+  lock.unlock();
+  im.rv_cv.notify_all();
+  return ticket;
+}
+
+void Communicator::wait_send(int rank, uint64_t ticket, Stream& consumer) {
+  ZT_REQUIRE(rank >= 0 && rank < world(), "wait_send: rank ", rank, " is not a rank of a ", world(),
+             "-rank communicator");
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.rv_mu);
+  Impl::Posted& p = im.posted[static_cast<size_t>(rank)];
+  ZT_REQUIRE(ticket >= 1 && ticket < p.next_ticket, "wait_send: ", ticket, " is not a ticket of rank ", rank,
+             " (isend returns them; rank ", rank, " posted ", p.next_ticket - 1, " sends)");
+  const auto it = p.live.find(ticket);
+  if (it == p.live.end()) {
+    // Waited for already, or forgotten: the rank's newest copy record covers that copy too.
+    std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
+    consumer.wait(*im.ranks[static_cast<size_t>(rank)].sent);
+    return;
+  }
+  P2POp* op = it->second.get();
+  im.rv_cv.wait(lock, [&] { return op->done || im.aborted; });
+  if (!op->done)
+    ZT_THROW(ErrorKind::kDevice, "wait_send on rank ", rank, " (isend to rank ", op->dst, ") abandoned: ",
+             im.abort_reason);
+  if (op->error.set) {
+    const StoredError error = op->error;
+    im.forget(rank, ticket);
+    error.raise();
+  }
+  if (op->copy_recorded) {
+    std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
+    consumer.wait(*op->event);
+  }
+  im.forget(rank, ticket);
 }
 
 void Communicator::abort(const std::string& why) {

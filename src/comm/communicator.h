@@ -46,7 +46,27 @@
 // one rank to another by the peer-copy rule: the receiver's comm stream marks when its buffer
 // may be written, the sender's comm stream waits for that and copies, the receiver's comm stream
 // waits for the copy. Both sides then use wait_done() before touching the buffers again. The
-// k-th send from a to b matches the k-th recv at b from a.
+// k-th send from a to b, of either kind (send or isend), matches the k-th recv at b from a.
+//
+// Posted sends (isend + wait_send), what pipeline schedules need (pipeline/check.h, CommModel
+// kPostedSends: under blocking sends 1F1B deadlocks): isend records an event on the producer
+// stream at once (the copy reads what was submitted to it before the call, nothing later), queues
+// the send and returns a ticket without waiting for the peer. The matching recv (which blocks its
+// host thread until the send was posted) enqueues the copy by the same peer-copy rule, from the
+// receiver's thread; so does an isend that finds the recv already waiting. The receiver's
+// consumers use wait_done() as after any recv. On the sender, wait_done() covers only sends
+// already matched; wait_send(ticket, consumer) blocks until the send was matched and makes
+// `consumer` wait for that copy's read of the buffer (its own event, not the rank's later comm
+// work), after which the sender may overwrite or free it. Tickets are per rank. A sender may
+// skip wait_send when the buffer stays untouched until a later synchronisation; the communicator
+// then forgets the oldest of more than kMaxUnwaitedSends matched sends of a rank, and a late
+// wait_send on a forgotten ticket waits for the rank's newest peer copy instead (a superset).
+// Errors: bad arguments throw from isend; a mismatch found at the match throws on the receiver
+// at once and on the sender at wait_send (not at all if it never waits; the pair is consumed
+// either way). abort() makes a wait_send on an unmatched send throw
+// (a matched one still orders its consumer). Destroying the communicator drops posted sends that
+// were never matched (no copy runs for them) and waits for nothing: a matched copy still reads
+// its buffer on the device until it ran.
 #pragma once
 
 #include <cstdint>
@@ -170,6 +190,17 @@ class Communicator {
   void recv(int rank, int peer, TensorView buf, Stream* producer);
   void send_recv(int rank, int send_to, ConstTensorView send_buf, int recv_from, TensorView recv_buf,
                  Stream* producer);
+  // Posted send (see the header comment): returns at once with a ticket for wait_send. The copy
+  // reads `buf` after the work submitted to `producer` before this call (nullptr = the comm
+  // stream's work only). Bad arguments throw here; an aborted communicator throws kDevice.
+  uint64_t isend(int rank, int peer, ConstTensorView buf, Stream* producer);
+  // Blocks until ticket's send was matched and its copy enqueued, then makes `consumer` wait for
+  // the copy's read of the send buffer. Throws the match's error (dtype/numel mismatch) once, or
+  // kDevice when the communicator was aborted before the send was matched.
+  void wait_send(int rank, uint64_t ticket, Stream& consumer);
+  // Matched sends per rank kept for wait_send (see the header comment); bounds the memory of
+  // senders that never wait.
+  static constexpr size_t kMaxUnwaitedSends = 256;
   // Host-issued: enqueues every copy of `transfers` at once; producers indexed by communicator
   // rank (or empty), as for the group calls; consumers use wait_done on both sides.
   void transfer(const std::vector<Transfer>& transfers, const std::vector<Stream*>& producers);
@@ -182,7 +213,7 @@ class Communicator {
   void all_reduce(int rank, TensorView full, Stream* producer, std::string_view tag = {});
 
   // Abandons the communicator after a rank failed: ranks waiting in a per-rank rendezvous (of any
-  // group, or for a send/recv peer), and every later per-rank call, throw zt::Error(kDevice) naming `why` instead of waiting for a rank that will
+  // group, or for a send/recv peer, or in wait_send for an unmatched isend), and every later per-rank call, throw zt::Error(kDevice) naming `why` instead of waiting for a rank that will
   // never arrive. Work already enqueued is not undone. Safe to call from any thread, repeatedly.
   void abort(const std::string& why);
   bool aborted() const;
@@ -218,6 +249,7 @@ class Communicator {
   void rank_call(detail::CommGroupState& g, int rank, Kind kind, int root, TensorView full,
                  Stream* producer, std::string_view tag);
   void p2p_call(int rank, P2POp* ops, int count);
+  void match(P2POp* send, P2POp* recv);
 
   std::vector<Device*> devices_;
   size_t chunk_bytes_;
