@@ -88,8 +88,11 @@ struct GptPlan {
   struct Layer {
     int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
-    int64_t dres3 = 0, dfch = 0, dres2 = 0, dqkv = 0;  // split backward: kept output gradients
+    // Split backward: the output gradients of the four matmuls and two layernorms, kept by
+    // backward_input for backward_weight.
+    int64_t dres3 = 0, dfch = 0, dln2 = 0, dres2 = 0, dqkv = 0, dln1 = 0;
   };
+  int64_t dlnf = 0, ln_scratch = 0;  // split: ln_f's kept output gradient; discarded [2C] weight gradients
   std::vector<Layer> layers;
 
   int64_t add(int64_t n) {
@@ -123,9 +126,14 @@ struct GptPlan {
       if (r != Recompute::kFull) l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC);
       if (r == Recompute::kNone) l.fch_gelu = add(4 * BTC);
       l.residual3 = add(BTC);
-      if (split) l.dres3 = add(BTC), l.dfch = add(4 * BTC), l.dres2 = add(BTC), l.dqkv = add(3 * BTC);
+      if (split) {
+        l.dres3 = add(BTC), l.dfch = add(4 * BTC), l.dln2 = add(BTC);
+        l.dres2 = add(BTC), l.dqkv = add(3 * BTC), l.dln1 = add(BTC);
+      }
     }
     if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
+    if (split) ln_scratch = add(2 * C);
+    if (split && head) dlnf = add(BTC);
     preatt = add(att_size), attproj = add(BTC), fcproj = add(BTC);
     dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC), dfch_gelu = add(4 * BTC);
     datty = add(BTC), dqkv = add(3 * BTC), dpreatt = add(att_size), datt = add(att_size);
@@ -335,10 +343,11 @@ class Gpt final : public Model {
   }
 
  private:
-  // One chunk's backward. kFused is backward(); kInput computes every input gradient (the chain
-  // through the chunk, plus the layernorm gradients it passes) and keeps each matmul's output
-  // gradient; kWeight adds the matmul weight and bias gradients and the embedding's from those.
-  // Hooks: kFused and kInput call before_backward, kFused and kWeight after_backward.
+  // One chunk's backward. kFused is backward(); kInput computes the chain of input gradients
+  // through the chunk and keeps the output gradient of every matmul and layernorm; kWeight adds
+  // every parameter gradient from those (kInput writes none, so a sharding engine reduces a
+  // block's gradient once, after its kWeight). Hooks: kFused and kInput call before_backward,
+  // kFused and kWeight after_backward.
   void backward_pass(Stream& s, ParamAccess& p, GptWorkspace& ws, const Batch& batch, BackPass pass) const {
     const GptPlan& P = ws.plan;
     const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
@@ -355,13 +364,22 @@ class Gpt final : public Model {
       return k;
     };
     const TensorView none{};
-
     TensorView dresidual = act(P.dresidual, Shape{BT, C});
-    TensorView dln = act(P.dln, Shape{BT, C});
+    // A layernorm's output gradient: scratch (fused), or the slot kInput fills and kWeight reads.
+    auto dln_at = [&](int64_t slot) { return act(fused ? P.dln : slot, Shape{BT, C}); };
+    // A layernorm's backward from `dout`. kInput sends its weight gradients to a discarded scratch,
+    // kWeight its input gradient (the kernel's weight gradients do not depend on the input
+    // gradient, so the split adds the fused bits).
+    auto ln_back = [&](TensorView dout, ConstTensorView in, ConstTensorView w, TensorView gw, TensorView gb,
+                       ConstTensorView mean, ConstTensorView rstd) {
+      ops::layernorm_backward(s, input ? dresidual : act(P.dln, Shape{BT, C}), weight ? gw : act(P.ln_scratch, Shape{C}),
+                              weight ? gb : act(P.ln_scratch + C, Shape{C}), dout, in, w, mean, rstd);
+    };
     // Without a head the gradient of the chunk's output was received into dresidual.
     if (K.head) {
       // LM head: logits = lnf @ wte^T (dlogits were left in the logits by the forward)
       const TensorView dlogits = act(P.logits, Shape{BT, P.V}), lnf = act(P.lnf, Shape{BT, C});
+      const TensorView dln = dln_at(P.dlnf);
       if (input) {
         zero(dresidual);
         p.before_backward(K.head_block);
@@ -371,13 +389,10 @@ class Gpt final : public Model {
                            param(p, K.head_block, 0));
       if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
       // final layernorm
-      if (input) {
-        p.before_backward(K.lnf_block);
-        const int64_t last_res = L > 0 ? P.layers[static_cast<size_t>(L - 1)].residual3 : P.encoded;
-        ops::layernorm_backward(s, dresidual, grad(p, K.lnf_block, 0), grad(p, K.lnf_block, 1), dln,
-                                act(last_res, Shape{BT, C}), param(p, K.lnf_block, 0),
-                                act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}));
-      }
+      if (input) p.before_backward(K.lnf_block);
+      const int64_t last_res = L > 0 ? P.layers[static_cast<size_t>(L - 1)].residual3 : P.encoded;
+      ln_back(dln, act(last_res, Shape{BT, C}), param(p, K.lnf_block, 0), grad(p, K.lnf_block, 0),
+              grad(p, K.lnf_block, 1), act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}));
       if (weight) p.after_backward(K.lnf_block);
     }
 
@@ -406,16 +421,16 @@ class Gpt final : public Model {
       if (input) zero(dfch_gelu);
       ops::matmul_backward(s, input ? dfch_gelu : none, weight ? g.fcprojw : none, weight ? g.fcprojb : none, dres3,
                            act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
+      const TensorView dln2 = dln_at(A.dln2);
       if (input) {
         zero(dfch);
         ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * C}), dfch_gelu);
-        zero(dln);
+        zero(dln2);
       }
-      ops::matmul_backward(s, input ? dln : none, weight ? g.fcw : none, weight ? g.fcb : none, dfch,
+      ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight ? g.fcb : none, dfch,
                            act(A.ln2, Shape{BT, C}), w.fcw);
-      if (input)
-        ops::layernorm_backward(s, dresidual, g.ln2w, g.ln2b, dln, act(A.residual2, Shape{BT, C}), w.ln2w,
-                                act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}));
+      ln_back(dln2, act(A.residual2, Shape{BT, C}), w.ln2w, g.ln2w, g.ln2b, act(A.ln2_mean, Shape{BT}),
+              act(A.ln2_rstd, Shape{BT}));
       // residual2 = residual + attproj(attention(qkv(ln1(residual))))
       const TensorView dres2 = keep(dresidual, A.dres2);
       if (input) zero(datty);
@@ -427,13 +442,13 @@ class Gpt final : public Model {
                                 act(P.dpreatt, Shape{P.B, P.NH, P.T, P.T}), act(P.datt, Shape{P.B, P.NH, P.T, P.T}),
                                 act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
                                 act(A.att, Shape{P.B, P.NH, P.T, P.T}), NH);
-        zero(dln);
       }
-      ops::matmul_backward(s, input ? dln : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
+      const TensorView dln1 = dln_at(A.dln1);
+      if (input) zero(dln1);
+      ops::matmul_backward(s, input ? dln1 : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
                            act(A.ln1, Shape{BT, C}), w.qkvw);
-      if (input)
-        ops::layernorm_backward(s, dresidual, g.ln1w, g.ln1b, dln, act(res_in, Shape{BT, C}), w.ln1w,
-                                act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}));
+      ln_back(dln1, act(res_in, Shape{BT, C}), w.ln1w, g.ln1w, g.ln1b, act(A.ln1_mean, Shape{BT}),
+              act(A.ln1_rstd, Shape{BT}));
       if (weight) p.after_backward(b);
     }
 

@@ -10,6 +10,20 @@
 namespace zt {
 
 PipelineTiming simulate_schedule(const Schedule& S, const ActionCosts& costs) {
+  return simulate_schedule(
+      S,
+      [&costs](int, const Action& a) {
+        return a.kind == ActionKind::kForward         ? costs.forward
+               : a.kind == ActionKind::kBackwardInput ? costs.backward_input
+               : a.kind == ActionKind::kBackwardWeight
+                   ? costs.backward_weight
+                   : costs.backward_input + costs.backward_weight;
+      },
+      costs.send);
+}
+
+PipelineTiming simulate_schedule(const Schedule& S, const std::function<double(int, const Action&)>& cost,
+                                 double send_latency) {
   check_schedule(S);
   const int P = S.stages;
   // Arrival time of each send a->b, in posting order; taken[] counts the matched ones.
@@ -28,17 +42,13 @@ PipelineTiming simulate_schedule(const Schedule& S, const ActionCosts& costs) {
         const Action& a = list[k];
         double& now = t[size_t(s)];
         if (a.kind == ActionKind::kSend) {
-          chan[size_t(s * P + a.peer)].push_back(now + costs.send);
+          chan[size_t(s * P + a.peer)].push_back(now + send_latency);
         } else if (a.kind == ActionKind::kRecv) {
           const size_t c = size_t(a.peer * P + s);
           if (taken[c] == chan[c].size()) break;  // the peer has not posted it yet
           now = std::max(now, chan[c][taken[c]++]);
         } else {
-          const double d = a.kind == ActionKind::kForward         ? costs.forward
-                           : a.kind == ActionKind::kBackwardInput ? costs.backward_input
-                           : a.kind == ActionKind::kBackwardWeight
-                               ? costs.backward_weight
-                               : costs.backward_input + costs.backward_weight;
+          const double d = cost(s, a);
           r.first_start[size_t(s)] = std::min(r.first_start[size_t(s)], now);
           now += d;
           r.busy[size_t(s)] += d;

@@ -19,6 +19,7 @@
 //    (what ZB-H1 keeps for W): P on every stage for ZB-H1 when m >= P, equal to live otherwise.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "pipeline/schedule.h"
@@ -45,6 +46,10 @@ struct PipelineTiming {
 
 // Checks the schedule (check_schedule; throws on a broken one), then times it.
 PipelineTiming simulate_schedule(const Schedule& schedule, const ActionCosts& costs = {});
+// The same with each compute action's own cost (e.g. the durations a run measured: replaying them
+// tells the idle time the schedule's dependencies imply from what the runtime added).
+PipelineTiming simulate_schedule(const Schedule& schedule, const std::function<double(int stage, const Action&)>& cost,
+                                 double send_latency = 0);
 
 double theoretical_bubble(PipeSchedule schedule, int stages, int micro_batches,
                           int virtual_stages = 1);

@@ -1,0 +1,123 @@
+// One pipeline step on devices (see runtime.h).
+#include "pipeline/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "comm/communicator.h"
+#include "core/nvtx.h"
+#include "core/status.h"
+#include "runtime/device.h"
+
+namespace zt {
+
+double pipeline_clock_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+
+bool is_compute(ActionKind k) { return k != ActionKind::kSend && k != ActionKind::kRecv; }
+
+// Stream callbacks writing one span's start or end: the spans are sized before the first one is
+// enqueued, so the host never reallocates what a stream thread writes.
+void stamp(Stream& s, std::vector<StageSpan>* spans, size_t i, bool end) {
+  s.host_func([spans, i, end] { (end ? (*spans)[i].end_us : (*spans)[i].start_us) = pipeline_clock_us(); });
+}
+
+TensorView transfer_buffer(StageWork& w, const Action& a) {
+  const bool send = a.kind == ActionKind::kSend;
+  if (a.payload == Payload::kActivation) return send ? w.activation_out(a.chunk, a.micro) : w.activation_in(a.chunk, a.micro);
+  return send ? w.gradient_out(a.chunk, a.micro) : w.gradient_in(a.chunk, a.micro);
+}
+
+void copy_local(Stream& s, TensorView to, TensorView from) {
+  ZT_CHECK(to.dtype == from.dtype && to.numel() == from.numel(), "pipeline hand-off of ", from.numel(), " to ",
+           to.numel(), " elements");
+  s.copy(to.data, from.data, static_cast<size_t>(from.numel()) * dtype_size(from.dtype));
+}
+
+}  // namespace
+
+void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, const std::vector<int>& ranks,
+                        StageWork& work, const StageRunOptions& opt) {
+  const int P = sched.stages, V = sched.virtual_stages;
+  ZT_CHECK(stage >= 0 && stage < P && static_cast<int>(ranks.size()) == P, "pipeline stage ", stage, " of ", P,
+           " with ", ranks.size(), " ranks");
+  const int rank = ranks[static_cast<size_t>(stage)];
+  Stream& s = work.stream();
+  Stream& comm_stream = comm.device(rank).comm();
+  // Receives write buffers of this step's (chunk, micro-batch) only, which the compute stream last
+  // used in an earlier step: the comm stream waits for that once, here. (A receive that waited for
+  // the compute stream's work so far would hold every later copy on this comm stream behind the
+  // compute the host has run ahead to enqueue, serialising the pipeline.)
+  const std::unique_ptr<Event> step_start = s.device().create_event();
+  s.record(*step_start);
+  comm_stream.wait(*step_start);
+  std::vector<uint64_t> sends;
+  const auto& actions = sched.actions[static_cast<size_t>(stage)];
+  size_t next_span = 0;
+  if (opt.spans != nullptr) {
+    next_span = opt.spans->size();
+    opt.spans->resize(next_span + static_cast<size_t>(std::count_if(actions.begin(), actions.end(),
+                                                                     [](const Action& a) { return is_compute(a.kind); })));
+  }
+  for (const Action& a : actions) {
+    if (opt.before_action) opt.before_action(a, s, comm_stream);
+    switch (a.kind) {
+      case ActionKind::kSend:
+        sends.push_back(comm.isend(rank, ranks[static_cast<size_t>(a.peer)], transfer_buffer(work, a), &s));
+        continue;
+      case ActionKind::kRecv:
+        comm.recv(rank, ranks[static_cast<size_t>(a.peer)], transfer_buffer(work, a), nullptr);
+        comm.wait_done(rank, s);
+        continue;
+      default:
+        break;
+    }
+    // A neighbouring virtual stage on this device (P = 1): no transfer, a copy.
+    const int g = sched.virtual_stage(stage, a.chunk);
+    if (P == 1 && a.kind == ActionKind::kForward && g > 0)
+      copy_local(s, work.activation_in(a.chunk, a.micro), work.activation_out(a.chunk - 1, a.micro));
+    if (P == 1 && (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && g < P * V - 1)
+      copy_local(s, work.gradient_in(a.chunk, a.micro), work.gradient_out(a.chunk + 1, a.micro));
+    const size_t span = next_span++;
+    if (opt.spans != nullptr) {
+      (*opt.spans)[span] = StageSpan{stage, a.kind, a.micro, a.chunk, 0, 0};
+      stamp(s, opt.spans, span, false);
+    }
+    {
+      const NvtxRange range(a.kind == ActionKind::kForward ? NvtxCategory::kForward : NvtxCategory::kBackward,
+                            describe(a), s.device().index());
+      switch (a.kind) {
+        case ActionKind::kForward: work.forward(a.chunk, a.micro); break;
+        case ActionKind::kBackward: work.backward(a.chunk, a.micro); break;
+        case ActionKind::kBackwardInput: work.backward_input(a.chunk, a.micro); break;
+        case ActionKind::kBackwardWeight: work.backward_weight(a.chunk, a.micro); break;
+        default: break;
+      }
+    }
+    if (opt.spans != nullptr) stamp(s, opt.spans, span, true);
+  }
+  for (uint64_t t : sends) comm.wait_send(rank, t, s);
+}
+
+PipelineBubble measure_bubble(const std::vector<StageSpan>& spans, int stages) {
+  PipelineBubble b;
+  b.busy_us.assign(static_cast<size_t>(stages), 0.0);
+  if (spans.empty()) return b;
+  double first = spans.front().start_us, last = spans.front().end_us;
+  for (const StageSpan& sp : spans) {
+    ZT_CHECK(sp.stage >= 0 && sp.stage < stages, "span of stage ", sp.stage, " in a ", stages, "-stage pipeline");
+    first = std::min(first, sp.start_us), last = std::max(last, sp.end_us);
+    b.busy_us[static_cast<size_t>(sp.stage)] += sp.end_us - sp.start_us;
+  }
+  b.makespan_us = last - first;
+  if (b.makespan_us <= 0) return b;
+  double idle = 0;
+  for (double busy : b.busy_us) idle += b.makespan_us - busy;
+  b.fraction = idle / (stages * b.makespan_us);
+  return b;
+}
+
+}  // namespace zt

@@ -1,0 +1,80 @@
+// Runs one step of a pipeline schedule (schedule.h) on devices: each stage's host thread walks its
+// action list, enqueuing compute on its device's compute stream and activations and gradients as
+// posted sends on the comm streams (Communicator::isend / recv), never waiting for a stream, so
+// the host only blocks where the schedule's receives block (which check_schedule proved cannot
+// deadlock). Compute spans are recorded when the stream reaches them, for the measured bubble.
+//
+// Design note:
+//  - The runtime orders, the stage computes: StageWork is the seam (a GPT stage in
+//    model_stage.h, a timed synthetic stage in the tests), so the schedules' timing and the
+//    models' numerics are tested apart and together.
+//  - Buffers: every (chunk, micro-batch) has its own activation and gradient buffers for the
+//    step; sends are waited for (wait_send) at the end of the stage's list, so nothing a copy
+//    still reads is overwritten. When the neighbouring virtual stage lives on the same device
+//    (P = 1 with V > 1) the hand-off is a copy on the compute stream.
+//  - Measured bubble: the definitions of simulate.h (makespan from the first compute span's
+//    start to the last one's end over all stages; bubble = sum of idle / (P * makespan)).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "pipeline/schedule.h"
+#include "runtime/stream.h"
+
+namespace zt {
+
+class Communicator;
+
+// What one stage computes. Every call enqueues on stream() and returns.
+class StageWork {
+ public:
+  virtual ~StageWork() = default;
+  virtual Stream& stream() = 0;
+  virtual void forward(int chunk, int micro) = 0;
+  virtual void backward(int chunk, int micro) = 0;  // input and weight gradients together
+  virtual void backward_input(int chunk, int micro) = 0;
+  virtual void backward_weight(int chunk, int micro) = 0;
+  // The buffers transfers read (out) and write (in); a send's buffer and the matching receive's
+  // have the same dtype and numel. Valid for the whole step.
+  virtual TensorView activation_out(int chunk, int micro) = 0;
+  virtual TensorView activation_in(int chunk, int micro) = 0;
+  virtual TensorView gradient_out(int chunk, int micro) = 0;
+  virtual TensorView gradient_in(int chunk, int micro) = 0;
+};
+
+// One compute action as its stream ran it (host clock, microseconds from the step's origin).
+struct StageSpan {
+  int stage = 0;
+  ActionKind kind = ActionKind::kForward;
+  int micro = 0, chunk = 0;
+  double start_us = 0, end_us = 0;
+};
+
+struct StageRunOptions {
+  // Compute spans are appended here, one vector per stage (the stream writes their times; read
+  // them after synchronizing it).
+  std::vector<StageSpan>* spans = nullptr;
+  // Tests: called before each action with the streams that action uses, to inject delays.
+  std::function<void(const Action&, Stream& compute, Stream& comm)> before_action;
+};
+
+// Stage `stage`'s list of `schedule`, on communicator rank ranks[stage] (the comm's rank drives
+// work.stream()'s device). Call from one host thread per stage, all stages concurrently; returns
+// once everything is enqueued and the stage's sends have been received (the streams still run).
+void run_pipeline_stage(const Schedule& schedule, int stage, Communicator& comm, const std::vector<int>& ranks,
+                        StageWork& work, const StageRunOptions& options = {});
+
+struct PipelineBubble {
+  double makespan_us = 0;
+  std::vector<double> busy_us;  // per stage
+  double fraction = 0;          // sum over stages of idle / (P * makespan)
+};
+PipelineBubble measure_bubble(const std::vector<StageSpan>& spans, int stages);
+
+// The spans' clock (microseconds on the steady clock); spans count from any fixed origin.
+double pipeline_clock_us();
+
+}  // namespace zt
