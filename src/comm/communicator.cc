@@ -138,8 +138,9 @@ struct Copy {
   size_t bytes = 0;
   Stream* src_producer = nullptr;
   Stream* dst_producer = nullptr;
-  // Posted sends: the source's comm stream waits for this record (taken at post time) instead of
-  // recording src_producer, and `src_copied` is recorded after the copy.
+  // Posted sends: the copy runs on the source's link stream to dst (Impl::link), which waits for
+  // this record (taken at post time) instead of recording src_producer, and `src_copied` is
+  // recorded after the copy.
   const Event* src_posted = nullptr;
   Event* src_copied = nullptr;
 };
@@ -228,6 +229,18 @@ struct Communicator::Impl {
 
   struct Builder;  // enqueues schedules (defined below)
   void enqueue_copies(const std::vector<Device*>& devices, const std::vector<Copy>& copies);
+
+  // Posted sends from src to dst run on a stream of their own on src (made at the first one, with
+  // enqueue_mu held), not on src's comm stream: a posted copy waits for the sender's compute, and on
+  // the comm stream it would hold back everything queued after it there (the receive marks other
+  // ranks' copies wait for, collectives), serialising a pipeline's stages. One stream per
+  // (src, dst) keeps each link's copies in posting order, which is the order they are matched in.
+  std::map<std::pair<int, int>, Stream*> links;
+  Stream& link(const std::vector<Device*>& devices, int src, int dst) {
+    Stream*& s = links[std::make_pair(src, dst)];
+    if (s == nullptr) s = &devices[static_cast<size_t>(src)]->create_stream();
+    return *s;
+  }
 
   std::vector<Rank> ranks;
   size_t slot_bytes = 0;
@@ -759,17 +772,21 @@ void Communicator::Impl::enqueue_copies(const std::vector<Device*>& devices, con
       comm.wait(*ranks[r].producer);
     }
   };
+  const auto source_stream = [&](const Copy& c) -> Stream& {
+    return c.src_copied != nullptr ? link(devices, c.src, c.dst) : devices[c.src]->comm();
+  };
   for (const Copy& c : copies) {
     if (c.src_posted != nullptr)
-      devices[c.src]->comm().wait(*c.src_posted);
+      source_stream(c).wait(*c.src_posted);
     else
       after_producer(c.src, c.src_producer);
     after_producer(c.dst, c.dst_producer);
     devices[c.dst]->comm().record(*ranks[c.dst].ready);
-    involved[c.src] = involved[c.dst] = 1;
+    involved[c.dst] = 1;
+    if (c.src_copied == nullptr) involved[c.src] = 1;  // a posted send's side is its link stream
   }
   for (const Copy& c : copies) {
-    Stream& comm = devices[c.src]->comm();
+    Stream& comm = source_stream(c);
     if (c.bytes > 0) {
       comm.wait(*ranks[c.dst].ready);
       comm.copy_peer(*devices[c.dst], c.to, c.from, c.bytes);
@@ -932,13 +949,13 @@ uint64_t Communicator::isend(int rank, int peer, ConstTensorView buf, Stream* pr
     op->event = std::move(p.free_events.back());
     p.free_events.pop_back();
   }
-  // The copy is enqueued on the comm stream later, after what that stream holds then; a producer
-  // record is needed only for another stream, and must be taken now: at match time the producer
-  // may hold later work (even work that waits for this copy).
-  if (producer != nullptr && producer != &devices_[rank]->comm()) {
-    producer->record(*op->event);
-    op->producer_recorded = true;
+  // The copy is enqueued on the link stream later; the record of what it must follow is taken
+  // now: at match time the producer may hold later work (even work that waits for this copy).
+  {
+    std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);  // other threads enqueue on comm
+    (producer != nullptr ? *producer : devices_[rank]->comm()).record(*op->event);
   }
+  op->producer_recorded = true;
   P2POp* raw = op.get();
   const uint64_t ticket = raw->ticket;
   p.live.emplace(ticket, std::move(op));

@@ -53,8 +53,11 @@
 // stream at once (the copy reads what was submitted to it before the call, nothing later), queues
 // the send and returns a ticket without waiting for the peer. The matching recv (which blocks its
 // host thread until the send was posted) enqueues the copy by the same peer-copy rule, from the
-// receiver's thread; so does an isend that finds the recv already waiting. The receiver's
-// consumers use wait_done() as after any recv. On the sender, wait_done() covers only sends
+// receiver's thread; so does an isend that finds the recv already waiting. The copy of a posted
+// send runs on a stream of the source device kept for that (source, destination) link, not on its
+// comm stream, so that a copy waiting for the sender's compute holds back nothing else (receive
+// marks, collectives) queued on the comm stream. The receiver's consumers use wait_done() as after
+// any recv. On the sender, wait_done() covers only sends
 // already matched; wait_send(ticket, consumer) blocks until the send was matched and makes
 // `consumer` wait for that copy's read of the buffer (its own event, not the rank's later comm
 // work), after which the sender may overwrite or free it. Tickets are per rank. A sender may
