@@ -20,25 +20,87 @@ std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& par
   return specs;
 }
 
-ModelStageWork::ModelStageWork(const Model& model, Device& device, ParamAccess& access, int B, int T, int micro_batches)
-    : model_(model), device_(device), access_(access), micro_batches_(micro_batches) {
-  ZT_CHECK(micro_batches >= 1, "a pipeline step of ", micro_batches, " micro-batches");
-  for (int c = 0; c < model.chunks(); ++c)
-    for (int m = 0; m < micro_batches; ++m) ws_.push_back(model.make_chunk_workspace(device, B, T, c));
-  for (int c = 0; c < model.chunks(); ++c)
-    if (workspace(c, 0).losses().data != nullptr) head_chunk_ = c;
-  batches_.resize(static_cast<size_t>(micro_batches));
-  dloss_.assign(static_cast<size_t>(micro_batches), 0.0f);
+WorkspaceSlots workspace_slots(const Schedule& sched, int stage) {
+  WorkspaceSlots w;
+  w.per_chunk.assign(static_cast<size_t>(sched.virtual_stages), 0);
+  std::vector<std::vector<int>> free(static_cast<size_t>(sched.virtual_stages));
+  const ActionKind last_use = sched.splits_backward() ? ActionKind::kBackwardWeight : ActionKind::kBackward;
+  for (const Action& a : sched.actions.at(static_cast<size_t>(stage))) {
+    const auto key = std::make_pair(a.chunk, a.micro);
+    auto& pool = free[static_cast<size_t>(a.chunk)];
+    const bool touch = a.kind == ActionKind::kForward || (a.kind == ActionKind::kRecv && a.payload == Payload::kActivation);
+    if (touch && !w.slot.contains(key)) {
+      if (pool.empty()) {
+        w.slot[key] = w.per_chunk[static_cast<size_t>(a.chunk)]++;
+        w.reused[key] = false;
+      } else {
+        w.slot[key] = pool.back();
+        pool.pop_back();
+        w.reused[key] = true;
+      }
+    }
+    if (a.kind == last_use) pool.push_back(w.slot.at(key));
+  }
+  return w;
 }
 
-size_t ModelStageWork::index(int chunk, int micro) const {
-  ZT_CHECK(chunk >= 0 && chunk < model_.chunks() && micro >= 0 && micro < micro_batches_, "pipeline chunk ", chunk,
-           " micro-batch ", micro, " of ", model_.chunks(), " x ", micro_batches_);
-  return static_cast<size_t>(chunk) * static_cast<size_t>(micro_batches_) + static_cast<size_t>(micro);
+ModelStageWork::ModelStageWork(const Model& model, Device& device, ParamAccess& access, int B, int T,
+                               const Schedule& sched, int stage)
+    : model_(model), device_(device), access_(access), stages_(sched.stages), micro_batches_(sched.micro_batches),
+      virtual_stage0_(stage), slots_(workspace_slots(sched, stage)) {
+  ZT_CHECK(model.chunks() == sched.virtual_stages, "a ", model.chunks(), "-chunk stage model under a schedule of ",
+           sched.virtual_stages, " virtual stages");
+  const int64_t BTC = static_cast<int64_t>(B) * T * model.config().embd;
+  for (int c = 0; c < model.chunks(); ++c) {
+    ws_.emplace_back();
+    freed_.emplace_back();
+    for (int k = 0; k < slots_.per_chunk[static_cast<size_t>(c)]; ++k) {
+      ws_.back().push_back(model.make_chunk_workspace(device, B, T, c));
+      freed_.back().push_back(device.create_event());
+    }
+    if (!ws_.back().empty() && ws_.back().front()->losses().data != nullptr) head_chunk_ = c;
+    for (int m = 0; m < micro_batches_; ++m)  // the first virtual stage sends no input gradient
+      grad_out_.emplace_back(device.memory(), c * stages_ + stage > 0 ? static_cast<size_t>(BTC) * 4 : 0,
+                             device.compute(), "pipeline gradients");
+  }
+  batches_.resize(static_cast<size_t>(micro_batches_));
+  dloss_.assign(static_cast<size_t>(micro_batches_), 0.0f);
+  loss_host_.assign(static_cast<size_t>(micro_batches_), std::vector<float>(static_cast<size_t>(B) * T));
+}
+
+size_t ModelStageWork::bytes() const {
+  size_t total = 0;
+  for (const auto& chunk : ws_)
+    for (const auto& w : chunk) total += w->bytes();
+  for (const DeviceBuffer& g : grad_out_) total += g.size();
+  return total;
+}
+
+Workspace& ModelStageWork::workspace(int chunk, int micro) {
+  const auto it = slots_.slot.find({chunk, micro});
+  ZT_CHECK(it != slots_.slot.end(), "pipeline chunk ", chunk, " micro-batch ", micro, " has no workspace");
+  return *ws_[static_cast<size_t>(chunk)][static_cast<size_t>(it->second)];
+}
+
+const Event* ModelStageWork::receive_after(int chunk, int micro) {
+  const auto it = slots_.reused.find({chunk, micro});
+  if (it == slots_.reused.end() || !it->second) return nullptr;
+  return freed_[static_cast<size_t>(chunk)][static_cast<size_t>(slots_.slot.at({chunk, micro}))].get();
+}
+
+void ModelStageWork::release(int chunk, int micro) {
+  stream().record(*freed_[static_cast<size_t>(chunk)][static_cast<size_t>(slots_.slot.at({chunk, micro}))]);
+}
+
+TensorView ModelStageWork::gradient_out(int chunk, int micro) {
+  DeviceBuffer& g = grad_out_[static_cast<size_t>(chunk * micro_batches_ + micro)];
+  const TensorView w = workspace(chunk, micro).stage_gradient();
+  ZT_CHECK(g.size() > 0, "chunk ", chunk, " of the first virtual stage sends no gradient");
+  return TensorView{g.data(), w.dtype, w.shape, w.device};
 }
 
 void ModelStageWork::set_batch(int micro, const Batch& batch, float dloss) {
-  index(0, micro);
+  ZT_CHECK(micro >= 0 && micro < micro_batches_, "micro-batch ", micro, " of ", micro_batches_);
   batches_[static_cast<size_t>(micro)] = batch;
   dloss_[static_cast<size_t>(micro)] = dloss;
 }
@@ -47,32 +109,41 @@ double ModelStageWork::loss_sum() {
   if (head_chunk_ < 0) return 0;
   stream().synchronize();
   double sum = 0;
-  std::vector<float> host;
-  for (int m = 0; m < micro_batches_; ++m) {
-    const TensorView l = workspace(head_chunk_, m).losses();
-    host.resize(static_cast<size_t>(l.numel()));
-    stream().copy(host.data(), l.data, host.size() * sizeof(float));
-    stream().synchronize();
-    for (float v : host) sum += v;
-  }
+  for (const auto& l : loss_host_)
+    for (float v : l) sum += v;
   return sum;
 }
 
 void ModelStageWork::forward(int chunk, int micro) {
-  model_.forward(stream(), access_, workspace(chunk, micro), batches_[static_cast<size_t>(micro)],
-                 dloss_[static_cast<size_t>(micro)], true);
+  Workspace& ws = workspace(chunk, micro);
+  model_.forward(stream(), access_, ws, batches_[static_cast<size_t>(micro)], dloss_[static_cast<size_t>(micro)], true);
+  // The workspace may serve a later micro-batch before the step ends: keep the losses now.
+  if (chunk == head_chunk_) {
+    std::vector<float>& host = loss_host_[static_cast<size_t>(micro)];
+    stream().copy(host.data(), ws.losses().data, host.size() * sizeof(float));
+  }
+}
+
+void ModelStageWork::send_gradient(int chunk, int micro) {
+  if ((chunk * stages_ + virtual_stage0_) == 0) return;
+  const TensorView to = gradient_out(chunk, micro), from = workspace(chunk, micro).stage_gradient();
+  stream().copy(to.data, from.data, static_cast<size_t>(from.numel()) * dtype_size(from.dtype));
 }
 
 void ModelStageWork::backward(int chunk, int micro) {
   model_.backward(stream(), access_, workspace(chunk, micro), batches_[static_cast<size_t>(micro)]);
+  send_gradient(chunk, micro);
+  release(chunk, micro);
 }
 
 void ModelStageWork::backward_input(int chunk, int micro) {
   model_.backward_input(stream(), access_, workspace(chunk, micro), batches_[static_cast<size_t>(micro)]);
+  send_gradient(chunk, micro);
 }
 
 void ModelStageWork::backward_weight(int chunk, int micro) {
   model_.backward_weight(stream(), access_, workspace(chunk, micro), batches_[static_cast<size_t>(micro)]);
+  release(chunk, micro);
 }
 
 }  // namespace zt

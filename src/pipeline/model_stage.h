@@ -1,11 +1,21 @@
-// A pipeline stage of a model (make_gpt_stage) as the runtime's StageWork: one workspace per
-// (chunk, micro-batch) for the step, parameters and gradients through the caller's ParamAccess
-// (a plain one in tests; the ZeRO engine's in training), micro-batches set before the step.
+// A pipeline stage of a model (make_gpt_stage) as the runtime's StageWork: parameters and gradients
+// through the caller's ParamAccess (a plain one in tests; the ZeRO engine's in training), the
+// micro-batches set before the step, and as few workspaces as the schedule keeps live.
+//
+// Memory: a workspace (one chunk's activations) is taken when a micro-batch first touches the
+// chunk (its activation's receive, or its forward) and given back after its backward (its W under
+// a split backward); so a stage holds the schedule's peak of live micro-batches per chunk (1F1B:
+// P - s on stage s; GPipe: m), which workspace_slots() tells without devices. The input gradient a
+// chunk sends upstream is copied out of the workspace into a per-micro-batch buffer of B*T*C, so
+// giving the workspace back never waits for the upstream stage's receive.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "pipeline/partition.h"
 #include "pipeline/runtime.h"
@@ -16,10 +26,21 @@ namespace zt {
 // k / P; the first part embeds, the last holds the head).
 std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& partition, bool split_backward);
 
+// Workspace slots per chunk that stage `stage` of `schedule` needs, and each (chunk, micro-batch)'s
+// slot, in the order the stage's list takes and gives them back.
+struct WorkspaceSlots {
+  std::vector<int> per_chunk;                          // slots of each chunk
+  std::map<std::pair<int, int>, int> slot;             // (chunk, micro) -> slot
+  std::map<std::pair<int, int>, bool> reused;          // the slot served an earlier micro-batch
+};
+WorkspaceSlots workspace_slots(const Schedule& schedule, int stage);
+
 class ModelStageWork final : public StageWork {
  public:
-  // `model` is the stage's model (chunks() chunks); B x T tokens per micro-batch.
-  ModelStageWork(const Model& model, Device& device, ParamAccess& access, int B, int T, int micro_batches);
+  // `model` is stage `stage`'s model of `schedule` (chunks() == schedule.virtual_stages); B x T
+  // tokens per micro-batch.
+  ModelStageWork(const Model& model, Device& device, ParamAccess& access, int B, int T, const Schedule& schedule,
+                 int stage);
 
   // Micro-batch m's device batch (the embedding chunk reads its inputs, the head chunk its targets
   // and loss_scale) and the weight of one position's loss in the step's objective.
@@ -27,7 +48,8 @@ class ModelStageWork final : public StageWork {
   // Head stages: the sum of the step's per-position losses (synchronizes the stream); 0 elsewhere.
   double loss_sum();
   bool has_head() const { return head_chunk_ >= 0; }
-  Workspace& workspace(int chunk, int micro) { return *ws_[index(chunk, micro)]; }
+  // Pool bytes of the workspaces and gradient buffers this stage holds through a step.
+  size_t bytes() const;
 
   Stream& stream() override { return device_.compute(); }
   void forward(int chunk, int micro) override;
@@ -36,20 +58,29 @@ class ModelStageWork final : public StageWork {
   void backward_weight(int chunk, int micro) override;
   TensorView activation_out(int chunk, int micro) override { return workspace(chunk, micro).stage_output(); }
   TensorView activation_in(int chunk, int micro) override { return workspace(chunk, micro).stage_input(); }
-  TensorView gradient_out(int chunk, int micro) override { return workspace(chunk, micro).stage_gradient(); }
+  TensorView gradient_out(int chunk, int micro) override;
   TensorView gradient_in(int chunk, int micro) override { return workspace(chunk, micro).stage_gradient(); }
+  const Event* receive_after(int chunk, int micro) override;
 
  private:
-  size_t index(int chunk, int micro) const;
+  Workspace& workspace(int chunk, int micro);
+  void send_gradient(int chunk, int micro);
+  void release(int chunk, int micro);  // the last use of (chunk, micro)'s workspace is enqueued
 
   const Model& model_;
   Device& device_;
   ParamAccess& access_;
-  int micro_batches_;
+  int stages_, micro_batches_;
+  int virtual_stage0_;  // virtual stage of chunk 0 (= the stage index)
+  WorkspaceSlots slots_;
   int head_chunk_ = -1;
-  std::vector<std::unique_ptr<Workspace>> ws_;  // [chunk * micro_batches + micro]
+  std::vector<std::vector<std::unique_ptr<Workspace>>> ws_;  // [chunk][slot]
+  std::vector<std::vector<std::unique_ptr<Event>>> freed_;  // [chunk][slot]: recorded at release
+  std::vector<DeviceBuffer> grad_out_;                       // [chunk * micro_batches + micro]
   std::vector<Batch> batches_;
   std::vector<float> dloss_;
+  std::vector<double> head_losses_;  // per micro-batch, read after its forward (host)
+  std::vector<std::vector<float>> loss_host_;
 };
 
 }  // namespace zt

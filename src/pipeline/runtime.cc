@@ -47,10 +47,10 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
   const int rank = ranks[static_cast<size_t>(stage)];
   Stream& s = work.stream();
   Stream& comm_stream = comm.device(rank).comm();
-  // Receives write buffers of this step's (chunk, micro-batch) only, which the compute stream last
-  // used in an earlier step: the comm stream waits for that once, here. (A receive that waited for
-  // the compute stream's work so far would hold every later copy on this comm stream behind the
-  // compute the host has run ahead to enqueue, serialising the pipeline.)
+  // A receive into a buffer fresh this step follows the previous step's use of it: the comm stream
+  // waits for that once, here. (A receive that waited for the compute stream's work so far would
+  // hold every later copy on this comm stream behind the compute the host has run ahead to
+  // enqueue; receives into reused buffers wait for an event, see StageWork::receive_after.)
   const std::unique_ptr<Event> step_start = s.device().create_event();
   s.record(*step_start);
   comm_stream.wait(*step_start);
@@ -69,6 +69,7 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
         sends.push_back(comm.isend(rank, ranks[static_cast<size_t>(a.peer)], transfer_buffer(work, a), &s));
         continue;
       case ActionKind::kRecv:
+        if (const Event* free = work.receive_after(a.chunk, a.micro)) comm_stream.wait(*free);
         comm.recv(rank, ranks[static_cast<size_t>(a.peer)], transfer_buffer(work, a), nullptr);
         comm.wait_done(rank, s);
         continue;

@@ -8,10 +8,11 @@
 //  - The runtime orders, the stage computes: StageWork is the seam (a GPT stage in
 //    model_stage.h, a timed synthetic stage in the tests), so the schedules' timing and the
 //    models' numerics are tested apart and together.
-//  - Buffers: every (chunk, micro-batch) has its own activation and gradient buffers for the
-//    step; sends are waited for (wait_send) at the end of the stage's list, so nothing a copy
-//    still reads is overwritten. When the neighbouring virtual stage lives on the same device
-//    (P = 1 with V > 1) the hand-off is a copy on the compute stream.
+//  - Buffers belong to the StageWork (a GPT stage reuses workspaces across micro-batches, so its
+//    receives may have to follow its compute: receive_after); sends are waited for (wait_send) at
+//    the end of the stage's list, so no send buffer is overwritten before its copy ran. When the
+//    neighbouring virtual stage lives on the same device (P = 1 with V > 1) the hand-off is a copy
+//    on the compute stream.
 //  - Measured bubble: the definitions of simulate.h (makespan from the first compute span's
 //    start to the last one's end over all stages; bubble = sum of idle / (P * makespan)).
 #pragma once
@@ -22,6 +23,7 @@
 
 #include "core/tensor.h"
 #include "pipeline/schedule.h"
+#include "runtime/event.h"
 #include "runtime/stream.h"
 
 namespace zt {
@@ -43,6 +45,12 @@ class StageWork {
   virtual TensorView activation_in(int chunk, int micro) = 0;
   virtual TensorView gradient_out(int chunk, int micro) = 0;
   virtual TensorView gradient_in(int chunk, int micro) = 0;
+  // What a receive into (chunk, micro)'s buffer must follow: a buffer that served an earlier
+  // micro-batch of this step is written only after the event recorded on stream() when that use
+  // ended (nullptr: the buffer is fresh this step; the runtime orders the step's receives after
+  // the previous step). An event, not the stream: waiting for all the compute the host has run
+  // ahead to enqueue would put every transfer on the critical path.
+  virtual const Event* receive_after(int chunk, int micro) { return nullptr; }
 };
 
 // One compute action as its stream ran it (host clock, microseconds from the step's origin).
