@@ -155,7 +155,7 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
       ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
   sub.add_option("--recompute", f.recompute,
-                 "Activation recomputation: none, selective (attention probabilities, GELU and layernorm outputs) "
+                 "Activation recomputation: none, selective (GELU and layernorm outputs) "
                  "or full (each block re-runs its forward in the backward); the results do not change")
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   sub.add_option("--offload", f.offload,

@@ -10,8 +10,8 @@ namespace zt {
 enum class ModelKind { kGpt, kMlp };
 
 // Activation recomputation (--recompute): none keeps every activation backward reads; selective
-// drops the cheap, large ones (attention probabilities, GELU output, layernorm outputs) and
-// recomputes them in the backward; full keeps only each block's input and re-runs the block's
+// drops the cheap, large ones (GELU output, layernorm outputs; attention keeps no T x T matrix to
+// drop) and recomputes them in the backward; full keeps only each block's input and re-runs the block's
 // forward in its backward. Same ops in the same order, so the bits do not change.
 enum class Recompute { kNone, kSelective, kFull };
 const char* recompute_name(Recompute r);          // "none", "selective", "full"

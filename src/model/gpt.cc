@@ -67,9 +67,12 @@ constexpr float kLayerNormEps = 1e-5f;
 // Offsets (in floats) of every activation in the workspace arena. Under recomputation, fields of
 // different layers share one offset (the recompute scratch): backward re-runs the forward op
 // that wrote it, from kept inputs, right before reading it.
+// Attention is the tiled (flash-style) op: a layer keeps its output and log-sum-exp (lse,
+// [B, NH, T]) for backward, never a T x T matrix; backward's scratch is one buffer for all layers.
 //  - none:      every layer keeps all it wrote;
-//  - selective: ln1, ln2 (outputs only; mean/rstd stay per layer), the attention probabilities
-//               and the GELU output share one scratch: re-run from the kept residual, qkv and fch;
+//  - selective: ln1, ln2 (outputs only; mean/rstd stay per layer) and the GELU output share one
+//               scratch: re-run from the kept residual and fch (attention output and lse stay per
+//               layer: re-running attention would cost its forward to save only O(T) per row);
 //  - full:      only residual3 (the next block's input) stays per layer; the whole block forward
 //               re-runs into one shared set in its backward (all but the output projection and add,
 //               whose results backward never reads).
@@ -84,9 +87,9 @@ struct GptPlan {
   int64_t total = 0;
   int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
   // shared scratch (not needed by backward, or reused across layers)
-  int64_t preatt, attproj, fcproj, dresidual, dln, dfch, dfch_gelu, datty, dqkv, dpreatt, datt;
+  int64_t attproj, fcproj, dresidual, dln, dfch, dfch_gelu, datty, dqkv, attn_scratch, attn_scratch_numel;
   struct Layer {
-    int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
+    int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
     // Split backward: the output gradients of the four matmuls and two layernorms, kept by
     // backward_input for backward_weight.
@@ -103,16 +106,16 @@ struct GptPlan {
 
   GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, int64_t layer_count, bool head_, bool split_)
       : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), recompute(r), head(head_), split(split_) {
-    const int64_t BT = B * T, BTC = BT * C, att_size = B * NH * T * T;
+    const int64_t BT = B * T, BTC = BT * C, lse_size = B * NH * T;
     encoded = add(BTC);
     layers.resize(static_cast<size_t>(L));
     // Fields that do not depend on the layer are allocated once and copied into every layer.
     Layer shared{};
     if (r == Recompute::kSelective) {
-      shared.ln1 = add(BTC), shared.att = add(att_size), shared.ln2 = add(BTC), shared.fch_gelu = add(4 * BTC);
+      shared.ln1 = add(BTC), shared.ln2 = add(BTC), shared.fch_gelu = add(4 * BTC);
     } else if (r == Recompute::kFull) {
       shared.ln1 = add(BTC), shared.ln1_mean = add(BT), shared.ln1_rstd = add(BT), shared.qkv = add(3 * BTC);
-      shared.atty = add(BTC), shared.att = add(att_size), shared.residual2 = add(BTC), shared.ln2 = add(BTC);
+      shared.atty = add(BTC), shared.lse = add(lse_size), shared.residual2 = add(BTC), shared.ln2 = add(BTC);
       shared.ln2_mean = add(BT), shared.ln2_rstd = add(BT), shared.fch = add(4 * BTC);
       shared.fch_gelu = add(4 * BTC);
     }
@@ -120,7 +123,7 @@ struct GptPlan {
       l = shared;
       if (r == Recompute::kNone) l.ln1 = add(BTC);
       if (r != Recompute::kFull) l.ln1_mean = add(BT), l.ln1_rstd = add(BT), l.qkv = add(3 * BTC), l.atty = add(BTC);
-      if (r == Recompute::kNone) l.att = add(att_size);
+      if (r != Recompute::kFull) l.lse = add(lse_size);
       if (r != Recompute::kFull) l.residual2 = add(BTC);
       if (r == Recompute::kNone) l.ln2 = add(BTC);
       if (r != Recompute::kFull) l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC);
@@ -134,9 +137,11 @@ struct GptPlan {
     if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
     if (split) ln_scratch = add(2 * C);
     if (split && head) dlnf = add(BTC);
-    preatt = add(att_size), attproj = add(BTC), fcproj = add(BTC);
+    attproj = add(BTC), fcproj = add(BTC);
     dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC), dfch_gelu = add(4 * BTC);
-    datty = add(BTC), dqkv = add(3 * BTC), dpreatt = add(att_size), datt = add(att_size);
+    datty = add(BTC), dqkv = add(3 * BTC);
+    attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, C, NH) + 3) / 4);
+    attn_scratch = add(attn_scratch_numel);
   }
 };
 
@@ -438,10 +443,10 @@ class Gpt final : public Model {
                            act(A.atty, Shape{BT, C}), w.attprojw);
       if (input) {
         zero(dqkv);
-        ops::attention_backward(s, TensorView{dqkv.data, DType::kF32, Shape{P.B, P.T, 3 * C}, dqkv.device},
-                                act(P.dpreatt, Shape{P.B, P.NH, P.T, P.T}), act(P.datt, Shape{P.B, P.NH, P.T, P.T}),
-                                act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
-                                act(A.att, Shape{P.B, P.NH, P.T, P.T}), NH);
+        ops::flash_attention_backward(s, TensorView{dqkv.data, DType::kF32, Shape{P.B, P.T, 3 * C}, dqkv.device},
+                                      act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
+                                      act(A.atty, Shape{P.B, P.T, C}), act(A.lse, Shape{P.B, P.NH, P.T}), NH,
+                                      act(P.attn_scratch, Shape{P.attn_scratch_numel}));
       }
       const TensorView dln1 = dln_at(A.dln1);
       if (input) zero(dln1);
@@ -464,8 +469,8 @@ class Gpt final : public Model {
 
  private:
   // Layer l's forward ops (pass kForward), or the subset a backward re-runs: selective re-runs
-  // the ops whose outputs it did not keep (both layernorms, attention, GELU) from kept inputs;
-  // full re-runs everything backward reads. The same call writes the same bits each time.
+  // the ops whose outputs it did not keep (both layernorms, GELU) from kept inputs; full re-runs
+  // everything backward reads. The same call writes the same bits each time.
   void block_forward(Stream& s, GptWorkspace& ws, const LayerParams& w, int l, BlockPass pass) const {
     const GptPlan& P = ws.plan;
     const int64_t BT = P.B * P.T, C = P.C;
@@ -480,9 +485,11 @@ class Gpt final : public Model {
     TensorView fch = act(A.fch, Shape{BT, 4 * C}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * C});
     ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}), res_in, w.ln1w,
                            w.ln1b, kLayerNormEps);
-    if (matmuls) ops::matmul_forward(s, qkv, ln1, w.qkvw, w.qkvb);
-    ops::attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(P.preatt, Shape{P.B, P.NH, P.T, P.T}),
-                           act(A.att, Shape{P.B, P.NH, P.T, P.T}), act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
+    if (matmuls) {  // selective keeps qkv, the attention output and its lse per layer
+      ops::matmul_forward(s, qkv, ln1, w.qkvw, w.qkvb);
+      ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(A.lse, Shape{P.B, P.NH, P.T}),
+                                   act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
+    }
     if (matmuls) {
       ops::matmul_forward(s, attproj, atty, w.attprojw, w.attprojb);
       ops::add(s, res2, res_in, attproj);

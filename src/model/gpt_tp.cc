@@ -65,11 +65,14 @@ struct TpPlan {
   int64_t R;  // rows a rank's residual stream holds
   int64_t total = 0;
   int64_t encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
-  int64_t full, full2, preatt, dresidual, dfch, dfch_gelu, datty, dqkv, dpreatt, datt;
+  // attn_scratch: flash_attention_backward's scratch, shared by every layer.
+  int64_t full, full2, dresidual, dfch, dfch_gelu, datty, dqkv, attn_scratch, attn_scratch_numel;
   int64_t stat_max, gmax, stat_part, gsum, rep, row;
   int64_t rep_numel;  // padded to a multiple of D
+  // lse: the attention's log-sum-exp per (batch, local head, query), [B, NH/D, T]; with qkv and atty
+  // all the tiled attention's backward reads (no T x T matrix is kept).
   struct Layer {
-    int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3;
+    int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3;
   };
   std::vector<Layer> layers;
 
@@ -82,20 +85,21 @@ struct TpPlan {
   TpPlan(const ModelConfig& c, int64_t B_, int64_t T_, int degree, bool sequence, int64_t rep_max)
       : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), Vp(padded_vocab(c.vocab, degree)),
         D(degree), sp(sequence) {
-    const int64_t BT = B * T, Cl = C / D, att_size = B * (NH / D) * T * T;
+    const int64_t BT = B * T, Cl = C / D, NHl = NH / D;
     R = sp ? BT / D : BT;
     rep_numel = (rep_max + D - 1) / D * D;
     encoded = add(R * C);
     layers.resize(static_cast<size_t>(L));
     for (auto& l : layers) {
       l.ln1 = add(R * C), l.ln1_mean = add(R), l.ln1_rstd = add(R), l.qkv = add(BT * 3 * Cl), l.atty = add(BT * Cl);
-      l.att = add(att_size), l.residual2 = add(R * C), l.ln2 = add(R * C), l.ln2_mean = add(R), l.ln2_rstd = add(R);
+      l.lse = add(B * NHl * T), l.residual2 = add(R * C), l.ln2 = add(R * C), l.ln2_mean = add(R), l.ln2_rstd = add(R);
       l.fch = add(BT * 4 * Cl), l.fch_gelu = add(BT * 4 * Cl), l.residual3 = add(R * C);
     }
     lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (Vp / D)), losses = add(BT);
-    full = add(BT * C), full2 = add(BT * C), preatt = add(att_size), dresidual = add(R * C);
+    full = add(BT * C), full2 = add(BT * C), dresidual = add(R * C);
     dfch = add(BT * 4 * Cl), dfch_gelu = add(BT * 4 * Cl), datty = add(BT * Cl), dqkv = add(BT * 3 * Cl);
-    dpreatt = add(att_size), datt = add(att_size);
+    attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, Cl, NHl) + 3) / 4);
+    attn_scratch = add(attn_scratch_numel);
     stat_max = add(D * BT), gmax = add(BT), stat_part = add(D * 2 * BT), gsum = add(2 * BT);
     rep = add(rep_numel), row = add(Vp);
   }
@@ -470,8 +474,8 @@ class GptTp final : public Model {
     ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{R}), act(A.ln1_rstd, Shape{R}), res_in, param(p, blk, 6),
                            param(p, blk, 7), kLayerNormEps);
     column_matmul(s, tr, ws, act(A.qkv, Shape{BT, 3 * Cl}), ln1, param(p, blk, 0), param(p, blk, 1), "tp ln_1");
-    ops::attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), act(P.preatt, Shape{P.B, NHl, P.T, P.T}),
-                           act(A.att, Shape{P.B, NHl, P.T, P.T}), act(A.qkv, Shape{P.B, P.T, 3 * Cl}), NHl);
+    ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), act(A.lse, Shape{P.B, NHl, P.T}),
+                                 act(A.qkv, Shape{P.B, P.T, 3 * Cl}), NHl);
     ops::matmul_forward(s, full, act(A.atty, Shape{BT, Cl}), param(p, blk, 2), ConstTensorView{});
     TensorView attproj = leave(s, tr, ws, full, "tp attn.c_proj");
     ops::bias_forward(s, attproj, param(p, blk, 8));
@@ -525,9 +529,9 @@ class GptTp final : public Model {
     ops::matmul_backward(s, datty, grad(p, blk, 2), TensorView{}, dres2_all, act(A.atty, Shape{BT, Cl}), param(p, blk, 2));
     const TensorView ln1_all = start_enter(s, tr, ws, act(A.ln1, Shape{R, C}), "tp ln_1");
     zero(dqkv);
-    ops::attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.dpreatt, Shape{P.B, NHl, P.T, P.T}),
-                            act(P.datt, Shape{P.B, NHl, P.T, P.T}), act(P.datty, Shape{P.B, P.T, Cl}),
-                            act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.att, Shape{P.B, NHl, P.T, P.T}), NHl);
+    ops::flash_attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.datty, Shape{P.B, P.T, Cl}),
+                                  act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.atty, Shape{P.B, P.T, Cl}),
+                                  act(A.lse, Shape{P.B, NHl, P.T}), NHl, act(P.attn_scratch, Shape{P.attn_scratch_numel}));
     const TensorView dln1 = column_backward(s, tr, ws, dqkv, ln1_all, param(p, blk, 0), grad(p, blk, 0), grad(p, blk, 1),
                                             "tp d ln_1");
     ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),

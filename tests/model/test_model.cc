@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/philox.h"
+#include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
@@ -252,19 +253,19 @@ TEST(Gpt, ForwardLossAndEveryGradientMatchFloat64Reference) {
 }
 
 // Activation bytes per mode, from the shapes: per layer, none keeps ln1, ln2 (BTC each), qkv
-// (3BTC), attention output (BTC), probabilities (B*NH*T*T), residual2 and residual3 (BTC each),
+// (3BTC), attention output (BTC) and its log-sum-exp (B*NH*T), residual2 and residual3 (BTC each),
 // fch and its GELU (4BTC each), and four mean/rstd vectors (BT each). Selective keeps one shared
-// copy of ln1, ln2, probabilities and GELU output; full keeps residual3 per layer and one shared
-// copy of everything else. Every activation is padded to 64 floats.
+// copy of ln1, ln2 and GELU output; full keeps residual3 per layer and one shared copy of
+// everything else. Every activation is padded to 64 floats.
 TEST(Gpt, WorkspaceUnderRecomputeShrinksByTheDroppedActivations) {
   ModelOverrides o;
   o.layers = 5, o.heads = 4, o.embd = 24, o.seq_len = 13, o.vocab = 50;
   const ModelConfig c = make_model_config("gpt-tiny", o);
   const int64_t B = 3, T = 11, C = c.embd, NH = c.heads, L = c.layers;
   auto pad = [](int64_t floats) { return (floats + 63) / 64 * 64 * 4; };
-  const int64_t BT = B * T, BTC = BT * C, att = B * NH * T * T;
-  const int64_t dropped_selective = 2 * pad(BTC) + pad(att) + pad(4 * BTC);
-  const int64_t per_layer = 4 * pad(BTC) + pad(3 * BTC) + pad(att) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
+  const int64_t BT = B * T, BTC = BT * C, lse = B * NH * T;
+  const int64_t dropped_selective = 2 * pad(BTC) + pad(4 * BTC);
+  const int64_t per_layer = 4 * pad(BTC) + pad(3 * BTC) + pad(lse) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
   const int64_t dropped_full = per_layer - pad(BTC);  // all but residual3
   const auto none = static_cast<int64_t>(make_model(c, Recompute::kNone)->workspace_bytes(B, T));
   const auto sel = static_cast<int64_t>(make_model(c, Recompute::kSelective)->workspace_bytes(B, T));
@@ -280,6 +281,43 @@ TEST(Gpt, WorkspaceUnderRecomputeShrinksByTheDroppedActivations) {
   // The MLP keeps a few rows of activations and recomputes nothing.
   const ModelConfig mlp = make_model_config("mlp");
   EXPECT_EQ(make_model(mlp, Recompute::kFull)->workspace_bytes(8, 1), make_model(mlp)->workspace_bytes(8, 1));
+}
+
+// The tiled attention keeps no T x T buffer: at GPT-2 124M's shape, T = 1024, B = 4, the workspace
+// is the T x T attention's plan (the formula below: per layer the probabilities B*NH*T*T, plus the
+// scores and both gradients, one shared copy each) less those four buffers, plus an lse per
+// layer and one backward scratch.
+TEST(Gpt, WorkspaceAtT1024HoldsNoTxTBuffer) {
+  const ModelConfig c = make_model_config("gpt2-124m");
+  const int64_t B = 4, T = 1024, C = c.embd, NH = c.heads, L = c.layers, V = c.vocab;
+  ASSERT_EQ(T, c.seq_len);
+  auto pad = [](int64_t floats) { return (floats + 63) / 64 * 64 * 4; };
+  const int64_t BT = B * T, BTC = BT * C, att = B * NH * T * T;
+  const int64_t old_per_layer =
+      4 * pad(BTC) + pad(3 * BTC) + pad(att) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
+  const int64_t old_once = pad(BTC) /* encoded */ + pad(BTC) + 2 * pad(BT) + pad(BT * V) + pad(BT) /* ln_f, logits, losses */ +
+                           pad(att) + 2 * pad(BTC) /* preatt, attproj, fcproj */ +
+                           2 * pad(BTC) + 2 * pad(4 * BTC) + pad(BTC) + pad(3 * BTC) /* gradients */ +
+                           2 * pad(att) /* dpreatt, datt */;
+  const int64_t old_bytes = L * old_per_layer + old_once;
+  const int64_t tiled = static_cast<int64_t>(make_model(c)->workspace_bytes(static_cast<int>(B), static_cast<int>(T)));
+  const int64_t four_buffers = B * NH * T * T * 4 * 4;
+  EXPECT_LE(tiled, old_bytes - four_buffers);
+  const int64_t scratch = pad((static_cast<int64_t>(ops::flash_attention_scratch_bytes(B, T, C, NH)) + 3) / 4);
+  EXPECT_EQ(tiled, old_bytes - (L + 3) * pad(att) + L * pad(B * NH * T) + scratch);
+  // No buffer grows faster than T, in any mode or tensor-parallel layout (a T x T one would make
+  // the workspace at 2T more than twice that at T).
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    auto m = make_model(c, r);
+    EXPECT_LE(m->workspace_bytes(4, 1024), 2 * m->workspace_bytes(4, 512)) << recompute_name(r);
+  }
+  for (int degree : {2, 4})
+    for (bool sequence : {true, false}) {
+      TensorParallel tp;
+      tp.degree = degree, tp.sequence = sequence;
+      auto m = make_model(c, Recompute::kNone, tp);
+      EXPECT_LE(m->workspace_bytes(4, 1024), 2 * m->workspace_bytes(4, 512)) << degree << " " << sequence;
+    }
 }
 
 TEST(Mlp, ForwardLossAndEveryGradientMatchFloat64Reference) {
