@@ -261,8 +261,12 @@ class Gpt final : public Model {
 
   size_t workspace_bytes(int B, int T) const override {
     size_t total = 0;
-    for (const GptChunk& k : chunks_) total += static_cast<size_t>(GptPlan(config_, B, T, recompute_, k.layers, k.head, split_).total) * 4;
+    for (int c = 0; c < chunks(); ++c) total += chunk_workspace_bytes(B, T, c);
     return total;
+  }
+  size_t chunk_workspace_bytes(int B, int T, int chunk) const override {
+    const GptChunk& k = chunks_.at(static_cast<size_t>(chunk));
+    return static_cast<size_t>(GptPlan(config_, B, T, recompute_, k.layers, k.head, split_).total) * 4;
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
     ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");

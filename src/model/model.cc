@@ -32,6 +32,11 @@ std::unique_ptr<Workspace> Model::make_chunk_workspace(Device& device, int B, in
   return make_workspace(device, B, T);
 }
 
+size_t Model::chunk_workspace_bytes(int B, int T, int chunk) const {
+  ZT_CHECK(chunk == 0, "chunk ", chunk, " of a model that runs one chunk");
+  return workspace_bytes(B, T);
+}
+
 void Model::backward_input(Stream&, ParamAccess&, Workspace&, const Batch&) const {
   ZT_THROW(ErrorKind::kInternal, "this model was not made with a split backward (backward_input)");
 }

@@ -96,6 +96,8 @@ class Model {
   // and forward()/backward() run the chunk of the workspace they are given.
   virtual int chunks() const { return 1; }
   virtual std::unique_ptr<Workspace> make_chunk_workspace(Device& device, int B, int T, int chunk) const;
+  // Bytes make_chunk_workspace(B, T, chunk) takes from the pool (workspace_bytes sums the chunks).
+  virtual size_t chunk_workspace_bytes(int B, int T, int chunk) const;
   // The block of the whole (logical) model that local block `block` holds; a pipeline stage's
   // tied LM head is a copy of logical block 0 (the embeddings), so two stages may name the same.
   virtual int logical_block(int block) const { return block; }

@@ -44,13 +44,31 @@ WorkspaceSlots workspace_slots(const Schedule& sched, int stage) {
   return w;
 }
 
+namespace {
+// The input gradient a chunk sends upstream: none from the first virtual stage.
+size_t gradient_buffer_bytes(const Model& model, int B, int T, int virtual_stage) {
+  return virtual_stage > 0 ? static_cast<size_t>(B) * T * model.config().embd * sizeof(float) : 0;
+}
+}  // namespace
+
+size_t stage_activation_bytes(const Model& model, int B, int T, const Schedule& sched, int stage) {
+  const WorkspaceSlots slots = workspace_slots(sched, stage);
+  size_t total = 0;
+  for (int c = 0; c < model.chunks(); ++c) {
+    // A chunk's workspace is one pool allocation of this many bytes (the model's own planning).
+    const size_t ws = model.chunk_workspace_bytes(B, T, c);
+    total += ws * static_cast<size_t>(slots.per_chunk[static_cast<size_t>(c)]);
+    total += gradient_buffer_bytes(model, B, T, c * sched.stages + stage) * static_cast<size_t>(sched.micro_batches);
+  }
+  return total;
+}
+
 ModelStageWork::ModelStageWork(const Model& model, Device& device, ParamAccess& access, int B, int T,
                                const Schedule& sched, int stage)
     : model_(model), device_(device), access_(access), stages_(sched.stages), micro_batches_(sched.micro_batches),
       virtual_stage0_(stage), slots_(workspace_slots(sched, stage)) {
   ZT_CHECK(model.chunks() == sched.virtual_stages, "a ", model.chunks(), "-chunk stage model under a schedule of ",
            sched.virtual_stages, " virtual stages");
-  const int64_t BTC = static_cast<int64_t>(B) * T * model.config().embd;
   for (int c = 0; c < model.chunks(); ++c) {
     ws_.emplace_back();
     freed_.emplace_back();
@@ -60,8 +78,8 @@ ModelStageWork::ModelStageWork(const Model& model, Device& device, ParamAccess& 
     }
     if (!ws_.back().empty() && ws_.back().front()->losses().data != nullptr) head_chunk_ = c;
     for (int m = 0; m < micro_batches_; ++m)  // the first virtual stage sends no input gradient
-      grad_out_.emplace_back(device.memory(), c * stages_ + stage > 0 ? static_cast<size_t>(BTC) * 4 : 0,
-                             device.compute(), "pipeline gradients");
+      grad_out_.emplace_back(device.memory(), gradient_buffer_bytes(model, B, T, c * stages_ + stage), device.compute(),
+                             "pipeline gradients");
   }
   batches_.resize(static_cast<size_t>(micro_batches_));
   dloss_.assign(static_cast<size_t>(micro_batches_), 0.0f);

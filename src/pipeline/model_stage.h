@@ -35,6 +35,10 @@ struct WorkspaceSlots {
 };
 WorkspaceSlots workspace_slots(const Schedule& schedule, int stage);
 
+// Pool bytes a ModelStageWork of stage `stage` holds through a step (workspaces and input-gradient
+// buffers), without devices: what a per-stage memory plan adds for activations.
+size_t stage_activation_bytes(const Model& model, int B, int T, const Schedule& schedule, int stage);
+
 class ModelStageWork final : public StageWork {
  public:
   // `model` is stage `stage`'s model of `schedule` (chunks() == schedule.virtual_stages); B x T

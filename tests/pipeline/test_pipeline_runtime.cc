@@ -176,6 +176,7 @@ StepResult run_pipeline(const ModelConfig& c, const Blocks& host, const PipeCase
     batches.push_back(std::make_unique<DeviceBatches>(c, rt->device(s), pc.m));
     work.push_back(std::make_unique<ModelStageWork>(m, rt->device(s), *params.back(), kB, kT, sched, s));
     for (int mb = 0; mb < pc.m; ++mb) work.back()->set_batch(mb, batches.back()->batches[static_cast<size_t>(mb)], dloss_of(pc.m));
+    EXPECT_EQ(work.back()->bytes(), stage_activation_bytes(m, kB, kT, sched, s)) << name(pc) << " stage " << s;
   }
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(pc.P));
@@ -281,6 +282,16 @@ TEST(PipelineRuntime, WorkspacesFollowTheSchedulesLiveMicroBatches) {
         EXPECT_EQ(static_cast<int>(w.slot.size()), m);
       }
     }
+  // In bytes: 1F1B's first stage holds P of GPipe's m workspaces.
+  const ModelConfig c = tiny_config();
+  PipelinePartition part;
+  part.stages = 4;
+  part.blocks_per_part = {1, 1, 1, 1};
+  const auto model = make_gpt_stage(c, pipeline_stage_specs(part, false)[0]);
+  const int64_t per_ws = static_cast<int64_t>(model->chunk_workspace_bytes(kB, kT, 0));
+  const int64_t gpipe = static_cast<int64_t>(stage_activation_bytes(*model, kB, kT, make_schedule(PipeSchedule::kGpipe, 4, 8), 0));
+  const int64_t f1b1 = static_cast<int64_t>(stage_activation_bytes(*model, kB, kT, make_schedule(PipeSchedule::k1F1B, 4, 8), 0));
+  EXPECT_EQ(gpipe - f1b1, 4 * per_ws);
 }
 
 // Delays of up to 1.5 ms before random actions, on the compute or the comm stream, or on the host.
