@@ -60,6 +60,14 @@ class Params final : public ParamAccess {
     }
     d.compute().synchronize();
   }
+  // New parameters (block b from host(b)), gradients zeroed; call with the device idle.
+  void load(const std::function<const std::vector<float>&(int)>& host) {
+    for (size_t b = 0; b < p_.size(); ++b) {
+      d_.compute().copy(p_[b].data(), host(static_cast<int>(b)).data(), p_[b].size());
+      d_.compute().memset(g_[b].data(), 0, g_[b].size());
+    }
+    d_.compute().synchronize();
+  }
   int device_index() const override { return d_.index(); }
   float* params(int b) override { return p_[static_cast<size_t>(b)].as<float>(); }
   float* grads(int b) override { return g_[static_cast<size_t>(b)].as<float>(); }
@@ -118,24 +126,41 @@ struct StepResult {
 };
 
 // One device, the micro-batches accumulated in order: the reference.
-StepResult run_one_device(const ModelConfig& c, const Blocks& host, int micro) {
-  auto rt = Runtime::create_cpu(1);
-  Device& d = rt->device(0);
-  auto model = make_model(c);
-  Params p(d, model->layout(), [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; });
-  DeviceBatches db(c, d, micro);
-  auto ws = model->make_workspace(d, kB, kT);
-  StepResult r;
-  std::vector<float> losses(kB * kT);
-  for (int m = 0; m < micro; ++m) {
-    model->forward(d.compute(), p, *ws, db.batches[static_cast<size_t>(m)], dloss_of(micro), true);
-    d.compute().copy(losses.data(), ws->losses().data, losses.size() * 4);
-    model->backward(d.compute(), p, *ws, db.batches[static_cast<size_t>(m)]);
-    d.compute().synchronize();
-    for (float l : losses) r.loss += l;
+class OneDeviceRig {
+ public:
+  OneDeviceRig(const ModelConfig& c, const Blocks& host, int micro)
+      : rt_(Runtime::create_cpu(1)), model_(make_model(c)), micro_(micro),
+        p_(rt_->device(0), model_->layout(), [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; }),
+        db_(c, rt_->device(0), micro), ws_(model_->make_workspace(rt_->device(0), kB, kT)) {}
+  void load(const Blocks& host) {
+    p_.load([&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; });
   }
-  for (int b = 0; b < model->layout().num_blocks(); ++b) r.grads.push_back(p.grad_host(b));
-  return r;
+  StepResult step() {
+    Device& d = rt_->device(0);
+    StepResult r;
+    std::vector<float> losses(kB * kT);
+    for (int m = 0; m < micro_; ++m) {
+      model_->forward(d.compute(), p_, *ws_, db_.batches[static_cast<size_t>(m)], dloss_of(micro_), true);
+      d.compute().copy(losses.data(), ws_->losses().data, losses.size() * 4);
+      model_->backward(d.compute(), p_, *ws_, db_.batches[static_cast<size_t>(m)]);
+      d.compute().synchronize();
+      for (float l : losses) r.loss += l;
+    }
+    for (int b = 0; b < model_->layout().num_blocks(); ++b) r.grads.push_back(p_.grad_host(b));
+    return r;
+  }
+
+ private:
+  std::unique_ptr<Runtime> rt_;
+  std::unique_ptr<Model> model_;
+  int micro_;
+  Params p_;
+  DeviceBatches db_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+StepResult run_one_device(const ModelConfig& c, const Blocks& host, int micro) {
+  return OneDeviceRig(c, host, micro).step();
 }
 
 struct PipeCase {
@@ -150,69 +175,95 @@ std::string name(const PipeCase& pc) {
 
 using Jitter = std::function<void(const Action&, Stream&, Stream&)>;
 
-// One step of the schedule over P simulated devices; `jitter(stage)` (may be empty) delays streams.
-StepResult run_pipeline(const ModelConfig& c, const Blocks& host, const PipeCase& pc,
-                        const std::function<Jitter(int)>& jitter = {}) {
-  const Schedule sched = make_schedule(pc.kind, pc.P, pc.m, pc.V);
-  PipelinePartition part;
-  part.stages = pc.P, part.virtual_stages = pc.V;
-  part.blocks_per_part.assign(static_cast<size_t>(pc.P * pc.V), c.layers / (pc.P * pc.V));
-  const auto specs = pipeline_stage_specs(part, sched.splits_backward());
-  auto rt = Runtime::create_cpu(pc.P);
-  std::vector<Device*> devs;
-  std::vector<int> ranks;
-  for (int r = 0; r < pc.P; ++r) devs.push_back(&rt->device(r)), ranks.push_back(r);
-  Communicator comm(devs);
-  std::vector<std::unique_ptr<Model>> models;
-  std::vector<std::unique_ptr<Params>> params;
-  std::vector<std::unique_ptr<DeviceBatches>> batches;
-  std::vector<std::unique_ptr<ModelStageWork>> work;
-  for (int s = 0; s < pc.P; ++s) {
-    models.push_back(make_gpt_stage(c, specs[static_cast<size_t>(s)]));
-    const Model& m = *models.back();
-    params.push_back(std::make_unique<Params>(rt->device(s), m.layout(), [&](int b) -> const std::vector<float>& {
-      return host[static_cast<size_t>(m.logical_block(b))];
-    }));
-    batches.push_back(std::make_unique<DeviceBatches>(c, rt->device(s), pc.m));
-    work.push_back(std::make_unique<ModelStageWork>(m, rt->device(s), *params.back(), kB, kT, sched, s));
-    for (int mb = 0; mb < pc.m; ++mb) work.back()->set_batch(mb, batches.back()->batches[static_cast<size_t>(mb)], dloss_of(pc.m));
-    EXPECT_EQ(work.back()->bytes(), stage_activation_bytes(m, kB, kT, sched, s)) << name(pc) << " stage " << s;
-  }
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(pc.P));
-  for (int s = 0; s < pc.P; ++s)
-    threads.emplace_back([&, s] {
-      try {
-        StageRunOptions opt;
-        if (jitter) opt.before_action = jitter(s);
-        run_pipeline_stage(sched, s, comm, ranks, *work[static_cast<size_t>(s)], opt);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(s)] = e.what();
-        comm.abort(e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) EXPECT_EQ(e, "");
-  rt->synchronize();
-  StepResult r;
-  const ParamLayout whole = gpt_layout(c);
-  for (int b = 0; b < whole.num_blocks(); ++b) r.grads.emplace_back(static_cast<size_t>(whole.block(b).numel), 0.0f);
-  std::vector<int> seen(static_cast<size_t>(whole.num_blocks()), 0);
-  for (int s = 0; s < pc.P; ++s) {
-    r.loss += work[static_cast<size_t>(s)]->loss_sum();
-    const Model& m = *models[static_cast<size_t>(s)];
-    for (int b = 0; b < m.layout().num_blocks(); ++b) {
-      const int lb = m.logical_block(b);
-      const std::vector<float> g = params[static_cast<size_t>(s)]->grad_host(b);
-      auto& out = r.grads[static_cast<size_t>(lb)];
-      for (size_t i = 0; i < g.size(); ++i) out[i] += g[i];  // the tied head's copy: summed as the step will
-      ++seen[static_cast<size_t>(lb)];
+// The schedule over P simulated devices, one stage per device.
+class PipelineRig {
+ public:
+  PipelineRig(const ModelConfig& c, const Blocks& host, const PipeCase& pc)
+      : c_(c), pc_(pc), sched_(make_schedule(pc.kind, pc.P, pc.m, pc.V)), rt_(Runtime::create_cpu(pc.P)) {
+    PipelinePartition part;
+    part.stages = pc.P, part.virtual_stages = pc.V;
+    part.blocks_per_part.assign(static_cast<size_t>(pc.P * pc.V), c.layers / (pc.P * pc.V));
+    const auto specs = pipeline_stage_specs(part, sched_.splits_backward());
+    std::vector<Device*> devs;
+    for (int r = 0; r < pc.P; ++r) devs.push_back(&rt_->device(r)), ranks_.push_back(r);
+    comm_ = std::make_unique<Communicator>(devs);
+    for (int s = 0; s < pc.P; ++s) {
+      models_.push_back(make_gpt_stage(c, specs[static_cast<size_t>(s)]));
+      const Model& m = *models_.back();
+      params_.push_back(std::make_unique<Params>(rt_->device(s), m.layout(), [&](int b) -> const std::vector<float>& {
+        return host[static_cast<size_t>(m.logical_block(b))];
+      }));
+      batches_.push_back(std::make_unique<DeviceBatches>(c, rt_->device(s), pc.m));
+      work_.push_back(std::make_unique<ModelStageWork>(m, rt_->device(s), *params_.back(), kB, kT, sched_, s));
+      for (int mb = 0; mb < pc.m; ++mb)
+        work_.back()->set_batch(mb, batches_.back()->batches[static_cast<size_t>(mb)], dloss_of(pc.m));
+      EXPECT_EQ(work_.back()->bytes(), stage_activation_bytes(m, kB, kT, sched_, s)) << name(pc) << " stage " << s;
     }
   }
-  for (int b = 0; b < whole.num_blocks(); ++b)
-    EXPECT_EQ(seen[static_cast<size_t>(b)], b == 0 && pc.P > 1 ? 2 : 1) << "logical block " << b << " held by "
-                                                                         << seen[static_cast<size_t>(b)] << " stages";
-  return r;
+  // Parameters from logical blocks (both copies of the tied embedding alike), gradients zeroed.
+  void load(const Blocks& host) {
+    for (int s = 0; s < pc_.P; ++s) {
+      const Model& m = *models_[static_cast<size_t>(s)];
+      params_[static_cast<size_t>(s)]->load(
+          [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(m.logical_block(b))]; });
+    }
+  }
+  // One step; `jitter(stage)` (may be empty) delays streams. Gradients in logical blocks, the tied
+  // head copy's added to the embeddings' (as the step sums them).
+  StepResult step(const std::function<Jitter(int)>& jitter = {}) {
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(static_cast<size_t>(pc_.P));
+    for (int s = 0; s < pc_.P; ++s)
+      threads.emplace_back([&, s] {
+        try {
+          StageRunOptions opt;
+          if (jitter) opt.before_action = jitter(s);
+          run_pipeline_stage(sched_, s, *comm_, ranks_, *work_[static_cast<size_t>(s)], opt);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(s)] = e.what();
+          comm_->abort(e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+    rt_->synchronize();
+    StepResult r;
+    const ParamLayout whole = gpt_layout(c_);
+    for (int b = 0; b < whole.num_blocks(); ++b) r.grads.emplace_back(static_cast<size_t>(whole.block(b).numel), 0.0f);
+    std::vector<int> seen(static_cast<size_t>(whole.num_blocks()), 0);
+    for (int s = 0; s < pc_.P; ++s) {
+      r.loss += work_[static_cast<size_t>(s)]->loss_sum();
+      const Model& m = *models_[static_cast<size_t>(s)];
+      for (int b = 0; b < m.layout().num_blocks(); ++b) {
+        const int lb = m.logical_block(b);
+        const std::vector<float> g = params_[static_cast<size_t>(s)]->grad_host(b);
+        auto& out = r.grads[static_cast<size_t>(lb)];
+        for (size_t i = 0; i < g.size(); ++i) out[i] += g[i];
+        ++seen[static_cast<size_t>(lb)];
+      }
+    }
+    for (int b = 0; b < whole.num_blocks(); ++b)
+      EXPECT_EQ(seen[static_cast<size_t>(b)], b == 0 && pc_.P > 1 ? 2 : 1)
+          << "logical block " << b << " held by " << seen[static_cast<size_t>(b)] << " stages";
+    return r;
+  }
+
+ private:
+  ModelConfig c_;
+  PipeCase pc_;
+  Schedule sched_;
+  std::unique_ptr<Runtime> rt_;
+  std::vector<int> ranks_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<Params>> params_;
+  std::vector<std::unique_ptr<DeviceBatches>> batches_;
+  std::vector<std::unique_ptr<ModelStageWork>> work_;
+};
+
+StepResult run_pipeline(const ModelConfig& c, const Blocks& host, const PipeCase& pc,
+                        const std::function<Jitter(int)>& jitter = {}) {
+  return PipelineRig(c, host, pc).step(jitter);
 }
 
 void expect_close(const StepResult& got, const StepResult& want, double tol, const std::string& what) {
@@ -258,6 +309,31 @@ TEST(PipelineRuntime, SplitBackwardGivesTheFusedBackwardsBits) {
     const StepResult fused = run_pipeline(c, host, {PipeSchedule::k1F1B, P, m, 1});
     const StepResult split = run_pipeline(c, host, {PipeSchedule::kZbH1, P, m, 1});
     EXPECT_TRUE(same_bits(split, fused)) << "P=" << P << " m=" << m;
+  }
+}
+
+// Training: 50 steps of SGD (the same host update of the logical blocks for both runs, so the tied
+// embedding's two copies stay equal) give per-step losses within 1e-5 relative of one device.
+TEST(PipelineRuntime, FiftyTrainingStepsTrackOneDevice) {
+  const ModelConfig c = tiny_config();
+  const Blocks init = logical_init(gpt_layout(c), 13);
+  for (const PipeCase& pc : {PipeCase{PipeSchedule::k1F1B, 4, 4, 1}, PipeCase{PipeSchedule::kZbH1, 2, 4, 1},
+                             PipeCase{PipeSchedule::kInterleaved, 2, 2, 2}}) {
+    Blocks w1 = init, wp = init;
+    OneDeviceRig one(c, init, pc.m);
+    PipelineRig pipe(c, init, pc);
+    const float lr = 0.1f;
+    double first = 0, last = 0;
+    for (int step = 0; step < 50; ++step) {
+      const StepResult a = one.step(), b = pipe.step();
+      ASSERT_NEAR(b.loss, a.loss, 1e-5 * std::fabs(a.loss)) << name(pc) << " step " << step + 1;
+      (step == 0 ? first : last) = a.loss;
+      for (size_t k = 0; k < w1.size(); ++k)
+        for (size_t i = 0; i < w1[k].size(); ++i) w1[k][i] -= lr * a.grads[k][i], wp[k][i] -= lr * b.grads[k][i];
+      one.load(w1);
+      pipe.load(wp);
+    }
+    EXPECT_LT(last, 0.8 * first) << name(pc) << ": the run must train for the comparison to mean something";
   }
 }
 
