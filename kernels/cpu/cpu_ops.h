@@ -41,10 +41,11 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
                         int64_t N, int64_t C);
 
 // ---- matmul (bias / din / dbias may be nullptr) ------------------------------------------------
+// tf32: the device's MathMode::tf32 when the op was enqueued (both GEMM inputs rounded to TF32).
 void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC);
+                    int64_t C, int64_t OC, bool tf32 = false);
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC);
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 
 // x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
 void bias_forward(float* x, const float* bias, int64_t N, int64_t C);

@@ -55,12 +55,14 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
                         int64_t N, int64_t C);
 
 // ---- matmul: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC]; bias may be nullptr ----------
+// tf32: the GEMMs run on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), else in true fp32.
 void matmul_forward(void* stream, float* out, const float* in, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC);
+                    const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 // din[N,C] += dout @ weight (skipped when din == nullptr: the first layer of a model);
 // dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC);
+                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
+                     bool tf32 = false);
 
 // x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);

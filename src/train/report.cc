@@ -18,26 +18,62 @@ double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int s
   return 6.0 * n + 12.0 * mc.layers * static_cast<double>(seq_len) * mc.embd;
 }
 
-std::optional<double> peak_fp32_flops(const std::string& device_name) {
+const char* peak_kind_name(PeakKind kind) {
+  switch (kind) {
+    case PeakKind::kFp32: return "fp32";
+    case PeakKind::kTf32: return "tf32";
+    case PeakKind::kBf16: return "bf16";
+    case PeakKind::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* peak_kind_label(PeakKind kind) {
+  switch (kind) {
+    case PeakKind::kFp32: return "FP32";
+    case PeakKind::kTf32: return "TF32";
+    case PeakKind::kBf16: return "BF16";
+    case PeakKind::kFp16: return "FP16";
+  }
+  return "?";
+}
+
+PeakKind gemm_peak_kind(bool tf32) { return tf32 ? PeakKind::kTf32 : PeakKind::kFp32; }
+
+std::optional<double> peak_flops(const std::string& device_name, PeakKind kind) {
   if (device_name.rfind("cuda:", 0) != 0) return std::nullopt;
-  // Non-tensor-core fp32, dense, from NVIDIA's product datasheets (boost clock). The first entry
-  // whose key occurs in the name wins, so more specific names come first. The SXM parts report no
-  // form factor in their name ("NVIDIA H100 80GB HBM3"), hence the bare "H100"/"H200" = SXM.
-  static const std::pair<const char*, double> kPeaks[] = {
-      {"H200 NVL", 60e12}, {"H200", 67e12},  {"H100 PCIe", 51e12}, {"H100 NVL", 60e12},
-      {"H100", 67e12},     {"A100", 19.5e12}, {"L40S", 91.6e12},   {"V100", 15.7e12},
+  // Dense figures from NVIDIA's product datasheets (boost clock; the datasheets' tensor figures
+  // "with sparsity" halved). fp32 is the CUDA-core (non-tensor) rate. 0 = no figure here. The
+  // first entry whose key occurs in the name wins, so more specific names come first. The SXM
+  // parts report no form factor in their name ("NVIDIA H100 80GB HBM3"), hence bare "H100"/"H200"
+  // = SXM.
+  struct Peaks {
+    const char* key;
+    double fp32, tf32, bf16, fp16;
   };
-  for (const auto& [key, flops] : kPeaks)
-    if (device_name.find(key) != std::string::npos) return flops;
+  static const Peaks kPeaks[] = {
+      {"H200 NVL", 60e12, 0, 0, 0},         {"H200", 67e12, 494e12, 989e12, 989e12},
+      {"H100 PCIe", 51e12, 378e12, 756e12, 756e12}, {"H100 NVL", 60e12, 0, 0, 0},
+      {"H100", 67e12, 494e12, 989e12, 989e12},      {"A100", 19.5e12, 156e12, 312e12, 312e12},
+      {"L40S", 91.6e12, 183e12, 362e12, 362e12},    {"V100", 15.7e12, 0, 0, 125e12},
+  };
+  for (const Peaks& p : kPeaks)
+    if (device_name.find(p.key) != std::string::npos) {
+      const double f = kind == PeakKind::kFp32   ? p.fp32
+                       : kind == PeakKind::kTf32 ? p.tf32
+                       : kind == PeakKind::kBf16 ? p.bf16
+                                                 : p.fp16;
+      return f > 0 ? std::optional<double>(f) : std::nullopt;
+    }
   return std::nullopt;
 }
 
-std::optional<double> total_peak_flops(const std::vector<std::string>& device_names) {
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names, PeakKind kind) {
   if (device_names.empty()) return std::nullopt;
   std::set<std::string> physical;  // "cuda:0": logical devices on one GPU share its peak
   double total = 0;
   for (const std::string& name : device_names) {
-    const std::optional<double> p = peak_fp32_flops(name);
+    const std::optional<double> p = peak_flops(name, kind);
     if (!p) return std::nullopt;
     if (physical.insert(name.substr(0, name.find(' '))).second) total += *p;
   }
@@ -121,9 +157,10 @@ std::string format_summary(const RunReport& r) {
          si(r.flops_per_token * r.tokens_per_s, "FLOP/s") + " (" + si(r.flops_per_token, "FLOP") + "/" + unit + ")\n";
   out += "  MFU          ";
   if (r.mfu)
-    out += fmt("%.1f%%", *r.mfu * 100) + " of " + si(*r.peak_flops, "FLOP/s") + " fp32 peak\n";
+    out += fmt("%.1f%%", *r.mfu * 100) + " of " + fmt("%.4g", *r.peak_flops / 1e12) + " TFLOP/s " + peak_kind_label(r.peak_kind) +
+           " peak\n";
   else
-    out += "n/a (peak FLOP/s of these devices unknown)\n";
+    out += std::string("n/a (") + peak_kind_label(r.peak_kind) + " peak FLOP/s of these devices unknown)\n";
   const double total = r.phases.total();
   auto share = [&](double s) { return fmt(s < 10 ? "%.2f s" : "%.1f s", s) + " (" + fmt("%.0f%%", total > 0 ? 100 * s / total : 0) + ")"; };
   out += "  time split   compute " + share(r.phases.compute) + " | exposed comm " + share(r.phases.comm) +
@@ -162,6 +199,7 @@ nlohmann::json report_json(const RunReport& r) {
   nlohmann::json j;
   j["flops_per_token"] = r.flops_per_token;
   j["peak_flops"] = r.peak_flops ? nlohmann::json(*r.peak_flops) : nlohmann::json(nullptr);
+  j["peak_kind"] = peak_kind_name(r.peak_kind);
   j["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
   j["time_split"] = {{"compute_s", r.phases.compute},
                      {"comm_s", r.phases.comm},

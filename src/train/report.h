@@ -24,22 +24,30 @@ class Device;
 // (layernorm, GELU, softmax, AdamW) are not counted. MLP: 6*N per example (no attention).
 double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int seq_len);
 
-// Peak dense fp32 FLOP/s (CUDA cores, no tensor cores: the CUDA backend runs cuBLAS with
-// CUBLAS_COMPUTE_32F and no TF32) of one GPU, from NVIDIA's datasheet figure for its name as the
-// runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown, and for CPU devices.
-std::optional<double> peak_fp32_flops(const std::string& device_name);
+// The number format the GEMMs run in, which picks the peak MFU divides by. Today every GEMM is
+// fp32 whatever --precision says (16-bit parameters are widened before use): fp32 on CUDA cores,
+// or TF32 on tensor cores with --tf32. bf16/fp16 are listed for when 16-bit GEMMs land.
+enum class PeakKind { kFp32, kTf32, kBf16, kFp16 };
+const char* peak_kind_name(PeakKind kind);   // "fp32", "tf32", "bf16", "fp16" (JSON peak_kind)
+const char* peak_kind_label(PeakKind kind);  // "FP32", "TF32", "BF16", "FP16" (the summary line)
+PeakKind gemm_peak_kind(bool tf32);
+
+// Peak dense (no structured sparsity) FLOP/s of one GPU in `kind`, from NVIDIA's datasheet for
+// its name as the runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown (a GPU not in
+// the table, a kind it has no figure for), and for CPU devices.
+std::optional<double> peak_flops(const std::string& device_name, PeakKind kind);
 // Sum over the distinct physical GPUs behind the devices (logical devices sharing one GPU count
 // once); nullopt when any device's peak is unknown.
-std::optional<double> total_peak_flops(const std::vector<std::string>& device_names);
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names, PeakKind kind);
 // Achieved model FLOP/s over the peak; nullopt when the peak is unknown.
 std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
                                               std::optional<double> peak_flops);
 
-// Seconds of training steps, split by what the host was waiting for (see StepPhaseTimer).
+// Seconds of training steps, split into phases (see StepPhaseTimer).
 struct PhaseTimes {
-  double compute = 0;    // forward/backward issue + waiting for the compute streams
+  double compute = 0;    // forward/backward of the step's micro-batches on the compute streams
   double comm = 0;       // after the last backward, waiting for the gradient reductions to land
-  double optimizer = 0;  // optimizer_step issue + its compute stream finishing
+  double optimizer = 0;  // optimizer_step: its issue on the host plus its run on the compute stream
   double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
   // Part of compute, not a phase of its own: seconds a device's compute stream spent re-running
   // forward ops inside backward (--recompute), the mean over devices.
@@ -100,7 +108,8 @@ struct RunReport {
   bool per_example = false;  // MLP: throughput is examples/s
   double tokens_per_s = 0;
   double flops_per_token = 0;
-  std::optional<double> peak_flops;  // all devices together
+  std::optional<double> peak_flops;  // all devices together, of peak_kind
+  PeakKind peak_kind = PeakKind::kFp32;
   std::optional<double> mfu;
   PhaseTimes phases;
   std::vector<DeviceReport> devices;
@@ -110,7 +119,7 @@ struct RunReport {
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
-// Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
+// Fields added to the JSON summary record: flops_per_token, peak_flops (null), peak_kind ("tf32"), mfu (null),
 // time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}.
 nlohmann::json report_json(const RunReport& r);
 

@@ -111,7 +111,10 @@ Prefetcher<HostBatch>::Producer rank_rows(const RunContext& run, const BatchSpli
 World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSplit& split, DType working,
              ZeroOptions::Scaling scaling)
     : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
-  for (int r = 0; r < rt_->size(); ++r) devs_.push_back(&rt_->device(r));
+  for (int r = 0; r < rt_->size(); ++r) {
+    devs_.push_back(&rt_->device(r));
+    devs_.back()->set_math_mode(MathMode{.tf32 = run.cfg.tf32});  // before any op is enqueued
+  }
   const int N = size(), TP = run.cfg.tensor_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
   ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");

@@ -80,6 +80,24 @@ TEST(Train, GradientAccumulationEqualsOneBigBatch) {
     EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * a.losses[i]) << "step " << i;
 }
 
+// --tf32 rounds every matmul input to a 10-bit mantissa (relative error <= 2^-11 per operand), so
+// the loss of each step moves by about 1e-3 relative: far less than 1%, yet not zero (the flag
+// reaches the ops). Differences grow with training, so only a few steps are compared.
+TEST(Train, Tf32StaysCloseToFp32) {
+  TrainConfig c = small_gpt(10);
+  const TrainResult fp32 = train(c);
+  c.tf32 = true;
+  const TrainResult tf32 = train(c);
+  ASSERT_EQ(tf32.losses.size(), fp32.losses.size());
+  bool differs = false;
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    EXPECT_NEAR(tf32.losses[i], fp32.losses[i], 1e-2 * fp32.losses[i]) << "step " << i;
+    differs = differs || tf32.losses[i] != fp32.losses[i];
+  }
+  EXPECT_NEAR(tf32.losses[0], fp32.losses[0], 2e-3 * fp32.losses[0]) << "the first forward differs by rounding only";
+  EXPECT_TRUE(differs) << "--tf32 changed no loss: the setting did not reach the matmuls";
+}
+
 TEST(Train, TextFileTrainsAndSamplesItsAlphabet) {
   namespace fs = std::filesystem;
   const fs::path path = fs::temp_directory_path() / ("zt_text_" + std::to_string(::getpid()) + ".txt");
