@@ -106,6 +106,8 @@ void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t 
 // double): the same bits for any thread count.
 constexpr int64_t kSumSquaresBlock = 4096;
 void sum_squares(float* out, const float* x, int64_t n);
+// out[0] = sum(x) with sum_squares' blocking and order (in double), rounded once.
+void sum(float* out, const float* x, int64_t n);
 // out[j] = in[0, j] (+ or max) in[1, j] ... in[S-1, j], fp32, slices in index order.
 void reduce_slices(float* out, const float* in, int64_t S, int64_t n, bool take_max);
 

@@ -54,6 +54,7 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, adamw_update);
   ZT_CPU_ENTRY(cpu_kernels, sgd_update);
   ZT_CPU_ENTRY(cpu_kernels, sum_squares);
+  ZT_CPU_ENTRY(cpu_kernels, sum);
   ZT_CPU_ENTRY(cpu_kernels, position_forward);
   ZT_CPU_ENTRY(cpu_kernels, position_backward);
   ZT_CPU_ENTRY(cpu_kernels, bias_forward);

@@ -131,6 +131,8 @@ size_t sum_squares_workspace_bytes(int64_t n);
 // out[0] (device fp32) = sum(x^2), accumulated in double/fixed order: deterministic run to run.
 void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
                  size_t workspace_bytes);
+// out[0] = sum(x), the same passes without squaring (workspace: sum_squares_workspace_bytes(n)).
+void sum(void* stream, float* out, const float* x, int64_t n, void* workspace, size_t workspace_bytes);
 // out[j] = in[0,j] (+ or max) in[1,j] ... in[S-1,j] for in [S,n], fp32, slices in index order.
 void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t n, bool take_max);
 

@@ -81,6 +81,11 @@ OpTable make_cuda_table() {
     const cuda::TaskSpan span(s, "cast");
     launch_cast(s, dst, dst_type, src, src_type, static_cast<size_t>(n));
   };
+  t.sum = [](Stream& s, float* out, const float* x, int64_t n) {
+    const cuda::TaskSpan span(s, "sum");
+    with_workspace(s, cuda_ops::sum_squares_workspace_bytes(n), "sum workspace",
+                   [&](void* ws, size_t bytes) { cuda_ops::sum(span.native(), out, x, n, ws, bytes); });
+  };
   t.sum_squares = [](Stream& s, float* out, const float* x, int64_t n) {
     const cuda::TaskSpan span(s, "sum_squares");
     with_workspace(s, cuda_ops::sum_squares_workspace_bytes(n), "sum_squares workspace",

@@ -89,7 +89,11 @@ std::optional<double> model_flops_utilization(double flops_per_token, double tok
 // ---- StepPhaseTimer ---------------------------------------------------------------------------
 
 StepPhaseTimer::StepPhaseTimer(int ranks)
-    : rank_done_(static_cast<size_t>(std::max(ranks, 1)), 0.0), rank_recompute_(rank_done_.size(), 0.0) {}
+    : rank_compute_(static_cast<size_t>(std::max(ranks, 1)), 0.0),
+      rank_comm_(rank_compute_.size(), 0.0),
+      rank_recompute_(rank_compute_.size(), 0.0),
+      rank_opt_(rank_compute_.size(), 0.0),
+      rank_host_opt_(rank_compute_.size(), 0.0) {}
 
 double StepPhaseTimer::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -97,26 +101,41 @@ double StepPhaseTimer::now() const {
 
 void StepPhaseTimer::begin_step() {
   step_start_ = now();
-  std::fill(rank_done_.begin(), rank_done_.end(), step_start_);
-  std::fill(rank_recompute_.begin(), rank_recompute_.end(), 0.0);
-  gradients_ = opt_begin_ = opt_end_ = step_start_;
+  for (auto* v : {&rank_compute_, &rank_comm_, &rank_recompute_, &rank_opt_, &rank_host_opt_})
+    std::fill(v->begin(), v->end(), 0.0);
+  opt_begin_ = opt_end_ = step_start_;
 }
-void StepPhaseTimer::rank_compute_done(int rank) { rank_done_.at(static_cast<size_t>(rank)) = now(); }
+
+void StepPhaseTimer::rank_phases(int rank, std::optional<double> compute, std::optional<double> comm) {
+  const size_t r = static_cast<size_t>(rank);
+  if (compute && comm) {
+    rank_compute_.at(r) = std::max(0.0, *compute);
+    rank_comm_.at(r) = std::max(0.0, *comm);
+  } else {
+    rank_compute_.at(r) = std::max(0.0, now() - step_start_);  // no device timing: the host's wait
+    rank_comm_.at(r) = 0;
+  }
+}
 void StepPhaseTimer::rank_recompute(int rank, double seconds) { rank_recompute_.at(static_cast<size_t>(rank)) = seconds; }
-void StepPhaseTimer::gradients_ready() { gradients_ = now(); }
+void StepPhaseTimer::rank_optimizer(int rank, std::optional<double> seconds, double host_seconds) {
+  rank_opt_.at(static_cast<size_t>(rank)) += std::max(0.0, seconds.value_or(0.0));
+  rank_host_opt_.at(static_cast<size_t>(rank)) += host_seconds;
+}
 void StepPhaseTimer::optimizer_begin() { opt_begin_ = now(); }
 void StepPhaseTimer::optimizer_done() { opt_end_ = now(); }
 
 void StepPhaseTimer::end_step() {
-  const double end = now();
-  const double compute_end = *std::max_element(rank_done_.begin(), rank_done_.end());
-  const double compute = std::max(0.0, compute_end - step_start_);
-  const double comm = std::max(0.0, gradients_ - std::max(compute_end, step_start_));
-  const double opt = std::max(0.0, opt_end_ - opt_begin_);
+  const double wall = now() - step_start_;
+  const double compute = *std::max_element(rank_compute_.begin(), rank_compute_.end());
+  double reduced = compute;  // the slowest rank's compute + exposed communication
+  for (size_t r = 0; r < rank_compute_.size(); ++r) reduced = std::max(reduced, rank_compute_[r] + rank_comm_[r]);
+  const double comm = reduced - compute;
+  const double opt = std::max(0.0, opt_end_ - opt_begin_) + *std::max_element(rank_opt_.begin(), rank_opt_.end());
   totals_.compute += compute;
   totals_.comm += comm;
   totals_.optimizer += opt;
-  totals_.other += std::max(0.0, (end - step_start_) - compute - comm - opt);
+  totals_.other += std::max(0.0, wall - compute - comm - opt);
+  totals_.host_optimizer += *std::max_element(rank_host_opt_.begin(), rank_host_opt_.end());
   for (double s : rank_recompute_) totals_.recompute += s / static_cast<double>(rank_recompute_.size());
 }
 

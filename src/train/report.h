@@ -59,36 +59,43 @@ struct PhaseTimes {
   double total() const { return compute + comm + optimizer + other; }
 };
 
-// Measures PhaseTimes on the host, once per step. Boundaries (all host clock):
-//   begin_step ........ rank_compute_done(r) : compute (the slowest rank). Each micro-batch ends
-//        with a host sync on the loss, so this covers issue and execution of forward/backward,
+// Measures PhaseTimes once per step, without host synchronisations of its own: the step's wall
+// time on the host clock (begin_step .. end_step), split by timing events on each rank's compute
+// stream (train/step.cc records them):
+//   step_begin .. compute_done : compute (the slowest rank): forward/backward of every micro-batch,
 //        including any collective the compute stream had to wait for mid-step (a stage-3 gather
 //        not hidden by prefetch, the previous step's parameter all-gather).
-//   ... gradients_ready : exposed communication: every rank's gradient-norm partials need every
-//        gradient reduce-scatter finished; the time past the last backward is the reduction tail
-//        that backward did not hide.
-//   optimizer_begin ... optimizer_done : the update, until each compute stream finished it
-//        (stage 0 includes its gradient all-gather; stages 1-2's parameter all-gather runs on the
-//        comm stream afterwards and, if not hidden, shows up in the next step's compute).
-//   the remainder of the step up to end_step : other.
-// It is an approximation: host-side, overlapped work is attributed to whichever wait ends it.
+//   compute_done .. grads_ready : exposed communication: the gradient check needs every gradient
+//        reduce-scatter finished; the time past the last backward is the reduction tail that
+//        backward did not hide (the slowest rank's end, less compute).
+//   opt_begin .. opt_end : the update on the compute stream (stage 0 includes its gradient
+//        all-gather; stages 1-2's parameter all-gather runs on the comm stream afterwards and, if
+//        not hidden, shows up in the next step's compute), plus the host's time issuing it
+//        (optimizer_begin .. optimizer_done). The update is not waited for: its events are read
+//        after the next step's synchronisation and counted in that step (settle_step_timing counts
+//        the last one), whose wall time is when the host waited for it.
+//   the remainder of the wall time : other.
+// A rank whose events cannot time (nullopt) counts its whole host wait as compute. It is an
+// approximation: overlapped work is attributed to one phase.
 class StepPhaseTimer {
  public:
   explicit StepPhaseTimer(int ranks);
   void begin_step();
-  void rank_compute_done(int rank);  // thread-safe per rank (each rank writes its own slot)
+  // Device seconds of rank's compute and exposed-communication phases; thread-safe per rank (each
+  // rank writes its own slot), called once its step's work has completed.
+  void rank_phases(int rank, std::optional<double> compute, std::optional<double> comm);
   void rank_recompute(int rank, double seconds);  // this step's recompute stream time; same rule
-  void gradients_ready();
+  // An update's device seconds and (--offload optimizer) its host update's seconds; same rule.
+  void rank_optimizer(int rank, std::optional<double> seconds, double host_seconds = 0);
   void optimizer_begin();
   void optimizer_done();
-  void add_host_optimizer(double seconds) { totals_.host_optimizer += seconds; }
   void end_step();
   const PhaseTimes& totals() const { return totals_; }
 
  private:
   double now() const;
-  double step_start_ = 0, gradients_ = 0, opt_begin_ = 0, opt_end_ = 0;
-  std::vector<double> rank_done_, rank_recompute_;
+  double step_start_ = 0, opt_begin_ = 0, opt_end_ = 0;
+  std::vector<double> rank_compute_, rank_comm_, rank_recompute_, rank_opt_, rank_host_opt_;
   PhaseTimes totals_;
 };
 

@@ -313,6 +313,7 @@ bool Trainer::train_world(World& w) {
         consecutive_skips_ = 0;
         ++counters_.updates;
       }
+      if (step + 1 == cfg_.steps) settle_step_timing(w, *timer_);  // the last update's time
       timer_->end_step();
       after_step(w, step, st, seconds_since(ts));
       const bool last = step + 1 == cfg_.steps;

@@ -586,6 +586,21 @@ TEST_P(OpsTest, SumSquares) {
   }
 }
 
+// The step's loss sum (train/step.cc): the float64 sum, rounded once; deterministic.
+TEST_P(OpsTest, Sum) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{4095}, int64_t{4097}, int64_t{1000003}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const FVec x = rng_.normal(n, 0.5f, 0.1f);
+    DevTensor tx = tensor(x, {n}), out = poisoned({1}), again = poisoned({1});
+    ops::sum(s(), out, tx);
+    double want = 0;
+    for (float v : x) want += v;
+    EXPECT_TRUE(close(out.f(), {want}, kTolElem));
+    ops::sum(s(), again, tx);
+    EXPECT_TRUE(bitwise_equal(again.f(), out.f()));
+  }
+}
+
 // ---- finite differences: the references' and the ops' backward against d(sum(out * R)) ----------
 
 // Central differences in float64 with h = 1e-5: truncation ~h^2 |f'''| ~ 1e-10, cancellation
