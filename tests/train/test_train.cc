@@ -81,9 +81,11 @@ TEST(Train, GradientAccumulationEqualsOneBigBatch) {
     EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * a.losses[i]) << "step " << i;
 }
 
-// --tf32 rounds every matmul input to a 10-bit mantissa (relative error <= 2^-11 per operand), so
-// the loss of each step moves by about 1e-3 relative: far less than 1%, yet not zero (the flag
-// reaches the ops). Differences grow with training, so only a few steps are compared.
+// --tf32 rounds every matmul input to a 10-bit mantissa (relative error <= 2^-11 per operand).
+// The per-step losses of this model then move by about 1e-5 relative (measured); the bounds are
+// loose (1%, 0.2% for the first forward) because the effect grows with the width of the dot
+// products and with training, yet a difference must exist (the flag reaches the ops). Only a few
+// steps are compared: trajectories drift apart over a long run.
 TEST(Train, Tf32StaysCloseToFp32) {
   TrainConfig c = small_gpt(10);
   const TrainResult fp32 = train(c);
