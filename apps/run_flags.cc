@@ -136,6 +136,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
                  "master weights and moments stay fp32")
       ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+  sub.add_flag("--tf32", tc.tf32,
+               "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation); "
+               "the CPU backend rounds the same way");
   sub.add_option("--loss-scale", tc.loss_scale, "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
       ->capture_default_str();
   sub.add_option("--initial-scale", tc.initial_scale, "Dynamic loss scaling: initial scale")->capture_default_str()

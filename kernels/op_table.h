@@ -59,6 +59,7 @@ namespace zt {
   X(kAdamwUpdate, adamw_update)                                \
   X(kSgdUpdate, sgd_update)                                    \
   X(kSumSquares, sum_squares)                                  \
+  X(kSum, sum)                                                \
   X(kAdamwMulti, adamw_multi)                                  \
   X(kSgdMulti, sgd_multi)                                      \
   X(kUnscaleCheck, unscale_check)                              \
@@ -151,6 +152,7 @@ struct OpTable {
   void (*sgd_update)(Stream&, float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
                      float momentum, float weight_decay, bool nesterov, float grad_scale) = nullptr;
   void (*sum_squares)(Stream&, float* out, const float* x, int64_t n) = nullptr;
+  void (*sum)(Stream&, float* out, const float* x, int64_t n) = nullptr;
 
   // Optimizer ops (optimizers/optimizers.h). A segment list comes as its host copy (`host`,
   // `count` entries; may be gone once the entry returns) and its device copy (may be null on

@@ -665,4 +665,12 @@ void sum_squares(Stream& s, TensorView out, ConstTensorView x) {
   f32_kernel(s, OpId::kSumSquares).sum_squares(s, f32(out), f32(x), n);
 }
 
+void sum(Stream& s, TensorView out, ConstTensorView x) {
+  constexpr const char* op = "sum";
+  check_f32(s, op, "out", out);
+  check_f32(s, op, "x", x);
+  ZT_REQUIRE(out.numel() == 1, op, ": out ", out.shape.str(), " must hold one element");
+  f32_kernel(s, OpId::kSum).sum(s, f32(out), f32(x), x.numel());
+}
+
 }  // namespace zt::ops

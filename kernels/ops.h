@@ -181,5 +181,8 @@ void sgd_update(Stream& s, TensorView params, ConstTensorView grads, TensorView 
 // ---- reductions ------------------------------------------------------------------------
 // out[0] (fp32, device memory) = sum(x^2), accumulated in a fixed order (deterministic).
 void sum_squares(Stream& s, TensorView out, ConstTensorView x);
+// out[0] (fp32, device memory) = sum(x), accumulated in double in a fixed order (deterministic)
+// and rounded once: a micro-batch's loss summed where it was computed, read once per step.
+void sum(Stream& s, TensorView out, ConstTensorView x);
 
 }  // namespace zt::ops

@@ -41,10 +41,11 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
                         int64_t N, int64_t C);
 
 // ---- matmul (bias / din / dbias may be nullptr) ------------------------------------------------
+// tf32: the device's MathMode::tf32 when the op was enqueued (both GEMM inputs rounded to TF32).
 void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC);
+                    int64_t C, int64_t OC, bool tf32 = false);
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC);
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 
 // x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
 void bias_forward(float* x, const float* bias, int64_t N, int64_t C);
@@ -105,6 +106,8 @@ void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t 
 // double): the same bits for any thread count.
 constexpr int64_t kSumSquaresBlock = 4096;
 void sum_squares(float* out, const float* x, int64_t n);
+// out[0] = sum(x) with sum_squares' blocking and order (in double), rounded once.
+void sum(float* out, const float* x, int64_t n);
 // out[j] = in[0, j] (+ or max) in[1, j] ... in[S-1, j], fp32, slices in index order.
 void reduce_slices(float* out, const float* in, int64_t S, int64_t n, bool take_max);
 

@@ -1,8 +1,11 @@
 // CPU kernels for matmul with bias: matrix products through detail::sgemm (OpenBLAS over fixed
 // output tiles, in parallel), the bias gradient as fixed-order column sums; the bias alone
 // (bias_forward/backward, for row-parallel layers that add it after a reduction) shares them.
+// With TF32 (MathMode) the GEMM inputs are rounded copies: the rounding point tensor cores have.
 #include <algorithm>
+#include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -30,21 +33,49 @@ void add_column_sums(float* dst, const float* src, int64_t N, int64_t C) {
   });
 }
 
+// A GEMM operand as the product reads it: the original, or (tf32) a copy rounded to TF32.
+class GemmInput {
+ public:
+  GemmInput(const float* x, int64_t n, bool tf32) : data_(x) {
+    if (!tf32 || n == 0) return;
+    rounded_.resize(static_cast<size_t>(n));
+    float* dst = rounded_.data();
+    parallel_for(n, detail::kElemGrain, [=](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = round_to_tf32(x[i]);
+    });
+    data_ = dst;
+  }
+  const float* get() const { return data_; }
+
+ private:
+  const float* data_;
+  std::vector<float> rounded_;
+};
+
 }  // namespace
 
 void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC) {
+                    int64_t C, int64_t OC, bool tf32) {
+  const GemmInput a(in, N * C, tf32), w(weight, OC * C, tf32);
   // out[N,OC] = in[N,C] @ weight[OC,C]^T + bias
-  detail::sgemm(false, true, N, OC, C, 1.0f, in, C, weight, C, 0.0f, out, OC, bias);
+  detail::sgemm(false, true, N, OC, C, 1.0f, a.get(), C, w.get(), C, 0.0f, out, OC, bias);
 }
 
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC) {
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32) {
+  const bool products = din != nullptr || dweight != nullptr;
+  const GemmInput g(dout, products ? N * OC : 0, tf32);
   // din[N,C] += dout[N,OC] @ weight[OC,C]
-  if (din != nullptr)
-    detail::sgemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, din, C);
+  if (din != nullptr) {
+    const GemmInput w(weight, OC * C, tf32);
+    detail::sgemm(false, false, N, C, OC, 1.0f, g.get(), OC, w.get(), C, 1.0f, din, C);
+  }
   // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
-  if (dweight != nullptr) detail::sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dweight, C);
+  if (dweight != nullptr) {
+    const GemmInput a(in, N * C, tf32);
+    detail::sgemm(true, false, OC, C, N, 1.0f, g.get(), OC, a.get(), C, 1.0f, dweight, C);
+  }
+  // The bias gradient is a sum, not a product: it reads dout unrounded.
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
 

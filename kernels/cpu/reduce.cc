@@ -1,5 +1,5 @@
-// CPU kernels for reductions: sum of squares (gradient norms: fixed blocks, double partials, fixed
-// order) and the slice-wise sum/max of gathered shards (reduce_slices, slices in index order).
+// CPU kernels for reductions: sum and sum of squares (losses, gradient norms: fixed blocks, double
+// partials, fixed order) and the slice-wise sum/max of gathered shards (reduce_slices, slices in index order).
 #include <algorithm>
 #include <vector>
 
@@ -8,7 +8,10 @@
 
 namespace zt::cpu_kernels {
 
-void sum_squares(float* out, const float* x, int64_t n) {
+namespace {
+
+template <bool kSquare>
+void block_sum(float* out, const float* x, int64_t n) {
   const int64_t num_blocks = (n + kSumSquaresBlock - 1) / kSumSquaresBlock;
   std::vector<double> partial(static_cast<size_t>(num_blocks));
   double* partial_data = partial.data();
@@ -18,7 +21,7 @@ void sum_squares(float* out, const float* x, int64_t n) {
       const int64_t len = std::min(kSumSquaresBlock, n - blk * kSumSquaresBlock);
       partial_data[blk] = detail::lane_sum(len, [xb](int64_t i) {
         const double v = xb[i];
-        return v * v;
+        return kSquare ? v * v : v;
       });
     }
   });
@@ -26,6 +29,11 @@ void sum_squares(float* out, const float* x, int64_t n) {
   for (double p : partial) total += p;
   out[0] = static_cast<float>(total);
 }
+
+}  // namespace
+
+void sum_squares(float* out, const float* x, int64_t n) { block_sum<true>(out, x, n); }
+void sum(float* out, const float* x, int64_t n) { block_sum<false>(out, x, n); }
 
 void reduce_slices(float* out, const float* in, int64_t S, int64_t n, bool take_max) {
   parallel_for(n, detail::kElemGrain, [=](int64_t j0, int64_t j1) {

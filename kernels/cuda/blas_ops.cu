@@ -1,5 +1,5 @@
 // CUDA matmul (and its bias alone) and causal self-attention (kernels/ops.h semantics): cuBLAS GEMMs in true fp32
-// (CUBLAS_COMPUTE_32F, no TF32) plus small kernels for the bias, the column sums of dbias and
+// (CUBLAS_COMPUTE_32F; matmul on TF32 tensor cores when the device's MathMode says so) plus small kernels for the bias, the column sums of dbias and
 // the causal softmax (exp_elem of kernels/elementwise.h, sums in double, as the CPU kernels). Everything is deterministic: cuBLAS GEMMs are bit-reproducible for a fixed
 // handle/workspace, and our reductions run in a fixed order.
 //
@@ -26,14 +26,17 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Column-major C[m,n] = alpha op(A) op(B) + beta C, all fp32 with fp32 accumulation.
+// Column-major C[m,n] = alpha op(A) op(B) + beta C, fp32 in and out with fp32 accumulation;
+// tf32: inputs rounded to TF32 on tensor cores. The compute type is per call, so the handle's
+// math mode stays at its default (cublas_handle.h).
 void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
           int64_t k, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float beta, float* C, int64_t ldc) {
+          float beta, float* C, int64_t ldc, bool tf32 = false) {
   ZT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha,
                                A, CUDA_R_32F, to_int(lda, "lda"), B, CUDA_R_32F,
                                to_int(ldb, "ldb"), &beta, C, CUDA_R_32F, to_int(ldc, "ldc"),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                               tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
 }
 
 void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
@@ -129,11 +132,11 @@ unsigned softmax_grid(int64_t rows) {
 
 // ---- matmul -------------------------------------------------------------------------------
 void matmul_forward(void* stream, float* out, const float* in, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+                    const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
   // out^T[OC,N] = W[OC,C] (= (W^T stored)^T) * in^T[C,N]
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, out, OC);
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, out, OC, tf32);
   if (bias != nullptr) {
     add_bias_kernel<<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
         out, bias, N, OC);
@@ -142,16 +145,17 @@ void matmul_forward(void* stream, float* out, const float* in, const float* weig
 }
 
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) {
+                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
+                     bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
   if (din != nullptr) {
     // din^T[C,N] += W^T[C,OC] * dout^T[OC,N]
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C);
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32);
   }
   if (dweight != nullptr) {
     // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C);
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32);
   }
   if (dbias != nullptr) {
     const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);

@@ -55,12 +55,14 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
                         int64_t N, int64_t C);
 
 // ---- matmul: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC]; bias may be nullptr ----------
+// tf32: the GEMMs run on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), else in true fp32.
 void matmul_forward(void* stream, float* out, const float* in, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC);
+                    const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 // din[N,C] += dout @ weight (skipped when din == nullptr: the first layer of a model);
 // dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC);
+                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
+                     bool tf32 = false);
 
 // x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);
@@ -129,6 +131,8 @@ size_t sum_squares_workspace_bytes(int64_t n);
 // out[0] (device fp32) = sum(x^2), accumulated in double/fixed order: deterministic run to run.
 void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
                  size_t workspace_bytes);
+// out[0] = sum(x), the same passes without squaring (workspace: sum_squares_workspace_bytes(n)).
+void sum(void* stream, float* out, const float* x, int64_t n, void* workspace, size_t workspace_bytes);
 // out[j] = in[0,j] (+ or max) in[1,j] ... in[S-1,j] for in [S,n], fp32, slices in index order.
 void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t n, bool take_max);
 

@@ -214,6 +214,8 @@ int64_t sum_squares_partials(int64_t n) {
                              kSumSquaresMaxPartials);
 }
 
+// kSquare: sum of squares (gradient norms); else the plain sum (the step's losses, ops::sum).
+template <bool kSquare>
 __global__ void sum_squares_partial_kernel(double* __restrict__ partials,
                                            const float* __restrict__ x, int64_t n) {
   using BlockReduce = cub::BlockReduce<double, kSumSquaresThreads>;
@@ -221,7 +223,7 @@ __global__ void sum_squares_partial_kernel(double* __restrict__ partials,
   double acc = 0.0;
   ZT_GRID_STRIDE_LOOP(i, n) {
     const double xi = x[i];
-    acc += xi * xi;
+    acc += kSquare ? xi * xi : xi;
   }
   const double total = BlockReduce(temp).Sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
@@ -394,25 +396,39 @@ size_t sum_squares_workspace_bytes(int64_t n) {
   return n == 0 ? 0 : static_cast<size_t>(sum_squares_partials(n)) * sizeof(double);
 }
 
-void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
-                 size_t workspace_bytes) {
+namespace {
+
+template <bool kSquare>
+void launch_sum(const char* op, void* stream, float* out, const float* x, int64_t n, void* workspace,
+                size_t workspace_bytes) {
   detail::LaunchScope scope(stream);
   if (n == 0) {
     ZT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), scope.stream()));
     return;
   }
   const int64_t partials = sum_squares_partials(n);
-  ZT_CHECK(workspace != nullptr && workspace_bytes >= sum_squares_workspace_bytes(n),
-           "sum_squares: workspace of ", workspace_bytes, " bytes, need ",
-           sum_squares_workspace_bytes(n), " for n=", n);
-  ZT_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(double) == 0,
-           "sum_squares: workspace not aligned for double");
+  ZT_CHECK(workspace != nullptr && workspace_bytes >= sum_squares_workspace_bytes(n), op,
+           ": workspace of ", workspace_bytes, " bytes, need ", sum_squares_workspace_bytes(n),
+           " for n=", n);
+  ZT_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(double) == 0, op,
+           ": workspace not aligned for double");
   auto* partial = static_cast<double*>(workspace);
-  sum_squares_partial_kernel<<<static_cast<unsigned>(partials), kSumSquaresThreads, 0,
-                               scope.stream()>>>(partial, x, n);
+  sum_squares_partial_kernel<kSquare><<<static_cast<unsigned>(partials), kSumSquaresThreads, 0,
+                                        scope.stream()>>>(partial, x, n);
   ZT_CUDA_CHECK(cudaGetLastError());
   sum_squares_final_kernel<<<1, kSumSquaresThreads, 0, scope.stream()>>>(out, partial, partials);
   ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void sum_squares(void* stream, float* out, const float* x, int64_t n, void* workspace,
+                 size_t workspace_bytes) {
+  launch_sum<true>("sum_squares", stream, out, x, n, workspace, workspace_bytes);
+}
+
+void sum(void* stream, float* out, const float* x, int64_t n, void* workspace, size_t workspace_bytes) {
+  launch_sum<false>("sum", stream, out, x, n, workspace, workspace_bytes);
 }
 
 }  // namespace zt::cuda_ops

@@ -47,8 +47,15 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, encoder_backward);
   ZT_CUDA_ENTRY(cuda_ops, layernorm_forward);
   ZT_CUDA_ENTRY(cuda_ops, layernorm_backward);
-  ZT_CUDA_ENTRY(cuda_ops, matmul_forward);
-  ZT_CUDA_ENTRY(cuda_ops, matmul_backward);
+  // The device's math mode decides the GEMMs' compute type (runtime/device.h MathMode).
+  t.matmul_forward = [](Stream& s, auto... a) {
+    const cuda::TaskSpan span(s, "matmul_forward");
+    cuda_ops::matmul_forward(span.native(), a..., s.device().math_mode().tf32);
+  };
+  t.matmul_backward = [](Stream& s, auto... a) {
+    const cuda::TaskSpan span(s, "matmul_backward");
+    cuda_ops::matmul_backward(span.native(), a..., s.device().math_mode().tf32);
+  };
   ZT_CUDA_ENTRY(cuda_ops, attention_forward);
   ZT_CUDA_ENTRY(cuda_ops, attention_backward);
   ZT_CUDA_ENTRY(cuda_ops, flash_attention_forward);
@@ -73,6 +80,11 @@ OpTable make_cuda_table() {
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");
     launch_cast(s, dst, dst_type, src, src_type, static_cast<size_t>(n));
+  };
+  t.sum = [](Stream& s, float* out, const float* x, int64_t n) {
+    const cuda::TaskSpan span(s, "sum");
+    with_workspace(s, cuda_ops::sum_squares_workspace_bytes(n), "sum workspace",
+                   [&](void* ws, size_t bytes) { cuda_ops::sum(span.native(), out, x, n, ws, bytes); });
   };
   t.sum_squares = [](Stream& s, float* out, const float* x, int64_t n) {
     const cuda::TaskSpan span(s, "sum_squares");

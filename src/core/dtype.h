@@ -96,6 +96,16 @@ ZT_HOST_DEVICE ZT_FORCEINLINE float bf16_bits_to_float(uint16_t b) {
   return bits_as_float(static_cast<uint32_t>(b) << 16);
 }
 
+// float -> TF32 (fp32's 8-bit exponent, 10-bit mantissa), returned as a float whose low 13
+// mantissa bits are zero: round to nearest even, overflow to inf, inf/NaN unchanged. The rounding
+// point of --tf32 GEMM inputs (kernels/ops.h, MathMode); tensor cores may round ties differently.
+ZT_HOST_DEVICE ZT_FORCEINLINE float round_to_tf32(float f) {
+  const uint32_t x = float_as_bits(f);
+  if ((x & 0x7f800000u) == 0x7f800000u) return f;
+  const uint32_t rounding_bias = 0xfffu + ((x >> 13) & 1u);
+  return bits_as_float((x + rounding_bias) & ~0x1fffu);
+}
+
 ZT_HOST_DEVICE ZT_FORCEINLINE float to_float(float v) { return v; }
 ZT_HOST_DEVICE ZT_FORCEINLINE float to_float(Half v) { return half_bits_to_float(v.bits); }
 ZT_HOST_DEVICE ZT_FORCEINLINE float to_float(BFloat16 v) { return bf16_bits_to_float(v.bits); }

@@ -8,6 +8,7 @@
 // zt::Error(kDevice) at the synchronization points (synchronize, synchronize_for, query).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -23,6 +24,16 @@ namespace zt {
 class CachingAllocator;
 
 enum class StreamPriority { kNormal, kHigh };
+
+// How a device's ops may round, as torch's allow_tf32: a property of the device, not an argument
+// of every op. Set it while no op that should see the change is being enqueued (the trainer sets
+// it once, before the first step); each op reads it when it is enqueued.
+struct MathMode {
+  // fp32 matrix products (matmul_forward/backward) round both GEMM inputs to TF32 (10-bit
+  // mantissa, round to nearest even) and accumulate in fp32: tensor cores on CUDA
+  // (CUBLAS_COMPUTE_32F_FAST_TF32), the same rounding point before OpenBLAS on the CPU backend.
+  bool tf32 = false;
+};
 
 enum class FaultKind {
   kError,  // the device reports an error, as a GPU with a sticky error (Xid) does
@@ -45,6 +56,9 @@ class Device {
   // A further stream, owned by the device and valid for its lifetime.
   virtual Stream& create_stream(StreamPriority priority = StreamPriority::kNormal) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+  // An event that can also time work (Event::seconds_since), e.g. the optimizer's span of a step
+  // without a host synchronisation; on CUDA slightly dearer to record. Default: create_event().
+  virtual std::unique_ptr<Event> create_timing_event() { return create_event(); }
 
   virtual CachingAllocator& memory() = 0;
   virtual bool can_access_peer(const Device& other) const = 0;
@@ -56,6 +70,9 @@ class Device {
   virtual bool synchronize_for(std::chrono::milliseconds timeout) = 0;
   // True once an operation on this device has failed; the device stays failed (sticky).
   virtual bool failed() const = 0;
+
+  MathMode math_mode() const { return MathMode{tf32_.load(std::memory_order_relaxed)}; }
+  void set_math_mode(const MathMode& mode) { tf32_.store(mode.tf32, std::memory_order_relaxed); }
 
   // Where this device reports its stream work (nullptr: nowhere; then tracing costs one atomic
   // load per task). Runtime::set_observer sets it on every device; call it while the device is
@@ -90,6 +107,9 @@ class Device {
   // inside the CUDA runtime on a GPU that is truly stuck.
   // Default: nothing to release (the backend cannot inject faults).
   virtual void abandon(const std::string& why);
+
+ private:
+  std::atomic<bool> tf32_{false};
 };
 
 }  // namespace zt

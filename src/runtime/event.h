@@ -5,6 +5,8 @@
 //    when wait() was called; waiting on a never-recorded event is a no-op.
 #pragma once
 
+#include <optional>
+
 namespace zt {
 
 class Event {
@@ -14,6 +16,13 @@ class Event {
   virtual bool query() = 0;
   // Blocks the host until the captured work has completed.
   virtual void synchronize() = 0;
+  // Seconds from the completion of `start`'s record to this event's (device time, negative if
+  // this one completed first). Never blocks: nullopt unless both were recorded, have completed,
+  // live on one device and come from Device::create_timing_event().
+  virtual std::optional<double> seconds_since(const Event& start) const {
+    (void)start;
+    return std::nullopt;
+  }
 };
 
 }  // namespace zt

@@ -194,7 +194,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   resident.push_back({ws, false});
   const size_t inputs = static_cast<size_t>(B) * static_cast<size_t>(gpt ? T : mc.input_dim) * 4;
   const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
-  const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks()) * 4;  // ZeroEngine::check_gradients
+  const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;  // + kLossSlots (train/world.h)
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
   const size_t comm = Communicator::planned_buffer_bytes(N);
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});

@@ -18,26 +18,62 @@ double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int s
   return 6.0 * n + 12.0 * mc.layers * static_cast<double>(seq_len) * mc.embd;
 }
 
-std::optional<double> peak_fp32_flops(const std::string& device_name) {
+const char* peak_kind_name(PeakKind kind) {
+  switch (kind) {
+    case PeakKind::kFp32: return "fp32";
+    case PeakKind::kTf32: return "tf32";
+    case PeakKind::kBf16: return "bf16";
+    case PeakKind::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* peak_kind_label(PeakKind kind) {
+  switch (kind) {
+    case PeakKind::kFp32: return "FP32";
+    case PeakKind::kTf32: return "TF32";
+    case PeakKind::kBf16: return "BF16";
+    case PeakKind::kFp16: return "FP16";
+  }
+  return "?";
+}
+
+PeakKind gemm_peak_kind(bool tf32) { return tf32 ? PeakKind::kTf32 : PeakKind::kFp32; }
+
+std::optional<double> peak_flops(const std::string& device_name, PeakKind kind) {
   if (device_name.rfind("cuda:", 0) != 0) return std::nullopt;
-  // Non-tensor-core fp32, dense, from NVIDIA's product datasheets (boost clock). The first entry
-  // whose key occurs in the name wins, so more specific names come first. The SXM parts report no
-  // form factor in their name ("NVIDIA H100 80GB HBM3"), hence the bare "H100"/"H200" = SXM.
-  static const std::pair<const char*, double> kPeaks[] = {
-      {"H200 NVL", 60e12}, {"H200", 67e12},  {"H100 PCIe", 51e12}, {"H100 NVL", 60e12},
-      {"H100", 67e12},     {"A100", 19.5e12}, {"L40S", 91.6e12},   {"V100", 15.7e12},
+  // Dense figures from NVIDIA's product datasheets (boost clock; the datasheets' tensor figures
+  // "with sparsity" halved). fp32 is the CUDA-core (non-tensor) rate. 0 = no figure here. The
+  // first entry whose key occurs in the name wins, so more specific names come first. The SXM
+  // parts report no form factor in their name ("NVIDIA H100 80GB HBM3"), hence bare "H100"/"H200"
+  // = SXM.
+  struct Peaks {
+    const char* key;
+    double fp32, tf32, bf16, fp16;
   };
-  for (const auto& [key, flops] : kPeaks)
-    if (device_name.find(key) != std::string::npos) return flops;
+  static const Peaks kPeaks[] = {
+      {"H200 NVL", 60e12, 0, 0, 0},         {"H200", 67e12, 494e12, 989e12, 989e12},
+      {"H100 PCIe", 51e12, 378e12, 756e12, 756e12}, {"H100 NVL", 60e12, 0, 0, 0},
+      {"H100", 67e12, 494e12, 989e12, 989e12},      {"A100", 19.5e12, 156e12, 312e12, 312e12},
+      {"L40S", 91.6e12, 183e12, 362e12, 362e12},    {"V100", 15.7e12, 0, 0, 125e12},
+  };
+  for (const Peaks& p : kPeaks)
+    if (device_name.find(p.key) != std::string::npos) {
+      const double f = kind == PeakKind::kFp32   ? p.fp32
+                       : kind == PeakKind::kTf32 ? p.tf32
+                       : kind == PeakKind::kBf16 ? p.bf16
+                                                 : p.fp16;
+      return f > 0 ? std::optional<double>(f) : std::nullopt;
+    }
   return std::nullopt;
 }
 
-std::optional<double> total_peak_flops(const std::vector<std::string>& device_names) {
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names, PeakKind kind) {
   if (device_names.empty()) return std::nullopt;
   std::set<std::string> physical;  // "cuda:0": logical devices on one GPU share its peak
   double total = 0;
   for (const std::string& name : device_names) {
-    const std::optional<double> p = peak_fp32_flops(name);
+    const std::optional<double> p = peak_flops(name, kind);
     if (!p) return std::nullopt;
     if (physical.insert(name.substr(0, name.find(' '))).second) total += *p;
   }
@@ -53,7 +89,11 @@ std::optional<double> model_flops_utilization(double flops_per_token, double tok
 // ---- StepPhaseTimer ---------------------------------------------------------------------------
 
 StepPhaseTimer::StepPhaseTimer(int ranks)
-    : rank_done_(static_cast<size_t>(std::max(ranks, 1)), 0.0), rank_recompute_(rank_done_.size(), 0.0) {}
+    : rank_compute_(static_cast<size_t>(std::max(ranks, 1)), 0.0),
+      rank_comm_(rank_compute_.size(), 0.0),
+      rank_recompute_(rank_compute_.size(), 0.0),
+      rank_opt_(rank_compute_.size(), 0.0),
+      rank_host_opt_(rank_compute_.size(), 0.0) {}
 
 double StepPhaseTimer::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -61,26 +101,41 @@ double StepPhaseTimer::now() const {
 
 void StepPhaseTimer::begin_step() {
   step_start_ = now();
-  std::fill(rank_done_.begin(), rank_done_.end(), step_start_);
-  std::fill(rank_recompute_.begin(), rank_recompute_.end(), 0.0);
-  gradients_ = opt_begin_ = opt_end_ = step_start_;
+  for (auto* v : {&rank_compute_, &rank_comm_, &rank_recompute_, &rank_opt_, &rank_host_opt_})
+    std::fill(v->begin(), v->end(), 0.0);
+  opt_begin_ = opt_end_ = step_start_;
 }
-void StepPhaseTimer::rank_compute_done(int rank) { rank_done_.at(static_cast<size_t>(rank)) = now(); }
+
+void StepPhaseTimer::rank_phases(int rank, std::optional<double> compute, std::optional<double> comm) {
+  const size_t r = static_cast<size_t>(rank);
+  if (compute && comm) {
+    rank_compute_.at(r) = std::max(0.0, *compute);
+    rank_comm_.at(r) = std::max(0.0, *comm);
+  } else {
+    rank_compute_.at(r) = std::max(0.0, now() - step_start_);  // no device timing: the host's wait
+    rank_comm_.at(r) = 0;
+  }
+}
 void StepPhaseTimer::rank_recompute(int rank, double seconds) { rank_recompute_.at(static_cast<size_t>(rank)) = seconds; }
-void StepPhaseTimer::gradients_ready() { gradients_ = now(); }
+void StepPhaseTimer::rank_optimizer(int rank, std::optional<double> seconds, double host_seconds) {
+  rank_opt_.at(static_cast<size_t>(rank)) += std::max(0.0, seconds.value_or(0.0));
+  rank_host_opt_.at(static_cast<size_t>(rank)) += host_seconds;
+}
 void StepPhaseTimer::optimizer_begin() { opt_begin_ = now(); }
 void StepPhaseTimer::optimizer_done() { opt_end_ = now(); }
 
 void StepPhaseTimer::end_step() {
-  const double end = now();
-  const double compute_end = *std::max_element(rank_done_.begin(), rank_done_.end());
-  const double compute = std::max(0.0, compute_end - step_start_);
-  const double comm = std::max(0.0, gradients_ - std::max(compute_end, step_start_));
-  const double opt = std::max(0.0, opt_end_ - opt_begin_);
+  const double wall = now() - step_start_;
+  const double compute = *std::max_element(rank_compute_.begin(), rank_compute_.end());
+  double reduced = compute;  // the slowest rank's compute + exposed communication
+  for (size_t r = 0; r < rank_compute_.size(); ++r) reduced = std::max(reduced, rank_compute_[r] + rank_comm_[r]);
+  const double comm = reduced - compute;
+  const double opt = std::max(0.0, opt_end_ - opt_begin_) + *std::max_element(rank_opt_.begin(), rank_opt_.end());
   totals_.compute += compute;
   totals_.comm += comm;
   totals_.optimizer += opt;
-  totals_.other += std::max(0.0, (end - step_start_) - compute - comm - opt);
+  totals_.other += std::max(0.0, wall - compute - comm - opt);
+  totals_.host_optimizer += *std::max_element(rank_host_opt_.begin(), rank_host_opt_.end());
   for (double s : rank_recompute_) totals_.recompute += s / static_cast<double>(rank_recompute_.size());
 }
 
@@ -121,9 +176,10 @@ std::string format_summary(const RunReport& r) {
          si(r.flops_per_token * r.tokens_per_s, "FLOP/s") + " (" + si(r.flops_per_token, "FLOP") + "/" + unit + ")\n";
   out += "  MFU          ";
   if (r.mfu)
-    out += fmt("%.1f%%", *r.mfu * 100) + " of " + si(*r.peak_flops, "FLOP/s") + " fp32 peak\n";
+    out += fmt("%.1f%%", *r.mfu * 100) + " of " + fmt("%.4g", *r.peak_flops / 1e12) + " TFLOP/s " + peak_kind_label(r.peak_kind) +
+           " peak\n";
   else
-    out += "n/a (peak FLOP/s of these devices unknown)\n";
+    out += std::string("n/a (") + peak_kind_label(r.peak_kind) + " peak FLOP/s of these devices unknown)\n";
   const double total = r.phases.total();
   auto share = [&](double s) { return fmt(s < 10 ? "%.2f s" : "%.1f s", s) + " (" + fmt("%.0f%%", total > 0 ? 100 * s / total : 0) + ")"; };
   out += "  time split   compute " + share(r.phases.compute) + " | exposed comm " + share(r.phases.comm) +
@@ -162,6 +218,7 @@ nlohmann::json report_json(const RunReport& r) {
   nlohmann::json j;
   j["flops_per_token"] = r.flops_per_token;
   j["peak_flops"] = r.peak_flops ? nlohmann::json(*r.peak_flops) : nlohmann::json(nullptr);
+  j["peak_kind"] = peak_kind_name(r.peak_kind);
   j["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
   j["time_split"] = {{"compute_s", r.phases.compute},
                      {"comm_s", r.phases.comm},

@@ -24,22 +24,30 @@ class Device;
 // (layernorm, GELU, softmax, AdamW) are not counted. MLP: 6*N per example (no attention).
 double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int seq_len);
 
-// Peak dense fp32 FLOP/s (CUDA cores, no tensor cores: the CUDA backend runs cuBLAS with
-// CUBLAS_COMPUTE_32F and no TF32) of one GPU, from NVIDIA's datasheet figure for its name as the
-// runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown, and for CPU devices.
-std::optional<double> peak_fp32_flops(const std::string& device_name);
+// The number format the GEMMs run in, which picks the peak MFU divides by. Today every GEMM is
+// fp32 whatever --precision says (16-bit parameters are widened before use): fp32 on CUDA cores,
+// or TF32 on tensor cores with --tf32. bf16/fp16 are listed for when 16-bit GEMMs land.
+enum class PeakKind { kFp32, kTf32, kBf16, kFp16 };
+const char* peak_kind_name(PeakKind kind);   // "fp32", "tf32", "bf16", "fp16" (JSON peak_kind)
+const char* peak_kind_label(PeakKind kind);  // "FP32", "TF32", "BF16", "FP16" (the summary line)
+PeakKind gemm_peak_kind(bool tf32);
+
+// Peak dense (no structured sparsity) FLOP/s of one GPU in `kind`, from NVIDIA's datasheet for
+// its name as the runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown (a GPU not in
+// the table, a kind it has no figure for), and for CPU devices.
+std::optional<double> peak_flops(const std::string& device_name, PeakKind kind);
 // Sum over the distinct physical GPUs behind the devices (logical devices sharing one GPU count
 // once); nullopt when any device's peak is unknown.
-std::optional<double> total_peak_flops(const std::vector<std::string>& device_names);
+std::optional<double> total_peak_flops(const std::vector<std::string>& device_names, PeakKind kind);
 // Achieved model FLOP/s over the peak; nullopt when the peak is unknown.
 std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
                                               std::optional<double> peak_flops);
 
-// Seconds of training steps, split by what the host was waiting for (see StepPhaseTimer).
+// Seconds of training steps, split into phases (see StepPhaseTimer).
 struct PhaseTimes {
-  double compute = 0;    // forward/backward issue + waiting for the compute streams
+  double compute = 0;    // forward/backward of the step's micro-batches on the compute streams
   double comm = 0;       // after the last backward, waiting for the gradient reductions to land
-  double optimizer = 0;  // optimizer_step issue + its compute stream finishing
+  double optimizer = 0;  // optimizer_step: its issue on the host plus its run on the compute stream
   double other = 0;      // the rest of the step: host-side loss/norm sums, thread start-up, logging
   // Part of compute, not a phase of its own: seconds a device's compute stream spent re-running
   // forward ops inside backward (--recompute), the mean over devices.
@@ -51,36 +59,43 @@ struct PhaseTimes {
   double total() const { return compute + comm + optimizer + other; }
 };
 
-// Measures PhaseTimes on the host, once per step. Boundaries (all host clock):
-//   begin_step ........ rank_compute_done(r) : compute (the slowest rank). Each micro-batch ends
-//        with a host sync on the loss, so this covers issue and execution of forward/backward,
+// Measures PhaseTimes once per step, without host synchronisations of its own: the step's wall
+// time on the host clock (begin_step .. end_step), split by timing events on each rank's compute
+// stream (train/step.cc records them):
+//   step_begin .. compute_done : compute (the slowest rank): forward/backward of every micro-batch,
 //        including any collective the compute stream had to wait for mid-step (a stage-3 gather
 //        not hidden by prefetch, the previous step's parameter all-gather).
-//   ... gradients_ready : exposed communication: every rank's gradient-norm partials need every
-//        gradient reduce-scatter finished; the time past the last backward is the reduction tail
-//        that backward did not hide.
-//   optimizer_begin ... optimizer_done : the update, until each compute stream finished it
-//        (stage 0 includes its gradient all-gather; stages 1-2's parameter all-gather runs on the
-//        comm stream afterwards and, if not hidden, shows up in the next step's compute).
-//   the remainder of the step up to end_step : other.
-// It is an approximation: host-side, overlapped work is attributed to whichever wait ends it.
+//   compute_done .. grads_ready : exposed communication: the gradient check needs every gradient
+//        reduce-scatter finished; the time past the last backward is the reduction tail that
+//        backward did not hide (the slowest rank's end, less compute).
+//   opt_begin .. opt_end : the update on the compute stream (stage 0 includes its gradient
+//        all-gather; stages 1-2's parameter all-gather runs on the comm stream afterwards and, if
+//        not hidden, shows up in the next step's compute), plus the host's time issuing it
+//        (optimizer_begin .. optimizer_done). The update is not waited for: its events are read
+//        after the next step's synchronisation and counted in that step (settle_step_timing counts
+//        the last one), whose wall time is when the host waited for it.
+//   the remainder of the wall time : other.
+// A rank whose events cannot time (nullopt) counts its whole host wait as compute. It is an
+// approximation: overlapped work is attributed to one phase.
 class StepPhaseTimer {
  public:
   explicit StepPhaseTimer(int ranks);
   void begin_step();
-  void rank_compute_done(int rank);  // thread-safe per rank (each rank writes its own slot)
+  // Device seconds of rank's compute and exposed-communication phases; thread-safe per rank (each
+  // rank writes its own slot), called once its step's work has completed.
+  void rank_phases(int rank, std::optional<double> compute, std::optional<double> comm);
   void rank_recompute(int rank, double seconds);  // this step's recompute stream time; same rule
-  void gradients_ready();
+  // An update's device seconds and (--offload optimizer) its host update's seconds; same rule.
+  void rank_optimizer(int rank, std::optional<double> seconds, double host_seconds = 0);
   void optimizer_begin();
   void optimizer_done();
-  void add_host_optimizer(double seconds) { totals_.host_optimizer += seconds; }
   void end_step();
   const PhaseTimes& totals() const { return totals_; }
 
  private:
   double now() const;
-  double step_start_ = 0, gradients_ = 0, opt_begin_ = 0, opt_end_ = 0;
-  std::vector<double> rank_done_, rank_recompute_;
+  double step_start_ = 0, opt_begin_ = 0, opt_end_ = 0;
+  std::vector<double> rank_compute_, rank_comm_, rank_recompute_, rank_opt_, rank_host_opt_;
   PhaseTimes totals_;
 };
 
@@ -100,7 +115,8 @@ struct RunReport {
   bool per_example = false;  // MLP: throughput is examples/s
   double tokens_per_s = 0;
   double flops_per_token = 0;
-  std::optional<double> peak_flops;  // all devices together
+  std::optional<double> peak_flops;  // all devices together, of peak_kind
+  PeakKind peak_kind = PeakKind::kFp32;
   std::optional<double> mfu;
   PhaseTimes phases;
   std::vector<DeviceReport> devices;
@@ -110,7 +126,7 @@ struct RunReport {
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
-// Fields added to the JSON summary record: flops_per_token, peak_flops (null), mfu (null),
+// Fields added to the JSON summary record: flops_per_token, peak_flops (null), peak_kind ("tf32"), mfu (null),
 // time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}.
 nlohmann::json report_json(const RunReport& r);
 

@@ -5,12 +5,16 @@
 #include <cmath>
 
 #include "core/nvtx.h"
+#include "kernels/ops.h"
 
 namespace zt {
 
 namespace {
 
-// Forward/backward of every micro-batch of the step on rank r, then its gradient check.
+// Forward/backward of every micro-batch of the step on rank r, then its gradient check. The host
+// does not wait inside: each micro-batch's loss is summed on the device (ops::sum) into the step's
+// loss, and one synchronisation at the end reads it with the gradient-norm partials, the overflow
+// flag and the loss scale. The phases of the step are timed by events on the compute stream.
 void rank_step(World& world, const RunContext& run, int step, int r, float dloss, StepPhaseTimer& timer) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
@@ -18,32 +22,57 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   ZeroEngine& engine = world.engine();
   const int accum = world.split().accum;
   const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), d.index());
-  R.loss_sum = 0;
+  float* const norms = R.norms.as<float>();
+  const int64_t partials = static_cast<int64_t>(R.norm_host.size()) - 1;  // the loss sum follows them
+  const TensorView step_loss{norms + partials, DType::kF32, Shape{1}, d.index()};
+  const TensorView micro_loss{norms + partials + 1, DType::kF32, Shape{1}, d.index()};
+  const ConstTensorView losses{R.ws->losses().data, DType::kF32, Shape{static_cast<int64_t>(R.losses.size())},
+                               d.index()};
+  s.record(*R.step_begin);
   for (int m = 0; m < accum; ++m) {
-    const HostBatch& hb = [&]() -> const HostBatch& {
+    HostBatch& staged = R.staged[static_cast<size_t>(m)];
+    {
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
-      return R.prefetch->get(static_cast<int64_t>(step) * accum + m);
-    }();
-    world.upload(r, hb);
+      staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);  // reuses staged's capacity
+    }
+    world.upload(r, staged);
     R.batch.loss_scale = engine.loss_scale_device(r);
     engine.begin_micro_batch(r, m);
     world.model().forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
     world.model().backward(s, engine.access(r), *R.ws, R.batch);
     engine.end_micro_batch(r);
-    R.loss_sum += world.read_losses(r);  // synchronizes: hb may be recycled by the prefetcher after this
+    ops::sum(s, m == 0 ? step_loss : micro_loss, losses);
+    if (m > 0) ops::add(s, step_loss, step_loss, micro_loss);
   }
-  timer.rank_compute_done(r);
-  timer.rank_recompute(r, R.ws->take_recompute_seconds());  // read_losses synchronized the stream
+  s.record(*R.compute_done);
   for (const GradientFault& f : run.cfg.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
-  engine.check_gradients(r, R.norms.as<float>());
-  s.copy(R.norm_host.data(), R.norms.data(), R.norm_host.size() * 4);
+  engine.check_gradients(r, norms);
+  s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
   s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
   s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
-  s.synchronize();
+  s.record(*R.grads_ready);
+  s.synchronize();  // the step's one host synchronisation on this rank
+  R.loss_sum = R.norm_host.back();
+  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
+  timer.rank_recompute(r, R.ws->take_recompute_seconds());
+  // The previous step's update ran on this stream before step_begin: its events are complete.
+  if (R.opt_pending)
+    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), engine.host_update_seconds(r));
+  R.opt_pending = false;
 }
 
 }  // namespace
+
+void settle_step_timing(World& world, StepPhaseTimer& timer) {
+  for (int r = 0; r < world.size(); ++r) {
+    RankState& R = world.rank(r);
+    if (!R.opt_pending) continue;
+    R.opt_end->synchronize();
+    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), world.engine().host_update_seconds(r));
+    R.opt_pending = false;
+  }
+}
 
 StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates, StepPhaseTimer& timer) {
   const TrainConfig& cfg = run.cfg;
@@ -54,7 +83,6 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(world.split().batch) * run.T);
   timer.begin_step();
   world.for_ranks([&](int r) { rank_step(world, run, step, r, dloss, timer); });
-  timer.gradients_ready();
 
   StepStats st;
   st.lr = lr;
@@ -65,10 +93,12 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   for (int r = 0; r < N; ++r) {
     const bool lead = world.tensor_lead(r);
     if (lead) loss_sum += world.rank(r).loss_sum;
-    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroEngine::check_gradients).
+    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroEngine::check_gradients);
+    // then the loss sum.
     const auto& norms = world.rank(r).norm_host;
-    for (size_t b = 0; b < norms.size(); ++b)
-      if (lead || b < norms.size() / 2) sq += norms[b];
+    const size_t partials = norms.size() - 1;
+    for (size_t b = 0; b < partials; ++b)
+      if (lead || b < partials / 2) sq += norms[b];
   }
   st.grad_norm = std::sqrt(sq);
   st.loss = loss_sum / positions;
@@ -93,18 +123,18 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
                       ? static_cast<float>(cfg.grad_clip / st.grad_norm)
                       : 1.0f;
   timer.optimizer_begin();
-  // The sync makes the optimizer's time measurable (train/report.h); it changes no result.
+  // No wait: the update's time comes from its events, read after the next synchronisation
+  // (the next step's, or settle_step_timing after the last step).
   world.for_ranks([&](int r) {
     const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), world.device(r).index());
+    RankState& R = world.rank(r);
+    Stream& s = world.device(r).compute();
+    s.record(*R.opt_begin);
     engine.optimizer_step(r, os);
-    world.device(r).compute().synchronize();
+    s.record(*R.opt_end);
+    R.opt_pending = true;
   });
   timer.optimizer_done();
-  if (cfg.offload_optimizer) {
-    double host = 0;
-    for (int r = 0; r < N; ++r) host = std::max(host, engine.host_update_seconds(r));
-    timer.add_host_optimizer(host);
-  }
   return st;
 }
 

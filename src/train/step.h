@@ -1,6 +1,8 @@
-// One optimizer step on every rank: forward/backward over the step's micro-batches, the gradient
-// check (norm partials and the all-reduced non-finite flag), one host synchronisation to read
-// them, then the update (skipped together on every rank when anything was not finite).
+// One optimizer step on every rank: forward/backward over the step's micro-batches (their losses
+// summed on the device), the gradient check (norm partials and the all-reduced non-finite flag),
+// one host synchronisation per rank to read them, then the update (skipped together on every rank
+// when anything was not finite), issued without a wait: it completes in stream order before the
+// next step's work, and its time is read from events.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +25,8 @@ struct StepStats {
 // Runs step `step` (0-based). `updates`: updates made so far (AdamW's bias correction counts them).
 StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates,
                      StepPhaseTimer& timer);
+// Waits for the last train_step's update and gives its time to the timer (the next train_step
+// would): after the last step, before its end_step.
+void settle_step_timing(World& world, StepPhaseTimer& timer);
 
 }  // namespace zt

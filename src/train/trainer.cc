@@ -262,8 +262,8 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   log_.line("data: " + (run_.is_gpt ? run_.lang->describe() : run_.images->describe()));
   std::string names;
   for (const std::string& n : w.device_names()) names += (names.empty() ? "" : ", ") + n;
-  std::snprintf(buf, sizeof buf, "devices: %s (ZeRO stage %d, %s%s)", names.c_str(), cfg_.zero_stage,
-                precision_name(run_.precision),
+  std::snprintf(buf, sizeof buf, "devices: %s (ZeRO stage %d, %s%s%s)", names.c_str(), cfg_.zero_stage,
+                precision_name(run_.precision), cfg_.tf32 ? ", TF32 matmuls" : "",
                 scaling_ == ZeroOptions::Scaling::kDynamic ? ", dynamic loss scaling"
                 : scaling_ == ZeroOptions::Scaling::kFixed ? ", fixed loss scale"
                                                             : "");
@@ -313,6 +313,7 @@ bool Trainer::train_world(World& w) {
         consecutive_skips_ = 0;
         ++counters_.updates;
       }
+      if (step + 1 == cfg_.steps) settle_step_timing(w, *timer_);  // the last update's time
       timer_->end_step();
       after_step(w, step, st, seconds_since(ts));
       const bool last = step + 1 == cfg_.steps;
@@ -611,7 +612,8 @@ void Trainer::finish(World& w) {
   report.tokens_per_s = result_.tokens_per_s;
   report.flops_per_token = result_.flops_per_token =
       training_flops_per_token(run_.mc, run_.mc.num_parameters(), run_.T);
-  report.peak_flops = total_peak_flops(w.device_names());
+  report.peak_kind = gemm_peak_kind(cfg_.tf32);
+  report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
   nlohmann::json memory = nlohmann::json::array();
@@ -645,7 +647,8 @@ void Trainer::finish(World& w) {
                             {"parameters", run_.mc.num_parameters()},
                             {"devices", N},
                             {"tensor_parallel", cfg_.tensor_parallel},
-                            {"zero_stage", cfg_.zero_stage}};
+                            {"zero_stage", cfg_.zero_stage},
+                            {"tf32", cfg_.tf32}};
   if (result_.entropy_floor) summary["entropy_floor"] = *result_.entropy_floor;
   if (result_.accuracy) summary["accuracy"] = *result_.accuracy;
   summary.update(report_json(report));

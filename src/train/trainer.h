@@ -86,6 +86,9 @@ struct TrainConfig {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, momentum = 0.9f;
   Precision precision = Precision::kAuto;
+  // --tf32: fp32 matrix products round their inputs to TF32 (tensor cores on CUDA; the same
+  // rounding on the CPU backend). Any --precision: the model computes in fp32 today.
+  bool tf32 = false;
   // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
   std::string loss_scale = "auto";
   Recompute recompute = Recompute::kNone;  // --recompute (model/config.h)

@@ -111,7 +111,10 @@ Prefetcher<HostBatch>::Producer rank_rows(const RunContext& run, const BatchSpli
 World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSplit& split, DType working,
              ZeroOptions::Scaling scaling)
     : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
-  for (int r = 0; r < rt_->size(); ++r) devs_.push_back(&rt_->device(r));
+  for (int r = 0; r < rt_->size(); ++r) {
+    devs_.push_back(&rt_->device(r));
+    devs_.back()->set_math_mode(MathMode{.tf32 = run.cfg.tf32});  // before any op is enqueued
+  }
   const int N = size(), TP = run.cfg.tensor_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
   ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");
@@ -166,7 +169,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.ws = model_->make_workspace(d, B, T);
     R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
     R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
-    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks()) * 4, s, "grad norm");
+    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
+    R.staged.resize(static_cast<size_t>(split.accum));
+    for (auto* e : {&R.step_begin, &R.compute_done, &R.grads_ready, &R.opt_begin, &R.opt_end})
+      *e = d.create_timing_event();
     R.batch.B = B;
     R.batch.T = T;
     R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
@@ -174,7 +180,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.batch.targets =
         ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
-    R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks()));
+    R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
     // The ranks of a tensor group run the same rows: the batch splits over the data axis.
     R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, mesh_->index(MeshAxis::kData, r)));
   }

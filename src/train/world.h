@@ -53,16 +53,29 @@ struct HostBatch {
   std::vector<int32_t> targets;  // [B*T] or [B]; -1 (ignore) on padding rows
 };
 
+// Floats after the gradient-norm partials in RankState::norms: the step's loss sum, a micro-batch's.
+constexpr int kLossSlots = 2;
+
 // One rank's buffers and host scratch.
 struct RankState {
   std::unique_ptr<Workspace> ws, sample_ws;
+  // norms: the 2 * blocks gradient-norm partials (ZeroEngine::check_gradients), then the step's
+  // loss sum and one micro-batch's (kLossSlots floats), summed on the device and read once per step.
   DeviceBuffer inputs, targets, norms;
   Batch batch;
   std::unique_ptr<Prefetcher<HostBatch>> prefetch;
-  std::vector<float> losses, norm_host;
+  // The step's own copies of its micro-batches: a stream copy reads its host source when it runs,
+  // and the prefetcher recycles a batch at the next get(); these stay untouched until the step's
+  // one synchronisation, so no micro-batch needs a host wait.
+  std::vector<HostBatch> staged;
+  std::vector<float> losses, norm_host;  // norm_host: norms' 2 * blocks partials, then the loss sum
   double loss_sum = 0;
   float found_inf = 0;
   optim::LossScaleState scale{};
+  // Timing events on the compute stream (train/step.cc): the step's start, its last backward, its
+  // gradients checked, and the optimizer's span, read after the next synchronisation.
+  std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
+  bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
 };
 
 // The trainer's counters that a checkpoint or snapshot carries besides the engine's arrays.

@@ -330,6 +330,53 @@ TEST_P(OpsTest, Matmul) {
   }
 }
 
+// With the device's MathMode::tf32 both GEMM inputs are rounded to TF32 (round to nearest even)
+// and accumulated in fp32: the float64 product of the rounded inputs is the reference (tight), and
+// the result is measurably not the fp32 product (loose rounding of 13 mantissa bits per input).
+TEST_P(OpsTest, MatmulTf32RoundsInputs) {
+  EXPECT_EQ(round_to_tf32(1.0f + 0x1p-11f), 1.0f);                    // a tie: to even
+  EXPECT_EQ(round_to_tf32(1.0f + 0x1p-10f + 0x1p-11f), 1.0f + 0x1p-9f);  // a tie: to even, up
+  EXPECT_EQ(round_to_tf32(-(1.0f + 0x1p-11f + 0x1p-20f)), -(1.0f + 0x1p-10f));
+  EXPECT_EQ(round_to_tf32(3.4028235e38f), INFINITY);
+  s().device().set_math_mode(MathMode{.tf32 = true});  // the fixture's runtime lives for this test only
+  const int64_t N = 33, C = 255, OC = 65;
+  const FVec in = rng_.normal(N * C), w = rng_.normal(OC * C), b = rng_.normal(OC), dout = rng_.normal(N * OC),
+             din0 = rng_.normal(N * C), dw0 = rng_.normal(OC * C), db0 = rng_.normal(OC);
+  auto tf32 = [](const FVec& x) {
+    DVec r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = round_to_tf32(x[i]);
+    return r;
+  };
+  DevTensor tin = tensor(in, {N, C}), tw = tensor(w, {OC, C}), tb = tensor(b, {OC});
+  DevTensor out = poisoned({N, OC});
+  ops::matmul_forward(s(), out, tin, tw, tb);
+  DVec r_out(N * OC), r_fp32(N * OC);
+  ref::matmul_forward_ref(r_out, tf32(in), tf32(w), to_d(b), N, C, OC);
+  ref::matmul_forward_ref(r_fp32, to_d(in), to_d(w), to_d(b), N, C, OC);
+  EXPECT_TRUE(close(out.f(), r_out, kTolReduce));
+  EXPECT_FALSE(close(out.f(), r_fp32, kTolReduce));
+
+  DevTensor tdout = tensor(dout, {N, OC}), din = tensor(din0, {N, C}), dw = tensor(dw0, {OC, C}),
+            db = tensor(db0, {OC});
+  ops::matmul_backward(s(), din, dw, db, tdout, tin, tw);
+  DVec r_din = to_d(din0), r_dw = to_d(dw0), r_db = to_d(db0);
+  // The bias gradient is a sum of dout, not a product: unrounded.
+  ref::matmul_backward_ref(r_din, r_dw, ref::DSpan{}, tf32(dout), tf32(in), tf32(w), N, C, OC);
+  DVec scratch(OC * C);
+  ref::matmul_backward_ref(ref::DSpan{}, scratch, r_db, to_d(dout), to_d(in), to_d(w), N, C, OC);
+  EXPECT_TRUE(close(din.f(), r_din, kTolReduce));
+  EXPECT_TRUE(close(dw.f(), r_dw, kTolReduce));
+  EXPECT_TRUE(close(db.f(), r_db, kTolReduce));
+  DVec f_dw = to_d(dw0);
+  ref::matmul_backward_ref(ref::DSpan{}, f_dw, ref::DSpan{}, to_d(dout), to_d(in), to_d(w), N, C, OC);
+  EXPECT_FALSE(close(dw.f(), f_dw, kTolReduce));
+
+  // Back to fp32: the same call matches the unrounded reference again.
+  s().device().set_math_mode(MathMode{});
+  ops::matmul_forward(s(), out, tin, tw, tb);
+  EXPECT_TRUE(close(out.f(), r_fp32, kTolReduce));
+}
+
 // ---- attention
 // ------------------------------------------------------------------------------------
 
@@ -536,6 +583,21 @@ TEST_P(OpsTest, SumSquares) {
     DevTensor tx = tensor(x, {n}), out = poisoned({1});
     ops::sum_squares(s(), out, tx);
     EXPECT_TRUE(close(out.f(), {ref::sum_squares_ref(to_d(x))}, kTolElem));
+  }
+}
+
+// The step's loss sum (train/step.cc): the float64 sum, rounded once; deterministic.
+TEST_P(OpsTest, Sum) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{4095}, int64_t{4097}, int64_t{1000003}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const FVec x = rng_.normal(n, 0.5f, 0.1f);
+    DevTensor tx = tensor(x, {n}), out = poisoned({1}), again = poisoned({1});
+    ops::sum(s(), out, tx);
+    double want = 0;
+    for (float v : x) want += v;
+    EXPECT_TRUE(close(out.f(), {want}, kTolElem));
+    ops::sum(s(), again, tx);
+    EXPECT_TRUE(bitwise_equal(again.f(), out.f()));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <future>
 #include <random>
 #include <string>
@@ -128,6 +129,35 @@ TEST(CpuRuntime, EventQueryAndHostSynchronize) {
   gate.open();
   ev->synchronize();
   EXPECT_TRUE(ev->query());
+}
+
+// Timing events (the step's phases, train/step.cc): the span between two completed records covers
+// the work between them; unknown (never blocking) before both have completed; and the stream and
+// device synchronisations are what cpu::host_synchronizations() counts, event waits not.
+TEST(CpuRuntime, TimingEventsMeasureTheWorkBetweenThem) {
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream& s = d.compute();
+  auto start = d.create_timing_event(), end = d.create_timing_event();
+  EXPECT_EQ(end->seconds_since(*start), std::nullopt);  // never recorded
+  Gate gate;
+  gate.block(s);
+  s.record(*start);
+  s.host_func([] { std::this_thread::sleep_for(30ms); });
+  s.record(*end);
+  EXPECT_EQ(end->seconds_since(*start), std::nullopt);  // recorded, not complete
+  gate.open();
+  const uint64_t syncs = cpu::host_synchronizations();
+  end->synchronize();
+  EXPECT_EQ(cpu::host_synchronizations(), syncs);
+  const std::optional<double> span = end->seconds_since(*start), back = start->seconds_since(*end);
+  ASSERT_TRUE(span && back);
+  EXPECT_GE(*span, 0.029);
+  EXPECT_LT(*span, 5.0);
+  EXPECT_DOUBLE_EQ(*back, -*span);
+  s.synchronize();
+  d.synchronize();
+  EXPECT_EQ(cpu::host_synchronizations(), syncs + 2);
 }
 
 TEST(CpuRuntime, WaitCapturesTheRecordCurrentAtCallTime) {

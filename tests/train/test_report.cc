@@ -112,17 +112,39 @@ TEST(Report, FlopsAndMfuByHand) {
   mlp.kind = zt::ModelKind::kMlp;
   EXPECT_DOUBLE_EQ(zt::training_flops_per_token(mlp, 1000, 1), 6000.0);
 
-  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (NVIDIA H200)"), 67e12);
-  EXPECT_EQ(zt::peak_fp32_flops("cuda:1 (NVIDIA H100 80GB HBM3)"), 67e12);
-  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (NVIDIA H100 PCIe)"), 51e12);
-  EXPECT_EQ(zt::peak_fp32_flops("cpu:0"), std::nullopt);
-  EXPECT_EQ(zt::peak_fp32_flops("cuda:0 (Some Future GPU)"), std::nullopt);
+  using zt::PeakKind;
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA H200)", PeakKind::kFp32), 67e12);
+  EXPECT_EQ(zt::peak_flops("cuda:1 (NVIDIA H100 80GB HBM3)", PeakKind::kFp32), 67e12);
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA H100 PCIe)", PeakKind::kFp32), 51e12);
+  EXPECT_EQ(zt::peak_flops("cpu:0", PeakKind::kFp32), std::nullopt);
+  EXPECT_EQ(zt::peak_flops("cuda:0 (Some Future GPU)", PeakKind::kFp32), std::nullopt);
+  // Dense tensor-core peaks (the datasheets' sparse figures halved): H100 SXM and H200 989 bf16,
+  // 494 TF32; A100 312 / 156 / 19.5.
+  for (const char* h : {"cuda:0 (NVIDIA H200)", "cuda:0 (NVIDIA H100 80GB HBM3)"}) {
+    EXPECT_EQ(zt::peak_flops(h, PeakKind::kTf32), 494e12) << h;
+    EXPECT_EQ(zt::peak_flops(h, PeakKind::kBf16), 989e12) << h;
+    EXPECT_EQ(zt::peak_flops(h, PeakKind::kFp16), 989e12) << h;
+  }
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA A100-SXM4-80GB)", PeakKind::kBf16), 312e12);
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA A100-SXM4-80GB)", PeakKind::kTf32), 156e12);
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA A100-SXM4-80GB)", PeakKind::kFp32), 19.5e12);
+  // No figure for that kind (V100 has no TF32 or bf16; the NVL parts are not in the table): unknown.
+  EXPECT_EQ(zt::peak_flops("cuda:0 (Tesla V100-SXM2-16GB)", PeakKind::kTf32), std::nullopt);
+  EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA H200 NVL)", PeakKind::kBf16), std::nullopt);
+  // The GEMMs run in fp32 whatever --precision says; --tf32 puts them on TF32 tensor cores.
+  EXPECT_EQ(zt::gemm_peak_kind(false), PeakKind::kFp32);
+  EXPECT_EQ(zt::gemm_peak_kind(true), PeakKind::kTf32);
   // Two physical H100s: twice the peak; four logical devices on one H200: its peak once.
-  EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H100 80GB HBM3)", "cuda:1 (NVIDIA H100 80GB HBM3)"}), 134e12);
+  EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H100 80GB HBM3)", "cuda:1 (NVIDIA H100 80GB HBM3)"}, PeakKind::kFp32),
+            134e12);
   EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H200) [logical 0 of 2 on GPU 0]",
-                                  "cuda:0 (NVIDIA H200) [logical 1 of 2 on GPU 0]"}),
-            67e12);
-  EXPECT_EQ(zt::total_peak_flops({"cpu:0", "cpu:1"}), std::nullopt);
+                                  "cuda:0 (NVIDIA H200) [logical 1 of 2 on GPU 0]"},
+                                 PeakKind::kTf32),
+            494e12);
+  EXPECT_EQ(zt::total_peak_flops({"cpu:0", "cpu:1"}, PeakKind::kFp32), std::nullopt);
+  // One unknown device makes the whole sum unknown.
+  EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H200)", "cuda:1 (Tesla V100-SXM2-16GB)"}, PeakKind::kBf16),
+            std::nullopt);
 
   // 9072 FLOP/token at 1e6 tokens/s on one H200.
   const auto mfu = zt::model_flops_utilization(9072, 1e6, 67e12);
@@ -143,7 +165,28 @@ TEST(Report, FlopsAndMfuByHand) {
   EXPECT_NE(text.find("8.00 MiB"), std::string::npos) << text;
   const nlohmann::json j = zt::report_json(r);
   EXPECT_TRUE(j["mfu"].is_null());
+  EXPECT_EQ(j["peak_kind"], "fp32");
   EXPECT_DOUBLE_EQ(j["time_split"]["comm_s"].get<double>(), 0.5);
+
+  // The summary and the JSON name the peak MFU was taken against.
+  r.devices = {{"cuda:0 (NVIDIA H200)"}};
+  r.tokens_per_s = 1e9;
+  r.peak_kind = PeakKind::kTf32;
+  r.peak_flops = zt::total_peak_flops({r.devices[0].name}, r.peak_kind);
+  r.mfu = zt::model_flops_utilization(r.flops_per_token, r.tokens_per_s, r.peak_flops);
+  const std::string tf32_text = zt::format_summary(r);
+  EXPECT_NE(tf32_text.find("MFU          1.8% of 494 TFLOP/s TF32 peak"), std::string::npos) << tf32_text;
+  const nlohmann::json jt = zt::report_json(r);
+  EXPECT_EQ(jt["peak_kind"], "tf32");
+  EXPECT_DOUBLE_EQ(jt["peak_flops"].get<double>(), 494e12);
+  EXPECT_DOUBLE_EQ(jt["mfu"].get<double>(), 9072.0 * 1e9 / 494e12);
+  r.peak_kind = PeakKind::kFp32;
+  r.peak_flops = 19.5e12;
+  r.mfu = zt::model_flops_utilization(r.flops_per_token, r.tokens_per_s, r.peak_flops);
+  EXPECT_NE(zt::format_summary(r).find("of 19.5 TFLOP/s FP32 peak"), std::string::npos) << zt::format_summary(r);
+  r.peak_kind = PeakKind::kBf16;
+  r.peak_flops = r.mfu = std::nullopt;
+  EXPECT_NE(zt::format_summary(r).find("n/a (BF16 peak FLOP/s of these devices unknown)"), std::string::npos);
 }
 
 TEST(Suggest, NearestName) {
@@ -186,6 +229,28 @@ TEST(Binary, SuggestsTheNearestFlagAndSubcommand) {
   EXPECT_NE(r.output.find("not in range 0 to 3"), std::string::npos) << r.output;
 }
 
+// --tf32 is shown in the header and the JSON summary, and the MFU line names the TF32 peak.
+TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
+  const std::string args = "train --devices cpu:1 --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --tf32";
+  RunResult r = run(args, /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp32, TF32 matmuls)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("n/a (TF32 peak FLOP/s of these devices unknown)"), std::string::npos) << r.output;
+  r = run(args + " --log-format json", /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  int summaries = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "summary") continue;
+    ++summaries;
+    EXPECT_EQ(j["tf32"], true) << line;
+    EXPECT_EQ(j["peak_kind"], "tf32") << line;
+  }
+  EXPECT_EQ(summaries, 1) << r.output;
+}
+
 TEST(Binary, JsonLogLinesParseAndPlotIsWritten) {
   const fs::path dir = fs::temp_directory_path() / ("zt_report_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -204,6 +269,8 @@ TEST(Binary, JsonLogLinesParseAndPlotIsWritten) {
       ++summaries;
       EXPECT_EQ(j["steps"], 6);
       EXPECT_TRUE(j["mfu"].is_null()) << line;  // CPU devices: peak unknown
+      EXPECT_EQ(j["peak_kind"], "fp32") << line;
+      EXPECT_EQ(j["tf32"], false) << line;
       EXPECT_GT(j["flops_per_token"].get<double>(), 0);
       for (const char* k : {"compute_s", "comm_s", "optimizer_s", "other_s"})
         EXPECT_GE(j["time_split"][k].get<double>(), 0) << k;

@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "data/image_data.h"
+#include "runtime/cpu/cpu_device.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 
@@ -78,6 +79,51 @@ TEST(Train, GradientAccumulationEqualsOneBigBatch) {
   ASSERT_EQ(b.losses.size(), a.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * a.losses[i]) << "step " << i;
+}
+
+// --tf32 rounds every matmul input to a 10-bit mantissa (relative error <= 2^-11 per operand).
+// The per-step losses of this model then move by about 1e-5 relative (measured); the bounds are
+// loose (1%, 0.2% for the first forward) because the effect grows with the width of the dot
+// products and with training, yet a difference must exist (the flag reaches the ops). Only a few
+// steps are compared: trajectories drift apart over a long run.
+TEST(Train, Tf32StaysCloseToFp32) {
+  TrainConfig c = small_gpt(10);
+  const TrainResult fp32 = train(c);
+  c.tf32 = true;
+  const TrainResult tf32 = train(c);
+  ASSERT_EQ(tf32.losses.size(), fp32.losses.size());
+  bool differs = false;
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    EXPECT_NEAR(tf32.losses[i], fp32.losses[i], 1e-2 * fp32.losses[i]) << "step " << i;
+    differs = differs || tf32.losses[i] != fp32.losses[i];
+  }
+  EXPECT_NEAR(tf32.losses[0], fp32.losses[0], 2e-3 * fp32.losses[0]) << "the first forward differs by rounding only";
+  EXPECT_TRUE(differs) << "--tf32 changed no loss: the setting did not reach the matmuls";
+}
+
+// Host synchronisations inside the loop, counted by the CPU backend: one per rank and step (the
+// read of the gradient-norm partials, overflow flag and loss sum), whatever the accumulation.
+// Before the losses were summed on the device and the optimizer timed by events it was one per
+// micro-batch (the loss) plus two (the gradient check, the optimizer): 12 per step here.
+TEST(Train, OneHostSynchronisationPerRankAndStep) {
+  auto run = [](int steps, uint64_t* syncs) {
+    TrainConfig c = small_gpt(steps);
+    c.devices = "cpu:2";
+    c.batch_size = 8;
+    c.micro_batch_size = 1;  // 4 micro-batches per rank
+    const uint64_t before = cpu::host_synchronizations();
+    TrainResult r = train(c);
+    *syncs = cpu::host_synchronizations() - before;
+    return r;
+  };
+  uint64_t short_run = 0, long_run = 0;
+  run(3, &short_run);
+  const TrainResult r = run(7, &long_run);
+  EXPECT_EQ(long_run - short_run, 4u * 2u) << "4 more steps on 2 ranks";
+  // The phases still come out of the events: the update and the micro-batches took time.
+  EXPECT_GT(r.time_split.compute, 0);
+  EXPECT_GT(r.time_split.optimizer, 0);
+  EXPECT_GE(r.time_split.comm, 0);
 }
 
 TEST(Train, TextFileTrainsAndSamplesItsAlphabet) {

@@ -11,12 +11,26 @@ namespace zt::cpu {
 
 // ---- Marker / CpuEvent ----------------------------------------------------
 
+namespace {
+std::atomic<uint64_t> g_host_syncs{0};
+void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+uint64_t host_synchronizations() { return g_host_syncs.load(std::memory_order_relaxed); }
+
 void Marker::signal() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    done_at_ = std::chrono::steady_clock::now();
   }
   cv_.notify_all();
+}
+
+std::optional<std::chrono::steady_clock::time_point> Marker::done_at() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return std::nullopt;
+  return done_at_;
 }
 
 bool Marker::wait(const CpuDevice* waiter) {
@@ -53,6 +67,16 @@ bool CpuEvent::query() {
 
 void CpuEvent::synchronize() {
   if (auto m = current()) m->wait();
+}
+
+std::optional<double> CpuEvent::seconds_since(const Event& start) const {
+  const auto* other = dynamic_cast<const CpuEvent*>(&start);
+  if (other == nullptr) return std::nullopt;
+  const std::shared_ptr<Marker> a = other->current(), b = current();
+  if (!a || !b) return std::nullopt;
+  const auto ta = a->done_at(), tb = b->done_at();
+  if (!ta || !tb) return std::nullopt;
+  return std::chrono::duration<double>(*tb - *ta).count();
 }
 
 static CpuEvent& as_cpu_event(const Event& e) {
@@ -148,6 +172,7 @@ void CpuStream::release_wait() {
 }
 
 void CpuStream::synchronize() {
+  count_host_sync();
   drain();
   device_.throw_if_failed();
 }
@@ -256,6 +281,7 @@ std::vector<CpuStream*> CpuDevice::stream_list() {
 }
 
 void CpuDevice::synchronize() {
+  count_host_sync();
   for (auto* s : stream_list()) s->drain();
   throw_if_failed();
 }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,11 @@
 namespace zt::cpu {
 
 class CpuDevice;
+
+// Tests: how often a host thread has drained CPU-backend work (Stream::synchronize,
+// Device::synchronize), process-wide since start: the host synchronisations of a training step.
+// Event waits are not counted (the pool's teardown waits on a timing-dependent number of them).
+uint64_t host_synchronizations();
 
 // Enqueues `fn` on `s`, which must be a CPU stream (the checked downcast of the CPU backend:
 // another backend's stream is a zt::Error(kInternal) naming the task and the stream's device).
@@ -46,6 +52,8 @@ class Marker {
   // streams stop waiting; see CpuDevice::abandon). Returns whether the marker was signalled.
   bool wait(const CpuDevice* waiter = nullptr);
   bool done();
+  // When signal() ran (host clock), nullopt before.
+  std::optional<std::chrono::steady_clock::time_point> done_at();
   // Makes blocked wait()s re-check their waiter's abandonment.
   void wake();
 
@@ -53,12 +61,15 @@ class Marker {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point done_at_{};
 };
 
 class CpuEvent final : public Event {
  public:
   bool query() override;
   void synchronize() override;
+  // Every CPU event times: a marker notes the host clock when the worker reaches it.
+  std::optional<double> seconds_since(const Event& start) const override;
   // The record current at this instant (nullptr if never recorded).
   std::shared_ptr<Marker> current() const;
   void set_current(std::shared_ptr<Marker> m);

@@ -46,6 +46,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -229,7 +230,8 @@ class PinnedHostRawAllocator final : public RawAllocator {
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(int ordinal) : ordinal_(ordinal) { create(); }
+  // timing: created without cudaEventDisableTiming, for seconds_since (dearer to record).
+  explicit CudaEvent(int ordinal, bool timing = false) : ordinal_(ordinal), timing_(timing) { create(); }
   ~CudaEvent() override {
     if (event_ != nullptr) ignore_error(cudaEventDestroy(event_));
   }
@@ -248,6 +250,20 @@ class CudaEvent final : public Event {
   void synchronize() override {
     std::lock_guard<std::mutex> lock(mu_);
     ZT_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+
+  std::optional<double> seconds_since(const Event& start) const override {
+    const auto* other = dynamic_cast<const CudaEvent*>(&start);
+    if (other == nullptr || other == this || !timing_ || !other->timing_) return std::nullopt;
+    std::scoped_lock lock(mu_, other->mu_);
+    if (ordinal_ != other->ordinal_) return std::nullopt;
+    float ms = 0;
+    // Not recorded or not complete yet: an answer ("unknown"), not an error.
+    if (cudaEventElapsedTime(&ms, other->event_, event_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
+    return static_cast<double>(ms) * 1e-3;
   }
 
   // Called with `ordinal` current. An event is bound to the device it was created on; recording
@@ -273,11 +289,12 @@ class CudaEvent final : public Event {
  private:
   void create() {
     DeviceGuard guard(ordinal_);
-    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
   }
 
   mutable std::mutex mu_;
   int ordinal_;
+  bool timing_ = false;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -449,6 +466,7 @@ class CudaDevice final : public Device {
   }
 
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
+  std::unique_ptr<Event> create_timing_event() override { return std::make_unique<CudaEvent>(ordinal_, true); }
 
   CachingAllocator& memory() override { return *pool_; }
 
