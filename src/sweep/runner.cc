@@ -499,6 +499,10 @@ SweepResult Runner::run() {
     while (signal_ == 0) {
       // ASHA's get_job: a promotion of a paused trial comes before a new trial.
       if (const auto [pid, pstep] = next_promotion(); pid >= 0) {
+        // The paused run's thread ends right after its report: join it (below) before starting
+        // the promoted run, whose thread takes the same key (a second std::thread emplaced under
+        // a live key would be destroyed joinable: std::terminate).
+        if (threads.count(pid) != 0) break;
         auto devs = packer.acquire(spec_.devices_per_trial);
         if (!devs) break;
         asha_.promote(pid, pstep);
