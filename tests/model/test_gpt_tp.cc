@@ -12,6 +12,7 @@
 #include "comm/mesh.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "resident_params.h"
 #include "runtime/runtime.h"
 
 namespace zt {
@@ -29,42 +30,8 @@ ModelConfig tiny_config(int vocab = 256) {
   return make_model_config("gpt-tiny", o);
 }
 
-std::vector<std::vector<float>> logical_init(const ParamLayout& L, uint64_t seed) {
-  std::vector<std::vector<float>> host(static_cast<size_t>(L.num_blocks()));
-  for (int b = 0; b < L.num_blocks(); ++b) {
-    host[static_cast<size_t>(b)].resize(static_cast<size_t>(L.block(b).numel));
-    init_block_host(L.block(b), seed, host[static_cast<size_t>(b)].data());
-  }
-  return host;
-}
 
-// Plain parameter access: every block resident on one device.
-class Params final : public ParamAccess {
- public:
-  Params(Device& d, const ParamLayout& L, const std::vector<std::vector<float>>& host) : d_(d) {
-    for (int b = 0; b < L.num_blocks(); ++b) {
-      const size_t n = static_cast<size_t>(L.block(b).numel);
-      p_.emplace_back(d.memory(), n * 4, d.compute(), "p");
-      g_.emplace_back(d.memory(), n * 4, d.compute(), "g");
-      d.compute().copy(p_.back().data(), host[static_cast<size_t>(b)].data(), n * 4);
-      d.compute().memset(g_.back().data(), 0, n * 4);
-    }
-    d.compute().synchronize();
-  }
-  int device_index() const override { return d_.index(); }
-  float* params(int b) override { return p_[static_cast<size_t>(b)].as<float>(); }
-  float* grads(int b) override { return g_[static_cast<size_t>(b)].as<float>(); }
-  std::vector<float> grad_host(int b) {
-    std::vector<float> out(g_[static_cast<size_t>(b)].size() / 4);
-    d_.compute().copy(out.data(), grads(b), out.size() * 4);
-    d_.compute().synchronize();
-    return out;
-  }
-
- private:
-  Device& d_;
-  std::vector<DeviceBuffer> p_, g_;
-};
+using Params = ResidentParams;
 
 struct Inputs {
   int B = 2, T = 8;
@@ -121,7 +88,7 @@ void check_degree(int D, bool sequence, int vocab = 256) {
   // One device: the reference.
   auto rt1 = Runtime::create_cpu(1);
   auto ref_model = make_model(c);
-  const auto host = logical_init(ref_model->layout(), 7);
+  const auto host = init_blocks(ref_model->layout(), 7);
   Params ref_p(rt1->device(0), ref_model->layout(), host);
   const Result ref = run_model(*ref_model, rt1->device(0), ref_p, in);
   std::vector<std::vector<float>> ref_grads;
@@ -198,7 +165,7 @@ TEST(GptTensorParallel, MapTilesEveryLogicalTensorOncePerSplit) {
     auto model = make_model(c, Recompute::kNone, TensorParallel{D, true, nullptr, nullptr});
     const TensorMap& map = *model->tensor_map();
     const ParamLayout& L = *map.logical;
-    const auto host = logical_init(L, 3);
+    const auto host = init_blocks(L, 3);
     std::vector<const float*> logical;
     for (const auto& b : host) logical.push_back(b.data());
     // Rebuild every logical tensor from the local blocks: split tensors are covered once by the

@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "resident_params.h"
 #include "pipeline/model_stage.h"
 #include "pipeline/runtime.h"
 #include "pipeline/simulate.h"
@@ -38,50 +39,8 @@ ModelConfig tiny_config() {
   return make_model_config("gpt-tiny", o);
 }
 
-Blocks logical_init(const ParamLayout& L, uint64_t seed) {
-  Blocks host(static_cast<size_t>(L.num_blocks()));
-  for (int b = 0; b < L.num_blocks(); ++b) {
-    host[static_cast<size_t>(b)].resize(static_cast<size_t>(L.block(b).numel));
-    init_block_host(L.block(b), seed, host[static_cast<size_t>(b)].data());
-  }
-  return host;
-}
 
-// Every block resident on one device, gradients accumulated from zero.
-class Params final : public ParamAccess {
- public:
-  Params(Device& d, const ParamLayout& L, const std::function<const std::vector<float>&(int)>& host) : d_(d) {
-    for (int b = 0; b < L.num_blocks(); ++b) {
-      const size_t n = static_cast<size_t>(L.block(b).numel);
-      p_.emplace_back(d.memory(), n * 4, d.compute(), "p");
-      g_.emplace_back(d.memory(), n * 4, d.compute(), "g");
-      d.compute().copy(p_.back().data(), host(b).data(), n * 4);
-      d.compute().memset(g_.back().data(), 0, n * 4);
-    }
-    d.compute().synchronize();
-  }
-  // New parameters (block b from host(b)), gradients zeroed; call with the device idle.
-  void load(const std::function<const std::vector<float>&(int)>& host) {
-    for (size_t b = 0; b < p_.size(); ++b) {
-      d_.compute().copy(p_[b].data(), host(static_cast<int>(b)).data(), p_[b].size());
-      d_.compute().memset(g_[b].data(), 0, g_[b].size());
-    }
-    d_.compute().synchronize();
-  }
-  int device_index() const override { return d_.index(); }
-  float* params(int b) override { return p_[static_cast<size_t>(b)].as<float>(); }
-  float* grads(int b) override { return g_[static_cast<size_t>(b)].as<float>(); }
-  std::vector<float> grad_host(int b) {
-    std::vector<float> out(g_[static_cast<size_t>(b)].size() / 4);
-    d_.compute().copy(out.data(), grads(b), out.size() * 4);
-    d_.compute().synchronize();
-    return out;
-  }
-
- private:
-  Device& d_;
-  std::vector<DeviceBuffer> p_, g_;
-};
+using Params = ResidentParams;
 
 constexpr int kB = 2, kT = 8;
 
@@ -287,7 +246,7 @@ bool same_bits(const StepResult& a, const StepResult& b) {
 
 TEST(PipelineRuntime, EverySchedulesStepMatchesOneDevice) {
   const ModelConfig c = tiny_config();
-  const Blocks host = logical_init(gpt_layout(c), 11);
+  const Blocks host = init_blocks(gpt_layout(c), 11);
   const std::vector<PipeCase> cases = {
       {PipeSchedule::kGpipe, 2, 4, 1},       {PipeSchedule::k1F1B, 2, 4, 1},       {PipeSchedule::k1F1B, 4, 8, 1},
       {PipeSchedule::k1F1B, 4, 2, 1},        {PipeSchedule::kInterleaved, 2, 4, 2}, {PipeSchedule::kInterleaved, 1, 2, 2},
@@ -304,7 +263,7 @@ TEST(PipelineRuntime, EverySchedulesStepMatchesOneDevice) {
 
 TEST(PipelineRuntime, SplitBackwardGivesTheFusedBackwardsBits) {
   const ModelConfig c = tiny_config();
-  const Blocks host = logical_init(gpt_layout(c), 5);
+  const Blocks host = init_blocks(gpt_layout(c), 5);
   for (auto [P, m] : {std::pair{2, 4}, std::pair{4, 8}}) {
     const StepResult fused = run_pipeline(c, host, {PipeSchedule::k1F1B, P, m, 1});
     const StepResult split = run_pipeline(c, host, {PipeSchedule::kZbH1, P, m, 1});
@@ -316,7 +275,7 @@ TEST(PipelineRuntime, SplitBackwardGivesTheFusedBackwardsBits) {
 // embedding's two copies stay equal) give per-step losses within 1e-5 relative of one device.
 TEST(PipelineRuntime, FiftyTrainingStepsTrackOneDevice) {
   const ModelConfig c = tiny_config();
-  const Blocks init = logical_init(gpt_layout(c), 13);
+  const Blocks init = init_blocks(gpt_layout(c), 13);
   for (const PipeCase& pc : {PipeCase{PipeSchedule::k1F1B, 4, 4, 1}, PipeCase{PipeSchedule::kZbH1, 2, 4, 1},
                              PipeCase{PipeSchedule::kInterleaved, 2, 2, 2}}) {
     Blocks w1 = init, wp = init;
@@ -373,7 +332,7 @@ TEST(PipelineRuntime, WorkspacesFollowTheSchedulesLiveMicroBatches) {
 // Delays of up to 1.5 ms before random actions, on the compute or the comm stream, or on the host.
 TEST(PipelineRuntime, RandomDelaysNeverHangOrChangeBits) {
   const ModelConfig c = tiny_config();
-  const Blocks host = logical_init(gpt_layout(c), 3);
+  const Blocks host = init_blocks(gpt_layout(c), 3);
   const std::vector<PipeCase> cases = {{PipeSchedule::k1F1B, 4, 8, 1},
                                        {PipeSchedule::kZbH1, 4, 8, 1},
                                        {PipeSchedule::kInterleaved, 2, 4, 2},
