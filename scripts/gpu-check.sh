@@ -96,10 +96,11 @@ fi
 
 # ---- 4. tests ---------------------------------------------------------------------------------
 if ((built)); then
-  # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops and
-  # the tiled attention on the GPU against the CPU backend's ops and the float64 references.
+  # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops, the
+  # tiled attention (both GPT models train on it), TF32 GEMMs and the device sum on the GPU against
+  # the CPU backend's ops and the float64 references, and the timing events the step uses.
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^Backends/(TpOpsTest|FlashAttention[A-Za-z]*)\..*/cuda'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum))/cuda|CudaRuntime\..*)'
   (($? != 0)) && failed=1
   run_step ctest 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
     --output-junit "$OUT/ctest-junit.xml"
