@@ -208,11 +208,10 @@ struct Communicator::P2POp {
   Stream* producer = nullptr;
   bool done = false;  // guarded by rv_mu
   StoredError error;
-  // Posted sends only: one event, recorded on the producer at post time, then after the copy on
-  // the source's comm stream (the comm stream's wait has captured the first record by then).
+  // Posted sends only: one event, recorded on the producer (or the comm stream) at post time,
+  // then after the copy on the link stream (whose wait has captured the first record by then).
   uint64_t ticket = 0;
   std::unique_ptr<Event> event;
-  bool producer_recorded = false;
   bool copy_recorded = false;  // guarded by rv_mu
 };
 
@@ -892,7 +891,7 @@ void Communicator::match(P2POp* s, P2POp* r) {
            static_cast<size_t>(s->buf.numel()) * dtype_size(s->buf.dtype), s->producer, r->producer};
     if (s->ticket != 0) {
       c.src_producer = nullptr;
-      c.src_posted = s->producer_recorded ? s->event.get() : nullptr;
+      c.src_posted = s->event.get();
       c.src_copied = s->event.get();
     }
     std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
@@ -955,7 +954,6 @@ uint64_t Communicator::isend(int rank, int peer, ConstTensorView buf, Stream* pr
     std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);  // other threads enqueue on comm
     (producer != nullptr ? *producer : devices_[rank]->comm()).record(*op->event);
   }
-  op->producer_recorded = true;
   P2POp* raw = op.get();
   const uint64_t ticket = raw->ticket;
   p.live.emplace(ticket, std::move(op));

@@ -57,13 +57,13 @@
 // send runs on a stream of the source device kept for that (source, destination) link, not on its
 // comm stream, so that a copy waiting for the sender's compute holds back nothing else (receive
 // marks, collectives) queued on the comm stream. The receiver's consumers use wait_done() as after
-// any recv. On the sender, wait_done() covers only sends
-// already matched; wait_send(ticket, consumer) blocks until the send was matched and makes
-// `consumer` wait for that copy's read of the buffer (its own event, not the rank's later comm
-// work), after which the sender may overwrite or free it. Tickets are per rank. A sender may
-// skip wait_send when the buffer stays untouched until a later synchronisation; the communicator
-// then forgets the oldest of more than kMaxUnwaitedSends matched sends of a rank, and a late
-// wait_send on a forgotten ticket waits for the rank's newest peer copy instead (a superset).
+// any recv. On the sender, wait_done() covers only sends already matched; wait_send(ticket,
+// consumer) blocks until the send was matched and makes `consumer` wait for that copy's read of
+// the buffer (its own event, not the rank's later comm work), after which the sender may
+// overwrite or free it. Tickets are per rank. A sender may skip wait_send when the buffer stays
+// untouched until a later synchronisation; the communicator then forgets the oldest of more than
+// kMaxUnwaitedSends matched sends of a rank, and a late wait_send on a forgotten ticket waits for
+// the rank's newest peer copy instead (a superset).
 // Errors: bad arguments throw from isend; a mismatch found at the match throws on the receiver
 // at once and on the sender at wait_send (not at all if it never waits; the pair is consumed
 // either way). abort() makes a wait_send on an unmatched send throw
