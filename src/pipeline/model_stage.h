@@ -51,7 +51,6 @@ class ModelStageWork final : public StageWork {
   void set_batch(int micro, const Batch& batch, float dloss);
   // Head stages: the sum of the step's per-position losses (synchronizes the stream); 0 elsewhere.
   double loss_sum();
-  bool has_head() const { return head_chunk_ >= 0; }
   // Pool bytes of the workspaces and gradient buffers this stage holds through a step.
   size_t bytes() const;
 

@@ -11,18 +11,18 @@
 
 namespace zt {
 
-double pipeline_clock_us() {
+namespace {
+
+double clock_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-namespace {
 
 bool is_compute(ActionKind k) { return k != ActionKind::kSend && k != ActionKind::kRecv; }
 
 // Stream callbacks writing one span's start or end: the spans are sized before the first one is
 // enqueued, so the host never reallocates what a stream thread writes.
 void stamp(Stream& s, std::vector<StageSpan>* spans, size_t i, bool end) {
-  s.host_func([spans, i, end] { (end ? (*spans)[i].end_us : (*spans)[i].start_us) = pipeline_clock_us(); });
+  s.host_func([spans, i, end] { (end ? (*spans)[i].end_us : (*spans)[i].start_us) = clock_us(); });
 }
 
 TensorView transfer_buffer(StageWork& w, const Action& a) {

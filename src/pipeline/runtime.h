@@ -53,7 +53,7 @@ class StageWork {
   virtual const Event* receive_after(int chunk, int micro) { return nullptr; }
 };
 
-// One compute action as its stream ran it (host clock, microseconds from the step's origin).
+// One compute action as its stream ran it (steady clock, microseconds from any fixed origin).
 struct StageSpan {
   int stage = 0;
   ActionKind kind = ActionKind::kForward;
@@ -81,8 +81,5 @@ struct PipelineBubble {
   double fraction = 0;          // sum over stages of idle / (P * makespan)
 };
 PipelineBubble measure_bubble(const std::vector<StageSpan>& spans, int stages);
-
-// The spans' clock (microseconds on the steady clock); spans count from any fixed origin.
-double pipeline_clock_us();
 
 }  // namespace zt
