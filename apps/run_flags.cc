@@ -175,6 +175,21 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_flag("--sequence-parallel,!--no-sequence-parallel", tc.sequence_parallel,
                "With --tensor-parallel > 1: shard layernorm and residual activations along the sequence "
                "(all-gather / reduce-scatter instead of all-reduce); on by default");
+  sub.add_option("--pipeline-parallel,--pp", tc.pipeline_parallel,
+                 "Pipeline parallelism: split the GPT's layers into P stages on P device groups (the devices form "
+                 "a (devices / P data) x (P pipeline) mesh); the step's micro-batches flow through the schedule")
+      ->capture_default_str()->check(zt_cli::whole(1));
+  sub.add_option("--pp-schedule", tc.pp_schedule,
+                 "With --pipeline-parallel > 1: gpipe, 1f1b, interleaved (with --virtual-stages) or zb-h1 "
+                 "(zero-bubble: backward split into input and weight gradients)")
+      ->capture_default_str()->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+  sub.add_option("--virtual-stages", tc.virtual_stages,
+                 "With --pp-schedule interleaved: chunks of layers per device (the bubble shrinks by this factor)")
+      ->capture_default_str()->check(zt_cli::whole(1));
+  sub.add_option("--pp-layout", tc.pp_layout,
+                 "With --pipeline-parallel: transformer blocks per (virtual) stage, e.g. 4,4,3,1 (default: balanced "
+                 "by predicted time, embedding on the first stage and the head on the last)")
+      ->check(non_empty());
   sub.add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init")
       ->check(non_empty());
   sub.add_option("--checkpoint-dir", tc.checkpoint_dir,

@@ -5,6 +5,16 @@
 
 namespace zt {
 
+PipelineCosts gpt_pipeline_costs(const ModelConfig& c, int T) {
+  const double C = c.embd, V = c.vocab;
+  PipelineCosts costs;
+  const double layer_params = 12 * C * C + 13 * C;
+  costs.blocks.assign(static_cast<size_t>(c.layers), PartCost{6 * 12 * C * C + 6 * 2 * T * C, 16 * layer_params});
+  costs.embedding = PartCost{0, 16 * (V + c.seq_len) * C};
+  costs.head = PartCost{6 * C * V, 16 * (V * C + 2 * C)};  // the tied head's copy of wte, and ln_f
+  return costs;
+}
+
 std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& partition, bool split_backward) {
   const int P = partition.stages, parts = partition.parts();
   std::vector<PipelineStageSpec> specs(static_cast<size_t>(P));

@@ -22,6 +22,13 @@
 
 namespace zt {
 
+// A GPT's parts for the partitioner (partition.h), from the closed forms of the model: time = the
+// training FLOPs per token of each block (matmuls 6 x 12C^2, attention 6 x 2TC), the embedding
+// (a gather: ~0) and the head (6 x C x vocab, the tied LM head's matmuls, and the layernorm);
+// memory = the model states of its parameters (16 bytes each, fp32 AdamW) — equal layers, so the
+// balanced split puts fewer layers beside the head.
+PipelineCosts gpt_pipeline_costs(const ModelConfig& config, int T);
+
 // What each stage runs under `partition` (part k = virtual stage k lives on stage k % P as chunk
 // k / P; the first part embeds, the last holds the head).
 std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& partition, bool split_backward);

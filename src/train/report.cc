@@ -192,6 +192,14 @@ std::string format_summary(const RunReport& r) {
     out += "  offload      host optimizer exposed " + share(r.phases.host_optimizer) + ", host memory " +
            format_bytes(static_cast<double>(r.host_peak)) + " per device\n";
 
+  if (r.pipeline) {
+    const PipelineReport& p = *r.pipeline;
+    out += "  pipeline     " + p.schedule + ", " + std::to_string(p.stages) + " stages" +
+           (p.virtual_stages > 1 ? " x " + std::to_string(p.virtual_stages) + " virtual" : "") + ", " +
+           std::to_string(p.micro_batches) + " micro-batches: bubble " + fmt("%.3f", p.measured_bubble) +
+           " measured, " + fmt("%.3f", p.theoretical_bubble) + " in theory\n";
+  }
+
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
   for (const DeviceReport& d : r.devices) w = std::max(w, d.name.size());
@@ -226,6 +234,13 @@ nlohmann::json report_json(const RunReport& r) {
                      {"other_s", r.phases.other},
                      {"recompute_s", r.phases.recompute},
                      {"host_optimizer_s", r.phases.host_optimizer}};
+  if (r.pipeline)
+    j["pipeline"] = {{"schedule", r.pipeline->schedule},
+                     {"stages", r.pipeline->stages},
+                     {"virtual_stages", r.pipeline->virtual_stages},
+                     {"micro_batches", r.pipeline->micro_batches},
+                     {"measured_bubble", r.pipeline->measured_bubble},
+                     {"theoretical_bubble", r.pipeline->theoretical_bubble}};
   return j;
 }
 

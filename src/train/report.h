@@ -106,6 +106,15 @@ struct DeviceReport {
   uint64_t tensor_sent_per_step = 0;  // of sent_per_step: on the tensor axis (--tensor-parallel)
 };
 
+// --pipeline-parallel: the schedule and its bubble, measured (idle compute time between a step's
+// first and last action over its stages, from the recorded stream spans, averaged over the steps)
+// beside the schedule's closed form.
+struct PipelineReport {
+  std::string schedule;
+  int stages = 1, virtual_stages = 1, micro_batches = 1;
+  double measured_bubble = 0, theoretical_bubble = 0;
+};
+
 struct RunReport {
   int steps = 0;
   double seconds = 0;        // wall clock of the loop, evaluations included
@@ -121,13 +130,15 @@ struct RunReport {
   PhaseTimes phases;
   std::vector<DeviceReport> devices;
   size_t host_peak = 0;  // --offload optimizer: the largest device's host-arena peak (0: no offload)
+  std::optional<PipelineReport> pipeline;
 };
 
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), peak_kind ("tf32"), mfu (null),
-// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}.
+// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}, and with a
+// pipeline: pipeline {schedule, stages, virtual_stages, micro_batches, measured_bubble, theoretical_bubble}.
 nlohmann::json report_json(const RunReport& r);
 
 // Largest pool allocation now over the devices, as shown on the progress line ("mem 3.1 MiB").

@@ -15,6 +15,8 @@
 #include "checkpoint/checkpoint.h"
 #include "core/status.h"
 #include "model/model.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -65,8 +67,37 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
     }
     make_model(mc, cfg.recompute, TensorParallel{TP, cfg.sequence_parallel});  // the model's own checks
   }
-  const int DP = N / TP;
-  const char* unit = TP > 1 ? " data-parallel rank" : " device";
+  // Pipeline parallelism: P stages of contiguous blocks; the batch splits over the N / P data
+  // ranks of every stage, and each data rank's micro-batches are the schedule's.
+  const int PP = cfg.pipeline_parallel;
+  ZT_REQUIRE(PP >= 1, "--pipeline-parallel must be at least 1, got ", PP);
+  ZT_REQUIRE(cfg.virtual_stages >= 1, "--virtual-stages must be at least 1, got ", cfg.virtual_stages);
+  const PipeSchedule pp_kind = parse_pipe_schedule(cfg.pp_schedule);
+  if (PP == 1) {
+    ZT_REQUIRE(cfg.virtual_stages == 1 && cfg.pp_layout.empty(),
+               "--virtual-stages and --pp-layout need --pipeline-parallel 2 or more");
+  } else {
+    ZT_REQUIRE(is_gpt, "--pipeline-parallel splits GPT models only; run --model ",
+               mc.preset.empty() ? "mlp" : mc.preset, " with --pipeline-parallel 1");
+    ZT_REQUIRE(cfg.virtual_stages == 1 || pp_kind == PipeSchedule::kInterleaved,
+               "--virtual-stages ", cfg.virtual_stages, " needs --pp-schedule interleaved");
+    validate_pipeline_shape(N, PP, cfg.virtual_stages, mc.layers);
+    if (!cfg.pp_layout.empty())
+      validate_pp_layout(parse_pp_layout(cfg.pp_layout), mc.layers, PP, cfg.virtual_stages);
+    // What pipelines do not compose with yet: one sentence each, never a silent fallback.
+    ZT_REQUIRE(TP == 1, "--pipeline-parallel with --tensor-parallel (a 3D mesh) is not built yet; use one of them");
+    ZT_REQUIRE(cfg.zero_stage <= 2, "--zero-stage 3 with --pipeline-parallel would gather every block again for "
+               "each micro-batch of the schedule; use --zero-stage 0, 1 or 2");
+    ZT_REQUIRE(!cfg.offload_optimizer, "--offload optimizer with --pipeline-parallel is not built yet");
+    ZT_REQUIRE(cfg.recompute == Recompute::kNone, "--recompute with --pipeline-parallel is not built yet");
+    ZT_REQUIRE(cfg.checkpoint_dir.empty() && cfg.resume.empty() && cfg.snapshot_every == 0,
+               "checkpoints and snapshots with --pipeline-parallel are not built yet; drop --checkpoint-dir, "
+               "--resume and --snapshot-every");
+    ZT_REQUIRE(cfg.inject_faults.empty() && cfg.gradient_faults.empty(),
+               "fault injection with --pipeline-parallel is not built yet");
+  }
+  const int DP = N / TP / PP;
+  const char* unit = TP > 1 || PP > 1 ? " data-parallel rank" : " device";
   if (cfg.batch_size < 0) cfg.batch_size = default_batch_size(is_gpt, DP);
   ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
   ZT_REQUIRE(cfg.batch_size % DP == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", DP, unit,
@@ -116,6 +147,9 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
                "--loss-scale must be dynamic, none or a positive number, got '", cfg.loss_scale, "'");
     s.scaling = ZeroOptions::Scaling::kFixed, s.initial_scale = static_cast<float>(v);
   }
+  ZT_REQUIRE(PP == 1 || s.scaling == ZeroOptions::Scaling::kNone,
+             "loss scaling (--precision fp16, --loss-scale) with --pipeline-parallel is not built yet; use "
+             "--precision bf16 or fp32");
   require_float(cfg.initial_scale, "--initial-scale");
   require_float(cfg.min_scale, "--min-scale");
   require_float(cfg.max_scale, "--max-scale");

@@ -62,6 +62,77 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   R.opt_pending = false;
 }
 
+// The local block of a pipeline stage's model that holds the embeddings (the first stage's) or
+// their tied copy (the last stage's LM head): -1 on the stages between.
+int tied_block(const Model& m) {
+  for (int b = 0; b < m.layout().num_blocks(); ++b)
+    if (m.logical_block(b) == 0) return b;
+  return -1;
+}
+
+// Rank r's step as a pipeline stage: its data rank's micro-batches uploaded and handed to the
+// stage's runner, the stage's list of the schedule enqueued (receives block the host thread until
+// the neighbour posted the send, nothing else waits), then the stage's gradients reduced once over
+// its data ranks — the embeddings' and the head copy's summed first between the first and the last
+// stage (Megatron's tied-embedding all-reduce) — and checked; one synchronisation reads it all.
+void pipeline_rank_step(World& world, const RunContext& run, int step, int r, float dloss, StepPhaseTimer& timer) {
+  RankState& R = world.rank(r);
+  Device& d = world.device(r);
+  Stream& s = d.compute();
+  PipelineParts& pp = world.pipeline();
+  const auto ri = static_cast<size_t>(r);
+  const int stage = world.stage_of(r), P = world.mesh().shape().pipeline, local = world.engine_rank(r);
+  ZeroEngine& engine = world.engine_of(r);
+  ModelStageWork& work = *pp.work[ri];
+  const int accum = world.split().accum;
+  const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), d.index());
+  s.record(*R.step_begin);
+  for (int m = 0; m < accum; ++m) {
+    HostBatch& staged = R.staged[static_cast<size_t>(m)];
+    {
+      const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
+      staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
+    }
+    s.copy(pp.inputs[ri][static_cast<size_t>(m)].data(), staged.tokens.data(), staged.tokens.size() * 4);
+    s.copy(pp.targets[ri][static_cast<size_t>(m)].data(), staged.targets.data(), staged.targets.size() * 4);
+    work.set_batch(m, pp.batches[ri][static_cast<size_t>(m)], dloss);
+  }
+  engine.begin_pipeline_step(local);
+  std::vector<StageSpan>& spans = pp.spans[ri];
+  spans.clear();
+  StageRunOptions opt;
+  if (world.mesh().index(MeshAxis::kData, r) == 0) opt.spans = &spans;  // one data rank's stages measure the bubble
+  run_pipeline_stage(pp.schedule, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
+  s.record(*R.compute_done);
+  const int tied = (stage == 0 || stage == P - 1) ? tied_block(world.model_of(r)) : -1;
+  const int partner = stage == 0 ? world.mesh().rank_at({.data = local, .tensor = 0, .pipeline = P - 1})
+                                 : world.mesh().rank_at({.data = local, .tensor = 0, .pipeline = 0});
+  engine.reduce_pipeline_gradients(local, [&](int b, TensorView g) {
+    if (b != tied) return;
+    // Both ends compute own + other: the same bits (addition commutes), so both copies stay equal.
+    const TensorView other{pp.tied_scratch[ri].data(), DType::kF32, g.shape, d.index()};
+    world.comm().send_recv(r, partner, g, partner, other, &s);
+    world.comm().wait_done(r, s);
+    ops::add(s, g, g, other);
+  });
+  float* const norms = R.norms.as<float>();
+  engine.check_gradients(local, norms);
+  s.copy(R.norm_host.data(), norms, (R.norm_host.size() - 1) * 4);
+  s.copy(&R.found_inf, engine.found_inf_device(local), sizeof(float));
+  s.copy(&R.scale, engine.loss_scale_state_device(local), sizeof R.scale);
+  s.record(*R.grads_ready);
+  s.synchronize();  // the step's one host synchronisation on this rank
+  R.loss_sum = work.loss_sum();  // the head stage's; 0 elsewhere
+  if (stage == P - 1 && P > 1 && tied >= 0) {
+    // The head's copy of the embeddings holds the same summed gradient as the first stage's: count it once.
+    const size_t nb = (R.norm_host.size() - 1) / 2;
+    R.norm_host[static_cast<size_t>(tied)] = R.norm_host[nb + static_cast<size_t>(tied)] = 0;
+  }
+  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
+  if (R.opt_pending) timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), 0);
+  R.opt_pending = false;
+}
+
 }  // namespace
 
 void settle_step_timing(World& world, StepPhaseTimer& timer) {
@@ -69,7 +140,8 @@ void settle_step_timing(World& world, StepPhaseTimer& timer) {
     RankState& R = world.rank(r);
     if (!R.opt_pending) continue;
     R.opt_end->synchronize();
-    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), world.engine().host_update_seconds(r));
+    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin),
+                         world.engine_of(r).host_update_seconds(world.engine_rank(r)));
     R.opt_pending = false;
   }
 }
@@ -77,12 +149,24 @@ void settle_step_timing(World& world, StepPhaseTimer& timer) {
 StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates, StepPhaseTimer& timer) {
   const TrainConfig& cfg = run.cfg;
   const int N = world.size();
-  ZeroEngine& engine = world.engine();
   // Every real position weighs the same in the step's objective, however the rows are split.
   const double positions = static_cast<double>(world.split().batch) * run.T;
   const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(world.split().batch) * run.T);
   timer.begin_step();
-  world.for_ranks([&](int r) { rank_step(world, run, step, r, dloss, timer); });
+  world.for_ranks([&](int r) {
+    if (world.pipelined())
+      pipeline_rank_step(world, run, step, r, dloss, timer);
+    else
+      rank_step(world, run, step, r, dloss, timer);
+  });
+  if (world.pipelined()) {
+    // The measured bubble of data rank 0's stages (their compute spans, complete after the sync).
+    PipelineParts& pp = world.pipeline();
+    std::vector<StageSpan> all;
+    for (const auto& v : pp.spans) all.insert(all.end(), v.begin(), v.end());
+    pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
+    ++pp.bubble_steps;
+  }
 
   StepStats st;
   st.lr = lr;
@@ -92,7 +176,7 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   double loss_sum = 0, sq = 0;
   for (int r = 0; r < N; ++r) {
     const bool lead = world.tensor_lead(r);
-    if (lead) loss_sum += world.rank(r).loss_sum;
+    if (world.loss_lead(r)) loss_sum += world.rank(r).loss_sum;
     // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroEngine::check_gradients);
     // then the loss sum.
     const auto& norms = world.rank(r).norm_host;
@@ -105,11 +189,15 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   st.loss_scale = world.rank(0).scale.scale;
   // Skip the update when some gradient (or the loss itself) is not finite: every rank read the
   // same combined flag on its device; a non-finite loss with finite gradients is flagged here.
-  st.skipped = world.rank(0).found_inf > 0;
-  if (!st.skipped && !std::isfinite(st.loss)) {
-    st.skipped = true;
-    world.for_ranks([&](int r) { engine.mark_overflow(r); });
+  // Pipeline stages are separate engines: any stage's flag skips the step on all of them.
+  bool flagged_everywhere = true;
+  for (int r = 0; r < N; ++r) {
+    st.skipped = st.skipped || world.rank(r).found_inf > 0;
+    flagged_everywhere = flagged_everywhere && world.rank(r).found_inf > 0;
   }
+  if (!st.skipped && !std::isfinite(st.loss)) st.skipped = true, flagged_everywhere = false;
+  if (st.skipped && !flagged_everywhere)
+    world.for_ranks([&](int r) { world.engine_of(r).mark_overflow(world.engine_rank(r)); });
   OptimizerStep os;
   os.adamw = cfg.optimizer == OptimizerKind::kAdamW;
   os.lr = lr;
@@ -130,7 +218,7 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
     RankState& R = world.rank(r);
     Stream& s = world.device(r).compute();
     s.record(*R.opt_begin);
-    engine.optimizer_step(r, os);
+    world.engine_of(r).optimizer_step(world.engine_rank(r), os);
     s.record(*R.opt_end);
     R.opt_pending = true;
   });

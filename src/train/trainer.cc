@@ -15,6 +15,7 @@
 #include "core/format.h"
 #include "core/nvtx.h"
 #include "core/status.h"
+#include "pipeline/simulate.h"
 #include "train/checkpointer.h"
 #include "train/evaluator.h"
 #include "train/logger.h"
@@ -121,6 +122,9 @@ void open_data(RunContext& run) {
 
 // Refuses a run that cannot fit, with the cheapest fix, before anything is allocated.
 void check_fits(const RunContext& run, Runtime& rt, const BatchSplit& split) {
+  // The memory plan has no per-stage model yet: a pipelined run is not checked before it starts
+  // (README, "Pipeline parallelism").
+  if (run.cfg.pipeline_parallel > 1) return;
   PlanInputs in = run.plan;
   in.micro_batch = split.micro;
   in.micro_batches = split.accum;
@@ -187,7 +191,8 @@ TrainResult Trainer::run(std::unique_ptr<Runtime> rt, DeviceSpec spec, const Bat
       spec_ = survivors_->spec;
       survivors_.reset();
       rt = Runtime::create(spec_, CpuDeviceOptions{cfg_.device_memory}, tracer_);
-      split = split_batch(cfg_.batch_size, rt->size() / cfg_.tensor_parallel, cfg_.micro_batch_size);
+      split = split_batch(cfg_.batch_size, rt->size() / cfg_.tensor_parallel / cfg_.pipeline_parallel,
+                          cfg_.micro_batch_size);
       check_fits(run_, *rt, split);
     }
     World world(run_, std::move(rt), split, working_, scaling_);
@@ -240,7 +245,7 @@ void Trainer::start_world(World& w, int index) {
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
   side_tensor_bytes_.assign(static_cast<size_t>(w.size()), 0);
-  w.comm().reset_counters();
+  w.reset_comm_counters();
   t0_ = Clock::now();
   train_time_ = 0;
   world_start_ = counters_.step;
@@ -273,8 +278,19 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (tp)
     log_.line("mesh: " + w.mesh().describe() + ", tensor-parallel GPT (Megatron layout" +
               (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
+  if (w.pipelined()) {
+    const PipelineParts& pp = w.pipeline();
+    const Schedule& sc = pp.schedule;
+    std::snprintf(buf, sizeof buf, "mesh: %s, pipeline schedule %s%s over %d micro-batches (bubble %.3f in theory)",
+                  w.mesh().describe().c_str(), pipe_schedule_name(sc.kind),
+                  sc.virtual_stages > 1 ? (" x " + std::to_string(sc.virtual_stages) + " virtual stages").c_str() : "",
+                  sc.micro_batches, theoretical_bubble(sc.kind, sc.stages, sc.micro_batches, sc.virtual_stages));
+    log_.line(buf);
+    log_.line("stages: " + pp.partition.describe());
+    if (!pp.note.empty()) log_.line("note: " + pp.note);
+  }
   std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
-                cfg_.batch_size, run_.T, w.mesh().shape().data, tp ? "data ranks" : "devices", w.split().accum,
+                cfg_.batch_size, run_.T, w.mesh().shape().data, tp || w.pipelined() ? "data ranks" : "devices", w.split().accum,
                 w.split().micro, cfg_.steps,
                 cfg_.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg_.lr);
   log_.line(buf);
@@ -324,7 +340,7 @@ bool Trainer::train_world(World& w) {
         const uint64_t steps = static_cast<uint64_t>(cfg_.steps - world_start_);
         for (int r = 0; r < w.size(); ++r) {
           result_.comm_bytes_per_step_per_device.push_back(
-              (w.comm().counters(r).bytes_sent - side_bytes_[static_cast<size_t>(r)]) / steps);
+              (w.bytes_sent(r) - side_bytes_[static_cast<size_t>(r)]) / steps);
           result_.tensor_bytes_per_step_per_device.push_back(
               (w.tensor_bytes_sent(r) - side_tensor_bytes_[static_cast<size_t>(r)]) / steps);
         }
@@ -333,7 +349,8 @@ bool Trainer::train_world(World& w) {
       if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
           std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), step + 1) != cfg_.eval_steps.end())
         action = evaluate_at(w, step);
-      if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
+      if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text() &&
+          !w.pipelined()) {
         log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
         std::string text;
         side_comm(w, [&] { text = sample_text(w, run_, cfg_.sample_tokens, static_cast<uint64_t>(step)); });
@@ -391,12 +408,15 @@ void Trainer::inject_faults(World& w, int step) {
 }
 
 void Trainer::on_skipped(World& w, int step, const StepStats& st) {
-  ZeroEngine& engine = w.engine();
+  ZeroEngine& engine = w.engine_of(0);
   result_.skipped_steps.push_back(step + 1);
   ++consecutive_skips_;
   std::string where;
   if (consecutive_skips_ == 1) {
-    where = engine.first_nonfinite_gradient();  // lazily, only when a run of skips starts
+    // Lazily, only when a run of skips starts; a pipeline's stages in order.
+    const int stages = w.mesh().shape().pipeline;
+    for (int p = 0; p < stages && where.empty(); ++p)
+      where = w.engine_of(w.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p})).first_nonfinite_gradient();
     if (result_.first_nonfinite.empty()) result_.first_nonfinite = where;
   }
   const optim::LossScaleState after = engine.loss_scale_state(0);
@@ -468,25 +488,26 @@ template <typename Fn>
 void Trainer::side_comm(World& w, Fn fn) {
   std::vector<uint64_t> before, before_tensor;
   for (int r = 0; r < w.size(); ++r) {
-    before.push_back(w.comm().counters(r).bytes_sent);
+    before.push_back(w.bytes_sent(r));
     before_tensor.push_back(w.tensor_bytes_sent(r));
   }
   fn();
   for (int r = 0; r < w.size(); ++r) {
-    side_bytes_[static_cast<size_t>(r)] += w.comm().counters(r).bytes_sent - before[static_cast<size_t>(r)];
+    side_bytes_[static_cast<size_t>(r)] += w.bytes_sent(r) - before[static_cast<size_t>(r)];
     side_tensor_bytes_[static_cast<size_t>(r)] += w.tensor_bytes_sent(r) - before_tensor[static_cast<size_t>(r)];
   }
 }
 
 EvalAction Trainer::evaluate_at(World& w, int step) {
-  if (cfg_.zero_trace) {
+  const bool trace = cfg_.zero_trace && !w.pipelined();
+  if (trace) {
     auto spans = w.engine().take_trace();
     result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
     w.engine().set_tracing(false);
   }
   EvalResult ev;
   side_comm(w, [&] { ev = evaluate(w, run_, cfg_.eval_batches); });
-  w.engine().set_tracing(cfg_.zero_trace);
+  if (trace) w.engine().set_tracing(true);
   result_.val_loss = ev.loss;
   result_.val_losses.emplace_back(step + 1, ev.loss);
   if (ev.accuracy) result_.accuracy = ev.accuracy;
@@ -554,14 +575,15 @@ namespace {
 // the summary record and the trace.
 void Trainer::finish(World& w) {
   const int N = w.size();
-  ZeroEngine& engine = w.engine();
   result_.checkpoints = checkpointer_->paths();
   result_.steps = counters_.step - result_.start_step;  // counters_.step < --steps when on_eval stopped the run
   result_.seconds = seconds_since(t0_);
   result_.tokens_per_s = static_cast<double>(counters_.step - world_start_) * cfg_.batch_size * run_.T /
                          std::max(train_time_, 1e-9);
   if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
-  if (run_.is_gpt && cfg_.sample_tokens > 0) {
+  if (run_.is_gpt && cfg_.sample_tokens > 0 && w.pipelined()) {
+    log_.line("note: no sample: sampling through pipeline stages is not built yet");
+  } else if (run_.is_gpt && cfg_.sample_tokens > 0) {
     result_.sample = sample_text(w, run_, cfg_.sample_tokens, 0xfeed);
     char buf[128];
     std::snprintf(buf, sizeof buf, "--- sample (%d tokens, temperature %.2f, top-k %d) ---", cfg_.sample_tokens,
@@ -569,12 +591,16 @@ void Trainer::finish(World& w) {
     log_.line(buf);
     log_.line(result_.sample);
   }
-  if (cfg_.keep_final_params) {
+  // Tests' hook (the logical blocks); not for pipeline stages, whose blocks no one engine holds.
+  const bool keep = cfg_.keep_final_params && !w.pipelined();
+  if (keep) {
+    ZeroEngine& engine = w.engine();
     // The logical (one-device) blocks, whatever the tensor degree.
     result_.final_params = logical_parameters(engine, w.model(), true);
     result_.final_working = logical_parameters(engine, w.model(), false);
   }
-  if (cfg_.keep_final_params && w.model().tensor_map()) {
+  if (keep && w.model().tensor_map()) {
+    ZeroEngine& engine = w.engine();
     const bool adamw = cfg_.optimizer == OptimizerKind::kAdamW;
     const HostSnapshot snap =
         take_snapshot(engine, w.model(), adamw, counters_.step, [&](const std::function<void(int)>& fn) { w.for_ranks(fn); });
@@ -587,8 +613,9 @@ void Trainer::finish(World& w) {
       first.insert(first.end(), second.begin(), second.end());
       result_.final_moments.push_back(std::move(first));
     }
-  } else if (cfg_.keep_final_params)
+  } else if (keep)
     for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
+      ZeroEngine& engine = w.engine();
       // The whole block's first moments, then its second ones (whatever the device count).
       std::vector<float> first, second;
       for (int r = 0; r < N; ++r) {
@@ -616,22 +643,36 @@ void Trainer::finish(World& w) {
   report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
+  if (w.pipelined()) {
+    const PipelineParts& pp = w.pipeline();
+    PipelineReport p;
+    p.schedule = pipe_schedule_name(pp.schedule.kind);
+    p.stages = pp.schedule.stages, p.virtual_stages = pp.schedule.virtual_stages, p.micro_batches = pp.schedule.micro_batches;
+    p.measured_bubble = pp.bubble_steps ? pp.bubble_sum / pp.bubble_steps : 0;
+    p.theoretical_bubble = theoretical_bubble(pp.schedule.kind, p.stages, p.micro_batches, p.virtual_stages);
+    result_.measured_bubble = p.measured_bubble;
+    result_.theoretical_bubble = p.theoretical_bubble;
+    report.pipeline = p;
+  }
   nlohmann::json memory = nlohmann::json::array();
   for (int r = 0; r < N; ++r) {
-    const ModelStateBytes mb = engine.model_state_bytes(r);
-    const size_t peak = w.device(r).memory().stats().peak_allocated_bytes, act = w.rank(r).ws->bytes();
+    ZeroEngine& engine = w.engine_of(r);
+    const int er = w.engine_rank(r);
+    const ModelStateBytes mb = engine.model_state_bytes(er);
+    const size_t peak = w.device(r).memory().stats().peak_allocated_bytes;
+    const size_t act = w.pipelined() ? w.pipeline().work[static_cast<size_t>(r)]->bytes() : w.rank(r).ws->bytes();
     result_.peak_bytes_per_device.push_back(peak);
     result_.model_state_bytes_per_device.push_back(mb.total());
-    result_.host_peak_bytes_per_device.push_back(engine.host_peak_bytes(r));
-    report.host_peak = std::max(report.host_peak, engine.host_peak_bytes(r));
+    result_.host_peak_bytes_per_device.push_back(engine.host_peak_bytes(er));
+    report.host_peak = std::max(report.host_peak, engine.host_peak_bytes(er));
     result_.activation_bytes_per_device.push_back(act);
     const uint64_t tensor_sent = r < static_cast<int>(result_.tensor_bytes_per_step_per_device.size())
                                      ? result_.tensor_bytes_per_step_per_device[static_cast<size_t>(r)]
                                      : 0;
-    report.devices.push_back({w.device(r).name(), mb.params, mb.grads, mb.optimizer, act, w.comm().buffer_bytes(r), peak,
+    report.devices.push_back({w.device(r).name(), mb.params, mb.grads, mb.optimizer, act, w.comm_buffer_bytes(r), peak,
                               result_.comm_bytes_per_step_per_device[static_cast<size_t>(r)], tensor_sent});
     memory.push_back({{"params", mb.params}, {"grads", mb.grads}, {"optimizer", mb.optimizer}, {"activations", act},
-                      {"comm_buffers", w.comm().buffer_bytes(r)}, {"pool_peak", peak}, {"tensor_sent_per_step", tensor_sent}});
+                      {"comm_buffers", w.comm_buffer_bytes(r)}, {"pool_peak", peak}, {"tensor_sent_per_step", tensor_sent}});
   }
   nlohmann::json summary = {{"event", "summary"},
                             {"steps", result_.steps},
@@ -689,7 +730,8 @@ TrainResult train(const TrainConfig& config) {
   run.scaling = shape.scaling;
   run.initial_scale = shape.initial_scale;
   run.plan = shape.plan;
-  const BatchSplit split = even_split(run.cfg.batch_size, rt->size() / run.cfg.tensor_parallel, run.cfg.micro_batch_size);
+  const BatchSplit split = even_split(run.cfg.batch_size, rt->size() / run.cfg.tensor_parallel / run.cfg.pipeline_parallel,
+                                    run.cfg.micro_batch_size);
   check_fits(run, *rt, split);
   open_data(run);
   if (!run.cfg.profile_steps.empty()) parse_step_range(run.cfg.profile_steps, run.cfg.steps);

@@ -101,6 +101,12 @@ struct TrainConfig {
   // parallelism (on by default when T > 1).
   int tensor_parallel = 1;
   bool sequence_parallel = true;
+  // --pipeline-parallel P: the GPT's layers split into P stages (src/pipeline/), each stage a ZeRO
+  // engine over the devices / P data ranks; the step's micro-batches are the schedule's.
+  int pipeline_parallel = 1;
+  std::string pp_schedule = "1f1b";  // --pp-schedule gpipe|1f1b|interleaved|zb-h1
+  int virtual_stages = 1;            // --virtual-stages V (interleaved)
+  std::string pp_layout;             // --pp-layout "4,4,3,1": blocks per virtual stage ("" = balanced)
   float initial_scale = 65536.0f;  // dynamic: 2^16
   int scale_window = 2000;         // overflow-free steps before the scale doubles
   int scale_hysteresis = 1;        // overflows tolerated (step skipped, scale kept) before a backoff
@@ -182,6 +188,8 @@ struct TrainResult {
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
+  // --pipeline-parallel: the bubble fraction measured over the steps and the schedule's closed form.
+  double measured_bubble = 0, theoretical_bubble = 0;
   int stopped_at = 0;  // on_eval returned kStop after this step (0: it ran to the end)
   int signal = 0;  // SIGINT/SIGTERM that stopped the run after `steps` steps (0: it ran to the end)
 };

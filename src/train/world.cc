@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
@@ -115,25 +116,31 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     devs_.push_back(&rt_->device(r));
     devs_.back()->set_math_mode(MathMode{.tf32 = run.cfg.tf32});  // before any op is enqueued
   }
-  const int N = size(), TP = run.cfg.tensor_parallel;
+  const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
   ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");
-  mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP, .tensor = TP}, N);
-  model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
+  ZT_REQUIRE(N % (TP * PP) == 0, "--pipeline-parallel ", PP, " does not divide the ", N / TP, " device groups");
+  mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP / PP, .tensor = TP, .pipeline = PP}, N);
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
 #if ZT_WITH_CUDA
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
   if (rt_->backend() == Backend::kCuda) zo.host_memory = [] { return cuda::make_pinned_host_raw_allocator(); };
 #endif
-  engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
-  engine_->set_tracing(run.cfg.zero_trace);
+  if (PP > 1) {
+    build_pipeline(zo);
+  } else {
+    model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
+    engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
+    engine_->set_tracing(run.cfg.zero_trace);
+  }
 
   // Parameters: initialised once on the host (deterministic in the seed, independent of the
-  // device count and the tensor degree: the logical, one-device blocks), or read from --init-from;
-  // a tensor-parallel rank loads its shard of them.
-  const ParamLayout& layout = model_->layout();
-  const TensorMap* map = model_->tensor_map();
-  const ParamLayout& logical = map ? *map->logical : layout;
+  // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
+  // from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
+  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
+  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
+  if (pipe_) whole = gpt_layout(run.mc);
+  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
   std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
   if (!run.cfg.init_from.empty()) {
     std::vector<std::string> ignored;
@@ -147,26 +154,17 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       init_block_host(logical.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
     }
   }
-  if (!map) {
-    for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
-  } else {
-    std::vector<const float*> blocks;
-    for (const auto& b : host) blocks.push_back(b.data());
-    for (int t = 0; t < TP; ++t) {
-      std::vector<std::vector<float>> local;
-      for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
-      for (int r = 0; r < N; ++r)
-        if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->load_parameters(r, local);
-    }
-  }
+  load_initial_parameters(host);
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
+  if (pipe_) pipe_->spans.resize(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) {
     RankState& R = rank(r);
     Device& d = device(r);
     Stream& s = d.compute();
-    R.ws = model_->make_workspace(d, B, T);
+    const ParamLayout& layout = model_of(r).layout();
+    if (!pipe_) R.ws = model_->make_workspace(d, B, T);  // a pipeline stage's are its ModelStageWork's
     R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
     R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
     R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
@@ -181,8 +179,89 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
         ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
     R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
-    // The ranks of a tensor group run the same rows: the batch splits over the data axis.
+    // The ranks of a tensor group (and every stage of a pipeline) run the same rows: the batch
+    // splits over the data axis.
     R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, mesh_->index(MeshAxis::kData, r)));
+  }
+}
+
+void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {
+  const int N = size();
+  if (pipe_) {
+    for (int r = 0; r < N; ++r) {
+      const Model& m = model_of(r);
+      std::vector<std::vector<float>> local;
+      for (int b = 0; b < m.layout().num_blocks(); ++b) local.push_back(host[static_cast<size_t>(m.logical_block(b))]);
+      engine_of(r).load_parameters(engine_rank(r), local);
+    }
+    return;
+  }
+  const TensorMap* map = model_->tensor_map();
+  if (!map) {
+    for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
+    return;
+  }
+  std::vector<const float*> blocks;
+  for (const auto& b : host) blocks.push_back(b.data());
+  const int TP = mesh_->shape().tensor;
+  const ParamLayout& layout = model_->layout();
+  for (int t = 0; t < TP; ++t) {
+    std::vector<std::vector<float>> local;
+    for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
+    for (int r = 0; r < N; ++r)
+      if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->load_parameters(r, local);
+  }
+}
+
+void World::build_pipeline(const ZeroOptions& zero) {
+  const TrainConfig& cfg = run_.cfg;
+  const int N = size(), P = cfg.pipeline_parallel, V = cfg.virtual_stages, m = split_.accum;
+  const int B = split_.micro, T = run_.T;
+  pipe_ = std::make_unique<PipelineParts>();
+  PipelineParts& pp = *pipe_;
+  const PipelineCosts costs = gpt_pipeline_costs(run_.mc, T);
+  pp.partition = cfg.pp_layout.empty() ? partition_pipeline(costs, P, V)
+                                       : partition_from_layout(costs, parse_pp_layout(cfg.pp_layout), P, V);
+  const PipeSchedule kind = parse_pipe_schedule(cfg.pp_schedule);
+  pp.schedule = make_schedule(kind, P, m, V);
+  pp.note = schedule_note(kind, P, m);
+  ZeroOptions zo = zero;
+  zo.pipeline = true;
+  zo.micro_batches = 1;  // the engine reduces once per step, after the schedule's last backward
+  const auto specs = pipeline_stage_specs(pp.partition, pp.schedule.splits_backward());
+  for (int s = 0; s < P; ++s) {
+    std::vector<Device*> devs;
+    for (int r : mesh_->data_group(mesh_->rank_at(MeshCoord{.data = 0, .tensor = 0, .pipeline = s})))
+      devs.push_back(devs_[static_cast<size_t>(r)]);
+    pp.comms.push_back(std::make_unique<Communicator>(devs));
+    pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute));
+    pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
+  }
+  pp.inputs.resize(static_cast<size_t>(N));
+  pp.targets.resize(static_cast<size_t>(N));
+  pp.batches.resize(static_cast<size_t>(N));
+  pp.tied_scratch.resize(static_cast<size_t>(N));
+  const int64_t embeddings = gpt_layout(run_.mc).block(0).numel;
+  for (int r = 0; r < N; ++r) {
+    Device& d = device(r);
+    Stream& s = d.compute();
+    const auto R = static_cast<size_t>(r);
+    pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).access(engine_rank(r)), B, T,
+                                                       pp.schedule, stage_of(r)));
+    for (int k = 0; k < m; ++k) {
+      pp.inputs[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
+      pp.targets[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
+      Batch b;
+      b.B = B, b.T = T;
+      b.inputs = ConstTensorView{pp.inputs[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
+      b.targets = ConstTensorView{pp.targets[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
+      pp.batches[R].push_back(b);
+    }
+    if (stage_of(r) == 0 || stage_of(r) == P - 1) {
+      // The embeddings' gradient as the engine pads it (the last stage's copy is the same block).
+      const int64_t n = shard_range(embeddings, 0, mesh_->shape().data).padded_numel;
+      pp.tied_scratch[R] = DeviceBuffer(d.memory(), static_cast<size_t>(n) * 4, s, "tied embedding gradient");
+    }
   }
 }
 
@@ -199,6 +278,16 @@ World::~World() {
     } catch (const Error&) {
     }
   }
+}
+
+const Model& World::model() const {
+  ZT_CHECK(model_, "a pipelined world has a model per stage (model_of)");
+  return *model_;
+}
+
+ZeroEngine& World::engine() {
+  ZT_CHECK(engine_, "a pipelined world has an engine per stage (engine_of)");
+  return *engine_;
 }
 
 std::vector<std::string> World::device_names() const {
@@ -242,6 +331,24 @@ void World::upload(int r, const HostBatch& hb) {
   if (run_.is_gpt) s.copy(R.inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
   else s.copy(R.inputs.data(), hb.images.data(), hb.images.size() * 4);
   s.copy(R.targets.data(), hb.targets.data(), hb.targets.size() * 4);
+}
+
+void World::reset_comm_counters() {
+  comm_->reset_counters();
+  if (pipe_)
+    for (auto& c : pipe_->comms) c->reset_counters();
+}
+
+size_t World::comm_buffer_bytes(int r) const {
+  size_t n = comm_->buffer_bytes(r);
+  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->buffer_bytes(engine_rank(r));
+  return n;
+}
+
+uint64_t World::bytes_sent(int r) {
+  uint64_t n = comm_->counters(r).bytes_sent;
+  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
+  return n;
 }
 
 uint64_t World::tensor_bytes_sent(int r) {

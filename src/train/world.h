@@ -20,6 +20,9 @@
 #include "data/prefetcher.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "pipeline/model_stage.h"
+#include "pipeline/runtime.h"
+#include "pipeline/schedule.h"
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
 #include "train/plan.h"
@@ -78,6 +81,28 @@ struct RankState {
   bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
 };
 
+// Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data = N / P, pipeline = P}; stage s
+// is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D data ranks, with its
+// own communicator for their collectives (the world's carries the activations between stages and
+// the tied embedding's gradient between the first and the last stage); each rank runs its stage's
+// list of the schedule (pipeline/runtime.h) through a ModelStageWork.
+struct PipelineParts {
+  PipelinePartition partition;
+  Schedule schedule;
+  std::string note;                                  // the schedule's note when it degrades (m < P)
+  std::vector<std::unique_ptr<Communicator>> comms;  // per stage, over its data ranks
+  std::vector<std::unique_ptr<Model>> models;        // per stage
+  std::vector<std::unique_ptr<ZeroEngine>> engines;  // per stage
+  std::vector<std::unique_ptr<ModelStageWork>> work;  // per rank
+  std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
+  std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
+  std::vector<DeviceBuffer> tied_scratch;  // per rank of the first and last stage: the partner's gradient
+  // Compute spans of the data-index-0 ranks' last step (per rank; read after the step's sync).
+  std::vector<std::vector<StageSpan>> spans;
+  double bubble_sum = 0;  // measured bubble fractions of the steps so far, summed
+  int bubble_steps = 0;
+};
+
 // The trainer's counters that a checkpoint or snapshot carries besides the engine's arrays.
 struct TrainCounters {
   int step = 0;          // steps completed
@@ -100,14 +125,35 @@ class World {
   Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
   const std::vector<Device*>& devices() const { return devs_; }
   Communicator& comm() { return *comm_; }
-  // The (data x tensor) mesh of the ranks (--tensor-parallel); data x 1 without tensor parallelism.
+  // Pipeline parallelism: the stages' parts (null without --pipeline-parallel), rank r's stage,
+  // its index in the stage's engine (its data index), and that engine and model.
+  bool pipelined() const { return pipe_ != nullptr; }
+  PipelineParts& pipeline() { return *pipe_; }
+  int stage_of(int r) const { return mesh_->index(MeshAxis::kPipeline, r); }
+  int engine_rank(int r) const { return pipe_ ? mesh_->index(MeshAxis::kData, r) : r; }
+  ZeroEngine& engine_of(int r) { return pipe_ ? *pipe_->engines[static_cast<size_t>(stage_of(r))] : *engine_; }
+  const Model& model_of(int r) const {
+    return pipe_ ? *pipe_->models[static_cast<size_t>(stage_of(r))] : *model_;
+  }
+  // The rank speaks for its group in the step's loss: its tensor group's first rank, or a rank of
+  // the last pipeline stage (the one that computes the loss).
+  bool loss_lead(int r) const {
+    return pipe_ ? stage_of(r) == mesh_->shape().pipeline - 1 : tensor_lead(r);
+  }
+  // The (data x tensor x pipeline) mesh of the ranks; data x 1 x 1 without model parallelism.
   const Mesh& mesh() const { return *mesh_; }
   // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
   bool tensor_lead(int r) const { return mesh_->index(MeshAxis::kTensor, r) == 0; }
+  // The communicators' counters and receive buffers of rank r (its pipeline stage's included).
+  void reset_comm_counters();
+  size_t comm_buffer_bytes(int r) const;
+  // Bytes rank r sent in every collective and transfer (its pipeline stage's collectives included).
+  uint64_t bytes_sent(int r);
   // Bytes rank r sent in its tensor group's collectives (0 without tensor parallelism).
   uint64_t tensor_bytes_sent(int r);
-  const Model& model() const { return *model_; }
-  ZeroEngine& engine() { return *engine_; }
+  // The one model and engine of a world without pipeline stages (else: model_of / engine_of).
+  const Model& model() const;
+  ZeroEngine& engine();
   RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
   const BatchSplit& split() const { return split_; }
   const std::string& init_note() const { return init_note_; }
@@ -126,6 +172,8 @@ class World {
 
  private:
   void on_watchdog_timeout();
+  void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  void load_initial_parameters(const std::vector<std::vector<float>>& host);
 
   const RunContext& run_;
   BatchSplit split_;
@@ -136,6 +184,7 @@ class World {
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroEngine> engine_;
+  std::unique_ptr<PipelineParts> pipe_;
   std::vector<RankState> ranks_;
   std::string init_note_, hung_;
 };

@@ -110,11 +110,14 @@ class ZeroRank final : public ParamAccess {
   int device_index() const override { return d_.index(); }
   float* params(int b) override;
   float* grads(int b) override;
-  void before_forward(int b) override { visit(b, false); }
-  void before_backward(int b) override { visit(b, true); }
+  // A pipeline stage's step has no per-micro-batch visit order: its buffers live the whole step.
+  void before_forward(int b) override;
+  void before_backward(int b) override;
   void after_backward(int b) override;
 
   void begin_micro(int micro, bool forward_only);
+  void begin_pipeline_step(bool forward_only);
+  void reduce_pipeline_gradients(const ZeroEngine::GradientHook& before_reduce);
   void end_micro();
   void check_gradients(float* device_out);
   void optimizer_step(const OptimizerStep& st);
@@ -213,6 +216,8 @@ struct ZeroEngine::Impl {
         mesh(MeshShape{.data = data_parallel_size(static_cast<int>(devices.size()), o), .tensor = o.tensor},
              static_cast<int>(devices.size())) {
     ZT_CHECK(comm.world() == static_cast<int>(devices.size()), "communicator and engine disagree on the world size");
+    ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
+             "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
     const ParamLayout& L = model.layout();
     std::vector<BlockBufferBytes> sizes;
     for (int b = 0; b < L.num_blocks(); ++b) sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world(), opt));
@@ -441,7 +446,16 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
 
 // Every gradient of block b is issued: round it into the bucket (mixed precision), reduce-scatter
 // the bucket and fold this rank's shard into the step's accumulator, freeing what the step says.
+void ZeroRank::before_forward(int b) {
+  if (!e_.opt.pipeline) visit(b, false);
+}
+
+void ZeroRank::before_backward(int b) {
+  if (!e_.opt.pipeline) visit(b, true);
+}
+
 void ZeroRank::after_backward(int b) {
+  if (e_.opt.pipeline) return;  // reduce_pipeline_gradients reduces once per step
   const VisitStep& st = next_step(VisitStep::kAfterBackward, b);
   close_compute_span();
   const BufferOp* ops_begin = plan_->ops.data() + st.first_op;
@@ -528,6 +542,53 @@ void ZeroRank::begin_micro(int micro, bool forward_only) {
   if (!policy_.shard_grads && !forward_only && !e_.mixed())
     for (auto& blk : blocks)
       ops::fill(compute_, f32(blk.full_grad_bucket.as<float>(), blk.shard.padded_numel, idx()), 0.0f);
+}
+
+void ZeroRank::begin_pipeline_step(bool forward_only) {
+  micro_ = 0;
+  // Compute overwrites the buckets the last reductions read and reads the parameters the last
+  // all-gather wrote only after they are done.
+  record_comm_and_wait(compute_);
+  const DType W = e_.opt.working;
+  for (auto& blk : blocks) {
+    const int64_t n = blk.shard.padded_numel;
+    if (e_.mixed()) {
+      // An evaluation's copies stay until the next step's reduction frees them: refreshed here.
+      if (!blk.compute.data())
+        allocate(blk, BufferRole::kComputeParams, blk.sizes[BufferRole::kComputeParams], compute_, "compute parameters");
+      ops::cast(compute_, f32(blk.compute.as<float>(), n, idx()), typed(blk.params.data(), W, n, idx()));
+    }
+    if (forward_only) continue;
+    if (!blk.full_grad_bucket.data())
+      allocate(blk, BufferRole::kFullGradBucket, blk.sizes[BufferRole::kFullGradBucket], compute_, "gradient bucket");
+    if (e_.mixed()) {
+      allocate(blk, BufferRole::kComputeGrad, blk.sizes[BufferRole::kComputeGrad], compute_, "gradient bucket");
+      ops::fill(compute_, f32(blk.compute_grad.as<float>(), n, idx()), 0.0f);
+    } else {
+      ops::fill(compute_, f32(blk.full_grad_bucket.as<float>(), n, idx()), 0.0f);
+    }
+  }
+}
+
+void ZeroRank::reduce_pipeline_gradients(const ZeroEngine::GradientHook& before_reduce) {
+  const DType W = e_.opt.working;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    Block& blk = blocks[i];
+    const int b = static_cast<int>(i);
+    const int64_t n = blk.shard.padded_numel;
+    float* grad = e_.mixed() ? blk.compute_grad.as<float>() : blk.full_grad_bucket.as<float>();
+    if (before_reduce) before_reduce(b, f32(grad, n, idx()));
+    if (e_.mixed()) {
+      ops::cast(compute_, typed(blk.full_grad_bucket.data(), W, n, idx()), f32(grad, n, idx()));
+      blk.compute.reset();  // last read by the step's compute, on compute_
+      blk.compute_grad.reset();
+    }
+    reduce_gradient(b);
+    if (policy_.shard_grads) {
+      d_.memory().record_stream(blk.full_grad_bucket.data(), comm_);
+      blk.full_grad_bucket.reset();
+    }
+  }
 }
 
 void ZeroRank::end_micro() {
@@ -982,6 +1043,14 @@ void ZeroEngine::begin_micro_batch(int rank, int micro_index, bool forward_only)
   impl_->rank(rank).begin_micro(micro_index, forward_only);
 }
 void ZeroEngine::end_micro_batch(int rank) { impl_->rank(rank).end_micro(); }
+void ZeroEngine::begin_pipeline_step(int rank, bool forward_only) {
+  ZT_CHECK(impl_->opt.pipeline, "begin_pipeline_step on an engine that is not a pipeline stage's");
+  impl_->rank(rank).begin_pipeline_step(forward_only);
+}
+void ZeroEngine::reduce_pipeline_gradients(int rank, const GradientHook& before_reduce) {
+  ZT_CHECK(impl_->opt.pipeline, "reduce_pipeline_gradients on an engine that is not a pipeline stage's");
+  impl_->rank(rank).reduce_pipeline_gradients(before_reduce);
+}
 void ZeroEngine::check_gradients(int rank, float* device_out) { impl_->rank(rank).check_gradients(device_out); }
 void ZeroEngine::optimizer_step(int rank, const OptimizerStep& s) { impl_->rank(rank).optimizer_step(s); }
 void ZeroEngine::mark_overflow(int rank) { impl_->rank(rank).mark_overflow(); }

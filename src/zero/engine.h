@@ -47,6 +47,18 @@
 // data index in the place of its rank, so a tensor coordinate computes the bits a D-device engine
 // computes on its blocks. Only the overflow flag is summed over all N ranks, so that the whole
 // mesh skips an overflowed step together.
+//
+// Pipeline stages (ZeroOptions::pipeline): an engine per pipeline stage, over the data ranks of
+// that stage, with the stage's model. A pipeline schedule interleaves forwards and backwards of
+// different micro-batches and chunks, so there is no per-micro-batch visit order to follow: the
+// hooks do nothing, the parameters stay resident (stages 0-2 keep them whole), and each block's
+// gradient accumulates over the whole step in a full buffer (fp32; mixed precision: the fp32
+// compute gradient, with fp32 compute copies of the parameters made once per step), allocated by
+// begin_pipeline_step and reduce-scattered once by reduce_pipeline_gradients after the stage's
+// last backward, as DeepSpeed's pipeline engine does. So stage 2 saves no gradient memory during
+// the step (it frees the buckets after the reduction); stage 3 would gather every block again for
+// every micro-batch of every chunk and is refused. Every ZeRO stage reduces the same buckets with
+// the same ring, so stages 0-2 stay bitwise equal.
 #pragma once
 
 #include <chrono>
@@ -89,6 +101,9 @@ struct ZeroOptions {
   float offload_fraction = 1.0f;
   // Where the host arena's bytes come from (pinned memory on CUDA); null: aligned host memory.
   std::function<std::unique_ptr<RawAllocator>()> host_memory;
+  // A pipeline stage's engine (see "Pipeline stages" above): stages 0-2, no offload,
+  // micro_batches 1 (the step's micro-batches are the schedule's, reduced once).
+  bool pipeline = false;
 };
 
 struct OptimizerStep {
@@ -175,6 +190,17 @@ class ZeroEngine {
   // Optimizer update of this rank's shard (skipped, writing nothing, when the combined flag is
   // set), the loss-scale update (dynamic scaling), then the parameter all-gather (stages 1, 2).
   void optimizer_step(int rank, const OptimizerStep& s);
+
+  // Pipeline mode: before the stage's first action of a step (allocates and zeroes the step's
+  // gradient buckets; mixed precision: the fp32 compute copies of the parameters), or with
+  // forward_only before an evaluation's forwards (the compute copies only).
+  void begin_pipeline_step(int rank, bool forward_only = false);
+  // Pipeline mode: after the stage's last action of the step. For each block, in layout order:
+  // before_reduce(block, its step gradient in fp32, full padded length) may change it (the tied
+  // embedding's sum across the first and last stage), then the gradient is rounded to the working
+  // dtype (mixed precision) and reduce-scattered over the data group; then check_gradients.
+  using GradientHook = std::function<void(int block, TensorView grad)>;
+  void reduce_pipeline_gradients(int rank, const GradientHook& before_reduce = {});
 
   // Sets this rank's combined overflow flag (after check_gradients, before optimizer_step): the
   // host saw a non-finite loss, so the step is skipped like an overflowed one.
