@@ -108,6 +108,13 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
              DP == 1 ? "" : "s", " is ", cfg.batch_size / DP, " per", unit, ", not a multiple of --micro-batch-size ",
              cfg.micro_batch_size, "; the global batch must split into whole micro-batches");
   s.accum = cfg.batch_size / DP / cfg.micro_batch_size;
+  if (PP > 1) {
+    ZT_REQUIRE(pp_kind != PipeSchedule::kInterleaved || s.accum % PP == 0, "--pp-schedule interleaved needs the ",
+               "micro-batches per data rank (", s.accum, " = --batch-size ", cfg.batch_size, " / ", DP, " / --micro-batch-size ",
+               cfg.micro_batch_size, ") to be a multiple of --pipeline-parallel ", PP,
+               "; change --micro-batch-size or --batch-size");
+    make_schedule(pp_kind, PP, s.accum, cfg.virtual_stages);  // the schedule's own checks, before any device
+  }
   s.seq_len = is_gpt ? cfg.train_seq_len : 1;
 
   // Sizes that follow from the batch, in 64 bits: one micro-batch's tokens and the largest

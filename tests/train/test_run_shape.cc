@@ -154,6 +154,51 @@ TEST(RunShape, EveryCheckSaysWhatIsWrong) {
   }
 }
 
+// --pipeline-parallel (issue #15 item 6): one sentence for each mistake, and for each combination
+// that is not built yet, before any device is touched.
+TEST(RunShape, PipelineMistakesAreOneSentenceEach) {
+  const ModelConfig tiny = make_model_config("gpt-tiny");  // 4 blocks
+  struct Case {
+    std::function<void(TrainConfig&)> set;
+    int devices;
+    const char* message;
+  };
+  const auto pp = [](int p, const char* schedule = "1f1b") {
+    return [p, schedule](TrainConfig& c) { c.pipeline_parallel = p, c.pp_schedule = schedule, c.batch_size = 8; };
+  };
+  const Case cases[] = {
+      {pp(3), 4, "--pipeline-parallel 3 does not divide the 4 devices"},
+      {[&](TrainConfig& c) { pp(8)(c); }, 8, "--pipeline-parallel 8"},  // more stages than the 4 blocks
+      {[&](TrainConfig& c) { pp(2)(c), c.pp_layout = "3,2"; }, 2, "covers 5 blocks but the model has 4"},
+      {[&](TrainConfig& c) { pp(2)(c), c.pp_layout = "4"; }, 2, "has 1 entries but the pipeline has 2"},
+      {[&](TrainConfig& c) { pp(2)(c), c.pp_layout = "4,0"; }, 2, "every stage needs at least one block"},
+      {[&](TrainConfig& c) { pp(2)(c), c.pp_layout = "2,x"; }, 2, "'x' is not a block count"},
+      {[&](TrainConfig& c) { pp(2)(c), c.virtual_stages = 2; }, 2, "--virtual-stages 2 needs --pp-schedule interleaved"},
+      {[&](TrainConfig& c) { c.virtual_stages = 2; }, 2, "need --pipeline-parallel 2 or more"},
+      {[&](TrainConfig& c) { pp(2, "interleaved")(c), c.micro_batch_size = 8; }, 2,
+       "--pp-schedule interleaved needs the micro-batches per data rank (1 = --batch-size 8 / 1 / --micro-batch-size 8)"},
+      {[&](TrainConfig& c) { pp(2)(c), c.model = "mlp"; }, 2, "--pipeline-parallel splits GPT models only"},
+      {[&](TrainConfig& c) { pp(2)(c), c.tensor_parallel = 2; }, 4, "(a 3D mesh) is not built yet"},
+      {[&](TrainConfig& c) { pp(2)(c), c.zero_stage = 3; }, 2, "--zero-stage 3 with --pipeline-parallel"},
+      {[&](TrainConfig& c) { pp(2)(c), c.checkpoint_dir = "/tmp/x"; }, 2, "checkpoints and snapshots with --pipeline-parallel"},
+      {[&](TrainConfig& c) { pp(2)(c), c.precision = Precision::kFp16; }, 2, "loss scaling (--precision fp16"},
+      {[&](TrainConfig& c) { pp(2)(c), c.recompute = Recompute::kFull; }, 2, "--recompute with --pipeline-parallel"},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c;
+    k.set(c);
+    const ModelConfig mc = c.model == "mlp" ? make_model_config("mlp") : tiny;
+    const std::string msg = error_of([&] { resolve_run_shape(c, mc, k.devices, Backend::kCpu); });
+    EXPECT_NE(msg.find(k.message), std::string::npos) << "expected '" << k.message << "', got '" << msg << "'";
+  }
+  // A valid pipeline: micro-batches per data rank are the schedule's.
+  TrainConfig c;
+  pp(2, "zb-h1")(c);
+  c.micro_batch_size = 1;
+  const RunShape s = resolve_run_shape(c, tiny, 4, Backend::kCpu);
+  EXPECT_EQ(s.accum, 4);  // 8 rows over 2 data ranks, 1 per micro-batch
+}
+
 TEST(RunShape, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
   ModelOverrides o;
   o.embd = INT_MAX, o.heads = 1;  // issue 12 item 5: shard_range(n=-23622319953)
