@@ -43,24 +43,71 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
       {"rng", {{"seed", cfg.seed}, {"philox_counter", "step"}}},
       {"optimizer", cfg.optimizer == OptimizerKind::kAdamW ? "adamw" : "sgd"},
       // The logical (one-device) tensors, whatever the tensor degree: the arrays hold those.
-      {"tensors", tensor_table(world.model().tensor_map() ? *world.model().tensor_map()->logical : world.model().layout())},
+      {"tensors", tensor_table(world.pipelined()                  ? gpt_layout(mc)
+                               : world.model().tensor_map() ? *world.model().tensor_map()->logical
+                                                            : world.model().layout())},
       {"tensor_parallel", cfg.tensor_parallel},
+      {"pipeline_parallel", cfg.pipeline_parallel},
       {"updates", counters.updates},
       {"skipped_steps", counters.skipped_steps},
       {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps},
                        {"schedule", static_cast<int>(cfg.schedule)}}}};
   if (scaling != ZeroOptions::Scaling::kNone) {
-    const optim::LossScaleState st = world.engine().loss_scale_state(0);
+    const optim::LossScaleState st = world.engine_of(0).loss_scale_state(world.engine_rank(0));
     m["loss_scale"] = {{"scale", st.scale}, {"inv_scale", st.inv_scale}, {"good_steps", st.good_steps},
                        {"hysteresis_left", st.hysteresis_left}, {"collapsed", st.collapsed}, {"skipped", st.skipped}};
   }
   return m;
 }
 
+namespace {
+
+// A pipelined world's snapshot in the logical layout: each stage's engine snapshots its blocks over
+// its D data ranks, and logical block b's shards come from the stage that holds it (the embeddings
+// from the first stage: the last stage's tied copy holds the same bits). Shard d of every block is
+// written by data rank d, as a D-device run without stages would write it, so the checkpoint
+// reshards onto any pipeline degree.
+HostSnapshot pipeline_snapshot(World& world, bool adamw, int64_t step) {
+  const MeshShape shape = world.mesh().shape();
+  const ParamLayout logical = gpt_layout(world.model_of(0).config());
+  HostSnapshot out;
+  out.step = step;
+  out.adamw = adamw;
+  for (const auto& b : logical.blocks()) {
+    out.block_names.push_back(b.name);
+    out.block_numel.push_back(b.numel);
+  }
+  out.shards.assign(static_cast<size_t>(shape.data), std::vector<HostShard>(static_cast<size_t>(logical.num_blocks())));
+  std::vector<bool> filled(static_cast<size_t>(logical.num_blocks()), false);
+  for (int p = 0; p < shape.pipeline; ++p) {
+    const std::vector<int> ranks = world.mesh().data_group(world.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p}));
+    const Model& model = world.model_of(ranks[0]);
+    HostSnapshot stage = take_snapshot(world.engine_of(ranks[0]), model, adamw, step,
+                                       [&](const std::function<void(int)>& fn) {
+                                         world.for_ranks([&](int r) {
+                                           if (world.stage_of(r) == p) fn(world.engine_rank(r));
+                                         });
+                                       });
+    out.working = stage.working;
+    for (int b = 0; b < model.layout().num_blocks(); ++b) {
+      const auto lb = static_cast<size_t>(model.logical_block(b));
+      if (filled[lb]) continue;  // the tied copy
+      filled[lb] = true;
+      for (int d = 0; d < shape.data; ++d) out.shards[static_cast<size_t>(d)][lb] = std::move(stage.shards[static_cast<size_t>(d)][static_cast<size_t>(b)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCounters& counters,
                             const std::string& precision, ZeroOptions::Scaling scaling) {
-  HostSnapshot snap = take_snapshot(world.engine(), world.model(), run.cfg.optimizer == OptimizerKind::kAdamW,
-                                    counters.step, [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
+  const bool adamw = run.cfg.optimizer == OptimizerKind::kAdamW;
+  HostSnapshot snap = world.pipelined()
+                          ? pipeline_snapshot(world, adamw, counters.step)
+                          : take_snapshot(world.engine(), world.model(), adamw, counters.step,
+                                          [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
   snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
   return snap;
 }

@@ -9,12 +9,14 @@ std::optional<Survivors> surviving_devices(World& world, const DeviceSpec& curre
   Survivors s;
   s.spec.kind = cuda ? DeviceSpec::Kind::kCuda : DeviceSpec::Kind::kCpu;
   s.spec.text = "the surviving devices";
-  // Tensor parallelism: a tensor group that lost a member cannot run its layers; the whole group
-  // is dropped and the survivors form a smaller data axis (the snapshot is in the logical layout,
-  // so it reshards onto any mesh).
+  // Tensor and pipeline parallelism: a model replica (the ranks of one data coordinate: its tensor
+  // groups and pipeline stages) that lost a member cannot run its layers; the whole replica is
+  // dropped and the survivors form a smaller data axis (the snapshot is in the logical layout, so
+  // it reshards onto any mesh).
+  const Mesh& mesh = world.mesh();
   auto group_lost = [&](int r) {
-    for (int q : world.mesh().tensor_group(r))
-      if (world.device(q).failed()) return true;
+    for (int q = 0; q < N; ++q)
+      if (mesh.index(MeshAxis::kData, q) == mesh.index(MeshAxis::kData, r) && world.device(q).failed()) return true;
     return false;
   };
   for (int r = 0; r < N; ++r) {

@@ -89,12 +89,10 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
     ZT_REQUIRE(cfg.zero_stage <= 2, "--zero-stage 3 with --pipeline-parallel would gather every block again for "
                "each micro-batch of the schedule; use --zero-stage 0, 1 or 2");
     ZT_REQUIRE(!cfg.offload_optimizer, "--offload optimizer with --pipeline-parallel is not built yet");
-    ZT_REQUIRE(cfg.recompute == Recompute::kNone, "--recompute with --pipeline-parallel is not built yet");
-    ZT_REQUIRE(cfg.checkpoint_dir.empty() && cfg.resume.empty() && cfg.snapshot_every == 0,
-               "checkpoints and snapshots with --pipeline-parallel are not built yet; drop --checkpoint-dir, "
-               "--resume and --snapshot-every");
-    ZT_REQUIRE(cfg.inject_faults.empty() && cfg.gradient_faults.empty(),
-               "fault injection with --pipeline-parallel is not built yet");
+    ZT_REQUIRE(cfg.recompute == Recompute::kNone || pp_kind != PipeSchedule::kZbH1,
+               "--recompute with --pp-schedule zb-h1 is not built: the split backward keeps what the weight "
+               "gradients need, which recomputation would drop; use --pp-schedule 1f1b or interleaved");
+    ZT_REQUIRE(cfg.gradient_faults.empty(), "gradient faults with --pipeline-parallel are not built yet");
   }
   const int DP = N / TP / PP;
   const char* unit = TP > 1 || PP > 1 ? " data-parallel rank" : " device";
@@ -154,9 +152,6 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
                "--loss-scale must be dynamic, none or a positive number, got '", cfg.loss_scale, "'");
     s.scaling = ZeroOptions::Scaling::kFixed, s.initial_scale = static_cast<float>(v);
   }
-  ZT_REQUIRE(PP == 1 || s.scaling == ZeroOptions::Scaling::kNone,
-             "loss scaling (--precision fp16, --loss-scale) with --pipeline-parallel is not built yet; use "
-             "--precision bf16 or fp32");
   require_float(cfg.initial_scale, "--initial-scale");
   require_float(cfg.min_scale, "--min-scale");
   require_float(cfg.max_scale, "--max-scale");

@@ -95,7 +95,9 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
     }
     s.copy(pp.inputs[ri][static_cast<size_t>(m)].data(), staged.tokens.data(), staged.tokens.size() * 4);
     s.copy(pp.targets[ri][static_cast<size_t>(m)].data(), staged.targets.data(), staged.targets.size() * 4);
-    work.set_batch(m, pp.batches[ri][static_cast<size_t>(m)], dloss);
+    Batch& batch = pp.batches[ri][static_cast<size_t>(m)];
+    batch.loss_scale = engine.loss_scale_device(local);  // the head stage's loss gradient reads it
+    work.set_batch(m, batch, dloss);
   }
   engine.begin_pipeline_step(local);
   std::vector<StageSpan>& spans = pp.spans[ri];

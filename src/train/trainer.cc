@@ -436,7 +436,8 @@ void Trainer::on_skipped(World& w, int step, const StepStats& st) {
       ZT_THROW(ErrorKind::kDiverged, "the fp16 loss scale collapsed to its minimum of ", cfg_.min_scale, " at step ",
                step + 1, ": the gradients overflow fp16 even unscaled; use --precision bf16 (or --on-scale-collapse "
                "bf16), lower --lr, or lower --min-scale");
-    engine.set_working_dtype(DType::kBF16);
+    for (int p = 0; p < w.mesh().shape().pipeline; ++p)  // every pipeline stage's engine (one without stages)
+      w.engine_of(w.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p})).set_working_dtype(DType::kBF16);
     working_ = DType::kBF16;
     scaling_ = ZeroOptions::Scaling::kNone;
     result_.switched_to_bf16_at = step + 1;
@@ -540,7 +541,9 @@ bool Trainer::recover(World& w, const Error& e, int step) {
   log_.emit({{"event", "recovery"}, {"step", rec.failed_at_step}, {"device", rec.device}, {"cause", rec.cause},
              {"resumed_from_step", rec.resumed_from_step}, {"devices", rec.devices_after}});
   char buf[1024];
-  const std::string peers = survivors_->dropped.empty() ? "" : " and its tensor group (" + survivors_->dropped + ")";
+  const std::string peers = survivors_->dropped.empty() ? ""
+                            : std::string(" and its ") + (w.pipelined() ? "model replica" : "tensor group") + " (" +
+                                  survivors_->dropped + ")";
   std::snprintf(buf, sizeof buf,
                 "device %s failed at step %d (%s): dropping it%s, resharding the snapshot of step %d onto %d devices and "
                 "going on (%d steps redone)",

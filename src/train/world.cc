@@ -368,8 +368,11 @@ double World::read_losses(int r) {
 
 TrainCounters World::apply_state(const StateSource& src, const nlohmann::json& meta) {
   const bool adamw = run_.cfg.optimizer == OptimizerKind::kAdamW;
-  check_source_matches(src, *model_, adamw);
-  for_ranks([&](int r) { restore_rank(*engine_, *model_, src, r); });
+  // A pipeline stage's blocks carry their logical names (its tied head copy the embeddings'), so
+  // each stage reads its own blocks' arrays, whatever pipeline degree wrote them.
+  for (int p = 0; p < mesh_->shape().pipeline; ++p)
+    check_source_matches(src, model_of(mesh_->rank_at({.data = 0, .tensor = 0, .pipeline = p})), adamw);
+  for_ranks([&](int r) { restore_rank(engine_of(r), model_of(r), src, engine_rank(r)); });
   TrainCounters c;
   c.step = meta.value("step", 0);
   c.updates = meta.value("updates", int64_t{0});
@@ -379,7 +382,7 @@ TrainCounters World::apply_state(const StateSource& src, const nlohmann::json& m
     const optim::LossScaleState st{ls.at("scale").get<float>(), ls.at("inv_scale").get<float>(),
                                    ls.at("good_steps").get<float>(), ls.at("hysteresis_left").get<float>(),
                                    ls.at("collapsed").get<float>(), ls.at("skipped").get<float>()};
-    for (int r = 0; r < size(); ++r) engine_->set_loss_scale_state(r, st);
+    for (int r = 0; r < size(); ++r) engine_of(r).set_loss_scale_state(engine_rank(r), st);
   }
   return c;
 }

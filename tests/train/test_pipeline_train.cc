@@ -1,9 +1,11 @@
 // --pipeline-parallel through the trainer (issue #15): per-step losses of every schedule on 2 and 4
 // stages (and data 2 x pipeline 2) against a one-device run of the same global batch, an uneven
 // --pp-layout, the validation loss, ZeRO stages 0-2 bitwise equal at a fixed mesh and schedule
-// (fp32 and bf16), and the bubble the summary reports.
+// (fp32 and bf16), fp16 loss scaling and recompute, checkpoints across pipeline degrees, losing a
+// device, and the bubble the summary reports.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "sanitizer.h"
@@ -93,6 +95,82 @@ TEST(PipelineTrain, Bf16FollowsOneDeviceBf16) {
   // Not bitwise: the one-device engine rounds each micro-batch's gradient to bf16 before adding it
   // up, a pipeline stage accumulates the step in fp32 and rounds once (ZeroOptions::pipeline).
   expect_close(train(c), one, 1e-3);
+}
+
+TEST(PipelineTrain, Fp16LossScalingAndRecomputeFollowOneDevice) {
+  const int steps = kSanitized ? 3 : 20;
+  TrainConfig ref = pipe_run(1, 1, "1f1b", steps);
+  ref.precision = Precision::kFp16;
+  ref.initial_scale = 16777216.0f;  // overflows at first: the first steps are skipped, the scale halves
+  const TrainResult one = train(ref);
+  ASSERT_FALSE(one.skipped_steps.empty());
+  TrainConfig c = pipe_run(1, 2, "1f1b", steps);
+  c.precision = Precision::kFp16;  // dynamic loss scaling: every stage's engine keeps the same scale
+  c.initial_scale = ref.initial_scale;
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.skipped_steps, one.skipped_steps);  // an overflow in any stage skips the step on all
+  EXPECT_EQ(r.loss_scales, one.loss_scales);
+  ASSERT_EQ(r.losses.size(), one.losses.size());
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    if (std::isfinite(one.losses[i])) EXPECT_NEAR(r.losses[i] / one.losses[i], 1.0, 1e-3) << "step " << i + 1;
+  // Recompute re-runs forward ops inside the backward and changes no bit of a stage's results.
+  TrainConfig plain = pipe_run(1, 2, "interleaved", 3), rc = plain;
+  rc.recompute = Recompute::kFull;
+  EXPECT_EQ(train(rc).losses, train(plain).losses);
+}
+
+// Checkpoints are in the logical layout: one written on 2 stages resumes on 1 and on 4 stages (and
+// one written without stages resumes on 2), each continuing the uninterrupted run's losses.
+TEST(PipelineTrain, CheckpointsReshardAcrossPipelineDegrees) {
+  test_util::TempDir dir("pp_ckpt");
+  const int steps = 6;
+  auto run = [&](int data, int pipeline, const std::string& sub, const std::string& resume) {
+    TrainConfig c = pipe_run(data, pipeline, "1f1b", steps);
+    c.checkpoint_dir = dir.path(sub);
+    c.save_every = 3;
+    c.resume = resume;
+    return train(c);
+  };
+  const TrainResult two = run(1, 2, "p2", "");
+  const TrainResult one = run(2, 1, "p1", "");
+  for (const TrainResult* clean : {&two, &one}) ASSERT_EQ(clean->losses.size(), static_cast<size_t>(steps));
+  struct Case {
+    int data, pipeline;
+    const char* from;
+    const TrainResult& clean;
+    bool bitwise;  // the same mesh resumes bit for bit; another one sums in another order
+  };
+  const Case cases[] = {{1, 2, "p2", two, true}, {2, 1, "p2", two, false}, {1, 4, "p2", two, false},
+                        {2, 2, "p2", two, false}, {1, 2, "p1", one, false}};
+  int k = 0;
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(std::string("from ") + cs.from + " onto data " + std::to_string(cs.data) + " x pipeline " +
+                 std::to_string(cs.pipeline));
+    const TrainResult r = run(cs.data, cs.pipeline, "resume" + std::to_string(k++), dir.path(cs.from) + "/step-00000003");
+    ASSERT_EQ(r.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      if (cs.bitwise)
+        EXPECT_EQ(r.losses[i], cs.clean.losses[i + 3]) << "step " << i + 4;
+      else
+        EXPECT_NEAR(r.losses[i] / cs.clean.losses[i + 3], 1.0, 1e-5) << "step " << i + 4;
+    }
+  }
+}
+
+// A device of a (2 data x 2 pipeline) run fails: its model replica (both stages of its data rank)
+// is dropped, the run goes on at (1 x 2) from the snapshot and ends near the uninterrupted loss.
+TEST(PipelineTrain, LosingADeviceDropsItsModelReplica) {
+  TrainConfig c = pipe_run(2, 2, "1f1b", 12);
+  const TrainResult clean = train(c);
+  c.snapshot_every = 4;
+  c.inject_faults = {{3, 7, false}};
+  const TrainResult r = train(c);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].resumed_from_step, 4);
+  EXPECT_EQ(r.devices, 2) << "the failed device's other stage goes with it";
+  ASSERT_EQ(r.losses.size(), 12u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]);
+  EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
 }
 
 TEST(PipelineTrain, SummaryReportsTheBubble) {

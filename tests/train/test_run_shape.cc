@@ -180,9 +180,8 @@ TEST(RunShape, PipelineMistakesAreOneSentenceEach) {
       {[&](TrainConfig& c) { pp(2)(c), c.model = "mlp"; }, 2, "--pipeline-parallel splits GPT models only"},
       {[&](TrainConfig& c) { pp(2)(c), c.tensor_parallel = 2; }, 4, "(a 3D mesh) is not built yet"},
       {[&](TrainConfig& c) { pp(2)(c), c.zero_stage = 3; }, 2, "--zero-stage 3 with --pipeline-parallel"},
-      {[&](TrainConfig& c) { pp(2)(c), c.checkpoint_dir = "/tmp/x"; }, 2, "checkpoints and snapshots with --pipeline-parallel"},
-      {[&](TrainConfig& c) { pp(2)(c), c.precision = Precision::kFp16; }, 2, "loss scaling (--precision fp16"},
-      {[&](TrainConfig& c) { pp(2)(c), c.recompute = Recompute::kFull; }, 2, "--recompute with --pipeline-parallel"},
+      {[&](TrainConfig& c) { pp(2, "zb-h1")(c), c.recompute = Recompute::kFull; }, 2,
+       "--recompute with --pp-schedule zb-h1"},
   };
   for (const Case& k : cases) {
     TrainConfig c;
