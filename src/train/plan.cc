@@ -28,6 +28,9 @@
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "pipeline/model_stage.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 #include "runtime/runtime.h"
 #include "zero/engine.h"
 
@@ -163,6 +166,98 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
 
 namespace {
 
+// A pipelined run's plan: per stage, what World::build_pipeline allocates on each of the stage's
+// D data ranks — the stage engine's resident buffers (ZeroOptions::pipeline), the ModelStageWork's
+// workspaces (the schedule's live micro-batches per chunk) and input-gradient buffers, a batch per
+// micro-batch, the norm partials, the tied embedding's exchange buffer (first and last stage) and
+// the stage communicator's ring buffers; phases: the step (the engine's step-long buckets and fp32
+// copies) and an evaluation (one workspace per chunk and the fp32 copies).
+MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
+  const int N = in.devices, P = in.pipeline, V = in.virtual_stages, B = in.micro_batch, T = in.seq_len;
+  const int m = in.micro_batches;
+  ZT_REQUIRE(mc.kind == ModelKind::kGpt, "--pipeline-parallel splits GPT models only");
+  validate_pipeline_shape(N, P, V, mc.layers);
+  const int D = N / P;
+  const PipelineCosts costs = gpt_pipeline_costs(mc, T);
+  const PipelinePartition part = in.pp_layout.empty() ? partition_pipeline(costs, P, V)
+                                                      : partition_from_layout(costs, parse_pp_layout(in.pp_layout), P, V);
+  const Schedule sched = make_schedule(parse_pipe_schedule(in.pp_schedule), P, m, V);
+  const auto specs = pipeline_stage_specs(part, sched.splits_backward());
+  ZeroOptions zo;
+  zo.stage = in.zero_stage;
+  zo.sgd = in.sgd;
+  zo.working = in.working;
+  zo.pipeline = true;
+  const int64_t embeddings = gpt_layout(mc).block(0).numel;
+  MemoryPlan plan;
+  plan.inputs = in;
+  std::vector<DevicePlan> stages;
+  for (int s = 0; s < P; ++s) {
+    const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute);
+    const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, D, zo);
+    plan.work += eng.work;
+    std::vector<Alloc> resident;
+    for (size_t b : eng.resident) resident.push_back({b, false});
+    const WorkspaceSlots slots = workspace_slots(sched, s);
+    size_t act = 0, eval_ws = 0;
+    std::vector<Alloc> eval;
+    for (int c = 0; c < model->chunks(); ++c) {
+      const size_t ws = model->chunk_workspace_bytes(B, T, c);
+      for (int k = 0; k < slots.per_chunk[static_cast<size_t>(c)]; ++k) resident.push_back({ws, false}), act += ws;
+      const size_t grad = sched.virtual_stage(s, c) > 0 ? static_cast<size_t>(B) * T * mc.embd * 4 : 0;
+      for (int k = 0; k < m; ++k) resident.push_back({grad, false}), act += grad;
+      eval.push_back({ws, false});
+      eval_ws += ws;
+    }
+    size_t batch = 0;
+    for (int k = 0; k < 2 * m; ++k) resident.push_back({static_cast<size_t>(B) * T * 4, false}), batch += static_cast<size_t>(B) * T * 4;
+    if (s == 0 || s == P - 1) {
+      const size_t tied = static_cast<size_t>(shard_range(embeddings, 0, D).padded_numel) * 4;
+      resident.push_back({tied, false});
+      batch += tied;
+    }
+    const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;
+    resident.push_back({norms, false});
+    batch += norms;
+    const size_t comm = Communicator::planned_buffer_bytes(D);
+    for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
+    std::vector<std::vector<Alloc>> phases(2);
+    for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
+    for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
+    phases[1].insert(phases[1].end(), eval.begin(), eval.end());
+    DevicePlan dev;
+    dev.stage = s;
+    for (size_t p = 0; p < phases.size(); ++p) {
+      std::vector<Alloc> live = resident;
+      live.insert(live.end(), phases[p].begin(), phases[p].end());
+      const size_t peak = sum_rounded(live);
+      if (p > 0 && peak <= dev.peak_allocated) continue;
+      dev.peak_allocated = peak;
+      dev.activations = act + (p == 1 ? eval_ws : 0);
+      dev.transient = 0;
+      for (const auto& t : p == 1 ? eng.forward_peak : eng.train_peak) dev.transient += t.bytes;
+    }
+    dev.params = eng.state.params;
+    dev.grads = eng.state.grads;
+    dev.optimizer = eng.state.optimizer;
+    dev.comm = comm;
+    dev.batch = batch;
+    dev.total = reserved_bytes(resident, phases, &plan.work);
+    const size_t requested =
+        dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
+    dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
+    stages.push_back(dev);
+  }
+  // Device r holds stage r / D (the mesh's pipeline axis is outermost).
+  for (int r = 0; r < N; ++r) {
+    DevicePlan d = stages[static_cast<size_t>(r / D)];
+    d.memory = device_memory(in, r);
+    plan.fits = plan.fits && d.fits();
+    plan.per_device.push_back(d);
+  }
+  return plan;
+}
+
 // The plan of `in` for an already built model of `mc` (the search for a fix plans many
 // configurations of one model).
 MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInputs& in) {
@@ -251,6 +346,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 }  // namespace
 
 MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
+  if (in.pipeline > 1) return plan_pipeline(mc, in);
   return plan_for(*make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}), mc, in);
 }
 
@@ -450,6 +546,21 @@ PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan
 }
 
 MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
+  if (in.pipeline > 1) {
+    // The fix search's levers are not all valid with a pipeline (ZeRO stage 3, the device count
+    // the stages divide): the heaviest stage is named and the levers a pipeline has suggested.
+    MemoryPlan plan = plan_pipeline(mc, in);
+    if (plan.fits) return plan;
+    int heaviest = 0;
+    for (size_t r = 0; r < plan.per_device.size(); ++r)
+      if (plan.per_device[r].total > plan.per_device[static_cast<size_t>(heaviest)].total) heaviest = static_cast<int>(r);
+    plan.suggestion = suggestion_for(
+        PlanSuggestion::kNothing, in,
+        "stage " + std::to_string(plan.per_device[static_cast<size_t>(heaviest)].stage) +
+            " is the heaviest; give it fewer blocks with --pp-layout, use more pipeline stages, a higher "
+            "--zero-stage (up to 2), a smaller --micro-batch-size, or --recompute");
+    return plan;
+  }
   ModelsByRecompute models(mc);
   MemoryPlan plan = models.plan(in);
   if (plan.fits) return plan;
@@ -490,6 +601,15 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
                 in.sgd ? "SGD" : "AdamW", in.micro_batch,
                 mc.kind == ModelKind::kGpt ? in.seq_len : 1, in.micro_batches, in.micro_batches == 1 ? "" : "es");
   os << head;
+  int heaviest = 0;  // the device (and so the stage) with the largest predicted total
+  for (size_t r = 0; r < plan.per_device.size(); ++r)
+    if (plan.per_device[r].total > plan.per_device[static_cast<size_t>(heaviest)].total) heaviest = static_cast<int>(r);
+  if (in.pipeline > 1)
+    os << "pipeline: " << in.pipeline << " stages (" << in.devices / in.pipeline << " data ranks each), schedule "
+       << in.pp_schedule << (in.virtual_stages > 1 ? " x " + std::to_string(in.virtual_stages) + " virtual stages" : "")
+       << "; device r holds stage r / " << in.devices / in.pipeline << "; heaviest: stage "
+       << plan.per_device[static_cast<size_t>(heaviest)].stage << " ("
+       << format_plan_bytes(plan.per_device[static_cast<size_t>(heaviest)].total) << ")\n";
   const char* cols[] = {"device", "params", "grads", "optimizer", "activations", "comm", "transient", "batch",
                         "pool", "total", "memory", "fits"};
   char line[512];
@@ -510,8 +630,9 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
        << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())
        << " in all\n";
   if (plan.fits) {
-    os << "verdict: fits (predicted pool peak " << F(plan.per_device[0].peak_allocated) << " in blocks, "
-       << F(plan.per_device[0].total) << " reserved per device)\n";
+    const DevicePlan& top = plan.per_device[static_cast<size_t>(in.pipeline > 1 ? heaviest : 0)];
+    os << "verdict: fits (predicted pool peak " << F(top.peak_allocated) << " in blocks, " << F(top.total)
+       << (in.pipeline > 1 ? " reserved on the heaviest stage's devices)\n" : " reserved per device)\n");
   } else {
     os << "verdict: " << plan.verdict() << "\n";
   }

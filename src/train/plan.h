@@ -31,10 +31,17 @@ struct PlanInputs {
   float offload_fraction = 1.0f; // of each rank's optimizer shard
   int tensor = 1;                // --tensor-parallel: devices = data x tensor
   bool sequence_parallel = true;
+  // --pipeline-parallel P: devices = data x pipeline; each device holds its stage's blocks, the
+  // workspaces its schedule keeps live and one batch buffer per micro-batch (micro_batches = m).
+  int pipeline = 1;
+  std::string pp_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string pp_layout;  // "" = the balanced split
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).
 struct DevicePlan {
+  int stage = 0;  // the device's pipeline stage (0 without pipeline parallelism)
   size_t params = 0, grads = 0, optimizer = 0;
   size_t activations = 0;  // workspace(B, T) (+ the sampling workspace)
   size_t comm = 0;         // ring receive buffers

@@ -203,6 +203,11 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   s.plan.offload_fraction = cfg.offload_fraction;
   s.plan.tensor = TP;
   s.plan.sequence_parallel = cfg.sequence_parallel;
+  s.plan.pipeline = PP;
+  s.plan.pp_schedule = cfg.pp_schedule;
+  s.plan.virtual_stages = cfg.virtual_stages;
+  s.plan.pp_layout = cfg.pp_layout;
+  if (PP > 1) s.plan.sampling = false;  // no sample through pipeline stages yet
   if (TP > 1) {
     ZT_REQUIRE(!cfg.sequence_parallel || (int64_t{cfg.micro_batch_size} * s.seq_len) % TP == 0,
                "sequence parallelism over ", TP, " ranks needs the micro-batch's tokens (", cfg.micro_batch_size, " x ",

@@ -122,9 +122,6 @@ void open_data(RunContext& run) {
 
 // Refuses a run that cannot fit, with the cheapest fix, before anything is allocated.
 void check_fits(const RunContext& run, Runtime& rt, const BatchSplit& split) {
-  // The memory plan has no per-stage model yet: a pipelined run is not checked before it starts
-  // (README, "Pipeline parallelism").
-  if (run.cfg.pipeline_parallel > 1) return;
   PlanInputs in = run.plan;
   in.micro_batch = split.micro;
   in.micro_batches = split.accum;

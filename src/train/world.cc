@@ -165,8 +165,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     Stream& s = d.compute();
     const ParamLayout& layout = model_of(r).layout();
     if (!pipe_) R.ws = model_->make_workspace(d, B, T);  // a pipeline stage's are its ModelStageWork's
-    R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
-    R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+    if (!pipe_) {  // a pipeline stage's batches are one per micro-batch (PipelineParts)
+      R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
+      R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+    }
     R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
     R.staged.resize(static_cast<size_t>(split.accum));
     for (auto* e : {&R.step_begin, &R.compute_done, &R.grads_ready, &R.opt_begin, &R.opt_end})

@@ -1250,6 +1250,19 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   // The transient peaks: the very lists the hooks execute for a training micro-batch and for a
   // forward-only pass.
   const bool mixed = opt.working != DType::kF32;
+  if (opt.pipeline) {
+    // A pipeline stage's step (begin_pipeline_step): per block, in layout order, the fp32 compute
+    // copy (mixed), the full gradient bucket when not resident (stage 2), the fp32 compute gradient
+    // (mixed), all live until the step's reduction; an evaluation's forwards hold the copies only.
+    for (const BlockBufferBytes& sz : sizes) {
+      if (mixed) plan.train_peak.push_back({sz[BufferRole::kComputeParams], false});
+      if (p.shard_grads) plan.train_peak.push_back({sz[BufferRole::kFullGradBucket], false});
+      if (mixed) plan.train_peak.push_back({sz[BufferRole::kComputeGrad], false});
+      if (mixed) plan.forward_peak.push_back({sz[BufferRole::kComputeParams], false});
+    }
+    plan.work += sizes.size();
+    return plan;
+  }
   const auto fwd = model.forward_order(), bwd = model.backward_order();
   for (bool forward_only : {false, true}) {
     const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, p, mixed, forward_only);
