@@ -100,7 +100,23 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   ZT_REQUIRE(cfg.batch_size >= 1, "--batch-size must be at least 1, got ", cfg.batch_size);
   ZT_REQUIRE(cfg.batch_size % DP == 0, "--batch-size ", cfg.batch_size, " does not split evenly over ", DP, unit,
              "s; use a multiple of ", DP);
-  if (cfg.micro_batch_size == 0) cfg.micro_batch_size = cfg.batch_size / DP;
+  if (cfg.micro_batch_size == 0) {
+    cfg.micro_batch_size = cfg.batch_size / DP;
+    if (PP > 1) {
+      // A pipeline fills its stages with micro-batches: by default the largest micro-batch that
+      // still gives at least 2P of them per data rank (a multiple of P for the interleaved
+      // schedule), else one sequence each.
+      const int rows = cfg.batch_size / DP;
+      cfg.micro_batch_size = 1;
+      for (int mb = rows; mb >= 1; --mb) {
+        const int m = rows / mb;
+        if (rows % mb == 0 && m >= 2 * PP && (pp_kind != PipeSchedule::kInterleaved || m % PP == 0)) {
+          cfg.micro_batch_size = mb;
+          break;
+        }
+      }
+    }
+  }
   ZT_REQUIRE(cfg.micro_batch_size >= 1, "--micro-batch-size must be at least 1, got ", cfg.micro_batch_size);
   ZT_REQUIRE((cfg.batch_size / DP) % cfg.micro_batch_size == 0, "--batch-size ", cfg.batch_size, " over ", DP, unit,
              DP == 1 ? "" : "s", " is ", cfg.batch_size / DP, " per", unit, ", not a multiple of --micro-batch-size ",

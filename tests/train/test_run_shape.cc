@@ -194,8 +194,24 @@ TEST(RunShape, PipelineMistakesAreOneSentenceEach) {
   TrainConfig c;
   pp(2, "zb-h1")(c);
   c.micro_batch_size = 1;
-  const RunShape s = resolve_run_shape(c, tiny, 4, Backend::kCpu);
-  EXPECT_EQ(s.accum, 4);  // 8 rows over 2 data ranks, 1 per micro-batch
+  EXPECT_EQ(resolve_run_shape(c, tiny, 4, Backend::kCpu).accum, 4);  // 8 rows over 2 data ranks, 1 per micro-batch
+  // Without --micro-batch-size: the largest micro-batch that gives each data rank at least 2P
+  // micro-batches (a multiple of P for interleaved), else micro-batches of one sequence.
+  struct Default {
+    int devices, pipeline, batch;
+    const char* schedule;
+    int micro, accum;
+  };
+  for (const Default& d : {Default{2, 2, 8, "1f1b", 2, 4}, Default{4, 2, 16, "1f1b", 2, 4},
+                           Default{2, 2, 12, "interleaved", 3, 4}, Default{4, 4, 8, "gpipe", 1, 8},
+                           Default{2, 2, 6, "interleaved", 1, 6}}) {
+    TrainConfig k;
+    pp(d.pipeline, d.schedule)(k);
+    k.batch_size = d.batch;
+    const RunShape rs = resolve_run_shape(k, tiny, d.devices, Backend::kCpu);
+    EXPECT_EQ(rs.config.micro_batch_size, d.micro) << d.devices << " devices, batch " << d.batch << ", " << d.schedule;
+    EXPECT_EQ(rs.accum, d.accum) << d.devices << " devices, batch " << d.batch << ", " << d.schedule;
+  }
 }
 
 TEST(RunShape, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
