@@ -103,7 +103,7 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   std::vector<StageSpan>& spans = pp.spans[ri];
   spans.clear();
   StageRunOptions opt;
-  if (world.mesh().index(MeshAxis::kData, r) == 0) opt.spans = &spans;  // one data rank's stages measure the bubble
+  if (world.mesh().index(MeshAxis::kData, r) == 0 || pp.all_spans) opt.spans = &spans;
   run_pipeline_stage(pp.schedule, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
   s.record(*R.compute_done);
   const int tied = (stage == 0 || stage == P - 1) ? tied_block(world.model_of(r)) : -1;
@@ -164,8 +164,10 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   if (world.pipelined()) {
     // The measured bubble of data rank 0's stages (their compute spans, complete after the sync).
     PipelineParts& pp = world.pipeline();
-    std::vector<StageSpan> all;
-    for (const auto& v : pp.spans) all.insert(all.end(), v.begin(), v.end());
+    std::vector<StageSpan> all;  // data rank 0's stages
+    for (int r = 0; r < N; ++r)
+      if (world.mesh().index(MeshAxis::kData, r) == 0)
+        all.insert(all.end(), pp.spans[static_cast<size_t>(r)].begin(), pp.spans[static_cast<size_t>(r)].end());
     pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
     ++pp.bubble_steps;
   }

@@ -120,6 +120,7 @@ nlohmann::json TraceRecorder::to_json(const std::vector<std::string>& device_nam
     for (int tid : tids) {
       const std::string tname = tid == kHostTid     ? "host ranges"
                                 : tid == kTensorTid ? "tensor collectives"
+                                : tid == kPipelineTid ? "pipeline F/B/W"
                                 : tid == 0          ? "compute stream"
                                 : tid == 1          ? "comm stream"
                                                     : "stream " + std::to_string(tid);

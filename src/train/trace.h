@@ -10,7 +10,9 @@
 //  - cuda: every op and copy, timed by an event pair around it on its stream, resolved when the
 //    stream is synchronized (GPU times mapped onto the host clock). add_slice also takes the ZeRO
 //    engine's spans (a block's forward/backward, reduce-scatter, gather) when a caller has them.
-// Host ranges (step, forward h.3, reduce_scatter ..., data) are the same on both backends.
+// Host ranges (step, forward h.3, reduce_scatter ..., data) are the same on both backends. With
+// --pipeline-parallel each device also has a "pipeline F/B/W" track: its stage's actions
+// ("F m3", "B m3 c1", "W m3") when its compute stream ran them.
 #pragma once
 
 #include <chrono>
@@ -39,6 +41,7 @@ class TraceRecorder final : public TaskObserver, public RangeSink {
   // Track ids inside a device's process.
   static constexpr int kHostTid = 100;   // NVTX ranges of the device's host thread
   static constexpr int kTensorTid = 101;  // its tensor-parallel collectives' ranges (their own track)
+  static constexpr int kPipelineTid = 102;  // its pipeline stage's F, B and W as the compute stream ran them
   static constexpr int kHostPid = 1000;  // process of ranges with no device (the main thread)
 
   // Installs itself as the range sink (forwarding ranges to the sink installed before). As a task

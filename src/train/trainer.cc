@@ -147,6 +147,7 @@ class Trainer {
   void stop_for_signal(World& w, int step, int sig);
   void finish(World& w);
   void write_trace(World& w);
+  void trace_pipeline(World& w);
   // Evaluation and sampling run collectives too (stage 3 gathers); keep them out of the per-step
   // communication figure.
   template <typename Fn> void side_comm(World& w, Fn fn);
@@ -318,7 +319,9 @@ bool Trainer::train_world(World& w) {
         if (on_cuda && step + 1 == profile.second) profiler_stop();
       }};
       const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
+      if (tracer_ && w.pipelined()) w.pipeline().all_spans = true;
       const StepStats st = train_step(w, run_, step, learning_rate(lrc, step), counters_.updates, *timer_);
+      if (tracer_ && w.pipelined()) trace_pipeline(w);
       result_.loss_scales.push_back(st.loss_scale);
       if (st.skipped) {
         on_skipped(w, step, st);
@@ -700,6 +703,19 @@ void Trainer::finish(World& w) {
     std::fflush(stdout);
   }
   write_trace(w);
+}
+
+// The step's F, B and W on each device's "pipeline F/B/W" track (the stage runtime's spans count
+// microseconds of the steady clock from its epoch).
+void Trainer::trace_pipeline(World& w) {
+  const PipelineParts& pp = w.pipeline();
+  for (int r = 0; r < w.size(); ++r)
+    for (const StageSpan& sp : pp.spans[static_cast<size_t>(r)]) {
+      std::string name = std::string(action_kind_name(sp.kind)) + " m" + std::to_string(sp.micro);
+      if (pp.schedule.virtual_stages > 1) name += " c" + std::to_string(sp.chunk);
+      tracer_->add_slice(w.device(r).index(), TraceRecorder::kPipelineTid, std::move(name), "pipeline", sp.start_us,
+                         sp.end_us, Clock::time_point{});
+    }
 }
 
 void Trainer::write_trace(World& w) {

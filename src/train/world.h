@@ -97,8 +97,10 @@ struct PipelineParts {
   std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
   std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
   std::vector<DeviceBuffer> tied_scratch;  // per rank of the first and last stage: the partner's gradient
-  // Compute spans of the data-index-0 ranks' last step (per rank; read after the step's sync).
+  // Compute spans of each rank's last step (per rank; read after the step's sync): the data-index-0
+  // ranks' always (the measured bubble), every rank's with all_spans (--trace).
   std::vector<std::vector<StageSpan>> spans;
+  bool all_spans = false;
   double bubble_sum = 0;  // measured bubble fractions of the steps so far, summed
   int bubble_steps = 0;
 };

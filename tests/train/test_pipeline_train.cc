@@ -2,11 +2,15 @@
 // stages (and data 2 x pipeline 2) against a one-device run of the same global batch, an uneven
 // --pp-layout, the validation loss, ZeRO stages 0-2 bitwise equal at a fixed mesh and schedule
 // (fp32 and bf16), fp16 loss scaling and recompute, checkpoints across pipeline degrees, losing a
-// device, and the bubble the summary reports.
+// device, the per-stage plan, the trace's F/B/W track, and the bubble the summary reports.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "sanitizer.h"
 #include "test_util.h"
@@ -14,6 +18,7 @@
 #include "model/config.h"
 #include "pipeline/simulate.h"
 #include "train/plan.h"
+#include "train/trace.h"
 #include "train/trainer.h"
 
 namespace zt {
@@ -220,6 +225,28 @@ TEST(PipelineTrain, PlanPredictsEachStagesPoolPeakWithinFivePercent) {
           << "device " << d << " (stage " << p.stage << "): predicted " << p.peak_allocated << " measured " << measured;
     }
   }
+}
+
+// --trace: each device's "pipeline F/B/W" track holds its stage's actions of every step, as many as
+// the schedule lists (ZB-H1: an F, a B and a W per micro-batch).
+TEST(PipelineTrain, TraceShowsEachStagesForwardAndSplitBackward) {
+  test_util::TempDir dir("pp_trace");
+  TrainConfig c = pipe_run(2, 2, "zb-h1", 2);
+  c.trace_path = dir.path("trace.json");
+  train(c);
+  std::ifstream in(c.trace_path);
+  nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json& ev = j.is_object() ? j["traceEvents"] : j;
+  std::map<std::pair<int, std::string>, int> count;  // (device, "F"/"B"/"W") -> slices
+  for (const auto& e : ev)
+    if (e.value("ph", "") == "X" && e.value("tid", -1) == TraceRecorder::kPipelineTid) {
+      const std::string name = e.value("name", "");
+      ++count[{e.value("pid", -1), name.substr(0, name.find(' '))}];
+      EXPECT_GE(e.value("dur", -1.0), 0.0) << name;
+    }
+  for (int d = 0; d < 4; ++d)
+    for (const char* kind : {"F", "B", "W"})
+      EXPECT_EQ((count[{d, kind}]), 2 * 4) << "device " << d << " " << kind;  // 2 steps x 4 micro-batches
 }
 
 TEST(PipelineTrain, SummaryReportsTheBubble) {
