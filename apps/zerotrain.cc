@@ -36,7 +36,7 @@ constexpr int kExitDiverged = 3;  // the loss scale collapsed, or too many conse
 
 std::string human_bytes(double b) { return zt::format_bytes(b); }
 
-int run_info(const std::string& devices_flag, int tensor) {
+int run_info(const std::string& devices_flag, int tensor, int pipeline) {
   const zt::DeviceSpec spec = zt::parse_device_spec(devices_flag);
   auto rt = zt::Runtime::create(spec);
 
@@ -100,13 +100,17 @@ int run_info(const std::string& devices_flag, int tensor) {
       std::printf("\n");
     }
   }
-  // --tensor-parallel T: the (data x tensor) mesh a train run would form on these devices, its
-  // groups, and whether each tensor group's members reach each other directly.
-  if (tensor > 1) {
-    ZT_REQUIRE(rt->size() % tensor == 0, "--tensor-parallel ", tensor, " does not divide the ", rt->size(), " devices");
-    const zt::Mesh mesh(zt::MeshShape{.data = rt->size() / tensor, .tensor = tensor}, rt->size());
+  // --tensor-parallel T / --pipeline-parallel P: the mesh a train run would form on these
+  // devices, its groups, and whether each group's members reach each other directly (a pipeline
+  // group's neighbours exchange activations; device r holds stage r / (devices / P)).
+  if (tensor > 1 || pipeline > 1) {
+    ZT_REQUIRE(tensor == 1 || pipeline == 1, "--tensor-parallel with --pipeline-parallel (a 3D mesh) is not built yet");
+    ZT_REQUIRE(rt->size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
+               tensor * pipeline, " does not divide the ", rt->size(), " devices");
+    const zt::Mesh mesh(
+        zt::MeshShape{.data = rt->size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt->size());
     std::printf("mesh: %s\n", mesh.describe().c_str());
-    for (zt::MeshAxis axis : {zt::MeshAxis::kTensor, zt::MeshAxis::kData}) {
+    for (zt::MeshAxis axis : {tensor > 1 ? zt::MeshAxis::kTensor : zt::MeshAxis::kPipeline, zt::MeshAxis::kData}) {
       std::printf("  %s groups:", zt::mesh_axis_name(axis));
       for (const auto& g : mesh.groups(axis)) {
         bool peer = true;
@@ -142,6 +146,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   int info_tensor = 1;
   info->add_option("--tensor-parallel,--tp", info_tensor, "Show the (data x tensor) mesh --tensor-parallel T forms")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  int info_pipeline = 1;
+  info->add_option("--pipeline-parallel,--pp", info_pipeline,
+                   "Show the (data x pipeline) mesh --pipeline-parallel P forms")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
 
   zt::RunFlags run_flags;
@@ -194,7 +202,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (info->parsed()) return run_info(devices, info_tensor);
+    if (info->parsed()) return run_info(devices, info_tensor, info_pipeline);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
     if (exp->parsed()) {
