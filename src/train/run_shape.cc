@@ -223,7 +223,9 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   s.plan.pp_schedule = cfg.pp_schedule;
   s.plan.virtual_stages = cfg.virtual_stages;
   s.plan.pp_layout = cfg.pp_layout;
-  if (PP > 1) s.plan.sampling = false;  // no sample through pipeline stages yet
+  // A pipeline's sample runs one-row chunk workspaces: the evaluation's (always run at the end)
+  // are larger, and the per-stage plan holds those.
+  if (PP > 1) s.plan.sampling = false;
   if (TP > 1) {
     ZT_REQUIRE(!cfg.sequence_parallel || (int64_t{cfg.micro_batch_size} * s.seq_len) % TP == 0,
                "sequence parallelism over ", TP, " ranks needs the micro-batch's tokens (", cfg.micro_batch_size, " x ",

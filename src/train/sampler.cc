@@ -30,7 +30,98 @@ int sample_top_k(const std::vector<float>& row, int top_k, float temperature, do
   return idx[static_cast<size_t>(k_keep - 1)];
 }
 
+namespace {
+
+// The text of token `pick` (bytes as text, other vocabularies as token ids).
+void append_token(std::string& out, int pick, int V) {
+  if (V <= 256) {
+    const char c = static_cast<char>(pick);
+    out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : "?";
+  } else {
+    if (!out.empty()) out.push_back(' ');
+    out.append(std::to_string(pick));
+  }
+}
+
+// Pipeline stages: per token, the context flows forward through the virtual stages in order (as
+// an evaluation batch of one row), the last stage draws the token from its logits and sends it
+// back to the first stage, the only one that reads tokens. Every data rank samples the same text.
+std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
+  const int N = world.size(), T = run.T, V = run.mc.vocab, P = world.mesh().shape().pipeline;
+  const TrainConfig& cfg = run.cfg;
+  std::vector<std::string> texts(static_cast<size_t>(N));
+  world.for_ranks([&](int r) {
+    Device& d = world.device(r);
+    Stream& s = d.compute();
+    const Model& model = world.model_of(r);
+    ZeroEngine& engine = world.engine_of(r);
+    Communicator& comm = world.comm();
+    const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
+    const int stage = world.stage_of(r), chunks = model.chunks(), last = P * chunks - 1;
+    const std::vector<int> group = world.mesh().pipeline_group(r);
+    std::vector<std::unique_ptr<Workspace>> ws;
+    for (int c = 0; c < chunks; ++c) ws.push_back(model.make_chunk_workspace(d, 1, T, c));
+    DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
+    DeviceBuffer token(d.memory(), 4, s, "sample token");
+    const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
+    std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
+    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
+    std::vector<float> row(static_cast<size_t>(V));
+    Batch sb;
+    sb.B = 1;
+    sb.T = T;
+    sb.inputs = ConstTensorView{inputs.data(), DType::kI32, Shape{1, T}, d.index()};
+    sb.targets = ConstTensorView{targets.data(), DType::kI32, Shape{1, T}, d.index()};
+    s.copy(targets.data(), tg.data(), tg.size() * 4);
+    engine.begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
+    std::string& out = texts[static_cast<size_t>(r)];
+    int32_t pick = 0;
+    for (int k = 0; k < n_tokens; ++k) {
+      const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+      if (stage == 0) {
+        std::fill(in.begin(), in.end(), 0);
+        std::copy(ctx.end() - len, ctx.end(), in.begin());
+        s.copy(inputs.data(), in.data(), in.size() * 4);
+      }
+      for (int c = 0; c < chunks; ++c) {
+        const int g = c * P + stage;  // the virtual stage
+        Workspace& w = *ws[static_cast<size_t>(c)];
+        if (g > 0) {
+          comm.recv(r, group[static_cast<size_t>((g - 1) % P)], w.stage_input(), &s);
+          comm.wait_done(r, s);
+        }
+        model.forward(s, engine.access(world.engine_rank(r)), w, sb, 0.0f, false);
+        if (g < last) {
+          comm.send(r, group[static_cast<size_t>((g + 1) % P)], w.stage_output(), &s);
+          comm.wait_done(r, s);
+          continue;
+        }
+        w.read_logits_row(s, len - 1, row.data());
+        s.synchronize();
+        pick = sample_top_k(row, cfg.top_k, cfg.temperature,
+                            philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
+        s.copy(token.data(), &pick, 4);
+        comm.send(r, group[0], token_view, &s);  // the first stage embeds the next context
+        comm.wait_done(r, s);
+        s.synchronize();  // `pick` is read by the copy
+      }
+      if (stage == 0) {
+        comm.recv(r, group[static_cast<size_t>(P - 1)], token_view, &s);
+        comm.wait_done(r, s);
+        s.copy(&pick, token.data(), 4);
+        s.synchronize();
+      }
+      ctx.push_back(pick);
+      append_token(out, pick, V);
+    }
+  });
+  return texts[0];
+}
+
+}  // namespace
+
 std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
+  if (world.pipelined()) return sample_pipeline(world, run, n_tokens, salt);
   const int N = world.size(), T = run.T, V = run.mc.vocab;
   const TrainConfig& cfg = run.cfg;
   std::vector<std::string> texts(static_cast<size_t>(N));
@@ -64,13 +155,7 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
       const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
                                     philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
       ctx.push_back(pick);
-      if (V <= 256) {
-        const char c = static_cast<char>(pick);
-        out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : "?";
-      } else {
-        if (!out.empty()) out.push_back(' ');
-        out.append(std::to_string(pick));
-      }
+      append_token(out, pick, V);
     }
   });
   return texts[0];

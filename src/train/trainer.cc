@@ -349,8 +349,7 @@ bool Trainer::train_world(World& w) {
       if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
           std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), step + 1) != cfg_.eval_steps.end())
         action = evaluate_at(w, step);
-      if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text() &&
-          !w.pipelined()) {
+      if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
         log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
         std::string text;
         side_comm(w, [&] { text = sample_text(w, run_, cfg_.sample_tokens, static_cast<uint64_t>(step)); });
@@ -584,9 +583,7 @@ void Trainer::finish(World& w) {
   result_.tokens_per_s = static_cast<double>(counters_.step - world_start_) * cfg_.batch_size * run_.T /
                          std::max(train_time_, 1e-9);
   if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
-  if (run_.is_gpt && cfg_.sample_tokens > 0 && w.pipelined()) {
-    log_.line("note: no sample: sampling through pipeline stages is not built yet");
-  } else if (run_.is_gpt && cfg_.sample_tokens > 0) {
+  if (run_.is_gpt && cfg_.sample_tokens > 0) {
     result_.sample = sample_text(w, run_, cfg_.sample_tokens, 0xfeed);
     char buf[128];
     std::snprintf(buf, sizeof buf, "--- sample (%d tokens, temperature %.2f, top-k %d) ---", cfg_.sample_tokens,

@@ -249,6 +249,21 @@ TEST(PipelineTrain, TraceShowsEachStagesForwardAndSplitBackward) {
       EXPECT_EQ((count[{d, kind}]), 2 * 4) << "device " << d << " " << kind;  // 2 steps x 4 micro-batches
 }
 
+// Sampling through the stages: the context flows forward, the last stage draws the token and
+// sends it to the first; greedy (top-k 1) text equals the one-device run's after the same steps.
+TEST(PipelineTrain, SampleMatchesOneDevice) {
+  auto run = [](int pipeline, const char* schedule) {
+    TrainConfig c = pipe_run(1, pipeline, schedule, 3);
+    c.sample_tokens = 12;
+    c.top_k = 1;
+    return train(c).sample;
+  };
+  const std::string one = run(1, "1f1b");
+  ASSERT_EQ(one.size(), 12u);
+  EXPECT_EQ(run(2, "1f1b"), one);
+  EXPECT_EQ(run(2, "interleaved"), one);
+}
+
 TEST(PipelineTrain, SummaryReportsTheBubble) {
   const TrainResult r = train(pipe_run(1, 4, "1f1b", 2));
   EXPECT_DOUBLE_EQ(r.theoretical_bubble, theoretical_bubble(PipeSchedule::k1F1B, 4, 8));
