@@ -1,0 +1,226 @@
+// The cross-process ring against the in-process Communicator: each process runs its L local ranks
+// through ProcessRing and, on its own, all K*L ranks through a Communicator on a cpu:K*L runtime,
+// on the same Philox inputs; every byte of its local ranks' buffers must be equal (every dtype,
+// shards that are not multiples of the chunk, chunks of a few elements), and so must the counters.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm_test_util.h"
+#include "comm/communicator.h"
+#include "comm/mpi_test_env.h"
+#include "comm/process_group.h"
+#include "comm/process_ring.h"
+#include "core/philox.h"
+#include "runtime/runtime.h"
+
+namespace zt {
+namespace {
+
+using namespace std::chrono_literals;
+using commtest::RankBuffers;
+
+enum class Op { kReduceScatter, kAllGather, kAllReduce };
+const char* op_name(Op op) {
+  return op == Op::kReduceScatter ? "reduce_scatter" : op == Op::kAllGather ? "all_gather" : "all_reduce";
+}
+
+// Input of global rank g: Philox normals; for an all-gather only the rank's own shard matters, the
+// rest is NaN so that an element the ring fails to write cannot match the reference.
+float input(Op op, int g, int64_t i, int64_t shard, uint64_t seed) {
+  if (op == Op::kAllGather && i / shard != g) return std::nanf("");
+  return philox_normal(seed, static_cast<uint64_t>(g), static_cast<uint64_t>(i));
+}
+
+struct Case {
+  Op op;
+  DType dtype;
+  int64_t shard;       // elements per rank's shard
+  size_t chunk_bytes;  // the ring's pipeline granularity (both implementations)
+};
+
+std::string case_name(const Case& c) {
+  return std::string(op_name(c.op)) + " " + dtype_name(c.dtype) + " shard " + std::to_string(c.shard) + " chunk " +
+         std::to_string(c.chunk_bytes) + " B";
+}
+
+class ProcessRingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    group = std::make_unique<ProcessGroup>(30s);
+    local = mpitest::local_devices();
+    world = group->size() * local;
+    local_rt = Runtime::create_cpu(local);
+    ref_rt = Runtime::create_cpu(world);
+  }
+
+  // Runs `c` both ways and compares every local rank's whole buffer bit for bit (a reduce-scatter's
+  // partial sums outside the owned shard included: they follow the same order too).
+  void check(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_name(c));
+    const int64_t numel = c.shard * world;
+    ProcessRing ring(*group, commtest::first_devices(*local_rt, local), c.chunk_bytes);
+    Communicator ref(commtest::first_devices(*ref_rt, world), c.chunk_bytes);
+    RankBuffers mine(commtest::first_devices(*local_rt, local), c.dtype, numel);
+    RankBuffers all(commtest::first_devices(*ref_rt, world), c.dtype, numel);
+    const int first = ring.global_rank(0);
+    mine.fill([&](int i, int64_t e) { return input(c.op, first + i, e, c.shard, seed); });
+    all.fill([&](int g, int64_t e) { return input(c.op, g, e, c.shard, seed); });
+
+    std::vector<Stream*> producers;
+    for (int i = 0; i < local; ++i) producers.push_back(&local_rt->device(i).compute());
+    switch (c.op) {
+      case Op::kReduceScatter:
+        ring.reduce_scatter(mine.views, producers);
+        ref.reduce_scatter(all.views, {});
+        break;
+      case Op::kAllGather:
+        ring.all_gather(mine.views, producers);
+        ref.all_gather(all.views, {});
+        break;
+      case Op::kAllReduce:
+        ring.all_reduce(mine.views, producers);
+        ref.all_reduce(all.views, {});
+        break;
+    }
+    ref_rt->synchronize();  // the ring's call returns with its results in place
+
+    for (int i = 0; i < local; ++i) {
+      const int g = first + i;
+      const std::vector<uint32_t> got = mine.bits(i), want = all.bits(g);
+      int64_t bad = 0, first_bad = -1;
+      for (int64_t e = 0; e < numel; ++e)
+        if (got[static_cast<size_t>(e)] != want[static_cast<size_t>(e)] && bad++ == 0) first_bad = e;
+      EXPECT_EQ(bad, 0) << "global rank " << g << ": " << bad << " of " << numel << " elements differ, first at "
+                        << first_bad;
+      // The reference did sum: the owned shard of a reduction is close to the float64 sum.
+      if (c.op != Op::kAllGather && c.dtype == DType::kF32) {
+        for (int64_t e = g * c.shard; e < (g + 1) * c.shard; ++e) {
+          double sum = 0;
+          for (int r = 0; r < world; ++r) sum += input(c.op, r, e, c.shard, seed);
+          EXPECT_NEAR(commtest::load(c.dtype, mine.data(i), e), sum, 1e-5 * world * 4) << "element " << e;
+        }
+      }
+      const CommCounters a = ring.counters(i), b = ref.counters(g);
+      EXPECT_EQ(a.bytes_sent, b.bytes_sent) << "global rank " << g;
+      EXPECT_EQ(a.bytes_received, b.bytes_received) << "global rank " << g;
+      EXPECT_EQ(a.collectives, b.collectives) << "global rank " << g;
+    }
+    // What crosses processes: one shard per step leaves and enters each process, whatever L is.
+    const uint64_t passes = c.op == Op::kAllReduce ? 2 : 1;
+    const uint64_t across = group->size() > 1
+                                ? passes * static_cast<uint64_t>(world - 1) * static_cast<uint64_t>(c.shard) *
+                                      dtype_size(c.dtype)
+                                : 0;
+    EXPECT_EQ(ring.bytes_sent_across(), across);
+    EXPECT_EQ(ring.bytes_received_across(), across);
+  }
+
+  std::unique_ptr<ProcessGroup> group;
+  int local = 1;
+  int world = 1;
+  std::unique_ptr<Runtime> local_rt, ref_rt;
+};
+
+TEST_F(ProcessRingTest, BitwiseEqualToTheInProcessRingEveryDtype) {
+  uint64_t seed = 1800;
+  for (const Op op : {Op::kReduceScatter, Op::kAllGather, Op::kAllReduce})
+    for (const DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      // Tiny chunks (2-4 elements: many chunks, a ragged last one), a prime shard, one element.
+      check({op, t, 37, 8}, ++seed);
+      check({op, t, 1, 8}, ++seed);
+      // The default chunk: one chunk per shard.
+      check({op, t, 301, Communicator::kDefaultChunkBytes}, ++seed);
+    }
+}
+
+TEST_F(ProcessRingTest, ChunkOfOneElementAndUnevenChunks) {
+  check({Op::kAllReduce, DType::kF32, 13, 4}, 77);   // one element per chunk
+  check({Op::kAllReduce, DType::kBF16, 13, 6}, 78);  // 3 elements per chunk: 13 = 4*3 + 1
+  check({Op::kReduceScatter, DType::kF16, 0, 8}, 79);  // nothing to move
+}
+
+TEST_F(ProcessRingTest, SuccessiveCollectivesKeepMatching) {
+  // One ring, many calls of different kinds and sizes: the signature check and the messages of
+  // one call never leak into the next.
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 16);
+  Communicator ref(commtest::first_devices(*ref_rt, world), 16);
+  for (int call = 0; call < 6; ++call) {
+    const int64_t numel = world * (5 + call);
+    const DType t = call % 2 ? DType::kBF16 : DType::kF32;
+    RankBuffers mine(commtest::first_devices(*local_rt, local), t, numel);
+    RankBuffers all(commtest::first_devices(*ref_rt, world), t, numel);
+    mine.fill([&](int i, int64_t e) { return philox_normal(call, ring.global_rank(i), e); });
+    all.fill([&](int g, int64_t e) { return philox_normal(call, g, e); });
+    ring.all_reduce(mine.views);
+    ref.all_reduce(all.views, {});
+    ref_rt->synchronize();
+    for (int i = 0; i < local; ++i) EXPECT_EQ(mine.bits(i), all.bits(ring.global_rank(i))) << "call " << call;
+  }
+}
+
+TEST_F(ProcessRingTest, MismatchedCallsThrowOnEveryProcess) {
+  if (group->size() < 2) GTEST_SKIP() << "needs two processes";
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);
+  RankBuffers mine(commtest::first_devices(*local_rt, local), DType::kF32, world * 4);
+  mine.fill([](int, int64_t e) { return static_cast<float>(e); });
+  try {
+    if (group->rank() == 0)
+      ring.all_gather(mine.views);
+    else
+      ring.reduce_scatter(mine.views);
+    ADD_FAILURE() << "mismatched collectives must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("collective mismatch at call #0: process 0 called all_gather"), std::string::npos)
+        << e.message();
+  }
+  // The ring stays usable: the mismatch was found before any data moved.
+  RankBuffers all(commtest::first_devices(*ref_rt, world), DType::kF32, world * 4);
+  all.fill([](int, int64_t e) { return static_cast<float>(e); });
+  ring.all_reduce(mine.views);
+  Communicator ref(commtest::first_devices(*ref_rt, world), 64);
+  ref.all_reduce(all.views, {});
+  ref_rt->synchronize();
+  for (int i = 0; i < local; ++i) EXPECT_EQ(mine.bits(i), all.bits(ring.global_rank(i)));
+}
+
+TEST_F(ProcessRingTest, BadBuffersAreRefusedBeforeAnyMessage) {
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);
+  RankBuffers odd(commtest::first_devices(*local_rt, local), DType::kF32, world * 4 + 1);
+  EXPECT_THROW(ring.all_reduce(odd.views), Error);  // not a multiple of the world size
+  RankBuffers ints(commtest::first_devices(*local_rt, local), DType::kI32, world * 4);
+  EXPECT_THROW(ring.all_reduce(ints.views), Error);
+  EXPECT_THROW(ring.all_reduce({}), Error);
+  mpitest::world().barrier("the end of the bad-buffer test");
+}
+
+// Process 0 never joins the collective: every other process throws within the timeout with the
+// sentence naming rank 0.
+TEST_F(ProcessRingTest, ProcessThatNeverArrivesIsNamedWithinTheTimeout) {
+  if (group->size() < 2) GTEST_SKIP() << "needs two processes";
+  group->set_timeout(1000ms);
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);
+  RankBuffers mine(commtest::first_devices(*local_rt, local), DType::kF32, world * 8);
+  mine.fill([](int, int64_t e) { return static_cast<float>(e); });
+  if (group->rank() != 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      ring.all_reduce(mine.views);
+      ADD_FAILURE() << "an all-reduce without process 0 must time out";
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 4.0) << "the timeout is 1 s";
+      EXPECT_NE(e.message().find("waited 1.0 s for rank 0 to send"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("all_reduce #0"), std::string::npos) << e.message();
+    }
+  }
+  mpitest::world().barrier("the end of the ring timeout test");
+}
+
+}  // namespace
+}  // namespace zt
