@@ -28,6 +28,12 @@ const char* kind_text(uint32_t k) {
       return "all_gather";
     case 2:
       return "all_reduce";
+    case 3:
+      return "hierarchical_reduce_scatter";
+    case 4:
+      return "hierarchical_all_gather";
+    case 5:
+      return "hierarchical_all_reduce";
     default:
       return "?";
   }
@@ -91,8 +97,9 @@ ProcessRing::ProcessRing(ProcessGroup& group, std::vector<Device*> local_devices
   slots_.resize(devices_.size());
   counters_.resize(devices_.size());
   const size_t slot = std::max<size_t>(chunk_bytes_, sizeof(float));
-  host_out_.resize(slot);
-  host_in_.resize(slot);
+  // The flat ring stages one chunk; a hierarchical round stages one per local device.
+  host_out_.resize(slot * devices_.size());
+  host_in_.resize(slot * devices_.size());
 }
 
 // The slots go back to their pools on their comm streams, which are idle after every call.
@@ -186,14 +193,18 @@ void ProcessRing::exchange(const Plan& p, size_t bytes, const char* step_name, i
   comm(0).copy(to, host_in_.data(), bytes);
 }
 
+void ProcessRing::ensure_slots() {
+  const size_t slot = std::max<size_t>(chunk_bytes_, sizeof(float));
+  for (int i = 0; i < local_size(); ++i)
+    if (slots_[static_cast<size_t>(i)].data() == nullptr)
+      slots_[static_cast<size_t>(i)] = DeviceBuffer(devices_[static_cast<size_t>(i)]->memory(), slot, comm(i), "comm_recv");
+}
+
 void ProcessRing::reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full) {
   const int n = world();
   const int local = local_size();
   if (n == 1 || p.shard == 0) return;
-  for (int i = 0; i < local; ++i)
-    if (slots_[static_cast<size_t>(i)].data() == nullptr)
-      slots_[static_cast<size_t>(i)] = DeviceBuffer(devices_[static_cast<size_t>(i)]->memory(), host_in_.size(),
-                                                    comm(i), "comm_recv");
+  ensure_slots();
   const char* name = p.kind == Kind::kAllReduce ? "all_reduce" : "reduce_scatter";
   for (int k = 0; k < n - 1; ++k) {
     for (int64_t j = 0; j < p.chunks; ++j) {
@@ -263,6 +274,145 @@ void ProcessRing::all_gather_rounds(const Plan& p, const std::vector<TensorView>
       synchronize_all();
     }
   }
+}
+
+void ProcessRing::exchange_all_local(const Plan& p, size_t bytes, const char* step_name, int k, int64_t j) {
+  const size_t total = bytes * static_cast<size_t>(local_size());
+  synchronize_all();  // host_out_ holds every local device's outgoing chunk
+  const int next = (process_ + 1) % processes_;
+  const int prev = (process_ + processes_ - 1) % processes_;
+  const std::string what = std::string(step_name) + " #" + std::to_string(p.call) + " cross-process step " +
+                           std::to_string(k) + " chunk " + std::to_string(j);
+  group_.send_recv(next, host_out_.data(), total, prev, host_in_.data(), total, kTag, what);
+  bytes_sent_across_ += total;
+  bytes_received_across_ += total;
+}
+
+// Shard index of (process q, local index i): global shards are process-major, g = q*L + i.
+void ProcessRing::hier_reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full) {
+  const int local = local_size();
+  const int procs = processes_;
+  if (world() == 1 || p.shard == 0) return;
+  ensure_slots();
+  const char* name = p.kind == Kind::kHierAllReduce ? "hierarchical_all_reduce" : "hierarchical_reduce_scatter";
+  const auto at = [&](int shard_index, int64_t off) { return static_cast<size_t>(shard_index * p.shard + off) * p.esize; };
+  // Inside the process: step k, device i sends its partials of shards {q*L + (i-k-1) mod L} to i+1.
+  for (int k = 0; k < local - 1; ++k)
+    for (int q = 0; q < procs; ++q)
+      for (int64_t j = 0; j < p.chunks; ++j) {
+        const int64_t off = j * p.chunk_elems;
+        const int64_t len = std::min(p.chunk_elems, p.shard - off);
+        const size_t bytes = static_cast<size_t>(len) * p.esize;
+        for (int i = 0; i < local; ++i) {
+          const int dst = (i + 1) % local;
+          const int s = q * local + mod(i - k - 1, local);
+          comm(i).copy_peer(*devices_[static_cast<size_t>(dst)], slots_[static_cast<size_t>(dst)].data(),
+                            byte_ptr(full[static_cast<size_t>(i)]) + at(s, off), bytes);
+          comm(i).record(*sent_[static_cast<size_t>(i)]);
+          counters_[static_cast<size_t>(i)].bytes_sent += bytes;
+        }
+        for (int i = 0; i < local; ++i) {
+          comm(i).wait(*sent_[static_cast<size_t>((i + local - 1) % local)]);
+          counters_[static_cast<size_t>(i)].bytes_received += bytes;
+          const int s = q * local + mod(i - 1 - k - 1, local);
+          const int dev = devices_[static_cast<size_t>(i)]->index();
+          ops::accumulate(comm(i), TensorView{byte_ptr(full[static_cast<size_t>(i)]) + at(s, off), p.dtype, Shape{len}, dev},
+                          ConstTensorView{slots_[static_cast<size_t>(i)].data(), p.dtype, Shape{len}, dev});
+        }
+        synchronize_all();
+      }
+  // Across processes: for every local index i a ring of K processes; step k, process r sends its
+  // partial of shard ((r-k-1) mod K)*L + i to r+1.
+  for (int k = 0; k < procs - 1; ++k)
+    for (int64_t j = 0; j < p.chunks; ++j) {
+      const int64_t off = j * p.chunk_elems;
+      const int64_t len = std::min(p.chunk_elems, p.shard - off);
+      const size_t bytes = static_cast<size_t>(len) * p.esize;
+      for (int i = 0; i < local; ++i) {
+        const int s = mod(process_ - k - 1, procs) * local + i;
+        comm(i).copy(host_out_.data() + static_cast<size_t>(i) * bytes, byte_ptr(full[static_cast<size_t>(i)]) + at(s, off),
+                     bytes);
+        counters_[static_cast<size_t>(i)].bytes_sent += bytes;
+      }
+      exchange_all_local(p, bytes, name, k, j);
+      for (int i = 0; i < local; ++i) {
+        const int s = mod(process_ - 1 - k - 1, procs) * local + i;
+        const int dev = devices_[static_cast<size_t>(i)]->index();
+        counters_[static_cast<size_t>(i)].bytes_received += bytes;
+        comm(i).copy(slots_[static_cast<size_t>(i)].data(), host_in_.data() + static_cast<size_t>(i) * bytes, bytes);
+        ops::accumulate(comm(i), TensorView{byte_ptr(full[static_cast<size_t>(i)]) + at(s, off), p.dtype, Shape{len}, dev},
+                        ConstTensorView{slots_[static_cast<size_t>(i)].data(), p.dtype, Shape{len}, dev});
+      }
+      synchronize_all();
+    }
+}
+
+void ProcessRing::hier_all_gather_rounds(const Plan& p, const std::vector<TensorView>& full) {
+  const int local = local_size();
+  const int procs = processes_;
+  if (world() == 1 || p.shard == 0) return;
+  const char* name = p.kind == Kind::kHierAllReduce ? "hierarchical_all_reduce" : "hierarchical_all_gather";
+  const auto at = [&](int shard_index, int64_t off) { return static_cast<size_t>(shard_index * p.shard + off) * p.esize; };
+  // Across processes: step k, process r forwards shard ((r-k) mod K)*L + i of every local i.
+  for (int k = 0; k < procs - 1; ++k)
+    for (int64_t j = 0; j < p.chunks; ++j) {
+      const int64_t off = j * p.chunk_elems;
+      const int64_t len = std::min(p.chunk_elems, p.shard - off);
+      const size_t bytes = static_cast<size_t>(len) * p.esize;
+      for (int i = 0; i < local; ++i) {
+        const int s = mod(process_ - k, procs) * local + i;
+        comm(i).copy(host_out_.data() + static_cast<size_t>(i) * bytes, byte_ptr(full[static_cast<size_t>(i)]) + at(s, off),
+                     bytes);
+        counters_[static_cast<size_t>(i)].bytes_sent += bytes;
+      }
+      exchange_all_local(p, bytes, name, k, j);
+      for (int i = 0; i < local; ++i) {
+        const int s = mod(process_ - 1 - k, procs) * local + i;
+        counters_[static_cast<size_t>(i)].bytes_received += bytes;
+        comm(i).copy(byte_ptr(full[static_cast<size_t>(i)]) + at(s, off), host_in_.data() + static_cast<size_t>(i) * bytes,
+                     bytes);
+      }
+      synchronize_all();
+    }
+  // Inside the process: step k, device i forwards shards {q*L + (i-k) mod L} to i+1.
+  for (int k = 0; k < local - 1; ++k)
+    for (int q = 0; q < procs; ++q)
+      for (int64_t j = 0; j < p.chunks; ++j) {
+        const int64_t off = j * p.chunk_elems;
+        const int64_t len = std::min(p.chunk_elems, p.shard - off);
+        const size_t bytes = static_cast<size_t>(len) * p.esize;
+        for (int i = 0; i < local; ++i) {
+          const int dst = (i + 1) % local;
+          const size_t a = at(q * local + mod(i - k, local), off);
+          comm(i).copy_peer(*devices_[static_cast<size_t>(dst)], byte_ptr(full[static_cast<size_t>(dst)]) + a,
+                            byte_ptr(full[static_cast<size_t>(i)]) + a, bytes);
+          counters_[static_cast<size_t>(i)].bytes_sent += bytes;
+          counters_[static_cast<size_t>(dst)].bytes_received += bytes;
+        }
+        synchronize_all();
+      }
+}
+
+void ProcessRing::hierarchical_reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
+  const Plan p = check(Kind::kHierReduceScatter, full, producers);
+  prologue(producers);
+  hier_reduce_scatter_rounds(p, full);
+  for (auto& c : counters_) ++c.collectives;
+}
+
+void ProcessRing::hierarchical_all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
+  const Plan p = check(Kind::kHierAllGather, full, producers);
+  prologue(producers);
+  hier_all_gather_rounds(p, full);
+  for (auto& c : counters_) ++c.collectives;
+}
+
+void ProcessRing::hierarchical_all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
+  const Plan p = check(Kind::kHierAllReduce, full, producers);
+  prologue(producers);
+  hier_reduce_scatter_rounds(p, full);
+  hier_all_gather_rounds(p, full);
+  for (auto& c : counters_) ++c.collectives;
 }
 
 void ProcessRing::reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {

@@ -63,8 +63,26 @@ class ProcessRing {
   void all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
   void all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
 
+  // Hierarchical variants: the same results up to rounding (another summation order, so not
+  // bitwise equal to the calls above; all_gather moves bytes only and is bitwise equal), in two
+  // phases. Reduce-scatter: inside the process first, a ring over the L local devices in which
+  // device i ends with the process's partial sums of its shards {q*L + i : every process q};
+  // across processes second, L rings of K processes (one per local index i, all L chunks of a
+  // round in one MPI message), after which global rank p*L + i holds the sum of its shard: per
+  // element, the process partials are summed in ring order p+1, ..., p (each partial itself
+  // summed i+1, ..., i inside its process). All-gather: across processes first, inside second.
+  // Bytes crossing processes per process and call: L * (K-1) * shard_bytes, against the flat
+  // ring's (N-1) * shard_bytes = (L*K - 1) * shard_bytes: about the same total (each process
+  // still exports everything but its own shards' worth), but spread over L parallel links of
+  // (K-1) * shard_bytes each (1/L of the flat ring's one crossing link when K >> 1, and the
+  // flat ring's N-1 serial cross-process steps become K-1). What this buys is fewer, larger
+  // cross-process messages and per-link traffic, not fewer total bytes.
+  void hierarchical_reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
+  void hierarchical_all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
+  void hierarchical_all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
+
   // Per local device, the same counts Communicator::counters gives the same global rank (every hop,
-  // local or not, counted when enqueued).
+  // local or not, counted when enqueued; for the flat calls).
   CommCounters counters(int local) const { return counters_.at(static_cast<size_t>(local)); }
   // What this process sent to / received from other processes (the ring's data messages only): a
   // flat ring moves (N-1) * shard_bytes out of and into each process per reduce-scatter or
@@ -74,12 +92,18 @@ class ProcessRing {
   void reset_counters();
 
  private:
-  enum class Kind : uint8_t { kReduceScatter, kAllGather, kAllReduce };
+  enum class Kind : uint8_t { kReduceScatter, kAllGather, kAllReduce, kHierReduceScatter, kHierAllGather, kHierAllReduce };
   struct Plan;
   Plan check(Kind kind, const std::vector<TensorView>& full, const std::vector<Stream*>& producers);
   void prologue(const std::vector<Stream*>& producers);
   void reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full);
   void all_gather_rounds(const Plan& p, const std::vector<TensorView>& full);
+  void hier_reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full);
+  void hier_all_gather_rounds(const Plan& p, const std::vector<TensorView>& full);
+  void ensure_slots();
+  // One round of a hierarchical cross-process phase: the L chunks staged in host_out_ go to the
+  // next process in one message; the previous process's L chunks arrive in host_in_.
+  void exchange_all_local(const Plan& p, size_t bytes, const char* step_name, int k, int64_t j);
   // Device (local L-1) -> host -> next process; previous process -> host -> `to` on local 0.
   void exchange(const Plan& p, size_t bytes, const char* step_name, int k, int64_t j, void* to);
   void synchronize_all();
@@ -93,7 +117,7 @@ class ProcessRing {
   std::vector<std::unique_ptr<Event>> producer_events_;
   std::vector<std::unique_ptr<Event>> sent_;  // after each local peer copy a device issues
   std::vector<DeviceBuffer> slots_;           // one receive chunk per local device (lazy)
-  std::vector<char> host_out_, host_in_;      // the cross-process chunk, staged in host memory
+  std::vector<char> host_out_, host_in_;      // cross-process chunks staged in host memory (L slots)
   std::vector<CommCounters> counters_;
   uint64_t bytes_sent_across_ = 0;
   uint64_t bytes_received_across_ = 0;

@@ -199,6 +199,74 @@ TEST_F(ProcessRingTest, BadBuffersAreRefusedBeforeAnyMessage) {
   mpitest::world().barrier("the end of the bad-buffer test");
 }
 
+// The hierarchical variants against float64 sums (another summation order, so within rounding, not
+// bitwise), the all-gather bitwise against the flat ring (it only moves bytes), every local rank of
+// an all-reduce holding the same bits, and the bytes that crossed processes against the closed form.
+TEST_F(ProcessRingTest, HierarchicalEqualsTheFlatRingWithinRounding) {
+  const int procs = group->size();
+  uint64_t seed = 1850;
+  for (const DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const int64_t shard : {int64_t{37}, int64_t{300}})
+      for (const Op op : {Op::kReduceScatter, Op::kAllGather, Op::kAllReduce}) {
+        ++seed;
+        const size_t chunk = shard == 37 ? 8 : Communicator::kDefaultChunkBytes;
+        SCOPED_TRACE(std::string("hierarchical ") + case_name({op, t, shard, chunk}));
+        const int64_t numel = shard * world;
+        ProcessRing ring(*group, commtest::first_devices(*local_rt, local), chunk);
+        RankBuffers flat(commtest::first_devices(*local_rt, local), t, numel);
+        RankBuffers hier(commtest::first_devices(*local_rt, local), t, numel);
+        const auto in = [&](int i, int64_t e) { return input(op, ring.global_rank(i), e, shard, seed); };
+        flat.fill(in);
+        hier.fill(in);
+        switch (op) {
+          case Op::kReduceScatter:
+            ring.reduce_scatter(flat.views);
+            ring.reset_counters();
+            ring.hierarchical_reduce_scatter(hier.views);
+            break;
+          case Op::kAllGather:
+            ring.all_gather(flat.views);
+            ring.reset_counters();
+            ring.hierarchical_all_gather(hier.views);
+            break;
+          case Op::kAllReduce:
+            ring.all_reduce(flat.views);
+            ring.reset_counters();
+            ring.hierarchical_all_reduce(hier.views);
+            break;
+        }
+        // Each of the N-1 hops rounds a partial once (16-bit types to 8 or 11 significant bits).
+        const double eps = t == DType::kF32 ? 1.2e-7 : t == DType::kBF16 ? 7.9e-3 : 9.8e-4;
+        for (int i = 0; i < local; ++i) {
+          const int g = ring.global_rank(i);
+          if (op == Op::kAllGather) {
+            EXPECT_EQ(hier.bits(i), flat.bits(i)) << "global rank " << g;
+            continue;
+          }
+          if (op == Op::kAllReduce) {
+            EXPECT_EQ(hier.bits(i), hier.bits(0)) << "local ranks disagree";
+          }
+          const int64_t begin = op == Op::kAllReduce ? 0 : g * shard;
+          const int64_t end = op == Op::kAllReduce ? numel : (g + 1) * shard;
+          for (int64_t e = begin; e < end; ++e) {
+            double sum = 0, sum_abs = 0;
+            for (int r = 0; r < world; ++r) {
+              const double x = commtest::round_to(t, input(op, r, e, shard, seed));
+              sum += x;
+              sum_abs += std::fabs(x);
+            }
+            const double tol = 2 * world * eps * sum_abs + 1e-30;
+            ASSERT_NEAR(commtest::load(t, hier.data(i), e), sum, tol) << "global rank " << g << " element " << e;
+            ASSERT_NEAR(commtest::load(t, flat.data(i), e), sum, tol) << "global rank " << g << " element " << e;
+          }
+        }
+        const uint64_t passes = op == Op::kAllReduce ? 2 : 1;
+        const uint64_t shard_bytes = static_cast<uint64_t>(shard) * dtype_size(t);
+        EXPECT_EQ(ring.bytes_sent_across(), passes * static_cast<uint64_t>(local * (procs - 1)) * shard_bytes);
+        EXPECT_EQ(ring.bytes_received_across(), ring.bytes_sent_across());
+      }
+}
+
 // Process 0 never joins the collective: every other process throws within the timeout with the
 // sentence naming rank 0.
 TEST_F(ProcessRingTest, ProcessThatNeverArrivesIsNamedWithinTheTimeout) {
