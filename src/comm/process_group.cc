@@ -27,6 +27,12 @@ bool g_finalized = false;         // guarded by mpi_mutex
 
 // Tags above ProcessGroup::kMaxTag belong to the group's own barrier/all_gather.
 constexpr int kAllGatherTag = ProcessGroup::kMaxTag + 1;
+// A process that gives up on a group tells every peer why (its sentence), with this tag.
+constexpr int kNoticeTag = ProcessGroup::kMaxTag + 2;
+// A rank that timed out asks its silent peer whom that one waits for (an empty message), and a rank
+// inside a wait answers (one int: the rank it waits for).
+constexpr int kQueryTag = ProcessGroup::kMaxTag + 3;
+constexpr int kAnswerTag = ProcessGroup::kMaxTag + 4;
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -161,9 +167,45 @@ void ProcessGroup::check_usable(std::string_view what) const {
              broken_reason_, ")");
 }
 
-void ProcessGroup::fail(std::string reason) {
+void ProcessGroup::fail(std::string reason, bool notify) {
   broken_reason_ = reason;
+  if (notify) post_notices();
   ZT_THROW(ErrorKind::kDevice, reason);
+}
+
+void ProcessGroup::post_notices() {
+  std::lock_guard<std::mutex> lock(mpi_mutex());
+  notice_ = broken_reason_;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    // Fire and forget: a notice is small (sent eagerly) and the peer may be gone; nothing waits.
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_BYTE, p, kNoticeTag, as_comm(comm_), &req) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+}
+
+void ProcessGroup::abort(std::string_view why) {
+  if (broken()) return;
+  broken_reason_ = std::string(why);
+  post_notices();
+}
+
+bool ProcessGroup::take_notice(std::string& out) {
+  // Called with the MPI mutex held.
+  int flag = 0;
+  MPI_Message msg;
+  MPI_Status status;
+  if (MPI_Improbe(MPI_ANY_SOURCE, kNoticeTag, as_comm(comm_), &flag, &msg, &status) != MPI_SUCCESS || !flag)
+    return false;
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  std::string text(static_cast<size_t>(std::max(count, 0)), '\0');
+  MPI_Mrecv(text.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);  // already here: returns at once
+  out = "rank " + std::to_string(rank_) + " stopped because rank " + std::to_string(status.MPI_SOURCE) +
+        " gave up: " + text;
+  return true;
 }
 
 void ProcessGroup::post_send(std::vector<Op>& ops, int peer, const void* data, size_t bytes, int tag) {
@@ -198,9 +240,24 @@ void ProcessGroup::post_recv(std::vector<Op>& ops, int peer, void* data, size_t 
 }
 
 void ProcessGroup::wait_all(std::vector<Op>& ops, std::string_view what) {
-  std::string error;  // set under the lock; thrown outside it
-  const auto all_done = [&] {
+  std::string error;   // set under the lock; thrown outside it
+  std::string notice;  // a peer gave up on the group: its sentence
+  bool ops_done = false;
+  // Whom this rank waits for: a peer it waits to hear from before one that has not taken its
+  // message yet (-1: nobody).
+  const auto waiting_for = [&] {
+    int send_peer = -1;
+    for (const Op& op : ops) {
+      if (op.done) continue;
+      if (op.is_recv) return op.peer;
+      if (send_peer < 0) send_peer = op.peer;
+    }
+    return send_peer;
+  };
+  const auto poll_ops = [&] {
     std::lock_guard<std::mutex> lock(mpi_mutex());
+    if (take_notice(notice)) return true;
+    answer_queries(waiting_for());
     bool all = true;
     for (Op& op : ops) {
       if (op.done) continue;
@@ -227,15 +284,71 @@ void ProcessGroup::wait_all(std::vector<Op>& ops, std::string_view what) {
                   std::to_string(op.bytes) + "; the processes disagree about the call sequence";
       }
     }
+    ops_done = all;
     return all || !error.empty();
   };
-  const bool finished = poll_until(std::chrono::steady_clock::now() + timeout_, all_done);
-  if (finished && error.empty()) return;
+  const bool finished = poll_until(std::chrono::steady_clock::now() + timeout_, poll_ops);
+  if (finished && error.empty() && notice.empty()) return;
 
-  // Blame a peer we wait to hear from before one that has not taken our message yet.
-  const Op* silent = nullptr;
-  for (const Op& op : ops)
-    if (!op.done && (silent == nullptr || (op.is_recv && !silent->is_recv))) silent = &op;
+  std::string blame;  // the sentence of a timeout
+  if (!finished) {
+    // Walk the chain of waits: ask the silent peer whom it waits for, then that rank, and so on;
+    // the first rank that does not answer (it is not inside a wait of this group: dead, stalled,
+    // or busy elsewhere) is the one to name, not the innocent ranks waiting between us and it.
+    const auto probe_wait = std::clamp(timeout_ / 5, std::chrono::milliseconds(10), std::chrono::milliseconds(2000));
+    const int first = waiting_for();
+    const Op* silent = nullptr;
+    for (const Op& op : ops)
+      if (!op.done && op.peer == first && (silent == nullptr || op.is_recv)) silent = &op;
+    blame = "rank " + std::to_string(rank_) + " waited " + seconds_text(timeout_) + " for rank " +
+            std::to_string(first) + (silent->is_recv ? " to send " : " to receive ") +
+            format_bytes(static_cast<double>(silent->bytes), 1) + " for " + std::string(what);
+    std::vector<bool> visited(static_cast<size_t>(size_), false);
+    visited[static_cast<size_t>(rank_)] = true;
+    int suspect = first;
+    for (;;) {
+      visited[static_cast<size_t>(suspect)] = true;
+      int answer = -1;
+      MPI_Request areq = MPI_REQUEST_NULL;
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        MPI_Irecv(&answer, 1, MPI_INT, suspect, kAnswerTag, as_comm(comm_), &areq);
+        MPI_Request qreq = MPI_REQUEST_NULL;
+        if (MPI_Isend(nullptr, 0, MPI_BYTE, suspect, kQueryTag, as_comm(comm_), &qreq) == MPI_SUCCESS)
+          MPI_Request_free(&qreq);
+      }
+      bool answered = false;
+      poll_until(std::chrono::steady_clock::now() + probe_wait, [&] {
+        if (poll_ops()) return true;
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        int flag = 0;
+        MPI_Test(&areq, &flag, MPI_STATUS_IGNORE);
+        answered = flag != 0;
+        return answered;
+      });
+      if (!answered) {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        MPI_Cancel(&areq);
+        MPI_Request_free(&areq);
+      }
+      if (!notice.empty() || !error.empty()) break;
+      if (ops_done) return;  // the silent peer was only slow
+      if (!answered) {
+        blame += (suspect == first ? " and got no answer" : ", and rank " + std::to_string(suspect) + " does not answer") +
+                 std::string(": rank ") + std::to_string(suspect) +
+                 " has died or stalled (raise the communication timeout if it is only slow)";
+        break;
+      }
+      if (answer < 0 || answer >= size_ || visited[static_cast<size_t>(answer)]) {
+        blame += "; rank " + std::to_string(suspect) + " waits for rank " + std::to_string(answer) +
+                 " in turn: the processes wait for each other (they disagree about the call sequence, or one "
+                 "of them stalled inside it)";
+        break;
+      }
+      blame += (suspect == first ? "; it waits for rank " : ", which waits for rank ") + std::to_string(answer);
+      suspect = answer;
+    }
+  }
   {
     // Cancelled receives complete locally; give them a moment, then let go of them either way.
     std::lock_guard<std::mutex> lock(mpi_mutex());
@@ -252,12 +365,24 @@ void ProcessGroup::wait_all(std::vector<Op>& ops, std::string_view what) {
       }
     }
   }
-  if (!error.empty()) fail(error);
-  fail("rank " + std::to_string(rank_) + " waited " + seconds_text(timeout_) + " for rank " +
-       std::to_string(silent->peer) + (silent->is_recv ? " to send " : " to receive ") +
-       format_bytes(static_cast<double>(silent->bytes), 1) + " for " + std::string(what) +
-       " and got no answer: rank " + std::to_string(silent->peer) +
-       " has died or stalled (raise the communication timeout if it is only slow)");
+  if (!notice.empty()) fail(notice, /*notify=*/false);
+  if (!error.empty()) fail(error, /*notify=*/true);
+  fail(blame, /*notify=*/true);
+}
+
+void ProcessGroup::answer_queries(int waiting_for) {
+  // Called with the MPI mutex held, from inside a wait.
+  for (;;) {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, kQueryTag, as_comm(comm_), &flag, &msg, &status) != MPI_SUCCESS || !flag) return;
+    MPI_Mrecv(nullptr, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    answers_.push_back(waiting_for);  // MPI may read it after Isend returns: it lives with the group
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(&answers_.back(), 1, MPI_INT, status.MPI_SOURCE, kAnswerTag, as_comm(comm_), &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
 }
 
 void ProcessGroup::send(int peer, const void* data, size_t bytes, int tag, std::string_view what) {

@@ -14,7 +14,20 @@
 // answer and what was awaited. The group is then broken: its unfinished receives are cancelled
 // and every later call on it throws at once. MPI cannot take a posted send back: a send still
 // unmatched then may yet read its buffer if the peer wakes up, so after a timeout the caller must
-// treat the run as lost (flush what it can and exit), not reuse the memory for new data. Other groups (each is its own MPI communicator, a
+// treat the run as lost (flush what it can and exit), not reuse the memory for new data.
+//
+// Failure notices: a process whose group breaks (a timeout, an MPI error, or abort() after a local
+// failure) sends its sentence to every peer, and every wait also polls for such notices, so a
+// failure spreads in milliseconds and every process names the same culprit: a peer that receives
+// one throws "rank 2 stopped because rank 1 gave up: rank 1 waited 1.0 s for rank 0 to send ...".
+// A wait that times out does not blame its silent peer at once: in a ring every rank downstream
+// of a stalled one is waiting too, each for an innocent neighbour. It walks the chain of waits
+// instead: it asks the silent peer whom it waits for (every rank inside a wait of the group
+// answers such queries), then that rank, and so on; the first rank that does not answer within a
+// fifth of the timeout (at most 2 s) is the one named: "rank 3 waited 1.0 s for rank 2 to send 32 B
+// for all_reduce #0 step 0 chunk 2; it waits for rank 1, which waits for rank 0, and rank 0 does
+// not answer: rank 0 has died or stalled (...)". A cycle (ranks waiting for each other) is named
+// as such. So every process names the same rank, within the timeout plus a fifth of it. Other groups (each is its own MPI communicator, a
 // duplicate of MPI_COMM_WORLD) are unaffected. What cannot be bounded: MPI_Init_thread itself, and
 // mpi_finalize() (OpenMPI synchronises with every process there); a process whose group broke
 // should exit without finalizing (mpirun then reports it and stops the others).
@@ -29,6 +42,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -62,8 +76,13 @@ class ProcessGroup {
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout);
-  // True once a wait timed out or MPI reported an error: every later call throws.
+  // True once a wait timed out, MPI reported an error, a peer gave up or abort() was called: every
+  // later call throws.
   bool broken() const { return !broken_reason_.empty(); }
+  // This process gives up on the group (e.g. a local device failed mid-collective): the group
+  // breaks and every peer is told `why` (best effort, never blocks), so that peers waiting on this
+  // process throw at once with that sentence instead of after their timeout. No-op when broken.
+  void abort(std::string_view why);
 
   // Host memory to / from `peer` (another rank; sending to oneself is refused). `what` names the
   // wait in a timeout's sentence ("reduce_scatter #3 step 1 chunk 0"). A recv must expect exactly
@@ -93,13 +112,22 @@ class ProcessGroup {
   void post_recv(std::vector<Op>& ops, int peer, void* data, size_t bytes, int tag);
   // Polls until every op completed; past the timeout breaks the group and throws.
   void wait_all(std::vector<Op>& ops, std::string_view what);
-  [[noreturn]] void fail(std::string reason);
+  // Breaks the group and throws `reason`; notify: tell every peer first (not when the reason is
+  // itself a peer's notice).
+  [[noreturn]] void fail(std::string reason, bool notify);
+  void post_notices();
+  // A peer's notice, if one arrived (MPI mutex held): `out` becomes this rank's sentence.
+  bool take_notice(std::string& out);
+  // Answers every pending "whom do you wait for?" query (MPI mutex held).
+  void answer_queries(int waiting_for);
 
   void* comm_ = nullptr;  // MPI_Comm (an int or a pointer depending on the MPI): kept out of the header
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_;
   std::string broken_reason_;
+  std::string notice_;  // the sentence sent to peers; lives as long as the group (MPI may still send it)
+  std::deque<int> answers_;  // answers to queries, likewise (a deque: push_back never moves them)
   uint64_t collectives_ = 0;  // barrier/all_gather calls so far (named in messages)
 };
 

@@ -393,48 +393,45 @@ void ProcessRing::hier_all_gather_rounds(const Plan& p, const std::vector<Tensor
       }
 }
 
-void ProcessRing::hierarchical_reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kHierReduceScatter, full, producers);
-  prologue(producers);
-  hier_reduce_scatter_rounds(p, full);
+void ProcessRing::run(const Plan& p, const std::vector<TensorView>& full, const std::vector<Stream*>& producers,
+                      bool scatter, bool gather, bool hierarchical) {
+  try {
+    prologue(producers);
+    if (scatter) hierarchical ? hier_reduce_scatter_rounds(p, full) : reduce_scatter_rounds(p, full);
+    if (gather) hierarchical ? hier_all_gather_rounds(p, full) : all_gather_rounds(p, full);
+  } catch (const Error& e) {
+    // A local failure (a device error, a hung device abandoned) mid-collective: tell the peers at
+    // once rather than let them wait out their timeout. A broken group has told them already.
+    if (!group_.broken())
+      group_.abort("rank " + std::to_string(process_) + " failed in " + kind_text(static_cast<uint32_t>(p.kind)) +
+                   " #" + std::to_string(p.call) + ": " + e.message());
+    throw;
+  }
   for (auto& c : counters_) ++c.collectives;
+}
+
+void ProcessRing::hierarchical_reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
+  run(check(Kind::kHierReduceScatter, full, producers), full, producers, true, false, true);
 }
 
 void ProcessRing::hierarchical_all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kHierAllGather, full, producers);
-  prologue(producers);
-  hier_all_gather_rounds(p, full);
-  for (auto& c : counters_) ++c.collectives;
+  run(check(Kind::kHierAllGather, full, producers), full, producers, false, true, true);
 }
 
 void ProcessRing::hierarchical_all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kHierAllReduce, full, producers);
-  prologue(producers);
-  hier_reduce_scatter_rounds(p, full);
-  hier_all_gather_rounds(p, full);
-  for (auto& c : counters_) ++c.collectives;
+  run(check(Kind::kHierAllReduce, full, producers), full, producers, true, true, true);
 }
 
 void ProcessRing::reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kReduceScatter, full, producers);
-  prologue(producers);
-  reduce_scatter_rounds(p, full);
-  for (auto& c : counters_) ++c.collectives;
+  run(check(Kind::kReduceScatter, full, producers), full, producers, true, false, false);
 }
 
 void ProcessRing::all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kAllGather, full, producers);
-  prologue(producers);
-  all_gather_rounds(p, full);
-  for (auto& c : counters_) ++c.collectives;
+  run(check(Kind::kAllGather, full, producers), full, producers, false, true, false);
 }
 
 void ProcessRing::all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  const Plan p = check(Kind::kAllReduce, full, producers);
-  prologue(producers);
-  reduce_scatter_rounds(p, full);
-  all_gather_rounds(p, full);
-  for (auto& c : counters_) ++c.collectives;
+  run(check(Kind::kAllReduce, full, producers), full, producers, true, true, false);
 }
 
 }  // namespace zt

@@ -21,8 +21,11 @@
 // Calls are group calls: one host thread issues each collective for all local devices (vectors
 // indexed by local device). Every process issues the same collectives (kind, dtype, numel) in the
 // same order; a mismatch throws the same zt::Error on every process (each call starts with a small
-// all-gather of its signature through the group). A process that dies or stalls makes the others
-// throw, within the group's timeout, a sentence naming the rank that did not answer. The ring's
+// all-gather of its signature through the group); bad buffers throw before any message. A process
+// that dies or stalls makes the others throw, within the group's timeout (plus its grace for
+// notices), a sentence naming the rank that did not answer; a process whose own device fails
+// mid-collective aborts the group, so the others throw at once with its sentence
+// (process_group.h, "Failure notices"). Either way the group is broken afterwards: the run is lost. The ring's
 // data messages use tag kTag of the group; other traffic on that group must use other tags.
 #pragma once
 
@@ -96,6 +99,9 @@ class ProcessRing {
   struct Plan;
   Plan check(Kind kind, const std::vector<TensorView>& full, const std::vector<Stream*>& producers);
   void prologue(const std::vector<Stream*>& producers);
+  // The rounds of one call; a local failure aborts the group (peers learn at once) and rethrows.
+  void run(const Plan& p, const std::vector<TensorView>& full, const std::vector<Stream*>& producers, bool scatter,
+           bool gather, bool hierarchical);
   void reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full);
   void all_gather_rounds(const Plan& p, const std::vector<TensorView>& full);
   void hier_reduce_scatter_rounds(const Plan& p, const std::vector<TensorView>& full);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,48 @@ TEST_F(ProcessRingTest, ProcessThatNeverArrivesIsNamedWithinTheTimeout) {
     }
   }
   mpitest::world().barrier("the end of the ring timeout test");
+}
+
+
+// Process 0 stalls mid-collective (its device 0 hangs after the collective started; a watchdog
+// thread abandons the device 2.5 s later): every other process throws within about the timeout
+// with a sentence naming rank 0, the ranks downstream by walking the chain of waits (or through a
+// peer's notice), never an innocent rank between; process 0 then fails with its device error.
+TEST_F(ProcessRingTest, StalledProcessIsNamedByEveryOther) {
+  if (group->size() < 2) GTEST_SKIP() << "needs two processes";
+  group->set_timeout(1000ms);
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);
+  RankBuffers mine(commtest::first_devices(*local_rt, local), DType::kF32, world * 40);
+  mine.fill([](int, int64_t e) { return static_cast<float>(e); });
+  std::thread watchdog;
+  if (group->rank() == 0) {
+    local_rt->device(0).inject_fault(FaultKind::kHang);
+    watchdog = std::thread([this] {
+      std::this_thread::sleep_for(2500ms);
+      local_rt->device(0).abandon("the test's watchdog gave up on it");
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ring.all_reduce(mine.views);
+    ADD_FAILURE() << "an all-reduce with a stalled process must throw";
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(e.kind(), ErrorKind::kDevice);
+    if (group->rank() == 0) {
+      EXPECT_NE(e.message().find("cpu:0"), std::string::npos) << e.message();
+    } else {
+      EXPECT_LT(s, 2.4) << "the timeout is 1 s (plus 0.2 s to walk the chain of waits); got: " << e.message();
+      // Whoever it waited for directly, every process names rank 0 and no innocent rank between.
+      EXPECT_NE(e.message().find("rank 0 has died or stalled"), std::string::npos) << e.message();
+      for (int r = 1; r < group->size(); ++r)
+        EXPECT_EQ(e.message().find("rank " + std::to_string(r) + " has died"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("all_reduce #0 step"), std::string::npos) << "mid-ring: " << e.message();
+    }
+  }
+  if (watchdog.joinable()) watchdog.join();
+  EXPECT_TRUE(group->broken());
+  mpitest::world().barrier("the end of the stall test");
 }
 
 }  // namespace
