@@ -10,5 +10,8 @@ namespace zt::mpitest {
 // test (a test that breaks a group makes its own).
 ProcessGroup& world();
 int local_devices();
+// --kill-test: this launch runs only the SIGKILL test (a process will die; no final barrier, no
+// MPI_Finalize).
+bool kill_mode();
 
 }  // namespace zt::mpitest

@@ -1,5 +1,6 @@
 // main() of test_mpi, run by ctest under `mpirun -np K test_mpi --local-devices L`: one world process
 // group for the tests' fixtures, only rank 0 prints gtest's progress (the others print failures).
+// --kill-test runs only test_process_kill.cc's test (its own ctest entries).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -14,6 +15,7 @@ namespace zt::mpitest {
 namespace {
 ProcessGroup* g_world = nullptr;
 int g_local_devices = 1;
+bool g_kill_mode = false;
 
 // Failures of ranks other than 0, each line prefixed with the rank.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -32,6 +34,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 ProcessGroup& world() { return *g_world; }
 int local_devices() { return g_local_devices; }
+bool kill_mode() { return g_kill_mode; }
 }  // namespace zt::mpitest
 
 int main(int argc, char** argv) {
@@ -40,6 +43,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--local-devices") == 0 && i + 1 < argc) {
       zt::mpitest::g_local_devices = std::atoi(argv[i + 1]);
       ++i;
+    } else if (std::strcmp(argv[i], "--kill-test") == 0) {
+      zt::mpitest::g_kill_mode = true;
+      ::testing::GTEST_FLAG(filter) = "ProcessKill.*";
     } else {
       std::fprintf(stderr, "test_mpi: unknown argument '%s' (usage: mpirun -np K test_mpi --local-devices L)\n",
                    argv[i]);
@@ -60,6 +66,8 @@ int main(int argc, char** argv) {
       listeners.Append(new zt::mpitest::RankFailurePrinter(world.rank()));
     }
     rc = RUN_ALL_TESTS();
+    // A peer is dead: no collective verdict, no MPI_Finalize (it would wait for the dead).
+    if (zt::mpitest::g_kill_mode) std::_Exit(rc);
     // Every process reports the job's verdict, so that one failing rank fails them all.
     for (const int r : world.all_gather(rc, "the test results"))
       if (r != 0) rc = 1;
