@@ -22,11 +22,11 @@
 // indexed by local device). Every process issues the same collectives (kind, dtype, numel) in the
 // same order; a mismatch throws the same zt::Error on every process (each call starts with a small
 // all-gather of its signature through the group); bad buffers throw before any message. A process
-// that dies or stalls makes the others throw, within the group's timeout (plus its grace for
-// notices), a sentence naming the rank that did not answer; a process whose own device fails
-// mid-collective aborts the group, so the others throw at once with its sentence
-// (process_group.h, "Failure notices"). Either way the group is broken afterwards: the run is lost. The ring's
-// data messages use tag kTag of the group; other traffic on that group must use other tags.
+// that dies or stalls makes the others throw, within the group's timeout plus a fifth of it, a
+// sentence naming that rank (not the innocent ranks waiting between); a process whose own device
+// fails mid-collective aborts the group, so the others throw at once with its sentence
+// (process_group.h, "Failure notices"). Either way the group is broken afterwards: the run is
+// lost. The ring's data messages use tag kTag of the group; other traffic on it must use others.
 #pragma once
 
 #include <cstdint>
