@@ -96,6 +96,7 @@ ProcessRing::ProcessRing(ProcessGroup& group, std::vector<Device*> local_devices
   }
   slots_.resize(devices_.size());
   counters_.resize(devices_.size());
+  arrivals_.resize(devices_.size());
   const size_t slot = std::max<size_t>(chunk_bytes_, sizeof(float));
   // The flat ring stages one chunk; a hierarchical round stages one per local device.
   host_out_.resize(slot * devices_.size());
@@ -410,28 +411,101 @@ void ProcessRing::run(const Plan& p, const std::vector<TensorView>& full, const 
   for (auto& c : counters_) ++c.collectives;
 }
 
+void ProcessRing::group_call(Kind kind, const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
+  const bool scatter = kind != Kind::kAllGather && kind != Kind::kHierAllGather;
+  const bool gather = kind != Kind::kReduceScatter && kind != Kind::kHierReduceScatter;
+  const bool hierarchical = kind == Kind::kHierReduceScatter || kind == Kind::kHierAllGather || kind == Kind::kHierAllReduce;
+  run(check(kind, full, producers), full, producers, scatter, gather, hierarchical);
+}
+
 void ProcessRing::hierarchical_reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kHierReduceScatter, full, producers), full, producers, true, false, true);
+  group_call(Kind::kHierReduceScatter, full, producers);
 }
 
 void ProcessRing::hierarchical_all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kHierAllGather, full, producers), full, producers, false, true, true);
+  group_call(Kind::kHierAllGather, full, producers);
 }
 
 void ProcessRing::hierarchical_all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kHierAllReduce, full, producers), full, producers, true, true, true);
+  group_call(Kind::kHierAllReduce, full, producers);
 }
 
 void ProcessRing::reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kReduceScatter, full, producers), full, producers, true, false, false);
+  group_call(Kind::kReduceScatter, full, producers);
 }
 
 void ProcessRing::all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kAllGather, full, producers), full, producers, false, true, false);
+  group_call(Kind::kAllGather, full, producers);
 }
 
 void ProcessRing::all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers) {
-  run(check(Kind::kAllReduce, full, producers), full, producers, true, true, false);
+  group_call(Kind::kAllReduce, full, producers);
+}
+
+void ProcessRing::reduce_scatter(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kReduceScatter, local, full, producer);
+}
+
+void ProcessRing::all_gather(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kAllGather, local, full, producer);
+}
+
+void ProcessRing::all_reduce(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kAllReduce, local, full, producer);
+}
+
+void ProcessRing::hierarchical_all_reduce(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kHierAllReduce, local, full, producer);
+}
+
+void ProcessRing::rank_call(Kind kind, int local, TensorView full, Stream* producer) {
+  const char* op = kind_text(static_cast<uint32_t>(kind));
+  ZT_REQUIRE(local >= 0 && local < local_size(), op, ": local device ", local, " is not one of ", local_size());
+  std::unique_lock<std::mutex> lock(rv_mu_);
+  Arrival& mine = arrivals_[static_cast<size_t>(local)];
+  ZT_REQUIRE(!mine.arrived, op, ": local device ", local,
+             " called while its previous collective still waits for the other local devices; use one host "
+             "thread per local device");
+  mine = Arrival{true, kind, full, producer};
+  const uint64_t my_generation = generation_;
+  if (++arrived_ < local_size()) {
+    rv_cv_.wait(lock, [&] { return generation_ != my_generation; });
+    if (generation_failed_) throw Error(error_kind_, error_message_);
+    return;
+  }
+  // The last local thread runs the collective for all; the others stay blocked in the wait above,
+  // so the arrivals cannot change meanwhile.
+  lock.unlock();
+  bool failed = false;
+  ErrorKind kind_of_error = ErrorKind::kInternal;
+  std::string message;
+  try {
+    std::vector<TensorView> bufs;
+    std::vector<Stream*> producers;
+    for (int i = 0; i < local_size(); ++i) {
+      const Arrival& a = arrivals_[static_cast<size_t>(i)];
+      ZT_REQUIRE(a.kind == arrivals_[0].kind, "collective mismatch inside process ", process_, ": local device 0 called ",
+                 kind_text(static_cast<uint32_t>(arrivals_[0].kind)), " but local device ", i, " called ",
+                 kind_text(static_cast<uint32_t>(a.kind)), "; every local thread must issue the same collectives");
+      bufs.push_back(a.full);
+      producers.push_back(a.producer);
+    }
+    group_call(arrivals_[0].kind, bufs, producers);
+  } catch (const Error& e) {
+    failed = true;
+    kind_of_error = e.kind();
+    message = e.message();
+  }
+  lock.lock();
+  for (Arrival& a : arrivals_) a = Arrival{};
+  arrived_ = 0;
+  generation_failed_ = failed;
+  error_kind_ = kind_of_error;
+  error_message_ = message;
+  ++generation_;
+  lock.unlock();
+  rv_cv_.notify_all();
+  if (failed) throw Error(kind_of_error, message);
 }
 
 }  // namespace zt

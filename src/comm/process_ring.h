@@ -29,11 +29,15 @@
 // lost. The ring's data messages use tag kTag of the group; other traffic on it must use others.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/process_group.h"
+#include "core/status.h"
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "runtime/device.h"
@@ -65,6 +69,17 @@ class ProcessRing {
   void reduce_scatter(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
   void all_gather(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
   void all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
+
+  // Per-rank calls (one host thread per local device, as the trainer runs its ranks): every local
+  // device's thread calls with its own buffer and producer; the last to arrive runs the group call
+  // for all of them (its thread makes the MPI calls: MPI_THREAD_SERIALIZED) and every caller
+  // returns once the collective completed, or throws the same error. The local threads must issue
+  // the same calls in the same order (a local mismatch throws on each of them; nothing moved). A
+  // thread calls again only after its previous call returned.
+  void reduce_scatter(int local, TensorView full, Stream* producer);
+  void all_gather(int local, TensorView full, Stream* producer);
+  void all_reduce(int local, TensorView full, Stream* producer);
+  void hierarchical_all_reduce(int local, TensorView full, Stream* producer);
 
   // Hierarchical variants: the same results up to rounding (another summation order, so not
   // bitwise equal to the calls above; all_gather moves bytes only and is bitwise equal), in two
@@ -113,6 +128,8 @@ class ProcessRing {
   // Device (local L-1) -> host -> next process; previous process -> host -> `to` on local 0.
   void exchange(const Plan& p, size_t bytes, const char* step_name, int k, int64_t j, void* to);
   void synchronize_all();
+  void rank_call(Kind kind, int local, TensorView full, Stream* producer);
+  void group_call(Kind kind, const std::vector<TensorView>& full, const std::vector<Stream*>& producers);
   Stream& comm(int i) { return devices_[static_cast<size_t>(i)]->comm(); }
 
   ProcessGroup& group_;
@@ -128,6 +145,22 @@ class ProcessRing {
   uint64_t bytes_sent_across_ = 0;
   uint64_t bytes_received_across_ = 0;
   uint64_t calls_ = 0;
+
+  // Per-rank rendezvous of the local threads.
+  struct Arrival {
+    bool arrived = false;
+    Kind kind = Kind::kReduceScatter;
+    TensorView full;
+    Stream* producer = nullptr;
+  };
+  std::mutex rv_mu_;
+  std::condition_variable rv_cv_;
+  std::vector<Arrival> arrivals_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool generation_failed_ = false;  // of the generation that completed last
+  ErrorKind error_kind_ = ErrorKind::kInternal;
+  std::string error_message_;
 };
 
 }  // namespace zt

@@ -165,6 +165,53 @@ TEST_F(ProcessRingTest, SuccessiveCollectivesKeepMatching) {
   }
 }
 
+// The trainer's way: one host thread per local device, each calling with its own buffer; the bits
+// equal the in-process Communicator's, call after call, and a local mismatch throws on every thread.
+TEST_F(ProcessRingTest, PerRankCallsFromOneThreadPerDevice) {
+  ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 24);
+  Communicator ref(commtest::first_devices(*ref_rt, world), 24);
+  const int64_t numel = world * 29;
+  RankBuffers mine(commtest::first_devices(*local_rt, local), DType::kBF16, numel);
+  RankBuffers all(commtest::first_devices(*ref_rt, world), DType::kBF16, numel);
+  mine.fill([&](int i, int64_t e) { return philox_normal(1877, ring.global_rank(i), e); });
+  all.fill([&](int g, int64_t e) { return philox_normal(1877, g, e); });
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local; ++i)
+    threads.emplace_back([&, i] {
+      Stream* producer = &local_rt->device(i).compute();
+      ring.reduce_scatter(i, mine.views[static_cast<size_t>(i)], producer);
+      ring.all_gather(i, mine.views[static_cast<size_t>(i)], producer);
+      ring.all_reduce(i, mine.views[static_cast<size_t>(i)], producer);
+    });
+  for (auto& t : threads) t.join();
+  ref.reduce_scatter(all.views, {});
+  ref.all_gather(all.views, {});
+  ref.all_reduce(all.views, {});
+  ref_rt->synchronize();
+  for (int i = 0; i < local; ++i) EXPECT_EQ(mine.bits(i), all.bits(ring.global_rank(i))) << "local " << i;
+  EXPECT_EQ(ring.counters(0).collectives, 3u);
+
+  if (local < 2) return;
+  // Local device 0 asks for an all-gather, the others for a reduce-scatter: all of them throw,
+  // before any message (so the other processes, doing the same, stay in step).
+  std::vector<std::string> errors(static_cast<size_t>(local));
+  threads.clear();
+  for (int i = 0; i < local; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        if (i == 0)
+          ring.all_gather(i, mine.views[0], nullptr);
+        else
+          ring.reduce_scatter(i, mine.views[static_cast<size_t>(i)], nullptr);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(i)] = e.message();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_NE(e.find("collective mismatch inside process"), std::string::npos) << e;
+  mpitest::world().barrier("the end of the per-rank test");
+}
+
 TEST_F(ProcessRingTest, MismatchedCallsThrowOnEveryProcess) {
   if (group->size() < 2) GTEST_SKIP() << "needs two processes";
   ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);
