@@ -15,47 +15,29 @@ namespace {
 EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
   const int N = world.size(), B = world.split().micro, T = run.T;
   PipelineParts& pp = world.pipeline();
-  const int P = world.mesh().shape().pipeline;
   std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
   world.for_ranks([&](int r) {
     Device& d = world.device(r);
     Stream& s = d.compute();
     const Model& model = world.model_of(r);
-    ZeroEngine& engine = world.engine_of(r);
-    Communicator& comm = world.comm();
     const NvtxRange eval_range(NvtxCategory::kStep, "eval", d.index());
-    const int stage = world.stage_of(r), V = model.chunks(), last = P * V - 1;
-    const std::vector<int> group = world.mesh().pipeline_group(r);
     std::vector<std::unique_ptr<Workspace>> ws;
-    for (int c = 0; c < V; ++c) ws.push_back(model.make_chunk_workspace(d, B, T, c));
+    for (int c = 0; c < model.chunks(); ++c) ws.push_back(model.make_chunk_workspace(d, B, T, c));
     HostBatch hb;
     hb.tokens.resize(static_cast<size_t>(B * T));
     hb.targets.resize(static_cast<size_t>(B * T));
     std::vector<float> losses(static_cast<size_t>(B * T));
     const Batch& batch = pp.batches[static_cast<size_t>(r)][0];
-    engine.begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
+    world.engine_of(r).begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
     for (int64_t e = 0; e < batches; ++e) {
       run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
                       hb.tokens.data(), hb.targets.data());
       s.copy(const_cast<void*>(batch.inputs.data), hb.tokens.data(), hb.tokens.size() * 4);
       s.copy(const_cast<void*>(batch.targets.data), hb.targets.data(), hb.targets.size() * 4);
-      for (int c = 0; c < V; ++c) {
-        const int k = c * P + stage;  // the virtual stage
-        Workspace& w = *ws[static_cast<size_t>(c)];
-        if (k > 0) {
-          comm.recv(r, group[static_cast<size_t>((k - 1) % P)], w.stage_input(), &s);
-          comm.wait_done(r, s);
-        }
-        model.forward(s, engine.access(world.engine_rank(r)), w, batch, 0.0f, false);
-        if (k < last) {
-          comm.send(r, group[static_cast<size_t>((k + 1) % P)], w.stage_output(), &s);
-          comm.wait_done(r, s);
-        } else {
-          s.copy(losses.data(), w.losses().data, losses.size() * 4);
-        }
-      }
+      Workspace* head = world.forward_stages(r, ws, batch);
+      if (head) s.copy(losses.data(), head->losses().data, losses.size() * 4);
       s.synchronize();  // hb is read and the losses are written
-      if (stage == P - 1)
+      if (head)
         for (float l : losses) loss_sum[static_cast<size_t>(r)] += l;
     }
   });

@@ -57,10 +57,10 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
     ZeroEngine& engine = world.engine_of(r);
     Communicator& comm = world.comm();
     const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
-    const int stage = world.stage_of(r), chunks = model.chunks(), last = P * chunks - 1;
+    const int stage = world.stage_of(r);
     const std::vector<int> group = world.mesh().pipeline_group(r);
     std::vector<std::unique_ptr<Workspace>> ws;
-    for (int c = 0; c < chunks; ++c) ws.push_back(model.make_chunk_workspace(d, 1, T, c));
+    for (int c = 0; c < model.chunks(); ++c) ws.push_back(model.make_chunk_workspace(d, 1, T, c));
     DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
     DeviceBuffer token(d.memory(), 4, s, "sample token");
     const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
@@ -83,20 +83,8 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
         std::copy(ctx.end() - len, ctx.end(), in.begin());
         s.copy(inputs.data(), in.data(), in.size() * 4);
       }
-      for (int c = 0; c < chunks; ++c) {
-        const int g = c * P + stage;  // the virtual stage
-        Workspace& w = *ws[static_cast<size_t>(c)];
-        if (g > 0) {
-          comm.recv(r, group[static_cast<size_t>((g - 1) % P)], w.stage_input(), &s);
-          comm.wait_done(r, s);
-        }
-        model.forward(s, engine.access(world.engine_rank(r)), w, sb, 0.0f, false);
-        if (g < last) {
-          comm.send(r, group[static_cast<size_t>((g + 1) % P)], w.stage_output(), &s);
-          comm.wait_done(r, s);
-          continue;
-        }
-        w.read_logits_row(s, len - 1, row.data());
+      if (Workspace* head = world.forward_stages(r, ws, sb)) {
+        head->read_logits_row(s, len - 1, row.data());
         s.synchronize();
         pick = sample_top_k(row, cfg.top_k, cfg.temperature,
                             philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));

@@ -327,6 +327,30 @@ void World::on_watchdog_timeout() {
                              : hung_ + " stopped answering");
 }
 
+Workspace* World::forward_stages(int r, std::vector<std::unique_ptr<Workspace>>& ws, const Batch& batch) {
+  Stream& s = device(r).compute();
+  const Model& model = model_of(r);
+  const int P = mesh_->shape().pipeline, stage = stage_of(r), last = P * model.chunks() - 1;
+  const std::vector<int> group = mesh_->pipeline_group(r);
+  Workspace* head = nullptr;
+  for (int c = 0; c < model.chunks(); ++c) {
+    const int g = c * P + stage;  // the virtual stage
+    Workspace& w = *ws[static_cast<size_t>(c)];
+    if (g > 0) {
+      comm_->recv(r, group[static_cast<size_t>((g - 1) % P)], w.stage_input(), &s);
+      comm_->wait_done(r, s);
+    }
+    model.forward(s, engine_of(r).access(engine_rank(r)), w, batch, 0.0f, false);
+    if (g == last) {
+      head = &w;
+    } else {
+      comm_->send(r, group[static_cast<size_t>((g + 1) % P)], w.stage_output(), &s);
+      comm_->wait_done(r, s);
+    }
+  }
+  return head;
+}
+
 void World::upload(int r, const HostBatch& hb) {
   RankState& R = rank(r);
   Stream& s = device(r).compute();

@@ -165,6 +165,11 @@ class World {
   void for_ranks(const std::function<void(int)>& fn);
   // Devices the watchdog gave up on ("" if none).
   const std::string& hung() const { return hung_; }
+  // Pipeline: one forward (train=false) of `batch` through rank r's chunk workspaces `ws` in
+  // virtual-stage order, each chunk's input received from the previous virtual stage and its
+  // output sent on (blocking transfers: one batch at a time is a chain, which cannot deadlock).
+  // Returns the last virtual stage's workspace (losses, logits) when rank r holds it, else null.
+  Workspace* forward_stages(int r, std::vector<std::unique_ptr<Workspace>>& ws, const Batch& batch);
   // Copies a host batch into rank r's input buffers (on its compute stream).
   void upload(int r, const HostBatch& hb);
   // Sum of rank r's per-position losses of its last forward (synchronizes its compute stream).
