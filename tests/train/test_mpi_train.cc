@@ -20,7 +20,7 @@ using test_util::run_binary;
 struct Record {
   std::string event;  // "step" or "eval"
   int step = 0;
-  double loss = 0, grad_norm = 0;
+  double loss = 0, grad_norm = 0;  // an evaluation: its loss, and its accuracy (classifiers) as grad_norm
 };
 
 // The step and eval records of a --log-format json run.
@@ -32,7 +32,7 @@ std::vector<Record> records(const std::string& output) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded()) continue;
     if (j.contains("event") && j["event"] == "eval")
-      out.push_back({"eval", j["step"].get<int>(), j["val_loss"].get<double>(), 0});
+      out.push_back({"eval", j["step"].get<int>(), j["val_loss"].get<double>(), j.value("accuracy", 0.0)});
     else if (!j.contains("event") && j.contains("loss"))
       out.push_back({"step", j["step"].get<int>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
   }
@@ -45,7 +45,8 @@ uint64_t bits(double v) {
   return u;
 }
 
-const std::string kModel = "--model gpt-tiny --layers 2 --embd 32 --steps 3 --eval-batches 1 --log-format json";
+const std::string kRun = "--steps 3 --eval-batches 1 --log-format json";
+const std::string kModel = "--model gpt-tiny --layers 2 --embd 32 " + kRun;
 
 std::string mpirun(int np) {
   return std::string(MPIEXEC_BIN) + " -np " + std::to_string(np) + " --allow-run-as-root --oversubscribe " +
@@ -53,11 +54,11 @@ std::string mpirun(int np) {
 }
 
 // K processes of L devices against one process of K*L devices, same flags.
-void expect_same_run(int K, int L, const std::string& flags) {
+void expect_same_run(int K, int L, const std::string& flags, const std::string& model = kModel) {
   SCOPED_TRACE(std::to_string(K) + " processes x cpu:" + std::to_string(L) + " " + flags);
-  const auto one = run_binary(ZEROTRAIN_BIN, "train --devices cpu:" + std::to_string(K * L) + " " + kModel + " " + flags);
+  const auto one = run_binary(ZEROTRAIN_BIN, "train --devices cpu:" + std::to_string(K * L) + " " + model + " " + flags);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  const auto many = run_binary(mpirun(K), "train --devices cpu:" + std::to_string(L) + " --comm-timeout 60 " + kModel +
+  const auto many = run_binary(mpirun(K), "train --devices cpu:" + std::to_string(L) + " --comm-timeout 60 " + model +
                                               " " + flags);
   ASSERT_EQ(many.exit_code, 0) << many.output;
   const std::vector<Record> a = records(one.output), b = records(many.output);
@@ -87,6 +88,11 @@ TEST(MpiTrain, FourProcessesOfOneDevice) { expect_same_run(4, 1, "--zero-stage 2
 TEST(MpiTrain, GradientAccumulationAcrossProcesses) {
   // 2 micro-batches per step: rank g's rows are chunk m * 4 + g of the global batch in both runs.
   expect_same_run(2, 2, "--zero-stage 2 --batch-size 8 --micro-batch-size 1");
+}
+
+TEST(MpiTrain, ClassifierAcrossProcesses) {
+  // The image data's rows and the evaluation's examples (and its accuracy) follow the global rank too.
+  expect_same_run(2, 2, "--zero-stage 3", "--model mlp " + kRun);
 }
 
 TEST(MpiTrain, RefusesWhatIsNotBuiltWithOneSentence) {
