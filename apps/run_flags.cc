@@ -213,6 +213,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
       ->check(non_empty());
   sub.add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
       ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_option("--comm-timeout", tc.comm_timeout_s,
+                 "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
+      ->capture_default_str()->check(zt_cli::number(0, true));
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));

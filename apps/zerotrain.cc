@@ -23,6 +23,7 @@
 #include "sweep_command.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
+#include "train/processes.h"
 #include "train/report.h"
 #include "train/run_shape.h"
 #include "train/trainer.h"
@@ -220,7 +221,8 @@ int main(int argc, char** argv) {
       // devices) before train() opens the data or creates a device.
       const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
       const zt::PlannedDevices devs = zt::planned_devices(zt::parse_device_spec(tc.devices));
-      tc = zt::resolve_run_shape(tc, mc, devs.count, devs.backend).config;
+      // Under mpirun every process drives as many devices: the run's shape counts all of them.
+      tc = zt::resolve_run_shape(tc, mc, devs.count * zt::launched_processes(), devs.backend).config;
       zt::check_run_paths(tc, plot_path);
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
       const zt::TrainResult result = zt::train(tc);

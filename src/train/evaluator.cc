@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/nvtx.h"
+#include "train/processes.h"
 
 namespace zt {
 
@@ -58,8 +59,9 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   const int D = is_gpt ? 0 : run.mc.input_dim, classes = run.mc.classes;
   std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
   std::vector<int64_t> correct(static_cast<size_t>(N), 0), count(static_cast<size_t>(N), 0);
-  const int64_t batches =
-      is_gpt ? batches_gpt : run.images->num_examples(Split::kValidation) / (static_cast<int64_t>(N) * B);
+  const int64_t batches = is_gpt ? batches_gpt
+                                 : run.images->num_examples(Split::kValidation) /
+                                       (static_cast<int64_t>(world.data_ranks()) * B);
   world.for_ranks([&](int r) {
     RankState& R = world.rank(r);
     Stream& s = world.device(r).compute();
@@ -72,10 +74,11 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
     std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * classes));
     for (int64_t e = 0; e < batches; ++e) {
       if (is_gpt)
-        run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
-                        hb.tokens.data(), hb.targets.data());
+        run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.data_rank(r) * B, B, T, hb.tokens.data(),
+                        hb.targets.data());
       else
-        run.images->examples(Split::kValidation, (e * N + r) * B, B, hb.images.data(), hb.targets.data());
+        run.images->examples(Split::kValidation, (e * world.data_ranks() + world.data_rank(r)) * B, B,
+                             hb.images.data(), hb.targets.data());
       world.upload(r, hb);
       engine.begin_micro_batch(r, 0, /*forward_only=*/true);
       world.model().forward(s, engine.access(r), *R.ws, R.batch, 0.0f, false);
@@ -92,7 +95,21 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   });
   double ls = 0;
   int64_t c = 0, n = 0;
-  for (int r = 0; r < N; ++r) {
+  if (run.processes) {
+    // Several processes (data parallelism only): every global rank's sums, added in rank order as
+    // one process adds them (counts are exact in a double).
+    std::vector<double> mine;
+    for (int r = 0; r < N; ++r)
+      mine.insert(mine.end(), {loss_sum[static_cast<size_t>(r)], static_cast<double>(correct[static_cast<size_t>(r)]),
+                               static_cast<double>(count[static_cast<size_t>(r)])});
+    const std::vector<double> all = run.processes->all_gather(mine, "the evaluation's losses");
+    for (size_t g = 0; g + 2 < all.size(); g += 3) {
+      ls += all[g];
+      c += static_cast<int64_t>(all[g + 1]);
+      n += static_cast<int64_t>(all[g + 2]);
+    }
+  }
+  for (int r = 0; r < N && !run.processes; ++r) {
     if (!world.tensor_lead(r)) continue;  // a tensor group's ranks hold the same losses
     ls += loss_sum[static_cast<size_t>(r)];
     c += correct[static_cast<size_t>(r)];

@@ -20,6 +20,7 @@
 #include "train/evaluator.h"
 #include "train/logger.h"
 #include "train/plan.h"
+#include "train/processes.h"
 #include "train/recovery.h"
 #include "train/run_shape.h"
 #include "train/sampler.h"
@@ -238,7 +239,7 @@ void Trainer::start_world(World& w, int index) {
     std::erase_if(result_.val_losses, [&](const auto& v) { return v.first > counters_.step; });
   }
   result_.skipped_steps = counters_.skipped_steps;
-  result_.devices = w.size();
+  result_.devices = w.size() * (run_.processes ? run_.processes->size() : 1);
   result_.zero_stage = cfg_.zero_stage;
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
@@ -411,7 +412,7 @@ void Trainer::on_skipped(World& w, int step, const StepStats& st) {
   result_.skipped_steps.push_back(step + 1);
   ++consecutive_skips_;
   std::string where;
-  if (consecutive_skips_ == 1) {
+  if (consecutive_skips_ == 1 && !run_.processes) {  // several processes: no one holds every gradient
     // Lazily, only when a run of skips starts; a pipeline's stages in order.
     const int stages = w.mesh().shape().pipeline;
     for (int p = 0; p < stages && where.empty(); ++p)
@@ -686,7 +687,7 @@ void Trainer::finish(World& w) {
                             {"comm_bytes_per_step_per_device", result_.comm_bytes_per_step_per_device},
                             {"memory_per_device", memory},
                             {"parameters", run_.mc.num_parameters()},
-                            {"devices", N},
+                            {"devices", result_.devices},
                             {"tensor_parallel", cfg_.tensor_parallel},
                             {"zero_stage", cfg_.zero_stage},
                             {"tf32", cfg_.tf32}};
@@ -724,7 +725,15 @@ void Trainer::write_trace(World& w) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config) {
+  // Launched by mpirun/srun as several processes: data parallelism over every process's devices.
+  std::unique_ptr<Processes> procs;
+  if (launched_processes() > 1) {
+    refuse_under_processes(config);
+    procs = std::make_unique<Processes>(
+        std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000)));
+  }
   RunContext run;
+  run.processes = procs.get();
   run.mc = make_model_config(config.model, config.overrides);
   run.is_gpt = run.mc.kind == ModelKind::kGpt;
   const DeviceSpec spec = parse_device_spec(config.devices);
@@ -735,7 +744,9 @@ TrainResult train(const TrainConfig& config) {
     tracer = std::make_unique<TraceRecorder>();
   }
   auto rt = Runtime::create(spec, CpuDeviceOptions{config.device_memory}, tracer.get());
-  const RunShape shape = resolve_run_shape(config, run.mc, rt->size(), rt->backend());
+  // Every process's devices (the same count in each: the engine checks) shape the run.
+  const int devices = rt->size() * (procs ? procs->size() : 1);
+  const RunShape shape = resolve_run_shape(config, run.mc, devices, rt->backend());
   run.cfg = shape.config;
   run.T = shape.seq_len;
   run.precision = shape.precision;
@@ -743,15 +754,27 @@ TrainResult train(const TrainConfig& config) {
   run.scaling = shape.scaling;
   run.initial_scale = shape.initial_scale;
   run.plan = shape.plan;
-  const BatchSplit split = even_split(run.cfg.batch_size, rt->size() / run.cfg.tensor_parallel / run.cfg.pipeline_parallel,
+  const BatchSplit split = even_split(run.cfg.batch_size, devices / run.cfg.tensor_parallel / run.cfg.pipeline_parallel,
                                     run.cfg.micro_batch_size);
   check_fits(run, *rt, split);
   open_data(run);
   if (!run.cfg.profile_steps.empty()) parse_step_range(run.cfg.profile_steps, run.cfg.steps);
   // --log-format json: the metrics records go to stdout as well, in place of the text output.
-  Logger log(run.cfg.metrics_path, run.cfg.log_format == LogFormat::kJson, run.cfg.quiet);
-  Trainer trainer(run, log, tracer.get());
-  return trainer.run(std::move(rt), spec, split);
+  // Several processes: process 0 prints and writes the metrics, the others are silent.
+  const bool lead = !procs || procs->rank() == 0;
+  Logger log(lead ? run.cfg.metrics_path : "", run.cfg.log_format == LogFormat::kJson, run.cfg.quiet || !lead);
+  if (procs && run.cfg.sample_tokens > 0) {
+    // The sample's forward runs on one rank, which at stage 3 needs every process's gathers.
+    run.cfg.sample_tokens = 0;
+    if (log.text()) log.line("note: no final sample when running as several processes");
+  }
+  TrainResult result;
+  {
+    Trainer trainer(run, log, tracer.get());
+    result = trainer.run(std::move(rt), spec, split);
+  }
+  if (procs) procs->finalize();  // only after a run that ended well everywhere (it waits for every process)
+  return result;
 }
 
 }  // namespace zt

@@ -129,6 +129,9 @@ struct TrainConfig {
   int snapshot_every = 0;
   std::vector<FaultInjection> inject_faults;  // each fires once; D is a position in the current device list
   double hang_timeout_s = 300;
+  // Multi-process runs (mpirun): seconds any wait on another process may take before the run
+  // stops with a sentence naming the rank that did not answer.
+  double comm_timeout_s = 300;
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
   int eval_batches = 8;

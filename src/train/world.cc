@@ -10,6 +10,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/status.h"
 #include "train/export.h"
+#include "train/processes.h"
 #include "train/state_io.h"
 
 #if ZT_WITH_CUDA
@@ -130,6 +131,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     build_pipeline(zo);
   } else {
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
+    if (run.processes) {  // data parallelism over every process's devices (train/processes.h)
+      collectives_ = run.processes->connect(devs_);
+      zo.processes = collectives_.get();
+    }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
     engine_->set_tracing(run.cfg.zero_trace);
   }
@@ -183,7 +188,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
     // The ranks of a tensor group (and every stage of a pipeline) run the same rows: the batch
     // splits over the data axis.
-    R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, mesh_->index(MeshAxis::kData, r)));
+    R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, data_rank(r)));
   }
 }
 

@@ -32,6 +32,7 @@
 namespace zt {
 
 class StateSource;
+class Processes;
 
 // What the whole run shares, resolved once before the first world is built.
 struct RunContext {
@@ -47,6 +48,8 @@ struct RunContext {
   // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
   std::shared_ptr<const LanguageData> lang;
   std::shared_ptr<const ImageData> images;
+  // Multi-process runs (train/processes.h): this process's place; null in a plain launch.
+  Processes* processes = nullptr;
 };
 
 // Host-side rows of one micro-batch: what the data layer fills and the prefetcher double-buffers.
@@ -146,6 +149,12 @@ class World {
   const Mesh& mesh() const { return *mesh_; }
   // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
   bool tensor_lead(int r) const { return mesh_->index(MeshAxis::kTensor, r) == 0; }
+  // Rank r's data index among every process's ranks (its batch rows): its data index in one process.
+  int data_rank(int r) const {
+    return collectives_ ? collectives_->global_rank(r) : mesh_->index(MeshAxis::kData, r);
+  }
+  // Data ranks over every process (mesh().shape().data in one process).
+  int data_ranks() const { return collectives_ ? collectives_->world() : mesh_->shape().data; }
   // The communicators' counters and receive buffers of rank r (its pipeline stage's included).
   void reset_comm_counters();
   size_t comm_buffer_bytes(int r) const;
@@ -188,6 +197,7 @@ class World {
   std::unique_ptr<Runtime> rt_;  // before everything on its devices: destroyed after them
   std::vector<Device*> devs_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<DataCollectives> collectives_;  // multi-process runs: the engine's, over every process
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroEngine> engine_;

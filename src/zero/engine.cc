@@ -137,6 +137,10 @@ class ZeroRank final : public ParamAccess {
   double host_update_seconds() const { return host_seconds_.load(); }
   // This rank's accumulated gradient shard of block b, widened to fp32 on the host.
   std::vector<float> gradient_shard_to_host(int b);
+  // The data group's collectives: the in-process ring, or the ranks of every process
+  // (ZeroOptions::processes; those calls return finished, so the waits after them are no-ops).
+  void data_reduce_scatter(TensorView full, Stream* producer, std::string_view tag);
+  void data_all_gather(TensorView full, Stream* producer, std::string_view tag);
   // Compute waits for everything enqueued on comm so far.
   void record_comm_and_wait(Stream& consumer) {
     comm_.record(*comm_done_);
@@ -213,16 +217,18 @@ struct ZeroEngine::Impl {
         comm(c),
         opt(o),
         policy(policy_for_stage(o.stage)),
-        mesh(MeshShape{.data = data_parallel_size(static_cast<int>(devices.size()), o), .tensor = o.tensor},
-             static_cast<int>(devices.size())) {
+        mesh(MeshShape{.data = data_parallel_size(engine_world(devices.size(), o), o), .tensor = o.tensor},
+             engine_world(devices.size(), o)) {
     ZT_CHECK(comm.world() == static_cast<int>(devices.size()), "communicator and engine disagree on the world size");
+    ZT_CHECK(!o.processes || (o.tensor == 1 && !o.pipeline && !o.offload),
+             "an engine over several processes runs data parallelism only (no tensor, pipeline or offload)");
     ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
              "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
     const ParamLayout& L = model.layout();
     std::vector<BlockBufferBytes> sizes;
     for (int b = 0; b < L.num_blocks(); ++b) sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world(), opt));
     make_plans(sizes);
-    for (int r = 0; r < world(); ++r)
+    for (int r = 0; r < local_size(); ++r)
       ranks.push_back(std::make_unique<ZeroRank>(*this, r, *devices[static_cast<size_t>(r)]));
   }
 
@@ -233,7 +239,16 @@ struct ZeroEngine::Impl {
   }
 
   bool mixed() const { return opt.working != DType::kF32; }
-  int world() const { return static_cast<int>(devices.size()); }
+  // Global ranks (every process's; this process's devices alone without opt.processes).
+  static int engine_world(size_t local, const ZeroOptions& o) {
+    return o.processes ? o.processes->world() : static_cast<int>(local);
+  }
+  int world() const { return engine_world(devices.size(), opt); }
+  int local_size() const { return static_cast<int>(devices.size()); }
+  int global_rank(int local) const { return opt.processes ? opt.processes->global_rank(local) : local; }
+  void require_one_process(const char* what) const {
+    ZT_REQUIRE(!opt.processes, what, " needs every rank in this process; it is not built for a run over several processes");
+  }
   int data_size() const { return mesh.size(MeshAxis::kData); }
   int tensor_size() const { return mesh.size(MeshAxis::kTensor); }
   ZeroRank& rank(int r) { return *ranks.at(static_cast<size_t>(r)); }
@@ -286,12 +301,26 @@ struct ZeroEngine::Impl {
 // ---------------------------------------------------------------------------------------------
 // ZeroRank: construction, the model's hooks and the micro-batch lifecycle.
 
+void ZeroRank::data_reduce_scatter(TensorView full, Stream* producer, std::string_view tag) {
+  if (e_.opt.processes)
+    e_.opt.processes->reduce_scatter(r_, full, producer);
+  else
+    data_.reduce_scatter(r_, full, producer, tag);
+}
+
+void ZeroRank::data_all_gather(TensorView full, Stream* producer, std::string_view tag) {
+  if (e_.opt.processes)
+    e_.opt.processes->all_gather(r_, full, producer);
+  else
+    data_.all_gather(r_, full, producer, tag);
+}
+
 ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
     : e_(e),
       policy_(e.policy),
       r_(r),
-      data_(e.comm.group(e.mesh.data_group(r))),
-      data_index_(e.mesh.index(MeshAxis::kData, r)),
+      data_(e.opt.processes ? CommGroup{} : e.comm.group(e.mesh.data_group(r))),
+      data_index_(e.mesh.index(MeshAxis::kData, e.global_rank(r))),
       d_(d),
       compute_(d.compute()),
       comm_(d.comm()) {
@@ -438,7 +467,7 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
   std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(comm_, issued_++) : nullptr;
   const DType W = e_.opt.working;
   comm_.copy(at(blk.gathered.data(), W, blk.shard.begin), blk.params.data(), bytes_of(blk.shard.shard_numel, W));
-  data_.all_gather(r_, typed(blk.gathered.data(), W, blk.shard.padded_numel, idx()), nullptr, block_name(b));
+  data_all_gather(typed(blk.gathered.data(), W, blk.shard.padded_numel, idx()), nullptr, block_name(b));
   if (start) e_.close_span(comm_, start, TraceSpan::kGather, r_, b);
   comm_.record(*blk.gathered_ready);
   d_.memory().record_stream(blk.gathered.data(), compute_);
@@ -488,9 +517,9 @@ void ZeroRank::reduce_gradient(int b) {
     compute_.record(*compute_done_);
     comm_.wait(*compute_done_);
     rs_start = e_.open_span(comm_, issued_++);
-    data_.reduce_scatter(r_, full_view, nullptr, block_name(b));
+    data_reduce_scatter(full_view, nullptr, block_name(b));
   } else {
-    data_.reduce_scatter(r_, full_view, &compute_, block_name(b));
+    data_reduce_scatter(full_view, &compute_, block_name(b));
   }
   // This rank's reduced shard now sits at full + begin; fold it into the step's accumulator.
   const int64_t n = blk.shard.shard_numel;
@@ -722,7 +751,10 @@ void ZeroRank::check_gradients(float* device_out) {
                        device_out, 2 * static_cast<int>(blocks.size()), flags.as<float>());
   // Every rank of the mesh (every tensor coordinate too) must skip together: sum the flags over
   // all ranks, on the devices.
-  e_.comm.all_reduce(r_, f32(flags.as<float>(), e_.world(), idx()), &compute_, "overflow flag");
+  if (e_.opt.processes)
+    e_.opt.processes->all_reduce(r_, f32(flags.as<float>(), e_.world(), idx()), &compute_);
+  else
+    e_.comm.all_reduce(r_, f32(flags.as<float>(), e_.world(), idx()), &compute_, "overflow flag");
   record_comm_and_wait(compute_);
 }
 
@@ -739,7 +771,7 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
       void* acc = accumulator(blk);
       void* region = at(blk.full_grad_bucket.data(), W, blk.shard.begin);
       if (acc != region) compute_.copy(region, acc, bytes_of(blk.shard.shard_numel, W));
-      data_.all_gather(r_, typed(blk.full_grad_bucket.data(), W, blk.shard.padded_numel, idx()), &compute_,
+      data_all_gather(typed(blk.full_grad_bucket.data(), W, blk.shard.padded_numel, idx()), &compute_,
                        L.block(static_cast<int>(b)).name);
     }
     record_comm_and_wait(compute_);
@@ -766,7 +798,7 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
   }
   if (policy_.gathers_params_after_step()) {
     for (size_t b = 0; b < blocks.size(); ++b)
-      data_.all_gather(r_, typed(blocks[b].params.data(), W, blocks[b].shard.padded_numel, idx()), &compute_,
+      data_all_gather(typed(blocks[b].params.data(), W, blocks[b].shard.padded_numel, idx()), &compute_,
                        L.block(static_cast<int>(b)).name);
   }
 }
@@ -1090,6 +1122,7 @@ std::pair<int64_t, int64_t> ZeroEngine::state_range(int rank, int block) const {
 }
 
 std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
+  impl_->require_one_process("block_to_host");
   const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
   const DType W = impl_->opt.working;
@@ -1116,6 +1149,7 @@ std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
 }
 
 std::vector<float> ZeroEngine::master_to_host(int block, int tensor) {
+  impl_->require_one_process("master_to_host");
   if (!impl_->mixed()) return block_to_host(block, tensor);
   const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
@@ -1135,6 +1169,7 @@ std::vector<float> ZeroEngine::master_to_host(int block, int tensor) {
 }
 
 std::string ZeroEngine::first_nonfinite_gradient() {
+  impl_->require_one_process("naming the first non-finite gradient");
   const ParamLayout& L = impl_->model.layout();
   std::string first;
   int64_t first_key = -1;  // (block, tensor) order
@@ -1164,6 +1199,7 @@ std::string ZeroEngine::first_nonfinite_gradient() {
 }
 
 void ZeroEngine::set_working_dtype(DType working) {
+  impl_->require_one_process("switching the working dtype");
   ZT_REQUIRE(impl_->mixed() && (working == DType::kBF16 || working == DType::kF16),
              "switching the working dtype needs fp32 master weights (mixed precision on both sides)");
   const int N = world();

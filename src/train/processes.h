@@ -1,0 +1,54 @@
+// Multi-process runs (`mpirun -np K zerotrain train ...`): detecting the launcher, MPI's world of
+// processes, and the ZeRO engine's data-group collectives over every process's devices.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "runtime/device.h"
+#include "train/trainer.h"
+#include "zero/data_collectives.h"
+
+namespace zt {
+
+// The number of processes the launcher started, from its environment: OMPI_COMM_WORLD_SIZE
+// (OpenMPI's mpirun), else PMI_SIZE (MPICH/Hydra, Slurm's PMI-2), else PMIX_SIZE... 1 when none is
+// set (a plain launch). Read before MPI is initialised, so a plain launch never touches MPI.
+int launched_processes();
+
+// Refuses (zt::Error kInvalidArgument, one sentence) what a multi-process run does not build: tensor
+// and pipeline parallelism, checkpoints, resume and snapshots, optimizer offload, sweeps, samples
+// during training, --trace, fault injection and --on-scale-collapse bf16.
+void refuse_under_processes(const TrainConfig& cfg);
+
+// This process's place among the K processes of the launch. Global ranks: process p's local device
+// i is rank p * L + i (every process drives the same number L of devices), the order one process
+// driving all K * L devices would give them, so results are bitwise those of that process.
+class Processes {
+ public:
+  // Initialises MPI and the world group; every wait on another process gives up after `timeout`
+  // with one sentence naming the rank that did not answer. Throws zt::Error(kInvalidArgument) in a build
+  // without MPI.
+  explicit Processes(std::chrono::milliseconds timeout);
+  ~Processes();
+  Processes(const Processes&) = delete;
+  Processes& operator=(const Processes&) = delete;
+
+  int rank() const;  // this process, 0..size()-1
+  int size() const;
+  // The engine's collectives over this process's devices and every other process's (collective:
+  // every process calls with the same number of devices). Destroy it before the devices.
+  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local);
+  // Every process's values, concatenated in process order (every process sends as many).
+  std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what);
+  // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).
+  void finalize();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zt
