@@ -236,11 +236,10 @@ TensorView rows_of(TensorView v, int64_t first_row, int64_t rows) {
 
 class GptTp final : public Model {
  public:
-  // The whole model: one chunk, local blocks mirror the logical blocks.
-  GptTp(const ModelConfig& c, const TensorParallel& tp) : GptTp(c, tp, Recompute::kNone, nullptr) {}
-  // A pipeline stage (make_gpt_stage): its layout holds the rank's shards of the logical blocks it
-  // runs, in the one-device stage's order.
-  GptTp(const ModelConfig& c, const TensorParallel& tp, Recompute, const PipelineStageSpec* spec)
+  // The whole model (spec null: one chunk, local blocks mirror the logical blocks), or a pipeline
+  // stage (make_gpt_stage): its layout holds the rank's shards of the logical blocks it runs, in
+  // the one-device stage's order.
+  GptTp(const ModelConfig& c, const TensorParallel& tp, const PipelineStageSpec* spec = nullptr)
       : config_(c), tp_(tp), split_(spec && spec->split_backward), logical_(gpt_layout(c)) {
     const int D = tp.degree;
     auto refuse = [&](const char* what, int value) {
@@ -795,7 +794,7 @@ std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParall
 
 std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,
                                          const TensorParallel& tp) {
-  return std::make_unique<GptTp>(config, tp, Recompute::kNone, &stage);
+  return std::make_unique<GptTp>(config, tp, &stage);
 }
 
 }  // namespace zt
