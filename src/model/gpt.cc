@@ -542,9 +542,18 @@ std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute) 
   return std::make_unique<Gpt>(config, recompute);
 }
 
-std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute) {
+std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,
+                                         const TensorParallel& tp);
+
+std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute,
+                                      const TensorParallel& tp) {
   ZT_REQUIRE(config.kind == ModelKind::kGpt, "pipeline parallelism splits GPT models only, not the MLP");
   ZT_REQUIRE(!stage.chunks.empty(), "a pipeline stage runs at least one chunk");
+  if (tp.degree > 1) {
+    ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
+               " is not supported with tensor parallelism yet; use --recompute none");
+    return make_gpt_tp_stage(config, stage, tp);
+  }
   // backward_weight reads the layer inputs a recompute would have overwritten by then.
   ZT_REQUIRE(!(stage.split_backward && recompute != Recompute::kNone), "--recompute ", recompute_name(recompute),
              " is not supported with a split backward (zb-h1) yet; use --recompute none or another schedule");

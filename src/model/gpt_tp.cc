@@ -28,8 +28,18 @@
 // A started collective is waited for through an event recorded right after it on the rank's comm
 // stream (nothing else can enqueue there while the rank's thread is in the call). The row-parallel
 // outputs' reduce-scatters sit between dependent ops and are waited for at once.
+//
+// Pipeline stages (make_gpt_stage with tp.degree > 1) run chunks of layers as the one-device stage
+// does (model/gpt.cc): a stage's local blocks are the whole model's local blocks it needs, in the
+// one-device stage's order (the last stage's tied LM head a copy of block 0), and the rank's
+// residual rows cross stages. The split backward (zb-h1) keeps every collective in backward_input:
+// it gathers and keeps all rows of each weight gradient's inputs and sums the replicated gradients
+// over the group into per-layer slots, so backward_weight only multiplies and adds on the rank.
+// Replicated gradients always go through such a scratch, summed before they are added, so the
+// split and the fused backward add the same bits.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "comm/mesh.h"
@@ -59,20 +69,33 @@ int64_t padded_vocab(int64_t V, int degree) {
   return (V + q - 1) / q * q;
 }
 
+// One chunk's activations (the whole model is one chunk with the embedding and the head; a
+// pipeline stage's chunk plans only its own layers, and the final layernorm, logits, losses and
+// the loss statistics only with the head). `encoded` is the chunk's input rows: the embedding's
+// output, or the activation received from the previous chunk.
 struct TpPlan {
-  int64_t B, T, C, NH, L, V, Vp, D;  // V real, Vp padded vocabulary; D = tensor degree
-  bool sp;
+  int64_t B, T, C, NH, L, V, Vp, D;  // V real, Vp padded vocabulary; D = tensor degree; L = the chunk's layers
+  bool sp, head, split;
   int64_t R;  // rows a rank's residual stream holds
   int64_t total = 0;
-  int64_t encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
+  int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
   // attn_scratch: flash_attention_backward's scratch, shared by every layer.
   int64_t full, full2, dresidual, dfch, dfch_gelu, datty, dqkv, attn_scratch, attn_scratch_numel;
-  int64_t stat_max, gmax, stat_part, gsum, rep, row;
+  int64_t stat_max = 0, gmax = 0, stat_part = 0, gsum = 0, rep, row = 0;
   int64_t rep_numel;  // padded to a multiple of D
+  // Where backward reads all B*T rows of the LM head's input and of the embedding's output gradient,
+  // and where it sums ln_f's and the embeddings' replicated gradients: the shared scratch (`full`,
+  // `rep`; without sequence parallelism the rank's own rows, which are all rows), or, with a split
+  // backward, slots backward_input fills and backward_weight reads.
+  int64_t lnf_all = 0, demb_all = 0, lnf_rep = 0, emb_rep = 0;
   // lse: the attention's log-sum-exp per (batch, local head, query), [B, NH/D, T]; with qkv and atty
   // all the tiled attention's backward reads (no T x T matrix is kept).
   struct Layer {
     int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3;
+    // What a layer's weight gradients read (all rows of both layernorm outputs and of the residual
+    // gradient entering each row-parallel matmul, the column-parallel matmuls' output gradients)
+    // and its replicated gradients' sum: the shared scratch, or per-layer slots (split backward).
+    int64_t ln1_all, ln2_all, dres3_all, dres2_all, dfch, dqkv, rep;
   };
   std::vector<Layer> layers;
 
@@ -82,9 +105,11 @@ struct TpPlan {
     return off;
   }
 
-  TpPlan(const ModelConfig& c, int64_t B_, int64_t T_, int degree, bool sequence, int64_t rep_max)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(c.layers), V(c.vocab), Vp(padded_vocab(c.vocab, degree)),
-        D(degree), sp(sequence) {
+  // rep_max: the largest replicated tail of any local block; rep_layer: of a layer block.
+  TpPlan(const ModelConfig& c, int64_t B_, int64_t T_, int degree, bool sequence, int64_t rep_max, int64_t rep_layer,
+         int64_t layer_count, bool head_, bool embedding, bool split_)
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), Vp(padded_vocab(c.vocab, degree)),
+        D(degree), sp(sequence), head(head_), split(split_) {
     const int64_t BT = B * T, Cl = C / D, NHl = NH / D;
     R = sp ? BT / D : BT;
     rep_numel = (rep_max + D - 1) / D * D;
@@ -95,13 +120,26 @@ struct TpPlan {
       l.lse = add(B * NHl * T), l.residual2 = add(R * C), l.ln2 = add(R * C), l.ln2_mean = add(R), l.ln2_rstd = add(R);
       l.fch = add(BT * 4 * Cl), l.fch_gelu = add(BT * 4 * Cl), l.residual3 = add(R * C);
     }
-    lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (Vp / D)), losses = add(BT);
+    if (head) lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (Vp / D)), losses = add(BT);
     full = add(BT * C), full2 = add(BT * C), dresidual = add(R * C);
     dfch = add(BT * 4 * Cl), dfch_gelu = add(BT * 4 * Cl), datty = add(BT * Cl), dqkv = add(BT * 3 * Cl);
     attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, Cl, NHl) + 3) / 4);
     attn_scratch = add(attn_scratch_numel);
-    stat_max = add(D * BT), gmax = add(BT), stat_part = add(D * 2 * BT), gsum = add(2 * BT);
-    rep = add(rep_numel), row = add(Vp);
+    if (head) stat_max = add(D * BT), gmax = add(BT), stat_part = add(D * 2 * BT), gsum = add(2 * BT);
+    rep = add(rep_numel);
+    if (head) row = add(Vp);
+    // A layernorm output's rows are all rows without sequence parallelism; a residual gradient
+    // changes after its matmul, so a split backward keeps a copy.
+    auto all_rows = [&](int64_t own) { return !sp ? own : split ? add(BT * C) : full; };
+    const int64_t dres_all = sp ? full : dresidual;
+    for (auto& l : layers) {
+      l.ln1_all = all_rows(l.ln1), l.ln2_all = all_rows(l.ln2);
+      l.dres3_all = split ? add(BT * C) : dres_all, l.dres2_all = split ? add(BT * C) : dres_all;
+      l.dfch = split ? add(BT * 4 * Cl) : dfch, l.dqkv = split ? add(BT * 3 * Cl) : dqkv;
+      l.rep = split ? add((rep_layer + D - 1) / D * D) : rep;
+    }
+    if (head) lnf_all = all_rows(lnf), lnf_rep = split ? add(rep_numel) : rep;
+    if (embedding) demb_all = split ? add(BT * C) : dres_all, emb_rep = split ? add(rep_numel) : rep;
   }
 };
 
@@ -138,24 +176,52 @@ struct TpRank {
 
 class GptTp;
 
+// One chunk of the model a GptTp runs (as GptChunk in model/gpt.cc): the whole model, or a run of a
+// pipeline stage's layers, with the local blocks it reads.
+struct TpChunk {
+  int first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
+  int emb_block = -1;             // embedding chunks: the block of wte's shard and wpe
+  std::vector<int> layer_blocks;  // the block of each of its layers
+  int lnf_block = -1;             // head chunks: ln_f, and the block whose wte shard is the LM head
+  int head_block = -1;
+};
+
+// Which parts of a backward one call runs: both (backward()), or the zero-bubble split.
+enum class BackPass { kFused, kInput, kWeight };
+
 class TpWorkspace final : public Workspace {
  public:
-  TpWorkspace(const GptTp& model, const ModelConfig& c, Device& d, int B, int T, int degree, bool sp, int64_t rep_max)
-      : plan(c, B, T, degree, sp, rep_max), model(model), device(d.index()),
+  TpWorkspace(const GptTp& model, TpPlan plan_, Device& d, int chunk_, bool embedding_)
+      : plan(std::move(plan_)), model(model), chunk(chunk_), embedding(embedding_), device(d.index()),
         buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
         gathered(d.create_event()), reduced(d.create_event()) {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
-  TensorView losses() override { return view(plan.losses, Shape{plan.B * plan.T}); }
+  TensorView losses() override { return plan.head ? view(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
   // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree].
-  TensorView logits() override { return view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}); }
+  TensorView logits() override {
+    return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}) : TensorView{};
+  }
   size_t bytes() const override { return buf.size(); }
   void read_logits_row(Stream& s, int row, float* out) override;
+  // What crosses pipeline stages is the rank's residual stream (model.h): its rows [B*T/D, C] with
+  // sequence parallelism, all of them [B, T, C] (equal on every rank of the group) without.
+  TensorView stage_input() override { return embedding ? TensorView{} : residual_view(plan.encoded); }
+  TensorView stage_output() override {
+    return plan.head || plan.L == 0 ? TensorView{} : residual_view(plan.layers.back().residual3);
+  }
+  TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual_view(plan.dresidual); }
 
   TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
+  TensorView residual_view(int64_t off) {
+    return plan.sp ? view(off, Shape{plan.R, plan.C}) : view(off, Shape{plan.B, plan.T, plan.C});
+  }
 
   TpPlan plan;
   const GptTp& model;
+  int chunk;
+  bool embedding;
   int device;
   DeviceBuffer buf;
   // Recorded on the comm stream right after a collective the compute stream waits for later.
@@ -170,7 +236,11 @@ TensorView rows_of(TensorView v, int64_t first_row, int64_t rows) {
 
 class GptTp final : public Model {
  public:
-  GptTp(const ModelConfig& c, const TensorParallel& tp) : config_(c), tp_(tp), logical_(gpt_layout(c)) {
+  // The whole model (spec null: one chunk, local blocks mirror the logical blocks), or a pipeline
+  // stage (make_gpt_stage): its layout holds the rank's shards of the logical blocks it runs, in
+  // the one-device stage's order.
+  GptTp(const ModelConfig& c, const TensorParallel& tp, const PipelineStageSpec* spec = nullptr)
+      : config_(c), tp_(tp), split_(spec && spec->split_backward), logical_(gpt_layout(c)) {
     const int D = tp.degree;
     auto refuse = [&](const char* what, int value) {
       int best = 1;
@@ -186,54 +256,94 @@ class GptTp final : public Model {
     map_.degree = D;
     map_.logical = &logical_;
     map_.local = &layout_;
-    const int64_t C = c.embd, V = c.vocab;
-    auto add = [&](int block, int lb, int li, Shape shape, TensorSplit split) {
-      const ParamTensor& g = logical_.block(lb).tensors[static_cast<size_t>(li)];
-      layout_.add_tensor(block, g.name, shape, g.init, g.init_std, g.weight_decay);
-      map_.places.resize(static_cast<size_t>(layout_.num_blocks()));
-      map_.places[static_cast<size_t>(block)].push_back({lb, li, split});
-    };
-    const int emb = layout_.add_block("embeddings");
-    add(emb, 0, 0, Shape{padded_vocab(V, D) / D, C}, TensorSplit::kRows);
-    add(emb, 0, 1, Shape{c.seq_len, C}, TensorSplit::kReplicated);
-    for (int l = 0; l < c.layers; ++l) {
-      const int b = layout_.add_block("h." + std::to_string(l)), lb = l + 1;
-      add(b, lb, kQkvw, Shape{3 * C / D, C}, TensorSplit::kQkvRows);
-      add(b, lb, kQkvb, Shape{3 * C / D}, TensorSplit::kQkvRows);
-      add(b, lb, kAttprojw, Shape{C, C / D}, TensorSplit::kCols);
-      add(b, lb, kFcw, Shape{4 * C / D, C}, TensorSplit::kRows);
-      add(b, lb, kFcb, Shape{4 * C / D}, TensorSplit::kRows);
-      add(b, lb, kFcprojw, Shape{C, 4 * C / D}, TensorSplit::kCols);
-      for (LayerTensor k : kRepTensors) add(b, lb, k, Shape{C}, TensorSplit::kReplicated);
+    if (!spec) {
+      TpChunk k;
+      k.layers = c.layers, k.embedding = k.head = true;
+      k.emb_block = k.head_block = take(0);
+      for (int l = 0; l < c.layers; ++l) k.layer_blocks.push_back(take(l + 1));
+      k.lnf_block = take(c.layers + 1);
+      chunks_.push_back(k);
+    } else {
+      bool embeds = false, heads = false;
+      for (const PipelineChunk& pc : spec->chunks) embeds |= pc.embedding, heads |= pc.head;
+      const int emb = embeds ? take(0) : -1;
+      for (const PipelineChunk& pc : spec->chunks) {
+        ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= c.layers,
+                 "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", c.layers, "-layer model");
+        TpChunk k;
+        k.first_layer = pc.first_layer, k.layers = pc.layers, k.embedding = pc.embedding, k.head = pc.head;
+        k.emb_block = pc.embedding ? emb : -1;
+        for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
+        chunks_.push_back(k);
+      }
+      if (heads) {
+        const int lnf = take(c.layers + 1), head = embeds ? emb : take(0);
+        for (TpChunk& k : chunks_)
+          if (k.head) k.lnf_block = lnf, k.head_block = head;
+      }
     }
-    const int lnf = layout_.add_block("ln_f");
-    add(lnf, c.layers + 1, 0, Shape{C}, TensorSplit::kReplicated);
-    add(lnf, c.layers + 1, 1, Shape{C}, TensorSplit::kReplicated);
-    for (int b = 0; b < layout_.num_blocks(); ++b)
-      rep_max_ = std::max(rep_max_, layout_.block(b).numel - map_.replicated_from(b));
+    for (int b = 0; b < layout_.num_blocks(); ++b) {
+      const int64_t rep = layout_.block(b).numel - map_.replicated_from(b);
+      rep_max_ = std::max(rep_max_, rep);
+      if (logical_block(b) >= 1 && logical_block(b) <= c.layers) rep_layer_ = std::max(rep_layer_, rep);
+    }
   }
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
   const TensorMap* tensor_map() const override { return &map_; }
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  // The logical block a local block holds the rank's shard of (every tensor of a local block comes
+  // from one logical block).
+  int logical_block(int block) const override {
+    return map_.places.at(static_cast<size_t>(block)).at(0).block;
+  }
 
   size_t workspace_bytes(int B, int T) const override {
-    return static_cast<size_t>(TpPlan(config_, B, T, tp_.degree, tp_.sequence, rep_max_).total) * 4;
+    size_t total = 0;
+    for (int c = 0; c < chunks(); ++c) total += chunk_workspace_bytes(B, T, c);
+    return total;
+  }
+  size_t chunk_workspace_bytes(int B, int T, int chunk) const override {
+    return static_cast<size_t>(plan(B, T, chunk).total) * 4;
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
+    ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");
+    return make_chunk_workspace(d, B, T, 0);
+  }
+  std::unique_ptr<Workspace> make_chunk_workspace(Device& d, int B, int T, int chunk) const override {
     ZT_REQUIRE(T >= 1 && T <= config_.seq_len, "sequence length ", T, " is above the model's context of ",
                config_.seq_len, " tokens");
     ZT_REQUIRE(!tp_.sequence || (int64_t{B} * T) % tp_.degree == 0, "sequence parallelism over ", tp_.degree,
                " ranks needs the micro-batch's tokens (", B, " x ", T, " = ", int64_t{B} * T,
                ") to be a multiple of ", tp_.degree, "; change --micro-batch-size or --seq-len, or pass --no-sequence-parallel");
-    auto ws = std::make_unique<TpWorkspace>(*this, config_, d, B, T, tp_.degree, tp_.sequence, rep_max_);
+    ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
+    auto ws = std::make_unique<TpWorkspace>(*this, plan(B, T, chunk), d, chunk,
+                                            chunks_[static_cast<size_t>(chunk)].embedding);
     ws->rank = rank_of(d.index());
     return ws;
   }
 
-  // GPT-2's orders: the blocks are the same.
-  std::vector<int> forward_order() const override { return gpt_forward_order(config_.layers); }
-  std::vector<int> backward_order() const override { return gpt_backward_order(config_.layers); }
+  // Each chunk's visits in chunk order (forward) and reverse chunk order (backward); the whole
+  // model's are GPT-2's (gpt_forward_order / gpt_backward_order).
+  std::vector<int> forward_order() const override {
+    std::vector<int> o;
+    for (const TpChunk& k : chunks_) {
+      if (k.embedding) o.push_back(k.emb_block);
+      o.insert(o.end(), k.layer_blocks.begin(), k.layer_blocks.end());
+      if (k.head) o.push_back(k.lnf_block), o.push_back(k.head_block);
+    }
+    return o;
+  }
+  std::vector<int> backward_order() const override {
+    std::vector<int> o;
+    for (auto k = chunks_.rbegin(); k != chunks_.rend(); ++k) {
+      if (k->head) o.push_back(k->head_block), o.push_back(k->lnf_block);
+      o.insert(o.end(), k->layer_blocks.rbegin(), k->layer_blocks.rend());
+      if (k->embedding) o.push_back(k->emb_block);
+    }
+    return o;
+  }
 
   TpRank rank_of(int device) const {
     ZT_CHECK(tp_.comm && tp_.mesh, "a tensor-parallel model built for planning cannot run");
@@ -248,6 +358,7 @@ class GptTp final : public Model {
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss, bool train) const override {
     auto& ws = static_cast<TpWorkspace&>(wsb);
     const TpPlan& P = ws.plan;
+    const TpChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
@@ -256,30 +367,34 @@ class GptTp final : public Model {
     TensorView full = act(P.full, Shape{BT, C});
 
     // Embedding: each rank looks up the tokens of its vocabulary shard (zeros elsewhere); the sum
-    // over the group is the embedding. Positions are added on the rank's rows.
-    p.before_forward(0);
-    const TensorView wte = param(p, 0, 0);
-    const TensorView wpe = param(p, 0, 1);
-    ops::encoder_forward(s, act(P.full, Shape{P.B, P.T, C}), batch.inputs, wte, ConstTensorView{},
-                         ops::VocabRange{tr.t * Vl, P.V});
-    TensorView encoded = act(P.encoded, Shape{P.R, C});
-    s.copy(encoded.data, leave(s, tr, ws, full, "tp embedding").data, static_cast<size_t>(P.R * C) * 4);
-    ops::position_forward(s, encoded, wpe, row0(P, tr), P.T);
-
-    TensorView residual = encoded;
-    for (int l = 0; l < L; ++l) {
-      p.before_forward(l + 1);
-      layer_forward(s, tr, ws, p, l, residual);
-      residual = act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.R, C});
+    // over the group is the embedding. Positions are added on the rank's rows. Without it the
+    // chunk's input rows were received into `encoded`.
+    TensorView residual = act(P.encoded, Shape{P.R, C});
+    if (K.embedding) {
+      p.before_forward(K.emb_block);
+      const TensorView wte = param(p, K.emb_block, 0);
+      const TensorView wpe = param(p, K.emb_block, 1);
+      ops::encoder_forward(s, act(P.full, Shape{P.B, P.T, C}), batch.inputs, wte, ConstTensorView{},
+                           ops::VocabRange{tr.t * Vl, P.V});
+      s.copy(residual.data, leave(s, tr, ws, full, "tp embedding").data, static_cast<size_t>(P.R * C) * 4);
+      ops::position_forward(s, residual, wpe, row0(P, tr), P.T);
     }
 
-    p.before_forward(L + 1);
+    for (int l = 0; l < L; ++l) {
+      const int b = K.layer_blocks[static_cast<size_t>(l)];
+      p.before_forward(b);
+      layer_forward(s, tr, ws, p, l, b, residual);
+      residual = act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.R, C});
+    }
+    if (!K.head) return;  // the pipeline sends stage_output() (the last residual rows) on
+
+    p.before_forward(K.lnf_block);
     TensorView lnf = act(P.lnf, Shape{P.R, C});
     ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}), residual,
-                           param(p, L + 1, 0), param(p, L + 1, 1), kLayerNormEps);
-    p.before_forward(0);  // the LM head reads wte again (stage 3 gathers it again)
+                           param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
+    p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     TensorView logits = act(P.logits, Shape{BT, Vl});
-    column_matmul(s, tr, ws, logits, lnf, param(p, 0, 0), ConstTensorView{}, "tp ln_f");
+    column_matmul(s, tr, ws, logits, lnf, param(p, K.head_block, 0), ConstTensorView{}, "tp ln_f");
 
     // Vocabulary-parallel cross-entropy: the row maxima, then the sums of exponentials and the
     // target logits, each combined over the group in a fixed order.
@@ -297,52 +412,21 @@ class GptTp final : public Model {
                          targets, vocab, dloss, train, batch.loss_scale);
   }
 
-  void backward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch) const override {
-    auto& ws = static_cast<TpWorkspace&>(wsb);
-    const TpPlan& P = ws.plan;
-    const TpRank& tr = ws.rank;
-    const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
-    const int L = static_cast<int>(P.L);
-    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
-    TensorView dresidual = act(P.dresidual, Shape{P.R, C});
-    ops::fill(s, dresidual, 0.0f);
-
-    // LM head: logits = lnf @ wte_shard^T; dlnf is a partial sum over the vocabulary shards.
-    p.before_backward(0);
-    const TensorView lnf_all = start_enter(s, tr, ws, act(P.lnf, Shape{P.R, C}), "tp ln_f");
-    const TensorView dlnf = column_backward(s, tr, ws, act(P.logits, Shape{BT, Vl}), lnf_all, param(p, 0, 0),
-                                            grad(p, 0, 0), TensorView{}, "tp d ln_f");
-    const int lnf_block = L + 1;
-    p.before_backward(lnf_block);
-    const RepGrads rg = rep_grads(s, ws, p, lnf_block);
-    const TensorView last_res = L > 0 ? act(P.layers[static_cast<size_t>(L - 1)].residual3, Shape{P.R, C})
-                                      : act(P.encoded, Shape{P.R, C});
-    ops::layernorm_backward(s, dresidual, rg.at(0), rg.at(1), dlnf, last_res, param(p, lnf_block, 0),
-                            act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}));
-    finish_rep(s, tr, ws, p, lnf_block);
-    p.after_backward(lnf_block);
-
-    for (int l = L - 1; l >= 0; --l) {
-      p.before_backward(l + 1);
-      layer_backward(s, tr, ws, p, l, dresidual);
-      finish_rep(s, tr, ws, p, l + 1);
-      p.after_backward(l + 1);
-    }
-
-    // Encoder: positions from the rank's rows (summed over the group), tokens of its shard from
-    // all rows.
-    p.before_backward(0);
-    const RepGrads pg = rep_grads(s, ws, p, 0);
-    ops::position_backward(s, pg.at(1), dresidual, row0(P, tr), P.T);
-    finish_rep(s, tr, ws, p, 0);
-    const TensorView dres_all = enter(s, tr, ws, dresidual, "tp d embedding");
-    const TensorView dres3{dres_all.data, DType::kF32, Shape{P.B, P.T, C}, dres_all.device};
-    ops::encoder_backward(s, grad(p, 0, 0), TensorView{}, dres3, batch.inputs, ops::VocabRange{tr.t * Vl, P.V});
-    p.after_backward(0);
+  void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    backward_pass(s, p, static_cast<TpWorkspace&>(ws), batch, BackPass::kFused);
+  }
+  void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    ZT_CHECK(split_, "backward_input on a model made without split_backward");
+    backward_pass(s, p, static_cast<TpWorkspace&>(ws), batch, BackPass::kInput);
+  }
+  void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
+    ZT_CHECK(split_, "backward_weight on a model made without split_backward");
+    backward_pass(s, p, static_cast<TpWorkspace&>(ws), batch, BackPass::kWeight);
   }
 
   void read_logits_row(TpWorkspace& ws, Stream& s, int row, float* out) const {
     const TpPlan& P = ws.plan;
+    ZT_CHECK(P.head, "logits of a pipeline chunk without the LM head");
     const TpRank& tr = ws.rank;
     const int64_t Vl = P.Vp / P.D;
     s.copy(ws.buf.as<float>() + P.row + tr.t * Vl, ws.buf.as<float>() + P.logits + static_cast<int64_t>(row) * Vl,
@@ -352,56 +436,175 @@ class GptTp final : public Model {
   }
 
  private:
-  // Gradient views of block b's tensors for this micro-batch (indexed as the block's tensors):
-  // its replicated tensors' views are, with sequence parallelism, a zeroed scratch (summed over
-  // the group and added to the gradients by finish_rep); everything else is the gradients.
+  // A local block holding the rank's shard of logical block `lb` (the embeddings, a layer, ln_f),
+  // replicated tensors last.
+  int take(int lb) {
+    const int64_t C = config_.embd, V = config_.vocab;
+    const int D = tp_.degree;
+    const int block = layout_.add_block(logical_.block(lb).name);
+    map_.places.resize(static_cast<size_t>(layout_.num_blocks()));
+    auto add = [&](int li, Shape shape, TensorSplit split) {
+      const ParamTensor& g = logical_.block(lb).tensors[static_cast<size_t>(li)];
+      layout_.add_tensor(block, g.name, shape, g.init, g.init_std, g.weight_decay);
+      map_.places[static_cast<size_t>(block)].push_back({lb, li, split});
+    };
+    if (lb == 0) {
+      add(0, Shape{padded_vocab(V, D) / D, C}, TensorSplit::kRows);
+      add(1, Shape{config_.seq_len, C}, TensorSplit::kReplicated);
+    } else if (lb <= config_.layers) {
+      add(kQkvw, Shape{3 * C / D, C}, TensorSplit::kQkvRows);
+      add(kQkvb, Shape{3 * C / D}, TensorSplit::kQkvRows);
+      add(kAttprojw, Shape{C, C / D}, TensorSplit::kCols);
+      add(kFcw, Shape{4 * C / D, C}, TensorSplit::kRows);
+      add(kFcb, Shape{4 * C / D}, TensorSplit::kRows);
+      add(kFcprojw, Shape{C, 4 * C / D}, TensorSplit::kCols);
+      for (LayerTensor k : kRepTensors) add(k, Shape{C}, TensorSplit::kReplicated);
+    } else {
+      add(0, Shape{C}, TensorSplit::kReplicated);
+      add(1, Shape{C}, TensorSplit::kReplicated);
+    }
+    return block;
+  }
+
+  TpPlan plan(int B, int T, int chunk) const {
+    ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
+    const TpChunk& k = chunks_[static_cast<size_t>(chunk)];
+    return TpPlan(config_, B, T, tp_.degree, tp_.sequence, rep_max_, rep_layer_, k.layers, k.head, k.embedding, split_);
+  }
+
+  // One chunk's backward. kFused is backward(); kInput runs every collective and the chain of input
+  // gradients through the chunk, and keeps what the weight gradients read (all rows of their
+  // inputs and output gradients, the replicated gradients already summed over the group); kWeight
+  // only multiplies and adds on the rank (every parameter gradient), so the collectives of a
+  // tensor group come in the same order on every rank whatever the schedule puts between them.
+  // kInput writes no parameter gradient (a sharding engine reduces a block's gradient once, after
+  // its kWeight). Hooks: kFused and kInput call before_backward, kFused and kWeight after_backward.
+  void backward_pass(Stream& s, ParamAccess& p, TpWorkspace& ws, const Batch& batch, BackPass pass) const {
+    const TpPlan& P = ws.plan;
+    const TpChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
+    const TpRank& tr = ws.rank;
+    const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
+    const int L = static_cast<int>(P.L);
+    const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
+    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    // Without a head the gradient of the chunk's output rows was received into dresidual.
+    TensorView dresidual = act(P.dresidual, Shape{P.R, C});
+
+    if (K.head) {
+      // LM head: logits = lnf @ wte_shard^T; dlnf is a partial sum over the vocabulary shards.
+      if (input) {
+        ops::fill(s, dresidual, 0.0f);
+        p.before_backward(K.head_block);
+      }
+      const TensorView lnf_all = input ? start_all_rows(s, tr, ws, act(P.lnf, Shape{P.R, C}), P.lnf_all, "tp ln_f")
+                                       : act(P.lnf_all, Shape{BT, C});
+      const TensorView dlnf = column_backward(s, tr, ws, act(P.logits, Shape{BT, Vl}), lnf_all, param(p, K.head_block, 0),
+                                              grad(p, K.head_block, 0), TensorView{}, "tp d ln_f", pass);
+      if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
+      if (input) {
+        p.before_backward(K.lnf_block);
+        const RepGrads rg = rep_grads(s, ws, p, K.lnf_block, P.lnf_rep);
+        const TensorView last_res = L > 0 ? act(P.layers[static_cast<size_t>(L - 1)].residual3, Shape{P.R, C})
+                                          : act(P.encoded, Shape{P.R, C});
+        ops::layernorm_backward(s, dresidual, rg.at(0), rg.at(1), dlnf, last_res, param(p, K.lnf_block, 0),
+                                act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}));
+        reduce_rep(s, tr, ws, K.lnf_block, P.lnf_rep);
+      }
+      if (weight) {
+        add_rep(s, ws, p, K.lnf_block, P.lnf_rep);
+        p.after_backward(K.lnf_block);
+      }
+    }
+
+    for (int l = L - 1; l >= 0; --l) {
+      const int b = K.layer_blocks[static_cast<size_t>(l)];
+      const int64_t rep = P.layers[static_cast<size_t>(l)].rep;
+      if (input) p.before_backward(b);
+      layer_backward(s, tr, ws, p, l, b, dresidual, pass);
+      if (input) reduce_rep(s, tr, ws, b, rep);
+      if (weight) {
+        add_rep(s, ws, p, b, rep);
+        p.after_backward(b);
+      }
+    }
+
+    if (!K.embedding) return;  // dresidual now holds the gradient of the chunk's input rows
+    // Encoder: positions from the rank's rows (summed over the group), tokens of its shard from
+    // all rows.
+    if (input) {
+      p.before_backward(K.emb_block);
+      const RepGrads pg = rep_grads(s, ws, p, K.emb_block, P.emb_rep);
+      ops::position_backward(s, pg.at(1), dresidual, row0(P, tr), P.T);
+      reduce_rep(s, tr, ws, K.emb_block, P.emb_rep);
+      all_rows(s, tr, ws, dresidual, P.demb_all, "tp d embedding");
+    }
+    if (weight) {
+      add_rep(s, ws, p, K.emb_block, P.emb_rep);
+      ops::encoder_backward(s, grad(p, K.emb_block, 0), TensorView{}, act(P.demb_all, Shape{P.B, P.T, C}), batch.inputs,
+                            ops::VocabRange{tr.t * Vl, P.V});
+      p.after_backward(K.emb_block);
+    }
+  }
+
+  // Views of block b's replicated gradients for this micro-batch (indexed as the block's tensors;
+  // split tensors' entries are empty): a zeroed scratch at `rep`, summed over the group by
+  // reduce_rep (with sequence parallelism each rank's rows give a partial sum) and added to the
+  // gradients by add_rep.
   struct RepGrads {
     std::vector<TensorView> views;
     TensorView at(size_t i) const { return views.at(i); }
   };
-  RepGrads rep_grads(Stream& s, TpWorkspace& ws, ParamAccess& p, int block) const {
+  RepGrads rep_grads(Stream& s, TpWorkspace& ws, ParamAccess&, int block, int64_t rep) const {
     RepGrads g;
     const ParamBlock& pb = layout_.block(block);
     const int64_t from = map_.replicated_from(block);
-    if (ws.plan.sp) ops::fill(s, ws.view(ws.plan.rep, Shape{padded(pb.numel - from, ws.plan.D)}), 0.0f);
-    for (size_t i = 0; i < pb.tensors.size(); ++i) {
-      const ParamTensor& t = pb.tensors[i];
-      g.views.push_back(ws.plan.sp && t.offset >= from ? ws.view(ws.plan.rep + t.offset - from, t.shape)
-                                                       : grad(p, block, static_cast<int>(i)));
-    }
+    ops::fill(s, ws.view(rep, Shape{padded(pb.numel - from, ws.plan.D)}), 0.0f);
+    for (const ParamTensor& t : pb.tensors)
+      g.views.push_back(t.offset >= from ? ws.view(rep + t.offset - from, t.shape) : TensorView{});
     return g;
   }
-  void finish_rep(Stream& s, const TpRank& tr, TpWorkspace& ws, ParamAccess& p, int block) const {
-    if (!ws.plan.sp) return;
+  void reduce_rep(Stream& s, const TpRank& tr, TpWorkspace& ws, int block, int64_t rep) const {
+    if (!ws.plan.sp) return;  // every rank computed them from all rows
+    const int64_t n = layout_.block(block).numel - map_.replicated_from(block);
+    tr.all_reduce(s, ws.view(rep, Shape{padded(n, ws.plan.D)}), "tp replicated grads");
+  }
+  void add_rep(Stream& s, TpWorkspace& ws, ParamAccess& p, int block, int64_t rep) const {
     const int64_t from = map_.replicated_from(block), n = layout_.block(block).numel - from;
-    tr.all_reduce(s, ws.view(ws.plan.rep, Shape{padded(n, ws.plan.D)}), "tp replicated grads");
     ops::accumulate(s, TensorView{p.grads(block) + from, DType::kF32, Shape{n}, p.device_index()},
-                    ws.view(ws.plan.rep, Shape{n}));
+                    ws.view(rep, Shape{n}));
   }
 
   static int64_t row0(const TpPlan& P, const TpRank& tr) { return P.sp ? tr.t * P.R : 0; }
   // A collective's buffer holds degree equal shards.
   static int64_t padded(int64_t n, int64_t degree) { return (n + degree - 1) / degree * degree; }
 
-  // Into a column-parallel matmul: the rank's rows [R, C] -> all rows [B*T, C] (an all-gather into
-  // the `full` scratch with sequence parallelism; the rows themselves without).
-  TensorView enter(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView local, const char* tag) const {
+  // All B*T rows of the rank's rows `local` [R, C], at `dst`: an all-gather with sequence
+  // parallelism; without it the rows themselves, copied when `dst` is another place (a split
+  // backward keeping a residual gradient that changes afterwards).
+  TensorView all_rows(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView local, int64_t dst, const char* tag) const {
     const TpPlan& P = ws.plan;
-    if (!P.sp) return local;
-    TensorView full = ws.view(P.full, Shape{P.B * P.T, P.C});
-    s.copy(rows_of(full, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
-    tr.all_gather(s, ws.view(P.full, Shape{P.B * P.T * P.C}), tag);
-    return full;
+    TensorView all = ws.view(dst, Shape{P.B * P.T, P.C});
+    if (!P.sp) {
+      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+      return all;
+    }
+    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+    tr.all_gather(s, ws.view(dst, Shape{P.B * P.T * P.C}), tag);
+    return all;
   }
-  // enter() started but not waited for: finish_enter() before reading other ranks' rows (the
+  // all_rows() started but not waited for: finish_enter() before reading other ranks' rows (the
   // rank's own are in place at once).
-  TensorView start_enter(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView local, const char* tag) const {
+  TensorView start_all_rows(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView local, int64_t dst,
+                            const char* tag) const {
     const TpPlan& P = ws.plan;
-    if (!P.sp) return local;
-    TensorView full = ws.view(P.full, Shape{P.B * P.T, P.C});
-    s.copy(rows_of(full, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
-    tr.start(s, TpRank::Op::kAllGather, ws.view(P.full, Shape{P.B * P.T * P.C}), tag, *ws.gathered);
-    return full;
+    TensorView all = ws.view(dst, Shape{P.B * P.T, P.C});
+    if (!P.sp) {
+      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+      return all;
+    }
+    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+    tr.start(s, TpRank::Op::kAllGather, ws.view(dst, Shape{P.B * P.T * P.C}), tag, *ws.gathered);
+    return all;
   }
   void finish_enter(Stream& s, TpWorkspace& ws) const {
     if (ws.plan.sp) s.wait(*ws.gathered);
@@ -415,7 +618,7 @@ class GptTp final : public Model {
       ops::matmul_forward(s, out, local, weight, bias);
       return;
     }
-    const TensorView all = start_enter(s, tr, ws, local, tag);
+    const TensorView all = start_all_rows(s, tr, ws, local, P.full, tag);
     const int64_t mine = tr.t * P.R, BT = P.B * P.T;
     ops::matmul_forward(s, rows_of(out, mine, P.R), rows_of(all, mine, P.R), weight, bias);
     finish_enter(s, ws);
@@ -424,17 +627,22 @@ class GptTp final : public Model {
       ops::matmul_forward(s, rows_of(out, mine + P.R, BT - mine - P.R), rows_of(all, mine + P.R, BT - mine - P.R), weight, bias);
   }
   // Backward of a column-parallel matmul out = in_all @ weight^T + bias whose input's gather was
-  // started (start_enter): the input gradient first (it does not read in_all), its reduction over
-  // the group started, then the weight and bias gradients under it; returns the rank's rows of
-  // the input gradient.
+  // started (start_all_rows): the input gradient first (it does not read in_all), its reduction
+  // over the group started, then the weight and bias gradients under it; returns the rank's rows
+  // of the input gradient (kInput and kFused). kWeight runs only the weight and bias gradients.
   TensorView column_backward(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView dout, TensorView in_all,
-                             TensorView weight, TensorView dweight, TensorView dbias, const char* tag) const {
+                             TensorView weight, TensorView dweight, TensorView dbias, const char* tag,
+                             BackPass pass) const {
+    if (pass == BackPass::kWeight) {
+      ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
+      return {};
+    }
     TensorView din = ws.view(ws.plan.full2, Shape{ws.plan.B * ws.plan.T, ws.plan.C});
     ops::fill(s, din, 0.0f);
     ops::matmul_backward(s, din, TensorView{}, TensorView{}, dout, in_all, weight);
     start_leave(s, tr, ws, din, tag);
     finish_enter(s, ws);
-    ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
+    if (pass == BackPass::kFused) ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
     return finish_leave(s, tr, ws, din);
   }
 
@@ -461,13 +669,13 @@ class GptTp final : public Model {
     return rows_of(partial, tr.t * P.R, P.R);
   }
 
-  void layer_forward(Stream& s, const TpRank& tr, TpWorkspace& ws, ParamAccess& p, int l, TensorView res_in) const {
+  // Layer l of the workspace's chunk, local block blk.
+  void layer_forward(Stream& s, const TpRank& tr, TpWorkspace& ws, ParamAccess& p, int l, int blk, TensorView res_in) const {
     const TpPlan& P = ws.plan;
     const int64_t BT = P.B * P.T, C = P.C, Cl = C / P.D, R = P.R;
     const int NHl = static_cast<int>(P.NH / P.D);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const int blk = l + 1;
     TensorView full = act(P.full, Shape{BT, C});
 
     TensorView ln1 = act(A.ln1, Shape{R, C});
@@ -494,48 +702,68 @@ class GptTp final : public Model {
     ops::add(s, act(A.residual3, Shape{R, C}), res2, fcproj);
   }
 
-  void layer_backward(Stream& s, const TpRank& tr, TpWorkspace& ws, ParamAccess& p, int l, TensorView dresidual) const {
+  // Layer l's backward (see backward_pass for the passes); its replicated gradients go to the
+  // layer's scratch (reduce_rep and add_rep follow).
+  void layer_backward(Stream& s, const TpRank& tr, TpWorkspace& ws, ParamAccess& p, int l, int blk,
+                      TensorView dresidual, BackPass pass) const {
     const TpPlan& P = ws.plan;
     const int64_t BT = P.B * P.T, C = P.C, Cl = C / P.D, R = P.R;
     const int NHl = static_cast<int>(P.NH / P.D);
+    const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
+    const TensorView none{};
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
     auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const int blk = l + 1;
     const TensorView res_in = l > 0 ? act(P.layers[static_cast<size_t>(l - 1)].residual3, Shape{R, C})
                                     : act(P.encoded, Shape{R, C});
-    const RepGrads rg = rep_grads(s, ws, p, blk);
+    RepGrads rg;
+    if (input) rg = rep_grads(s, ws, p, blk, A.rep);
+    TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * Cl}), dfch = act(A.dfch, Shape{BT, 4 * Cl});
+    TensorView datty = act(P.datty, Shape{BT, Cl}), dqkv = act(A.dqkv, Shape{BT, 3 * Cl});
 
     // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) + bias
-    ops::bias_backward(s, rg.at(11), dresidual);
-    const TensorView dres_all = enter(s, tr, ws, dresidual, "tp d mlp.c_proj");
-    TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * Cl}), dfch = act(P.dfch, Shape{BT, 4 * Cl});
-    zero(dfch_gelu);
-    ops::matmul_backward(s, dfch_gelu, grad(p, blk, 5), TensorView{}, dres_all, act(A.fch_gelu, Shape{BT, 4 * Cl}),
-                         param(p, blk, 5));
-    zero(dfch);
-    const TensorView ln2_all = start_enter(s, tr, ws, act(A.ln2, Shape{R, C}), "tp ln_2");
-    ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * Cl}), dfch_gelu);
-    const TensorView dln2 = column_backward(s, tr, ws, dfch, ln2_all, param(p, blk, 3), grad(p, blk, 3), grad(p, blk, 4),
-                                            "tp d ln_2");
-    ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
-                            act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}));
+    TensorView dres_all = act(A.dres3_all, Shape{BT, C});
+    if (input) {
+      ops::bias_backward(s, rg.at(11), dresidual);
+      dres_all = all_rows(s, tr, ws, dresidual, A.dres3_all, "tp d mlp.c_proj");
+      zero(dfch_gelu);
+    }
+    ops::matmul_backward(s, input ? dfch_gelu : none, weight ? grad(p, blk, 5) : none, none, dres_all,
+                         act(A.fch_gelu, Shape{BT, 4 * Cl}), param(p, blk, 5));
+    TensorView ln2_all = act(A.ln2_all, Shape{BT, C});
+    if (input) {
+      zero(dfch);
+      ln2_all = start_all_rows(s, tr, ws, act(A.ln2, Shape{R, C}), A.ln2_all, "tp ln_2");
+      ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * Cl}), dfch_gelu);
+    }
+    const TensorView dln2 =
+        column_backward(s, tr, ws, dfch, ln2_all, param(p, blk, 3), grad(p, blk, 3), grad(p, blk, 4), "tp d ln_2", pass);
+    if (input)
+      ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
+                              act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}));
 
     // residual2 = residual + attproj(attention(qkv(ln1(residual)))) + bias
-    ops::bias_backward(s, rg.at(8), dresidual);
-    const TensorView dres2_all = enter(s, tr, ws, dresidual, "tp d attn.c_proj");
-    TensorView datty = act(P.datty, Shape{BT, Cl}), dqkv = act(P.dqkv, Shape{BT, 3 * Cl});
-    zero(datty);
-    ops::matmul_backward(s, datty, grad(p, blk, 2), TensorView{}, dres2_all, act(A.atty, Shape{BT, Cl}), param(p, blk, 2));
-    const TensorView ln1_all = start_enter(s, tr, ws, act(A.ln1, Shape{R, C}), "tp ln_1");
-    zero(dqkv);
-    ops::flash_attention_backward(s, act(P.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.datty, Shape{P.B, P.T, Cl}),
-                                  act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.atty, Shape{P.B, P.T, Cl}),
-                                  act(A.lse, Shape{P.B, NHl, P.T}), NHl, act(P.attn_scratch, Shape{P.attn_scratch_numel}));
-    const TensorView dln1 = column_backward(s, tr, ws, dqkv, ln1_all, param(p, blk, 0), grad(p, blk, 0), grad(p, blk, 1),
-                                            "tp d ln_1");
-    ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
-                            act(A.ln1_rstd, Shape{R}));
+    TensorView dres2_all = act(A.dres2_all, Shape{BT, C});
+    if (input) {
+      ops::bias_backward(s, rg.at(8), dresidual);
+      dres2_all = all_rows(s, tr, ws, dresidual, A.dres2_all, "tp d attn.c_proj");
+      zero(datty);
+    }
+    ops::matmul_backward(s, input ? datty : none, weight ? grad(p, blk, 2) : none, none, dres2_all,
+                         act(A.atty, Shape{BT, Cl}), param(p, blk, 2));
+    TensorView ln1_all = act(A.ln1_all, Shape{BT, C});
+    if (input) {
+      ln1_all = start_all_rows(s, tr, ws, act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1");
+      zero(dqkv);
+      ops::flash_attention_backward(s, act(A.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.datty, Shape{P.B, P.T, Cl}),
+                                    act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.atty, Shape{P.B, P.T, Cl}),
+                                    act(A.lse, Shape{P.B, NHl, P.T}), NHl, act(P.attn_scratch, Shape{P.attn_scratch_numel}));
+    }
+    const TensorView dln1 =
+        column_backward(s, tr, ws, dqkv, ln1_all, param(p, blk, 0), grad(p, blk, 0), grad(p, blk, 1), "tp d ln_1", pass);
+    if (input)
+      ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
+                              act(A.ln1_rstd, Shape{R}));
   }
 
   TensorView tensor_at(float* base, int device, int block, int idx) const {
@@ -547,9 +775,11 @@ class GptTp final : public Model {
 
   ModelConfig config_;
   TensorParallel tp_;
+  bool split_ = false;
   ParamLayout logical_, layout_;
   TensorMap map_;
-  int64_t rep_max_ = 0;
+  std::vector<TpChunk> chunks_;
+  int64_t rep_max_ = 0, rep_layer_ = 0;
 };
 
 void TpWorkspace::read_logits_row(Stream& s, int row, float* out) {
@@ -560,6 +790,11 @@ void TpWorkspace::read_logits_row(Stream& s, int row, float* out) {
 
 std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp) {
   return std::make_unique<GptTp>(config, tp);
+}
+
+std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,
+                                         const TensorParallel& tp) {
+  return std::make_unique<GptTp>(config, tp, &stage);
 }
 
 }  // namespace zt

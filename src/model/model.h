@@ -63,7 +63,8 @@ class Workspace {
   // receive before forward), the activation forward leaves for the next chunk, and the gradient
   // with respect to that output (received before backward; backward turns it, in place, into the
   // gradient with respect to the chunk's input, what the previous chunk receives). Empty views
-  // where the chunk has no such neighbour (and for whole models).
+  // where the chunk has no such neighbour (and for whole models). A tensor-parallel stage's are
+  // the rank's part of the residual stream (make_gpt_stage).
   virtual TensorView stage_input() { return {}; }
   virtual TensorView stage_output() { return {}; }
   virtual TensorView stage_gradient() { return {}; }
@@ -100,6 +101,8 @@ class Model {
   virtual size_t chunk_workspace_bytes(int B, int T, int chunk) const;
   // The block of the whole (logical) model that local block `block` holds; a pipeline stage's
   // tied LM head is a copy of logical block 0 (the embeddings), so two stages may name the same.
+  // A tensor-parallel stage's block holds the rank's shard of it: the whole tensor-parallel
+  // model's local block of that number (make_gpt_stage).
   virtual int logical_block(int block) const { return block; }
   // The backward split for zero-bubble schedules: backward_input computes what the previous chunk
   // needs (the input gradient, and the layernorm gradients on the way), backward_weight the matmul
@@ -126,10 +129,6 @@ struct PipelineStageSpec {
   std::vector<PipelineChunk> chunks;
   bool split_backward = false;  // keep what backward_weight needs (ZB-H1)
 };
-// GPT only; no tensor parallelism; recompute not with split_backward (one sentence each).
-std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
-                                      Recompute recompute = Recompute::kNone);
-
 // Tensor parallelism of a model (Megatron-LM's layout, model/tensor_split.h): each rank runs the
 // local model, and the collectives of its tensor group (mesh->tensor_group(rank)) run inside
 // forward() and backward() on the ranks' comm streams.
@@ -149,6 +148,30 @@ struct TensorParallel {
 // tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {});
+
+// A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
+// tp.degree > 1: the stage of the tensor-parallel GPT (model/gpt_tp.cc), built once per stage and
+// run by every rank of the stage's tensor groups (each workspace finds its device's tensor group
+// in tp.comm/tp.mesh, so the mesh may have data and pipeline axes too); no recompute (refused with
+// one sentence), split_backward supported. Its contract with tensor parallelism:
+//  - What crosses stages (stage_input/stage_output/stage_gradient) is the rank's part of the
+//    residual stream, sent to the rank of the same tensor coordinate on the neighbouring stage:
+//    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened
+//    [B*T, C] activations, Megatron's scatter-gather for free), without it all of them, [B, T, C],
+//    equal on every rank of the tensor group.
+//  - layout() holds the rank's shards: block b is, tensor for tensor, the same as block
+//    logical_block(b) of the whole tensor-parallel model (make_model(config, kNone, tp)'s layout,
+//    whose blocks are numbered as gpt_layout's: 0 embeddings, 1..L layers, L+1 ln_f); the last
+//    stage's tied LM head is such a copy of block 0 (wte's vocabulary shard and wpe). tensor_map()
+//    maps the stage's local blocks onto gpt_layout (logical = the whole one-device layout), so
+//    tensor_map()->local_block(t, b, logical_blocks) is block b of tensor rank t, and the head
+//    copy's gradient is summed element for element with block 0's gradient of the first stage's
+//    rank at the same tensor coordinate (wpe's part of the copy gets no gradient).
+//  - backward_input runs every tensor-group collective of the backward, backward_weight none
+//    (only the rank's weight-gradient matmuls and additions), so a tensor group's collectives keep
+//    one order on every rank under zb-h1; split and fused backward add the same bits.
+std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
+                                      Recompute recompute = Recompute::kNone, const TensorParallel& tp = {});
 // GPT-2's logical parameter layout (the one-device model's), and the block visit orders of its
 // forward (blocks 0..L+1, then 0 again for the tied LM head) and backward (head, ln_f, L..1,
 // encoder), shared by the one-device and tensor-parallel GPT.
