@@ -105,13 +105,16 @@ int run_info(const std::string& devices_flag, int tensor, int pipeline) {
   // devices, its groups, and whether each group's members reach each other directly (a pipeline
   // group's neighbours exchange activations; device r holds stage r / (devices / P)).
   if (tensor > 1 || pipeline > 1) {
-    ZT_REQUIRE(tensor == 1 || pipeline == 1, "--tensor-parallel with --pipeline-parallel (a 3D mesh) is not built yet");
     ZT_REQUIRE(rt->size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
                tensor * pipeline, " does not divide the ", rt->size(), " devices");
     const zt::Mesh mesh(
         zt::MeshShape{.data = rt->size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt->size());
     std::printf("mesh: %s\n", mesh.describe().c_str());
-    for (zt::MeshAxis axis : {tensor > 1 ? zt::MeshAxis::kTensor : zt::MeshAxis::kPipeline, zt::MeshAxis::kData}) {
+    std::vector<zt::MeshAxis> axes;
+    if (tensor > 1) axes.push_back(zt::MeshAxis::kTensor);
+    if (pipeline > 1) axes.push_back(zt::MeshAxis::kPipeline);
+    axes.push_back(zt::MeshAxis::kData);
+    for (zt::MeshAxis axis : axes) {
       std::printf("  %s groups:", zt::mesh_axis_name(axis));
       for (const auto& g : mesh.groups(axis)) {
         bool peer = true;

@@ -15,6 +15,12 @@ PipelineCosts gpt_pipeline_costs(const ModelConfig& c, int T) {
   return costs;
 }
 
+int tied_embedding_block(const Model& m) {
+  for (int b = 0; b < m.layout().num_blocks(); ++b)
+    if (m.logical_block(b) == 0) return b;
+  return -1;
+}
+
 std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& partition, bool split_backward) {
   const int P = partition.stages, parts = partition.parts();
   std::vector<PipelineStageSpec> specs(static_cast<size_t>(P));

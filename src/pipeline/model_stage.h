@@ -29,6 +29,10 @@ namespace zt {
 // balanced split puts fewer layers beside the head.
 PipelineCosts gpt_pipeline_costs(const ModelConfig& config, int T);
 
+// The local block of a stage model that holds the embeddings (the first stage's) or their tied
+// copy (the last stage's LM head), -1 on the stages between: the pair whose gradients are summed.
+int tied_embedding_block(const Model& model);
+
 // What each stage runs under `partition` (part k = virtual stage k lives on stage k % P as chunk
 // k / P; the first part embeds, the last holds the head).
 std::vector<PipelineStageSpec> pipeline_stage_specs(const PipelinePartition& partition, bool split_backward);

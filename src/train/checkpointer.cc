@@ -64,9 +64,9 @@ namespace {
 
 // A pipelined world's snapshot in the logical layout: each stage's engine snapshots its blocks over
 // its D data ranks, and logical block b's shards come from the stage that holds it (the embeddings
-// from the first stage: the last stage's tied copy holds the same bits). Shard d of every block is
-// written by data rank d, as a D-device run without stages would write it, so the checkpoint
-// reshards onto any pipeline degree.
+// from the first stage: the last stage's tied copy holds the same bits). Shard w of every block is
+// written by engine rank w of its stage, as a run without stages on D x T devices would write it,
+// so the checkpoint reshards onto any pipeline degree.
 HostSnapshot pipeline_snapshot(World& world, bool adamw, int64_t step) {
   const MeshShape shape = world.mesh().shape();
   const ParamLayout logical = gpt_layout(world.model_of(0).config());
@@ -77,23 +77,27 @@ HostSnapshot pipeline_snapshot(World& world, bool adamw, int64_t step) {
     out.block_names.push_back(b.name);
     out.block_numel.push_back(b.numel);
   }
-  out.shards.assign(static_cast<size_t>(shape.data), std::vector<HostShard>(static_cast<size_t>(logical.num_blocks())));
+  const int writers = shape.data * shape.tensor;  // a stage engine's ranks
+  out.shards.assign(static_cast<size_t>(writers), std::vector<HostShard>(static_cast<size_t>(logical.num_blocks())));
   std::vector<bool> filled(static_cast<size_t>(logical.num_blocks()), false);
   for (int p = 0; p < shape.pipeline; ++p) {
-    const std::vector<int> ranks = world.mesh().data_group(world.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p}));
-    const Model& model = world.model_of(ranks[0]);
-    HostSnapshot stage = take_snapshot(world.engine_of(ranks[0]), model, adamw, step,
+    const int first = world.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p});
+    const Model& model = world.model_of(first);
+    HostSnapshot stage = take_snapshot(world.engine_of(first), model, adamw, step,
                                        [&](const std::function<void(int)>& fn) {
                                          world.for_ranks([&](int r) {
                                            if (world.stage_of(r) == p) fn(world.engine_rank(r));
                                          });
                                        });
     out.working = stage.working;
+    // take_snapshot already maps a tensor-parallel stage's shards onto the logical blocks.
+    const bool by_logical = model.tensor_map() != nullptr;
     for (int b = 0; b < model.layout().num_blocks(); ++b) {
       const auto lb = static_cast<size_t>(model.logical_block(b));
       if (filled[lb]) continue;  // the tied copy
       filled[lb] = true;
-      for (int d = 0; d < shape.data; ++d) out.shards[static_cast<size_t>(d)][lb] = std::move(stage.shards[static_cast<size_t>(d)][static_cast<size_t>(b)]);
+      for (int w = 0; w < writers; ++w)
+        out.shards[static_cast<size_t>(w)][lb] = std::move(stage.shards[static_cast<size_t>(w)][by_logical ? lb : static_cast<size_t>(b)]);
     }
   }
   return out;

@@ -38,7 +38,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
       Workspace* head = world.forward_stages(r, ws, batch);
       if (head) s.copy(losses.data(), head->losses().data, losses.size() * 4);
       s.synchronize();  // hb is read and the losses are written
-      if (head)
+      if (head && world.tensor_lead(r))  // a tensor group's ranks hold the same losses
         for (float l : losses) loss_sum[static_cast<size_t>(r)] += l;
     }
   });

@@ -176,8 +176,10 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   const int N = in.devices, P = in.pipeline, V = in.virtual_stages, B = in.micro_batch, T = in.seq_len;
   const int m = in.micro_batches;
   ZT_REQUIRE(mc.kind == ModelKind::kGpt, "--pipeline-parallel splits GPT models only");
-  validate_pipeline_shape(N, P, V, mc.layers);
-  const int D = N / P;
+  const int TP = in.tensor;
+  ZT_REQUIRE(TP >= 1 && N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");
+  validate_pipeline_shape(N / TP, P, V, mc.layers);
+  const int D = N / TP / P, per_stage = D * TP;
   const PipelineCosts costs = gpt_pipeline_costs(mc, T);
   const PipelinePartition part = in.pp_layout.empty() ? partition_pipeline(costs, P, V)
                                                       : partition_from_layout(costs, parse_pp_layout(in.pp_layout), P, V);
@@ -188,13 +190,14 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   zo.sgd = in.sgd;
   zo.working = in.working;
   zo.pipeline = true;
-  const int64_t embeddings = gpt_layout(mc).block(0).numel;
+  zo.tensor = TP;
   MemoryPlan plan;
   plan.inputs = in;
   std::vector<DevicePlan> stages;
   for (int s = 0; s < P; ++s) {
-    const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute);
-    const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, D, zo);
+    const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute,
+                                      TensorParallel{TP, in.sequence_parallel});
+    const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, per_stage, zo);
     plan.work += eng.work;
     std::vector<Alloc> resident;
     for (size_t b : eng.resident) resident.push_back({b, false});
@@ -211,16 +214,22 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     }
     size_t batch = 0;
     for (int k = 0; k < 2 * m; ++k) resident.push_back({static_cast<size_t>(B) * T * 4, false}), batch += static_cast<size_t>(B) * T * 4;
-    if (s == 0 || s == P - 1) {
-      const size_t tied = static_cast<size_t>(shard_range(embeddings, 0, D).padded_numel) * 4;
+    if (const int tb = tied_embedding_block(*model); tb >= 0) {
+      const size_t tied = static_cast<size_t>(shard_range(model->layout().block(tb).numel, 0, D).padded_numel) * 4;
       resident.push_back({tied, false});
       batch += tied;
     }
     const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;
     resident.push_back({norms, false});
     batch += norms;
-    const size_t comm = Communicator::planned_buffer_bytes(D);
-    for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
+    // The stage communicator's ring buffers (its engine's reductions), and with tensor parallelism
+    // the world communicator's (the tensor groups' reductions run there).
+    const size_t comm = Communicator::planned_buffer_bytes(per_stage) + (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+    for (int q = 0; q < 2 * Communicator::kRecvSlots; ++q) {
+      const size_t slot = q < Communicator::kRecvSlots ? Communicator::planned_buffer_bytes(per_stage)
+                                                       : (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+      if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
+    }
     std::vector<std::vector<Alloc>> phases(2);
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
@@ -248,9 +257,9 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
     stages.push_back(dev);
   }
-  // Device r holds stage r / D (the mesh's pipeline axis is outermost).
+  // Device r holds stage r / (D x T) (the mesh's pipeline axis is outermost).
   for (int r = 0; r < N; ++r) {
-    DevicePlan d = stages[static_cast<size_t>(r / D)];
+    DevicePlan d = stages[static_cast<size_t>(r / per_stage)];
     d.memory = device_memory(in, r);
     plan.fits = plan.fits && d.fits();
     plan.per_device.push_back(d);
@@ -605,7 +614,7 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   for (size_t r = 0; r < plan.per_device.size(); ++r)
     if (plan.per_device[r].total > plan.per_device[static_cast<size_t>(heaviest)].total) heaviest = static_cast<int>(r);
   if (in.pipeline > 1)
-    os << "pipeline: " << in.pipeline << " stages (" << in.devices / in.pipeline << " data ranks each), schedule "
+    os << "pipeline: " << in.pipeline << " stages (" << in.devices / in.pipeline << " devices each), schedule "
        << in.pp_schedule << (in.virtual_stages > 1 ? " x " + std::to_string(in.virtual_stages) + " virtual stages" : "")
        << "; device r holds stage r / " << in.devices / in.pipeline << "; heaviest: stage "
        << plan.per_device[static_cast<size_t>(heaviest)].stage << " ("

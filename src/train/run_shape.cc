@@ -81,11 +81,10 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
                mc.preset.empty() ? "mlp" : mc.preset, " with --pipeline-parallel 1");
     ZT_REQUIRE(cfg.virtual_stages == 1 || pp_kind == PipeSchedule::kInterleaved,
                "--virtual-stages ", cfg.virtual_stages, " needs --pp-schedule interleaved");
-    validate_pipeline_shape(N, PP, cfg.virtual_stages, mc.layers);
+    validate_pipeline_shape(N / TP, PP, cfg.virtual_stages, mc.layers);  // over the tensor groups
     if (!cfg.pp_layout.empty())
       validate_pp_layout(parse_pp_layout(cfg.pp_layout), mc.layers, PP, cfg.virtual_stages);
     // What pipelines do not compose with yet: one sentence each, never a silent fallback.
-    ZT_REQUIRE(TP == 1, "--pipeline-parallel with --tensor-parallel (a 3D mesh) is not built yet; use one of them");
     ZT_REQUIRE(cfg.zero_stage <= 2, "--zero-stage 3 with --pipeline-parallel would gather every block again for "
                "each micro-batch of the schedule; use --zero-stage 0, 1 or 2");
     ZT_REQUIRE(!cfg.offload_optimizer, "--offload optimizer with --pipeline-parallel is not built yet");

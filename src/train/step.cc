@@ -63,14 +63,6 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   R.opt_pending = false;
 }
 
-// The local block of a pipeline stage's model that holds the embeddings (the first stage's) or
-// their tied copy (the last stage's LM head): -1 on the stages between.
-int tied_block(const Model& m) {
-  for (int b = 0; b < m.layout().num_blocks(); ++b)
-    if (m.logical_block(b) == 0) return b;
-  return -1;
-}
-
 // Rank r's step as a pipeline stage: its data rank's micro-batches uploaded and handed to the
 // stage's runner, the stage's list of the schedule enqueued (receives block the host thread until
 // the neighbour posted the send, nothing else waits), then the stage's gradients reduced once over
@@ -107,9 +99,9 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   if (world.mesh().index(MeshAxis::kData, r) == 0 || pp.all_spans) opt.spans = &spans;
   run_pipeline_stage(pp.schedule, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
   s.record(*R.compute_done);
-  const int tied = (stage == 0 || stage == P - 1) ? tied_block(world.model_of(r)) : -1;
-  const int partner = stage == 0 ? world.mesh().rank_at({.data = local, .tensor = 0, .pipeline = P - 1})
-                                 : world.mesh().rank_at({.data = local, .tensor = 0, .pipeline = 0});
+  const int tied = (stage == 0 || stage == P - 1) ? tied_embedding_block(world.model_of(r)) : -1;
+  const MeshCoord me = world.mesh().coord(r);  // the partner: same data and tensor coordinates
+  const int partner = world.mesh().rank_at({.data = me.data, .tensor = me.tensor, .pipeline = stage == 0 ? P - 1 : 0});
   engine.reduce_pipeline_gradients(local, [&](int b, TensorView g) {
     if (b != tied) return;
     // Both ends compute own + other: the same bits (addition commutes), so both copies stay equal.

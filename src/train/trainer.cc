@@ -280,8 +280,9 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (w.pipelined()) {
     const PipelineParts& pp = w.pipeline();
     const Schedule& sc = pp.schedule;
-    std::snprintf(buf, sizeof buf, "mesh: %s, pipeline schedule %s%s over %d micro-batches (bubble %.3f in theory)",
-                  w.mesh().describe().c_str(), pipe_schedule_name(sc.kind),
+    std::snprintf(buf, sizeof buf, "%s%s%s schedule %s%s over %d micro-batches (bubble %.3f in theory)",
+                  tp ? "" : "mesh: ", tp ? "" : w.mesh().describe().c_str(), tp ? "pipeline:" : ", pipeline",
+                  pipe_schedule_name(sc.kind),
                   sc.virtual_stages > 1 ? (" x " + std::to_string(sc.virtual_stages) + " virtual stages").c_str() : "",
                   sc.micro_batches, theoretical_bubble(sc.kind, sc.stages, sc.micro_batches, sc.virtual_stages));
     log_.line(buf);

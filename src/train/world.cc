@@ -194,11 +194,16 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
 
 void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {
   const int N = size();
+  std::vector<const float*> blocks;
+  for (const auto& b : host) blocks.push_back(b.data());
   if (pipe_) {
     for (int r = 0; r < N; ++r) {
       const Model& m = model_of(r);
+      const TensorMap* tmap = m.tensor_map();  // a tensor-parallel stage: the rank's shards
       std::vector<std::vector<float>> local;
-      for (int b = 0; b < m.layout().num_blocks(); ++b) local.push_back(host[static_cast<size_t>(m.logical_block(b))]);
+      for (int b = 0; b < m.layout().num_blocks(); ++b)
+        local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
+                             : host[static_cast<size_t>(m.logical_block(b))]);
       engine_of(r).load_parameters(engine_rank(r), local);
     }
     return;
@@ -208,8 +213,6 @@ void World::load_initial_parameters(const std::vector<std::vector<float>>& host)
     for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
     return;
   }
-  std::vector<const float*> blocks;
-  for (const auto& b : host) blocks.push_back(b.data());
   const int TP = mesh_->shape().tensor;
   const ParamLayout& layout = model_->layout();
   for (int t = 0; t < TP; ++t) {
@@ -236,19 +239,22 @@ void World::build_pipeline(const ZeroOptions& zero) {
   zo.pipeline = true;
   zo.micro_batches = 1;  // the engine reduces once per step, after the schedule's last backward
   const auto specs = pipeline_stage_specs(pp.partition, pp.schedule.splits_backward());
+  const MeshShape shape = mesh_->shape();
   for (int s = 0; s < P; ++s) {
-    std::vector<Device*> devs;
-    for (int r : mesh_->data_group(mesh_->rank_at(MeshCoord{.data = 0, .tensor = 0, .pipeline = s})))
-      devs.push_back(devs_[static_cast<size_t>(r)]);
+    std::vector<Device*> devs;  // engine rank t + T * d (engine_rank)
+    for (int d = 0; d < shape.data; ++d)
+      for (int t = 0; t < shape.tensor; ++t)
+        devs.push_back(devs_[static_cast<size_t>(mesh_->rank_at(MeshCoord{.data = d, .tensor = t, .pipeline = s}))]);
     pp.comms.push_back(std::make_unique<Communicator>(devs));
-    pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute));
+    // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
+    pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
+                                       TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()}));
     pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));
   pp.targets.resize(static_cast<size_t>(N));
   pp.batches.resize(static_cast<size_t>(N));
   pp.tied_scratch.resize(static_cast<size_t>(N));
-  const int64_t embeddings = gpt_layout(run_.mc).block(0).numel;
   for (int r = 0; r < N; ++r) {
     Device& d = device(r);
     Stream& s = d.compute();
@@ -264,9 +270,9 @@ void World::build_pipeline(const ZeroOptions& zero) {
       b.targets = ConstTensorView{pp.targets[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
       pp.batches[R].push_back(b);
     }
-    if (stage_of(r) == 0 || stage_of(r) == P - 1) {
-      // The embeddings' gradient as the engine pads it (the last stage's copy is the same block).
-      const int64_t n = shard_range(embeddings, 0, mesh_->shape().data).padded_numel;
+    if (const int tied = tied_embedding_block(model_of(r)); tied >= 0) {
+      // The embeddings' gradient (the rank's tensor shard) as the engine pads it over the data ranks.
+      const int64_t n = shard_range(model_of(r).layout().block(tied).numel, 0, shape.data).padded_numel;
       pp.tied_scratch[R] = DeviceBuffer(d.memory(), static_cast<size_t>(n) * 4, s, "tied embedding gradient");
     }
   }

@@ -84,11 +84,12 @@ struct RankState {
   bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
 };
 
-// Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data = N / P, pipeline = P}; stage s
-// is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D data ranks, with its
-// own communicator for their collectives (the world's carries the activations between stages and
-// the tied embedding's gradient between the first and the last stage); each rank runs its stage's
-// list of the schedule (pipeline/runtime.h) through a ModelStageWork.
+// Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data, tensor, pipeline = P}; stage s
+// is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D x T ranks (tensor
+// fastest, each tensor coordinate sharded over its D data ranks), with its own communicator for
+// the engine's collectives (the world's carries the tensor groups' collectives, the activations
+// between stages and the tied embedding's gradient between the first and the last stage); each
+// rank runs its stage's list of the schedule (pipeline/runtime.h) through a ModelStageWork.
 struct PipelineParts {
   PipelinePartition partition;
   Schedule schedule;
@@ -135,15 +136,18 @@ class World {
   bool pipelined() const { return pipe_ != nullptr; }
   PipelineParts& pipeline() { return *pipe_; }
   int stage_of(int r) const { return mesh_->index(MeshAxis::kPipeline, r); }
-  int engine_rank(int r) const { return pipe_ ? mesh_->index(MeshAxis::kData, r) : r; }
+  // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does.
+  int engine_rank(int r) const {
+    return pipe_ ? mesh_->index(MeshAxis::kTensor, r) + mesh_->shape().tensor * mesh_->index(MeshAxis::kData, r) : r;
+  }
   ZeroEngine& engine_of(int r) { return pipe_ ? *pipe_->engines[static_cast<size_t>(stage_of(r))] : *engine_; }
   const Model& model_of(int r) const {
     return pipe_ ? *pipe_->models[static_cast<size_t>(stage_of(r))] : *model_;
   }
-  // The rank speaks for its group in the step's loss: its tensor group's first rank, or a rank of
-  // the last pipeline stage (the one that computes the loss).
+  // The rank speaks for its group in the step's loss: its tensor group's first rank, of the last
+  // pipeline stage (the one that computes the loss) with pipeline parallelism.
   bool loss_lead(int r) const {
-    return pipe_ ? stage_of(r) == mesh_->shape().pipeline - 1 : tensor_lead(r);
+    return tensor_lead(r) && (!pipe_ || stage_of(r) == mesh_->shape().pipeline - 1);
   }
   // The (data x tensor x pipeline) mesh of the ranks; data x 1 x 1 without model parallelism.
   const Mesh& mesh() const { return *mesh_; }

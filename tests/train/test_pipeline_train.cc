@@ -1,5 +1,6 @@
 // --pipeline-parallel through the trainer (issue #15): per-step losses of every schedule on 2 and 4
-// stages (and data 2 x pipeline 2) against a one-device run of the same global batch, an uneven
+// stages (and data 2 x pipeline 2, and the 3D mesh data 2 x tensor 2 x pipeline 2) against a
+// one-device run of the same global batch, an uneven
 // --pp-layout, the validation loss, ZeRO stages 0-2 bitwise equal at a fixed mesh and schedule
 // (fp32 and bf16), fp16 loss scaling and recompute, checkpoints across pipeline degrees, losing a
 // device, the per-stage plan, the trace's F/B/W track, and the bubble the summary reports.
@@ -28,8 +29,9 @@ constexpr bool kSanitized = test::kThreadSanitizer || test::kAddressSanitizer;
 
 // An 8-layer, 32-wide GPT (so that 4 stages x 2 virtual stages have a block each), 8 sequences
 // of 16 tokens per step in micro-batches of one sequence: 8 micro-batches per data rank at data 1.
-TrainConfig pipe_run(int data, int pipeline, const char* schedule, int steps, int stage = 2) {
-  TrainConfig c = test_util::tiny_train_config(data * pipeline, stage, steps);
+TrainConfig pipe_run(int data, int pipeline, const char* schedule, int steps, int stage = 2, int tensor = 1) {
+  TrainConfig c = test_util::tiny_train_config(data * tensor * pipeline, stage, steps);
+  c.tensor_parallel = tensor;
   c.keep_final_params = false;
   c.overrides.layers = 8;
   c.overrides.embd = 32;
@@ -63,6 +65,21 @@ TEST(PipelineTrain, EveryScheduleMatchesOneDevice) {
   expect_close(train(pipe_run(2, 2, "1f1b", steps)), one, 1e-5);
 }
 
+// The 3D mesh: data 2 x tensor 2 x pipeline 2 on 8 simulated devices (tensor-parallel stages,
+// sequence parallelism on and off, ZB-H1 splitting the tensor-parallel backward) against one device.
+TEST(PipelineTrain, ThreeDMeshMatchesOneDevice) {
+  const int steps = kSanitized ? 3 : 50;
+  const TrainResult one = train(pipe_run(1, 1, "1f1b", steps));
+  for (const char* schedule : {"1f1b", "zb-h1"})
+    for (bool sp : {true, false}) {
+      if (kSanitized && (std::string(schedule) == "1f1b") != sp) continue;
+      SCOPED_TRACE(std::string(schedule) + (sp ? ", sequence parallel" : ", no sequence parallelism"));
+      TrainConfig c = pipe_run(2, 2, schedule, steps, 2, 2);
+      c.sequence_parallel = sp;
+      expect_close(train(c), one, 1e-5);
+    }
+}
+
 TEST(PipelineTrain, UnevenLayoutAndValidationLossMatchOneDevice) {
   const int steps = kSanitized ? 3 : 20;
   TrainConfig ref = pipe_run(1, 1, "1f1b", steps);
@@ -77,15 +94,16 @@ TEST(PipelineTrain, UnevenLayoutAndValidationLossMatchOneDevice) {
 }
 
 TEST(PipelineTrain, ZeroStagesAreBitwiseEqualAtAFixedMeshAndSchedule) {
-  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+  for (auto [p, tensor] : {std::pair{Precision::kFp32, 1}, {Precision::kBf16, 1}, {Precision::kFp32, 2}}) {
     std::vector<TrainResult> runs;
     for (int stage = 0; stage <= 2; ++stage) {
-      TrainConfig c = pipe_run(2, 2, "zb-h1", 4, stage);
+      TrainConfig c = pipe_run(2, 2, "zb-h1", 4, stage, tensor);
       c.precision = p;
       runs.push_back(train(c));
     }
     for (int stage = 1; stage <= 2; ++stage) {
-      SCOPED_TRACE("stage " + std::to_string(stage) + (p == Precision::kBf16 ? ", bf16" : ", fp32"));
+      SCOPED_TRACE("stage " + std::to_string(stage) + (p == Precision::kBf16 ? ", bf16" : ", fp32") + ", tensor " +
+                   std::to_string(tensor));
       ASSERT_EQ(runs[static_cast<size_t>(stage)].losses, runs[0].losses);
       EXPECT_EQ(runs[static_cast<size_t>(stage)].val_loss, runs[0].val_loss);
     }
@@ -131,8 +149,8 @@ TEST(PipelineTrain, Fp16LossScalingAndRecomputeFollowOneDevice) {
 TEST(PipelineTrain, CheckpointsReshardAcrossPipelineDegrees) {
   test_util::TempDir dir("pp_ckpt");
   const int steps = 6;
-  auto run = [&](int data, int pipeline, const std::string& sub, const std::string& resume) {
-    TrainConfig c = pipe_run(data, pipeline, "1f1b", steps);
+  auto run = [&](int data, int pipeline, const std::string& sub, const std::string& resume, int tensor = 1) {
+    TrainConfig c = pipe_run(data, pipeline, "1f1b", steps, 2, tensor);
     c.checkpoint_dir = dir.path(sub);
     c.save_every = 3;
     c.resume = resume;
@@ -140,20 +158,23 @@ TEST(PipelineTrain, CheckpointsReshardAcrossPipelineDegrees) {
   };
   const TrainResult two = run(1, 2, "p2", "");
   const TrainResult one = run(2, 1, "p1", "");
-  for (const TrainResult* clean : {&two, &one}) ASSERT_EQ(clean->losses.size(), static_cast<size_t>(steps));
+  const TrainResult three_d = run(2, 2, "p2t2", "", 2);
+  for (const TrainResult* clean : {&two, &one, &three_d}) ASSERT_EQ(clean->losses.size(), static_cast<size_t>(steps));
   struct Case {
-    int data, pipeline;
+    int data, pipeline, tensor;
     const char* from;
     const TrainResult& clean;
     bool bitwise;  // the same mesh resumes bit for bit; another one sums in another order
   };
-  const Case cases[] = {{1, 2, "p2", two, true}, {2, 1, "p2", two, false}, {1, 4, "p2", two, false},
-                        {2, 2, "p2", two, false}, {1, 2, "p1", one, false}};
+  const Case cases[] = {{1, 2, 1, "p2", two, true},     {2, 1, 1, "p2", two, false},     {1, 4, 1, "p2", two, false},
+                        {2, 2, 1, "p2", two, false},    {1, 2, 1, "p1", one, false},     {2, 2, 2, "p2t2", three_d, true},
+                        {1, 2, 1, "p2t2", three_d, false}, {2, 2, 2, "p2", two, false}};
   int k = 0;
   for (const Case& cs : cases) {
-    SCOPED_TRACE(std::string("from ") + cs.from + " onto data " + std::to_string(cs.data) + " x pipeline " +
-                 std::to_string(cs.pipeline));
-    const TrainResult r = run(cs.data, cs.pipeline, "resume" + std::to_string(k++), dir.path(cs.from) + "/step-00000003");
+    SCOPED_TRACE(std::string("from ") + cs.from + " onto data " + std::to_string(cs.data) + " x tensor " +
+                 std::to_string(cs.tensor) + " x pipeline " + std::to_string(cs.pipeline));
+    const TrainResult r =
+        run(cs.data, cs.pipeline, "resume" + std::to_string(k++), dir.path(cs.from) + "/step-00000003", cs.tensor);
     ASSERT_EQ(r.losses.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
       if (cs.bitwise)
@@ -190,20 +211,23 @@ TEST(PipelineTrain, PlanPredictsEachStagesPoolPeakWithinFivePercent) {
     const char* layout;
     int stage;
     Precision precision;
+    int tensor = 1;
   };
   const Case cases[] = {{1, 2, "1f1b", "", 2, Precision::kFp32},
                         {2, 2, "zb-h1", "6,2", 1, Precision::kBf16},
                         {1, 4, "interleaved", "", 2, Precision::kFp32},
-                        {1, 4, "gpipe", "3,2,2,1", 2, Precision::kBf16}};
+                        {1, 4, "gpipe", "3,2,2,1", 2, Precision::kBf16},
+                        {2, 2, "zb-h1", "", 2, Precision::kFp32, 2}};
   for (const Case& k : cases) {
     if (kSanitized && k.pipeline == 4) continue;
-    SCOPED_TRACE(std::string(k.schedule) + " on " + std::to_string(k.data) + " x " + std::to_string(k.pipeline) +
-                 " layout '" + k.layout + "'");
-    TrainConfig c = pipe_run(k.data, k.pipeline, k.schedule, 2, k.stage);
+    SCOPED_TRACE(std::string(k.schedule) + " on " + std::to_string(k.data) + " x " + std::to_string(k.tensor) + " x " +
+                 std::to_string(k.pipeline) + " layout '" + k.layout + "'");
+    TrainConfig c = pipe_run(k.data, k.pipeline, k.schedule, 2, k.stage, k.tensor);
     c.pp_layout = k.layout;
     c.precision = k.precision;
     PlanInputs in;
-    in.devices = k.data * k.pipeline;
+    in.devices = k.data * k.tensor * k.pipeline;
+    in.tensor = k.tensor;
     in.device_memory = {size_t{1} << 40};
     in.zero_stage = k.stage;
     in.micro_batch = c.micro_batch_size;
