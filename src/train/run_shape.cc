@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/status.h"
 #include "model/model.h"
+#include "pipeline/check.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "train/trace.h"
@@ -126,7 +127,9 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
                "micro-batches per data rank (", s.accum, " = --batch-size ", cfg.batch_size, " / ", DP, " / --micro-batch-size ",
                cfg.micro_batch_size, ") to be a multiple of --pipeline-parallel ", PP,
                "; change --micro-batch-size or --batch-size");
-    make_schedule(pp_kind, PP, s.accum, cfg.virtual_stages);  // the schedule's own checks, before any device
+    // The schedule's own checks, then the deadlock check of its lists (a schedule that could hang
+    // is a bug caught here, before any device), as the run will execute them.
+    check_schedule(make_schedule(pp_kind, PP, s.accum, cfg.virtual_stages));
   }
   s.seq_len = is_gpt ? cfg.train_seq_len : 1;
 
