@@ -166,6 +166,36 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
 
 namespace {
 
+// One device's plan from what it holds resident and its phases (phase 0: a training step; phase
+// 1, if any: a forward-only pass with `extra_ws` more workspace bytes), reported by kind at the
+// phase with the most pool bytes in blocks.
+DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& resident,
+                       const std::vector<std::vector<Alloc>>& phases, size_t ws, size_t extra_ws, size_t comm,
+                       size_t batch, size_t* work) {
+  DevicePlan dev;
+  for (size_t p = 0; p < phases.size(); ++p) {
+    std::vector<Alloc> live = resident;
+    live.insert(live.end(), phases[p].begin(), phases[p].end());
+    const size_t peak = sum_rounded(live);
+    if (p > 0 && peak <= dev.peak_allocated) continue;
+    dev.peak_allocated = peak;
+    dev.activations = ws + (p == 1 ? extra_ws : 0);
+    dev.transient = 0;
+    for (const auto& t : p == 1 ? eng.forward_peak : eng.train_peak) dev.transient += t.bytes;
+  }
+  dev.params = eng.state.params;
+  dev.grads = eng.state.grads;
+  dev.optimizer = eng.state.optimizer;
+  dev.host = eng.host;
+  dev.comm = comm;
+  dev.batch = batch;
+  dev.total = reserved_bytes(resident, phases, work);
+  const size_t requested =
+      dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
+  dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
+  return dev;
+}
+
 // A pipelined run's plan: per stage, what World::build_pipeline allocates on each of the stage's
 // D data ranks — the stage engine's resident buffers (ZeroOptions::pipeline), the ModelStageWork's
 // workspaces (the schedule's live micro-batches per chunk) and input-gradient buffers, a batch per
@@ -234,27 +264,8 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
     phases[1].insert(phases[1].end(), eval.begin(), eval.end());
-    DevicePlan dev;
+    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, &plan.work);
     dev.stage = s;
-    for (size_t p = 0; p < phases.size(); ++p) {
-      std::vector<Alloc> live = resident;
-      live.insert(live.end(), phases[p].begin(), phases[p].end());
-      const size_t peak = sum_rounded(live);
-      if (p > 0 && peak <= dev.peak_allocated) continue;
-      dev.peak_allocated = peak;
-      dev.activations = act + (p == 1 ? eval_ws : 0);
-      dev.transient = 0;
-      for (const auto& t : p == 1 ? eng.forward_peak : eng.train_peak) dev.transient += t.bytes;
-    }
-    dev.params = eng.state.params;
-    dev.grads = eng.state.grads;
-    dev.optimizer = eng.state.optimizer;
-    dev.comm = comm;
-    dev.batch = batch;
-    dev.total = reserved_bytes(resident, phases, &plan.work);
-    const size_t requested =
-        dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
-    dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
     stages.push_back(dev);
   }
   // Device r holds stage r / (D x T) (the mesh's pipeline axis is outermost).
@@ -317,28 +328,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t sample_ws = gpt && in.sampling ? model->workspace_bytes(1, T) : 0;
   if (sample_ws) phases.push_back(phase_allocs(eng.forward_peak, sample_ws));
 
-  // Reported by kind at the phase with the most pool bytes in blocks.
-  DevicePlan dev;
-  for (size_t p = 0; p < phases.size(); ++p) {
-    std::vector<Alloc> live = resident;
-    live.insert(live.end(), phases[p].begin(), phases[p].end());
-    const size_t peak = sum_rounded(live);
-    if (p > 0 && peak <= dev.peak_allocated) continue;
-    dev.peak_allocated = peak;
-    dev.activations = ws + (p == 1 ? sample_ws : 0);
-    dev.transient = 0;
-    for (const auto& t : p == 1 ? eng.forward_peak : eng.train_peak) dev.transient += t.bytes;
-  }
-  dev.params = eng.state.params;
-  dev.grads = eng.state.grads;
-  dev.optimizer = eng.state.optimizer;
-  dev.host = eng.host;
-  dev.comm = comm;
-  dev.batch = inputs + targets + norms;
-  dev.total = reserved_bytes(resident, phases, &work);
-  const size_t requested =
-      dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
-  dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
+  const DevicePlan dev = device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, &work);
 
   MemoryPlan plan;
   plan.inputs = in;

@@ -22,86 +22,13 @@
 #include "pipeline/model_stage.h"
 #include "pipeline/runtime.h"
 #include "resident_params.h"
+#include "stage_fixtures.h"
 #include "runtime/runtime.h"
 
 namespace zt {
 namespace {
 
-using Blocks = std::vector<std::vector<float>>;
-
-// vocab 96 pads to 128 at degree 2: the last vocabulary shard is partly padding.
-ModelConfig tiny_config() {
-  ModelOverrides o;
-  o.layers = 4;
-  o.embd = 32;
-  o.heads = 4;
-  o.seq_len = 16;
-  o.vocab = 96;
-  return make_model_config("gpt-tiny", o);
-}
-
-constexpr int kB = 2, kT = 8;
-
-// Micro-batch m's tokens or targets (some positions ignored).
-std::vector<int32_t> tokens(const ModelConfig& c, int m, bool targets) {
-  std::vector<int32_t> v;
-  for (int i = 0; i < kB * kT; ++i) {
-    if (targets && (i + m) % 7 == 3)
-      v.push_back(-1);
-    else
-      v.push_back(((i + 17 * m) * (targets ? 53 : 37) + (targets ? 5 : 11)) % c.vocab);
-  }
-  return v;
-}
-
-// A device's copy of every micro-batch.
-struct DeviceBatches {
-  std::vector<DeviceBuffer> buffers;
-  std::vector<Batch> batches;
-  DeviceBatches(const ModelConfig& c, Device& d, int micro) {
-    Stream& s = d.compute();
-    for (int m = 0; m < micro; ++m) {
-      Batch b;
-      b.B = kB, b.T = kT;
-      for (bool targets : {false, true}) {
-        const std::vector<int32_t> host = tokens(c, m, targets);
-        buffers.emplace_back(d.memory(), host.size() * 4, s, "batch");
-        s.copy(buffers.back().data(), host.data(), host.size() * 4);
-        s.synchronize();
-        (targets ? b.targets : b.inputs) = ConstTensorView{buffers.back().data(), DType::kI32, Shape{kB, kT}, d.index()};
-      }
-      batches.push_back(b);
-    }
-  }
-};
-
-struct StepResult {
-  double loss = 0;  // sum over positions, nats
-  Blocks grads;     // logical blocks
-};
-
-float dloss_of(int micro) { return 1.0f / static_cast<float>(micro * kB * kT); }
-
-// One device, the whole model, the micro-batches accumulated in order: the reference.
-StepResult run_one_device(const ModelConfig& c, const Blocks& host, int micro) {
-  auto rt = Runtime::create_cpu(1);
-  Device& d = rt->device(0);
-  auto model = make_model(c);
-  ResidentParams p(d, model->layout(), host);
-  DeviceBatches db(c, d, micro);
-  auto ws = model->make_workspace(d, kB, kT);
-  StepResult r;
-  std::vector<float> losses(kB * kT);
-  for (int m = 0; m < micro; ++m) {
-    model->forward(d.compute(), p, *ws, db.batches[static_cast<size_t>(m)], dloss_of(micro), true);
-    d.compute().copy(losses.data(), ws->losses().data, losses.size() * 4);
-    model->backward(d.compute(), p, *ws, db.batches[static_cast<size_t>(m)]);
-    d.compute().synchronize();
-    for (float l : losses) r.loss += l;
-  }
-  for (int b = 0; b < model->layout().num_blocks(); ++b) r.grads.push_back(p.grad_host(b));
-  return r;
-}
+using namespace stage_test;
 
 struct Case {
   PipeSchedule kind;

@@ -18,6 +18,7 @@
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "resident_params.h"
+#include "stage_fixtures.h"
 #include "pipeline/model_stage.h"
 #include "pipeline/runtime.h"
 #include "pipeline/simulate.h"
@@ -27,100 +28,8 @@
 namespace zt {
 namespace {
 
-using Blocks = std::vector<std::vector<float>>;
-
-ModelConfig tiny_config() {
-  ModelOverrides o;
-  o.layers = 4;
-  o.embd = 32;
-  o.heads = 4;
-  o.seq_len = 16;
-  o.vocab = 96;
-  return make_model_config("gpt-tiny", o);
-}
-
-
+using namespace stage_test;
 using Params = ResidentParams;
-
-constexpr int kB = 2, kT = 8;
-
-// Micro-batch m's tokens and targets (some positions ignored).
-std::vector<int32_t> tokens(const ModelConfig& c, int m, bool targets) {
-  std::vector<int32_t> v;
-  for (int i = 0; i < kB * kT; ++i) {
-    if (targets && (i + m) % 7 == 3)
-      v.push_back(-1);
-    else
-      v.push_back(((i + 17 * m) * (targets ? 53 : 37) + (targets ? 5 : 11)) % c.vocab);
-  }
-  return v;
-}
-
-// A device's copy of every micro-batch.
-struct DeviceBatches {
-  std::vector<DeviceBuffer> buffers;
-  std::vector<Batch> batches;
-  DeviceBatches(const ModelConfig& c, Device& d, int micro) {
-    Stream& s = d.compute();
-    for (int m = 0; m < micro; ++m) {
-      Batch b;
-      b.B = kB, b.T = kT;
-      for (bool targets : {false, true}) {
-        const std::vector<int32_t> host = tokens(c, m, targets);
-        buffers.emplace_back(d.memory(), host.size() * 4, s, "batch");
-        s.copy(buffers.back().data(), host.data(), host.size() * 4);
-        s.synchronize();
-        (targets ? b.targets : b.inputs) = ConstTensorView{buffers.back().data(), DType::kI32, Shape{kB, kT}, d.index()};
-      }
-      batches.push_back(b);
-    }
-  }
-};
-
-float dloss_of(int micro) { return 1.0f / static_cast<float>(micro * kB * kT); }
-
-struct StepResult {
-  double loss = 0;  // sum over positions, nats
-  Blocks grads;     // logical blocks (a tied head copy's gradient added to block 0's)
-};
-
-// One device, the micro-batches accumulated in order: the reference.
-class OneDeviceRig {
- public:
-  OneDeviceRig(const ModelConfig& c, const Blocks& host, int micro)
-      : rt_(Runtime::create_cpu(1)), model_(make_model(c)), micro_(micro),
-        p_(rt_->device(0), model_->layout(), [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; }),
-        db_(c, rt_->device(0), micro), ws_(model_->make_workspace(rt_->device(0), kB, kT)) {}
-  void load(const Blocks& host) {
-    p_.load([&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; });
-  }
-  StepResult step() {
-    Device& d = rt_->device(0);
-    StepResult r;
-    std::vector<float> losses(kB * kT);
-    for (int m = 0; m < micro_; ++m) {
-      model_->forward(d.compute(), p_, *ws_, db_.batches[static_cast<size_t>(m)], dloss_of(micro_), true);
-      d.compute().copy(losses.data(), ws_->losses().data, losses.size() * 4);
-      model_->backward(d.compute(), p_, *ws_, db_.batches[static_cast<size_t>(m)]);
-      d.compute().synchronize();
-      for (float l : losses) r.loss += l;
-    }
-    for (int b = 0; b < model_->layout().num_blocks(); ++b) r.grads.push_back(p_.grad_host(b));
-    return r;
-  }
-
- private:
-  std::unique_ptr<Runtime> rt_;
-  std::unique_ptr<Model> model_;
-  int micro_;
-  Params p_;
-  DeviceBatches db_;
-  std::unique_ptr<Workspace> ws_;
-};
-
-StepResult run_one_device(const ModelConfig& c, const Blocks& host, int micro) {
-  return OneDeviceRig(c, host, micro).step();
-}
 
 struct PipeCase {
   PipeSchedule kind;
