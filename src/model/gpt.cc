@@ -11,6 +11,7 @@
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
+#include "model/gpt_chunks.h"
 #include "model/model.h"
 
 namespace zt {
@@ -145,17 +146,6 @@ struct GptPlan {
   }
 };
 
-// One chunk of the model a Gpt runs: the whole model, or a run of a pipeline stage's layers, with
-// the local blocks it reads.
-struct GptChunk {
-  int first_layer = 0, layers = 0;
-  bool embedding = false, head = false;
-  int emb_block = -1;             // embedding chunks: the block of wte and wpe
-  std::vector<int> layer_blocks;  // the block of each of its layers
-  int lnf_block = -1;             // head chunks: ln_f, and the block whose wte is the LM head
-  int head_block = -1;
-};
-
 class GptWorkspace final : public Workspace {
  public:
   GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r, int chunk_, const GptChunk& k, bool split)
@@ -210,9 +200,6 @@ struct LayerParams {
   TensorView ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
 
-// Which parts of a backward one call runs: both (backward()), or the zero-bubble split.
-enum class BackPass { kFused, kInput, kWeight };
-
 class Gpt final : public Model {
  public:
   // The whole model: one chunk, local blocks = logical blocks.
@@ -235,23 +222,7 @@ class Gpt final : public Model {
       logical_.push_back(logical);
       return b;
     };
-    bool embeds = false, heads = false;
-    for (const PipelineChunk& pc : spec.chunks) embeds |= pc.embedding, heads |= pc.head;
-    const int emb = embeds ? take(0) : -1;
-    for (const PipelineChunk& pc : spec.chunks) {
-      ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= c.layers,
-               "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", c.layers, "-layer model");
-      GptChunk k;
-      k.first_layer = pc.first_layer, k.layers = pc.layers, k.embedding = pc.embedding, k.head = pc.head;
-      k.emb_block = pc.embedding ? emb : -1;
-      for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
-      chunks_.push_back(k);
-    }
-    if (heads) {
-      const int lnf = take(c.layers + 1), head = embeds ? emb : take(0);
-      for (GptChunk& k : chunks_)
-        if (k.head) k.lnf_block = lnf, k.head_block = head;
-    }
+    chunks_ = gpt_stage_chunks(c, spec, take);
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -330,26 +301,8 @@ class Gpt final : public Model {
     backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kWeight);
   }
 
-  // Each chunk's visits in chunk order (forward) and reverse chunk order (backward); the whole
-  // model's are gpt_forward_order / gpt_backward_order.
-  std::vector<int> forward_order() const override {
-    std::vector<int> o;
-    for (const GptChunk& k : chunks_) {
-      if (k.embedding) o.push_back(k.emb_block);
-      o.insert(o.end(), k.layer_blocks.begin(), k.layer_blocks.end());
-      if (k.head) o.push_back(k.lnf_block), o.push_back(k.head_block);
-    }
-    return o;
-  }
-  std::vector<int> backward_order() const override {
-    std::vector<int> o;
-    for (auto k = chunks_.rbegin(); k != chunks_.rend(); ++k) {
-      if (k->head) o.push_back(k->head_block), o.push_back(k->lnf_block);
-      o.insert(o.end(), k->layer_blocks.rbegin(), k->layer_blocks.rend());
-      if (k->embedding) o.push_back(k->emb_block);
-    }
-    return o;
-  }
+  std::vector<int> forward_order() const override { return chunks_forward_order(chunks_); }
+  std::vector<int> backward_order() const override { return chunks_backward_order(chunks_); }
 
  private:
   // One chunk's backward. kFused is backward(); kInput computes the chain of input gradients

@@ -46,6 +46,7 @@
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "kernels/ops.h"
+#include "model/gpt_chunks.h"
 #include "model/model.h"
 
 namespace zt {
@@ -176,20 +177,6 @@ struct TpRank {
 
 class GptTp;
 
-// One chunk of the model a GptTp runs (as GptChunk in model/gpt.cc): the whole model, or a run of a
-// pipeline stage's layers, with the local blocks it reads.
-struct TpChunk {
-  int first_layer = 0, layers = 0;
-  bool embedding = false, head = false;
-  int emb_block = -1;             // embedding chunks: the block of wte's shard and wpe
-  std::vector<int> layer_blocks;  // the block of each of its layers
-  int lnf_block = -1;             // head chunks: ln_f, and the block whose wte shard is the LM head
-  int head_block = -1;
-};
-
-// Which parts of a backward one call runs: both (backward()), or the zero-bubble split.
-enum class BackPass { kFused, kInput, kWeight };
-
 class TpWorkspace final : public Workspace {
  public:
   TpWorkspace(const GptTp& model, TpPlan plan_, Device& d, int chunk_, bool embedding_)
@@ -257,30 +244,14 @@ class GptTp final : public Model {
     map_.logical = &logical_;
     map_.local = &layout_;
     if (!spec) {
-      TpChunk k;
+      GptChunk k;
       k.layers = c.layers, k.embedding = k.head = true;
       k.emb_block = k.head_block = take(0);
       for (int l = 0; l < c.layers; ++l) k.layer_blocks.push_back(take(l + 1));
       k.lnf_block = take(c.layers + 1);
       chunks_.push_back(k);
     } else {
-      bool embeds = false, heads = false;
-      for (const PipelineChunk& pc : spec->chunks) embeds |= pc.embedding, heads |= pc.head;
-      const int emb = embeds ? take(0) : -1;
-      for (const PipelineChunk& pc : spec->chunks) {
-        ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= c.layers,
-                 "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", c.layers, "-layer model");
-        TpChunk k;
-        k.first_layer = pc.first_layer, k.layers = pc.layers, k.embedding = pc.embedding, k.head = pc.head;
-        k.emb_block = pc.embedding ? emb : -1;
-        for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
-        chunks_.push_back(k);
-      }
-      if (heads) {
-        const int lnf = take(c.layers + 1), head = embeds ? emb : take(0);
-        for (TpChunk& k : chunks_)
-          if (k.head) k.lnf_block = lnf, k.head_block = head;
-      }
+      chunks_ = gpt_stage_chunks(c, *spec, [this](int lb) { return take(lb); });
     }
     for (int b = 0; b < layout_.num_blocks(); ++b) {
       const int64_t rep = layout_.block(b).numel - map_.replicated_from(b);
@@ -324,26 +295,8 @@ class GptTp final : public Model {
     return ws;
   }
 
-  // Each chunk's visits in chunk order (forward) and reverse chunk order (backward); the whole
-  // model's are GPT-2's (gpt_forward_order / gpt_backward_order).
-  std::vector<int> forward_order() const override {
-    std::vector<int> o;
-    for (const TpChunk& k : chunks_) {
-      if (k.embedding) o.push_back(k.emb_block);
-      o.insert(o.end(), k.layer_blocks.begin(), k.layer_blocks.end());
-      if (k.head) o.push_back(k.lnf_block), o.push_back(k.head_block);
-    }
-    return o;
-  }
-  std::vector<int> backward_order() const override {
-    std::vector<int> o;
-    for (auto k = chunks_.rbegin(); k != chunks_.rend(); ++k) {
-      if (k->head) o.push_back(k->head_block), o.push_back(k->lnf_block);
-      o.insert(o.end(), k->layer_blocks.rbegin(), k->layer_blocks.rend());
-      if (k->embedding) o.push_back(k->emb_block);
-    }
-    return o;
-  }
+  std::vector<int> forward_order() const override { return chunks_forward_order(chunks_); }
+  std::vector<int> backward_order() const override { return chunks_backward_order(chunks_); }
 
   TpRank rank_of(int device) const {
     ZT_CHECK(tp_.comm && tp_.mesh, "a tensor-parallel model built for planning cannot run");
@@ -358,7 +311,7 @@ class GptTp final : public Model {
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss, bool train) const override {
     auto& ws = static_cast<TpWorkspace&>(wsb);
     const TpPlan& P = ws.plan;
-    const TpChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
+    const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
     const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
@@ -468,7 +421,7 @@ class GptTp final : public Model {
 
   TpPlan plan(int B, int T, int chunk) const {
     ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
-    const TpChunk& k = chunks_[static_cast<size_t>(chunk)];
+    const GptChunk& k = chunks_[static_cast<size_t>(chunk)];
     return TpPlan(config_, B, T, tp_.degree, tp_.sequence, rep_max_, rep_layer_, k.layers, k.head, k.embedding, split_);
   }
 
@@ -481,7 +434,7 @@ class GptTp final : public Model {
   // its kWeight). Hooks: kFused and kInput call before_backward, kFused and kWeight after_backward.
   void backward_pass(Stream& s, ParamAccess& p, TpWorkspace& ws, const Batch& batch, BackPass pass) const {
     const TpPlan& P = ws.plan;
-    const TpChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
+    const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
@@ -778,7 +731,7 @@ class GptTp final : public Model {
   bool split_ = false;
   ParamLayout logical_, layout_;
   TensorMap map_;
-  std::vector<TpChunk> chunks_;
+  std::vector<GptChunk> chunks_;
   int64_t rep_max_ = 0, rep_layer_ = 0;
 };
 
