@@ -33,8 +33,9 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
     for (int64_t e = 0; e < batches; ++e) {
       run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
                       hb.tokens.data(), hb.targets.data());
-      s.copy(const_cast<void*>(batch.inputs.data), hb.tokens.data(), hb.tokens.size() * 4);
-      s.copy(const_cast<void*>(batch.targets.data), hb.targets.data(), hb.targets.size() * 4);
+      // Into the rank's first micro-batch buffers, which the step will refill.
+      s.copy(pp.inputs[static_cast<size_t>(r)][0].data(), hb.tokens.data(), hb.tokens.size() * 4);
+      s.copy(pp.targets[static_cast<size_t>(r)][0].data(), hb.targets.data(), hb.targets.size() * 4);
       Workspace* head = world.forward_stages(r, ws, batch);
       if (head) s.copy(losses.data(), head->losses().data, losses.size() * 4);
       s.synchronize();  // hb is read and the losses are written
