@@ -454,6 +454,14 @@ void ProcessRing::all_reduce(int local, TensorView full, Stream* producer) {
   rank_call(Kind::kAllReduce, local, full, producer);
 }
 
+void ProcessRing::hierarchical_reduce_scatter(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kHierReduceScatter, local, full, producer);
+}
+
+void ProcessRing::hierarchical_all_gather(int local, TensorView full, Stream* producer) {
+  rank_call(Kind::kHierAllGather, local, full, producer);
+}
+
 void ProcessRing::hierarchical_all_reduce(int local, TensorView full, Stream* producer) {
   rank_call(Kind::kHierAllReduce, local, full, producer);
 }

@@ -79,6 +79,9 @@ class ProcessRing {
   void reduce_scatter(int local, TensorView full, Stream* producer);
   void all_gather(int local, TensorView full, Stream* producer);
   void all_reduce(int local, TensorView full, Stream* producer);
+  // The hierarchical calls below, per rank (the same rendezvous).
+  void hierarchical_reduce_scatter(int local, TensorView full, Stream* producer);
+  void hierarchical_all_gather(int local, TensorView full, Stream* producer);
   void hierarchical_all_reduce(int local, TensorView full, Stream* producer);
 
   // Hierarchical variants: the same results up to rounding (another summation order, so not
@@ -100,7 +103,9 @@ class ProcessRing {
   void hierarchical_all_reduce(const std::vector<TensorView>& full, const std::vector<Stream*>& producers = {});
 
   // Per local device, the same counts Communicator::counters gives the same global rank (every hop,
-  // local or not, counted when enqueued; for the flat calls).
+  // local or not, counted when enqueued; for the flat calls). The hierarchical calls count every
+  // hop too, so sum over local devices of bytes_sent - bytes_sent_across() is what moved between
+  // devices inside this process: (L-1) * K * shard_bytes per device and call in the first phase.
   CommCounters counters(int local) const { return counters_.at(static_cast<size_t>(local)); }
   // What this process sent to / received from other processes (the ring's data messages only): a
   // flat ring moves (N-1) * shard_bytes out of and into each process per reduce-scatter or

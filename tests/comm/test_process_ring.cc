@@ -315,6 +315,44 @@ TEST_F(ProcessRingTest, HierarchicalEqualsTheFlatRingWithinRounding) {
       }
 }
 
+// The trainer's way for --comm-topology hierarchical: one host thread per local device calling the
+// per-rank hierarchical forms gives the bits of the group calls (same order), and the bytes that
+// stayed inside the process (every device's sent bytes less what crossed) follow the closed form
+// L * (L-1) * K * shard_bytes per reduce-scatter or all-gather, across L * (K-1) * shard_bytes.
+TEST_F(ProcessRingTest, PerRankHierarchicalCallsEqualTheGroupCalls) {
+  const int procs = group->size();
+  const int64_t shard = 41;
+  const int64_t numel = world * shard;
+  ProcessRing per_rank(*group, commtest::first_devices(*local_rt, local), 24);
+  ProcessRing grouped(*group, commtest::first_devices(*local_rt, local), 24);
+  RankBuffers a(commtest::first_devices(*local_rt, local), DType::kF32, numel);
+  RankBuffers b(commtest::first_devices(*local_rt, local), DType::kF32, numel);
+  const auto in = [&](int i, int64_t e) { return philox_normal(1899, per_rank.global_rank(i), e); };
+  a.fill(in);
+  b.fill(in);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local; ++i)
+    threads.emplace_back([&, i] {
+      Stream* producer = &local_rt->device(i).compute();
+      per_rank.hierarchical_reduce_scatter(i, a.views[static_cast<size_t>(i)], producer);
+      per_rank.hierarchical_all_gather(i, a.views[static_cast<size_t>(i)], producer);
+      per_rank.hierarchical_all_reduce(i, a.views[static_cast<size_t>(i)], producer);
+    });
+  for (auto& t : threads) t.join();
+  grouped.hierarchical_reduce_scatter(b.views);
+  grouped.hierarchical_all_gather(b.views);
+  grouped.hierarchical_all_reduce(b.views);
+  for (int i = 0; i < local; ++i) EXPECT_EQ(a.bits(i), b.bits(i)) << "local " << i;
+  // Four passes: the reduce-scatter, the all-gather and the all-reduce's two.
+  const uint64_t shard_bytes = static_cast<uint64_t>(shard) * 4;
+  uint64_t sent = 0;
+  for (int i = 0; i < local; ++i) sent += per_rank.counters(i).bytes_sent;
+  EXPECT_EQ(per_rank.bytes_sent_across(), 4 * static_cast<uint64_t>(local * (procs - 1)) * shard_bytes);
+  EXPECT_EQ(sent - per_rank.bytes_sent_across(), 4 * static_cast<uint64_t>(local * (local - 1) * procs) * shard_bytes);
+  EXPECT_EQ(per_rank.counters(0).collectives, 3u);
+  mpitest::world().barrier("the end of the per-rank hierarchical test");
+}
+
 // Process 0 never joins the collective: every other process throws within the timeout with the
 // sentence naming rank 0.
 TEST_F(ProcessRingTest, ProcessThatNeverArrivesIsNamedWithinTheTimeout) {
