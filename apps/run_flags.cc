@@ -44,6 +44,7 @@ TrainConfig RunFlags::to_config() const {
   tc.on_scale_collapse_bf16 = on_collapse == "bf16";
   tc.recompute = parse_recompute(recompute);
   tc.offload_optimizer = offload == "optimizer";
+  tc.comm_topology = comm_topology == "hierarchical" ? CommTopology::kHierarchical : CommTopology::kFlat;
   return tc;
 }
 
@@ -216,6 +217,11 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
       ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_option("--comm-topology", f.comm_topology,
+                 "Under mpirun: flat (one ring over every device, bitwise equal to one process) or hierarchical "
+                 "(reduce inside each process first, across processes second: fewer, larger cross-process "
+                 "messages; equal to one process up to rounding); changes nothing in one process")
+      ->capture_default_str()->check(CLI::IsMember({"flat", "hierarchical"}));
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));

@@ -37,7 +37,28 @@ constexpr int kExitDiverged = 3;  // the loss scale collapsed, or too many conse
 
 std::string human_bytes(double b) { return zt::format_bytes(b); }
 
-int run_info(const std::string& devices_flag, int tensor, int pipeline) {
+// Predicted bytes per training step inside and across processes (ZeroTrain's ring collectives, fp32
+// gradients and parameters, shards unpadded): K processes of this machine's L devices.
+void print_traffic(int processes, int local, const std::string& model, int stage) {
+  const zt::ModelConfig mc = zt::make_model_config(model);
+  const int n = processes * local;
+  // Stages 0-2: a gradient reduce-scatter and a parameter all-gather per step; stage 3 gathers the
+  // parameters twice (forward and backward).
+  const uint64_t passes = stage == 3 ? 3 : 2;
+  const uint64_t shard = static_cast<uint64_t>(mc.num_parameters()) * 4 / static_cast<uint64_t>(n);
+  std::printf("traffic per step, %s at ZeRO stage %d in fp32 over %d process%s x %d device%s (N = %d):\n",
+              model.c_str(), stage, processes, processes == 1 ? "" : "es", local, local == 1 ? "" : "s", n);
+  for (bool hier : {false, true}) {
+    if (processes == 1 && hier) break;
+    const zt::CollectiveTraffic t = zt::collective_traffic(processes, local, hier, passes * shard);
+    std::printf("  %-13s %s between the devices of each process, %s out of each process\n",
+                processes == 1 ? "one process" : hier ? "hierarchical" : "flat",
+                human_bytes(static_cast<double>(t.inside)).c_str(), human_bytes(static_cast<double>(t.across)).c_str());
+  }
+}
+
+int run_info(const std::string& devices_flag, int tensor, int pipeline, int processes, const std::string& model,
+             int stage) {
   const zt::DeviceSpec spec = zt::parse_device_spec(devices_flag);
   auto rt = zt::Runtime::create(spec);
 
@@ -127,6 +148,7 @@ int run_info(const std::string& devices_flag, int tensor, int pipeline) {
       std::printf("\n");
     }
   }
+  print_traffic(processes, rt->size(), model, stage);
   const zt::MemoryStats st = rt->device(0).memory().stats();
   std::printf("pool: a caching allocator per device; requests rounded to %s, requests up to 1 MiB packed "
               "into %s segments, larger ones in their own segments rounded to 2 MiB; blocks are tied to their "
@@ -155,6 +177,17 @@ int main(int argc, char** argv) {
   info->add_option("--pipeline-parallel,--pp", info_pipeline,
                    "Show the (data x pipeline) mesh --pipeline-parallel P forms")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  int info_processes = zt::launched_processes();
+  info->add_option("--processes", info_processes,
+                   "Predict the traffic per step of K processes (mpirun -np K) of these devices each (default: "
+                   "the processes of this launch)")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  std::string info_model = "gpt-tiny";
+  info->add_option("--model", info_model, "The model whose traffic per step to predict")
+      ->capture_default_str()->check(CLI::IsMember(zt::model_preset_names()));
+  int info_stage = 2;
+  info->add_option("--zero-stage", info_stage, "The ZeRO stage whose traffic per step to predict")
+      ->capture_default_str()->check(CLI::Range(0, 3));
 
   zt::RunFlags run_flags;
   CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
@@ -206,7 +239,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (info->parsed()) return run_info(devices, info_tensor, info_pipeline);
+    if (info->parsed()) return run_info(devices, info_tensor, info_pipeline, info_processes, info_model, info_stage);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
     if (exp->parsed()) {

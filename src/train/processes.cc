@@ -47,20 +47,28 @@ void refuse_under_processes(const TrainConfig& cfg) {
 namespace {
 
 // The engine's data-group calls on the cross-process ring (its per-rank calls; the ring's flat
-// order is the in-process Communicator's, so the bits are too).
+// order is the in-process Communicator's, so the bits are too; the hierarchical order is not).
 class RingCollectives final : public DataCollectives {
  public:
-  RingCollectives(ProcessGroup& group, std::vector<Device*> local) : ring_(group, std::move(local)) {}
+  RingCollectives(ProcessGroup& group, std::vector<Device*> local, bool hierarchical)
+      : ring_(group, std::move(local)), hierarchical_(hierarchical) {}
   int world() const override { return ring_.world(); }
   int global_rank(int local) const override { return ring_.global_rank(local); }
   void reduce_scatter(int local, TensorView full, Stream* producer) override {
-    ring_.reduce_scatter(local, full, producer);
+    hierarchical_ ? ring_.hierarchical_reduce_scatter(local, full, producer) : ring_.reduce_scatter(local, full, producer);
   }
-  void all_gather(int local, TensorView full, Stream* producer) override { ring_.all_gather(local, full, producer); }
-  void all_reduce(int local, TensorView full, Stream* producer) override { ring_.all_reduce(local, full, producer); }
+  void all_gather(int local, TensorView full, Stream* producer) override {
+    hierarchical_ ? ring_.hierarchical_all_gather(local, full, producer) : ring_.all_gather(local, full, producer);
+  }
+  void all_reduce(int local, TensorView full, Stream* producer) override {
+    hierarchical_ ? ring_.hierarchical_all_reduce(local, full, producer) : ring_.all_reduce(local, full, producer);
+  }
+  uint64_t bytes_sent(int local) const override { return ring_.counters(local).bytes_sent; }
+  uint64_t bytes_sent_across() const override { return ring_.bytes_sent_across(); }
 
  private:
   ProcessRing ring_;
+  bool hierarchical_;
 };
 
 }  // namespace
@@ -75,8 +83,8 @@ Processes::~Processes() = default;
 int Processes::rank() const { return impl_->group.rank(); }
 int Processes::size() const { return impl_->group.size(); }
 
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& local) {
-  return std::make_unique<RingCollectives>(impl_->group, local);
+std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& local, bool hierarchical) {
+  return std::make_unique<RingCollectives>(impl_->group, local, hierarchical);
 }
 
 std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view what) {
@@ -102,7 +110,7 @@ Processes::Processes(std::chrono::milliseconds) {
 Processes::~Processes() = default;
 int Processes::rank() const { return 0; }
 int Processes::size() const { return 1; }
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&) { return nullptr; }
+std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&, bool) { return nullptr; }
 std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view) { return mine; }
 void Processes::finalize() {}
 

@@ -40,7 +40,9 @@ class Processes {
   int size() const;
   // The engine's collectives over this process's devices and every other process's (collective:
   // every process calls with the same number of devices). Destroy it before the devices.
-  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local);
+  // hierarchical (--comm-topology hierarchical): reduce inside each process first and across
+  // second (ProcessRing's hierarchical calls), equal to one process up to rounding, not bitwise.
+  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, bool hierarchical = false);
   // Every process's values, concatenated in process order (every process sends as many).
   std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what);
   // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).

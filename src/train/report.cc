@@ -158,6 +158,13 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
 
 }  // namespace
 
+CollectiveTraffic collective_traffic(int processes, int local_devices, bool hierarchical, uint64_t shard_bytes) {
+  const uint64_t K = static_cast<uint64_t>(processes), L = static_cast<uint64_t>(local_devices), N = K * L;
+  if (K == 1) return {L * (L - 1) * shard_bytes, 0};
+  if (hierarchical) return {L * (L - 1) * K * shard_bytes, L * (K - 1) * shard_bytes};
+  return {(L - 1) * (N - 1) * shard_bytes, (N - 1) * shard_bytes};
+}
+
 size_t max_allocated_bytes(const std::vector<Device*>& devices) {
   size_t m = 0;
   for (Device* d : devices) m = std::max(m, d->memory().stats().allocated_bytes);
@@ -200,6 +207,15 @@ std::string format_summary(const RunReport& r) {
            " measured, " + fmt("%.3f", p.theoretical_bubble) + " in theory\n";
   }
 
+  const TrafficReport& t = r.traffic;
+  out += "  traffic      per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
+         std::to_string(t.local_devices) + " devices" + (t.processes > 1 ? " of each process" : "");
+  if (t.processes > 1)
+    out += ", " + format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
+           std::to_string(t.processes) + " processes (" + t.topology + ")\n";
+  else
+    out += ", none across processes\n";
+
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;
   for (const DeviceReport& d : r.devices) w = std::max(w, d.name.size());
@@ -234,6 +250,11 @@ nlohmann::json report_json(const RunReport& r) {
                      {"other_s", r.phases.other},
                      {"recompute_s", r.phases.recompute},
                      {"host_optimizer_s", r.phases.host_optimizer}};
+  j["traffic"] = {{"processes", r.traffic.processes},
+                  {"local_devices", r.traffic.local_devices},
+                  {"topology", r.traffic.topology},
+                  {"inside_bytes_per_step", r.traffic.inside_per_step},
+                  {"across_bytes_per_step", r.traffic.across_per_step}};
   if (r.pipeline)
     j["pipeline"] = {{"schedule", r.pipeline->schedule},
                      {"stages", r.pipeline->stages},

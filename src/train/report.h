@@ -115,6 +115,28 @@ struct PipelineReport {
   double measured_bubble = 0, theoretical_bubble = 0;
 };
 
+// Bytes a training step moves, measured (averaged over the steps): between this process's devices
+// (every peer copy of every collective and transfer) and from this process to other processes (the
+// cross-process ring's data messages; 0 in one process). Process 0's figures; every process of a
+// ring moves the same. Closed forms per reduce-scatter or all-gather of shard_bytes per rank, K
+// processes of L devices, N = K*L: flat ring (N-1) * shard_bytes across and (L-1) * (N-1) *
+// shard_bytes inside; hierarchical L * (K-1) * shard_bytes across and L * (L-1) * K * shard_bytes
+// inside.
+struct TrafficReport {
+  int processes = 1;
+  int local_devices = 1;
+  std::string topology = "flat";  // --comm-topology
+  uint64_t inside_per_step = 0;
+  uint64_t across_per_step = 0;
+};
+
+// What one reduce-scatter or all-gather of shard_bytes per rank moves, by the closed forms above:
+// inside each process and out of each process.
+struct CollectiveTraffic {
+  uint64_t inside = 0, across = 0;
+};
+CollectiveTraffic collective_traffic(int processes, int local_devices, bool hierarchical, uint64_t shard_bytes);
+
 struct RunReport {
   int steps = 0;
   double seconds = 0;        // wall clock of the loop, evaluations included
@@ -131,13 +153,15 @@ struct RunReport {
   std::vector<DeviceReport> devices;
   size_t host_peak = 0;  // --offload optimizer: the largest device's host-arena peak (0: no offload)
   std::optional<PipelineReport> pipeline;
+  TrafficReport traffic;
 };
 
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), peak_kind ("tf32"), mfu (null),
-// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s}, and with a
+// time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s},
+// traffic {processes, local_devices, topology, inside_bytes_per_step, across_bytes_per_step}, and with a
 // pipeline: pipeline {schedule, stages, virtual_stages, micro_batches, measured_bubble, theoretical_bubble}.
 nlohmann::json report_json(const RunReport& r);
 

@@ -171,6 +171,7 @@ class Trainer {
   Clock::time_point t0_;
   std::unique_ptr<StepPhaseTimer> timer_;
   std::vector<uint64_t> side_bytes_, side_tensor_bytes_;
+  uint64_t side_across_ = 0;  // of w.bytes_sent_across(), like side_bytes_
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 
@@ -244,6 +245,7 @@ void Trainer::start_world(World& w, int index) {
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
   side_tensor_bytes_.assign(static_cast<size_t>(w.size()), 0);
+  side_across_ = 0;
   w.reset_comm_counters();
   t0_ = Clock::now();
   train_time_ = 0;
@@ -346,6 +348,11 @@ bool Trainer::train_world(World& w) {
           result_.tensor_bytes_per_step_per_device.push_back(
               (w.tensor_bytes_sent(r) - side_tensor_bytes_[static_cast<size_t>(r)]) / steps);
         }
+        // Every device's sent bytes count its hops to other processes too; the rest stayed inside.
+        uint64_t sent = 0;
+        for (uint64_t b : result_.comm_bytes_per_step_per_device) sent += b;
+        result_.across_bytes_per_step = (w.bytes_sent_across() - side_across_) / steps;
+        result_.inside_bytes_per_step = sent - std::min(sent, result_.across_bytes_per_step);
       }
       EvalAction action = EvalAction::kContinue;
       if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
@@ -489,6 +496,7 @@ void Trainer::after_step(World& w, int step, const StepStats& st, double dt) {
 template <typename Fn>
 void Trainer::side_comm(World& w, Fn fn) {
   std::vector<uint64_t> before, before_tensor;
+  const uint64_t before_across = w.bytes_sent_across();
   for (int r = 0; r < w.size(); ++r) {
     before.push_back(w.bytes_sent(r));
     before_tensor.push_back(w.tensor_bytes_sent(r));
@@ -498,6 +506,7 @@ void Trainer::side_comm(World& w, Fn fn) {
     side_bytes_[static_cast<size_t>(r)] += w.bytes_sent(r) - before[static_cast<size_t>(r)];
     side_tensor_bytes_[static_cast<size_t>(r)] += w.tensor_bytes_sent(r) - before_tensor[static_cast<size_t>(r)];
   }
+  side_across_ += w.bytes_sent_across() - before_across;
 }
 
 EvalAction Trainer::evaluate_at(World& w, int step) {
@@ -645,6 +654,9 @@ void Trainer::finish(World& w) {
   report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
+  report.traffic = TrafficReport{run_.processes ? run_.processes->size() : 1, w.size(),
+                                 cfg_.comm_topology == CommTopology::kHierarchical ? "hierarchical" : "flat",
+                                 result_.inside_bytes_per_step, result_.across_bytes_per_step};
   if (w.pipelined()) {
     const PipelineParts& pp = w.pipeline();
     PipelineReport p;
@@ -764,6 +776,9 @@ TrainResult train(const TrainConfig& config) {
   // Several processes: process 0 prints and writes the metrics, the others are silent.
   const bool lead = !procs || procs->rank() == 0;
   Logger log(lead ? run.cfg.metrics_path : "", run.cfg.log_format == LogFormat::kJson, run.cfg.quiet || !lead);
+  if (!procs && run.cfg.comm_topology == CommTopology::kHierarchical && log.text())
+    log.line("note: --comm-topology hierarchical changes nothing in one process (every collective stays inside "
+             "it); it applies under mpirun/srun");
   if (procs && run.cfg.sample_tokens > 0) {
     // The sample's forward runs on one rank, which at stage 3 needs every process's gathers.
     run.cfg.sample_tokens = 0;

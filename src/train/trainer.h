@@ -25,6 +25,12 @@ enum class OptimizerKind { kAdamW, kSgd };
 // same records as --metrics).
 enum class LogFormat { kText, kJson };
 
+// Data-parallel collectives across processes (--comm-topology): kFlat, one ring over every global
+// rank (bitwise equal to one process with every device); kHierarchical, inside each process first
+// and across processes second (sums in another order: equal up to rounding). One process: no
+// difference, every collective stays inside it.
+enum class CommTopology { kFlat, kHierarchical };
+
 // Mixed precision (--precision): parameters and gradients in fp32, bf16 or fp16 (fp32 master
 // weights and moments in the optimizer shards either way). kAuto: bf16 on GPUs, fp32 on the CPU
 // backend.
@@ -132,6 +138,7 @@ struct TrainConfig {
   // Multi-process runs (mpirun): seconds any wait on another process may take before the run
   // stops with a sentence naming the rank that did not answer.
   double comm_timeout_s = 300;
+  CommTopology comm_topology = CommTopology::kFlat;
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
   int eval_batches = 8;
@@ -174,6 +181,10 @@ struct TrainResult {
   std::vector<size_t> host_peak_bytes_per_device;  // --offload optimizer: each rank's host-arena peak
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps
   std::vector<uint64_t> tensor_bytes_per_step_per_device;  // of those, on the tensor axis (--tensor-parallel)
+  // Per training step, averaged over the steps: bytes this process's devices sent to each other
+  // (peer copies) and bytes this process sent to other processes (0 in one process).
+  uint64_t inside_bytes_per_step = 0;
+  uint64_t across_bytes_per_step = 0;
   std::vector<size_t> activation_bytes_per_device;          // each rank's activation workspace
   int devices = 1;
   int zero_stage = 0;

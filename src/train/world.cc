@@ -132,7 +132,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   } else {
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
     if (run.processes) {  // data parallelism over every process's devices (train/processes.h)
-      collectives_ = run.processes->connect(devs_);
+      collectives_ = run.processes->connect(devs_, run.cfg.comm_topology == CommTopology::kHierarchical);
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
@@ -374,6 +374,11 @@ void World::reset_comm_counters() {
   comm_->reset_counters();
   if (pipe_)
     for (auto& c : pipe_->comms) c->reset_counters();
+  if (collectives_) {
+    ring_sent_base_.clear();
+    for (int r = 0; r < size(); ++r) ring_sent_base_.push_back(collectives_->bytes_sent(r));
+    ring_across_base_ = collectives_->bytes_sent_across();
+  }
 }
 
 size_t World::comm_buffer_bytes(int r) const {
@@ -385,7 +390,13 @@ size_t World::comm_buffer_bytes(int r) const {
 uint64_t World::bytes_sent(int r) {
   uint64_t n = comm_->counters(r).bytes_sent;
   if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
+  if (collectives_)
+    n += collectives_->bytes_sent(r) - (ring_sent_base_.empty() ? 0 : ring_sent_base_[static_cast<size_t>(r)]);
   return n;
+}
+
+uint64_t World::bytes_sent_across() const {
+  return collectives_ ? collectives_->bytes_sent_across() - ring_across_base_ : 0;
 }
 
 uint64_t World::tensor_bytes_sent(int r) {

@@ -162,8 +162,11 @@ class World {
   // The communicators' counters and receive buffers of rank r (its pipeline stage's included).
   void reset_comm_counters();
   size_t comm_buffer_bytes(int r) const;
-  // Bytes rank r sent in every collective and transfer (its pipeline stage's collectives included).
+  // Bytes rank r sent in every collective and transfer (its pipeline stage's collectives and, over
+  // several processes, the cross-process ring's hops included).
   uint64_t bytes_sent(int r);
+  // Bytes this process sent to other processes since reset_comm_counters (0 in one process).
+  uint64_t bytes_sent_across() const;
   // Bytes rank r sent in its tensor group's collectives (0 without tensor parallelism).
   uint64_t tensor_bytes_sent(int r);
   // The one model and engine of a world without pipeline stages (else: model_of / engine_of).
@@ -202,6 +205,9 @@ class World {
   std::vector<Device*> devs_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<DataCollectives> collectives_;  // multi-process runs: the engine's, over every process
+  // The ring's counters at reset_comm_counters (it has no reset of its own).
+  std::vector<uint64_t> ring_sent_base_;
+  uint64_t ring_across_base_ = 0;
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroEngine> engine_;

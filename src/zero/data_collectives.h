@@ -3,6 +3,8 @@
 // (train/processes.cc over comm/process_ring.h); one process uses its Communicator's groups directly.
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 #include "runtime/device.h"
 
@@ -13,7 +15,8 @@ namespace zt {
 // the data group is the world): each local device's host thread calls with its own buffer, in the
 // same order on every rank, and the call returns with the result in place and the device's comm
 // stream idle, so consumers need not wait for anything. The results are bitwise those of
-// Communicator::reduce_scatter / all_gather / all_reduce on one process with world() devices.
+// Communicator::reduce_scatter / all_gather / all_reduce on one process with world() devices
+// (flat topology), or equal up to rounding (hierarchical: inside each process first).
 // A lost or stalled peer throws zt::Error(kDevice) naming it.
 class DataCollectives {
  public:
@@ -23,6 +26,10 @@ class DataCollectives {
   virtual void reduce_scatter(int local, TensorView full, Stream* producer) = 0;
   virtual void all_gather(int local, TensorView full, Stream* producer) = 0;
   virtual void all_reduce(int local, TensorView full, Stream* producer) = 0;
+  // Traffic so far, for the run's summary: bytes local device `local` sent (every hop, inside the
+  // process or not) and bytes this process sent to other processes.
+  virtual uint64_t bytes_sent(int /*local*/) const { return 0; }
+  virtual uint64_t bytes_sent_across() const { return 0; }
 };
 
 }  // namespace zt

@@ -305,3 +305,52 @@ TEST(Binary, TextSummaryTable) {
 }
 
 }  // namespace
+
+namespace {
+
+// The traffic closed forms against a count of the schedules' hops: flat, every global rank g sends
+// N-1 shards to g+1 (a hop out of the process when g is its last device); hierarchical, every
+// device sends (L-1) * K shards around its process's ring, then K-1 shards to the same local
+// index of the next process.
+TEST(Report, CollectiveTrafficCountsTheRingsHops) {
+  const uint64_t S = 1000;
+  for (int K = 1; K <= 4; ++K)
+    for (int L = 1; L <= 4; ++L) {
+      SCOPED_TRACE(std::to_string(K) + " x " + std::to_string(L));
+      const int N = K * L;
+      uint64_t flat_in = 0, flat_out = 0, hier_in = 0, hier_out = 0;
+      for (int g = 0; g < N; ++g) {  // process 0's devices are g < L
+        if (g >= L) continue;
+        const bool leaves = ((g + 1) % N) / L != g / L;
+        (leaves ? flat_out : flat_in) += static_cast<uint64_t>(N - 1) * S;
+        hier_in += static_cast<uint64_t>((L - 1) * K) * S;
+        hier_out += static_cast<uint64_t>(K - 1) * S;
+      }
+      const zt::CollectiveTraffic flat = zt::collective_traffic(K, L, false, S);
+      EXPECT_EQ(flat.inside, flat_in);
+      EXPECT_EQ(flat.across, flat_out);
+      if (K == 1) continue;  // one process: no hierarchy, the flat ring
+      const zt::CollectiveTraffic hier = zt::collective_traffic(K, L, true, S);
+      EXPECT_EQ(hier.inside, hier_in);
+      EXPECT_EQ(hier.across, hier_out);
+    }
+}
+
+TEST(Report, SummaryShowsTheTrafficInsideAndAcrossProcesses) {
+  zt::RunReport r;
+  r.traffic = {2, 2, "hierarchical", 3 << 20, 1 << 20};
+  const std::string text = zt::format_summary(r);
+  EXPECT_NE(text.find("traffic      per step 3.00 MiB between the 2 devices of each process, 1.00 MiB out of each of "
+                      "the 2 processes (hierarchical)"),
+            std::string::npos)
+      << text;
+  const nlohmann::json j = zt::report_json(r);
+  EXPECT_EQ(j["traffic"]["topology"], "hierarchical");
+  EXPECT_EQ(j["traffic"]["inside_bytes_per_step"].get<uint64_t>(), uint64_t{3} << 20);
+  EXPECT_EQ(j["traffic"]["across_bytes_per_step"].get<uint64_t>(), uint64_t{1} << 20);
+  r.traffic = {1, 4, "flat", 5 << 20, 0};
+  EXPECT_NE(zt::format_summary(r).find("between the 4 devices, none across processes"), std::string::npos)
+      << zt::format_summary(r);
+}
+
+}  // namespace
