@@ -71,8 +71,13 @@ class RingCollectives final : public DataCollectives {
 // overflow flag's all_reduce is over every rank: a ring over all local devices on the world group.
 class TensorDataCollectives final : public DataCollectives {
  public:
+  // The world ring carries only the overflow flags (one float per rank's shard): a chunk that
+  // small is one chunk per shard, as the Communicator's default chunk is, so the bits are the
+  // same, and it spares every device a second 1 MiB receive slot.
+  static constexpr size_t kWorldChunkBytes = 4096;
+
   TensorDataCollectives(ProcessGroup& world_group, const std::vector<Device*>& local, int tensor)
-      : tensor_(tensor), world_(world_group, local) {
+      : tensor_(tensor), world_(world_group, local, kWorldChunkBytes) {
     const int L = static_cast<int>(local.size());
     ZT_REQUIRE(tensor > 0 && L % tensor == 0, "--tensor-parallel ", tensor, " does not divide the ", L,
                " devices of each process (the tensor axis lives inside a process)");
@@ -92,7 +97,11 @@ class TensorDataCollectives final : public DataCollectives {
   void all_gather(int local, TensorView full, Stream* producer) override {
     data_ring(local).all_gather(local / tensor_, full, producer);
   }
-  void all_reduce(int local, TensorView full, Stream* producer) override { world_.all_reduce(local, full, producer); }
+  void all_reduce(int local, TensorView full, Stream* producer) override {
+    ZT_CHECK(static_cast<size_t>(full.numel() / world()) * dtype_size(full.dtype) <= kWorldChunkBytes,
+             "the cross-process world all_reduce is sized for the overflow flags, not ", full.numel(), " elements");
+    world_.all_reduce(local, full, producer);
+  }
 
  private:
   ProcessRing& data_ring(int local) { return *rings_.at(static_cast<size_t>(local % tensor_)); }
