@@ -97,14 +97,15 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   double ls = 0;
   int64_t c = 0, n = 0;
   if (run.processes) {
-    // Several processes (data parallelism only): every global rank's sums, added in rank order as
-    // one process adds them (counts are exact in a double).
+    // Several processes: every global rank's sums, added in rank order as one process adds them
+    // (counts are exact in a double); global rank g is local rank g % N of its process.
     std::vector<double> mine;
     for (int r = 0; r < N; ++r)
       mine.insert(mine.end(), {loss_sum[static_cast<size_t>(r)], static_cast<double>(correct[static_cast<size_t>(r)]),
                                static_cast<double>(count[static_cast<size_t>(r)])});
     const std::vector<double> all = run.processes->all_gather(mine, "the evaluation's losses");
     for (size_t g = 0; g + 2 < all.size(); g += 3) {
+      if (!world.tensor_lead(static_cast<int>(g / 3 % static_cast<size_t>(N)))) continue;
       ls += all[g];
       c += static_cast<int64_t>(all[g + 1]);
       n += static_cast<int64_t>(all[g + 2]);

@@ -26,8 +26,7 @@ int launched_processes() {
 }
 
 void refuse_under_processes(const TrainConfig& cfg) {
-  const char* what = cfg.tensor_parallel > 1                          ? "--tensor-parallel"
-                     : cfg.pipeline_parallel > 1                      ? "--pipeline-parallel"
+  const char* what = cfg.pipeline_parallel > 1                        ? "--pipeline-parallel"
                      : !cfg.checkpoint_dir.empty()                    ? "--checkpoint-dir"
                      : !cfg.resume.empty()                            ? "--resume"
                      : cfg.snapshot_every > 0                         ? "--snapshot-every"
@@ -39,7 +38,7 @@ void refuse_under_processes(const TrainConfig& cfg) {
                      : cfg.on_scale_collapse_bf16                     ? "--on-scale-collapse bf16"
                                                                       : nullptr;
   ZT_REQUIRE(!what, what, " is not supported when zerotrain runs as ", launched_processes(),
-             " processes (mpirun/srun): a multi-process run is data parallelism only, ZeRO stages 0-3");
+             " processes (mpirun/srun): a multi-process run is data and tensor parallelism, ZeRO stages 0-3");
 }
 
 #if ZT_WITH_MPI
@@ -71,6 +70,71 @@ class RingCollectives final : public DataCollectives {
   bool hierarchical_;
 };
 
+// Tensor degree T > 1: the tensor axis inside the process, the data groups across processes. Local
+// device i (global rank p * L + i) has tensor coordinate i % T; its data group is every process's
+// devices of that coordinate, which ring t runs over: local devices {t, t + T, ...}, ring index
+// p * (L / T) + i / T, which is the global rank's data coordinate, so the ring's order is the
+// one-process data group's. Each ring has its own ProcessGroup (its own MPI communicator): the T
+// rings run at once from different threads, and their messages must not match each other's. The
+// overflow flag's all_reduce is over every rank: a ring over all local devices on the world group.
+class TensorDataCollectives final : public DataCollectives {
+ public:
+  // The world ring carries only the overflow flags (one float per rank's shard): a chunk that
+  // small is one chunk per shard, as the Communicator's default chunk is, so the bits are the
+  // same, and it spares every device a second 1 MiB receive slot.
+  static constexpr size_t kWorldChunkBytes = 4096;
+
+  TensorDataCollectives(ProcessGroup& world_group, const std::vector<Device*>& local, int tensor, bool hierarchical)
+      : tensor_(tensor), hierarchical_(hierarchical), world_(world_group, local, kWorldChunkBytes) {
+    const int L = static_cast<int>(local.size());
+    ZT_REQUIRE(tensor > 0 && L % tensor == 0, "--tensor-parallel ", tensor, " does not divide the ", L,
+               " devices of each process (the tensor axis lives inside a process)");
+    for (int t = 0; t < tensor; ++t) {  // the same order in every process: group construction is collective
+      std::vector<Device*> members;
+      for (int i = t; i < L; i += tensor) members.push_back(local[static_cast<size_t>(i)]);
+      groups_.push_back(std::make_unique<ProcessGroup>(world_group.timeout()));
+      rings_.push_back(std::make_unique<ProcessRing>(*groups_.back(), std::move(members)));
+    }
+  }
+  int world() const override { return world_.world(); }
+  int global_rank(int local) const override { return world_.global_rank(local); }
+  int tensor_degree() const override { return tensor_; }
+  void reduce_scatter(int local, TensorView full, Stream* producer) override {
+    ProcessRing& ring = data_ring(local);
+    hierarchical_ ? ring.hierarchical_reduce_scatter(local / tensor_, full, producer)
+                  : ring.reduce_scatter(local / tensor_, full, producer);
+  }
+  void all_gather(int local, TensorView full, Stream* producer) override {
+    ProcessRing& ring = data_ring(local);
+    hierarchical_ ? ring.hierarchical_all_gather(local / tensor_, full, producer)
+                  : ring.all_gather(local / tensor_, full, producer);
+  }
+  void all_reduce(int local, TensorView full, Stream* producer) override {
+    ZT_CHECK(static_cast<size_t>(full.numel() / world()) * dtype_size(full.dtype) <= kWorldChunkBytes,
+             "the cross-process world all_reduce is sized for the overflow flags, not ", full.numel(), " elements");
+    world_.all_reduce(local, full, producer);
+  }
+  uint64_t bytes_sent(int local) const override {
+    return rings_.at(static_cast<size_t>(local % tensor_))->counters(local / tensor_).bytes_sent +
+           world_.counters(local).bytes_sent;
+  }
+  uint64_t bytes_sent_across() const override {
+    uint64_t n = world_.bytes_sent_across();
+    for (const auto& r : rings_) n += r->bytes_sent_across();
+    return n;
+  }
+
+ private:
+  ProcessRing& data_ring(int local) { return *rings_.at(static_cast<size_t>(local % tensor_)); }
+
+  int tensor_;
+  bool hierarchical_;
+  ProcessRing world_;
+  // Declared after their groups: each ring is destroyed before its group.
+  std::vector<std::unique_ptr<ProcessGroup>> groups_;
+  std::vector<std::unique_ptr<ProcessRing>> rings_;
+};
+
 }  // namespace
 
 struct Processes::Impl {
@@ -83,7 +147,9 @@ Processes::~Processes() = default;
 int Processes::rank() const { return impl_->group.rank(); }
 int Processes::size() const { return impl_->group.size(); }
 
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& local, bool hierarchical) {
+std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& local, int tensor,
+                                                    bool hierarchical) {
+  if (tensor > 1) return std::make_unique<TensorDataCollectives>(impl_->group, local, tensor, hierarchical);
   return std::make_unique<RingCollectives>(impl_->group, local, hierarchical);
 }
 
@@ -110,7 +176,7 @@ Processes::Processes(std::chrono::milliseconds) {
 Processes::~Processes() = default;
 int Processes::rank() const { return 0; }
 int Processes::size() const { return 1; }
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&, bool) { return nullptr; }
+std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&, int, bool) { return nullptr; }
 std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view) { return mine; }
 void Processes::finalize() {}
 

@@ -18,8 +18,8 @@ namespace zt {
 // set (a plain launch). Read before MPI is initialised, so a plain launch never touches MPI.
 int launched_processes();
 
-// Refuses (zt::Error kInvalidArgument, one sentence) what a multi-process run does not build: tensor
-// and pipeline parallelism, checkpoints, resume and snapshots, optimizer offload, sweeps, samples
+// Refuses (zt::Error kInvalidArgument, one sentence) what a multi-process run does not build:
+// pipeline parallelism, checkpoints, resume and snapshots, optimizer offload, sweeps, samples
 // during training, --trace, fault injection and --on-scale-collapse bf16.
 void refuse_under_processes(const TrainConfig& cfg);
 
@@ -39,10 +39,14 @@ class Processes {
   int rank() const;  // this process, 0..size()-1
   int size() const;
   // The engine's collectives over this process's devices and every other process's (collective:
-  // every process calls with the same number of devices). Destroy it before the devices.
-  // hierarchical (--comm-topology hierarchical): reduce inside each process first and across
-  // second (ProcessRing's hierarchical calls), equal to one process up to rounding, not bitwise.
-  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, bool hierarchical = false);
+  // every process calls with the same devices count, tensor degree and topology). Destroy it before
+  // the devices. tensor > 1 (dividing local.size()): the tensor axis lives inside the process, the
+  // data groups span processes, one ring per tensor coordinate (see DataCollectives).
+  // hierarchical (--comm-topology hierarchical): the data groups reduce inside each process first
+  // and across second (ProcessRing's hierarchical calls), equal to one process up to rounding, not
+  // bitwise.
+  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor = 1,
+                                           bool hierarchical = false);
   // Every process's values, concatenated in process order (every process sends as many).
   std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what);
   // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).

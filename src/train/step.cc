@@ -172,16 +172,20 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   // parameters' gradients: those are counted once, from the group's first rank.
   double loss_sum = 0, sq = 0;
   if (run.processes) {
-    // Several processes (data parallelism only): every global rank's partials and loss sum, in
-    // rank order, summed in the order one process driving every device sums them.
+    // Several processes: every global rank's partials and loss sum, in rank order, summed in the
+    // order one process driving every device sums them. Global rank g is local rank g % N of its
+    // process, with the same tensor coordinate (the tensor axis lives inside a process).
     std::vector<double> mine;
     for (int r = 0; r < N; ++r) mine.insert(mine.end(), world.rank(r).norm_host.begin(), world.rank(r).norm_host.end());
     const std::vector<double> all = run.processes->all_gather(mine, "the step's losses and gradient norms");
     const size_t per_rank = world.rank(0).norm_host.size(), partials = per_rank - 1;
     for (size_t g = 0; g < all.size() / per_rank; ++g) {
       const double* norms = all.data() + g * per_rank;
-      loss_sum += norms[partials];
-      for (size_t b = 0; b < partials; ++b) sq += norms[b];
+      const int r = static_cast<int>(g % static_cast<size_t>(N));
+      const bool lead = world.tensor_lead(r);
+      if (world.loss_lead(r)) loss_sum += norms[partials];
+      for (size_t b = 0; b < partials; ++b)
+        if (lead || b < partials / 2) sq += norms[b];
     }
   }
   for (int r = 0; r < N && !run.processes; ++r) {

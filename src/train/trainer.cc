@@ -276,8 +276,15 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   log_.line(buf);
   if (!w.runtime().fallback_note().empty()) log_.line("note: " + w.runtime().fallback_note());
   const bool tp = cfg_.tensor_parallel > 1;
+  // Several processes: the mesh of every process's ranks (the tensor axis inside each process).
+  const std::string mesh =
+      run_.processes ? Mesh(MeshShape{.data = w.data_ranks(), .tensor = w.mesh().shape().tensor},
+                            w.data_ranks() * w.mesh().shape().tensor)
+                               .describe() +
+                           " over " + std::to_string(run_.processes->size()) + " processes"
+                     : w.mesh().describe();
   if (tp)
-    log_.line("mesh: " + w.mesh().describe() + ", tensor-parallel GPT (Megatron layout" +
+    log_.line("mesh: " + mesh + ", tensor-parallel GPT (Megatron layout" +
               (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
   if (w.pipelined()) {
     const PipelineParts& pp = w.pipeline();
@@ -292,7 +299,7 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
     if (!pp.note.empty()) log_.line("note: " + pp.note);
   }
   std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
-                cfg_.batch_size, run_.T, w.mesh().shape().data, tp || w.pipelined() ? "data ranks" : "devices", w.split().accum,
+                cfg_.batch_size, run_.T, w.data_ranks(), tp || w.pipelined() ? "data ranks" : "devices", w.split().accum,
                 w.split().micro, cfg_.steps,
                 cfg_.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg_.lr);
   log_.line(buf);

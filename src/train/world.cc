@@ -119,7 +119,8 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
-  ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices");
+  ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices",
+             run.processes ? " of each process (the tensor axis lives inside a process)" : "");
   ZT_REQUIRE(N % (TP * PP) == 0, "--pipeline-parallel ", PP, " does not divide the ", N / TP, " device groups");
   mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP / PP, .tensor = TP, .pipeline = PP}, N);
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
@@ -131,8 +132,8 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     build_pipeline(zo);
   } else {
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
-    if (run.processes) {  // data parallelism over every process's devices (train/processes.h)
-      collectives_ = run.processes->connect(devs_, run.cfg.comm_topology == CommTopology::kHierarchical);
+    if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
+      collectives_ = run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);

@@ -154,11 +154,14 @@ class World {
   // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
   bool tensor_lead(int r) const { return mesh_->index(MeshAxis::kTensor, r) == 0; }
   // Rank r's data index among every process's ranks (its batch rows): its data index in one process.
+  // Several processes: the tensor axis is inside each, so global rank g's data index is g / T.
   int data_rank(int r) const {
-    return collectives_ ? collectives_->global_rank(r) : mesh_->index(MeshAxis::kData, r);
+    return collectives_ ? collectives_->global_rank(r) / mesh_->shape().tensor : mesh_->index(MeshAxis::kData, r);
   }
   // Data ranks over every process (mesh().shape().data in one process).
-  int data_ranks() const { return collectives_ ? collectives_->world() : mesh_->shape().data; }
+  int data_ranks() const {
+    return collectives_ ? collectives_->world() / mesh_->shape().tensor : mesh_->shape().data;
+  }
   // The communicators' counters and receive buffers of rank r (its pipeline stage's included).
   void reset_comm_counters();
   size_t comm_buffer_bytes(int r) const;

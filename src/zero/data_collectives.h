@@ -11,18 +11,22 @@
 namespace zt {
 
 // Global ranks: world() of them, `local` (the engine's rank argument: this process's device index)
-// being global_rank(local). Every call is a per-rank call over every global rank (tensor degree 1:
-// the data group is the world): each local device's host thread calls with its own buffer, in the
-// same order on every rank, and the call returns with the result in place and the device's comm
-// stream idle, so consumers need not wait for anything. The results are bitwise those of
-// Communicator::reduce_scatter / all_gather / all_reduce on one process with world() devices
-// (flat topology), or equal up to rounding (hierarchical: inside each process first).
-// A lost or stalled peer throws zt::Error(kDevice) naming it.
+// being global_rank(local); the tensor axis lives inside a process (tensor_degree() T divides every
+// process's device count), so global rank g has tensor coordinate g % T and data coordinate g / T,
+// as the engine's mesh numbers them. Every call is a per-rank call: each local device's host thread
+// calls with its own buffer, in the same order on every rank, and the call returns with the result
+// in place and the device's comm stream idle, so consumers need not wait for anything.
+// reduce_scatter and all_gather run over the caller's data group (the global ranks of its tensor
+// coordinate, by data coordinate; with T = 1 the world), all_reduce over every global rank; the
+// results are bitwise those of the data group's CommGroup calls and Communicator::all_reduce on
+// one process with world() devices (flat topology), or equal up to rounding (hierarchical: inside
+// each process first). A lost or stalled peer throws zt::Error(kDevice) naming it.
 class DataCollectives {
  public:
   virtual ~DataCollectives() = default;
   virtual int world() const = 0;
   virtual int global_rank(int local) const = 0;
+  virtual int tensor_degree() const { return 1; }
   virtual void reduce_scatter(int local, TensorView full, Stream* producer) = 0;
   virtual void all_gather(int local, TensorView full, Stream* producer) = 0;
   virtual void all_reduce(int local, TensorView full, Stream* producer) = 0;

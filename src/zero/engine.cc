@@ -220,8 +220,10 @@ struct ZeroEngine::Impl {
         mesh(MeshShape{.data = data_parallel_size(engine_world(devices.size(), o), o), .tensor = o.tensor},
              engine_world(devices.size(), o)) {
     ZT_CHECK(comm.world() == static_cast<int>(devices.size()), "communicator and engine disagree on the world size");
-    ZT_CHECK(!o.processes || (o.tensor == 1 && !o.pipeline && !o.offload),
-             "an engine over several processes runs data parallelism only (no tensor, pipeline or offload)");
+    ZT_CHECK(!o.processes || (!o.pipeline && !o.offload),
+             "an engine over several processes runs data and tensor parallelism only (no pipeline or offload)");
+    ZT_CHECK(!o.processes || o.processes->tensor_degree() == o.tensor, "the engine's tensor degree ", o.tensor,
+             " is not its cross-process collectives' ", o.processes ? o.processes->tensor_degree() : 0);
     ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
              "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
     const ParamLayout& L = model.layout();

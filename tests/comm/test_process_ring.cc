@@ -212,6 +212,61 @@ TEST_F(ProcessRingTest, PerRankCallsFromOneThreadPerDevice) {
   mpitest::world().barrier("the end of the per-rank test");
 }
 
+// Tensor parallelism across processes (train/processes.cc): T rings, ring t over the local devices
+// {t, t + T, ...} on its own ProcessGroup, driven at once by one thread per device. Each ring's
+// global index p * L / T + i / T is the data coordinate of global rank p * L + i, so its bits must
+// equal the in-process Communicator's group {t, t + T, ...} of cpu:K*L, and the rings' messages
+// must never match each other's.
+TEST_F(ProcessRingTest, OneRingPerTensorCoordinateOnItsOwnGroupRunsAtOnce) {
+  const int T = 2;
+  if (local % T != 0) GTEST_SKIP() << "needs an even number of local devices";
+  std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<std::unique_ptr<ProcessRing>> rings;
+  for (int t = 0; t < T; ++t) {
+    std::vector<Device*> members;
+    for (int i = t; i < local; i += T) members.push_back(&local_rt->device(i));
+    groups.push_back(std::make_unique<ProcessGroup>(30s));
+    rings.push_back(std::make_unique<ProcessRing>(*groups.back(), members, 16));
+  }
+  const int data = world / T;
+  const int64_t numel = data * 23;
+  Communicator ref(commtest::first_devices(*ref_rt, world), 16);
+  RankBuffers mine(commtest::first_devices(*local_rt, local), DType::kBF16, numel);
+  RankBuffers all(commtest::first_devices(*ref_rt, world), DType::kBF16, numel);
+  const int first = group->rank() * local;
+  mine.fill([&](int i, int64_t e) { return philox_normal(1818, static_cast<uint64_t>(first + i), e); });
+  all.fill([&](int g, int64_t e) { return philox_normal(1818, static_cast<uint64_t>(g), e); });
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local; ++i)
+    threads.emplace_back([&, i] {
+      ProcessRing& ring = *rings[static_cast<size_t>(i % T)];
+      ASSERT_EQ(ring.global_rank(i / T), first / T + i / T);  // the data coordinate
+      Stream* producer = &local_rt->device(i).compute();
+      const TensorView v = mine.views[static_cast<size_t>(i)];
+      ring.reduce_scatter(i / T, v, producer);
+      ring.all_gather(i / T, v, producer);
+      ring.all_reduce(i / T, v, producer);
+    });
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> members;
+    std::vector<TensorView> views;
+    for (int d = 0; d < data; ++d) {
+      members.push_back(d * T + t);
+      views.push_back(all.views[static_cast<size_t>(d * T + t)]);
+    }
+    const CommGroup g = ref.group(members);
+    g.reduce_scatter(views, {});
+    g.all_gather(views, {});
+    g.all_reduce(views, {});
+  }
+  ref_rt->synchronize();
+  for (int i = 0; i < local; ++i) EXPECT_EQ(mine.bits(i), all.bits(first + i)) << "local " << i;
+  // The two coordinates' rings summed different ranks.
+  EXPECT_NE(mine.bits(0), mine.bits(1));
+  mpitest::world().barrier("the end of the per-coordinate rings test");
+}
+
 TEST_F(ProcessRingTest, MismatchedCallsThrowOnEveryProcess) {
   if (group->size() < 2) GTEST_SKIP() << "needs two processes";
   ProcessRing ring(*group, commtest::first_devices(*local_rt, local), 64);

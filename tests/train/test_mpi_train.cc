@@ -1,6 +1,7 @@
 // `mpirun -np K zerotrain train --devices cpu:L` against one process on cpu:K*L (#18): every step's
-// loss and gradient norm and every evaluation bit for bit, at ZeRO stages 0-3, fp32 and bf16; and
-// the refusals. Runs the binary under mpirun itself (ctest label "mpi", release/cpu presets only).
+// loss and gradient norm and every evaluation bit for bit, at ZeRO stages 0-3, fp32 and bf16, with
+// and without tensor parallelism; and the refusals. Runs the binary under mpirun itself (ctest
+// label "mpi", release/cpu presets only).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -101,9 +102,39 @@ TEST(MpiTrain, RefusesWhatIsNotBuiltWithOneSentence) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--checkpoint-dir is not supported when zerotrain runs as 2 processes"), std::string::npos)
       << r.output;
-  const auto t = run_binary(mpirun(2), "train --devices cpu:2 " + kModel + " --tensor-parallel 2");
-  EXPECT_NE(t.exit_code, 0);
-  EXPECT_NE(t.output.find("--tensor-parallel is not supported"), std::string::npos) << t.output;
+  const auto p = run_binary(mpirun(2), "train --devices cpu:2 " + kModel + " --pipeline-parallel 2");
+  EXPECT_NE(p.exit_code, 0);
+  EXPECT_NE(p.output.find("--pipeline-parallel is not supported"), std::string::npos) << p.output;
+}
+
+// Tensor parallelism across processes: the tensor axis inside each process, the data axis across
+// (global rank p * L + i has tensor coordinate i % T), so the run equals one process's on cpu:K*L
+// with the same --tensor-parallel, whose data groups have the same order.
+TEST(MpiTrain, TensorParallelAcrossProcessesAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage)
+    expect_same_run(2, 2, "--tensor-parallel 2 --zero-stage " + std::to_string(stage));
+}
+
+TEST(MpiTrain, TensorParallelAcrossProcessesInBf16) {
+  expect_same_run(2, 2, "--tensor-parallel 2 --zero-stage 1 --precision bf16");
+  expect_same_run(2, 2, "--tensor-parallel 2 --zero-stage 3 --precision bf16");
+}
+
+TEST(MpiTrain, TensorParallelAcrossProcessesWithoutSequenceParallelism) {
+  expect_same_run(2, 2, "--tensor-parallel 2 --zero-stage 2 --no-sequence-parallel");
+}
+
+TEST(MpiTrain, TensorParallelWithTwoDataRanksInEachProcess) {
+  // cpu:4 with T = 2: each tensor coordinate's data ring has two devices in each process (a local
+  // hop, then a hop across), and the steps accumulate 2 micro-batches.
+  expect_same_run(2, 4, "--tensor-parallel 2 --zero-stage 3 --precision bf16 --batch-size 16 --micro-batch-size 2");
+}
+
+TEST(MpiTrain, RefusesATensorDegreeThatDoesNotDivideEachProcess) {
+  // 4 divides the 2 x 2 ranks, but the tensor axis must fit inside one process.
+  const auto r = run_binary(mpirun(2), "train --devices cpu:2 " + kModel + " --tensor-parallel 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("does not divide the 2 devices"), std::string::npos) << r.output;
 }
 
 }  // namespace
