@@ -44,6 +44,7 @@ TrainConfig RunFlags::to_config() const {
   tc.on_scale_collapse_bf16 = on_collapse == "bf16";
   tc.recompute = parse_recompute(recompute);
   tc.offload_optimizer = offload == "optimizer";
+  tc.comm = comm == "nccl" ? CommEngine::kNccl : CommEngine::kRing;
   return tc;
 }
 
@@ -216,6 +217,10 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
       ->capture_default_str()->check(zt_cli::number(0, true));
+  sub.add_option("--comm", f.comm,
+                 "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
+                 "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)")
+      ->capture_default_str()->check(CLI::IsMember({"ring", "nccl"}));
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));

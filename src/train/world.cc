@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/status.h"
+#include "train/comm_engine.h"
 #include "train/export.h"
 #include "train/processes.h"
 #include "train/state_io.h"
@@ -133,6 +134,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
     if (run.processes) {  // data parallelism over every process's devices (train/processes.h)
       collectives_ = run.processes->connect(devs_);
+      zo.processes = collectives_.get();
+    } else if (run.cfg.comm == CommEngine::kNccl) {  // the data group's collectives on NCCL (train/comm_engine.h)
+      collectives_ = connect_nccl(devs_);
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);

@@ -201,7 +201,7 @@ class World {
   std::unique_ptr<Runtime> rt_;  // before everything on its devices: destroyed after them
   std::vector<Device*> devs_;
   std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<DataCollectives> collectives_;  // multi-process runs: the engine's, over every process
+  std::unique_ptr<DataCollectives> collectives_;  // multi-process runs (over every process) and --comm nccl: the engine's
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroEngine> engine_;
