@@ -3,6 +3,7 @@
 // outside runtime/cuda and kernels/cuda that includes CUDA headers (nccl.h needs cuda_runtime.h).
 #include "comm/nccl_comm.h"
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -55,7 +56,7 @@ struct NcclComm::Impl {
   std::vector<Rank> ranks;
   int world = 0;
   int first_rank = 0;
-  bool failed = false;
+  std::atomic<bool> failed{false};  // set by any rank's thread
 
   // Throws zt::Error(kDevice) naming the call and NCCL's words, and marks the communicator failed.
   void check(ncclResult_t res, const char* call, ncclComm_t comm, int local) {
@@ -139,12 +140,21 @@ NcclComm::NcclComm(const std::vector<Device*>& devices, const NcclClique* clique
 }
 
 NcclComm::~NcclComm() {
-  // Never throws. After a failure a peer may never arrive, and ncclCommDestroy (which finalises,
-  // waiting for outstanding work) would wait forever: abort then. NCCL selects each
-  // communicator's GPU itself, so no device guard (whose constructor may throw) is needed here.
+  // Never throws. After a failure (an NCCL error, or a rank that threw before making its call, so
+  // that a peer's collective still waits on its GPU: a comm stream not idle) a peer may never
+  // arrive, and ncclCommDestroy (which finalises, waiting for outstanding work) would wait forever:
+  // abort then. NCCL selects each communicator's GPU itself, so no device guard is needed here.
+  bool abort = impl_->failed;
+  for (Impl::Rank& r : impl_->ranks) {
+    try {
+      abort = abort || !r.device->comm().query();
+    } catch (...) {
+      abort = true;  // a failed device
+    }
+  }
   for (Impl::Rank& r : impl_->ranks) {
     if (!r.comm) continue;
-    if (impl_->failed)
+    if (abort)
       (void)ncclCommAbort(r.comm);
     else
       (void)ncclCommDestroy(r.comm);

@@ -14,8 +14,9 @@
 //  - Results are not bitwise those of the ring (NCCL picks its own summation order and protocol)
 //    except for one rank and for all-gather, which only moves bytes.
 //  - NCCL cannot put two ranks on one GPU: logical devices sharing a GPU (cuda:0x4) are refused.
-//  - A failed NCCL call marks the communicator failed; its destructor then aborts the NCCL
-//    communicators (ncclCommAbort) instead of finalising them, which would wait for peers forever.
+//  - After a failed NCCL call, or with a comm stream still busy at destruction (a rank that threw
+//    before its call leaves its peers' collectives waiting on their GPUs), the destructor aborts the
+//    NCCL communicators (ncclCommAbort) instead of finalising them, which would wait forever.
 #pragma once
 
 #include <cstdint>
