@@ -142,8 +142,8 @@ NcclComm::NcclComm(const std::vector<Device*>& devices, const NcclClique* clique
 NcclComm::~NcclComm() {
   // Never throws. After a failure (an NCCL error, or a rank that threw before making its call, so
   // that a peer's collective still waits on its GPU: a comm stream not idle) a peer may never
-  // arrive, and ncclCommDestroy (which finalises, waiting for outstanding work) would wait forever:
-  // abort then. NCCL selects each communicator's GPU itself, so no device guard is needed here.
+  // arrive, and finalising (which waits for outstanding work) would wait forever: abort then.
+  // NCCL selects each communicator's GPU itself, so no device guard is needed here.
   bool abort = impl_->failed;
   for (Impl::Rank& r : impl_->ranks) {
     try {
@@ -152,13 +152,20 @@ NcclComm::~NcclComm() {
       abort = true;  // a failed device
     }
   }
-  for (Impl::Rank& r : impl_->ranks) {
-    if (!r.comm) continue;
-    if (abort)
-      (void)ncclCommAbort(r.comm);
-    else
-      (void)ncclCommDestroy(r.comm);
+  if (abort) {
+    for (Impl::Rank& r : impl_->ranks)
+      if (r.comm) (void)ncclCommAbort(r.comm);
+    return;
   }
+  // Finalising waits for every rank of the clique to finalise too: this thread's ranks in one group
+  // call (NCCL's own example), or the first would wait for the others forever; then free them.
+  if (ncclGroupStart() == ncclSuccess) {
+    for (Impl::Rank& r : impl_->ranks)
+      if (r.comm) (void)ncclCommFinalize(r.comm);
+    (void)ncclGroupEnd();
+  }
+  for (Impl::Rank& r : impl_->ranks)
+    if (r.comm) (void)ncclCommDestroy(r.comm);
 }
 
 std::vector<uint8_t> NcclComm::new_unique_id() {
