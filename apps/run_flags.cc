@@ -45,6 +45,7 @@ TrainConfig RunFlags::to_config() const {
   tc.recompute = parse_recompute(recompute);
   tc.offload_optimizer = offload == "optimizer";
   tc.comm_topology = comm_topology == "hierarchical" ? CommTopology::kHierarchical : CommTopology::kFlat;
+  tc.comm = comm == "nccl" ? CommEngine::kNccl : CommEngine::kRing;
   return tc;
 }
 
@@ -222,6 +223,10 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "(reduce inside each process first, across processes second: fewer, larger cross-process "
                  "messages; equal to one process up to rounding); changes nothing in one process")
       ->capture_default_str()->check(CLI::IsMember({"flat", "hierarchical"}));
+  sub.add_option("--comm", f.comm,
+                 "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
+                 "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)")
+      ->capture_default_str()->check(CLI::IsMember({"ring", "nccl"}));
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));

@@ -16,7 +16,8 @@ namespace zt {
 struct RunFlags {
   TrainConfig config;
   std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot, precision = "auto",
-              on_collapse = "stop", recompute = "none", offload = "none", comm_topology = "flat";
+              on_collapse = "stop", recompute = "none", offload = "none", comm_topology = "flat",
+              comm = "ring";
   std::vector<std::string> inject_faults;  // --inject-fault, may repeat
 
   // The TrainConfig with the string-valued flags converted (--inject-fault included). Throws

@@ -4,6 +4,8 @@
 // so with fewer than 2 GPUs every benchmark is skipped). Convention as nccl-tests: algbw = buffer
 // bytes per rank / time; busbw = algbw * 2(N-1)/N for all_reduce, (N-1)/N for reduce_scatter and
 // all_gather. bytes_per_second (SetBytesProcessed) is busbw; busbw and algbw counters beside it.
+// The NCCL rows make the in-place calls that --comm nccl makes (comm/nccl_comm.h), from one thread
+// as one group call here, from one thread per rank in training; so they are that path's ceiling.
 #include <benchmark/benchmark.h>
 #include <nccl.h>
 

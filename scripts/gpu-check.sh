@@ -2,8 +2,8 @@
 # One-call verification on a GPU machine: build with the CUDA backend (sm_90), run every test (the
 # CUDA ones are active when a GPU is usable), show the devices, run the copy/memory benchmarks,
 # and write $OUT/results.md (step, status, time). Usage: OUT=/some/dir scripts/gpu-check.sh
-# Finishes within ~7.5 minutes (a deadline caps every step); exits non-zero when configure, build
-# or ctest failed, after writing the results.
+# Finishes within ~7.5 minutes (a deadline caps every step); exits non-zero when configure, build,
+# ctest or the NCCL checks (step 4b, PASS/FAIL lines in $OUT/nccl.txt) failed, after writing the results.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -102,6 +102,57 @@ if ((built)); then
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
     -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum))/cuda|CudaRuntime\..*)'
   (($? != 0)) && failed=1
+fi
+
+# ---- 4b. --comm nccl, before the whole ctest so a short visit checks it: the NCCL communicator
+# against the ring (test_nccl: one rank bit for bit, every GPU as a rank on exact sums), then a few
+# ZeRO-3 training steps on cuda:0 with --comm nccl and --comm ring, whose per-step losses must be
+# equal (one rank: NCCL's collectives move nothing). One PASS/FAIL line per check in $OUT/nccl.txt.
+if ((built)); then
+  nccl_test="$BUILD/tests/test_nccl"
+  app="$BUILD/apps/zerotrain"
+  if [[ -x "$nccl_test" ]]; then
+    run_step "nccl vs ring (test_nccl)" 120 nccl-test.log "$nccl_test"
+    rc=$?
+    ((rc != 0)) && failed=1
+    if grep -q 'built without NCCL' "$OUT/nccl-test.log"; then
+      echo "SKIP test_nccl: this build has no NCCL" >"$OUT/nccl.txt"
+    elif ((rc == 0)); then echo "PASS test_nccl" >"$OUT/nccl.txt"; else echo "FAIL test_nccl (exit $rc)" >"$OUT/nccl.txt"; fi
+    grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$OUT/nccl-test.log" | tail -n 8
+  else
+    skip_step "nccl vs ring (test_nccl)" "no binary"
+  fi
+  if [[ -x "$app" ]] && ! grep -q 'built without NCCL' "$OUT/nccl-test.log" 2>/dev/null; then
+    nc=(train --steps 8 --batch-size 8 --layers 2 --embd 64 --heads 2 --eval-every 0 --eval-batches 1
+        --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 3 --precision fp32)
+    for engine in ring nccl; do
+      run_step "train cuda:0 --comm $engine" 90 "train-comm-$engine.txt" "$app" "${nc[@]}" --comm "$engine" \
+        --log-format json --metrics "$OUT/train-comm-$engine.jsonl"
+    done
+    if command -v python3 >/dev/null 2>&1; then
+      run_step "compare --comm nccl vs ring" 30 compare-comm.txt python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+def losses(name):
+    with open(os.path.join(out, name)) as f:
+        return [json.loads(l)["loss"] for l in f if '"loss"' in l and '"event"' not in l]
+try:
+    ring, nccl = losses("train-comm-ring.jsonl"), losses("train-comm-nccl.jsonl")
+except OSError as e:
+    print(f"FAIL --comm nccl vs ring on cuda:0: {e}"); sys.exit(1)
+same = len(ring) == len(nccl) > 0 and all(a == b for a, b in zip(ring, nccl))
+print(f"{'PASS' if same else 'FAIL'} --comm nccl vs ring on cuda:0: {len(nccl)} and {len(ring)} steps, losses "
+      f"{'bitwise equal' if same else 'differ: ' + str(list(zip(nccl, ring))[:4])}")
+sys.exit(0 if same else 1)
+PY
+      (($? != 0)) && failed=1
+      cat "$OUT/compare-comm.txt" | tee -a "$OUT/nccl.txt"
+    fi
+  fi
+  cat "$OUT/nccl.txt" 2>/dev/null
+fi
+
+if ((built)); then
   run_step ctest 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
     --output-junit "$OUT/ctest-junit.xml"
   rc=$?

@@ -18,6 +18,7 @@
 #include "pipeline/check.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "train/comm_engine.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -51,6 +52,7 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
                " is above the model's context of ", mc.seq_len, " tokens; raise --seq-len or lower --train-seq-len");
   }
   ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
+  check_comm_engine(cfg, backend, N);
 
   // Tensor parallelism: the devices form a (data x tensor) mesh; the batch splits over the data
   // ranks only (the ranks of a tensor group run the same rows).

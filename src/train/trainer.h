@@ -30,6 +30,9 @@ enum class LogFormat { kText, kJson };
 // and across processes second (sums in another order: equal up to rounding). One process: no
 // difference, every collective stays inside it.
 enum class CommTopology { kFlat, kHierarchical };
+// --comm: what runs the ZeRO data group's collectives: the ring over peer copies (every backend,
+// bitwise reproducible) or NCCL (CUDA devices, one GPU each, one process; src/comm/nccl_comm.h).
+enum class CommEngine { kRing, kNccl };
 
 // Mixed precision (--precision): parameters and gradients in fp32, bf16 or fp16 (fp32 master
 // weights and moments in the optimizer shards either way). kAuto: bf16 on GPUs, fp32 on the CPU
@@ -139,6 +142,7 @@ struct TrainConfig {
   // stops with a sentence naming the rank that did not answer.
   double comm_timeout_s = 300;
   CommTopology comm_topology = CommTopology::kFlat;
+  CommEngine comm = CommEngine::kRing;  // --comm ring|nccl (train/comm_engine.h)
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
   int eval_batches = 8;

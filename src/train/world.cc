@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/status.h"
+#include "train/comm_engine.h"
 #include "train/export.h"
 #include "train/processes.h"
 #include "train/state_io.h"
@@ -134,6 +135,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
     if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
       collectives_ = run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
+      zo.processes = collectives_.get();
+    } else if (run.cfg.comm == CommEngine::kNccl) {  // the data group's collectives on NCCL (train/comm_engine.h)
+      collectives_ = connect_nccl(devs_);
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);

@@ -207,7 +207,7 @@ class World {
   std::unique_ptr<Runtime> rt_;  // before everything on its devices: destroyed after them
   std::vector<Device*> devs_;
   std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<DataCollectives> collectives_;  // multi-process runs: the engine's, over every process
+  std::unique_ptr<DataCollectives> collectives_;  // multi-process runs (over every process) and --comm nccl: the engine's
   // The ring's counters at reset_comm_counters (it has no reset of its own).
   std::vector<uint64_t> ring_sent_base_;
   uint64_t ring_across_base_ = 0;

@@ -14,13 +14,16 @@ namespace zt {
 // being global_rank(local); the tensor axis lives inside a process (tensor_degree() T divides every
 // process's device count), so global rank g has tensor coordinate g % T and data coordinate g / T,
 // as the engine's mesh numbers them. Every call is a per-rank call: each local device's host thread
-// calls with its own buffer, in the same order on every rank, and the call returns with the result
-// in place and the device's comm stream idle, so consumers need not wait for anything.
+// calls with its own buffer, in the same order on every rank. The call either returns with the
+// result in place and the device's comm stream idle (the MPI ring), or enqueues the collective on
+// the device's comm stream after the producer's work and returns (NCCL, train/comm_engine.h); the
+// engine orders every consumer after its comm stream either way, as after the in-process ring.
 // reduce_scatter and all_gather run over the caller's data group (the global ranks of its tensor
-// coordinate, by data coordinate; with T = 1 the world), all_reduce over every global rank; the
-// results are bitwise those of the data group's CommGroup calls and Communicator::all_reduce on
-// one process with world() devices (flat topology), or equal up to rounding (hierarchical: inside
-// each process first). A lost or stalled peer throws zt::Error(kDevice) naming it.
+// coordinate, by data coordinate; with T = 1 the world), all_reduce over every global rank; the MPI
+// ring's results are bitwise those of the data group's CommGroup calls and Communicator::all_reduce
+// on one process with world() devices (flat topology), or equal up to rounding (hierarchical:
+// inside each process first); NCCL's only for all-gather and one rank. A lost or stalled peer
+// throws zt::Error(kDevice) naming it.
 class DataCollectives {
  public:
   virtual ~DataCollectives() = default;

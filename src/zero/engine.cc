@@ -138,7 +138,8 @@ class ZeroRank final : public ParamAccess {
   // This rank's accumulated gradient shard of block b, widened to fp32 on the host.
   std::vector<float> gradient_shard_to_host(int b);
   // The data group's collectives: the in-process ring, or the ranks of every process
-  // (ZeroOptions::processes; those calls return finished, so the waits after them are no-ops).
+  // (ZeroOptions::processes: the MPI ring's calls return finished, NCCL's are enqueued on comm_, so
+  // every consumer waits on comm_ as after the in-process ring).
   void data_reduce_scatter(TensorView full, Stream* producer, std::string_view tag);
   void data_all_gather(TensorView full, Stream* producer, std::string_view tag);
   // Compute waits for everything enqueued on comm so far.
@@ -249,7 +250,8 @@ struct ZeroEngine::Impl {
   int local_size() const { return static_cast<int>(devices.size()); }
   int global_rank(int local) const { return opt.processes ? opt.processes->global_rank(local) : local; }
   void require_one_process(const char* what) const {
-    ZT_REQUIRE(!opt.processes, what, " needs every rank in this process; it is not built for a run over several processes");
+    ZT_REQUIRE(!opt.processes || opt.processes->world() == local_size(), what,
+               " needs every rank in this process; it is not built for a run over several processes");
   }
   int data_size() const { return mesh.size(MeshAxis::kData); }
   int tensor_size() const { return mesh.size(MeshAxis::kTensor); }

@@ -105,14 +105,15 @@ struct ZeroOptions {
   // A pipeline stage's engine (see "Pipeline stages" above): stages 0-2, no offload,
   // micro_batches 1 (the step's micro-batches are the schedule's, reduced once).
   bool pipeline = false;
-  // Multi-process runs (train/processes.h): null in one process. Otherwise the engine's devices
-  // are this process's, local rank i is global rank processes->global_rank(i) of
+  // Multi-process runs (train/processes.h), or NCCL in one process (--comm nccl,
+  // train/comm_engine.h, where world() is the local device count): null otherwise. The engine's
+  // devices are this process's, local rank i is global rank processes->global_rank(i) of
   // processes->world(); blocks are sharded over the global data ranks, and every data-group
   // collective and the overflow flag's all-reduce go through it. world() and data_size() count
   // global ranks; the rank arguments of every call stay local. The tensor degree is
   // processes->tensor_degree() (the tensor axis inside each process), no pipeline, no offload; the
   // host-side helpers that assemble blocks (block_to_host, master_to_host, first_nonfinite_gradient,
-  // set_working_dtype) are refused.
+  // set_working_dtype) are refused when the global ranks span processes.
   DataCollectives* processes = nullptr;
 };
 

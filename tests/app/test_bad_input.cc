@@ -547,4 +547,15 @@ TEST_F(BadInput, TensorParallelDegreesThatDoNotDivideAreRefused) {
   });
   EXPECT_TRUE(fs::is_empty(dir_)) << "a refused run wrote something";
 }
+
+// --comm nccl on simulated devices (every CPU build, and a CUDA build without a GPU) is refused
+// before any device with the sentence naming the devices; an unknown engine is a usage error.
+TEST_F(BadInput, CommNcclOnCpuDevicesIsRefusedBeforeAnyDevice) {
+  run_cases(dir_, {
+      {"cpu devices", small({"--steps", "2", "--devices", "cpu:2", "--comm", "nccl"}), 2,
+       "--comm nccl needs CUDA devices; this run uses cpu:2"},
+      {"unknown engine", small({"--steps", "2", "--devices", "cpu:2", "--comm", "mpi"}), 2, "--comm"},
+  });
+  EXPECT_TRUE(fs::is_empty(dir_)) << "a refused run wrote something";
+}
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "comm/nccl_comm.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "test_util.h"
@@ -151,6 +152,49 @@ TEST(RunShape, EveryCheckSaysWhatIsWrong) {
     k.set(c);
     const std::string msg = error_of([&] { resolve_run_shape(c, tiny, k.devices, Backend::kCpu); });
     EXPECT_NE(msg.find(k.message), std::string::npos) << "expected '" << k.message << "', got '" << msg << "'";
+  }
+}
+
+// --comm nccl: refused before any device wherever NCCL cannot run the data group, one sentence
+// each; the CUDA-backend cases are planned (no GPU needed), and a build without NCCL says that.
+TEST(RunShape, CommNcclIsRefusedWhereItCannotRun) {
+  const ModelConfig tiny = make_model_config("gpt-tiny");
+  auto refusal = [&](const std::function<void(TrainConfig&)>& set, int devices, Backend backend) {
+    TrainConfig c;
+    c.comm = CommEngine::kNccl;
+    set(c);
+    return error_of([&] { resolve_run_shape(c, tiny, devices, backend); });
+  };
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.devices = "cpu:4"; }, 4, Backend::kCpu),
+            "--comm nccl needs CUDA devices; this run uses cpu:4");
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.devices = "all"; }, 2, Backend::kCpu),
+            "--comm nccl needs CUDA devices; this run uses cpu:2 (--devices all without a usable GPU)");
+  TrainConfig ring;
+  ring.devices = "cpu:2";
+  EXPECT_NO_THROW(resolve_run_shape(ring, tiny, 2, Backend::kCpu));
+  if (!nccl_built()) {
+    EXPECT_NE(refusal([](TrainConfig& c) { c.devices = "cuda:0"; }, 1, Backend::kCuda).find("built without it"),
+              std::string::npos);
+    return;
+  }
+  EXPECT_EQ(refusal([](TrainConfig& c) { c.devices = "cuda:0"; }, 1, Backend::kCuda), "");
+  EXPECT_NE(refusal([](TrainConfig& c) { c.devices = "cuda:0x2"; }, 2, Backend::kCuda).find("shares a GPU"),
+            std::string::npos);
+  const std::pair<std::function<void(TrainConfig&)>, const char*> ring_only[] = {
+      {[](TrainConfig& c) { c.tensor_parallel = 2; }, "--tensor-parallel"},
+      {[](TrainConfig& c) { c.pipeline_parallel = 2; }, "--pipeline-parallel"},
+      {[](TrainConfig& c) { c.offload_optimizer = true; }, "--offload optimizer"},
+      {[](TrainConfig& c) { c.snapshot_every = 2; }, "--snapshot-every"},
+  };
+  for (const auto& [set, flag] : ring_only) {
+    const std::string msg = refusal(
+        [&](TrainConfig& c) {
+          c.devices = "cuda:0,1";
+          set(c);
+        },
+        2, Backend::kCuda);
+    EXPECT_EQ(msg, std::string("--comm nccl runs the data-parallel collectives only and ") + flag +
+                       " is built on the ring, so use --comm ring with it");
   }
 }
 

@@ -484,5 +484,66 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
   }
 }
 
+
+// --comm nccl's engine path (ZeroOptions::processes set, every rank in this process) with
+// collectives that are enqueued on the comm streams and return at once, as NCCL's are: the in-process
+// ring's per-rank calls stand in for NCCL here, so the bits must be those of the plain engine, at
+// every stage, fp32 and bf16, with accumulation; a consumer not ordered after the comm stream would
+// read unreduced data (and is a race under ThreadSanitizer).
+class EnqueuedRingCollectives final : public DataCollectives {
+ public:
+  explicit EnqueuedRingCollectives(int world) : world_(world) {}
+  void bind(Communicator& comm) { comm_ = &comm; }
+  int world() const override { return world_; }
+  int global_rank(int local) const override { return local; }
+  void reduce_scatter(int local, TensorView full, Stream* producer) override { comm_->reduce_scatter(local, full, producer); }
+  void all_gather(int local, TensorView full, Stream* producer) override { comm_->all_gather(local, full, producer); }
+  void all_reduce(int local, TensorView full, Stream* producer) override { comm_->all_reduce(local, full, producer); }
+
+ private:
+  int world_;
+  Communicator* comm_ = nullptr;
+};
+
+TEST(ZeroMesh, EnqueuedDataCollectivesInOneProcessGiveThePlainEnginesBits) {
+  for (auto [stage, w] : {std::pair{0, DType::kF32}, std::pair{1, DType::kBF16}, std::pair{2, DType::kF32},
+                          std::pair{3, DType::kBF16}, std::pair{3, DType::kF32}}) {
+    Case c;
+    c.mc = mlp_config();
+    c.devices = 3;  // shards that do not divide evenly
+    c.tensor = 1;
+    c.stage = stage;
+    c.working = w;
+    SCOPED_TRACE(describe(c));
+    EnqueuedRingCollectives enqueued(c.devices);
+    ZeroOptions o = options(c, 1);
+    o.processes = &enqueued;
+    EngineRun via(c.mc, c.devices, o);
+    enqueued.bind(via.comm());
+    EngineRun plain(c.mc, c.devices, options(c, 1));
+    via.load([&](int) { return make_params(via.model(), 0); });
+    plain.load([&](int) { return make_params(via.model(), 0); });
+    const float dloss = 1.0f / static_cast<float>(kRows * kMicro * c.devices);
+    const int steps = kSanitizer ? 2 : 3;
+    for (int step = 0; step < steps; ++step) {
+      auto batch = [&](int r, int m) { return make_batch(c.mc, 0, r, step, m); };
+      const auto got = via.step(step, batch, {}, false, dloss);
+      const auto want = plain.step(step, batch, {}, false, dloss);
+      for (int r = 0; r < c.devices; ++r) {
+        SCOPED_TRACE("step " + std::to_string(step) + " rank " + std::to_string(r));
+        EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)].losses, want[static_cast<size_t>(r)].losses));
+        EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)].norms, want[static_cast<size_t>(r)].norms));
+        EXPECT_EQ(std::memcmp(&got[static_cast<size_t>(r)].scale, &want[static_cast<size_t>(r)].scale,
+                              sizeof(optim::LossScaleState)), 0);
+      }
+    }
+    // The host-side helpers work when every global rank is local (they are refused across processes).
+    for (int b = 0; b < via.model().layout().num_blocks(); ++b) {
+      EXPECT_TRUE(same_bits(via.engine().master_to_host(b), plain.engine().master_to_host(b))) << "block " << b;
+      EXPECT_TRUE(same_bits(via.engine().block_to_host(b), plain.engine().block_to_host(b))) << "block " << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zt
