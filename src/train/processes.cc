@@ -15,13 +15,18 @@
 namespace zt {
 
 int launched_processes() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+  auto read = [](const char* name) {
     const char* v = std::getenv(name);
-    if (v && *v) {
-      const int n = std::atoi(v);
-      if (n >= 1) return n;
-    }
-  }
+    return v && *v ? std::atoi(v) : 0;
+  };
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (read(name) >= 1) return read(name);
+  // Slurm's PMIx plugin (srun --mpi=pmix) exports PMIX_RANK but not always a size; the step's task
+  // count is Slurm's own. Only under a PMIx server (PMIX_RANK set): a plain srun without PMI starts
+  // singletons that could not talk to each other.
+  if (std::getenv("PMIX_RANK"))
+    for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"})
+      if (read(name) >= 1) return read(name);
   return 1;
 }
 

@@ -14,8 +14,10 @@
 namespace zt {
 
 // The number of processes the launcher started, from its environment: OMPI_COMM_WORLD_SIZE
-// (OpenMPI's mpirun), else PMI_SIZE (MPICH/Hydra, Slurm's PMI-2), else PMIX_SIZE... 1 when none is
-// set (a plain launch). Read before MPI is initialised, so a plain launch never touches MPI.
+// (OpenMPI's mpirun), else PMI_SIZE (MPICH/Hydra, Slurm's PMI-2), else PMIX_SIZE, else, when
+// PMIX_RANK says a PMIx server started us (srun --mpi=pmix), SLURM_STEP_NUM_TASKS or SLURM_NTASKS;
+// 1 when none is set (a plain launch). Read before MPI is initialised, so a plain launch never
+// touches MPI.
 int launched_processes();
 
 // Refuses (zt::Error kInvalidArgument, one sentence) what a multi-process run does not build:

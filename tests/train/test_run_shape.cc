@@ -12,6 +12,7 @@
 
 #include "comm/nccl_comm.h"
 #include "core/status.h"
+#include "train/processes.h"
 #include "model/config.h"
 #include "test_util.h"
 #include "train/run_shape.h"
@@ -307,6 +308,28 @@ TEST(RunShape, OutputsNeverOverwriteInputsOrEachOther) {
   EXPECT_NE(error_of([&] { check_run_paths(c); }).find("--init-from only seeds a fresh run"), std::string::npos);
   c.resume = "auto";  // nothing to resume in an empty --checkpoint-dir: --init-from seeds the run
   EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
+}
+
+// The launch's size from the launcher's environment: OpenMPI first, then PMI, PMIx, and Slurm's
+// task count only under a PMIx server; nothing set is one process.
+TEST(RunShape, LaunchedProcessesReadsTheLaunchersEnvironment) {
+  const char* names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS",
+                         "SLURM_NTASKS"};
+  for (const char* n : names) unsetenv(n);
+  EXPECT_EQ(launched_processes(), 1);
+  setenv("SLURM_NTASKS", "6", 1);
+  EXPECT_EQ(launched_processes(), 1) << "a Slurm variable alone is a plain srun: singletons";
+  setenv("PMIX_RANK", "0", 1);
+  EXPECT_EQ(launched_processes(), 6);
+  setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+  EXPECT_EQ(launched_processes(), 4);
+  setenv("PMIX_SIZE", "3", 1);
+  EXPECT_EQ(launched_processes(), 3);
+  setenv("PMI_SIZE", "2", 1);
+  EXPECT_EQ(launched_processes(), 2);
+  setenv("OMPI_COMM_WORLD_SIZE", "5", 1);
+  EXPECT_EQ(launched_processes(), 5);
+  for (const char* n : names) unsetenv(n);
 }
 
 }  // namespace
