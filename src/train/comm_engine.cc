@@ -7,7 +7,6 @@
 #include "comm/nccl_comm.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
-#include "train/processes.h"
 
 namespace zt {
 
@@ -26,8 +25,8 @@ void check_comm_engine(const TrainConfig& cfg, Backend backend, int devices) {
   const std::set<int> gpus(spec.cuda_ordinals.begin(), spec.cuda_ordinals.end());
   ZT_REQUIRE(gpus.size() == spec.cuda_ordinals.size(), "--comm nccl needs one GPU per device (NCCL cannot put two ranks "
              "on one GPU); --devices ", cfg.devices, " shares a GPU, so use --comm ring with it");
-  ZT_REQUIRE(launched_processes() == 1, "--comm nccl runs in one process for now; under mpirun/srun the collectives "
-             "run on the MPI ring, so use --comm ring");
+  ZT_REQUIRE(cfg.comm_topology == CommTopology::kFlat, "--comm nccl picks its own algorithms inside and across "
+             "nodes; --comm-topology hierarchical applies to --comm ring");
   const char* ring_only = cfg.tensor_parallel > 1     ? "--tensor-parallel"
                           : cfg.pipeline_parallel > 1 ? "--pipeline-parallel"
                           : cfg.offload_optimizer     ? "--offload optimizer"
@@ -44,7 +43,7 @@ namespace {
 // consumer after its comm stream, as after the in-process ring).
 class NcclDataCollectives final : public DataCollectives {
  public:
-  explicit NcclDataCollectives(const std::vector<Device*>& local) : comm_(local) {}
+  NcclDataCollectives(const std::vector<Device*>& local, const NcclClique* clique) : comm_(local, clique) {}
   int world() const override { return comm_.world(); }
   int global_rank(int local) const override { return comm_.global_rank(local); }
   void reduce_scatter(int local, TensorView full, Stream* producer) override {
@@ -59,8 +58,8 @@ class NcclDataCollectives final : public DataCollectives {
 
 }  // namespace
 
-std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) {
-  return std::make_unique<NcclDataCollectives>(local);
+std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local, const NcclClique* clique) {
+  return std::make_unique<NcclDataCollectives>(local, clique);
 }
 
 }  // namespace zt

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/nccl_comm.h"
 #include "runtime/backend.h"
 #include "runtime/device.h"
 #include "train/trainer.h"
@@ -13,12 +14,14 @@
 namespace zt {
 
 // Throws zt::Error(kInvalidArgument), one sentence, when cfg.comm is kNccl and the run cannot use
-// it: a build without NCCL, CPU devices (`devices` of them), logical devices sharing a GPU, several
-// processes (mpirun), or a flag whose collectives or recovery are built on the ring only.
+// it: a build without NCCL, CPU devices (`devices` of them), logical devices sharing a GPU,
+// --comm-topology hierarchical, or a flag whose collectives or recovery are built on the ring only.
 void check_comm_engine(const TrainConfig& cfg, Backend backend, int devices);
 
-// One NCCL communicator over `local` (this process's CUDA devices, the whole data group) as the
-// engine's ZeroOptions::processes. Destroy it before the devices.
-std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local);
+// One NCCL communicator over `local` (this process's CUDA devices) as the engine's
+// ZeroOptions::processes: the whole data group, or with `clique` (several processes,
+// Processes::connect_nccl) its ranks clique->first_rank.. of clique->world. Destroy it before the
+// devices.
+std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local, const NcclClique* clique = nullptr);
 
 }  // namespace zt

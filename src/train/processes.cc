@@ -2,10 +2,16 @@
 // collectives over ProcessRing (see processes.h). Without MPI in the build, only the refusal.
 #include "train/processes.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "comm/nccl_comm.h"
 #include "core/status.h"
+#include "train/comm_engine.h"
 
 #if ZT_WITH_MPI
 #include "comm/process_group.h"
@@ -158,6 +164,46 @@ std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& 
   return std::make_unique<RingCollectives>(impl_->group, local, hierarchical);
 }
 
+std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Device*>& local) {
+  // Every process's host and device names, so that two processes on one host driving one GPU are
+  // refused here in one sentence rather than by NCCL's init (a duplicate-GPU error or a hang).
+  constexpr size_t kSeat = 1024;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string mine = std::string(host) + "\n";
+  for (const Device* d : local) mine += d->name() + "\n";
+  mine.resize(kSeat - 1, '\0');
+  std::vector<char> all(kSeat * static_cast<size_t>(size()));
+  std::vector<char> seat(mine.begin(), mine.end());
+  seat.push_back('\0');
+  impl_->group.all_gather(seat.data(), all.data(), kSeat, "the NCCL clique's device list");
+  std::vector<std::pair<std::string, int>> used;  // "host device", process
+  for (int p = 0; p < size(); ++p) {
+    const std::string list(all.data() + static_cast<size_t>(p) * kSeat);
+    const std::string h = list.substr(0, list.find('\n'));
+    for (size_t at = list.find('\n') + 1, end; at < list.size() && (end = list.find('\n', at)) != std::string::npos;
+         at = end + 1) {
+      const std::string key = h + " " + list.substr(at, end - at);
+      for (const auto& [k, q] : used)
+        ZT_REQUIRE(k != key, "--comm nccl: processes ", q, " and ", p, " both drive ", key.substr(h.size() + 1),
+                   " on host ", h, " (NCCL needs one rank per GPU); give each process its own GPUs, e.g. one "
+                   "process per node with --devices all");
+      used.emplace_back(key, p);
+    }
+  }
+  NcclClique clique;
+  clique.world = size() * static_cast<int>(local.size());
+  clique.first_rank = rank() * static_cast<int>(local.size());
+  std::vector<uint8_t> id = rank() == 0 ? NcclComm::new_unique_id() : std::vector<uint8_t>{};
+  const uint64_t id_bytes = impl_->group.all_gather(uint64_t{id.size()}, "the NCCL id's size")[0];
+  ZT_REQUIRE(id_bytes > 0, "process 0 could not make an NCCL unique id");
+  id.resize(id_bytes);
+  std::vector<uint8_t> ids(id_bytes * static_cast<size_t>(size()));
+  impl_->group.all_gather(id.data(), ids.data(), id_bytes, "the NCCL unique id");
+  clique.id.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(id_bytes));  // process 0's
+  return zt::connect_nccl(local, &clique);
+}
+
 std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view what) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size()));
   impl_->group.all_gather(mine.data(), all.data(), mine.size() * sizeof(double), what);
@@ -182,6 +228,7 @@ Processes::~Processes() = default;
 int Processes::rank() const { return 0; }
 int Processes::size() const { return 1; }
 std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&, int, bool) { return nullptr; }
+std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Device*>&) { return nullptr; }
 std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view) { return mine; }
 void Processes::finalize() {}
 

@@ -49,6 +49,10 @@ class Processes {
   // bitwise.
   std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor = 1,
                                            bool hierarchical = false);
+  // --comm nccl across processes: one NCCL clique over every process's devices (global rank
+  // p * L + i), its unique id made by process 0 and sent over MPI. Refuses (kInvalidArgument, on
+  // every process alike) two processes driving the same GPU of one host. Collective.
+  std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local);
   // Every process's values, concatenated in process order (every process sends as many).
   std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what);
   // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).

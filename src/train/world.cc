@@ -134,7 +134,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   } else {
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
     if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
-      collectives_ = run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
+      collectives_ = run.cfg.comm == CommEngine::kNccl
+                         ? run.processes->connect_nccl(devs_)
+                         : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
       zo.processes = collectives_.get();
     } else if (run.cfg.comm == CommEngine::kNccl) {  // the data group's collectives on NCCL (train/comm_engine.h)
       collectives_ = connect_nccl(devs_);
