@@ -134,7 +134,7 @@ unsigned softmax_grid(int64_t rows) {
 void matmul_forward(void* stream, float* out, const float* in, const float* weight,
                     const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32) {
   detail::LaunchScope scope(stream);
-  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
   // out^T[OC,N] = W[OC,C] (= (W^T stored)^T) * in^T[C,N]
   gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, out, OC, tf32);
   if (bias != nullptr) {
@@ -148,7 +148,7 @@ void matmul_backward(void* stream, float* din, float* dweight, float* dbias, con
                      const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
                      bool tf32) {
   detail::LaunchScope scope(stream);
-  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
   if (din != nullptr) {
     // din^T[C,N] += W^T[C,OC] * dout^T[OC,N]
     gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32);
@@ -188,7 +188,7 @@ void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int
 void attention_forward(void* stream, float* out, float* preatt, float* att, const float* qkv,
                        int64_t B, int64_t T, int64_t C, int64_t NH) {
   detail::LaunchScope scope(stream);
-  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
   const int64_t hs = C / NH;
   const int64_t C3 = 3 * C;
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
@@ -218,7 +218,7 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                         int64_t NH) {
   detail::LaunchScope scope(stream);
-  cublasHandle_t h = detail::cublas_handle(scope.stream(), scope.device());
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
   const int64_t hs = C / NH;
   const int64_t C3 = 3 * C;
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));

@@ -1,69 +1,66 @@
-// The per-(GPU, stream) cuBLAS handle cache behind kernels/cuda/cublas_handle.h.
+// The per-stream cuBLAS handle behind kernels/cuda/cublas_handle.h: a StreamResource of the
+// stream (runtime/cuda/cuda_backend.h) whose workspace is a block of the device pool.
 #include "kernels/cuda/cublas_handle.h"
 
 #include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <mutex>
-#include <unordered_map>
+#include <memory>
 
+#include "memory/caching_allocator.h"
+#include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/device.h"
+#include "runtime/stream.h"
 
 namespace zt::cuda_ops::detail {
 namespace {
 
-// cuBLAS's recommended workspace: 32 MiB on Hopper and newer, 4 MiB before. A private workspace
-// per handle keeps GEMMs on different streams from sharing one (cuBLAS's reproducibility rule).
-constexpr size_t kWorkspaceBytesHopper = size_t{32} << 20;
-constexpr size_t kWorkspaceBytesOlder = size_t{4} << 20;
-
-struct Key {
-  int ordinal;
-  cudaStream_t stream;
-  bool operator==(const Key& o) const { return ordinal == o.ordinal && stream == o.stream; }
-};
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    return std::hash<const void*>()(k.stream) * 31u + static_cast<size_t>(k.ordinal);
-  }
-};
-
-class HandleCache {
+class CublasResource final : public cuda::StreamResource {
  public:
-  cublasHandle_t get(cudaStream_t stream, int ordinal) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(Key{ordinal, stream});
-    if (it != handles_.end()) return it->second;
-    cublasHandle_t handle = create(stream, ordinal);
-    handles_.emplace(Key{ordinal, stream}, handle);
-    return handle;
+  explicit CublasResource(Stream& stream) : pool_(stream.device().memory()) {
+    const size_t bytes = stream.device().gemm_workspace_bytes();
+    // Allocated on this stream and only used by it: the pool's stream rules need no event.
+    workspace_ = pool_.allocate(bytes, stream, "cuBLAS workspace");
+    try {
+      ZT_CUBLAS_CHECK(cublasCreate(&handle_));
+      // cublasSetStream resets the workspace to cuBLAS's default pool: set the stream first.
+      ZT_CUBLAS_CHECK(cublasSetStream(handle_, static_cast<cudaStream_t>(stream.native_handle())));
+      ZT_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, bytes));
+      ZT_CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
+      ZT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    } catch (...) {
+      release();
+      throw;
+    }
   }
+  // Runs with the stream drained (StreamResource's contract): nothing uses the workspace any more.
+  ~CublasResource() override { release(); }
+  CublasResource(const CublasResource&) = delete;
+  CublasResource& operator=(const CublasResource&) = delete;
+
+  cublasHandle_t handle() const { return handle_; }
 
  private:
-  static cublasHandle_t create(cudaStream_t stream, int ordinal) {
-    cuda::DeviceGuard guard(ordinal);
-    int major = 0;
-    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
-    const size_t workspace_bytes = major >= 9 ? kWorkspaceBytesHopper : kWorkspaceBytesOlder;
-    void* workspace = nullptr;
-    ZT_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-    cublasHandle_t handle = nullptr;
-    const cublasStatus_t created = cublasCreate(&handle);
-    if (created != CUBLAS_STATUS_SUCCESS) {
-      (void)cudaFree(workspace);
-      throw_cublas_error(created, "cublasCreate(&handle)", __FILE__, __LINE__);
+  void release() noexcept {
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+    handle_ = nullptr;
+    if (workspace_ != nullptr) {
+      try {
+        pool_.free(workspace_);
+      } catch (...) {  // a failed device's pool: its memory goes with the pool anyway
+      }
     }
-    // cublasSetStream resets the workspace to cuBLAS's default pool: set the stream first.
-    ZT_CUBLAS_CHECK(cublasSetStream(handle, stream));
-    ZT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, workspace_bytes));
-    ZT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
-    ZT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-    return handle;
+    workspace_ = nullptr;
+    (void)cudaGetLastError();
   }
 
-  std::mutex mu_;
-  std::unordered_map<Key, cublasHandle_t, KeyHash> handles_;
+  CachingAllocator& pool_;
+  void* workspace_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
 };
+
+std::unique_ptr<cuda::StreamResource> make_cublas(Stream& stream) {
+  return std::make_unique<CublasResource>(stream);
+}
 
 }  // namespace
 
@@ -79,10 +76,9 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
                            cublasGetStatusName(status), " (", cublasGetStatusString(status), ")"));
 }
 
-cublasHandle_t cublas_handle(cudaStream_t stream, int ordinal) {
-  // Leaked on purpose (see the header): usable until the very end of the process.
-  static HandleCache* cache = new HandleCache();
-  return cache->get(stream, ordinal);
+cublasHandle_t cublas_handle(cudaStream_t stream) {
+  auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
+  return r.handle();
 }
 
 }  // namespace zt::cuda_ops::detail

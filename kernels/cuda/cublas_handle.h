@@ -1,6 +1,6 @@
-// cuBLAS handles for the op launchers: one per (GPU, stream), created on first use, bound to its
-// stream and given its own workspace, so that concurrent streams never share handle state.
-// Includes cublas_v2.h, so only kernels/cuda/*.cu may include it.
+// cuBLAS handles for the op launchers: one per stream, created on first use, bound to its stream
+// and given its own workspace from the device pool, so that concurrent streams never share handle
+// state. Includes cublas_v2.h, so only kernels/cuda/*.cu may include it.
 #pragma once
 
 #include <cublas_v2.h>
@@ -13,16 +13,15 @@ namespace zt::cuda_ops::detail {
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
                                      int line);
 
-// The handle for `stream` on GPU `ordinal` (the caller's current device, see LaunchScope).
-// Thread-safe. Handles live until the process exits (never destroyed: destroying them during
-// static destruction would race the CUDA runtime's own teardown). A handle is configured once:
-// stream, pointer mode host, default math (true fp32, no TF32), a private workspace.
+// The handle for `stream`, a stream of a CUDA device of this process, called with the stream's GPU
+// current (see LaunchScope). Thread-safe. Configured once: stream, pointer mode host, default math
+// (true fp32, no TF32), a private workspace of Device::gemm_workspace_bytes() taken from the
+// device's pool (counted by the memory plan). Handle and workspace live as long as the stream
+// (a runtime/cuda StreamResource): the device destroys them with its streams, before its pool.
 //
 // Invariant: work on one stream is issued by one host thread at a time (stream order needs that
-// anyway), so the handle is never used concurrently. A destroyed stream's handle is reused by a
-// new stream that CUDA happens to give the same address on the same GPU: the handle stores only
-// that address, so it then drives the new stream, which is correct.
-cublasHandle_t cublas_handle(cudaStream_t stream, int ordinal);
+// anyway), so the handle is never used concurrently.
+cublasHandle_t cublas_handle(cudaStream_t stream);
 
 }  // namespace zt::cuda_ops::detail
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "memory/pinned_host_buffer.h"
 #include "runtime/backend.h"
 #include "runtime/event.h"
 #include "runtime/observer.h"
@@ -62,6 +63,19 @@ class Device {
 
   virtual CachingAllocator& memory() = 0;
   virtual bool can_access_peer(const Device& other) const = 0;
+
+  // Bytes of GEMM-library workspace (cuBLAS) that each stream running matrix products takes from
+  // this device's pool, once, at its first product, and hands back when the stream is destroyed.
+  // The memory plan counts it (train/plan.h); the CUDA launchers size the workspace from it.
+  // 0 on the CPU backend (OpenBLAS needs none from the pool).
+  virtual size_t gemm_workspace_bytes() const { return 0; }
+
+  // Host memory for this device's asynchronous device<->host copies (snapshot and checkpoint
+  // staging): page-locked (cudaHostAlloc) on CUDA, so a copy is DMA without a pageable bounce;
+  // 256-byte aligned host memory on the CPU backend. Not zero-filled. The buffer may outlive the
+  // device. Throws zt::Error(kOutOfMemory) when the host cannot provide `bytes`; 0 bytes gives an
+  // empty buffer.
+  virtual PinnedHostBuffer alloc_host_pinned(size_t bytes);
 
   // Waits for every stream of the device; rethrows a sticky error.
   virtual void synchronize() = 0;

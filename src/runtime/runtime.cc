@@ -3,6 +3,7 @@
 #include "runtime/runtime.h"
 
 #include <atomic>
+#include <memory>
 
 #include "core/status.h"
 #include "runtime/cpu/cpu_device.h"
@@ -40,6 +41,17 @@ void Device::inject_fault(FaultKind kind) {
 }
 
 void Device::abandon(const std::string& /*why*/) {}
+
+PinnedHostBuffer Device::alloc_host_pinned(size_t bytes) {
+  if (bytes == 0) return {};
+  // Shared by every CPU device's buffers; a buffer keeps it alive past the runtime.
+  static const std::shared_ptr<RawAllocator> host = std::make_shared<HostRawAllocator>();
+  void* p = host->allocate(bytes);
+  if (p == nullptr)
+    ZT_THROW(ErrorKind::kOutOfMemory, name(), ": the host could not provide ", bytes,
+             " bytes for a device-to-host copy buffer; free host memory or copy in smaller pieces");
+  return PinnedHostBuffer(p, bytes, host, /*pinned=*/false);
+}
 
 void Runtime::set_observer(TaskObserver* observer) {
   observer_ = observer;

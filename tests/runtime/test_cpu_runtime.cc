@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -725,6 +726,39 @@ class ForeignStream final : public Stream {
  private:
   Device& d_;
 };
+
+// Device::alloc_host_pinned on the CPU backend: aligned, writable host memory that a device's
+// stream copies into and out of, owned by a movable buffer that may outlive the runtime.
+TEST(CpuRuntime, HostCopyBuffersRoundTripThroughADeviceAndOutliveTheRuntime) {
+  auto rt = Runtime::create_cpu(2);
+  Device& dev = rt->device(1);
+  EXPECT_EQ(dev.gemm_workspace_bytes(), 0u);  // OpenBLAS takes nothing from the pool
+  EXPECT_EQ(dev.alloc_host_pinned(0).data(), nullptr);
+  for (size_t n : {size_t{1}, size_t{255}, size_t{257}, size_t{1} << 20, size_t{3} * 1000 * 1000 + 7}) {
+    PinnedHostBuffer src = dev.alloc_host_pinned(n);
+    PinnedHostBuffer dst = dev.alloc_host_pinned(n);
+    ASSERT_NE(src.data(), nullptr);
+    EXPECT_EQ(src.size(), n);
+    EXPECT_FALSE(src.pinned());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(src.data()) % 256, 0u) << n;
+    auto* bytes = static_cast<uint8_t*>(src.data());
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 131 + n);
+    void* device_copy = dev.memory().allocate(n, dev.compute(), "test");
+    dev.compute().copy(device_copy, src.data(), n);
+    std::memset(dst.data(), 0xee, n);
+    dev.compute().copy(dst.data(), device_copy, n);
+    dev.compute().synchronize();
+    EXPECT_EQ(std::memcmp(dst.data(), src.data(), n), 0) << n;
+    dev.memory().free(device_copy);
+  }
+  PinnedHostBuffer kept = dev.alloc_host_pinned(4096);
+  PinnedHostBuffer moved = std::move(kept);
+  EXPECT_EQ(kept.data(), nullptr);
+  EXPECT_EQ(kept.size(), 0u);
+  rt.reset();
+  std::memset(moved.data(), 0x5a, moved.size());  // still valid (ASan checks) after the runtime is gone
+  EXPECT_EQ(static_cast<uint8_t*>(moved.data())[4095], 0x5a);
+}
 
 TEST(TaskObserver, CpuEnqueueChecksTheStreamsBackend) {
   auto rt = Runtime::create_cpu(1);

@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/cuda/cast.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -409,6 +410,66 @@ TEST(CudaRuntime, PoolAllocatesOnTheGpu) {
   s.synchronize();
   pool.empty_cache();
   EXPECT_EQ(pool.stats().reserved_bytes, 0u);
+}
+
+// The cuBLAS workspace is a pool block of gemm_workspace_bytes(), taken once per stream at its
+// first GEMM (what the memory plan counts), and the GEMM still computes the right product.
+TEST(CudaRuntime, GemmWorkspaceComesFromThePoolOncePerStream) {
+  ZT_SKIP_WITHOUT_GPU();
+  auto dev = one_device();
+  const size_t ws = dev->gemm_workspace_bytes();
+  EXPECT_TRUE(ws == 4 * kMiB || ws == 32 * kMiB) << ws;
+  CachingAllocator& pool = dev->memory();
+  constexpr int64_t N = 3, C = 5, OC = 7;
+  std::vector<float> in(N * C), w(OC * C), out(N * OC, NAN);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 7) - 3.0f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+  auto run = [&](Stream& s) {
+    auto* d_in = static_cast<float*>(pool.allocate(in.size() * 4, s, "test"));
+    auto* d_w = static_cast<float*>(pool.allocate(w.size() * 4, s, "test"));
+    auto* d_out = static_cast<float*>(pool.allocate(out.size() * 4, s, "test"));
+    s.copy(d_in, in.data(), in.size() * 4);
+    s.copy(d_w, w.data(), w.size() * 4);
+    s.synchronize();
+    const size_t before = pool.stats().allocated_bytes;
+    cuda_ops::matmul_forward(s.native_handle(), d_out, d_in, d_w, nullptr, N, C, OC, false);
+    s.copy(out.data(), d_out, out.size() * 4);
+    s.synchronize();
+    const size_t grew = pool.stats().allocated_bytes - before;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OC; ++o) {
+        double ref = 0;
+        for (int64_t c = 0; c < C; ++c) ref += double{in[n * C + c]} * w[o * C + c];
+        EXPECT_EQ(out[n * OC + o], static_cast<float>(ref)) << n << "," << o;  // small integers/halves: exact
+      }
+    for (void* p : {static_cast<void*>(d_in), static_cast<void*>(d_w), static_cast<void*>(d_out)}) pool.free(p);
+    return grew;
+  };
+  EXPECT_EQ(run(dev->compute()), pool_rounded_size(ws));
+  EXPECT_EQ(run(dev->compute()), 0u);  // sized once per stream
+  Stream& other = dev->create_stream();
+  EXPECT_EQ(run(other), pool_rounded_size(ws));
+  EXPECT_GE(pool.stats().reserved_bytes, 2 * ws);
+}
+
+// Device::alloc_host_pinned on CUDA: page-locked memory that an async device-to-host copy fills.
+TEST(CudaRuntime, HostCopyBuffersArePinned) {
+  ZT_SKIP_WITHOUT_GPU();
+  auto dev = one_device();
+  const size_t n = 3 * kMiB + 11;
+  PinnedHostBuffer buf = dev->alloc_host_pinned(n);
+  ASSERT_NE(buf.data(), nullptr);
+  EXPECT_TRUE(buf.pinned());
+  EXPECT_EQ(cuda::pointer_device(buf.data()), -1);
+  Stream& s = dev->compute();
+  void* p = dev->memory().allocate(n, s, "test");
+  s.memset(p, 0x3c, n);
+  s.copy(buf.data(), p, n);
+  s.synchronize();
+  EXPECT_EQ(first_not(static_cast<const uint8_t*>(buf.data()), 0x3c, n), -1);
+  dev->memory().free(p);
+  dev.reset();
+  buf.reset();  // after its device: the allocator is shared, not the device's
 }
 
 TEST(CudaRuntime, SharedGpuPoolIsCappedAtItsShare) {

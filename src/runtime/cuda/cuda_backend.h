@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,20 @@ class TaskSpan {
   void* stream_ = nullptr;  // the CudaStream
   bool open_ = false;
 };
+
+// A library's per-stream state (the cuBLAS handle with its workspace from the device pool): made
+// on first use, destroyed with its stream, before the device's pool (it may hold pool memory), with
+// the stream drained first, so its destructor may free pool blocks and destroy library handles.
+class StreamResource {
+ public:
+  virtual ~StreamResource() = default;
+};
+enum StreamResourceSlot : int { kCublasResource = 0, kNumStreamResources };
+using StreamResourceFactory = std::unique_ptr<StreamResource> (*)(Stream& stream);
+// The resource in `slot` of the stream whose cudaStream_t is `native` (a stream of a live CUDA
+// device), made by make(stream) the first time. Thread-safe; one resource per (stream, slot). A
+// cudaStream_t of no CUDA device of this process is zt::Error(kInternal).
+StreamResource& stream_resource(void* native, StreamResourceSlot slot, StreamResourceFactory make);
 
 // cudaMalloc/cudaFree on GPU `ordinal`; allocate() returns nullptr when the GPU is out of memory
 // or when `capacity_bytes` (0 = unlimited) would be exceeded.

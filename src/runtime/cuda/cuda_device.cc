@@ -15,6 +15,10 @@
 //    legs on the source stream. The staging block is freed right after the copies are enqueued:
 //    only stream work touches it, so the pool's stream rules (reuse on the same stream at once,
 //    on other streams only after an event) make reuse safe.
+//  - Library state per stream (the cuBLAS handle and its workspace, a block of the device pool sized
+//    by gemm_workspace_bytes()) hangs off the CudaStream as a StreamResource, found from the
+//    launchers' cudaStream_t through a registry; the device destroys it after draining its streams
+//    and before its pool, so a recovery rebuild returns the workspaces instead of leaking them.
 //  - Destructors never throw: after a sticky CUDA error, or while the static runtime unloads at
 //    exit, every call fails, and a failed device must still be destroyable.
 //  - Injected faults live in this wrapper, never in the CUDA context (a real sticky error would
@@ -340,6 +344,10 @@ class CudaStream final : public Stream {
   // Reports the completed spans in order; with `reanchor`, renews an old anchor (stream idle).
   void flush_spans(bool reanchor) noexcept;
 
+  StreamResource& resource(StreamResourceSlot slot, StreamResourceFactory make);
+  // Destroys the library resources (the stream must be drained); idempotent, never throws.
+  void release_resources() noexcept;
+
  private:
   struct Span {
     const char* name;
@@ -364,7 +372,37 @@ class CudaStream final : public Stream {
   cudaEvent_t anchor_ = nullptr;        // guarded by span_mu_
   std::chrono::steady_clock::time_point anchor_time_;  // guarded by span_mu_
   std::mutex flush_mu_;                 // one reporter at a time keeps each stream's order
+
+  std::mutex resources_mu_;
+  std::array<std::unique_ptr<StreamResource>, kNumStreamResources> resources_;  // guarded by resources_mu_
 };
+
+// cudaStream_t -> its CudaStream, for the launchers (which see only the native handle) to reach
+// the stream's resources. Never destroyed (streams may unregister during static destruction).
+class StreamRegistry {
+ public:
+  void add(cudaStream_t native, CudaStream* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_[native] = s;
+  }
+  void remove(cudaStream_t native) {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.erase(native);
+  }
+  CudaStream* find(cudaStream_t native) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(native);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<cudaStream_t, CudaStream*> streams_;
+};
+StreamRegistry& stream_registry() {
+  static StreamRegistry* registry = new StreamRegistry();
+  return *registry;
+}
 
 // Depth of TaskSpans on this host thread: only the outermost records events.
 thread_local int t_span_depth = 0;
@@ -412,6 +450,7 @@ struct GpuInfo {
   int priority_normal = 0;  // cudaDeviceGetStreamPriorityRange: numerically lower = higher
   int priority_high = 0;
   int share_count = 0;  // logical devices on this GPU
+  int major = 0;        // compute capability
 };
 
 class CudaDevice final : public Device {
@@ -442,6 +481,8 @@ class CudaDevice final : public Device {
       QuietDeviceGuard guard(ordinal_);
       ignore_error(cudaStreamSynchronize(static_cast<cudaStream_t>(s->native_handle())));
     }
+    // Library workspaces are pool blocks: back to the pool before it goes.
+    for (auto& s : streams_) s->release_resources();
     staging_.reset();
     pool_.reset();
   }
@@ -469,6 +510,23 @@ class CudaDevice final : public Device {
   std::unique_ptr<Event> create_timing_event() override { return std::make_unique<CudaEvent>(ordinal_, true); }
 
   CachingAllocator& memory() override { return *pool_; }
+
+  // cuBLAS's recommended workspace: 32 MiB on Hopper and newer, 4 MiB before. One per stream keeps
+  // GEMMs on different streams from sharing one (cuBLAS's reproducibility rule).
+  size_t gemm_workspace_bytes() const override {
+    return gpu_.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
+  }
+
+  PinnedHostBuffer alloc_host_pinned(size_t bytes) override {
+    if (bytes == 0) return {};
+    // One allocator for the process (cudaHostAlloc is portable to every GPU); buffers share it.
+    static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator();
+    void* p = pinned->allocate(bytes);
+    if (p == nullptr)
+      ZT_THROW(ErrorKind::kOutOfMemory, name_, ": cudaHostAlloc could not pin ", bytes,
+               " bytes of host memory for a device-to-host copy buffer; free host memory or copy in smaller pieces");
+    return PinnedHostBuffer(p, bytes, pinned, /*pinned=*/true);
+  }
 
   bool can_access_peer(const Device& other) const override {
     const auto* peer = dynamic_cast<const CudaDevice*>(&other);
@@ -633,13 +691,16 @@ CudaStream::CudaStream(CudaDevice& device, int id, int priority)
   DeviceGuard guard(ordinal_);
   // Non-blocking: no implicit synchronisation with the legacy default stream.
   ZT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  stream_registry().add(stream_, this);
 }
 
 CudaStream::~CudaStream() {
   if (stream_ == nullptr) return;
+  stream_registry().remove(stream_);
   QuietDeviceGuard guard(ordinal_);
   // Host functions still queued refer to this object: let them finish first.
   ignore_error(cudaStreamSynchronize(stream_));
+  release_resources();
   release_events();  // unreported spans are dropped: the observer may be gone already
   ignore_error(cudaStreamDestroy(stream_));
 }
@@ -787,6 +848,24 @@ void CudaStream::release_events() noexcept {
 }
 
 Device& CudaStream::device() { return device_; }
+
+StreamResource& CudaStream::resource(StreamResourceSlot slot, StreamResourceFactory make) {
+  std::lock_guard<std::mutex> lock(resources_mu_);
+  auto& r = resources_[static_cast<size_t>(slot)];
+  if (!r) r = make(*this);
+  ZT_CHECK(r != nullptr, "the factory of stream resource ", static_cast<int>(slot), " returned nothing");
+  return *r;
+}
+
+void CudaStream::release_resources() noexcept {
+  std::array<std::unique_ptr<StreamResource>, kNumStreamResources> gone;
+  {
+    std::lock_guard<std::mutex> lock(resources_mu_);
+    gone.swap(resources_);
+  }
+  QuietDeviceGuard guard(ordinal_);
+  for (auto& r : gone) r.reset();  // resource destructors must not throw (see cuda_backend.h)
+}
 
 void CudaStream::check(cudaError_t err, const char* call, int line) {
   if (err == cudaSuccess) [[likely]]
@@ -986,6 +1065,12 @@ TaskSpan::~TaskSpan() {
 
 void* TaskSpan::native() const { return static_cast<CudaStream*>(stream_)->native_handle(); }
 
+StreamResource& stream_resource(void* native, StreamResourceSlot slot, StreamResourceFactory make) {
+  CudaStream* s = stream_registry().find(static_cast<cudaStream_t>(native));
+  ZT_CHECK(s != nullptr, "a CUDA launcher ran on a stream that no CUDA device of this process owns");
+  return s->resource(slot, make);
+}
+
 void profiler_start() { ignore_error(cudaProfilerStart()); }
 void profiler_stop() { ignore_error(cudaProfilerStop()); }
 
@@ -1039,6 +1124,7 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     DeviceGuard guard(ordinal);
     cudaDeviceProp prop{};
     ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    gpu.major = prop.major;
     gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
     size_t free_bytes = 0;
