@@ -171,7 +171,7 @@ namespace {
 // phase with the most pool bytes in blocks.
 DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& resident,
                        const std::vector<std::vector<Alloc>>& phases, size_t ws, size_t extra_ws, size_t comm,
-                       size_t batch, size_t* work) {
+                       size_t batch, size_t library, size_t* work) {
   DevicePlan dev;
   for (size_t p = 0; p < phases.size(); ++p) {
     std::vector<Alloc> live = resident;
@@ -189,9 +189,10 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   dev.host = eng.host;
   dev.comm = comm;
   dev.batch = batch;
+  dev.library = library;
   dev.total = reserved_bytes(resident, phases, work);
-  const size_t requested =
-      dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient + dev.batch;
+  const size_t requested = dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient +
+                           dev.batch + dev.library;
   dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
   return dev;
 }
@@ -260,11 +261,12 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
                                                        : (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
       if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
     }
+    if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
     std::vector<std::vector<Alloc>> phases(2);
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
     phases[1].insert(phases[1].end(), eval.begin(), eval.end());
-    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, &plan.work);
+    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, in.gemm_workspace, &plan.work);
     dev.stage = s;
     stages.push_back(dev);
   }
@@ -313,6 +315,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
   const size_t comm = Communicator::planned_buffer_bytes(N);
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
+  if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
   work += resident.size();
 
   // Two phases: a training micro-batch, and (GPT) the end-of-run sample's forward with its own
@@ -328,7 +331,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t sample_ws = gpt && in.sampling ? model->workspace_bytes(1, T) : 0;
   if (sample_ws) phases.push_back(phase_allocs(eng.forward_peak, sample_ws));
 
-  const DevicePlan dev = device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, &work);
+  const DevicePlan dev =
+      device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, in.gemm_workspace, &work);
 
   MemoryPlan plan;
   plan.inputs = in;
@@ -624,6 +628,9 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
                   F(d.total).c_str(), d.memory ? F(d.memory).c_str() : "-", d.fits() ? "yes" : "NO");
     os << line;
   }
+  if (in.gemm_workspace)
+    os << "GEMM library workspace (cuBLAS, compute stream, from the pool): " << F(in.gemm_workspace)
+       << " per device, in each total\n";
   if (in.offload)
     os << "host (offloaded optimizer, " << static_cast<int>(in.offload_fraction * 100 + 0.5) << "% of each shard): "
        << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())
@@ -792,7 +799,11 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   PlanInputs in = partial;
   in.devices = rt.size();
   in.device_memory.clear();
-  for (int r = 0; r < rt.size(); ++r) in.device_memory.push_back(rt.device(r).total_memory());
+  in.gemm_workspace = 0;
+  for (int r = 0; r < rt.size(); ++r) {
+    in.device_memory.push_back(rt.device(r).total_memory());
+    in.gemm_workspace = std::max(in.gemm_workspace, rt.device(r).gemm_workspace_bytes());
+  }
   in.max_devices = available_devices(rt);
   return plan_memory(model, in);
 }

@@ -37,6 +37,10 @@ struct PlanInputs {
   std::string pp_schedule = "1f1b";
   int virtual_stages = 1;
   std::string pp_layout;  // "" = the balanced split
+  // Device::gemm_workspace_bytes() of the devices: the GEMM library's workspace, a pool block each
+  // device's compute stream (the stream every matrix product runs on) holds from its first GEMM
+  // (cuBLAS on CUDA; 0 on the CPU backend).
+  size_t gemm_workspace = 0;
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).
@@ -47,6 +51,7 @@ struct DevicePlan {
   size_t comm = 0;         // ring receive buffers
   size_t transient = 0;    // peak live stage 2/3 gradient buckets and stage 3 gathered blocks
   size_t batch = 0;        // inputs, targets, per-block norm partials
+  size_t library = 0;      // GEMM library workspace (PlanInputs::gemm_workspace)
   size_t pool_overhead = 0;  // reserved minus requested: block rounding and segment granularity
   size_t peak_allocated = 0;  // predicted pool peak in blocks (MemoryStats::peak_allocated_bytes)
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory

@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "runtime/runtime.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
@@ -183,6 +184,48 @@ TEST(Plan, RefusesARunThatCannotFitAndTheFixFits) {
   c.zero_stage = plan.suggestion.zero_stage;
   const TrainResult r = train(c);
   EXPECT_EQ(r.steps, 2);
+}
+
+// A CUDA device's cuBLAS workspace (Device::gemm_workspace_bytes, one pool block per device's
+// compute stream) is part of each device's predicted peak, by the pool's own size rules, and a
+// named line of the printed plan; the CPU backend's devices need none.
+TEST(Plan, CountsTheGemmWorkspaceOfEachDevice) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.embd = 32;
+  const ModelConfig mc = make_model_config("gpt-tiny", o);
+  const size_t ws = size_t{32} << 20;
+  for (const int pipeline : {1, 2}) {
+    PlanInputs in = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
+    in.pipeline = pipeline;
+    in.micro_batches = 2;
+    const MemoryPlan without = plan_memory_only(mc, in);
+    in.gemm_workspace = ws;
+    const MemoryPlan with = plan_memory_only(mc, in);
+    ASSERT_EQ(with.per_device.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      const DevicePlan& a = without.per_device[r];
+      const DevicePlan& b = with.per_device[r];
+      EXPECT_EQ(a.library, 0u);
+      EXPECT_EQ(b.library, ws);
+      EXPECT_EQ(b.peak_allocated - a.peak_allocated, pool_rounded_size(ws)) << pipeline;
+      EXPECT_EQ(b.total - a.total, pool_large_segment_bytes(pool_rounded_size(ws))) << pipeline;
+      EXPECT_EQ(b.params + b.grads + b.optimizer + b.activations + b.comm + b.transient + b.batch + b.library +
+                    b.pool_overhead,
+                b.total);
+    }
+    const std::string line = "GEMM library workspace (cuBLAS, compute stream, from the pool): " +
+                             format_plan_bytes(ws) + " per device";
+    EXPECT_NE(format_plan(mc, with).find(line), std::string::npos) << format_plan(mc, with);
+    EXPECT_EQ(format_plan(mc, without).find("GEMM library workspace"), std::string::npos);
+    // Memory that holds the run only without the workspace: the workspace decides the verdict.
+    in.device_memory = {without.per_device[0].total + ws / 2};
+    EXPECT_FALSE(plan_memory_only(mc, in).fits);
+    in.gemm_workspace = 0;
+    EXPECT_TRUE(plan_memory_only(mc, in).fits);
+  }
+  auto rt = Runtime::create_cpu(2);
+  EXPECT_EQ(plan_run(mc, *rt, inputs_of(short_run("gpt-tiny", o, 2, 2), 2)).inputs.gemm_workspace, 0u);
 }
 
 TEST(Plan, SuggestsASmallerMicroBatchWhenStagesDoNotHelp) {
