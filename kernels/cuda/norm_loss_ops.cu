@@ -3,6 +3,9 @@
 // (layernorm) or one block (classifier) per row, sums accumulated in double like the CPU kernels
 // and combined in a fixed order. The layernorm parameter gradients are column sums by a fixed
 // row-stripe tree: no float atomics anywhere, so every result is run-to-run deterministic.
+#include <cub/block/block_reduce.cuh>
+#include <cuda/std/functional>
+
 #include <cmath>
 #include <cstdint>
 
@@ -124,13 +127,42 @@ __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
 // One block per row of logits [N,V]: max, sum of exp, loss, then dlogits in place.
 constexpr int kClassifierBlock = 512;
 
+// A row's max / sum of exp over the block, with cub::BlockReduce (a fixed combination order for a
+// fixed block size, so run-to-run deterministic; no test compares these bits with the CPU backend,
+// whose sequential double sum is another order anyway), broadcast to every thread. The classifier
+// and the vocabulary-parallel kernels share it, so the chain's row statistics equal the
+// classifier's bit for bit. Call from every thread of a kClassifierBlock block.
+template <typename T>
+struct RowReduce {
+  typename cub::BlockReduce<T, kClassifierBlock>::TempStorage temp;
+  T result;
+};
+// fmaxf, not cuda::maximum: a NaN logit is skipped exactly as the CPU backend's std::fmax does.
+struct FMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <typename T, typename Op>
+__device__ __forceinline__ T row_reduce(T v, Op op, RowReduce<T>& shared) {
+  const T r = cub::BlockReduce<T, kClassifierBlock>(shared.temp).Reduce(v, op);
+  if (threadIdx.x == 0) shared.result = r;
+  // Also orders this call's reads of `temp` (thread 0, inside Reduce) before the next call's writes.
+  __syncthreads();
+  return shared.result;
+}
+__device__ __forceinline__ float row_max_all(float v, RowReduce<float>& shared) {
+  return row_reduce(v, FMax{}, shared);
+}
+__device__ __forceinline__ double row_sum_all(double v, RowReduce<double>& shared) {
+  return row_reduce(v, ::cuda::std::plus<double>{}, shared);
+}
+
 __global__ void __launch_bounds__(kClassifierBlock)
     classifier_kernel(float* __restrict__ logits, float* __restrict__ losses,
                                   const int32_t* __restrict__ targets, int64_t N, int64_t V,
                                   float dloss_arg, bool compute_grad,
                                   const float* __restrict__ dloss_scale) {
-  __shared__ float scratch[kWarpSize];
-  __shared__ double scratch_sum[kWarpSize];
+  __shared__ RowReduce<float> max_shared;
+  __shared__ RowReduce<double> sum_shared;
   // Dynamic loss scaling: the scale lives in device memory and is read when the kernel runs.
   const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
@@ -142,10 +174,10 @@ __global__ void __launch_bounds__(kClassifierBlock)
     const float target_logit = valid ? x[target] : 0.0f;
     float m = -INFINITY;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
-    m = detail::block_max(m, scratch);
+    m = row_max_all(m, max_shared);
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp_elem(x[i] - m);
-    s = detail::block_sum(s, scratch_sum);
+    s = row_sum_all(s, sum_shared);
     if (threadIdx.x == 0) {
       // A target >= V is a caller bug (the CPU backend throws): flag the row's loss as NaN.
       losses[row] = ignored ? 0.0f
@@ -159,20 +191,21 @@ __global__ void __launch_bounds__(kClassifierBlock)
         x[i] = ignored ? 0.0f : (p - (i == target ? 1.0f : 0.0f)) * dloss;
       }
     }
-    __syncthreads();  // the next row's block_max reuses scratch
+    __syncthreads();  // every thread has read the broadcast results before the next row writes them
   }
 }
 
 // ---- vocabulary-parallel cross-entropy: one block per row, as the classifier ------------------
 __global__ void __launch_bounds__(kClassifierBlock)
     row_max_kernel(float* __restrict__ out, const float* __restrict__ logits, int64_t N, int64_t V, int64_t real) {
-  __shared__ float scratch[kWarpSize];
+  __shared__ RowReduce<float> max_shared;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const float* x = logits + row * V;
     float m = -INFINITY;
     for (int64_t i = threadIdx.x; i < real; i += blockDim.x) m = fmaxf(m, x[i]);
-    m = detail::block_max(m, scratch);
+    m = row_max_all(m, max_shared);
     if (threadIdx.x == 0) out[row] = m;
+    __syncthreads();  // thread 0 has read the broadcast before the next row writes it
   }
 }
 
@@ -183,10 +216,10 @@ __global__ void __launch_bounds__(kClassifierBlock)
     vocab_partials_kernel(float* __restrict__ out, const float* __restrict__ logits,
                           const float* __restrict__ max, const int32_t* __restrict__ targets,
                           int64_t N, int64_t V, int64_t begin, int64_t total) {
-  __shared__ double scratch_sum[kWarpSize];
+  __shared__ RowReduce<double> sum_shared;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int32_t target = targets[row];
-    if (target < 0) {  // uniform over the block: no thread reaches the block_sum below
+    if (target < 0) {  // uniform over the block: no thread reaches the row_sum_all below
       if (threadIdx.x == 0) {
         out[row] = 0.0f;
         out[N + row] = 0.0f;
@@ -198,12 +231,13 @@ __global__ void __launch_bounds__(kClassifierBlock)
     const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding takes no part
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += exp_elem(x[i] - m);
-    s = detail::block_sum(s, scratch_sum);
+    s = row_sum_all(s, sum_shared);
     if (threadIdx.x == 0) {
       const int64_t local = target - begin;
       out[row] = target < total ? static_cast<float>(s) : NAN;
       out[N + row] = local >= 0 && local < V ? x[local] : 0.0f;
     }
+    __syncthreads();  // thread 0 has read the broadcast before the next row writes it
   }
 }
 
