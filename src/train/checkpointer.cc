@@ -1,8 +1,18 @@
 // Checkpoint meta, snapshots and background saves (see checkpointer.h).
 #include "train/checkpointer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
+
+#include "checkpoint/file_io.h"
+#include "train/processes.h"
+
+#if ZT_WITH_MPI
+#include "comm/process_group.h"
+#endif
 
 namespace zt {
 
@@ -33,7 +43,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
                  {"hidden", mc.hidden}, {"classes", mc.classes}}},
       {"precision", precision},
       {"zero_stage", cfg.zero_stage},
-      {"devices", world.size()},
+      {"devices", world.size() * (run.processes ? run.processes->size() : 1)},
       {"step", steps_done},
       {"tokens_seen", static_cast<int64_t>(steps_done) * cfg.batch_size * run.T},
       // The data order is a function of (seed, step): the sampler continues at global batch
@@ -113,21 +123,127 @@ HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCoun
                           : take_snapshot(world.engine(), world.model(), adamw, counters.step,
                                           [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
   snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
+  if (run.processes) {
+    // The engine's world is every process's ranks; this process took its own (global ranks
+    // p * L + i, in take_snapshot's slots 0..L-1).
+    const int L = world.size();
+    snap.shards.resize(static_cast<size_t>(L));
+    snap.first_rank = run.processes->rank() * L;
+    snap.world_ranks = run.processes->size() * L;
+  }
   return snap;
 }
+
+namespace {
+
+#if ZT_WITH_MPI
+// write_checkpoint's team over a process group of its own (MPI_COMM_WORLD duplicated): texts are
+// sent as a length, then the bytes.
+class ProcessTeam final : public CheckpointTeam {
+ public:
+  explicit ProcessTeam(std::chrono::milliseconds timeout) : group_(timeout) {}
+  ~ProcessTeam() override {
+    // Leaving while a peer may be gone (an error unwinds the run): a broken group is not freed,
+    // since freeing it could wait for that peer.
+    if (std::uncaught_exceptions() > 0) group_.abort("the run is ending with an error");
+  }
+  int process() const override { return group_.rank(); }
+  std::vector<std::string> gather(const std::string& mine) override {
+    if (group_.rank() != 0) {
+      send_text(0, mine, kGatherTag);
+      return {};
+    }
+    std::vector<std::string> all(static_cast<size_t>(group_.size()));
+    all[0] = mine;
+    for (int p = 1; p < group_.size(); ++p) all[static_cast<size_t>(p)] = recv_text(p, kGatherTag);
+    return all;
+  }
+  std::string broadcast(const std::string& from_lead) override {
+    if (group_.rank() != 0) return recv_text(0, kBroadcastTag);
+    for (int p = 1; p < group_.size(); ++p) send_text(p, from_lead, kBroadcastTag);
+    return from_lead;
+  }
+
+ private:
+  static constexpr int kGatherTag = 1, kBroadcastTag = 3;  // the length; the text is tag + 1
+  void send_text(int peer, const std::string& text, int tag) {
+    const uint64_t n = text.size();
+    group_.send(peer, &n, sizeof n, tag, "a checkpoint message's size");
+    if (n > 0) group_.send(peer, text.data(), n, tag + 1, "a checkpoint message");
+  }
+  std::string recv_text(int peer, int tag) {
+    uint64_t n = 0;
+    group_.recv(peer, &n, sizeof n, tag, "the checkpoint's barrier (a process's part of the save)");
+    std::string text(n, '\0');
+    if (n > 0) group_.recv(peer, text.data(), n, tag + 1, "a checkpoint message");
+    return text;
+  }
+  ProcessGroup group_;
+};
+#endif
+
+std::unique_ptr<CheckpointTeam> make_team(const RunContext& run) {
+  if (!run.processes) return nullptr;
+#if ZT_WITH_MPI
+  return std::make_unique<ProcessTeam>(std::chrono::milliseconds(static_cast<int64_t>(run.cfg.comm_timeout_s * 1000)));
+#else
+  ZT_THROW(ErrorKind::kInternal, "a run over several processes in a build without MPI");
+#endif
+}
+
+}  // namespace
 
 Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_(log) {
   const TrainConfig& cfg = run.cfg;
   if (cfg.checkpoint_dir.empty()) return;
-  lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, run_identity(run.mc, cfg.seed, cfg.data), !cfg.resume.empty()));
-  for (const std::string& n : lease_->notes()) log_.line("note: " + n);
-  saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep);
+  const RunIdentity id = run_identity(run.mc, cfg.seed, cfg.data);
+  team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
+  if (!team_) {
+    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+  } else {
+    // Process 0 takes the directory for the launch; the others follow its verdict, so that a
+    // refusal is one sentence from every process rather than a hang on process 0's absence.
+    nlohmann::json verdict = nlohmann::json::object();
+    if (team_->process() == 0) try {
+        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+      } catch (const Error& e) {
+        verdict = {{"error", e.message()}, {"kind", static_cast<int>(e.kind())}};
+      }
+    verdict = nlohmann::json::parse(team_->broadcast(verdict.dump()));
+    if (verdict.contains("error"))
+      throw Error(static_cast<ErrorKind>(verdict["kind"].get<int>()), verdict["error"].get<std::string>());
+  }
+  if (lease_)
+    for (const std::string& n : lease_->notes()) log_.line("note: " + n);
+  saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep, team_.get());
 }
 
 Checkpointer::~Checkpointer() {
   // Joins the writer (a failure nobody collected is dropped: the run is already ending with an
   // error); the previous complete checkpoints are untouched either way.
   saver_.reset();
+}
+
+std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
+  if (!saver_) return "";
+  // The team's barrier would wait for the lost process: a save in flight is left to fail (its
+  // staging directory is removed by the next complete save's cleanup).
+  const std::string& root = run_.cfg.checkpoint_dir;
+  const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
+  CheckpointWriter writer(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), false});
+  write_snapshot_files(snap, writer);
+  nlohmann::json part = writer.hand_over();
+  const std::string staging = part["staging"].get<std::string>();
+  part.erase("staging");
+  part["partial"] = {{"step", snap.step}, {"process", process}, {"ranks", files}, {"meta", snap.meta}};
+  atomic_write_file(staging, kPartialFileName, part.dump(1));
+  const std::string path = root + "/" + partial_dir_name(snap.step, process);
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // an older partial of the same step and process
+  if (::rename(staging.c_str(), path.c_str()) != 0)
+    ZT_THROW(ErrorKind::kIo, path, ": cannot rename the partial snapshot into place (", errno_text(errno), ")");
+  fsync_dir(root);
+  return path;
 }
 
 void Checkpointer::save(HostSnapshot snap, double stall_s) {
