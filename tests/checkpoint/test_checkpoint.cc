@@ -235,6 +235,45 @@ TEST(Checkpoint, RoundTripFromConcurrentFiles) {
                                              "rank-00002.bin", "rank-00003.bin"}));
 }
 
+// Several processes (train/checkpointer.h): a lead part and another part write their files into
+// their own staging directories; the other hands over (as text, as MPI carries it), the lead
+// adopts and commits one checkpoint equal to a one-writer save, with no staging left behind.
+TEST(Checkpoint, PartsHandOverToTheLeadWhichCommitsOneCheckpoint) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const int files = 4;
+  CheckpointWriter lead(dir.str(), 7, files, WriterPart{0, 2, true});
+  CheckpointWriter other(dir.str(), 7, files, WriterPart{2, 2, false});
+  for (CheckpointWriter* w : {&lead, &other})
+    for (const ArraySpec& a : arrays) w->declare_array(a.name, a.dtype, a.numel, a.shape);
+  for (int r = 0; r < files; ++r) {
+    CheckpointWriter& w = r < 2 ? lead : other;
+    for (size_t ai = 0; ai < arrays.size(); ++ai) {
+      const ArraySpec& a = arrays[ai];
+      const uint64_t elem = storage_dtype_size(a.dtype);
+      const std::vector<uint8_t> data = array_bytes(7, static_cast<int>(ai), a.numel * elem);
+      const uint64_t b = a.numel * r / files, e = a.numel * (r + 1) / files;
+      w.write_range(r, a.name, b, data.data() + b * elem, (e - b) * elem);
+    }
+  }
+  // A part writes only its own files; the lead cannot commit without the others'.
+  expect_error([&] { other.write_range(0, arrays[0].name, 0, "abcd", 4); }, ErrorKind::kInvalidArgument,
+               {"belongs to another process's part"});
+  expect_error([&] { lead.commit(json::object(), 0); }, ErrorKind::kInvalidArgument,
+               {"rank-00002.bin was never handed over"});
+  const json part = json::parse(other.hand_over().dump());
+  lead.adopt(part);
+  expect_error([&] { lead.adopt(part); }, ErrorKind::kInvalidArgument, {"already present"});
+  const std::string path = lead.commit(json{{"devices", files}}, 0);
+  const CheckpointReader r = CheckpointReader::open(path);
+  EXPECT_EQ(r.manifest().files.size(), 4u);
+  expect_arrays(r, 7, arrays);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000007"}));
+}
+
 // Written by 4 ranks, read back as 3 ranks, 1 rank and random ranges: the bytes of every element
 // are the ones written, whichever stored ranges the request crosses.
 TEST(Checkpoint, AnyRangeReadsReshard) {
