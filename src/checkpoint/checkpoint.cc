@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -520,7 +521,62 @@ nlohmann::json CheckpointWriter::hand_over() {
   }
   fsync_dir(s.staging_path);
   s.handed_over = true;
-  return {{"staging", s.staging_path}, {"files", std::move(files)}};
+  nlohmann::json arrays = nlohmann::json::array();
+  for (const std::string& name : s.array_order) {
+    const ArrayDecl& d = s.arrays.at(name);
+    arrays.push_back({name, static_cast<int>(d.dtype), d.numel, d.shape});
+  }
+  return {{"staging", s.staging_path}, {"files", std::move(files)}, {"arrays", std::move(arrays)}};
+}
+
+std::optional<std::string> assemble_partials(const std::string& root, int keep) {
+  // step -> (directory, its partial.json)
+  std::map<int64_t, std::vector<std::pair<std::string, nlohmann::json>>> parts;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (!starts_with(n, "partial-step-")) continue;
+      const size_t end = n.find("-process-");
+      const std::optional<int64_t> step = end == std::string::npos ? std::nullopt : parse_step_dir(n.substr(8, end - 8));
+      if (!step) continue;
+      std::ifstream in(root + "/" + n + "/" + kPartialFileName);
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.contains("partial") && j.contains("arrays")) parts[*step].emplace_back(root + "/" + n, j);
+    }
+    ::closedir(d);
+  }
+  if (parts.empty()) return std::nullopt;
+  int64_t newest = -1;
+  for (const CheckpointEntry& e : list_checkpoints(root))
+    if (e.has_manifest) newest = std::max(newest, e.step);
+  auto& [step, found] = *parts.rbegin();
+  if (step <= newest) return std::nullopt;
+  const int ranks = found.front().second["partial"]["ranks"].get<int>();
+  std::set<size_t> held;
+  for (const auto& [dir, j] : found)
+    for (const nlohmann::json& f : j["files"]) held.insert(f["index"].get<size_t>());
+  if (held.size() != static_cast<size_t>(ranks) || *held.rbegin() + 1 != static_cast<size_t>(ranks)) return std::nullopt;
+  CheckpointWriter writer(root, step, ranks, WriterPart{0, 0, true});
+  for (const nlohmann::json& a : found.front().second["arrays"])
+    writer.declare_array(a[0].get<std::string>(), static_cast<StorageDType>(a[1].get<int>()), a[2].get<uint64_t>(),
+                         a[3].get<std::vector<int64_t>>());
+  std::set<size_t> adopted;
+  for (auto& [dir, j] : found) {
+    nlohmann::json part = {{"staging", dir}, {"files", nlohmann::json::array()}};
+    for (const nlohmann::json& f : j["files"])  // a rank both its process and a replica hold: once
+      if (adopted.insert(f["index"].get<size_t>()).second) part["files"].push_back(f);
+    writer.adopt(part);
+  }
+  nlohmann::json meta = found.front().second["partial"]["meta"];
+  meta.erase("checkpoint_owner");
+  const std::string path = writer.commit(meta, keep);
+  for (const auto& [s, list] : parts)
+    if (s <= step)
+      for (const auto& [dir, j] : list) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+  return path;
 }
 
 void CheckpointWriter::adopt(const nlohmann::json& part) {

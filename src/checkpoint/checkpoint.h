@@ -55,6 +55,13 @@ std::string format_rank_file(int rank);
 // checkpoint: list_checkpoints never lists it, pruning never deletes it, --resume refuses it.
 inline constexpr char kPartialFileName[] = "partial.json";
 std::string partial_dir_name(int64_t step, int process);
+// --resume auto after a lost process: when ROOT holds partial directories of one step newer than
+// its newest complete checkpoint that together hold every rank's file (each process's own part
+// and the replicas of the lost one's), adopts them into ROOT/step-N, committed as any checkpoint
+// with the meta they recorded, then removes the partial directories up to that step. Returns the
+// checkpoint's path, or nullopt when there is nothing complete to assemble (partials are then left
+// alone). The caller holds the directory's lease.
+std::optional<std::string> assemble_partials(const std::string& root, int keep);
 
 struct CheckpointEntry {
   int64_t step = 0;

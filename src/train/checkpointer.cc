@@ -1,6 +1,7 @@
 // Checkpoint meta, snapshots and background saves (see checkpointer.h).
 #include "train/checkpointer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -163,9 +164,29 @@ class ProcessTeam final : public CheckpointTeam {
     for (int p = 1; p < group_.size(); ++p) send_text(p, from_lead, kBroadcastTag);
     return from_lead;
   }
+  std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) override {
+    const int K = group_.size(), next = (group_.rank() + 1) % K, prev = (group_.rank() + K - 1) % K;
+    const uint64_t n = mine.size();
+    uint64_t m = 0;
+    group_.send_recv(next, &n, sizeof n, prev, &m, sizeof m, kShiftTag, "the replicated snapshot's size");
+    std::vector<uint8_t> theirs(m);
+    // Several messages when large (kMaxMessageBytes each); send_recv posts both halves first.
+    for (uint64_t off = 0; off < std::max(n, m); off += ProcessGroup::kMaxMessageBytes) {
+      const uint64_t sn = off < n ? std::min<uint64_t>(n - off, ProcessGroup::kMaxMessageBytes) : 0;
+      const uint64_t rn = off < m ? std::min<uint64_t>(m - off, ProcessGroup::kMaxMessageBytes) : 0;
+      if (sn > 0 && rn > 0)
+        group_.send_recv(next, mine.data() + off, sn, prev, theirs.data() + off, rn, kShiftTag + 1,
+                         "the replicated snapshot");
+      else if (sn > 0)
+        group_.send(next, mine.data() + off, sn, kShiftTag + 1, "the replicated snapshot");
+      else
+        group_.recv(prev, theirs.data() + off, rn, kShiftTag + 1, "the replicated snapshot");
+    }
+    return theirs;
+  }
 
  private:
-  static constexpr int kGatherTag = 1, kBroadcastTag = 3;  // the length; the text is tag + 1
+  static constexpr int kGatherTag = 1, kBroadcastTag = 3, kShiftTag = 5;  // the length; the bytes are tag + 1
   void send_text(int peer, const std::string& text, int tag) {
     const uint64_t n = text.size();
     group_.send(peer, &n, sizeof n, tag, "a checkpoint message's size");
@@ -200,12 +221,15 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
   if (!team_) {
     lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+    if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
   } else {
     // Process 0 takes the directory for the launch; the others follow its verdict, so that a
     // refusal is one sentence from every process rather than a hang on process 0's absence.
     nlohmann::json verdict = nlohmann::json::object();
     if (team_->process() == 0) try {
         lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+        // Before the others resolve --resume auto (they wait for this verdict).
+        if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
       } catch (const Error& e) {
         verdict = {{"error", e.message()}, {"kind", static_cast<int>(e.kind())}};
       }
@@ -215,6 +239,8 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   }
   if (lease_)
     for (const std::string& n : lease_->notes()) log_.line("note: " + n);
+  if (assembled_)
+    log_.line("note: assembled " + *assembled_ + " from the parts of the snapshot the processes held when one was lost");
   saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep, team_.get());
 }
 
@@ -224,26 +250,48 @@ Checkpointer::~Checkpointer() {
   saver_.reset();
 }
 
-std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
-  if (!saver_) return "";
-  // The team's barrier would wait for the lost process: a save in flight is left to fail (its
-  // staging directory is removed by the next complete save's cleanup).
-  const std::string& root = run_.cfg.checkpoint_dir;
+void Checkpointer::replicate(const HostSnapshot& snap) {
+  if (!team_) return;
+  wait();
+  HostSnapshot held = deserialize_shards(team_->shift(serialize_shards(snap)));
+  held.meta = snap.meta;  // the same on every process (the counters are)
+  held_from_ = (team_->process() + run_.processes->size() - 1) % run_.processes->size();
+  held_ = std::move(held);
+}
+
+namespace {
+
+// One part of a snapshot as ROOT/<name> (a partial directory: rank files and kPartialFileName).
+std::string write_part(const HostSnapshot& snap, const std::string& root, const std::string& name) {
   const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
   CheckpointWriter writer(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), false});
   write_snapshot_files(snap, writer);
   nlohmann::json part = writer.hand_over();
   const std::string staging = part["staging"].get<std::string>();
   part.erase("staging");
-  part["partial"] = {{"step", snap.step}, {"process", process}, {"ranks", files}, {"meta", snap.meta}};
+  part["partial"] = {{"step", snap.step}, {"ranks", files}, {"meta", snap.meta}};
   atomic_write_file(staging, kPartialFileName, part.dump(1));
-  const std::string path = root + "/" + partial_dir_name(snap.step, process);
+  const std::string path = root + "/" + name;
   std::error_code ec;
   std::filesystem::remove_all(path, ec);  // an older partial of the same step and process
   if (::rename(staging.c_str(), path.c_str()) != 0)
     ZT_THROW(ErrorKind::kIo, path, ": cannot rename the partial snapshot into place (", errno_text(errno), ")");
   fsync_dir(root);
   return path;
+}
+
+}  // namespace
+
+std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
+  if (!saver_) return "";
+  // The team's barrier would wait for the lost process: a save in flight is left to fail (its
+  // staging directory is removed by the next complete save's cleanup).
+  const std::string& root = run_.cfg.checkpoint_dir;
+  std::string written = write_part(snap, root, partial_dir_name(snap.step, process));
+  if (held_ && held_->step == snap.step)
+    written += " and " + write_part(*held_, root, partial_dir_name(snap.step, held_from_) + "-held-by-" +
+                                                      std::to_string(process));
+  return written;
 }
 
 void Checkpointer::save(HostSnapshot snap, double stall_s) {

@@ -387,7 +387,77 @@ void write_files(const HostSnapshot& snap, CheckpointWriter& writer) {
   if (error) std::rethrow_exception(error);
 }
 
+template <typename T>
+void put(std::vector<uint8_t>& out, const T* data, size_t n) {
+  const auto* b = reinterpret_cast<const uint8_t*>(data);
+  out.insert(out.end(), b, b + n * sizeof(T));
+}
+template <typename T>
+void take(const std::vector<uint8_t>& in, size_t& at, T* data, size_t n) {
+  ZT_CHECK(at + n * sizeof(T) <= in.size(), "a replicated snapshot is shorter than its header says");
+  std::memcpy(data, in.data() + at, n * sizeof(T));
+  at += n * sizeof(T);
+}
+
 }  // namespace
+
+std::vector<uint8_t> serialize_shards(const HostSnapshot& snap) {
+  nlohmann::json sizes = nlohmann::json::array();
+  for (const auto& rank : snap.shards)
+    for (const HostShard& h : rank) sizes.push_back({h.begin, h.master.size(), h.v.size(), h.working.size()});
+  const std::string header = nlohmann::json{{"step", snap.step}, {"working", static_cast<int>(snap.working)},
+                                            {"adamw", snap.adamw}, {"blocks", snap.block_names},
+                                            {"numel", snap.block_numel}, {"ranks", snap.shards.size()},
+                                            {"first_rank", snap.first_rank}, {"world_ranks", snap.world_ranks},
+                                            {"sizes", sizes}}
+                                 .dump();
+  std::vector<uint8_t> out;
+  const uint64_t n = header.size();
+  put(out, &n, 1);
+  put(out, header.data(), header.size());
+  for (const auto& rank : snap.shards)
+    for (const HostShard& h : rank) {
+      put(out, h.master.data(), h.master.size());
+      put(out, h.m.data(), h.m.size());
+      put(out, h.v.data(), h.v.size());
+      put(out, h.working.data(), h.working.size());
+    }
+  return out;
+}
+
+HostSnapshot deserialize_shards(const std::vector<uint8_t>& bytes) {
+  size_t at = 0;
+  uint64_t n = 0;
+  take(bytes, at, &n, 1);
+  std::string header(n, '\0');
+  take(bytes, at, header.data(), n);
+  const nlohmann::json h = nlohmann::json::parse(header);
+  HostSnapshot s;
+  s.step = h["step"];
+  s.working = static_cast<DType>(h["working"].get<int>());
+  s.adamw = h["adamw"];
+  s.block_names = h["blocks"].get<std::vector<std::string>>();
+  s.block_numel = h["numel"].get<std::vector<int64_t>>();
+  s.first_rank = h["first_rank"];
+  s.world_ranks = h["world_ranks"];
+  const size_t ranks = h["ranks"], blocks = s.block_names.size();
+  s.shards.assign(ranks, std::vector<HostShard>(blocks));
+  size_t i = 0;
+  for (auto& rank : s.shards)
+    for (HostShard& sh : rank) {
+      const nlohmann::json& z = h["sizes"].at(i++);
+      sh.begin = z[0];
+      sh.master.resize(z[1]);
+      sh.m.resize(z[1]);
+      sh.v.resize(z[2]);
+      sh.working.resize(z[3]);
+      take(bytes, at, sh.master.data(), sh.master.size());
+      take(bytes, at, sh.m.data(), sh.m.size());
+      take(bytes, at, sh.v.data(), sh.v.size());
+      take(bytes, at, sh.working.data(), sh.working.size());
+    }
+  return s;
+}
 
 void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer) {
   declare_arrays(snap, writer);

@@ -82,6 +82,10 @@ void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src
 // the fp32 masters (master) or the working parameters widened to fp32. Synchronizes every device.
 std::vector<std::vector<float>> logical_parameters(ZeroEngine& engine, const Model& model, bool master);
 
+// A snapshot's shards and shape as bytes and back (no meta): what replication sends.
+std::vector<uint8_t> serialize_shards(const HostSnapshot& snap);
+HostSnapshot deserialize_shards(const std::vector<uint8_t>& bytes);
+
 // Declares the snapshot's arrays in writer and writes its ranks' files (first_rank onwards), each
 // file finished; the caller commits (or, as a part, hands over).
 void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer);
@@ -96,6 +100,8 @@ class CheckpointTeam {
   virtual std::vector<std::string> gather(const std::string& mine) = 0;
   // Process 0's text on every process (the others pass anything).
   virtual std::string broadcast(const std::string& from_lead) = 0;
+  // Sends `mine` to process p + 1 and returns what process p - 1 sent (mod the process count).
+  virtual std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) = 0;
 };
 
 // Writes a snapshot as a checkpoint (one file per rank that took it, written concurrently), then

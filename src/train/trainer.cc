@@ -288,6 +288,7 @@ void Trainer::start_world(World& w, int index) {
     // A snapshot now, so that a failure before the first periodic one loses only the steps since the start.
     const auto ts0 = Clock::now();
     snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
+    if (run_.processes) checkpointer_->replicate(*snapshot_);
     log_.emit({{"event", "snapshot"}, {"step", counters_.step}, {"bytes", snapshot_->bytes()},
                {"stall_ms", seconds_since(ts0) * 1e3}});
   }
@@ -398,6 +399,7 @@ bool Trainer::train_world(World& w) {
       if (cfg_.snapshot_every > 0 && (step + 1) % cfg_.snapshot_every == 0 && !last) {
         const auto ts0 = Clock::now();
         snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
+        if (run_.processes) checkpointer_->replicate(*snapshot_);
         log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
                    {"stall_ms", seconds_since(ts0) * 1e3}});
       }
@@ -599,7 +601,8 @@ void Trainer::lost_process(World& w, const Error& e, int step) {
     // not a checkpoint (--resume refuses it). Complete checkpoints are left as they are.
     if (snapshot_) try {
         msg += "; this process's part of the snapshot of step " + std::to_string(snapshot_->step) + " is in " +
-               checkpointer_->write_partial(*snapshot_, run_.processes->rank()) + " (not resumable by itself)";
+               checkpointer_->write_partial(*snapshot_, run_.processes->rank()) +
+               " (--resume auto assembles the parts when they hold every rank)";
       } catch (const Error& we) {
         msg += "; writing this process's part of the snapshot failed too (" + we.message() + ")";
       }

@@ -205,5 +205,44 @@ void kill_one(int np, int local, int victim) {
 TEST(MpiLostProcess, KillOneOfTwo) { kill_one(2, 2, 1); }
 TEST(MpiLostProcess, KillOneOfThree) { kill_one(3, 1, 0); }
 
+double final_loss(const std::string& output) {
+  double loss = -1;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("event", "") == "summary") loss = j["final_loss"].get<double>();
+  }
+  return loss;
+}
+
+// Item 6: one of 3 processes is killed at step 7; each survivor holds its own and its neighbour's
+// ranks of the step-6 snapshot, scripts/elastic relaunches the 2 survivors, which assemble the
+// parts into a checkpoint and finish the run within 1% of an uninterrupted run's final loss.
+TEST(MpiLostProcess, ElasticRelaunchFinishesTheRun) {
+  test_util::TempDir dir("mpi_ckpt_elastic");
+  const std::string ck = dir.path("ck");
+  const std::string flags = "--batch-size 6 --steps 12 --snapshot-every 2 ";
+  const auto whole = run_binary(mpirun(3) + ZEROTRAIN_BIN, one(1, flags + "--comm-timeout 60"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto r = run_binary("ZEROTRAIN_TEST_SIGKILL=1,7 " + std::string(ELASTIC_SCRIPT) +
+                                " 3 --allow-run-as-root --oversubscribe -x ZEROTRAIN_TEST_SIGKILL -- " + ZEROTRAIN_BIN,
+                            one(1, flags + "--comm-timeout 3 --checkpoint-dir " + ck));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("zerotrain: step 7: rank 1 (process 1) has died or stalled"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("relaunching the 2 survivors"), std::string::npos) << r.output;
+  // The relaunch resumed from the assembled snapshot of step 6 (every rank: process 1's from
+  // process 2's replica), not from scratch: it reported steps 7-12 only.
+  EXPECT_TRUE(std::filesystem::exists(ck + "/step-00000006/manifest.json")) << r.output;
+  const std::map<int, double> resumed = losses(r.output.substr(r.output.find("relaunching")));
+  ASSERT_FALSE(resumed.empty()) << r.output;
+  EXPECT_EQ(resumed.begin()->first, 7) << r.output;
+  EXPECT_EQ(resumed.rbegin()->first, 12) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().rfind("partial-", 0), std::string::npos) << e.path();
+  const double a = final_loss(whole.output), b = final_loss(r.output);
+  ASSERT_GT(a, 0) << whole.output;
+  EXPECT_NEAR(b, a, 0.01 * a) << r.output;
+}
+
 }  // namespace
 }  // namespace zt
