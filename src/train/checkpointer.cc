@@ -259,37 +259,14 @@ void Checkpointer::replicate(const HostSnapshot& snap) {
   held_ = std::move(held);
 }
 
-namespace {
-
-// One part of a snapshot as ROOT/<name> (a partial directory: rank files and kPartialFileName).
-std::string write_part(const HostSnapshot& snap, const std::string& root, const std::string& name) {
-  const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
-  CheckpointWriter writer(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), false});
-  write_snapshot_files(snap, writer);
-  nlohmann::json part = writer.hand_over();
-  const std::string staging = part["staging"].get<std::string>();
-  part.erase("staging");
-  part["partial"] = {{"step", snap.step}, {"ranks", files}, {"meta", snap.meta}};
-  atomic_write_file(staging, kPartialFileName, part.dump(1));
-  const std::string path = root + "/" + name;
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);  // an older partial of the same step and process
-  if (::rename(staging.c_str(), path.c_str()) != 0)
-    ZT_THROW(ErrorKind::kIo, path, ": cannot rename the partial snapshot into place (", errno_text(errno), ")");
-  fsync_dir(root);
-  return path;
-}
-
-}  // namespace
-
 std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
   if (!saver_) return "";
   // The team's barrier would wait for the lost process: a save in flight is left to fail (its
   // staging directory is removed by the next complete save's cleanup).
   const std::string& root = run_.cfg.checkpoint_dir;
-  std::string written = write_part(snap, root, partial_dir_name(snap.step, process));
+  std::string written = write_snapshot_part(snap, root, partial_dir_name(snap.step, process));
   if (held_ && held_->step == snap.step)
-    written += " and " + write_part(*held_, root, partial_dir_name(snap.step, held_from_) + "-held-by-" +
+    written += " and " + write_snapshot_part(*held_, root, partial_dir_name(snap.step, held_from_) + "-held-by-" +
                                                       std::to_string(process));
   return written;
 }
@@ -313,7 +290,7 @@ void Checkpointer::save(HostSnapshot snap, double stall_s) {
 
 std::string Checkpointer::save_now(const HostSnapshot& snap) {
   wait();
-  const std::string path = write_checkpoint(snap, run_.cfg.checkpoint_dir, run_.cfg.keep);
+  const std::string path = write_checkpoint(snap, run_.cfg.checkpoint_dir, run_.cfg.keep, team_.get());
   std::lock_guard<std::mutex> lock(mu_);
   paths_.push_back(path);
   return path;

@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "checkpoint/file_io.h"
 #include "comm/mesh.h"
+#include "core/files.h"
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "zero/shard_plan.h"
@@ -463,6 +468,25 @@ void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer) {
   declare_arrays(snap, writer);
   write_files(snap, writer);
 }
+
+std::string write_snapshot_part(const HostSnapshot& snap, const std::string& root, const std::string& name) {
+  const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
+  CheckpointWriter writer(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), false});
+  write_snapshot_files(snap, writer);
+  nlohmann::json part = writer.hand_over();
+  const std::string staging = part["staging"].get<std::string>();
+  part.erase("staging");
+  part["partial"] = {{"step", snap.step}, {"ranks", files}, {"meta", snap.meta}};
+  atomic_write_file(staging, kPartialFileName, part.dump(1));
+  const std::string path = root + "/" + name;
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // an older partial of the same step and process
+  if (::rename(staging.c_str(), path.c_str()) != 0)
+    ZT_THROW(ErrorKind::kIo, path, ": cannot rename the partial snapshot into place (", errno_text(errno), ")");
+  fsync_dir(root);
+  return path;
+}
+
 
 namespace {
 

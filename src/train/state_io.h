@@ -90,6 +90,11 @@ HostSnapshot deserialize_shards(const std::vector<uint8_t>& bytes);
 // file finished; the caller commits (or, as a part, hands over).
 void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer);
 
+// One process's ranks of a snapshot as ROOT/<name>, a partial directory (checkpoint.h,
+// kPartialFileName): the rank files and their hand-over with the snapshot's step, rank count and
+// meta, renamed into place (replacing an older one of that name). Returns its path.
+std::string write_snapshot_part(const HostSnapshot& snap, const std::string& root, const std::string& name);
+
 // The processes of a multi-process run writing one checkpoint together (train/checkpointer.cc
 // implements it over MPI, with the run's --comm-timeout on every wait). Process 0 is the lead.
 class CheckpointTeam {

@@ -113,6 +113,12 @@ TEST_P(MpiCheckpoint, OneProcessSavesTwoProcessesResumeBitForBit) {
   expect_same_losses(losses(whole.output), losses(resumed.output), 3, 4);
   EXPECT_EQ(read_file(ck + "/latest"), "step-00000004\n");
   EXPECT_EQ(nlohmann::json::parse(read_file(ck + "/step-00000004/manifest.json"))["files"].size(), 4u);
+  // Nothing left to train: the processes save what they loaded together (the synchronous save).
+  const auto converted = run_binary(mpirun(2) + ZEROTRAIN_BIN,
+                                    one(2, stage + "--steps 4 --comm-timeout 60 --resume auto --checkpoint-dir " + ck));
+  ASSERT_EQ(converted.exit_code, 0) << converted.output;
+  EXPECT_TRUE(losses(converted.output).empty()) << converted.output;
+  EXPECT_NO_THROW(nlohmann::json::parse(read_file(ck + "/step-00000004/manifest.json"))) << converted.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MpiCheckpoint, ::testing::Values(1, 3),
