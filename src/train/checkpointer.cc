@@ -276,8 +276,10 @@ void Checkpointer::save(HostSnapshot snap, double stall_s) {
   const int64_t at = snap.step;
   saver_->save(std::move(snap), [this, stall_s, bytes, at](const std::string& path, double secs) {
     char line[512];
-    std::snprintf(line, sizeof line, "checkpoint %s: %s, training stalled %.1f ms, written in the background in %.1f ms",
-                  path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), stall_s * 1e3, secs * 1e3);
+    // Several processes: the bytes, stall and time are this process's (0's, which prints).
+    std::snprintf(line, sizeof line, "checkpoint %s: %s%s, training stalled %.1f ms, written in the background in %.1f ms",
+                  path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), team_ ? " from process 0" : "",
+                  stall_s * 1e3, secs * 1e3);
     {
       std::lock_guard<std::mutex> lock(mu_);
       paths_.push_back(path);
