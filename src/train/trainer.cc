@@ -597,19 +597,19 @@ void Trainer::lost_process(World& w, const Error& e, int step) {
                                        " (process " + std::to_string(*lost) + ") have") +
                     " died or stalled: " + why;
   if (checkpointer_->enabled()) {
-    // This process's ranks of the newest snapshot; the lost process's are gone with it, so this is
-    // not a checkpoint (--resume refuses it). Complete checkpoints are left as they are.
+    // This process's ranks of the newest snapshot and the replica it holds: one part is not a
+    // checkpoint (--resume refuses it); --resume auto assembles the survivors' parts when they hold
+    // every rank. Complete checkpoints are left as they are.
     if (snapshot_) try {
         msg += "; this process's part of the snapshot of step " + std::to_string(snapshot_->step) + " is in " +
-               checkpointer_->write_partial(*snapshot_, run_.processes->rank()) +
-               " (--resume auto assembles the parts when they hold every rank)";
+               checkpointer_->write_partial(*snapshot_, run_.processes->rank());
       } catch (const Error& we) {
         msg += "; writing this process's part of the snapshot failed too (" + we.message() + ")";
       }
     const std::optional<std::string> latest = read_latest(cfg_.checkpoint_dir);
-    msg += latest ? "; resume from the last complete checkpoint, " + cfg_.checkpoint_dir + "/" + *latest +
-                        ", with --resume auto"
-                  : "; no complete checkpoint was saved yet";
+    msg += std::string("; --resume auto continues from ") + (snapshot_ ? "the survivors' parts if they hold every rank, else " : "") +
+           (latest ? "the last complete checkpoint, " + cfg_.checkpoint_dir + "/" + *latest
+                   : std::string("scratch (no complete checkpoint was saved yet)"));
   }
   log_.emit({{"event", "lost_process"}, {"step", step + 1}, {"process", *lost}, {"message", msg}});
   throw Error(ErrorKind::kLostProcess, msg);
