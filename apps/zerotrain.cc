@@ -34,6 +34,7 @@ namespace {
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitDiverged = 3;  // the loss scale collapsed, or too many consecutive steps were skipped
+constexpr int kExitLostProcess = 4;  // another process of an mpirun launch died or stalled (scripts may relaunch)
 
 std::string human_bytes(double b) { return zt::format_bytes(b); }
 
@@ -273,6 +274,7 @@ int main(int argc, char** argv) {
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());
     if (e.kind() == zt::ErrorKind::kDiverged) return kExitDiverged;
+    if (e.kind() == zt::ErrorKind::kLostProcess) return kExitLostProcess;
     return e.kind() == zt::ErrorKind::kInvalidArgument ? kExitUsage : kExitRuntimeError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zerotrain: internal error: %s\n", e.what());

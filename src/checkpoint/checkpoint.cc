@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <dirent.h>
@@ -229,6 +231,10 @@ std::optional<int64_t> parse_step_dir(std::string_view name) {
   return v;
 }
 
+std::string partial_dir_name(int64_t step, int process) {
+  return "partial-" + format_step_dir(step) + "-process-" + std::to_string(process);
+}
+
 std::string format_rank_file(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
@@ -285,6 +291,7 @@ struct WriterFile {
   uint64_t size = 0;
   XxhState hash;
   bool finished = false;
+  std::optional<uint64_t> digest;  // an adopted file's hash (its writer hashed it in another process)
   // (array name, range); ManifestRange::file is filled at commit.
   std::vector<std::pair<std::string, ManifestRange>> ranges;
 };
@@ -310,12 +317,23 @@ struct CheckpointWriter::State {
   std::vector<std::unique_ptr<WriterFile>> files;
   std::atomic<bool> broken{false};  // a write failed part-way: the files are not what was asked
   bool committed = false;
+  bool lead = true;          // commits (a WriterPart that is not the lead only hands over)
+  bool handed_over = false;  // the staging directory's files belong to the lead now
   // From ROOT/owner.json when ROOT has an owner: stamped into the manifest, and what prune may
   // delete (checkpoints stamped with it, or adopted by it).
   std::string owner_run_id;
   std::set<std::string> adopted;
 
   std::string what(const WriterFile& f) const { return "checkpoint " + root + "/" + name + ": " + f.final_name; }
+
+  // File `file`, which this writer holds (its own, or adopted by the lead).
+  WriterFile& file_at(int file) {
+    ZT_REQUIRE(file >= 0 && file < static_cast<int>(files.size()), "checkpoint file index ", file, " is outside [0, ",
+               files.size(), ")");
+    ZT_REQUIRE(files[static_cast<size_t>(file)] != nullptr, "checkpoint file ", format_rank_file(file),
+               " belongs to another process's part of ", name);
+    return *files[static_cast<size_t>(file)];
+  }
 
   void finish(WriterFile& f) {
     std::lock_guard<std::mutex> lock(f.mu);
@@ -339,10 +357,15 @@ struct CheckpointWriter::State {
   }
 };
 
-CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files) : s_(std::make_unique<State>()) {
+CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files, std::optional<WriterPart> part)
+    : s_(std::make_unique<State>()) {
   ZT_REQUIRE(!root.empty(), "the checkpoint directory name is empty");
   ZT_REQUIRE(step >= 0, "checkpoint step must be non-negative (got ", step, ")");
   ZT_REQUIRE(num_files >= 1 && num_files <= kMaxFiles, "a checkpoint has 1 to ", kMaxFiles, " files (got ", num_files, ")");
+  const WriterPart mine = part.value_or(WriterPart{0, num_files, true});
+  ZT_REQUIRE(mine.first_file >= 0 && mine.count >= 0 && mine.first_file + mine.count <= num_files,
+             "checkpoint part [", mine.first_file, ", +", mine.count, ") lies outside its ", num_files, " files");
+  s_->lead = mine.lead;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   s_->root = root;
   s_->step = step;
@@ -361,9 +384,11 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
     ZT_THROW(ErrorKind::kInvalidArgument, root, ": exists and is not a directory, so checkpoints cannot be saved there");
 
   const std::string lock_path = root + "/" + kLockFileName;
-  s_->lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!s_->lock) ZT_THROW(ErrorKind::kIo, lock_path, ": cannot create the lock file (", errno_text(errno), ")");
-  while (::flock(s_->lock.get(), LOCK_EX | LOCK_NB) != 0) {
+  // The lead's lock covers the whole save: the other parts only write into their own staging
+  // directories, which nothing but the lead's commit (after every hand-over) touches.
+  if (s_->lead) s_->lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (s_->lead && !s_->lock) ZT_THROW(ErrorKind::kIo, lock_path, ": cannot create the lock file (", errno_text(errno), ")");
+  while (s_->lead && ::flock(s_->lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK)
       ZT_THROW(ErrorKind::kInvalidArgument, root, ": another checkpoint save (in this or another process) "
@@ -372,7 +397,7 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
   }
 
   // Under the lock: the owner cannot change during this save.
-  if (const std::optional<OwnerRecord> owner = read_owner(root)) {
+  if (const std::optional<OwnerRecord> owner = s_->lead ? read_owner(root) : std::nullopt) {
     s_->owner_run_id = owner->run_id;
     s_->adopted.insert(owner->adopted.begin(), owner->adopted.end());
   }
@@ -388,7 +413,8 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
   }
   s_->staging_exists = true;
   try {
-    for (int r = 0; r < num_files; ++r) {
+    s_->files.resize(static_cast<size_t>(num_files));
+    for (int r = mine.first_file; r < mine.first_file + mine.count; ++r) {
       auto f = std::make_unique<WriterFile>();
       f->final_name = format_rank_file(r);
       f->tmp_name = "." + f->final_name + ".tmp";
@@ -396,7 +422,7 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
       f->fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
       if (!f->fd) ZT_THROW(ErrorKind::kIo, path, ": cannot create the checkpoint file (", errno_text(errno), ")");
       f->hash = new_xxh_state();
-      s_->files.push_back(std::move(f));
+      s_->files[static_cast<size_t>(r)] = std::move(f);
     }
   } catch (...) {
     s_->files.clear();
@@ -407,8 +433,9 @@ CheckpointWriter::CheckpointWriter(std::string root, int64_t step, int num_files
 
 CheckpointWriter::~CheckpointWriter() {
   if (!s_) return;
-  for (auto& f : s_->files) f->fd.reset();
-  if (!s_->committed) s_->discard_staging();
+  for (auto& f : s_->files)
+    if (f) f->fd.reset();
+  if (!s_->committed && !s_->handed_over) s_->discard_staging();
 }
 
 const std::string& CheckpointWriter::root() const { return s_->root; }
@@ -439,7 +466,7 @@ void CheckpointWriter::declare_array(const std::string& name, StorageDType dtype
 
 void CheckpointWriter::write_range(int file, const std::string& name, uint64_t begin, const void* data,
                                    uint64_t bytes) {
-  ZT_REQUIRE(file >= 0 && file < num_files(), "checkpoint file index ", file, " is outside [0, ", num_files(), ")");
+  WriterFile& f = s_->file_at(file);
   StorageDType dtype;
   uint64_t numel;
   {
@@ -460,7 +487,6 @@ void CheckpointWriter::write_range(int file, const std::string& name, uint64_t b
   ZT_REQUIRE(data != nullptr, "checkpoint array '", name, "': null data pointer");
   const uint64_t range_hash = xxh64(data, bytes);
 
-  WriterFile& f = *s_->files[static_cast<size_t>(file)];
   std::lock_guard<std::mutex> lock(f.mu);
   ZT_REQUIRE(!f.finished, "checkpoint file ", f.final_name, " is already finished; no more writes to it");
   try {
@@ -476,8 +502,112 @@ void CheckpointWriter::write_range(int file, const std::string& name, uint64_t b
 }
 
 void CheckpointWriter::finish_file(int file) {
-  ZT_REQUIRE(file >= 0 && file < num_files(), "checkpoint file index ", file, " is outside [0, ", num_files(), ")");
-  s_->finish(*s_->files[static_cast<size_t>(file)]);
+  s_->finish(s_->file_at(file));
+}
+
+nlohmann::json CheckpointWriter::hand_over() {
+  State& s = *s_;
+  ZT_REQUIRE(!s.lead && !s.handed_over, "checkpoint ", s.name, ": only a part that is not the lead hands over, once");
+  ZT_REQUIRE(!s.broken, "checkpoint ", s.root, "/", s.name, " cannot be handed over: a write to one of its files failed");
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t i = 0; i < s.files.size(); ++i) {
+    if (!s.files[i]) continue;
+    WriterFile& f = *s.files[i];
+    s.finish(f);
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const auto& [array, r] : f.ranges) ranges.push_back({array, r.begin, r.count, r.offset, r.bytes, r.xxh64});
+    files.push_back({{"index", i}, {"name", f.final_name}, {"size", f.size}, {"xxh64", XXH64_digest(f.hash.get())},
+                     {"ranges", std::move(ranges)}});
+  }
+  fsync_dir(s.staging_path);
+  s.handed_over = true;
+  nlohmann::json arrays = nlohmann::json::array();
+  for (const std::string& name : s.array_order) {
+    const ArrayDecl& d = s.arrays.at(name);
+    arrays.push_back({name, static_cast<int>(d.dtype), d.numel, d.shape});
+  }
+  return {{"staging", s.staging_path}, {"files", std::move(files)}, {"arrays", std::move(arrays)}};
+}
+
+std::optional<std::string> assemble_partials(const std::string& root, int keep) {
+  // step -> (directory, its partial.json)
+  std::map<int64_t, std::vector<std::pair<std::string, nlohmann::json>>> parts;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (!starts_with(n, "partial-step-")) continue;
+      const size_t end = n.find("-process-");
+      const std::optional<int64_t> step = end == std::string::npos ? std::nullopt : parse_step_dir(n.substr(8, end - 8));
+      if (!step) continue;
+      std::ifstream in(root + "/" + n + "/" + kPartialFileName);
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.contains("partial") && j.contains("arrays")) parts[*step].emplace_back(root + "/" + n, j);
+    }
+    ::closedir(d);
+  }
+  if (parts.empty()) return std::nullopt;
+  int64_t newest = -1;
+  for (const CheckpointEntry& e : list_checkpoints(root))
+    if (e.has_manifest) newest = std::max(newest, e.step);
+  auto& [step, found] = *parts.rbegin();
+  if (step <= newest) return std::nullopt;
+  const int ranks = found.front().second["partial"]["ranks"].get<int>();
+  std::set<size_t> held;
+  for (const auto& [dir, j] : found)
+    for (const nlohmann::json& f : j["files"]) held.insert(f["index"].get<size_t>());
+  if (held.size() != static_cast<size_t>(ranks) || *held.rbegin() + 1 != static_cast<size_t>(ranks)) return std::nullopt;
+  CheckpointWriter writer(root, step, ranks, WriterPart{0, 0, true});
+  for (const nlohmann::json& a : found.front().second["arrays"])
+    writer.declare_array(a[0].get<std::string>(), static_cast<StorageDType>(a[1].get<int>()), a[2].get<uint64_t>(),
+                         a[3].get<std::vector<int64_t>>());
+  std::set<size_t> adopted;
+  for (auto& [dir, j] : found) {
+    nlohmann::json part = {{"staging", dir}, {"files", nlohmann::json::array()}};
+    for (const nlohmann::json& f : j["files"])  // a rank both its process and a replica hold: once
+      if (adopted.insert(f["index"].get<size_t>()).second) part["files"].push_back(f);
+    writer.adopt(part);
+  }
+  nlohmann::json meta = found.front().second["partial"]["meta"];
+  meta.erase("checkpoint_owner");
+  const std::string path = writer.commit(meta, keep);
+  for (const auto& [s, list] : parts)
+    if (s <= step)
+      for (const auto& [dir, j] : list) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+  return path;
+}
+
+void CheckpointWriter::adopt(const nlohmann::json& part) {
+  State& s = *s_;
+  ZT_REQUIRE(s.lead && !s.committed, "checkpoint ", s.name, ": only the lead adopts parts, before its commit");
+  try {
+    const std::string from_dir = part.at("staging").get<std::string>();
+    for (const nlohmann::json& jf : part.at("files")) {
+      const size_t i = jf.at("index").get<size_t>();
+      ZT_REQUIRE(i < s.files.size() && !s.files[i], "checkpoint ", s.name, ": a part hands over file ", i,
+                 ", which is outside the checkpoint or already present");
+      auto f = std::make_unique<WriterFile>();
+      f->final_name = format_rank_file(static_cast<int>(i));
+      ZT_REQUIRE(jf.at("name").get<std::string>() == f->final_name, "checkpoint ", s.name, ": a part names file ", i, " '",
+                 jf.at("name").get<std::string>(), "'");
+      f->size = jf.at("size").get<uint64_t>();
+      f->digest = jf.at("xxh64").get<uint64_t>();
+      f->finished = true;
+      for (const nlohmann::json& r : jf.at("ranges"))
+        f->ranges.emplace_back(r.at(0).get<std::string>(),
+                               ManifestRange{static_cast<uint32_t>(i), r.at(1).get<uint64_t>(), r.at(2).get<uint64_t>(),
+                                             r.at(3).get<uint64_t>(), r.at(4).get<uint64_t>(), r.at(5).get<uint64_t>()});
+      const std::string from = from_dir + "/" + f->final_name, to = s.staging_path + "/" + f->final_name;
+      if (::rename(from.c_str(), to.c_str()) != 0)
+        ZT_THROW(ErrorKind::kIo, "checkpoint ", s.root, "/", s.name, ": cannot move ", from,
+                 " into place (", errno_text(errno), "); every process must see the same checkpoint directory");
+      s.files[i] = std::move(f);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ZT_THROW(ErrorKind::kInvalidArgument, "checkpoint ", s.name, ": a part's hand-over is malformed (", e.what(), ")");
+  }
 }
 
 namespace {
@@ -493,7 +623,11 @@ void prune(const std::string& root, int64_t current, int keep, const std::string
 std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
   State& s = *s_;
   ZT_REQUIRE(!s.committed, "checkpoint ", s.name, " is already committed");
+  ZT_REQUIRE(s.lead, "checkpoint ", s.name, ": only the lead part commits");
   ZT_REQUIRE(!s.broken, "checkpoint ", s.root, "/", s.name, " cannot be committed: a write to one of its files failed");
+  for (size_t i = 0; i < s.files.size(); ++i)
+    ZT_REQUIRE(s.files[i] != nullptr, "checkpoint ", s.name, ": file ", format_rank_file(static_cast<int>(i)),
+               " was never handed over by its process");
   ZT_REQUIRE(meta.is_object(), "checkpoint metadata must be a JSON object");
   ZT_REQUIRE(keep >= 0, "--keep must be >= 0 (0 keeps every checkpoint), got ", keep);
 
@@ -525,7 +659,7 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta, int keep) {
   // 1. files: fsync + rename (concurrently; fsync is the slow part).
   parallel_each(s.files.size(), io_threads(), [&](size_t i) { s.finish(*s.files[i]); });
   for (const auto& f : s.files)
-    m.files.push_back(ManifestFile{f->final_name, f->size, XXH64_digest(f->hash.get())});
+    m.files.push_back(ManifestFile{f->final_name, f->size, f->digest ? *f->digest : XXH64_digest(f->hash.get())});
 
   // 2. the manifest last, then the staging directory (atomic_write_file fsyncs it).
   fault_point(SavePoint::kManifest, s.staging_path + "/" + kManifestFileName);
@@ -921,6 +1055,11 @@ std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const 
                "step-N directory, or --resume auto with --checkpoint-dir");
     }
     const std::string manifest = spec + "/" + kManifestFileName;
+    const std::string partial = spec + "/" + kPartialFileName;
+    if (::lstat(manifest.c_str(), &st) != 0 && ::lstat(partial.c_str(), &st) == 0)
+      ZT_THROW(ErrorKind::kInvalidArgument, "--resume ", spec, " is one process's part of a snapshot, written when "
+               "another process of its launch was lost: it lacks that process's shards, so no run can resume from it; "
+               "resume from the newest complete checkpoint instead (--resume auto with --checkpoint-dir)");
     if (::lstat(manifest.c_str(), &st) != 0 && !list_checkpoints(spec).empty())
       ZT_THROW(ErrorKind::kInvalidArgument, spec, " holds checkpoints but is not one; pass one of its step-N "
                "directories to --resume, or use --resume auto with --checkpoint-dir ", spec);

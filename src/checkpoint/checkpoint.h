@@ -49,6 +49,20 @@ std::optional<int64_t> parse_step_dir(std::string_view name);
 // "rank-00003.bin"
 std::string format_rank_file(int rank);
 
+// One process's ranks of a snapshot, written by a survivor of a multi-process run that lost a
+// process (train/checkpointer.h, write_partial): ROOT/partial-step-N-process-P with the rank files
+// and kPartialFileName (their ranges and hashes, as a hand-over), never a manifest. Not a
+// checkpoint: list_checkpoints never lists it, pruning never deletes it, --resume refuses it.
+inline constexpr char kPartialFileName[] = "partial.json";
+std::string partial_dir_name(int64_t step, int process);
+// --resume auto after a lost process: when ROOT holds partial directories of one step newer than
+// its newest complete checkpoint that together hold every rank's file (each process's own part
+// and the replicas of the lost one's), adopts them into ROOT/step-N, committed as any checkpoint
+// with the meta they recorded, then removes the partial directories up to that step. Returns the
+// checkpoint's path, or nullopt when there is nothing complete to assemble (partials are then left
+// alone). The caller holds the directory's lease.
+std::optional<std::string> assemble_partials(const std::string& root, int keep);
+
 struct CheckpointEntry {
   int64_t step = 0;
   std::string name;  // "step-00000100"
@@ -63,14 +77,26 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 // The checkpoint directory name ROOT/latest holds, if the file exists and holds a step-N name.
 std::optional<std::string> read_latest(const std::string& root);
 
+// One process's share of a checkpoint that several processes write together (mpirun; ROOT on a
+// file system every process sees): files [first_file, first_file + count) are this process's. The
+// lead (process 0) holds ROOT/.lock, adopts every other part's finished files (hand_over/adopt,
+// carried between the processes by the caller) and commits; the others neither lock nor commit.
+struct WriterPart {
+  int first_file = 0;
+  int count = 0;
+  bool lead = true;
+};
+
 // Writes one checkpoint. Usage: declare every array, write every element of each exactly once
 // (from any threads: calls for different files run concurrently, calls for one file serialise),
-// then commit. Destroying a writer that did not commit discards everything it wrote.
-// Only one writer per root may exist at a time (across processes too: ROOT/.lock).
+// then commit. Destroying a writer that did not commit discards everything it wrote (a part that
+// handed over leaves its files to the lead).
+// Only one committing writer per root may exist at a time (across processes too: ROOT/.lock).
 class CheckpointWriter {
  public:
-  // Creates root if needed and the staging directory with num_files empty files.
-  CheckpointWriter(std::string root, int64_t step, int num_files);
+  // Creates root if needed and the staging directory with num_files empty files (with a part:
+  // only the part's files; the lead adopts the others before commit).
+  CheckpointWriter(std::string root, int64_t step, int num_files, std::optional<WriterPart> part = std::nullopt);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -89,6 +115,14 @@ class CheckpointWriter {
   // afterwards `keep` checkpoints remain, this one and the keep - 1 others with the highest steps;
   // keep == 0 keeps all. Returns the checkpoint's path (ROOT/step-N). meta must be an object.
   std::string commit(const nlohmann::json& meta, int keep);
+  // A part that is not the lead: finishes its files (fsync, rename) and its staging directory and
+  // returns what the lead's adopt() needs (the staging path and each file's name, size, hash and
+  // ranges). No more writes; the files now belong to the lead.
+  nlohmann::json hand_over();
+  // The lead: moves another part's finished files (its hand_over()) into this checkpoint's staging
+  // directory. Throws kInvalidArgument for a malformed part or a file index outside the checkpoint
+  // or already present, kIo for a failed rename.
+  void adopt(const nlohmann::json& part);
 
   const std::string& root() const;
   int64_t step() const;

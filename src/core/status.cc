@@ -11,6 +11,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kDevice: return "device error";
     case ErrorKind::kIo: return "I/O error";
     case ErrorKind::kDiverged: return "training diverged";
+    case ErrorKind::kLostProcess: return "lost process";
   }
   return "error";
 }

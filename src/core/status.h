@@ -16,6 +16,7 @@ enum class ErrorKind {
   kDevice,        // a device (real or simulated) reported a failure
   kIo,            // file system errors
   kDiverged,      // training cannot go on: the loss scale collapsed, or too many steps overflowed
+  kLostProcess,   // another process of a multi-process run died or stalled (the survivors stop)
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -1,8 +1,19 @@
 // Checkpoint meta, snapshots and background saves (see checkpointer.h).
 #include "train/checkpointer.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
+
+#include "checkpoint/file_io.h"
+#include "train/processes.h"
+
+#if ZT_WITH_MPI
+#include "comm/process_group.h"
+#endif
 
 namespace zt {
 
@@ -33,7 +44,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
                  {"hidden", mc.hidden}, {"classes", mc.classes}}},
       {"precision", precision},
       {"zero_stage", cfg.zero_stage},
-      {"devices", world.size()},
+      {"devices", world.size() * (run.processes ? run.processes->size() : 1)},
       {"step", steps_done},
       {"tokens_seen", static_cast<int64_t>(steps_done) * cfg.batch_size * run.T},
       // The data order is a function of (seed, step): the sampler continues at global batch
@@ -113,15 +124,124 @@ HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCoun
                           : take_snapshot(world.engine(), world.model(), adamw, counters.step,
                                           [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
   snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
+  if (run.processes) {
+    // The engine's world is every process's ranks; this process took its own (global ranks
+    // p * L + i, in take_snapshot's slots 0..L-1).
+    const int L = world.size();
+    snap.shards.resize(static_cast<size_t>(L));
+    snap.first_rank = run.processes->rank() * L;
+    snap.world_ranks = run.processes->size() * L;
+  }
   return snap;
 }
+
+namespace {
+
+#if ZT_WITH_MPI
+// write_checkpoint's team over a process group of its own (MPI_COMM_WORLD duplicated): texts are
+// sent as a length, then the bytes.
+class ProcessTeam final : public CheckpointTeam {
+ public:
+  explicit ProcessTeam(std::chrono::milliseconds timeout) : group_(timeout) {}
+  ~ProcessTeam() override {
+    // Leaving while a peer may be gone (an error unwinds the run): a broken group is not freed,
+    // since freeing it could wait for that peer.
+    if (std::uncaught_exceptions() > 0) group_.abort("the run is ending with an error");
+  }
+  int process() const override { return group_.rank(); }
+  std::vector<std::string> gather(const std::string& mine) override {
+    if (group_.rank() != 0) {
+      send_text(0, mine, kGatherTag);
+      return {};
+    }
+    std::vector<std::string> all(static_cast<size_t>(group_.size()));
+    all[0] = mine;
+    for (int p = 1; p < group_.size(); ++p) all[static_cast<size_t>(p)] = recv_text(p, kGatherTag);
+    return all;
+  }
+  std::string broadcast(const std::string& from_lead) override {
+    if (group_.rank() != 0) return recv_text(0, kBroadcastTag);
+    for (int p = 1; p < group_.size(); ++p) send_text(p, from_lead, kBroadcastTag);
+    return from_lead;
+  }
+  std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) override {
+    const int K = group_.size(), next = (group_.rank() + 1) % K, prev = (group_.rank() + K - 1) % K;
+    const uint64_t n = mine.size();
+    uint64_t m = 0;
+    group_.send_recv(next, &n, sizeof n, prev, &m, sizeof m, kShiftTag, "the replicated snapshot's size");
+    std::vector<uint8_t> theirs(m);
+    // Several messages when large (kMaxMessageBytes each); send_recv posts both halves first.
+    for (uint64_t off = 0; off < std::max(n, m); off += ProcessGroup::kMaxMessageBytes) {
+      const uint64_t sn = off < n ? std::min<uint64_t>(n - off, ProcessGroup::kMaxMessageBytes) : 0;
+      const uint64_t rn = off < m ? std::min<uint64_t>(m - off, ProcessGroup::kMaxMessageBytes) : 0;
+      if (sn > 0 && rn > 0)
+        group_.send_recv(next, mine.data() + off, sn, prev, theirs.data() + off, rn, kShiftTag + 1,
+                         "the replicated snapshot");
+      else if (sn > 0)
+        group_.send(next, mine.data() + off, sn, kShiftTag + 1, "the replicated snapshot");
+      else
+        group_.recv(prev, theirs.data() + off, rn, kShiftTag + 1, "the replicated snapshot");
+    }
+    return theirs;
+  }
+
+ private:
+  static constexpr int kGatherTag = 1, kBroadcastTag = 3, kShiftTag = 5;  // the length; the bytes are tag + 1
+  void send_text(int peer, const std::string& text, int tag) {
+    const uint64_t n = text.size();
+    group_.send(peer, &n, sizeof n, tag, "a checkpoint message's size");
+    if (n > 0) group_.send(peer, text.data(), n, tag + 1, "a checkpoint message");
+  }
+  std::string recv_text(int peer, int tag) {
+    uint64_t n = 0;
+    group_.recv(peer, &n, sizeof n, tag, "the checkpoint's barrier (a process's part of the save)");
+    std::string text(n, '\0');
+    if (n > 0) group_.recv(peer, text.data(), n, tag + 1, "a checkpoint message");
+    return text;
+  }
+  ProcessGroup group_;
+};
+#endif
+
+std::unique_ptr<CheckpointTeam> make_team(const RunContext& run) {
+  if (!run.processes) return nullptr;
+#if ZT_WITH_MPI
+  return std::make_unique<ProcessTeam>(std::chrono::milliseconds(static_cast<int64_t>(run.cfg.comm_timeout_s * 1000)));
+#else
+  ZT_THROW(ErrorKind::kInternal, "a run over several processes in a build without MPI");
+#endif
+}
+
+}  // namespace
 
 Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_(log) {
   const TrainConfig& cfg = run.cfg;
   if (cfg.checkpoint_dir.empty()) return;
-  lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, run_identity(run.mc, cfg.seed, cfg.data), !cfg.resume.empty()));
-  for (const std::string& n : lease_->notes()) log_.line("note: " + n);
-  saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep);
+  const RunIdentity id = run_identity(run.mc, cfg.seed, cfg.data);
+  team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
+  if (!team_) {
+    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+    if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
+  } else {
+    // Process 0 takes the directory for the launch; the others follow its verdict, so that a
+    // refusal is one sentence from every process rather than a hang on process 0's absence.
+    nlohmann::json verdict = nlohmann::json::object();
+    if (team_->process() == 0) try {
+        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+        // Before the others resolve --resume auto (they wait for this verdict).
+        if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
+      } catch (const Error& e) {
+        verdict = {{"error", e.message()}, {"kind", static_cast<int>(e.kind())}};
+      }
+    verdict = nlohmann::json::parse(team_->broadcast(verdict.dump()));
+    if (verdict.contains("error"))
+      throw Error(static_cast<ErrorKind>(verdict["kind"].get<int>()), verdict["error"].get<std::string>());
+  }
+  if (lease_)
+    for (const std::string& n : lease_->notes()) log_.line("note: " + n);
+  if (assembled_)
+    log_.line("note: assembled " + *assembled_ + " from the parts of the snapshot the processes held when one was lost");
+  saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep, team_.get());
 }
 
 Checkpointer::~Checkpointer() {
@@ -130,13 +250,36 @@ Checkpointer::~Checkpointer() {
   saver_.reset();
 }
 
+void Checkpointer::replicate(const HostSnapshot& snap) {
+  if (!team_) return;
+  wait();
+  HostSnapshot held = deserialize_shards(team_->shift(serialize_shards(snap)));
+  held.meta = snap.meta;  // the same on every process (the counters are)
+  held_from_ = (team_->process() + run_.processes->size() - 1) % run_.processes->size();
+  held_ = std::move(held);
+}
+
+std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
+  if (!saver_) return "";
+  // The team's barrier would wait for the lost process: a save in flight is left to fail (its
+  // staging directory is removed by the next complete save's cleanup).
+  const std::string& root = run_.cfg.checkpoint_dir;
+  std::string written = write_snapshot_part(snap, root, partial_dir_name(snap.step, process));
+  if (held_ && held_->step == snap.step)
+    written += " and " + write_snapshot_part(*held_, root, partial_dir_name(snap.step, held_from_) + "-held-by-" +
+                                                      std::to_string(process));
+  return written;
+}
+
 void Checkpointer::save(HostSnapshot snap, double stall_s) {
   const size_t bytes = snap.bytes();
   const int64_t at = snap.step;
   saver_->save(std::move(snap), [this, stall_s, bytes, at](const std::string& path, double secs) {
     char line[512];
-    std::snprintf(line, sizeof line, "checkpoint %s: %s, training stalled %.1f ms, written in the background in %.1f ms",
-                  path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), stall_s * 1e3, secs * 1e3);
+    // Several processes: the bytes, stall and time are this process's (0's, which prints).
+    std::snprintf(line, sizeof line, "checkpoint %s: %s%s, training stalled %.1f ms, written in the background in %.1f ms",
+                  path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), team_ ? " from process 0" : "",
+                  stall_s * 1e3, secs * 1e3);
     {
       std::lock_guard<std::mutex> lock(mu_);
       paths_.push_back(path);
@@ -149,7 +292,7 @@ void Checkpointer::save(HostSnapshot snap, double stall_s) {
 
 std::string Checkpointer::save_now(const HostSnapshot& snap) {
   wait();
-  const std::string path = write_checkpoint(snap, run_.cfg.checkpoint_dir, run_.cfg.keep);
+  const std::string path = write_checkpoint(snap, run_.cfg.checkpoint_dir, run_.cfg.keep, team_.get());
   std::lock_guard<std::mutex> lock(mu_);
   paths_.push_back(path);
   return path;

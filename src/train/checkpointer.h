@@ -2,6 +2,14 @@
 // (the meta), periodic saves written in the background, and the host snapshots that in-process
 // recovery restarts from.
 //
+// Several processes (mpirun): every process writes its own ranks' files of each checkpoint; the
+// commit (manifest, `latest`, pruning) is process 0's, after every process has handed its finished
+// files over (write_checkpoint's team: a barrier with --comm-timeout, over a process group of its
+// own, so that the background save's messages never mix with the training's collectives). The
+// directory's lease (run lock, owner) is process 0's alone, taken on behalf of the launch: the
+// others never touch .run.lock, .lock or owner.json, and learn process 0's verdict on the directory
+// before training.
+//
 // Lifetime rule: the background writer's completion callback runs on the trainer's thread (in
 // save/poll/wait) and touches only this object and the Logger, which outlives it; the saver is the
 // last member, so it is joined before anything else here is destroyed — also when an error unwinds
@@ -51,11 +59,27 @@ class Checkpointer {
   // Lines to print about saves that completed since the last call.
   std::vector<std::string> take_messages();
   std::vector<std::string> paths();
+  // Several processes lost one: writes this process's ranks of `snap` (the newest host snapshot)
+  // as ROOT/partial-step-N-process-P, and the previous process's ranks of the same step that
+  // replicate() received as ROOT/partial-step-N-process-Q-held-by-P: parts that --resume refuses
+  // one by one, and that --resume auto assembles into step-N when together they hold every rank
+  // (assemble_partials). Returns what it wrote ("" without --checkpoint-dir). A save in flight is
+  // abandoned.
+  std::string write_partial(const HostSnapshot& snap, int process);
+  // Several processes with --snapshot-every and --checkpoint-dir: sends this process's snapshot
+  // to the next process (p + 1 mod K) and keeps the previous one's in host memory (Gemini-style
+  // replication), so that the survivors of one lost process hold every rank of the snapshot.
+  // Waits for a save in flight first (the exchange uses the checkpoints' process group).
+  void replicate(const HostSnapshot& snap);
 
  private:
   const RunContext& run_;
   Logger& log_;
   std::optional<CheckpointDirLease> lease_;
+  std::unique_ptr<CheckpointTeam> team_;  // several processes; outlives the saver (declared before it)
+  std::optional<HostSnapshot> held_;       // the previous process's snapshot (replicate)
+  std::optional<std::string> assembled_;   // --resume auto: a checkpoint assembled from partial directories
+  int held_from_ = -1;
   std::mutex mu_;
   std::vector<std::string> messages_, paths_;
   std::unique_ptr<BackgroundSaver> saver_;  // last member: see the lifetime rule above

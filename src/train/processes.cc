@@ -38,9 +38,6 @@ int launched_processes() {
 
 void refuse_under_processes(const TrainConfig& cfg) {
   const char* what = cfg.pipeline_parallel > 1                        ? "--pipeline-parallel"
-                     : !cfg.checkpoint_dir.empty()                    ? "--checkpoint-dir"
-                     : !cfg.resume.empty()                            ? "--resume"
-                     : cfg.snapshot_every > 0                         ? "--snapshot-every"
                      : cfg.offload_optimizer                          ? "--offload optimizer"
                      : cfg.on_eval || !cfg.eval_steps.empty()         ? "a sweep"
                      : cfg.sample_every > 0                           ? "--sample-every"

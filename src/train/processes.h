@@ -21,8 +21,9 @@ namespace zt {
 int launched_processes();
 
 // Refuses (zt::Error kInvalidArgument, one sentence) what a multi-process run does not build:
-// pipeline parallelism, checkpoints, resume and snapshots, optimizer offload, sweeps, samples
-// during training, --trace, fault injection and --on-scale-collapse bf16.
+// pipeline parallelism, optimizer offload, sweeps, samples during training, --trace, fault
+// injection and --on-scale-collapse bf16. (Checkpoints, --resume and --snapshot-every work:
+// train/checkpointer.h.)
 void refuse_under_processes(const TrainConfig& cfg);
 
 // This process's place among the K processes of the launch. Global ranks: process p's local device

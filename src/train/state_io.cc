@@ -4,12 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "checkpoint/file_io.h"
 #include "comm/mesh.h"
+#include "core/files.h"
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "zero/shard_plan.h"
@@ -342,9 +348,9 @@ std::vector<std::vector<float>> logical_parameters(ZeroEngine& engine, const Mod
   return out;
 }
 
-std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep) {
-  const int N = static_cast<int>(snap.shards.size());
-  CheckpointWriter writer(root, snap.step, N);
+namespace {
+
+void declare_arrays(const HostSnapshot& snap, CheckpointWriter& writer) {
   const bool mixed = snap.working != DType::kF32;
   for (size_t b = 0; b < snap.block_names.size(); ++b) {
     const uint64_t n = static_cast<uint64_t>(snap.block_numel[b]);
@@ -353,24 +359,30 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
     if (snap.adamw) writer.declare_array(array_name(snap.block_names[b], Kind::kV), StorageDType::kF32, n);
     if (mixed) writer.declare_array(array_name(snap.block_names[b], Kind::kWorking), to_storage_dtype(snap.working), n);
   }
-  // One thread per file: the ranks' shards are written concurrently.
+}
+
+// The snapshot's ranks into files first_rank + r, one thread per file (written concurrently).
+void write_files(const HostSnapshot& snap, CheckpointWriter& writer) {
+  const bool mixed = snap.working != DType::kF32;
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr error;
-  for (int r = 0; r < N; ++r)
+  for (int r = 0; r < static_cast<int>(snap.shards.size()); ++r)
     threads.emplace_back([&, r] {
       try {
+        const int file = snap.first_rank + r;
         for (size_t b = 0; b < snap.block_names.size(); ++b) {
           const HostShard& h = snap.shards[static_cast<size_t>(r)][b];
           if (h.master.empty()) continue;
           const uint64_t begin = static_cast<uint64_t>(h.begin), fb = h.master.size() * 4;
-          writer.write_range(r, array_name(snap.block_names[b], Kind::kMaster), begin, h.master.data(), fb);
-          writer.write_range(r, array_name(snap.block_names[b], Kind::kM), begin, h.m.data(), fb);
-          if (snap.adamw) writer.write_range(r, array_name(snap.block_names[b], Kind::kV), begin, h.v.data(), fb);
+          writer.write_range(file, array_name(snap.block_names[b], Kind::kMaster), begin, h.master.data(), fb);
+          writer.write_range(file, array_name(snap.block_names[b], Kind::kM), begin, h.m.data(), fb);
+          if (snap.adamw) writer.write_range(file, array_name(snap.block_names[b], Kind::kV), begin, h.v.data(), fb);
           if (mixed)
-            writer.write_range(r, array_name(snap.block_names[b], Kind::kWorking), begin, h.working.data(), h.working.size());
+            writer.write_range(file, array_name(snap.block_names[b], Kind::kWorking), begin, h.working.data(),
+                               h.working.size());
         }
-        writer.finish_file(r);
+        writer.finish_file(file);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();
@@ -378,7 +390,158 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
     });
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
-  return writer.commit(snap.meta, keep);
+}
+
+template <typename T>
+void put(std::vector<uint8_t>& out, const T* data, size_t n) {
+  const auto* b = reinterpret_cast<const uint8_t*>(data);
+  out.insert(out.end(), b, b + n * sizeof(T));
+}
+template <typename T>
+void take(const std::vector<uint8_t>& in, size_t& at, T* data, size_t n) {
+  ZT_CHECK(at + n * sizeof(T) <= in.size(), "a replicated snapshot is shorter than its header says");
+  std::memcpy(data, in.data() + at, n * sizeof(T));
+  at += n * sizeof(T);
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_shards(const HostSnapshot& snap) {
+  nlohmann::json sizes = nlohmann::json::array();
+  for (const auto& rank : snap.shards)
+    for (const HostShard& h : rank) sizes.push_back({h.begin, h.master.size(), h.v.size(), h.working.size()});
+  const std::string header = nlohmann::json{{"step", snap.step}, {"working", static_cast<int>(snap.working)},
+                                            {"adamw", snap.adamw}, {"blocks", snap.block_names},
+                                            {"numel", snap.block_numel}, {"ranks", snap.shards.size()},
+                                            {"first_rank", snap.first_rank}, {"world_ranks", snap.world_ranks},
+                                            {"sizes", sizes}}
+                                 .dump();
+  std::vector<uint8_t> out;
+  const uint64_t n = header.size();
+  put(out, &n, 1);
+  put(out, header.data(), header.size());
+  for (const auto& rank : snap.shards)
+    for (const HostShard& h : rank) {
+      put(out, h.master.data(), h.master.size());
+      put(out, h.m.data(), h.m.size());
+      put(out, h.v.data(), h.v.size());
+      put(out, h.working.data(), h.working.size());
+    }
+  return out;
+}
+
+HostSnapshot deserialize_shards(const std::vector<uint8_t>& bytes) {
+  size_t at = 0;
+  uint64_t n = 0;
+  take(bytes, at, &n, 1);
+  std::string header(n, '\0');
+  take(bytes, at, header.data(), n);
+  const nlohmann::json h = nlohmann::json::parse(header);
+  HostSnapshot s;
+  s.step = h["step"];
+  s.working = static_cast<DType>(h["working"].get<int>());
+  s.adamw = h["adamw"];
+  s.block_names = h["blocks"].get<std::vector<std::string>>();
+  s.block_numel = h["numel"].get<std::vector<int64_t>>();
+  s.first_rank = h["first_rank"];
+  s.world_ranks = h["world_ranks"];
+  const size_t ranks = h["ranks"], blocks = s.block_names.size();
+  s.shards.assign(ranks, std::vector<HostShard>(blocks));
+  size_t i = 0;
+  for (auto& rank : s.shards)
+    for (HostShard& sh : rank) {
+      const nlohmann::json& z = h["sizes"].at(i++);
+      sh.begin = z[0];
+      sh.master.resize(z[1]);
+      sh.m.resize(z[1]);
+      sh.v.resize(z[2]);
+      sh.working.resize(z[3]);
+      take(bytes, at, sh.master.data(), sh.master.size());
+      take(bytes, at, sh.m.data(), sh.m.size());
+      take(bytes, at, sh.v.data(), sh.v.size());
+      take(bytes, at, sh.working.data(), sh.working.size());
+    }
+  return s;
+}
+
+void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer) {
+  declare_arrays(snap, writer);
+  write_files(snap, writer);
+}
+
+std::string write_snapshot_part(const HostSnapshot& snap, const std::string& root, const std::string& name) {
+  const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
+  CheckpointWriter writer(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), false});
+  write_snapshot_files(snap, writer);
+  nlohmann::json part = writer.hand_over();
+  const std::string staging = part["staging"].get<std::string>();
+  part.erase("staging");
+  part["partial"] = {{"step", snap.step}, {"ranks", files}, {"meta", snap.meta}};
+  atomic_write_file(staging, kPartialFileName, part.dump(1));
+  const std::string path = root + "/" + name;
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // an older partial of the same step and process
+  if (::rename(staging.c_str(), path.c_str()) != 0)
+    ZT_THROW(ErrorKind::kIo, path, ": cannot rename the partial snapshot into place (", errno_text(errno), ")");
+  fsync_dir(root);
+  return path;
+}
+
+
+namespace {
+
+std::string sentence_of(const std::exception& e) {
+  const auto* z = dynamic_cast<const Error*>(&e);
+  return z ? z->message() : e.what();
+}
+
+}  // namespace
+
+std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep, CheckpointTeam* team) {
+  const int files = snap.world_ranks > 0 ? snap.world_ranks : static_cast<int>(snap.shards.size());
+  if (!team) {
+    CheckpointWriter writer(root, snap.step, files);
+    declare_arrays(snap, writer);
+    write_files(snap, writer);
+    return writer.commit(snap.meta, keep);
+  }
+  // Every process reaches gather and broadcast whatever failed before them, so that none waits
+  // for a part that will never come: a failure is reported to all, not waited out.
+  const bool lead = team->process() == 0;
+  std::optional<CheckpointWriter> writer;
+  nlohmann::json mine = nlohmann::json::object();
+  try {
+    writer.emplace(root, snap.step, files, WriterPart{snap.first_rank, static_cast<int>(snap.shards.size()), lead});
+    declare_arrays(snap, *writer);
+    write_files(snap, *writer);
+    if (!lead) mine = writer->hand_over();
+  } catch (const std::exception& e) {
+    mine = {{"error", sentence_of(e)}};
+  }
+  const std::vector<std::string> parts = team->gather(mine.dump());
+  nlohmann::json outcome = nlohmann::json::object();
+  if (lead) {
+    std::string error;
+    for (size_t p = 0; p < parts.size() && error.empty(); ++p) {
+      const nlohmann::json part = p == 0 ? mine : nlohmann::json::parse(parts[p], nullptr, false);
+      if (part.is_discarded() || part.contains("error"))
+        error = "process " + std::to_string(p) + ": " + (part.is_discarded() ? "a malformed hand-over" : part["error"].get<std::string>());
+    }
+    if (error.empty()) try {
+        for (size_t p = 1; p < parts.size(); ++p) writer->adopt(nlohmann::json::parse(parts[p]));
+        outcome["path"] = writer->commit(snap.meta, keep);
+      } catch (const std::exception& e) {
+        error = "process 0: " + sentence_of(e);
+      }
+    if (!error.empty()) outcome = {{"error", error}};
+  }
+  const nlohmann::json result = nlohmann::json::parse(team->broadcast(outcome.dump()), nullptr, false);
+  ZT_CHECK(!result.is_discarded() && (result.contains("path") || result.contains("error")),
+           "checkpoint team: a malformed outcome from process 0");
+  if (result.contains("error"))
+    ZT_THROW(ErrorKind::kIo, "checkpoint ", format_step_dir(snap.step), " in ", root, " was not saved: ",
+             result["error"].get<std::string>());
+  return result["path"].get<std::string>();
 }
 
 struct BackgroundSaver::Job {
@@ -386,6 +549,7 @@ struct BackgroundSaver::Job {
   HostSnapshot snap;
   std::string root;
   int keep = 0;
+  CheckpointTeam* team = nullptr;
   OnDone on_done;  // never touched by the thread
   std::thread thread;
   std::atomic<bool> finished{false};
@@ -394,7 +558,8 @@ struct BackgroundSaver::Job {
   std::exception_ptr error;
 };
 
-BackgroundSaver::BackgroundSaver(std::string root, int keep) : root_(std::move(root)), keep_(keep) {}
+BackgroundSaver::BackgroundSaver(std::string root, int keep, CheckpointTeam* team)
+    : root_(std::move(root)), keep_(keep), team_(team) {}
 
 BackgroundSaver::~BackgroundSaver() {
   // Join only: on_done may reference what the owner already destroyed, and a failure has nowhere
@@ -408,13 +573,14 @@ void BackgroundSaver::save(HostSnapshot snap, OnDone on_done) {
   job->snap = std::move(snap);
   job->root = root_;
   job->keep = keep_;
+  job->team = team_;
   job->on_done = std::move(on_done);
   Job* j = job.get();
   job->thread = std::thread([j] {
     try {
       const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(j->snap.step));
       const auto t0 = std::chrono::steady_clock::now();
-      j->path = write_checkpoint(j->snap, j->root, j->keep);
+      j->path = write_checkpoint(j->snap, j->root, j->keep, j->team);
       j->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       j->error = std::current_exception();

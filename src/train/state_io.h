@@ -39,6 +39,10 @@ struct HostSnapshot {
   std::vector<int64_t> block_numel;
   std::vector<std::vector<HostShard>> shards;  // [rank][block]
   nlohmann::json meta;                       // the trainer's state (see train/trainer.cc)
+  // Several processes: shards holds this process's ranks only, global ranks first_rank onwards of
+  // world_ranks in all; one process: 0 and 0 (shards holds every rank).
+  int first_rank = 0;
+  int world_ranks = 0;
   size_t bytes() const;
 };
 
@@ -78,12 +82,45 @@ void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src
 // the fp32 masters (master) or the working parameters widened to fp32. Synchronizes every device.
 std::vector<std::vector<float>> logical_parameters(ZeroEngine& engine, const Model& model, bool master);
 
+// A snapshot's shards and shape as bytes and back (no meta): what replication sends.
+std::vector<uint8_t> serialize_shards(const HostSnapshot& snap);
+HostSnapshot deserialize_shards(const std::vector<uint8_t>& bytes);
+
+// Declares the snapshot's arrays in writer and writes its ranks' files (first_rank onwards), each
+// file finished; the caller commits (or, as a part, hands over).
+void write_snapshot_files(const HostSnapshot& snap, CheckpointWriter& writer);
+
+// One process's ranks of a snapshot as ROOT/<name>, a partial directory (checkpoint.h,
+// kPartialFileName): the rank files and their hand-over with the snapshot's step, rank count and
+// meta, renamed into place (replacing an older one of that name). Returns its path.
+std::string write_snapshot_part(const HostSnapshot& snap, const std::string& root, const std::string& name);
+
+// The processes of a multi-process run writing one checkpoint together (train/checkpointer.cc
+// implements it over MPI, with the run's --comm-timeout on every wait). Process 0 is the lead.
+class CheckpointTeam {
+ public:
+  virtual ~CheckpointTeam() = default;
+  virtual int process() const = 0;
+  // Every process's text, in process order, on process 0 (an empty vector on the others).
+  virtual std::vector<std::string> gather(const std::string& mine) = 0;
+  // Process 0's text on every process (the others pass anything).
+  virtual std::string broadcast(const std::string& from_lead) = 0;
+  // Sends `mine` to process p + 1 and returns what process p - 1 sent (mod the process count).
+  virtual std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) = 0;
+};
+
 // Writes a snapshot as a checkpoint (one file per rank that took it, written concurrently), then
-// commits with meta. Returns the checkpoint's path.
-std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep);
+// commits with meta. Returns the checkpoint's path. With a team (several processes, every one
+// calling with its own ranks' snapshot): each process writes its ranks' files; process 0 commits
+// after every process has handed its finished files over (the barrier), and every process returns
+// the path, or throws kIo naming the process whose part failed: all of them succeed or fail together.
+std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, int keep,
+                             CheckpointTeam* team = nullptr);
 
 // Saves in the background, one save at a time. Safe by construction: the saving thread touches
-// only what the saver owns (the snapshot, moved in, and copies of root and keep), and the
+// only what the saver owns (the snapshot, moved in, and copies of root and keep) and the team
+// (several processes: the owner keeps it alive longer than the saver, and no other thread uses it
+// while a save is in flight; the commit's barrier then runs on the saving thread), and the
 // destructor joins it, so nothing the thread uses can go away under it, whatever the owner's
 // declaration order or however its scope ends (an exception included).
 //
@@ -98,7 +135,7 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
 class BackgroundSaver {
  public:
   using OnDone = std::function<void(const std::string& path, double seconds)>;
-  BackgroundSaver(std::string root, int keep);
+  BackgroundSaver(std::string root, int keep, CheckpointTeam* team = nullptr);
   ~BackgroundSaver();
   BackgroundSaver(const BackgroundSaver&) = delete;
   BackgroundSaver& operator=(const BackgroundSaver&) = delete;
@@ -114,6 +151,7 @@ class BackgroundSaver {
  private:
   std::string root_;
   int keep_;
+  CheckpointTeam* team_;
   struct Job;
   std::unique_ptr<Job> job_;
   void collect();  // joins job_ (finished or not), then on_done or rethrow

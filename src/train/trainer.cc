@@ -9,7 +9,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
+#include <regex>
 
 #include "core/files.h"
 #include "core/format.h"
@@ -37,6 +40,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The process a process group's sentence names as died or stalled (the last one named: a notice
+// quotes the sentence of the process that gave up), or one it could not reach.
+std::optional<int> lost_process_in(const std::string& why) {
+  static const std::regex named(R"(rank (\d+) has died or stalled|(?:could not|failed to) (?:send to|receive from) rank (\d+))");
+  std::optional<int> lost;
+  for (auto it = std::sregex_iterator(why.begin(), why.end(), named); it != std::sregex_iterator(); ++it)
+    lost = std::stoi((*it)[1].matched ? (*it)[1].str() : (*it)[2].str());
+  return lost;
+}
 
 // Runs fn when the scope ends (also by an exception).
 struct ScopeExit {
@@ -145,6 +158,7 @@ class Trainer {
   EvalAction evaluate_at(World& w, int step);
   void save_at(World& w, int step);
   bool recover(World& w, const Error& e, int step);
+  void lost_process(World& w, const Error& e, int step);
   void stop_for_signal(World& w, int step, int sig);
   void finish(World& w);
   void write_trace(World& w);
@@ -213,7 +227,29 @@ void Trainer::start_world(World& w, int index) {
     counters_ = w.apply_state(*source_of(*snapshot_), snapshot_->meta);
   } else if (!cfg_.resume.empty()) {
     ZT_REQUIRE(cfg_.resume != "auto" || !cfg_.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
-    auto resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
+    std::optional<ResolvedCheckpoint> resolved;
+    if (!run_.processes) {
+      resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
+    } else {
+      // Every process opens the checkpoint itself (each reads what its ranks keep) and all must
+      // have chosen the same one; a process that cannot open it is named to the others rather
+      // than left to time out.
+      std::optional<Error> failed;
+      try {
+        resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
+      } catch (const Error& e) {
+        failed = e;
+      }
+      const double mine = failed ? -2.0 : resolved ? static_cast<double>(resolved->step) : -1.0;
+      const std::vector<double> all = run_.processes->all_gather({mine}, "the checkpoint each process resumes from");
+      if (failed) throw *failed;
+      for (size_t p = 0; p < all.size(); ++p) {
+        ZT_REQUIRE(all[p] != -2.0, "process ", p, " could not open the checkpoint to resume from (its own error says "
+                   "why); every process must see the same checkpoint directory (a file system shared by all)");
+        ZT_REQUIRE(all[p] == mine, "process ", p, " would resume from step ", all[p], " but process ",
+                   run_.processes->rank(), " from step ", mine, "; every process must see the same checkpoint directory");
+      }
+    }
     if (resolved) {
       const nlohmann::json& meta = resolved->reader.meta();
       // step == --steps: nothing to train; the state is loaded (resharded) and saved again, which
@@ -254,6 +290,7 @@ void Trainer::start_world(World& w, int index) {
     // A snapshot now, so that a failure before the first periodic one loses only the steps since the start.
     const auto ts0 = Clock::now();
     snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
+    if (run_.processes) checkpointer_->replicate(*snapshot_);
     log_.emit({{"event", "snapshot"}, {"step", counters_.step}, {"bytes", snapshot_->bytes()},
                {"stall_ms", seconds_since(ts0) * 1e3}});
   }
@@ -376,6 +413,7 @@ bool Trainer::train_world(World& w) {
       if (cfg_.snapshot_every > 0 && (step + 1) % cfg_.snapshot_every == 0 && !last) {
         const auto ts0 = Clock::now();
         snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
+        if (run_.processes) checkpointer_->replicate(*snapshot_);
         log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
                    {"stall_ms", seconds_since(ts0) * 1e3}});
       }
@@ -394,6 +432,8 @@ bool Trainer::train_world(World& w) {
         return true;
       }
     } catch (const Error& e) {
+      // Several processes: a lost one stops every survivor (one sentence with the step).
+      if (run_.processes) lost_process(w, e, step);
       // A device failed (an error at a synchronisation, or the watchdog gave up on it): with
       // --snapshot-every, drop it and go on from the last snapshot on the others.
       if (!recover(w, e, step)) throw;
@@ -413,6 +453,14 @@ bool Trainer::train_world(World& w) {
 // --inject-fault device=D,step=S: D is a position in the current world's device list; each fault
 // fires once (steps redone after a recovery do not fire it again).
 void Trainer::inject_faults(World& w, int step) {
+  if (run_.processes) {
+    // Tests of a lost process: ZEROTRAIN_TEST_SIGKILL="P,S" makes process P kill itself with
+    // SIGKILL when step S starts (1-based), as a crashed node would vanish.
+    if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGKILL")) {
+      int p = -1, s = -1;
+      if (std::sscanf(spec, "%d,%d", &p, &s) == 2 && p == run_.processes->rank() && s == step + 1) std::raise(SIGKILL);
+    }
+  }
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {
     const FaultInjection& f = cfg_.inject_faults[i];
     if (faults_done_[i] || step + 1 != f.step) continue;
@@ -548,7 +596,45 @@ void Trainer::save_at(World& w, int step) {
   if (step + 1 == cfg_.steps) checkpointer_->wait();
 }
 
+// Several processes, an error at `step`: when it names a process that died or stalled (the
+// process group's sentence: every survivor names the same one), throws kLostProcess with one
+// sentence naming its ranks, that process and the step, after writing this process's part of the
+// newest snapshot (--snapshot-every with --checkpoint-dir). Any other error gets the step and goes on.
+void Trainer::lost_process(World& w, const Error& e, int step) {
+  if (e.kind() != ErrorKind::kDevice) return;
+  const std::string& why = e.message();
+  const std::optional<int> lost = lost_process_in(why);
+  const std::string at = "step " + std::to_string(step + 1) + ": ";
+  if (!lost) throw Error(e.kind(), at + why);
+  const int L = w.size();
+  const int first = *lost * L;
+  std::string msg = at + (L == 1 ? "rank " + std::to_string(first) + " (process " + std::to_string(*lost) + ") has"
+                                 : "ranks " + std::to_string(first) + "-" + std::to_string(first + L - 1) +
+                                       " (process " + std::to_string(*lost) + ") have") +
+                    " died or stalled: " + why;
+  if (checkpointer_->enabled()) {
+    // This process's ranks of the newest snapshot and the replica it holds: one part is not a
+    // checkpoint (--resume refuses it); --resume auto assembles the survivors' parts when they hold
+    // every rank. Complete checkpoints are left as they are.
+    if (snapshot_) try {
+        msg += "; this process's part of the snapshot of step " + std::to_string(snapshot_->step) + " is in " +
+               checkpointer_->write_partial(*snapshot_, run_.processes->rank());
+      } catch (const Error& we) {
+        msg += "; writing this process's part of the snapshot failed too (" + we.message() + ")";
+      }
+    const std::optional<std::string> latest = read_latest(cfg_.checkpoint_dir);
+    msg += std::string("; --resume auto continues from ") + (snapshot_ ? "the survivors' parts if they hold every rank, else " : "") +
+           (latest ? "the last complete checkpoint, " + cfg_.checkpoint_dir + "/" + *latest
+                   : std::string("scratch (no complete checkpoint was saved yet)"));
+  }
+  log_.emit({{"event", "lost_process"}, {"step", step + 1}, {"process", *lost}, {"message", msg}});
+  throw Error(ErrorKind::kLostProcess, msg);
+}
+
 bool Trainer::recover(World& w, const Error& e, int step) {
+  // Several processes: a lost device cannot be dropped from one process alone (every process must
+  // drive as many); the run stops instead (lost_process).
+  if (run_.processes) return false;
   if (e.kind() != ErrorKind::kDevice || cfg_.snapshot_every <= 0 || !snapshot_) return false;
   survivors_ = surviving_devices(w, spec_);
   if (!survivors_) return false;

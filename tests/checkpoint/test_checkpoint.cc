@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -233,6 +234,134 @@ TEST(Checkpoint, RoundTripFromConcurrentFiles) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"manifest.json", "rank-00000.bin", "rank-00001.bin",
                                              "rank-00002.bin", "rank-00003.bin"}));
+}
+
+// Several processes (train/checkpointer.h): a lead part and another part write their files into
+// their own staging directories; the other hands over (as text, as MPI carries it), the lead
+// adopts and commits one checkpoint equal to a one-writer save, with no staging left behind.
+TEST(Checkpoint, PartsHandOverToTheLeadWhichCommitsOneCheckpoint) {
+  TempDir dir;
+  const auto arrays = test_arrays();
+  const int files = 4;
+  CheckpointWriter lead(dir.str(), 7, files, WriterPart{0, 2, true});
+  CheckpointWriter other(dir.str(), 7, files, WriterPart{2, 2, false});
+  for (CheckpointWriter* w : {&lead, &other})
+    for (const ArraySpec& a : arrays) w->declare_array(a.name, a.dtype, a.numel, a.shape);
+  for (int r = 0; r < files; ++r) {
+    CheckpointWriter& w = r < 2 ? lead : other;
+    for (size_t ai = 0; ai < arrays.size(); ++ai) {
+      const ArraySpec& a = arrays[ai];
+      const uint64_t elem = storage_dtype_size(a.dtype);
+      const std::vector<uint8_t> data = array_bytes(7, static_cast<int>(ai), a.numel * elem);
+      const uint64_t b = a.numel * r / files, e = a.numel * (r + 1) / files;
+      w.write_range(r, a.name, b, data.data() + b * elem, (e - b) * elem);
+    }
+  }
+  // A part writes only its own files; the lead cannot commit without the others'.
+  expect_error([&] { other.write_range(0, arrays[0].name, 0, "abcd", 4); }, ErrorKind::kInvalidArgument,
+               {"belongs to another process's part"});
+  expect_error([&] { lead.commit(json::object(), 0); }, ErrorKind::kInvalidArgument,
+               {"rank-00002.bin was never handed over"});
+  const json part = json::parse(other.hand_over().dump());
+  lead.adopt(part);
+  expect_error([&] { lead.adopt(part); }, ErrorKind::kInvalidArgument, {"already present"});
+  const std::string path = lead.commit(json{{"devices", files}}, 0);
+  const CheckpointReader r = CheckpointReader::open(path);
+  EXPECT_EQ(r.manifest().files.size(), 4u);
+  expect_arrays(r, 7, arrays);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000007"}));
+}
+
+// A snapshot of ranks [first, first + count) of `world`, two blocks sharded evenly (the last rank
+// shorter), AdamW moments and bf16 working bits, every value distinct.
+HostSnapshot part_snapshot(int first, int count, int world) {
+  HostSnapshot s;
+  s.step = 6;
+  s.working = DType::kBF16;
+  s.adamw = true;
+  s.block_names = {"wte", "h.0"};
+  s.block_numel = {1001, 77};
+  s.first_rank = first;
+  s.world_ranks = world;
+  s.meta = json{{"step", 6}, {"devices", world}};
+  for (int r = first; r < first + count; ++r) {
+    std::vector<HostShard> blocks;
+    for (size_t b = 0; b < 2; ++b) {
+      const int64_t n = s.block_numel[b], per = (n + world - 1) / world;
+      const int64_t lo = std::min(n, per * r), hi = std::min(n, per * (r + 1));
+      HostShard h;
+      h.begin = lo;
+      for (int64_t i = lo; i < hi; ++i) {
+        h.master.push_back(static_cast<float>(b * 10000 + i) + 0.25f);
+        h.m.push_back(-static_cast<float>(i));
+        h.v.push_back(static_cast<float>(i) * 0.5f);
+        h.working.push_back(static_cast<uint8_t>(i));
+        h.working.push_back(static_cast<uint8_t>(b));
+      }
+      blocks.push_back(std::move(h));
+    }
+    s.shards.push_back(std::move(blocks));
+  }
+  return s;
+}
+
+// What replication sends: a snapshot's shards survive the bytes unchanged.
+TEST(Checkpoint, SnapshotShardsRoundTripThroughBytes) {
+  const HostSnapshot s = part_snapshot(2, 2, 4);
+  const HostSnapshot t = deserialize_shards(serialize_shards(s));
+  EXPECT_EQ(t.step, s.step);
+  EXPECT_EQ(t.working, s.working);
+  EXPECT_EQ(t.first_rank, 2);
+  EXPECT_EQ(t.world_ranks, 4);
+  EXPECT_EQ(t.block_names, s.block_names);
+  EXPECT_EQ(t.block_numel, s.block_numel);
+  ASSERT_EQ(t.shards.size(), 2u);
+  for (size_t r = 0; r < 2; ++r)
+    for (size_t b = 0; b < 2; ++b) {
+      EXPECT_EQ(t.shards[r][b].begin, s.shards[r][b].begin);
+      EXPECT_EQ(t.shards[r][b].master, s.shards[r][b].master);
+      EXPECT_EQ(t.shards[r][b].m, s.shards[r][b].m);
+      EXPECT_EQ(t.shards[r][b].v, s.shards[r][b].v);
+      EXPECT_EQ(t.shards[r][b].working, s.shards[r][b].working);
+    }
+}
+
+// A lost process's ranks survive as the replica its neighbour wrote: the parts are assembled into
+// one checkpoint holding every rank's elements (a rank held twice adopted once), and the partial
+// directories go; an incomplete set is left alone and assembles nothing.
+TEST(Checkpoint, PartialsThatHoldEveryRankAssembleIntoACheckpoint) {
+  TempDir dir;
+  const std::string root = dir.str();
+  write_snapshot_part(part_snapshot(0, 2, 4), root, partial_dir_name(6, 0));
+  EXPECT_EQ(assemble_partials(root, 0), std::nullopt);  // ranks 2 and 3 are missing
+  EXPECT_TRUE(fs::exists(root + "/" + partial_dir_name(6, 0) + "/" + kPartialFileName));
+  write_snapshot_part(part_snapshot(2, 2, 4), root, partial_dir_name(6, 1) + "-held-by-0");
+  write_snapshot_part(part_snapshot(1, 3, 4), root, partial_dir_name(6, 2));  // overlaps both
+  const std::optional<std::string> path = assemble_partials(root, 0);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_EQ(*path, root + "/step-00000006");
+  const CheckpointReader r = CheckpointReader::open(*path);
+  EXPECT_EQ(r.manifest().files.size(), 4u);
+  EXPECT_EQ(r.meta().at("devices"), 4);
+  const HostSnapshot all = part_snapshot(0, 4, 4);
+  for (size_t b = 0; b < 2; ++b) {
+    const uint64_t n = static_cast<uint64_t>(all.block_numel[b]);
+    std::vector<float> master(n, std::nanf("")), v(n, std::nanf(""));
+    r.read(all.block_names[b] + "/master", 0, n, master.data());
+    r.read(all.block_names[b] + "/v", 0, n, v.data());
+    for (const auto& rank : all.shards)
+      for (size_t i = 0; i < rank[b].master.size(); ++i) {
+        EXPECT_EQ(master[static_cast<size_t>(rank[b].begin) + i], rank[b].master[i]);
+        EXPECT_EQ(v[static_cast<size_t>(rank[b].begin) + i], rank[b].v[i]);
+      }
+  }
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_NE(e.path().filename().string().rfind("partial-", 0), 0u) << e.path();
+  // Nothing newer than the checkpoint: nothing to assemble.
+  EXPECT_EQ(assemble_partials(root, 0), std::nullopt);
 }
 
 // Written by 4 ranks, read back as 3 ranks, 1 rank and random ranges: the bytes of every element

@@ -98,9 +98,9 @@ TEST(MpiTrain, ClassifierAcrossProcesses) {
 
 TEST(MpiTrain, RefusesWhatIsNotBuiltWithOneSentence) {
   test_util::TempDir dir("mpi_train_refuse");
-  const auto r = run_binary(mpirun(2), "train --devices cpu:1 " + kModel + " --checkpoint-dir " + dir.path("ck"));
+  const auto r = run_binary(mpirun(2), "train --devices cpu:1 " + kModel + " --trace " + dir.path("t.json"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--checkpoint-dir is not supported when zerotrain runs as 2 processes"), std::string::npos)
+  EXPECT_NE(r.output.find("--trace is not supported when zerotrain runs as 2 processes"), std::string::npos)
       << r.output;
   const auto p = run_binary(mpirun(2), "train --devices cpu:2 " + kModel + " --pipeline-parallel 2");
   EXPECT_NE(p.exit_code, 0);
