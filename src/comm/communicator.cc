@@ -529,6 +529,9 @@ struct Communicator::Impl::Builder {
   void reduce_scatter_direct(const Plan& p, const std::vector<TensorView>& full) {
     const int n = world();
     if (n == 1 || p.shard == 0) return;
+    // Unused here, but allocated as on the staged path: memory plans (train/plan.cc, the ZeRO
+    // engine's) count them per rank without knowing which path a group takes.
+    ensure_slots();
     const size_t bytes = static_cast<size_t>(p.shard) * p.esize;
     for (int k = 0; k < n - 1; ++k) {
       // All records of the step before any wait on them (notes at the top); at k = 0 the record

@@ -30,9 +30,10 @@
 // into receive buffers and adds them from there. Both paths give the same bits.
 //
 // Memory: the staged reduce-scatter (and so all-reduce) receives into kRecvSlots buffers of
-// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first staged
-// reduction and kept for the communicator's lifetime (2 MiB per rank at the default chunk); the
-// direct path allocates none. All-gather and broadcast copy straight into the destination
+// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first reduction
+// and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The direct path
+// does not use them but allocates them all the same, because the memory plans count them without
+// knowing which path a group takes. All-gather and broadcast copy straight into the destination
 // buffers. Devices must outlive the communicator.
 //
 // Ordering: the host only enqueues. Peer copies follow the runtime's rule (copy on the source's
@@ -246,12 +247,11 @@ class Communicator {
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
-  // Bytes of the rank's pool held as receive buffers (allocated at the first staged reduction;
-  // 0 while every reduction took the direct path).
+  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction, on either
+  // path).
   size_t buffer_bytes(int rank) const;
-  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something on
-  // the staged path (each receive buffer is one allocation of the returned size / kRecvSlots;
-  // memory plans: an upper bound where the direct path serves).
+  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something
+  // (each receive buffer is one allocation of the returned size / kRecvSlots; memory plans).
   static size_t planned_buffer_bytes(int world, size_t chunk_bytes = kDefaultChunkBytes);
 
   // Receive buffers per rank for the ring reduction (double buffering: the copy of chunk j+1

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
+#include "runtime/observer.h"
 #include "runtime/runtime.h"
 
 namespace zt {
@@ -48,10 +51,36 @@ float ring_sum(DType t, const std::vector<std::vector<float>>& x, int world, int
 
 enum class Op { kReduceScatter, kAllGather, kAllReduce };
 
+// Stream tasks by name while installed (which ops and copies a path launched).
+class TaskCounts final : public TaskObserver {
+ public:
+  explicit TaskCounts(Runtime& rt) : rt_(rt) { rt_.set_observer(this); }
+  ~TaskCounts() override { rt_.set_observer(nullptr); }
+  void on_task(int, int, const char* name, Clock::time_point, Clock::time_point) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_[name];
+  }
+  int operator[](const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_[name];
+  }
+
+ private:
+  Runtime& rt_;
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+};
+
+struct Result {
+  std::vector<std::vector<uint32_t>> bits;  // every rank's whole buffer
+  size_t buffer_bytes = 0;
+  int accumulate_peer = 0, accumulate = 0, copy_peer = 0;  // tasks launched
+};
+
 // Every rank's whole buffer after `op` on `path`, from inputs x (all-gather: each rank's own shard
 // only, the rest NaN-poisoned so an unwritten element fails the compare).
-std::vector<std::vector<uint32_t>> run(Runtime& rt, int world, DType t, int64_t shard, CommPath path, Op op,
-                                       const std::vector<std::vector<float>>& x, size_t* buffer_bytes) {
+Result run(Runtime& rt, int world, DType t, int64_t shard, CommPath path, Op op,
+           const std::vector<std::vector<float>>& x) {
   auto devs = first_devices(rt, world);
   Communicator comm(devs, kSmallChunk, path);
   RankBuffers b(devs, t, shard * world);
@@ -63,6 +92,7 @@ std::vector<std::vector<uint32_t>> run(Runtime& rt, int world, DType t, int64_t 
   } else {
     b.fill([&](int r, int64_t i) { return x[static_cast<size_t>(r)][static_cast<size_t>(i)]; });
   }
+  TaskCounts tasks(rt);
   switch (op) {
     case Op::kReduceScatter:
       comm.reduce_scatter(b.views, {});
@@ -75,9 +105,12 @@ std::vector<std::vector<uint32_t>> run(Runtime& rt, int world, DType t, int64_t 
       break;
   }
   rt.synchronize();
-  *buffer_bytes = comm.buffer_bytes(world - 1);
-  std::vector<std::vector<uint32_t>> out;
-  for (int r = 0; r < world; ++r) out.push_back(b.bits(r));
+  Result out;
+  out.buffer_bytes = comm.buffer_bytes(world - 1);
+  out.accumulate_peer = tasks["accumulate_peer"];
+  out.accumulate = tasks["accumulate"];
+  out.copy_peer = tasks["copy_peer"];
+  for (int r = 0; r < world; ++r) out.bits.push_back(b.bits(r));
   return out;
 }
 
@@ -93,25 +126,34 @@ TEST(CommDirect, SameBitsAsTheStagedRingForEveryCollective) {
           const std::string what = "world " + std::to_string(world) + " " + dtype_name(t) + " shard " +
                                    std::to_string(shard) + " op " + std::to_string(static_cast<int>(op));
           const auto x = random_inputs(t, world, shard * world, rng);
-          size_t direct_bytes = 0, staged_bytes = 0;
-          const auto direct = run(*rt, world, t, shard, CommPath::kAuto, op, x, &direct_bytes);
-          const auto staged = run(*rt, world, t, shard, CommPath::kStaged, op, x, &staged_bytes);
-          ASSERT_EQ(direct, staged) << what;
-          // The direct path holds no receive buffers; the staged one its planned slots.
-          EXPECT_EQ(direct_bytes, 0u) << what;
-          EXPECT_EQ(staged_bytes, op == Op::kAllGather ? 0 : Communicator::planned_buffer_bytes(world, kSmallChunk))
-              << what;
+          const Result direct = run(*rt, world, t, shard, CommPath::kAuto, op, x);
+          const Result staged = run(*rt, world, t, shard, CommPath::kStaged, op, x);
+          ASSERT_EQ(direct.bits, staged.bits) << what;
+          // One op per rank and ring step on the direct path; per chunk on the staged one.
+          const int steps = world * (world - 1);
+          const int chunks = static_cast<int>((shard * static_cast<int64_t>(dtype_size(t)) + kSmallChunk - 1) / kSmallChunk);
+          const bool reduces = op != Op::kAllGather, gathers = op != Op::kReduceScatter;
+          EXPECT_EQ(direct.accumulate_peer, reduces ? steps : 0) << what;
+          EXPECT_EQ(direct.accumulate, 0) << what;
+          EXPECT_EQ(direct.copy_peer, gathers ? steps : 0) << what;
+          EXPECT_EQ(staged.accumulate_peer, 0) << what;
+          EXPECT_EQ(staged.accumulate, reduces ? steps * chunks : 0) << what;
+          EXPECT_EQ(staged.copy_peer, (reduces + gathers) * steps * chunks) << what;
+          // Reductions hold the planned receive buffers on both paths (the plans count them).
+          const size_t planned = reduces ? Communicator::planned_buffer_bytes(world, kSmallChunk) : 0;
+          EXPECT_EQ(direct.buffer_bytes, planned) << what;
+          EXPECT_EQ(staged.buffer_bytes, planned) << what;
           if (op != Op::kAllReduce) continue;
           for (int r = 0; r < world; ++r)
             for (int64_t i = 0; i < shard * world; ++i)
-              ASSERT_EQ(direct[static_cast<size_t>(r)][static_cast<size_t>(i)],
+              ASSERT_EQ(direct.bits[static_cast<size_t>(r)][static_cast<size_t>(i)],
                         bits_of(t, ring_sum(t, x, world, static_cast<int>(i / shard), i)))
                   << what << " rank " << r << " element " << i;
         }
 }
 
-// A backend whose table lacks accumulate_peer reduces through the staged ring (receive buffers
-// allocated), with the same bits; all-gather still copies directly.
+// A backend whose table lacks accumulate_peer reduces through the staged ring, with the same bits;
+// all-gather still copies directly.
 TEST(CommDirect, BackendWithoutPeerAccumulateStagesTheReduction) {
   auto rt = Runtime::create_cpu(3);
   OpTable table = cpu_op_table();
@@ -121,16 +163,19 @@ TEST(CommDirect, BackendWithoutPeerAccumulateStagesTheReduction) {
   const int64_t shard = 41;
   for (DType t : kFloatTypes) {
     const auto x = random_inputs(t, world, shard * world, rng);
-    size_t auto_bytes = 0, fallback_bytes = 0;
-    const auto direct = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x, &auto_bytes);
-    std::vector<std::vector<uint32_t>> fallback;
+    const Result direct = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x);
+    Result fallback;
     {
       ScopedOpTable scoped(Backend::kCpu, &table);
-      fallback = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x, &fallback_bytes);
+      fallback = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x);
     }
-    EXPECT_EQ(auto_bytes, 0u) << dtype_name(t);
-    EXPECT_EQ(fallback_bytes, Communicator::planned_buffer_bytes(world, kSmallChunk)) << dtype_name(t);
-    ASSERT_EQ(direct, fallback) << dtype_name(t);
+    ASSERT_EQ(direct.bits, fallback.bits) << dtype_name(t);
+    EXPECT_EQ(direct.accumulate_peer, world * (world - 1)) << dtype_name(t);
+    EXPECT_EQ(fallback.accumulate_peer, 0) << dtype_name(t);
+    EXPECT_GT(fallback.accumulate, 0) << dtype_name(t);
+    // The gather half copies whole shards into the peers either way: one copy per rank and step.
+    const int chunks = static_cast<int>((shard * static_cast<int64_t>(dtype_size(t)) + kSmallChunk - 1) / kSmallChunk);
+    EXPECT_EQ(fallback.copy_peer, world * (world - 1) * (chunks + 1)) << dtype_name(t);
   }
 }
 
