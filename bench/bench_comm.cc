@@ -1,5 +1,7 @@
 // Bus bandwidth of the ring collectives on 2 and 4 simulated CPU devices, 1-64 MiB per rank,
-// against memcpy of the same bytes. Convention as nccl-tests: algbw = buffer bytes per rank / time;
+// against memcpy of the same bytes, and against what the simulated links can carry at once (every
+// device's comm stream copying a link's bytes, (N-1)/N of the buffer, at the same time: the
+// simulated devices share the host's memory bandwidth, so this is the ceiling of busbw here). Convention as nccl-tests: algbw = buffer bytes per rank / time;
 // busbw = algbw * 2(N-1)/N for all_reduce and (N-1)/N for reduce_scatter / all_gather, the
 // bandwidth each link would need, so it compares directly with a copy's bandwidth.
 // bytes_per_second (SetBytesProcessed) is busbw; the algbw counter is beside it.
@@ -25,6 +27,29 @@ void BM_Memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+
+// Every device's comm stream copies (N-1)/N of range(1) bytes (what one ring link carries in a
+// reduce-scatter or all-gather) at the same time; bytes_per_second is per link, like busbw.
+void BM_ConcurrentCopies(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const size_t bytes = static_cast<size_t>(state.range(1)) / static_cast<size_t>(world) * static_cast<size_t>(world - 1);
+  auto rt = zt::Runtime::create_cpu(world);
+  std::vector<zt::DeviceBuffer> src, dst;
+  for (int r = 0; r < world; ++r) {
+    zt::Device& d = rt->device(r);
+    src.emplace_back(d.memory(), bytes, d.comm(), "bench");
+    dst.emplace_back(d.memory(), bytes, d.comm(), "bench");
+    std::memset(src.back().data(), 1, bytes);
+    std::memset(dst.back().data(), 0, bytes);
+  }
+  auto run = [&] {
+    for (int r = 0; r < world; ++r) rt->device(r).comm().copy(dst[r].data(), src[r].data(), bytes);
+    rt->synchronize();
+  };
+  run();
+  for (auto _ : state) run();
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
 }
 
@@ -83,6 +108,7 @@ void memcpy_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Memcpy)->Apply(memcpy_args)->UseRealTime();
+BENCHMARK(BM_ConcurrentCopies)->Apply(collective_args)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Collective, reduce_scatter, kReduceScatter)->Apply(collective_args)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Collective, all_gather, kAllGather)->Apply(collective_args)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Collective, all_reduce, kAllReduce)->Apply(collective_args)->UseRealTime();

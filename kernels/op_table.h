@@ -33,7 +33,7 @@ namespace zt {
 
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
-// src}; accumulate {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
+// src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update {}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
@@ -41,6 +41,7 @@ namespace zt {
   X(kAdd, add)                                                 \
   X(kCast, cast)                                               \
   X(kAccumulate, accumulate)                                   \
+  X(kAccumulatePeer, accumulate_peer)                          \
   X(kEncoderForward, encoder_forward)                          \
   X(kEncoderBackward, encoder_backward)                        \
   X(kLayernormForward, layernorm_forward)                      \
@@ -93,6 +94,9 @@ struct OpTable {
   void (*add)(Stream&, float* out, const float* a, const float* b, int64_t n) = nullptr;
   void (*cast)(Stream&, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = nullptr;
   void (*accumulate)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
+  // src: another device's memory this device can access (ops.h accumulate_peer). No fallback:
+  // without it the collectives stage through receive buffers (comm/communicator.cc).
+  void (*accumulate_peer)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // V = rows of the wte shard, which holds ids [v_begin, v_begin + V) of v_total (> 0); wpe/dwpe
   // may be nullptr (no position term).
   void (*encoder_forward)(Stream&, float* out, const int32_t* tokens, const float* wte, const float* wpe,

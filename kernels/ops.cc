@@ -134,6 +134,24 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
   }
 }
 
+void accumulate_peer(Stream& s, TensorView dst, ConstTensorView src) {
+  ZT_REQUIRE(dst.dtype == DType::kF32 || dst.dtype == DType::kF16 || dst.dtype == DType::kBF16,
+             "accumulate_peer: dst ", dst.shape.str(), " is ", dtype_name(dst.dtype),
+             " but must be fp32, fp16 or bf16");
+  check_view(s, "accumulate_peer", "dst", dst, dst.dtype);
+  // src lives on a peer device: only its type and storage are checked here.
+  ZT_REQUIRE(src.dtype == dst.dtype, "accumulate_peer: src ", src.shape.str(), " is ",
+             dtype_name(src.dtype), " but must be ", dtype_name(dst.dtype));
+  ZT_REQUIRE(src.data != nullptr || src.numel() == 0, "accumulate_peer: src ", src.shape.str(),
+             " has no data");
+  ZT_REQUIRE(dst.numel() == src.numel(), "accumulate_peer: dst ", dst.shape.str(), " but src ",
+             src.shape.str(), " (element counts must match)");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const DType t = dst.dtype;
+  require_kernel(s, OpId::kAccumulatePeer, {t}).accumulate_peer(s, dst.data, src.data, t, n);
+}
+
 // ---- encoder and position embedding ------------------------------------------------------------
 
 namespace {

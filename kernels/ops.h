@@ -34,6 +34,12 @@ void cast(Stream& s, TensorView dst, ConstTensorView src);
 // to fp32, added, and rounded to the storage type once (round to nearest even). For f32 the bits
 // equal add(dst, dst, src). The reduction step of the collectives (src/comm/).
 void accumulate(Stream& s, TensorView dst, ConstTensorView src);
+// accumulate with `src` in another device's memory that s's device can read directly
+// (Device::can_access_peer: always on the CPU backend, one address space; on CUDA over the link
+// once peer access is enabled): the same bits as accumulate, without staging src locally. dst
+// lives on s's device; the caller orders the read after src's producer with an event, and src's
+// owner must not write those elements until the read is done (the ring collectives' direct path).
+void accumulate_peer(Stream& s, TensorView dst, ConstTensorView src);
 
 // ---- tensor (vocabulary) parallelism ---------------------------------------------------
 // Which rows of the vocabulary a rank's embedding/LM-head shard holds: rows [begin, begin + wte rows)

@@ -25,6 +25,10 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, add);
   ZT_CPU_ENTRY(cpu_kernels, cast);
   ZT_CPU_ENTRY(cpu_kernels, accumulate);
+  // One address space: reading a peer device's memory is the same loop (same bits).
+  t.accumulate_peer = [](Stream& s, void* dst, const void* src, DType dtype, int64_t n) {
+    cpu::enqueue(s, [=] { cpu_kernels::accumulate(dst, src, dtype, n); }, "accumulate_peer");
+  };
   ZT_CPU_ENTRY(cpu_kernels, encoder_forward);
   ZT_CPU_ENTRY(cpu_kernels, encoder_backward);
   ZT_CPU_ENTRY(cpu_kernels, layernorm_forward);

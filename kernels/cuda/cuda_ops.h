@@ -27,6 +27,9 @@ void scale(void* stream, float* x, int64_t n, float alpha);
 void add(void* stream, float* out, const float* a, const float* b, int64_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])), dtype f32/f16/bf16 (f32: exactly add).
 void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n);
+// accumulate with src in a peer GPU's memory (peer access enabled), read directly over the link
+// with 128-bit loads where both pointers allow (kernels/cuda/comm_ops.cu); the same bits.
+void accumulate_peer(void* stream, void* dst, const void* src, DType dtype, int64_t n);
 
 // ---- encoder: out[B,T,C] = wte[tokens[b,t] - v_begin] (0 when another shard holds the token) +
 // wpe[t] (skipped when wpe == nullptr); wte [V,C] holds ids [v_begin, v_begin + V) of v_total,

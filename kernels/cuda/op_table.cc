@@ -43,6 +43,7 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, scale);
   ZT_CUDA_ENTRY(cuda_ops, add);
   ZT_CUDA_ENTRY(cuda_ops, accumulate);
+  ZT_CUDA_ENTRY(cuda_ops, accumulate_peer);
   ZT_CUDA_ENTRY(cuda_ops, encoder_forward);
   ZT_CUDA_ENTRY(cuda_ops, encoder_backward);
   ZT_CUDA_ENTRY(cuda_ops, layernorm_forward);

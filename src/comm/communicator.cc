@@ -2,7 +2,26 @@
 // whole schedule of a collective at once, for every rank, under one lock; nothing here waits for
 // device work.
 //
-// Design notes:
+// Direct path (every pair of a group's devices can access each other's memory: always on the CPU
+// backend, on CUDA where peer access is enabled; and the backend has accumulate_peer):
+//  - Reduce-scatter step k is ONE op per rank: rank r waits on `stepped` of r-1 (recorded after
+//    r-1's step k-1, so r-1's partial of shard (r-k-2) mod N is complete) and adds that shard of
+//    r-1's buffer, read in place, into its own (ops::accumulate_peer). No receive buffer, no copy,
+//    no chunking: every rank works on a different shard in the same step, so all links are busy
+//    at once, and chunks would only add launches and waits (bench/README.md).
+//  - No read/write overlap: at step k rank r writes shard (r-k-2) of its own buffer while r+1
+//    reads shard (r-k-1) of it; rank r writes each shard but r-1 exactly once, at the step before
+//    r+1 reads it, so after r+1's read nothing writes that shard again within the collective.
+//    Writes after it (a following all-gather, the caller's next use) are ordered behind r+1's
+//    last read: r's comm stream waits on r+1's final `stepped` before it records `ready`/`done`.
+//  - All-gather: rank r copies its own shard straight into every peer's buffer, step k to rank
+//    r+k+1 (each rank receives from one rank per step), each copy after the peer's `ready`; the
+//    receiver's comm stream then waits on every sender's `sent`. Copies only: the bits are those
+//    of the ring.
+//  - The summation order of every element is the ring's below, so both paths give the same bits;
+//    CommPath::kStaged forces the ring below (tests compare the two).
+//
+// Staged ring (no peer access, or CommPath::kStaged):
 //  - A collective is a sequence of rounds. In a ring round every rank copies one chunk to its
 //    successor (on its own comm stream), and, for a reduction, every rank then adds the chunk it
 //    received into its own buffer (on its comm stream). Rounds are enqueued step-major (all
@@ -41,6 +60,7 @@
 #include "core/format.h"
 #include "core/nvtx.h"
 #include "core/status.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 
@@ -173,6 +193,7 @@ struct CommGroupState {
   std::vector<int> members;
   std::string name;
   bool is_world = false;
+  bool peer_access = false;  // every member can read and write every other member's memory
   std::vector<CommCounters> counters;  // by position
 
   uint64_t generation = 0;  // per-rank rendezvous: generation g completes when every member arrived
@@ -221,6 +242,7 @@ struct Communicator::Impl {
     std::unique_ptr<Event> ready;     // comm stream reached the collective: peers may write here
     std::unique_ptr<Event> sent;      // after each peer copy this rank issues
     std::unique_ptr<Event> done;      // after the last collective touching this rank
+    std::unique_ptr<Event> stepped;   // direct reduce-scatter: after this rank's latest step
     std::array<std::unique_ptr<Event>, kRecvSlots> slot_free;  // reduction consumed slot q
     std::array<DeviceBuffer, kRecvSlots> slots;                // receive buffers (lazy)
     CommCounters counters;
@@ -277,8 +299,8 @@ struct Communicator::Impl {
 
 // ---- construction ----------------------------------------------------------------------------
 
-Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
-    : devices_(std::move(devices)), chunk_bytes_(chunk_bytes), impl_(std::make_unique<Impl>()) {
+Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes, CommPath path)
+    : devices_(std::move(devices)), chunk_bytes_(chunk_bytes), path_(path), impl_(std::make_unique<Impl>()) {
   ZT_REQUIRE(!devices_.empty(), "Communicator: needs at least one device");
   ZT_REQUIRE(chunk_bytes_ > 0, "Communicator: chunk_bytes must be positive");
   const int n = world();
@@ -290,7 +312,8 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
     ZT_REQUIRE(devices_[r]->backend() == devices_[0]->backend(), "Communicator: ",
                devices_[0]->name(), " and ", devices_[r]->name(), " use different backends");
   }
-  // Peer access is not required: copy_peer stages through host memory where GPUs lack it.
+  // Peer access is not required: copy_peer stages through host memory where GPUs lack it, and
+  // groups without it in every direction take the staged ring (CommGroupState::peer_access).
 
   // A chunk holds at least one element of any type.
   impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
@@ -303,6 +326,7 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes)
     rk.ready = d.create_event();
     rk.sent = d.create_event();
     rk.done = d.create_event();
+    rk.stepped = d.create_event();
     for (auto& e : rk.slot_free) e = d.create_event();
   }
   std::vector<int> all(static_cast<size_t>(n));
@@ -332,6 +356,11 @@ CommGroup Communicator::group(std::vector<int> ranks) {
     g->name = ranks_name(ranks);
     g->counters.resize(ranks.size());
     g->arrivals.resize(ranks.size());
+    g->peer_access = true;
+    for (int a : ranks)
+      for (int b : ranks)
+        if (a != b && !devices_[static_cast<size_t>(a)]->can_access_peer(*devices_[static_cast<size_t>(b)]))
+          g->peer_access = false;
     g->members = std::move(ranks);
     slot = std::move(g);
   }
@@ -494,6 +523,63 @@ struct Communicator::Impl::Builder {
     }
   }
 
+  // Direct path (notes at the top): step k, rank r adds shard (r-k-2) mod N of r-1's buffer, read
+  // in place, into its own. Ends with every rank's comm stream after its successor's last read of
+  // its buffer, so whatever the stream does next may overwrite it.
+  void reduce_scatter_direct(const Plan& p, const std::vector<TensorView>& full) {
+    const int n = world();
+    if (n == 1 || p.shard == 0) return;
+    // Unused here, but allocated as on the staged path: memory plans (train/plan.cc, the ZeRO
+    // engine's) count them per rank without knowing which path a group takes.
+    ensure_slots();
+    const size_t bytes = static_cast<size_t>(p.shard) * p.esize;
+    for (int k = 0; k < n - 1; ++k) {
+      // All records of the step before any wait on them (notes at the top); at k = 0 the record
+      // follows the prologue's wait for the producer.
+      for (int r = 0; r < n; ++r) comm(r).record(*rank(r).stepped);
+      for (int r = 0; r < n; ++r) {
+        const int src = prev(r);
+        const int s = ((src - k - 1) % n + n) % n;
+        const size_t at = static_cast<size_t>(s) * bytes;
+        comm(r).wait(*rank(src).stepped);
+        ops::accumulate_peer(comm(r), TensorView{byte_ptr(full[r]) + at, p.dtype, Shape{p.shard}, device(r).index()},
+                             ConstTensorView{byte_ptr(full[src]) + at, p.dtype, Shape{p.shard}, device(src).index()});
+        count_copy(src, r, bytes);
+      }
+    }
+    for (int r = 0; r < n; ++r) comm(r).record(*rank(r).stepped);
+    for (int r = 0; r < n; ++r) comm(r).wait(*rank(next(r)).stepped);
+  }
+
+  // Direct path: rank r copies its shard into rank r+k+1's buffer at step k, after that rank's
+  // `ready`; one copy per step. epilogue_direct() orders each receiver after all its senders.
+  void all_gather_direct(const Plan& p, const std::vector<TensorView>& full) {
+    const int n = world();
+    if (n == 1 || p.shard == 0) return;
+    const size_t bytes = static_cast<size_t>(p.shard) * p.esize;
+    for (int r = 0; r < n; ++r) {
+      const size_t at = static_cast<size_t>(r) * bytes;
+      for (int k = 0; k < n - 1; ++k) {
+        const int dst = (r + k + 1) % n;
+        comm(r).wait(*rank(dst).ready);
+        comm(r).copy_peer(device(dst), byte_ptr(full[dst]) + at, byte_ptr(full[r]) + at, bytes);
+        count_copy(r, dst, bytes);
+      }
+      comm(r).record(*rank(r).sent);
+    }
+  }
+
+  // After all_gather_direct: each rank's comm stream covers every copy into its buffer, then `done`.
+  void epilogue_direct(bool received) {
+    for (int r = 0; r < world(); ++r) {
+      if (received)
+        for (int q = 0; q < world(); ++q)
+          if (q != r) comm(r).wait(*rank(q).sent);
+      comm(r).record(*rank(r).done);
+      count_collective(r);
+    }
+  }
+
   // Step k: rank r forwards shard (r-k) mod N to r+1, straight into r+1's buffer.
   void all_gather(const Plan& p, const std::vector<TensorView>& full) {
     const int n = world();
@@ -565,31 +651,51 @@ void Communicator::group_call(CommGroupState& g, Kind kind, int root, const std:
   const Plan p = check_buffers(op, devices_, g, bufs, producers, reduces, reduces);
   const size_t nbytes = static_cast<size_t>(p.numel) * p.esize;
   const GroupRange range(op, static_cast<int64_t>(nbytes));
+  // The direct path where every member reaches every other's memory (and, for reductions, the
+  // backend reads a peer's memory in its accumulate); the staged ring otherwise.
+  const bool direct_copy = path_ == CommPath::kAuto && g.peer_access;
+  const OpTable* table = op_table(devices_[static_cast<size_t>(g.members[0])]->backend());
+  const bool direct_reduce =
+      reduces && direct_copy && table != nullptr && table->supports(OpId::kAccumulatePeer, {p.dtype});
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, g, chunk_bytes_};
   const int n = b.world();
+  const auto reduce = [&] {
+    if (direct_reduce)
+      b.reduce_scatter_direct(p, bufs);
+    else
+      b.reduce_scatter(p, bufs);
+  };
+  const auto gather = [&](bool moves) {
+    if (direct_copy) {
+      b.all_gather_direct(p, bufs);
+      b.epilogue_direct(moves);
+    } else {
+      b.all_gather(p, bufs);
+      b.epilogue(moves);
+    }
+  };
   switch (kind) {
     case Kind::kReduceScatter:
       b.prologue(producers, /*peers_write=*/false);
-      b.reduce_scatter(p, bufs);
+      reduce();
       b.epilogue(/*received=*/false);
       break;
     case Kind::kAllGather: {
       const bool moves = n > 1 && p.shard > 0;
       b.prologue(producers, moves);
-      b.all_gather(p, bufs);
-      b.epilogue(moves);
+      gather(moves);
       break;
     }
     case Kind::kAllReduce: {
       const bool moves = n > 1 && p.shard > 0;
       b.prologue(producers, /*peers_write=*/false);
-      b.reduce_scatter(p, bufs);
-      // Peers overwrite the partial sums of the other shards only after each rank's reduction.
+      reduce();
+      // Peers overwrite the partial sums of the other shards only after each rank's reduction
+      // (and, on the direct path, after its successor's last read of them).
       if (moves)
         for (int i = 0; i < n; ++i) b.comm(i).record(*b.rank(i).ready);
-      b.all_gather(p, bufs);
-      b.epilogue(moves);
+      gather(moves);
       break;
     }
     case Kind::kBroadcast: {

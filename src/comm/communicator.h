@@ -22,10 +22,19 @@
 // it is blocked in the call). Group and per-rank calls may be mixed; each collective is enqueued
 // whole, under one lock, in the order the calls complete.
 //
-// Memory: reduce-scatter (and so all-reduce) receives into kRecvSlots buffers of chunk_bytes per
-// rank, from that rank's pool on its comm stream, allocated at the first reduction and kept for
-// the communicator's lifetime (2 MiB per rank at the default chunk). All-gather and broadcast copy
-// straight into the destination buffers. Devices must outlive the communicator.
+// Paths: where every member of a group can access every other member's memory (always on the CPU
+// backend, one address space; on CUDA where peer access is enabled) a reduce-scatter step is one
+// op per rank that reads the predecessor's partial in place and adds it into the rank's own
+// buffer (ops::accumulate_peer), and an all-gather copies each rank's whole shard straight into
+// every peer's buffer. Elsewhere (or with CommPath::kStaged) the ring copies chunk_bytes chunks
+// into receive buffers and adds them from there. Both paths give the same bits.
+//
+// Memory: the staged reduce-scatter (and so all-reduce) receives into kRecvSlots buffers of
+// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first reduction
+// and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The direct path
+// does not use them but allocates them all the same, because the memory plans count them without
+// knowing which path a group takes. All-gather and broadcast copy straight into the destination
+// buffers. Devices must outlive the communicator.
 //
 // Ordering: the host only enqueues. Peer copies follow the runtime's rule (copy on the source's
 // comm stream, record an event, the consumer waits on it); a rank's buffer is written by a peer
@@ -147,11 +156,17 @@ struct Transfer {
   TensorView to;
 };
 
+// kAuto: the direct path wherever the devices allow it (see the header comment); kStaged: always
+// the staged ring (the fallback, e.g. to compare the two).
+enum class CommPath : uint8_t { kAuto, kStaged };
+
 class Communicator {
  public:
-  // Ranks are the given devices in order. chunk_bytes: pipeline granularity of the ring.
+  // Ranks are the given devices in order. chunk_bytes: pipeline granularity of the staged ring
+  // (and of broadcast).
   static constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
-  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = kDefaultChunkBytes);
+  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = kDefaultChunkBytes,
+                        CommPath path = CommPath::kAuto);
   ~Communicator();
 
   int world() const { return static_cast<int>(devices_.size()); }
@@ -232,7 +247,8 @@ class Communicator {
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
-  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction).
+  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction, on either
+  // path).
   size_t buffer_bytes(int rank) const;
   // What buffer_bytes() will be per rank once a world-rank communicator has reduced something
   // (each receive buffer is one allocation of the returned size / kRecvSlots; memory plans).
@@ -256,6 +272,7 @@ class Communicator {
 
   std::vector<Device*> devices_;
   size_t chunk_bytes_;
+  CommPath path_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -532,9 +532,9 @@ class CudaDevice final : public Device {
     const auto* peer = dynamic_cast<const CudaDevice*>(&other);
     if (peer == nullptr) return false;
     if (peer->ordinal_ == ordinal_) return true;
-    int can = 0;
-    ZT_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, ordinal_, peer->ordinal_));
-    return can != 0;
+    // Access that is possible but was not enabled (the 8-peer limit) does not count: kernels
+    // reading the peer's memory (the collectives' direct path) would fault.
+    return peer_table().enabled(ordinal_, peer->ordinal_);
   }
 
   void synchronize() override {
