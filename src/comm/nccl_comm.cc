@@ -89,6 +89,22 @@ struct NcclComm::Impl {
     ZT_REQUIRE(!sharded || full.numel() % world == 0, "an NCCL reduce-scatter or all-gather needs a multiple of the ",
                world, " ranks in elements (got ", full.numel(), "); pad the buffer");
   }
+
+  // What an in-place reduce-scatter or all-gather of rank `local` needs: its stream (after the
+  // producer), its communicator, the shard's elements and where its own shard starts in `full`.
+  struct ShardCall {
+    cudaStream_t stream;
+    ncclComm_t comm;
+    size_t shard;
+    char* mine;
+  };
+  ShardCall shard_call(int local, const TensorView& full, Stream* producer) {
+    const cudaStream_t s = stream_after(local, producer);
+    require_buffer(local, full, true);
+    const size_t shard = static_cast<size_t>(full.numel() / world);
+    char* mine = static_cast<char*>(full.data) + static_cast<size_t>(first_rank + local) * shard * dtype_size(full.dtype);
+    return {s, ranks[static_cast<size_t>(local)].comm, shard, mine};
+  }
 };
 
 #define ZT_NCCL_CALL(impl, local, comm, call) (impl).check((call), #call, (comm), (local))
@@ -183,26 +199,17 @@ int NcclComm::global_rank(int local) const { return impl_->first_rank + local; }
 
 void NcclComm::reduce_scatter(int local, TensorView full, Stream* producer) {
   Impl& m = *impl_;
-  const cudaStream_t s = m.stream_after(local, producer);
-  m.require_buffer(local, full, true);
-  const size_t shard = static_cast<size_t>(full.numel() / m.world);
-  if (shard == 0) return;
-  const ncclComm_t c = m.ranks[static_cast<size_t>(local)].comm;
-  char* base = static_cast<char*>(full.data);
-  void* mine = base + static_cast<size_t>(global_rank(local)) * shard * dtype_size(full.dtype);
-  ZT_NCCL_CALL(m, local, c, ncclReduceScatter(full.data, mine, shard, nccl_type(full.dtype), ncclSum, c, s));
+  const Impl::ShardCall k = m.shard_call(local, full, producer);
+  if (k.shard == 0) return;
+  ZT_NCCL_CALL(m, local, k.comm,
+               ncclReduceScatter(full.data, k.mine, k.shard, nccl_type(full.dtype), ncclSum, k.comm, k.stream));
 }
 
 void NcclComm::all_gather(int local, TensorView full, Stream* producer) {
   Impl& m = *impl_;
-  const cudaStream_t s = m.stream_after(local, producer);
-  m.require_buffer(local, full, true);
-  const size_t shard = static_cast<size_t>(full.numel() / m.world);
-  if (shard == 0) return;
-  const ncclComm_t c = m.ranks[static_cast<size_t>(local)].comm;
-  char* base = static_cast<char*>(full.data);
-  const void* mine = base + static_cast<size_t>(global_rank(local)) * shard * dtype_size(full.dtype);
-  ZT_NCCL_CALL(m, local, c, ncclAllGather(mine, full.data, shard, nccl_type(full.dtype), c, s));
+  const Impl::ShardCall k = m.shard_call(local, full, producer);
+  if (k.shard == 0) return;
+  ZT_NCCL_CALL(m, local, k.comm, ncclAllGather(k.mine, full.data, k.shard, nccl_type(full.dtype), k.comm, k.stream));
 }
 
 void NcclComm::all_reduce(int local, TensorView full, Stream* producer) {
