@@ -357,14 +357,17 @@ TEST(Trace, IsValidTraceEventJsonWithOverlappingCommAndCompute) {
   EXPECT_TRUE(std::any_of(compute0.begin(), compute0.end(), [](const Slice& s) { return s.name == "matmul_forward"; }));
   const auto& comm0 = tracks[{0, 1}];
   EXPECT_TRUE(std::any_of(comm0.begin(), comm0.end(), [](const Slice& s) { return s.name == "copy_peer"; }));
-  EXPECT_TRUE(std::any_of(comm0.begin(), comm0.end(), [](const Slice& s) { return s.name == "accumulate"; }));
+  // The ring's reduction: read in place from the neighbour where devices reach each other's memory
+  // (always on the CPU backend: the direct path), else from a staged copy.
+  EXPECT_TRUE(std::any_of(comm0.begin(), comm0.end(),
+                          [](const Slice& s) { return s.name == "accumulate_peer" || s.name == "accumulate"; }));
 
   // ZeRO-2: the gradient ring of one block runs while compute works on the next.
   int overlapping = 0;
   for (int pid = 0; pid < N; ++pid) {
     const auto& comp = tracks[{pid, 0}];
     for (const Slice& m : tracks[{pid, 1}]) {
-      if (m.name != "copy_peer" && m.name != "accumulate") continue;
+      if (m.name != "copy_peer" && m.name != "accumulate" && m.name != "accumulate_peer") continue;
       // comp is sorted by start: find compute slices starting before m ends.
       auto it = std::lower_bound(comp.begin(), comp.end(), m.ts + m.dur, [](const Slice& s, double t) { return s.ts < t; });
       for (auto k = comp.begin(); k != it; ++k)
