@@ -99,9 +99,10 @@ if ((built)); then
   # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops, the
   # tiled attention (both GPT models train on it), TF32 GEMMs and the device sum on the GPU against
   # the CPU backend's ops and the float64 references, the classifier's CUB row reductions, and the
-  # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers.
+  # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers, and the
+  # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*))/cuda|CudaRuntime\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*))/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 fi
 
