@@ -16,6 +16,7 @@
 #include <span>
 
 #include "core/dtype.h"
+#include "kernels/matmul_types.h"
 #include "runtime/backend.h"
 #include "runtime/stream.h"
 
@@ -34,7 +35,8 @@ namespace zt {
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
-// loss_scale_update {}; every other op {f32}.
+// loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
+// {in, out, bias} of their MatmulTypes; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -72,7 +74,9 @@ namespace zt {
   X(kRowMax, row_max)                                          \
   X(kVocabPartials, vocab_partials)                            \
   X(kVocabLossGrad, vocab_loss_grad)                           \
-  X(kReduceSlices, reduce_slices)
+  X(kReduceSlices, reduce_slices)                              \
+  X(kMatmulGeluForward, matmul_gelu_forward)                   \
+  X(kMatmulBackwardDgelu, matmul_backward_dgelu)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -113,10 +117,13 @@ struct OpTable {
   void (*layernorm_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
                              const float* in, const float* weight, const float* mean, const float* rstd,
                              int64_t N, int64_t C) = nullptr;
-  void (*matmul_forward)(Stream&, float* out, const float* in, const float* weight, const float* bias,
-                         int64_t N, int64_t C, int64_t OC) = nullptr;
-  void (*matmul_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
-                          const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) = nullptr;
+  // The matmul family takes the dtypes of kernels/matmul_types.h (pointers typed by `t`); `in`
+  // may be nullptr in matmul_backward when dweight is (ops.cc's fallbacks ask for din alone).
+  void (*matmul_forward)(Stream&, void* out, const void* in, const void* weight, const void* bias,
+                         MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
+  void (*matmul_backward)(Stream&, void* din, float* dweight, float* dbias, const void* dout,
+                          const void* in, const void* weight, MatmulTypes t, int64_t N, int64_t C,
+                          int64_t OC) = nullptr;
   void (*bias_forward)(Stream&, float* x, const float* bias, int64_t N, int64_t C) = nullptr;
   void (*bias_backward)(Stream&, float* dbias, const float* dout, int64_t N, int64_t C) = nullptr;
   void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
@@ -173,6 +180,12 @@ struct OpTable {
                         int num_out, float* found_inf) = nullptr;
   void (*loss_scale_update)(Stream&, optim::LossScaleState* state, const float* found_inf,
                             const optim::LossScaleConfig& c) = nullptr;
+  // Fused GEMM epilogues (ops.h matmul_gelu_forward / matmul_backward_dgelu); bias, dbias may be
+  // nullptr. Without them ops.cc composes matmul_forward/_backward, gelu_forward/_backward, cast.
+  void (*matmul_gelu_forward)(Stream&, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
+                              const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
+  void (*matmul_backward_dgelu)(Stream&, void* dpre, float* dbias, const void* dout, const void* weight,
+                                const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

@@ -9,6 +9,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/op_table.h"
+#include "memory/caching_allocator.h"
 #include "runtime/device.h"
 
 namespace zt::ops {
@@ -307,53 +308,182 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
 // ---- matmul
 // ----------------------------------------------------------------------------------------
 
+namespace {
+
+bool is_16bit(DType t) { return t == DType::kF16 || t == DType::kBF16; }
+
+// The matmul family's dtype rules (ops.h): `in` f32 or 16-bit; the outputs f32 or `in`'s type.
+void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v) {
+  ZT_REQUIRE(v.dtype == DType::kF32 || is_16bit(v.dtype), op, ": ", name, " ", v.shape.str(), " is ",
+             dtype_name(v.dtype), " but must be fp32, fp16 or bf16");
+  check_view(s, op, name, v, v.dtype);
+}
+void check_same_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in) {
+  check_view(s, op, name, v, in);
+}
+// f32 or `in` (the dtype the GEMM's C/D or bias may take).
+void check_out_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in) {
+  ZT_REQUIRE(v.dtype == DType::kF32 || v.dtype == in, op, ": ", name, " ", v.shape.str(), " is ",
+             dtype_name(v.dtype), " but must be fp32", in == DType::kF32 ? "" : " or ",
+             in == DType::kF32 ? "" : dtype_name(in), " (in is ", dtype_name(in), ")");
+  check_view(s, op, name, v, v.dtype);
+}
+
+// weight [OC, C] against in [..., C]; returns {N, C, OC}.
+struct GemmDims {
+  int64_t N, C, OC;
+};
+GemmDims check_weight(const char* op, const ConstTensorView& weight, const ConstTensorView& in,
+                      const char* in_name) {
+  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
+  const int64_t OC = weight.shape[0], C = weight.shape[1];
+  ZT_REQUIRE(C > 0 && in.shape.ndim() >= 1 && last_dim(in) == C, op, ": ", in_name, " ", in.shape.str(),
+             " but weight ", weight.shape.str(), " (", in_name, " must be [..., ", C, "])");
+  return {rows(in), C, OC};
+}
+
+const OpTable& matmul_kernel(Stream& s, OpId op, MatmulTypes t) {
+  return require_kernel(s, op, {t.in, t.out, t.bias});
+}
+
+}  // namespace
+
 void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorView weight,
                     ConstTensorView bias) {
   constexpr const char* op = "matmul_forward";
-  check_f32(s, op, "out", out);
-  check_f32(s, op, "in", in);
-  check_f32(s, op, "weight", weight);
-  if (present(bias)) check_f32(s, op, "bias", bias);
-  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
-  const int64_t OC = weight.shape[0], C = weight.shape[1];
-  ZT_REQUIRE(C > 0 && in.shape.ndim() >= 1 && last_dim(in) == C, op, ": in ", in.shape.str(),
-             " but weight ", weight.shape.str(), " (in must be [..., ", C, "])");
-  ZT_REQUIRE(same_rows(out, in, OC), op, ": in ", in.shape.str(), " and weight ",
+  check_in_type(s, op, "in", in);
+  const MatmulTypes t{in.dtype, out.dtype, present(bias) ? bias.dtype : DType::kF32};
+  check_same_type(s, op, "weight", weight, t.in);
+  check_out_type(s, op, "out", out, t.in);
+  if (present(bias)) check_out_type(s, op, "bias", bias, t.in);
+  const GemmDims d = check_weight(op, weight, in, "in");
+  ZT_REQUIRE(same_rows(out, in, d.OC), op, ": in ", in.shape.str(), " and weight ",
              weight.shape.str(), " but out ", out.shape.str());
-  ZT_REQUIRE(!present(bias) || is_vector(bias, OC), op, ": weight ", weight.shape.str(),
+  ZT_REQUIRE(!present(bias) || is_vector(bias, d.OC), op, ": weight ", weight.shape.str(),
              " but bias ", bias.shape.str());
-  const int64_t N = rows(in);
-  if (N == 0 || OC == 0) return;
-  f32_kernel(s, OpId::kMatmulForward).matmul_forward(s, f32(out), f32(in), f32(weight),
-               present(bias) ? f32(bias) : nullptr, N, C, OC);
+  if (d.N == 0 || d.OC == 0) return;
+  matmul_kernel(s, OpId::kMatmulForward, t)
+      .matmul_forward(s, out.data, in.data, weight.data, present(bias) ? bias.data : nullptr, t, d.N, d.C, d.OC);
 }
 
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                      ConstTensorView dout, ConstTensorView in, ConstTensorView weight) {
   constexpr const char* op = "matmul_backward";
-  if (present(din)) check_f32(s, op, "din", din);
+  check_in_type(s, op, "in", in);
+  const MatmulTypes t{in.dtype, present(din) ? din.dtype : DType::kF32, DType::kF32};
+  if (present(din)) check_out_type(s, op, "din", din, t.in);
   if (present(dweight)) check_f32(s, op, "dweight", dweight);
   if (present(dbias)) check_f32(s, op, "dbias", dbias);
-  check_f32(s, op, "dout", dout);
-  check_f32(s, op, "in", in);
-  check_f32(s, op, "weight", weight);
-  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
-  const int64_t OC = weight.shape[0], C = weight.shape[1];
-  ZT_REQUIRE(C > 0 && in.shape.ndim() >= 1 && last_dim(in) == C, op, ": in ", in.shape.str(),
-             " but weight ", weight.shape.str(), " (in must be [..., ", C, "])");
-  ZT_REQUIRE(same_rows(dout, in, OC), op, ": in ", in.shape.str(), " and weight ",
+  check_same_type(s, op, "dout", dout, t.in);
+  check_same_type(s, op, "weight", weight, t.in);
+  const GemmDims d = check_weight(op, weight, in, "in");
+  ZT_REQUIRE(same_rows(dout, in, d.OC), op, ": in ", in.shape.str(), " and weight ",
              weight.shape.str(), " but dout ", dout.shape.str());
   ZT_REQUIRE(!present(din) || din.shape == in.shape, op, ": in ", in.shape.str(), " but din ",
              din.shape.str());
   ZT_REQUIRE(!present(dweight) || dweight.shape == weight.shape, op, ": weight ", weight.shape.str(),
              " but dweight ", dweight.shape.str());
-  ZT_REQUIRE(!present(dbias) || is_vector(dbias, OC), op, ": weight ", weight.shape.str(),
+  ZT_REQUIRE(!present(dbias) || is_vector(dbias, d.OC), op, ": weight ", weight.shape.str(),
              " but dbias ", dbias.shape.str());
-  const int64_t N = rows(in);
-  if (N == 0 || OC == 0) return;
-  f32_kernel(s, OpId::kMatmulBackward).matmul_backward(s, present(din) ? f32(din) : nullptr,
-               present(dweight) ? f32(dweight) : nullptr,
-               present(dbias) ? f32(dbias) : nullptr, f32(dout), f32(in), f32(weight), N, C, OC);
+  if (d.N == 0 || d.OC == 0) return;
+  matmul_kernel(s, OpId::kMatmulBackward, t)
+      .matmul_backward(s, present(din) ? din.data : nullptr, present(dweight) ? f32(dweight) : nullptr,
+                       present(dbias) ? f32(dbias) : nullptr, dout.data, in.data, weight.data, t, d.N, d.C, d.OC);
+}
+
+// The fused ops' fallbacks compose the unfused ops through the table. 16-bit outputs go through
+// one fp32 scratch from the device pool (stream-ordered: freed after the launches, reused only by
+// later work on this stream), so the rounding points are those of the fused kernels.
+void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, ConstTensorView in,
+                         ConstTensorView weight, ConstTensorView bias) {
+  constexpr const char* op = "matmul_gelu_forward";
+  check_in_type(s, op, "in", in);
+  const MatmulTypes t{in.dtype, pre_gelu.dtype, present(bias) ? bias.dtype : DType::kF32};
+  check_same_type(s, op, "weight", weight, t.in);
+  check_out_type(s, op, "pre_gelu", pre_gelu, t.in);
+  check_view(s, op, "out_gelu", out_gelu, t.out);
+  if (present(bias)) check_out_type(s, op, "bias", bias, t.in);
+  const GemmDims d = check_weight(op, weight, in, "in");
+  ZT_REQUIRE(same_rows(pre_gelu, in, d.OC) && out_gelu.shape == pre_gelu.shape, op, ": in ", in.shape.str(),
+             " and weight ", weight.shape.str(), " but pre_gelu ", pre_gelu.shape.str(), " and out_gelu ",
+             out_gelu.shape.str());
+  ZT_REQUIRE(!present(bias) || is_vector(bias, d.OC), op, ": weight ", weight.shape.str(), " but bias ",
+             bias.shape.str());
+  if (d.N == 0 || d.OC == 0) return;
+  const void* b = present(bias) ? bias.data : nullptr;
+  if (const OpTable* k = find_kernel(s, OpId::kMatmulGeluForward, {t.in, t.out, t.bias})) {
+    k->matmul_gelu_forward(s, out_gelu.data, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
+    return;
+  }
+  const int64_t n = d.N * d.OC;
+  if (t.out == DType::kF32) {
+    matmul_kernel(s, OpId::kMatmulForward, t)
+        .matmul_forward(s, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
+    f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out_gelu), f32(pre_gelu), n);
+    return;
+  }
+  MatmulTypes wide = t;
+  wide.out = DType::kF32;
+  const OpTable& mm = matmul_kernel(s, OpId::kMatmulForward, wide);
+  const OpTable& gelu = f32_kernel(s, OpId::kGeluForward);
+  const OpTable& cast_k = require_kernel(s, OpId::kCast, {t.out, DType::kF32});
+  DeviceBuffer acc(s.device().memory(), static_cast<size_t>(n) * 4, s, "matmul_gelu_forward fallback");
+  float* a = acc.as<float>();
+  mm.matmul_forward(s, a, in.data, weight.data, b, wide, d.N, d.C, d.OC);
+  cast_k.cast(s, pre_gelu.data, t.out, a, DType::kF32, n);
+  gelu.gelu_forward(s, a, a, n);  // elementwise: in place is safe on every backend's loop
+  cast_k.cast(s, out_gelu.data, t.out, a, DType::kF32, n);
+}
+
+void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,
+                           ConstTensorView weight, ConstTensorView pre_gelu) {
+  constexpr const char* op = "matmul_backward_dgelu";
+  check_in_type(s, op, "dout", dout);
+  const MatmulTypes t{dout.dtype, dpre.dtype, DType::kF32};
+  check_same_type(s, op, "weight", weight, t.in);
+  check_out_type(s, op, "dpre", dpre, t.in);
+  check_view(s, op, "pre_gelu", pre_gelu, t.out);
+  if (present(dbias)) check_f32(s, op, "dbias", dbias);
+  ZT_REQUIRE(weight.shape.ndim() == 2, op, ": weight ", weight.shape.str(), " must be [OC, C]");
+  const int64_t OC = weight.shape[0], C = weight.shape[1];
+  ZT_REQUIRE(OC > 0 && dout.shape.ndim() >= 1 && last_dim(dout) == OC, op, ": dout ", dout.shape.str(),
+             " but weight ", weight.shape.str(), " (dout must be [..., ", OC, "])");
+  ZT_REQUIRE(same_rows(dpre, dout, C) && pre_gelu.shape == dpre.shape, op, ": dout ", dout.shape.str(),
+             " and weight ", weight.shape.str(), " but dpre ", dpre.shape.str(), " and pre_gelu ",
+             pre_gelu.shape.str());
+  ZT_REQUIRE(!present(dbias) || is_vector(dbias, C), op, ": weight ", weight.shape.str(), " but dbias ",
+             dbias.shape.str());
+  const int64_t N = rows(dout);
+  if (N == 0 || C == 0) return;
+  float* db = present(dbias) ? f32(dbias) : nullptr;
+  if (const OpTable* k = find_kernel(s, OpId::kMatmulBackwardDgelu, {t.in, t.out, t.bias})) {
+    k->matmul_backward_dgelu(s, dpre.data, db, dout.data, weight.data, pre_gelu.data, t, N, C, OC);
+    return;
+  }
+  // dgrad = dout @ weight into a zeroed fp32 buffer (matmul_backward's din, no dweight: `in` is
+  // not read), then dpre = 0 + gelu'(pre) * dgrad: the bits of the unfused ops for f32.
+  const int64_t n = N * C;
+  MatmulTypes wide = t;
+  wide.out = DType::kF32;
+  const OpTable& mm = matmul_kernel(s, OpId::kMatmulBackward, wide);
+  const OpTable& fill_k = f32_kernel(s, OpId::kFill);
+  const OpTable& gelu = f32_kernel(s, OpId::kGeluBackward);
+  const OpTable* cast_k = t.out == DType::kF32 ? nullptr : &require_kernel(s, OpId::kCast, {DType::kF32, t.out});
+  const OpTable* bias_k = db != nullptr ? &f32_kernel(s, OpId::kBiasBackward) : nullptr;
+  const bool wide_out = t.out == DType::kF32;
+  // fp32 scratch: dgrad, and for a 16-bit dpre also the widened pre_gelu and the fp32 dpre.
+  DeviceBuffer scratch(s.device().memory(), static_cast<size_t>(n) * 4 * (wide_out ? 1 : 3), s,
+                       "matmul_backward_dgelu fallback");
+  float* dgrad = scratch.as<float>();
+  fill_k.fill(s, dgrad, n, 0.0f);
+  mm.matmul_backward(s, dgrad, nullptr, nullptr, dout.data, nullptr, weight.data, wide, N, C, OC);
+  const float* pre = wide_out ? f32(pre_gelu) : dgrad + n;
+  float* d32 = wide_out ? f32(dpre) : dgrad + 2 * n;
+  if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
+  fill_k.fill(s, d32, n, 0.0f);
+  gelu.gelu_backward(s, d32, pre, dgrad, n);
+  if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, N, C);
+  if (!wide_out) cast_k->cast(s, dpre.data, t.out, d32, DType::kF32, n);
 }
 
 // ---- bias --------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 //  - Row-major, contiguous. N = rows (B*T for sequence ops), C = channels.
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
-//  - All floating tensors are fp32 for now (dtype checked); token ids/labels are int32.
+//  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (the matmul
+//    family takes 16-bit inputs); token ids/labels are int32.
 //  - Every view lives on the stream's device (view.device == stream.device().index()); leading
 //    dimensions are free where a row count N is meant ([B,T,C] is N = B*T rows of C).
 //  - Ops with empty outputs (zero elements) launch nothing.
@@ -81,7 +82,15 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
                         ConstTensorView mean, ConstTensorView rstd);
 
 // ---- matmul with bias: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC] -----------
-// bias may be an empty view (data == nullptr): no bias. Matrix products use BLAS (CPU) / cuBLAS.
+// bias may be an empty view (data == nullptr): no bias. Matrix products use BLAS (CPU) / cuBLASLt
+// with cuBLAS as its fallback (CUDA).
+// Dtypes (kernels/matmul_types.h; the 16-bit activation path): in, weight and dout are f32 or one
+// 16-bit type (bf16/f16); out, din (and the fused ops' out_gelu/pre_gelu/dpre) are f32 or that
+// 16-bit type; bias is f32 or that 16-bit type; dweight and dbias are always f32 (accumulated).
+// Rounding points (as cuBLASLt with CUBLAS_COMPUTE_32F): 16-bit inputs are widened exactly, the
+// products accumulate in fp32, the bias (widened) is added in fp32, and a 16-bit output is rounded
+// once, to nearest even; a 16-bit din is read, added to in fp32 and rounded once. fp32 inputs under
+// MathMode::tf32 are rounded to TF32 first (16-bit inputs are exact in TF32).
 void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorView weight,
                     ConstTensorView bias);
 // din[N,C] += dout @ weight (if given: the first layer of a model needs no din);
@@ -89,6 +98,23 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
 // reduction, then the weight gradient); dbias[OC] += sum_rows(dout) (if given)
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                      ConstTensorView dout, ConstTensorView in, ConstTensorView weight);
+
+// ---- matmul + GELU: the fused epilogues of an MLP's first layer (cuBLASLt GELU_AUX_BIAS, DGELU) ----
+// pre_gelu[N,OC] = in @ weight^T + bias and out_gelu = gelu(pre_gelu), both OVERWRITTEN; GELU as
+// gelu_forward, applied to the fp32 sum before pre_gelu's rounding (16-bit: two roundings of one
+// fp32 value). For f32 the bits of matmul_forward(pre_gelu) then gelu_forward(out_gelu, pre_gelu).
+// pre_gelu is what backward (and a recompute of the GELU) keeps. Dtypes as matmul_forward;
+// out_gelu and pre_gelu share one dtype.
+void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, ConstTensorView in,
+                         ConstTensorView weight, ConstTensorView bias);
+// The input gradient of a matmul whose input was gelu(pre_gelu), carried through the GELU:
+// dpre[N,C] = gelu'(pre_gelu) * (dout[N,OC] @ weight[OC,C]), OVERWRITTEN (not +=: the GEMM's
+// epilogue writes it); dbias[C] += sum_rows(dpre) if given (the bias gradient of the layer that
+// produced pre_gelu, summed from the fp32 values before dpre's rounding). For f32 the bits of
+// matmul_backward into a zeroed buffer, gelu_backward into a zeroed dpre, bias_backward. Dtypes as
+// matmul_backward: dout/weight the input type, dpre and pre_gelu one dtype (f32 or that type).
+void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,
+                           ConstTensorView weight, ConstTensorView pre_gelu);
 
 // x[N, C] += bias[C] (broadcast over rows)
 void bias_forward(Stream& s, TensorView x, ConstTensorView bias);

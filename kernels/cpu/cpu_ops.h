@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/matmul_types.h"
 
 namespace zt::cpu_kernels {
 
@@ -40,12 +41,18 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
 
-// ---- matmul (bias / din / dbias may be nullptr) ------------------------------------------------
-// tf32: the device's MathMode::tf32 when the op was enqueued (both GEMM inputs rounded to TF32).
-void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC, bool tf32 = false);
-void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+// ---- matmul (bias / din / dweight / dbias may be nullptr; in too when dweight is) ------------------
+// Pointers typed by t (kernels/matmul_types.h). tf32: the device's MathMode::tf32 when the op was
+// enqueued (fp32 GEMM inputs rounded to TF32).
+void matmul_forward(void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
+                    int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+void matmul_backward(void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+// The fused GELU epilogues (ops.h matmul_gelu_forward / matmul_backward_dgelu).
+void matmul_gelu_forward(void* out_gelu, void* pre_gelu, const void* in, const void* weight, const void* bias,
+                         MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const void* weight, const void* pre_gelu,
+                           MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 
 // x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
 void bias_forward(float* x, const float* bias, int64_t N, int64_t C);

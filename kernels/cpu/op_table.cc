@@ -34,18 +34,16 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, layernorm_forward);
   ZT_CPU_ENTRY(cpu_kernels, layernorm_backward);
   // The device's math mode as it is when the op is enqueued (runtime/device.h MathMode).
-  t.matmul_forward = [](Stream& s, float* out, const float* in, const float* weight, const float* bias, int64_t N,
-                        int64_t C, int64_t OC) {
-    const bool tf32 = s.device().math_mode().tf32;
-    cpu::enqueue(s, [=] { cpu_kernels::matmul_forward(out, in, weight, bias, N, C, OC, tf32); }, "matmul_forward");
-  };
-  t.matmul_backward = [](Stream& s, float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                         const float* weight, int64_t N, int64_t C, int64_t OC) {
-    const bool tf32 = s.device().math_mode().tf32;
-    cpu::enqueue(
-        s, [=] { cpu_kernels::matmul_backward(din, dweight, dbias, dout, in, weight, N, C, OC, tf32); },
-        "matmul_backward");
-  };
+#define ZT_CPU_MATMUL_ENTRY(op)                                            \
+  t.op = [](Stream& s, auto... a) {                                        \
+    const bool tf32 = s.device().math_mode().tf32;                         \
+    cpu::enqueue(s, [=] { cpu_kernels::op(a..., tf32); }, #op);            \
+  }
+  ZT_CPU_MATMUL_ENTRY(matmul_forward);
+  ZT_CPU_MATMUL_ENTRY(matmul_backward);
+  ZT_CPU_MATMUL_ENTRY(matmul_gelu_forward);
+  ZT_CPU_MATMUL_ENTRY(matmul_backward_dgelu);
+#undef ZT_CPU_MATMUL_ENTRY
   ZT_CPU_ENTRY(cpu_kernels, attention_forward);
   ZT_CPU_ENTRY(cpu_kernels, attention_backward);
   ZT_CPU_ENTRY(cpu_kernels, flash_attention_forward);
