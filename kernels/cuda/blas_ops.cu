@@ -1,7 +1,10 @@
-// CUDA matmul (and its bias alone) and causal self-attention (kernels/ops.h semantics): cuBLAS GEMMs in true fp32
-// (CUBLAS_COMPUTE_32F; matmul on TF32 tensor cores when the device's MathMode says so) plus small kernels for the bias, the column sums of dbias and
-// the causal softmax (exp_elem of kernels/elementwise.h, sums in double, as the CPU kernels). Everything is deterministic: cuBLAS GEMMs are bit-reproducible for a fixed
-// handle/workspace, and our reductions run in a fixed order.
+// CUDA matmul's plain path (the fallback of lt_matmul.cu's cuBLASLt path; fp32 or 16-bit inputs,
+// fp32 accumulation), the bias alone, and causal self-attention (kernels/ops.h semantics): cuBLAS
+// GEMMs with CUBLAS_COMPUTE_32F (matmul on TF32 tensor cores when the device's MathMode says so)
+// plus small kernels for the bias/GELU epilogues, the column sums of dbias and the causal softmax
+// (exp_elem of kernels/elementwise.h, sums in double, as the CPU kernels). Everything is
+// deterministic: cuBLAS GEMMs are bit-reproducible for a fixed handle/workspace, and our
+// reductions run in a fixed order.
 //
 // Row-major <-> cuBLAS: a row-major [R, K] matrix with row stride ld is, read column-major, the
 // [K, R] matrix X^T with leading dimension ld. So the row-major product Y = A @ B is computed as
@@ -10,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
@@ -26,16 +30,22 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Column-major C[m,n] = alpha op(A) op(B) + beta C, fp32 in and out with fp32 accumulation;
-// tf32: inputs rounded to TF32 on tensor cores. The compute type is per call, so the handle's
-// math mode stays at its default (cublas_handle.h).
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::kF16 ? CUDA_R_16F : t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// Column-major C[m,n] = alpha op(A) op(B) + beta C with fp32 accumulation: A, B of type `ab`
+// (fp32 or 16-bit), C of type `c`; tf32 (fp32 inputs only): inputs rounded to TF32 on tensor
+// cores. The compute type is per call, so the handle's math mode stays at its default
+// (cublas_handle.h).
 void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-          int64_t k, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float beta, float* C, int64_t ldc, bool tf32 = false) {
+          int64_t k, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+          float beta, void* C, int64_t ldc, bool tf32 = false, DType ab = DType::kF32, DType c = DType::kF32) {
+  const bool fast = tf32 && ab == DType::kF32;
   ZT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha,
-                               A, CUDA_R_32F, to_int(lda, "lda"), B, CUDA_R_32F,
-                               to_int(ldb, "ldb"), &beta, C, CUDA_R_32F, to_int(ldc, "ldc"),
-                               tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               A, cuda_type(ab), to_int(lda, "lda"), B, cuda_type(ab),
+                               to_int(ldb, "ldb"), &beta, C, cuda_type(c), to_int(ldc, "ldc"),
+                               fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
 }
 
@@ -62,18 +72,90 @@ __global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict
   }
 }
 
-// dbias[OC] += sum over rows of dout[N,OC]. Block (32, kColumnSumRows), grid ceil(OC/32).
+// dbias[OC] += sum over rows of dout[N,OC] (widened). Block (32, kColumnSumRows), grid ceil(OC/32).
+template <typename T>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    bias_grad_kernel(float* __restrict__ dbias, const float* __restrict__ dout,
-                                 int64_t N, int64_t OC) {
+    bias_grad_kernel(float* __restrict__ dbias, const T* __restrict__ dout, int64_t N, int64_t OC) {
   __shared__ detail::ColumnTile tile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
   double acc = 0.0;
   if (col < OC) {
-    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) acc += dout[row * OC + col];
+    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) acc += to_float(dout[row * OC + col]);
   }
   const double total = detail::column_tree_sum(acc, tile);
   if (threadIdx.y == 0 && col < OC) dbias[col] += static_cast<float>(total);
+}
+
+template <typename T>
+void launch_bias_grad(cudaStream_t stream, float* dbias, const T* dout, int64_t N, int64_t OC) {
+  const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);
+  bias_grad_kernel<T><<<blocks, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(dbias, dout, N, OC);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// The forward epilogue on an fp32 GEMM result acc [N,OC]: v = acc + bias[col]; pre = round(v);
+// with kGelu also out = round(gelu(v)) (both from the one fp32 value, as cuBLASLt's epilogue).
+// acc may alias pre (fp32 output): each element is read before it is written, by one thread.
+template <typename TOut, typename TBias, bool kGelu>
+__global__ void forward_epilogue_kernel(TOut* pre, TOut* out, const float* acc, const TBias* bias, int64_t N,
+                                        int64_t OC) {
+  const int64_t total = N * OC;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    float v = acc[i];
+    if (bias != nullptr) v += to_float(bias[i % OC]);
+    pre[i] = from_float<TOut>(v);
+    if constexpr (kGelu) out[i] = from_float<TOut>(gelu_forward_elem(v));
+  }
+}
+
+template <bool kGelu, typename TOut>
+void launch_forward_epilogue(cudaStream_t stream, TOut* pre, TOut* out, const float* acc, const void* bias,
+                             DType bias_type, int64_t N, int64_t OC) {
+  const unsigned grid = detail::grid_for(N * OC);
+  if (bias_type == DType::kF32 || bias == nullptr) {
+    forward_epilogue_kernel<TOut, float, kGelu><<<grid, detail::kElementwiseBlock, 0, stream>>>(
+        pre, out, acc, static_cast<const float*>(bias), N, OC);
+  } else if (bias_type == DType::kBF16) {
+    forward_epilogue_kernel<TOut, BFloat16, kGelu><<<grid, detail::kElementwiseBlock, 0, stream>>>(
+        pre, out, acc, static_cast<const BFloat16*>(bias), N, OC);
+  } else {
+    forward_epilogue_kernel<TOut, Half, kGelu><<<grid, detail::kElementwiseBlock, 0, stream>>>(
+        pre, out, acc, static_cast<const Half*>(bias), N, OC);
+  }
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <bool kGelu>
+void forward_epilogue(cudaStream_t stream, void* pre, void* out, const float* acc, const void* bias, MatmulTypes t,
+                      int64_t N, int64_t OC) {
+  if (t.out == DType::kF32) {
+    launch_forward_epilogue<kGelu>(stream, static_cast<float*>(pre), static_cast<float*>(out), acc, bias, t.bias, N, OC);
+  } else if (t.out == DType::kBF16) {
+    launch_forward_epilogue<kGelu>(stream, static_cast<BFloat16*>(pre), static_cast<BFloat16*>(out), acc, bias, t.bias,
+                                   N, OC);
+  } else {
+    launch_forward_epilogue<kGelu>(stream, static_cast<Half*>(pre), static_cast<Half*>(out), acc, bias, t.bias, N, OC);
+  }
+}
+
+// dgelu on the fp32 product g [N*C]: v = gelu'(pre) * g; g = v (kept for the bias gradient);
+// dpre = round(v). dpre may alias g (fp32).
+template <typename T>
+__global__ void dgelu_kernel(T* dpre, float* g, const T* pre, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = gelu_grad_elem(to_float(pre[i])) * g[i];
+    g[i] = v;
+    dpre[i] = from_float<T>(v);
+  }
+}
+
+template <typename T>
+void launch_dgelu(cudaStream_t stream, void* dpre, float* g, const void* pre, int64_t n) {
+  dgelu_kernel<T><<<detail::grid_for(n), detail::kElementwiseBlock, 0, stream>>>(static_cast<T*>(dpre), g,
+                                                                                 static_cast<const T*>(pre), n);
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- attention helpers ------------------------------------------------------------------------
@@ -130,39 +212,87 @@ unsigned softmax_grid(int64_t rows) {
 
 }  // namespace
 
-// ---- matmul -------------------------------------------------------------------------------
-void matmul_forward(void* stream, float* out, const float* in, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32) {
-  detail::LaunchScope scope(stream);
-  cublasHandle_t h = detail::cublas_handle(scope.stream());
-  // out^T[OC,N] = W[OC,C] (= (W^T stored)^T) * in^T[C,N]
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, out, OC, tf32);
-  if (bias != nullptr) {
-    add_bias_kernel<<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
-        out, bias, N, OC);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
+// ---- matmul: the plain path ---------------------------------------------------------------
+size_t matmul_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC) {
+  return t.out == DType::kF32 ? 0 : static_cast<size_t>(N * OC) * sizeof(float);
 }
 
-void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     bool tf32) {
+void matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
+                    int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
+  float* acc = t.out == DType::kF32 ? static_cast<float*>(out) : static_cast<float*>(scratch);
+  // out^T[OC,N] = W[OC,C] (= (W^T stored)^T) * in^T[C,N]
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, acc, OC, tf32, t.in);
+  if (t.out == DType::kF32 && t.bias == DType::kF32) {
+    if (bias != nullptr) {
+      add_bias_kernel<<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
+          static_cast<float*>(out), static_cast<const float*>(bias), N, OC);
+      ZT_CUDA_CHECK(cudaGetLastError());
+    }
+    return;
+  }
+  forward_epilogue<false>(scope.stream(), out, nullptr, acc, bias, t, N, OC);
+}
+
+void matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   if (din != nullptr) {
-    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N]
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32);
+    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N] (a 16-bit din: C read, added in fp32, rounded once)
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32, t.in, t.out);
   }
   if (dweight != nullptr) {
     // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32);
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32, t.in);
   }
   if (dbias != nullptr) {
-    const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);
-    bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout,
-                                                                                     N, OC);
-    ZT_CUDA_CHECK(cudaGetLastError());
+    if (t.in == DType::kF32) {
+      launch_bias_grad(scope.stream(), dbias, static_cast<const float*>(dout), N, OC);
+    } else if (t.in == DType::kBF16) {
+      launch_bias_grad(scope.stream(), dbias, static_cast<const BFloat16*>(dout), N, OC);
+    } else {
+      launch_bias_grad(scope.stream(), dbias, static_cast<const Half*>(dout), N, OC);
+    }
   }
+}
+
+size_t matmul_gelu_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC) {
+  return matmul_forward_scratch_bytes(t, N, OC);
+}
+
+void matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
+                         const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
+  float* acc = t.out == DType::kF32 ? static_cast<float*>(pre_gelu) : static_cast<float*>(scratch);
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, acc, OC, tf32, t.in);
+  forward_epilogue<true>(scope.stream(), pre_gelu, out_gelu, acc, bias, t, N, OC);
+}
+
+size_t matmul_backward_dgelu_scratch_bytes(MatmulTypes t, int64_t N, int64_t C) {
+  return matmul_forward_scratch_bytes(t, N, C);
+}
+
+void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
+                           const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                           void* scratch) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
+  float* g = t.out == DType::kF32 ? static_cast<float*>(dpre) : static_cast<float*>(scratch);
+  // g^T[C,N] = W^T[C,OC] * dout^T[OC,N]
+  gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, g, C, tf32, t.in);
+  const int64_t n = N * C;
+  if (t.out == DType::kF32) {
+    launch_dgelu<float>(scope.stream(), dpre, g, pre_gelu, n);
+  } else if (t.out == DType::kBF16) {
+    launch_dgelu<BFloat16>(scope.stream(), dpre, g, pre_gelu, n);
+  } else {
+    launch_dgelu<Half>(scope.stream(), dpre, g, pre_gelu, n);
+  }
+  // The bias gradient from the fp32 values, before dpre's rounding.
+  if (dbias != nullptr) launch_bias_grad(scope.stream(), dbias, static_cast<const float*>(g), N, C);
 }
 
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
@@ -176,9 +306,7 @@ void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t 
 // matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
 void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
-  const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
-  bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout, N, C);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_bias_grad(scope.stream(), dbias, dout, N, C);
 }
 
 // ---- attention ------------------------------------------------------------------------------

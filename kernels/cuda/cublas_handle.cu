@@ -3,6 +3,9 @@
 #include "kernels/cuda/cublas_handle.h"
 
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 
 #include "memory/caching_allocator.h"
@@ -18,6 +21,7 @@ class CublasResource final : public cuda::StreamResource {
  public:
   explicit CublasResource(Stream& stream) : pool_(stream.device().memory()) {
     const size_t bytes = stream.device().gemm_workspace_bytes();
+    bytes_ = bytes;
     // Allocated on this stream and only used by it: the pool's stream rules need no event.
     workspace_ = pool_.allocate(bytes, stream, "cuBLAS workspace");
     try {
@@ -27,6 +31,8 @@ class CublasResource final : public cuda::StreamResource {
       ZT_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, bytes));
       ZT_CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
       ZT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+      const char* lt = std::getenv("ZT_CUBLASLT");
+      if (lt == nullptr || std::strcmp(lt, "off") != 0) ZT_CUBLAS_CHECK(cublasLtCreate(&lt_));
     } catch (...) {
       release();
       throw;
@@ -38,9 +44,12 @@ class CublasResource final : public cuda::StreamResource {
   CublasResource& operator=(const CublasResource&) = delete;
 
   cublasHandle_t handle() const { return handle_; }
+  GemmContext context() { return GemmContext{lt_, workspace_, bytes_, &lt_algos_}; }
 
  private:
   void release() noexcept {
+    if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
+    lt_ = nullptr;
     if (handle_ != nullptr) (void)cublasDestroy(handle_);
     handle_ = nullptr;
     if (workspace_ != nullptr) {
@@ -55,7 +64,10 @@ class CublasResource final : public cuda::StreamResource {
 
   CachingAllocator& pool_;
   void* workspace_ = nullptr;
+  size_t bytes_ = 0;
   cublasHandle_t handle_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<LtKey, LtAlgo> lt_algos_;
 };
 
 std::unique_ptr<cuda::StreamResource> make_cublas(Stream& stream) {
@@ -79,6 +91,11 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
 cublasHandle_t cublas_handle(cudaStream_t stream) {
   auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
   return r.handle();
+}
+
+GemmContext gemm_context(cudaStream_t stream) {
+  auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
+  return r.context();
 }
 
 }  // namespace zt::cuda_ops::detail

@@ -1,10 +1,17 @@
 // cuBLAS handles for the op launchers: one per stream, created on first use, bound to its stream
 // and given its own workspace from the device pool, so that concurrent streams never share handle
-// state. Includes cublas_v2.h, so only kernels/cuda/*.cu may include it.
+// state; the stream's cuBLASLt handle and algorithm cache live beside it and share the workspace.
+// Includes cublas_v2.h and cublasLt.h, so only kernels/cuda/*.cu may include it.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
 
 #include "core/status.h"
 
@@ -22,6 +29,27 @@ namespace zt::cuda_ops::detail {
 // Invariant: work on one stream is issued by one host thread at a time (stream order needs that
 // anyway), so the handle is never used concurrently.
 cublasHandle_t cublas_handle(cudaStream_t stream);
+
+// What cuBLASLt needs on a stream (kernels/cuda/lt_matmul.cu). The workspace is the cuBLAS handle's
+// (one pool block per stream, counted by the memory plan): work on one stream runs in order, so
+// cuBLAS and cuBLASLt calls never use it at once. `lt` is nullptr when the environment says
+// ZT_CUBLASLT=off (read when the stream's handles are made): every GEMM then takes the plain
+// cuBLAS path, which is how tests compare the two.
+// lt_algos: the heuristic's answer per problem (lt_matmul.cu builds the key: shape, transposes,
+// leading dimensions, dtypes, epilogue, math mode, pointer alignments); `usable` false records a
+// refusal, so a refused shape is not asked again either. Same threading rule as the handle.
+struct LtAlgo {
+  bool usable = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+using LtKey = std::array<int64_t, 24>;
+struct GemmContext {
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<LtKey, LtAlgo>* lt_algos = nullptr;
+};
+GemmContext gemm_context(cudaStream_t stream);
 
 }  // namespace zt::cuda_ops::detail
 

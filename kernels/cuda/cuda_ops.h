@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/matmul_types.h"
 
 namespace zt::cuda_ops {
 
@@ -57,15 +58,39 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
 
-// ---- matmul: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC]; bias may be nullptr ----------
-// tf32: the GEMMs run on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), else in true fp32.
-void matmul_forward(void* stream, float* out, const float* in, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
-// din[N,C] += dout @ weight (skipped when din == nullptr: the first layer of a model);
-// dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
-void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                     const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     bool tf32 = false);
+// ---- matmul family (kernels/ops.h; pointers typed by MatmulTypes, kernels/matmul_types.h) -----
+// The fast path, cuBLASLt with its epilogues (lt_matmul.cu): false, with nothing launched, where
+// cuBLASLt refuses a problem (or ZT_CUBLASLT=off); the caller then runs the plain path below.
+// bias_scratch: lt_bias_scratch_bytes(n) bytes for the bias gradient cuBLASLt writes (n = OC for
+// matmul_backward, C for matmul_backward_dgelu); may be nullptr when dbias is.
+size_t lt_bias_scratch_bytes(int64_t n);
+bool lt_matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
+                       int64_t N, int64_t C, int64_t OC, bool tf32);
+bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                        float* bias_scratch);
+bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
+                            const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
+bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
+                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                              float* bias_scratch);
+
+// The plain path (blas_ops.cu): cublasGemmEx with fp32 accumulation (TF32 tensor cores under
+// tf32 for fp32 inputs) and our epilogue kernels, at the rounding points of ops.h. scratch: the
+// *_scratch_bytes of the call (an fp32 result bound for a 16-bit output; 0 bytes: nullptr).
+size_t matmul_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC);
+void matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
+                    int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch);
+// din += (16-bit din: one rounding of din + product), dweight +=, dbias += (column sums of dout).
+void matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
+size_t matmul_gelu_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC);
+void matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
+                         const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch);
+size_t matmul_backward_dgelu_scratch_bytes(MatmulTypes t, int64_t N, int64_t C);
+void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
+                           const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                           void* scratch);
 
 // x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);

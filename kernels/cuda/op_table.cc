@@ -48,14 +48,54 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, encoder_backward);
   ZT_CUDA_ENTRY(cuda_ops, layernorm_forward);
   ZT_CUDA_ENTRY(cuda_ops, layernorm_backward);
-  // The device's math mode decides the GEMMs' compute type (runtime/device.h MathMode).
-  t.matmul_forward = [](Stream& s, auto... a) {
+  // The matmul family: cuBLASLt with its epilogues, and where it refuses a problem the plain
+  // cuBLAS path (kernels/cuda/cuda_ops.h). The device's math mode decides the GEMMs' compute type
+  // (runtime/device.h MathMode). Scratch comes from the pool only for what a call needs.
+  t.matmul_forward = [](Stream& s, void* out, const void* in, const void* w, const void* bias, MatmulTypes ty,
+                        int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_forward");
-    cuda_ops::matmul_forward(span.native(), a..., s.device().math_mode().tf32);
+    const bool tf32 = s.device().math_mode().tf32;
+    if (cuda_ops::lt_matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32)) return;
+    with_workspace(s, cuda_ops::matmul_forward_scratch_bytes(ty, N, OC), "matmul_forward scratch",
+                   [&](void* ws, size_t) { cuda_ops::matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32, ws); });
   };
-  t.matmul_backward = [](Stream& s, auto... a) {
+  t.matmul_backward = [](Stream& s, void* din, float* dw, float* db, const void* dout, const void* in, const void* w,
+                         MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_backward");
-    cuda_ops::matmul_backward(span.native(), a..., s.device().math_mode().tf32);
+    const bool tf32 = s.device().math_mode().tf32;
+    bool done = false;
+    with_workspace(s, db != nullptr && dw != nullptr ? cuda_ops::lt_bias_scratch_bytes(OC) : 0, "matmul_backward dbias",
+                   [&](void* ws, size_t) {
+                     done = cuda_ops::lt_matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, tf32,
+                                                         static_cast<float*>(ws));
+                   });
+    if (!done) cuda_ops::matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, tf32);
+  };
+  t.matmul_gelu_forward = [](Stream& s, void* out, void* pre, const void* in, const void* w, const void* bias,
+                             MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
+    const cuda::TaskSpan span(s, "matmul_gelu_forward");
+    const bool tf32 = s.device().math_mode().tf32;
+    if (cuda_ops::lt_matmul_gelu_forward(span.native(), out, pre, in, w, bias, ty, N, C, OC, tf32)) return;
+    with_workspace(s, cuda_ops::matmul_gelu_forward_scratch_bytes(ty, N, OC), "matmul_gelu_forward scratch",
+                   [&](void* ws, size_t) {
+                     cuda_ops::matmul_gelu_forward(span.native(), out, pre, in, w, bias, ty, N, C, OC, tf32, ws);
+                   });
+  };
+  t.matmul_backward_dgelu = [](Stream& s, void* dpre, float* db, const void* dout, const void* w, const void* pre,
+                               MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
+    const cuda::TaskSpan span(s, "matmul_backward_dgelu");
+    const bool tf32 = s.device().math_mode().tf32;
+    bool done = false;
+    with_workspace(s, db != nullptr ? cuda_ops::lt_bias_scratch_bytes(C) : 0, "matmul_backward_dgelu dbias",
+                   [&](void* ws, size_t) {
+                     done = cuda_ops::lt_matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC,
+                                                               tf32, static_cast<float*>(ws));
+                   });
+    if (done) return;
+    with_workspace(s, cuda_ops::matmul_backward_dgelu_scratch_bytes(ty, N, C), "matmul_backward_dgelu scratch",
+                   [&](void* ws, size_t) {
+                     cuda_ops::matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32, ws);
+                   });
   };
   ZT_CUDA_ENTRY(cuda_ops, attention_forward);
   ZT_CUDA_ENTRY(cuda_ops, attention_backward);

@@ -1,0 +1,267 @@
+// The matmul family on cuBLASLt (kernels/ops.h): fp32 (TF32 under MathMode::tf32) or 16-bit inputs
+// with fp32 accumulation (CUBLAS_COMPUTE_32F) and the epilogues that spare a pass over memory:
+// BIAS (forward), GELU_AUX_BIAS (forward: pre-GELU aux and GELU output), DGELU_BGRAD (backward
+// through the GELU, with the bias gradient), BGRADB (the weight GEMM's bias gradient).
+//
+// Each launcher returns false, having launched nothing, when cuBLASLt refuses any of its GEMMs (no
+// algorithm for the shape, dtypes, epilogue or alignments: e.g. an aux leading dimension that is
+// not a multiple of 8, odd 16-bit leading dimensions, a bias-gradient type it does not write) or
+// when ZT_CUBLASLT=off; kernels/cuda/op_table.cc then runs the plain cuBLAS path (blas_ops.cu).
+// The heuristic runs once per problem and stream (cublas_handle.h GemmContext::lt_algos) and is
+// told the stream's pool workspace, so every algorithm it picks fits in it.
+//
+// cuBLASLt writes bias gradients (it does not add): they go to a scratch and are added to dbias
+// (ops.h's "+="). GEMMs whose result accumulates (din, dweight) run with beta = 1.
+// Row-major <-> column-major as in blas_ops.cu: the row-major product Y = A @ B is the
+// column-major Y^T = B^T A^T, operands swapped.
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda/cublas_handle.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_utils.h"
+
+namespace zt::cuda_ops {
+namespace {
+
+using detail::gemm_context;
+using detail::GemmContext;
+using detail::LtAlgo;
+using detail::LtKey;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// The largest power of two (up to 256) dividing the address: the heuristic's answer depends on it.
+int64_t alignment(const void* p) {
+  if (p == nullptr) return 256;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int64_t align = 1;
+  while (align < 256 && (a & static_cast<uintptr_t>(align)) == 0) align *= 2;
+  return align;
+}
+
+// One column-major GEMM D = op(A) op(B) + beta D (C is D) with its epilogue.
+struct LtGemm {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0;
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  void* D = nullptr;
+  int64_t ldd = 0;
+  cudaDataType_t ab = CUDA_R_32F, d = CUDA_R_32F;
+  float beta = 0.0f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // bias, or the bias gradient it writes
+  cudaDataType_t bias_type = CUDA_R_32F;
+  const void* aux = nullptr;  // pre-GELU: written by GELU_AUX_BIAS, read by DGELU
+  int64_t aux_ld = 0;
+  bool tf32 = false;
+};
+
+// Descriptors of one call; destroyed with it (host-side objects, cheap to make).
+class LtDescs {
+ public:
+  explicit LtDescs(const LtGemm& g) {
+    const bool fast = g.tf32 && g.ab == CUDA_R_32F;
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(g.ta));
+    set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.tb));
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(g.epilogue));
+    if (g.bias != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(g.bias_type));
+    }
+    if (g.aux != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(g.d));
+    }
+    const bool an = g.ta == CUBLAS_OP_N, bn = g.tb == CUBLAS_OP_N;
+    ZT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, g.ab, an ? g.m : g.k, an ? g.k : g.m, g.lda));
+    ZT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, g.ab, bn ? g.k : g.n, bn ? g.n : g.k, g.ldb));
+    ZT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, g.d, g.m, g.n, g.ldd));
+  }
+  ~LtDescs() {
+    if (d_ != nullptr) (void)cublasLtMatrixLayoutDestroy(d_);
+    if (b_ != nullptr) (void)cublasLtMatrixLayoutDestroy(b_);
+    if (a_ != nullptr) (void)cublasLtMatrixLayoutDestroy(a_);
+    if (op_ != nullptr) (void)cublasLtMatmulDescDestroy(op_);
+  }
+  LtDescs(const LtDescs&) = delete;
+  LtDescs& operator=(const LtDescs&) = delete;
+
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+
+ private:
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, attr, &value, sizeof(value)));
+  }
+};
+
+LtKey key_of(const LtGemm& g) {
+  return LtKey{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab, g.d, g.beta == 0.0f ? 0 : 1,
+               static_cast<int64_t>(g.epilogue), g.bias != nullptr ? g.bias_type + 1 : 0, g.aux_ld, g.tf32 ? 1 : 0,
+               alignment(g.A), alignment(g.B), alignment(g.D), alignment(g.bias), alignment(g.aux), 0, 0, 0, 0};
+}
+
+// The cached algorithm for g, asking the heuristic the first time; nullptr: cuBLASLt refuses g.
+const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
+  const LtKey key = key_of(g);
+  auto it = ctx.lt_algos->find(key);
+  if (it == ctx.lt_algos->end()) {
+    LtAlgo entry;
+    const LtDescs desc(g);
+    cublasLtMatmulPreference_t pref = nullptr;
+    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = ctx.workspace_bytes;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc.op_, desc.a_, desc.b_, desc.d_, desc.d_, pref, 1, &result,
+                                              &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    // NOT_SUPPORTED / INVALID_VALUE / no result: cuBLASLt has no kernel for this problem.
+    entry.usable = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (entry.usable) entry.algo = result.algo;
+    it = ctx.lt_algos->emplace(key, entry).first;
+  }
+  return it->second.usable ? &it->second.algo : nullptr;
+}
+
+void run(const GemmContext& ctx, cudaStream_t stream, const LtGemm& g, const cublasLtMatmulAlgo_t* algo) {
+  const LtDescs desc(g);
+  const float alpha = 1.0f;
+  ZT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc.op_, &alpha, g.A, desc.a_, g.B, desc.b_, &g.beta, g.D, desc.d_, g.D,
+                                 desc.d_, algo, ctx.workspace, ctx.workspace_bytes, stream));
+}
+
+// dst[i] += src[i]: the bias gradient cuBLASLt wrote, added under ops.h's "+=".
+__global__ void add_into_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] += src[i];
+}
+
+void add_into(cudaStream_t stream, float* dst, const float* src, int64_t n) {
+  add_into_kernel<<<detail::grid_for(n), detail::kElementwiseBlock, 0, stream>>>(dst, src, n);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Forward: out^T[OC,N] = W[OC,C] (W^T stored, op T) * in^T[C,N]; bias per row of out^T.
+LtGemm forward_gemm(void* out, const void* in, const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC,
+                    bool tf32) {
+  LtGemm g;
+  g.ta = CUBLAS_OP_T, g.tb = CUBLAS_OP_N;
+  g.m = OC, g.n = N, g.k = C;
+  g.A = weight, g.lda = C, g.B = in, g.ldb = C, g.D = out, g.ldd = OC;
+  g.ab = cuda_type(t.in), g.d = cuda_type(t.out), g.tf32 = tf32;
+  return g;
+}
+
+// din^T[C,N] (+)= W^T[C,OC] (W stored [OC,C] = column-major [C,OC]) * dout^T[OC,N].
+LtGemm din_gemm(void* din, const void* dout, const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC,
+                bool tf32, float beta) {
+  LtGemm g;
+  g.m = C, g.n = N, g.k = OC;
+  g.A = weight, g.lda = C, g.B = dout, g.ldb = OC, g.D = din, g.ldd = C;
+  g.ab = cuda_type(t.in), g.d = cuda_type(t.out), g.beta = beta, g.tf32 = tf32;
+  return g;
+}
+
+}  // namespace
+
+size_t lt_bias_scratch_bytes(int64_t n) { return static_cast<size_t>((n + 63) / 64 * 64) * sizeof(float); }
+
+bool lt_matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
+                       int64_t N, int64_t C, int64_t OC, bool tf32) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  LtGemm g = forward_gemm(out, in, weight, t, N, C, OC, tf32);
+  if (bias != nullptr) g.epilogue = CUBLASLT_EPILOGUE_BIAS, g.bias = bias, g.bias_type = cuda_type(t.bias);
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  if (algo == nullptr) return false;
+  run(ctx, scope.stream(), g, algo);
+  return true;
+}
+
+bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
+                            const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  LtGemm g = forward_gemm(out_gelu, in, weight, t, N, C, OC, tf32);
+  g.epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  g.bias = bias, g.bias_type = cuda_type(t.bias);
+  g.aux = pre_gelu, g.aux_ld = OC;
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  if (algo == nullptr) return false;
+  run(ctx, scope.stream(), g, algo);
+  return true;
+}
+
+bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                        float* bias_scratch) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  // Every GEMM's algorithm first: a refusal must come before anything is launched.
+  const LtGemm gd = din_gemm(din, dout, weight, t, N, C, OC, tf32, 1.0f);
+  // dweight^T[C,OC] += in^T[C,N] * dout[N,OC] (dout^T stored, op T); BGRADB sums op(B) over k = N:
+  // the bias gradient, written to the scratch.
+  LtGemm gw;
+  gw.tb = CUBLAS_OP_T;
+  gw.m = C, gw.n = OC, gw.k = N;
+  gw.A = in, gw.lda = C, gw.B = dout, gw.ldb = OC, gw.D = dweight, gw.ldd = C;
+  gw.ab = cuda_type(t.in), gw.d = CUDA_R_32F, gw.beta = 1.0f, gw.tf32 = tf32;
+  if (dbias != nullptr) gw.epilogue = CUBLASLT_EPILOGUE_BGRADB, gw.bias = bias_scratch, gw.bias_type = CUDA_R_32F;
+  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, gd) : nullptr;
+  if (din != nullptr && ad == nullptr) return false;
+  // A bias gradient without a weight gradient has no GEMM to ride on: the plain path's column sums.
+  if (dweight == nullptr && dbias != nullptr) return false;
+  const cublasLtMatmulAlgo_t* aw = dweight != nullptr ? find_algo(ctx, gw) : nullptr;
+  if (dweight != nullptr && aw == nullptr) return false;
+  if (din != nullptr) run(ctx, scope.stream(), gd, ad);
+  if (dweight != nullptr) {
+    run(ctx, scope.stream(), gw, aw);
+    if (dbias != nullptr) add_into(scope.stream(), dbias, bias_scratch, OC);
+  }
+  return true;
+}
+
+bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
+                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
+                              float* bias_scratch) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  // dpre^T[C,N] = dgelu(W^T dout^T, pre^T); the bias gradient (sum over N of dpre) is written in
+  // dpre's type by cuBLASLt, so a 16-bit dpre asks for an fp32 one and is refused where that
+  // combination is not offered.
+  LtGemm g = din_gemm(dpre, dout, weight, t, N, C, OC, tf32, 0.0f);
+  g.epilogue = dbias != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  g.aux = pre_gelu, g.aux_ld = C;
+  if (dbias != nullptr) g.bias = bias_scratch, g.bias_type = CUDA_R_32F;
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  if (algo == nullptr) return false;
+  run(ctx, scope.stream(), g, algo);
+  if (dbias != nullptr) add_into(scope.stream(), dbias, bias_scratch, C);
+  return true;
+}
+
+}  // namespace zt::cuda_ops
