@@ -374,23 +374,23 @@ class Gpt final : public Model {
         block_forward(s, ws, w, l, P.recompute == Recompute::kFull ? BlockPass::kFull : BlockPass::kSelective);
         ws.recompute_end(s);
       }
-      TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * C});
       TensorView dfch = act(fused ? P.dfch : A.dfch, Shape{BT, 4 * C});
       TensorView datty = act(P.datty, Shape{BT, C});
       TensorView dqkv = act(fused ? P.dqkv : A.dqkv, Shape{BT, 3 * C});
       // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
       const TensorView dres3 = keep(dresidual, A.dres3);
-      if (input) zero(dfch_gelu);
-      ops::matmul_backward(s, input ? dfch_gelu : none, weight ? g.fcprojw : none, weight ? g.fcprojb : none, dres3,
-                           act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
+      // c_proj's input gradient carried through the GELU in one op (a GEMM epilogue on GPUs), which
+      // also sums c_fc's bias gradient when this pass computes weight gradients too.
+      const bool fc_bias_in_dgelu = input && weight;
+      if (input)
+        ops::matmul_backward_dgelu(s, dfch, fc_bias_in_dgelu ? g.fcb : none, dres3, w.fcprojw,
+                                   act(A.fch, Shape{BT, 4 * C}));
+      if (weight)
+        ops::matmul_backward(s, none, g.fcprojw, g.fcprojb, dres3, act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
       const TensorView dln2 = dln_at(A.dln2);
-      if (input) {
-        zero(dfch);
-        ops::gelu_backward(s, dfch, act(A.fch, Shape{BT, 4 * C}), dfch_gelu);
-        zero(dln2);
-      }
-      ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight ? g.fcb : none, dfch,
-                           act(A.ln2, Shape{BT, C}), w.fcw);
+      if (input) zero(dln2);
+      ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight && !fc_bias_in_dgelu ? g.fcb : none,
+                           dfch, act(A.ln2, Shape{BT, C}), w.fcw);
       ln_back(dln2, act(A.residual2, Shape{BT, C}), w.ln2w, g.ln2w, g.ln2b, act(A.ln2_mean, Shape{BT}),
               act(A.ln2_rstd, Shape{BT}));
       // residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -453,8 +453,12 @@ class Gpt final : public Model {
     }
     ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
                            w.ln2b, kLayerNormEps);
-    if (matmuls) ops::matmul_forward(s, fch, ln2, w.fcw, w.fcb);
-    ops::gelu_forward(s, fch_gelu, fch);
+    // c_fc and its GELU in one op (a GEMM epilogue on GPUs); a selective recompute keeps fch, the
+    // pre-GELU aux, and re-runs the GELU alone (the bits of the fused op's on the CPU backend).
+    if (matmuls)
+      ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w.fcw, w.fcb);
+    else
+      ops::gelu_forward(s, fch_gelu, fch);
     if (!fwd) return;  // backward never reads the block's output projection or its sum
     TensorView fcproj = act(P.fcproj, Shape{BT, C}), res3 = act(A.residual3, Shape{BT, C});
     ops::matmul_forward(s, fcproj, fch_gelu, w.fcprojw, w.fcprojb);
