@@ -427,12 +427,13 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   const OpTable& mm = matmul_kernel(s, OpId::kMatmulForward, wide);
   const OpTable& gelu = f32_kernel(s, OpId::kGeluForward);
   const OpTable& cast_k = require_kernel(s, OpId::kCast, {t.out, DType::kF32});
-  DeviceBuffer acc(s.device().memory(), static_cast<size_t>(n) * 4, s, "matmul_gelu_forward fallback");
+  // fp32 scratch: the GEMM's result and its GELU.
+  DeviceBuffer acc(s.device().memory(), static_cast<size_t>(n) * 8, s, "matmul_gelu_forward fallback");
   float* a = acc.as<float>();
   mm.matmul_forward(s, a, in.data, weight.data, b, wide, d.N, d.C, d.OC);
   cast_k.cast(s, pre_gelu.data, t.out, a, DType::kF32, n);
-  gelu.gelu_forward(s, a, a, n);  // elementwise: in place is safe on every backend's loop
-  cast_k.cast(s, out_gelu.data, t.out, a, DType::kF32, n);
+  gelu.gelu_forward(s, a + n, a, n);
+  cast_k.cast(s, out_gelu.data, t.out, a + n, DType::kF32, n);
 }
 
 void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,

@@ -99,10 +99,13 @@ if ((built)); then
   # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops, the
   # tiled attention (both GPT models train on it), TF32 GEMMs and the device sum on the GPU against
   # the CPU backend's ops and the float64 references, the classifier's CUB row reductions, and the
-  # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers, and the
-  # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4).
+  # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers, the
+  # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4),
+  # and the cuBLASLt GEMMs (GemmTest: fp32/bf16/fp16 inputs, the BIAS, GELU_AUX_BIAS, DGELU_BGRAD and
+  # BGRADB epilogues against float64, ops.cc's fallbacks against the fused ops, and the plain cuBLAS
+  # path, ZT_CUBLASLT=off, against cuBLASLt).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*))/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*)|GemmTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 fi
 
