@@ -7,11 +7,13 @@
 // synchronize, so the figure is the kernels', not the host round trip's.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/parallel.h"
 #include "core/philox.h"
 #include "kernels/ops.h"
@@ -83,6 +85,14 @@ struct Tensor {
       for (int64_t i = 0; i < n; ++i) host[i] = zt::philox_normal(seed, 0, i);
       t.s().copy(buf.data(), host.data(), host.size() * sizeof(float));
       t.s().synchronize();  // before `host` goes away
+    } else if (dtype == DType::kBF16 || dtype == DType::kF16) {
+      std::vector<uint16_t> host(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = zt::philox_normal(seed, 0, i);
+        host[i] = dtype == DType::kBF16 ? zt::float_to_bf16_bits(x) : zt::float_to_half_bits(x);
+      }
+      t.s().copy(buf.data(), host.data(), host.size() * sizeof(uint16_t));
+      t.s().synchronize();
     } else {
       t.s().memset(buf.data(), 0, buf.size());
     }
@@ -150,6 +160,38 @@ void BM_MatmulBackward(benchmark::State& state, Backend backend) {
       db(t, {OC});
   run(state, t, [&] { zt::ops::matmul_backward(t.s(), din, dw, db, dout, in, w); });
   flops(state, t, 4.0 * N * C * OC);
+}
+
+// ---- the MLP's fused GEMMs (cuBLASLt epilogues on CUDA) in fp32 (dtype 0) and bf16 (dtype 1:
+// bf16 in, weight and outputs, fp32 accumulation): c_fc + GELU forward, c_proj's input gradient
+// through the GELU with c_fc's bias gradient. GPT-2 small at B*T = N.
+void mlp_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "C", "dtype"});
+  for (int dtype : {0, 1}) b->Args({1024, 768, dtype})->Args({8192, 768, dtype});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+DType mlp_dtype(const benchmark::State& state) { return state.range(2) ? DType::kBF16 : DType::kF32; }
+
+void BM_MatmulGeluForward(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1), H = 4 * C;
+  const DType d = mlp_dtype(state);
+  Tensor in(t, {N, C}, d), w(t, {H, C}, d), b(t, {H}), pre(t, {N, H}, d), out(t, {N, H}, d);
+  run(state, t, [&] { zt::ops::matmul_gelu_forward(t.s(), out, pre, in, w, b); });
+  flops(state, t, 2.0 * N * C * H);
+}
+
+void BM_MatmulBackwardDgelu(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1), H = 4 * C;
+  const DType d = mlp_dtype(state);
+  // c_proj: [N, H] -> [N, C], weight [C, H]; dpre and pre [N, H].
+  Tensor dout(t, {N, C}, d), w(t, {C, H}, d), pre(t, {N, H}, d), dpre(t, {N, H}, d), db(t, {H});
+  run(state, t, [&] { zt::ops::matmul_backward_dgelu(t.s(), dpre, db, dout, w, pre); });
+  flops(state, t, 2.0 * N * C * H);
 }
 
 // ---- layernorm: bytes = in + out (+ mean/rstd), forward; dout + in + din (read+write) backward
@@ -400,6 +442,8 @@ void BM_MemcpySameBytesAsUnscale(benchmark::State& state, Backend backend) {
 const int kRegistered = [] {
   register_on_backends("BM_MatmulForward", BM_MatmulForward, gemm_shapes);
   register_on_backends("BM_MatmulBackward", BM_MatmulBackward, gemm_shapes);
+  register_on_backends("BM_MatmulGeluForward", BM_MatmulGeluForward, mlp_shapes);
+  register_on_backends("BM_MatmulBackwardDgelu", BM_MatmulBackwardDgelu, mlp_shapes);
   register_on_backends("BM_LayernormForward", BM_LayernormForward, layernorm_shapes);
   register_on_backends("BM_LayernormBackward", BM_LayernormBackward, layernorm_shapes);
   register_on_backends("BM_AttentionForwardBackward", BM_AttentionForwardBackward,
