@@ -311,13 +311,21 @@ TEST_P(GemmTest, CublasFallbackMatchesCublasLt) {
       st.synchronize();
       return Results{values(out), values(pre), values(gelu), values(din), dw.f(), db.f(), values(dpre), db2.f()};
     };
-    const Results lt = run(*rt_);
-    setenv("ZT_CUBLASLT", "off", 1);
+    // One runtime at a time: the first's streams (and their cuBLASLt handles) go before the second
+    // makes new ones under ZT_CUBLASLT=off; the fixture's runtime is rebuilt for the next type.
     std::string reason;
+    const Results lt = run(*rt_);
+    rt_.reset();
+    setenv("ZT_CUBLASLT", "off", 1);
     std::unique_ptr<Runtime> plain_rt = make_runtime(Backend::kCuda, &reason);
     ASSERT_TRUE(plain_rt) << reason;
-    const Results plain = run(*plain_rt);
+    const Results plain = run(*plain_rt);  // its stream's handles are made (env read) in here
     unsetenv("ZT_CUBLASLT");
+    plain_rt.reset();
+    rt_ = make_runtime(Backend::kCuda, &reason);
+    ASSERT_TRUE(rt_) << reason;
+    dev_ = &rt_->device(0);
+    s_ = &dev_->compute();
     const Tol tol = tol_for(t);
     // Both are within `tol` of the exact result; against each other allow twice that.
     const Tol twice{2 * tol.rtol, 2 * tol.rms_tol};
