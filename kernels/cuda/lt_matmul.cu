@@ -229,7 +229,10 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
   gw.m = C, gw.n = OC, gw.k = N;
   gw.A = in, gw.lda = C, gw.B = dout, gw.ldb = OC, gw.D = dweight, gw.ldd = C;
   gw.ab = cuda_type(t.in), gw.d = CUDA_R_32F, gw.beta = 1.0f, gw.tf32 = tf32;
-  if (dbias != nullptr) gw.epilogue = CUBLASLT_EPILOGUE_BGRADB, gw.bias = bias_scratch, gw.bias_type = CUDA_R_32F;
+  // Under TF32 the epilogue might sum the rounded operand; ops.h sums dout unrounded, so the bias
+  // gradient then comes from the plain path's column sums (same bits as bias_backward).
+  const bool bgradb = dbias != nullptr && !(tf32 && t.in == DType::kF32);
+  if (bgradb) gw.epilogue = CUBLASLT_EPILOGUE_BGRADB, gw.bias = bias_scratch, gw.bias_type = CUDA_R_32F;
   const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, gd) : nullptr;
   if (din != nullptr && ad == nullptr) return false;
   // A bias gradient without a weight gradient has no GEMM to ride on: the plain path's column sums.
@@ -239,8 +242,9 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
   if (din != nullptr) run(ctx, scope.stream(), gd, ad);
   if (dweight != nullptr) {
     run(ctx, scope.stream(), gw, aw);
-    if (dbias != nullptr) add_into(scope.stream(), dbias, bias_scratch, OC);
+    if (bgradb) add_into(scope.stream(), dbias, bias_scratch, OC);
   }
+  if (dbias != nullptr && !bgradb) bias_backward(stream, dbias, static_cast<const float*>(dout), N, OC);
   return true;
 }
 
