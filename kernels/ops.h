@@ -102,7 +102,8 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
 // ---- matmul + GELU: the fused epilogues of an MLP's first layer (cuBLASLt GELU_AUX_BIAS, DGELU) ----
 // pre_gelu[N,OC] = in @ weight^T + bias and out_gelu = gelu(pre_gelu), both OVERWRITTEN; GELU as
 // gelu_forward, applied to the fp32 sum before pre_gelu's rounding (16-bit: two roundings of one
-// fp32 value). For f32 the bits of matmul_forward(pre_gelu) then gelu_forward(out_gelu, pre_gelu).
+// fp32 value). On the CPU backend, for f32, the bits of matmul_forward(pre_gelu) then
+// gelu_forward(out_gelu, pre_gelu) (a GPU epilogue may differ from them in the last bits).
 // pre_gelu is what backward (and a recompute of the GELU) keeps. Dtypes as matmul_forward;
 // out_gelu and pre_gelu share one dtype.
 void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, ConstTensorView in,
@@ -110,16 +111,18 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
 // The input gradient of a matmul whose input was gelu(pre_gelu), carried through the GELU:
 // dpre[N,C] = gelu'(pre_gelu) * (dout[N,OC] @ weight[OC,C]), OVERWRITTEN (not +=: the GEMM's
 // epilogue writes it); dbias[C] += sum_rows(dpre) if given (the bias gradient of the layer that
-// produced pre_gelu, summed from the fp32 values before dpre's rounding). For f32 the bits of
-// matmul_backward into a zeroed buffer, gelu_backward into a zeroed dpre, bias_backward. Dtypes as
+// produced pre_gelu, summed from the fp32 values before dpre's rounding). On the CPU backend, for
+// f32, the bits of matmul_backward into a zeroed buffer, gelu_backward into a zeroed dpre and
+// bias_backward (the ops the GPT's MLP ran before this op existed). Dtypes as
 // matmul_backward: dout/weight the input type, dpre and pre_gelu one dtype (f32 or that type).
 void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,
                            ConstTensorView weight, ConstTensorView pre_gelu);
 
 // x[N, C] += bias[C] (broadcast over rows)
 void bias_forward(Stream& s, TensorView x, ConstTensorView bias);
-// dbias[C] += sum over rows of dout[N, C]; the bits matmul_backward's dbias adds for the same dout
-// (each backend uses its matmul_backward bias reduction).
+// dbias[C] += sum over rows of dout[N, C]. On the CPU backend the bits matmul_backward's dbias adds
+// for the same dout (one column-sum kernel); on CUDA matmul_backward's comes from cuBLASLt's BGRADB
+// epilogue where it serves (equal within fp32 rounding, not bitwise).
 void bias_backward(Stream& s, TensorView dbias, ConstTensorView dout);
 
 // ---- causal multi-head self-attention -------------------------------------------

@@ -303,7 +303,7 @@ void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t 
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-// matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
+// The plain matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
 void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
   launch_bias_grad(scope.stream(), dbias, dout, N, C);

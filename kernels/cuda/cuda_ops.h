@@ -92,7 +92,7 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
                            const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
                            void* scratch);
 
-// x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
+// x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with the plain matmul_backward's dbias kernel (same bits).
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);
 void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C);
 
