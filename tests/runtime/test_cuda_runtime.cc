@@ -432,7 +432,8 @@ TEST(CudaRuntime, GemmWorkspaceComesFromThePoolOncePerStream) {
     s.copy(d_w, w.data(), w.size() * 4);
     s.synchronize();
     const size_t before = pool.stats().allocated_bytes;
-    cuda_ops::matmul_forward(s.native_handle(), d_out, d_in, d_w, nullptr, N, C, OC, false);
+    // The plain cuBLAS path (cuBLASLt, lt_matmul.cu, shares the same per-stream workspace).
+    cuda_ops::matmul_forward(s.native_handle(), d_out, d_in, d_w, nullptr, MatmulTypes{}, N, C, OC, false, nullptr);
     s.copy(out.data(), d_out, out.size() * 4);
     s.synchronize();
     const size_t grew = pool.stats().allocated_bytes - before;
