@@ -529,9 +529,6 @@ struct Communicator::Impl::Builder {
   void reduce_scatter_direct(const Plan& p, const std::vector<TensorView>& full) {
     const int n = world();
     if (n == 1 || p.shard == 0) return;
-    // Unused here, but allocated as on the staged path: memory plans (train/plan.cc, the ZeRO
-    // engine's) count them per rank without knowing which path a group takes.
-    ensure_slots();
     const size_t bytes = static_cast<size_t>(p.shard) * p.esize;
     for (int k = 0; k < n - 1; ++k) {
       // All records of the step before any wait on them (notes at the top); at k = 0 the record
@@ -1187,6 +1184,18 @@ CommCounters Communicator::counters(int rank) const {
              world(), "-rank communicator");
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   return impl_->ranks[rank].counters;
+}
+
+bool Communicator::reduces_directly(const std::vector<Device*>& devices, CommPath path) {
+  if (path != CommPath::kAuto || devices.empty()) return false;
+  const OpTable* table = op_table(devices[0]->backend());
+  if (table == nullptr) return false;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    if (!table->supports(OpId::kAccumulatePeer, {t})) return false;
+  for (const Device* a : devices)
+    for (const Device* b : devices)
+      if (a != b && !a->can_access_peer(*b)) return false;
+  return true;
 }
 
 size_t Communicator::planned_buffer_bytes(int world, size_t chunk_bytes) {

@@ -30,11 +30,12 @@
 // into receive buffers and adds them from there. Both paths give the same bits.
 //
 // Memory: the staged reduce-scatter (and so all-reduce) receives into kRecvSlots buffers of
-// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first reduction
-// and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The direct path
-// does not use them but allocates them all the same, because the memory plans count them without
-// knowing which path a group takes. All-gather and broadcast copy straight into the destination
-// buffers. Devices must outlive the communicator.
+// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first staged
+// reduction and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The
+// direct path needs none and allocates none, so a communicator whose every reduction is direct
+// (reduces_directly: the CPU backend always, CUDA where all its GPUs have peer access) holds no
+// receive buffers; memory plans ask reduces_directly to know which. All-gather and broadcast copy
+// straight into the destination buffers. Devices must outlive the communicator.
 //
 // Ordering: the host only enqueues. Peer copies follow the runtime's rule (copy on the source's
 // comm stream, record an event, the consumer waits on it); a rank's buffer is written by a peer
@@ -247,12 +248,17 @@ class Communicator {
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
-  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction, on either
-  // path).
+  // Bytes of the rank's pool held as receive buffers (allocated at the first staged reduction; 0
+  // while every reduction took the direct path).
   size_t buffer_bytes(int rank) const;
-  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something
-  // (each receive buffer is one allocation of the returned size / kRecvSlots; memory plans).
+  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something on
+  // the staged path (each receive buffer is one allocation of the returned size / kRecvSlots;
+  // memory plans count it unless reduces_directly()).
   static size_t planned_buffer_bytes(int world, size_t chunk_bytes = kDefaultChunkBytes);
+  // True when every reduction of a communicator over `devices` with `path` takes the direct path
+  // in every group, so it never allocates receive buffers: path kAuto, every device can access
+  // every other's memory, and the backend has accumulate_peer for fp32, fp16 and bf16.
+  static bool reduces_directly(const std::vector<Device*>& devices, CommPath path = CommPath::kAuto);
 
   // Receive buffers per rank for the ring reduction (double buffering: the copy of chunk j+1
   // lands in one while chunk j is reduced from the other).

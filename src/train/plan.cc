@@ -255,10 +255,11 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     batch += norms;
     // The stage communicator's ring buffers (its engine's reductions), and with tensor parallelism
     // the world communicator's (the tensor groups' reductions run there).
-    const size_t comm = Communicator::planned_buffer_bytes(per_stage) + (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+    const size_t stage_comm = in.staged_comm ? Communicator::planned_buffer_bytes(per_stage) : 0;
+    const size_t world_comm = in.staged_comm && TP > 1 ? Communicator::planned_buffer_bytes(N) : 0;
+    const size_t comm = stage_comm + world_comm;
     for (int q = 0; q < 2 * Communicator::kRecvSlots; ++q) {
-      const size_t slot = q < Communicator::kRecvSlots ? Communicator::planned_buffer_bytes(per_stage)
-                                                       : (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+      const size_t slot = q < Communicator::kRecvSlots ? stage_comm : world_comm;
       if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
     }
     if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
@@ -304,7 +305,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   size_t work = eng.work;
 
   // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring
-  // receive buffers (comm stream).
+  // receive buffers (comm stream; staged reductions only).
   std::vector<Alloc> resident;
   for (size_t b : eng.resident) resident.push_back({b, false});
   const size_t ws = model->workspace_bytes(B, T);
@@ -313,7 +314,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
   const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;  // + kLossSlots (train/world.h)
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
-  const size_t comm = Communicator::planned_buffer_bytes(N);
+  const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
   work += resident.size();
@@ -800,10 +801,13 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   in.devices = rt.size();
   in.device_memory.clear();
   in.gemm_workspace = 0;
+  std::vector<Device*> devices;
   for (int r = 0; r < rt.size(); ++r) {
     in.device_memory.push_back(rt.device(r).total_memory());
     in.gemm_workspace = std::max(in.gemm_workspace, rt.device(r).gemm_workspace_bytes());
+    devices.push_back(&rt.device(r));
   }
+  in.staged_comm = !Communicator::reduces_directly(devices);
   in.max_devices = available_devices(rt);
   return plan_memory(model, in);
 }

@@ -139,9 +139,9 @@ TEST(CommDirect, SameBitsAsTheStagedRingForEveryCollective) {
           EXPECT_EQ(staged.accumulate_peer, 0) << what;
           EXPECT_EQ(staged.accumulate, reduces ? steps * chunks : 0) << what;
           EXPECT_EQ(staged.copy_peer, (reduces + gathers) * steps * chunks) << what;
-          // Reductions hold the planned receive buffers on both paths (the plans count them).
+          // Only the staged reductions hold receive buffers, as many as the plans count.
           const size_t planned = reduces ? Communicator::planned_buffer_bytes(world, kSmallChunk) : 0;
-          EXPECT_EQ(direct.buffer_bytes, planned) << what;
+          EXPECT_EQ(direct.buffer_bytes, 0u) << what;
           EXPECT_EQ(staged.buffer_bytes, planned) << what;
           if (op != Op::kAllReduce) continue;
           for (int r = 0; r < world; ++r)
@@ -170,6 +170,9 @@ TEST(CommDirect, BackendWithoutPeerAccumulateStagesTheReduction) {
       fallback = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x);
     }
     ASSERT_EQ(direct.bits, fallback.bits) << dtype_name(t);
+    // What the memory plans ask: only the staged reduction allocates receive buffers.
+    EXPECT_EQ(direct.buffer_bytes, 0u) << dtype_name(t);
+    EXPECT_EQ(fallback.buffer_bytes, Communicator::planned_buffer_bytes(world, kSmallChunk)) << dtype_name(t);
     EXPECT_EQ(direct.accumulate_peer, world * (world - 1)) << dtype_name(t);
     EXPECT_EQ(fallback.accumulate_peer, 0) << dtype_name(t);
     EXPECT_GT(fallback.accumulate, 0) << dtype_name(t);
@@ -177,6 +180,20 @@ TEST(CommDirect, BackendWithoutPeerAccumulateStagesTheReduction) {
     const int chunks = static_cast<int>((shard * static_cast<int64_t>(dtype_size(t)) + kSmallChunk - 1) / kSmallChunk);
     EXPECT_EQ(fallback.copy_peer, world * (world - 1) * (chunks + 1)) << dtype_name(t);
   }
+}
+
+// Communicator::reduces_directly, which the memory plans read: the CPU backend's devices always
+// reduce directly, unless the ring is forced or the backend lacks the peer accumulate.
+TEST(CommDirect, ReducesDirectlyTellsThePlansWhetherReceiveBuffersExist) {
+  auto rt = Runtime::create_cpu(3);
+  const auto devs = first_devices(*rt, 3);
+  EXPECT_TRUE(Communicator::reduces_directly(devs));
+  EXPECT_TRUE(Communicator::reduces_directly(first_devices(*rt, 1)));
+  EXPECT_FALSE(Communicator::reduces_directly(devs, CommPath::kStaged));
+  OpTable table = cpu_op_table();
+  table.accumulate_peer = nullptr;
+  ScopedOpTable scoped(Backend::kCpu, &table);
+  EXPECT_FALSE(Communicator::reduces_directly(devs));
 }
 
 // Many reduce-scatters and all-reduces on the same buffers, each preceded by the compute stream
