@@ -31,6 +31,7 @@
 #include "pipeline/model_stage.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "zero/engine.h"
 
@@ -187,6 +188,7 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   dev.grads = eng.state.grads;
   dev.optimizer = eng.state.optimizer;
   dev.host = eng.host;
+  dev.host_staging = HostStaging::planned_pinned_bytes();
   dev.comm = comm;
   dev.batch = batch;
   dev.library = library;
@@ -632,6 +634,8 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   if (in.gemm_workspace)
     os << "GEMM library workspace (cuBLAS, compute stream, from the pool): " << F(in.gemm_workspace)
        << " per device, in each total\n";
+  os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
+     << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
   if (in.offload)
     os << "host (offloaded optimizer, " << static_cast<int>(in.offload_fraction * 100 + 0.5) << "% of each shard): "
        << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())

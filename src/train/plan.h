@@ -63,6 +63,9 @@ struct DevicePlan {
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory
   size_t memory = 0;       // the device's memory
   size_t host = 0;         // pinned host bytes this device's offloaded optimizer state takes
+  // Pinned host bytes of this device's snapshot and checkpoint copies (runtime/host_staging.h),
+  // held from the first snapshot, save or restore on; not in `total` (host memory).
+  size_t host_staging = 0;
   bool fits() const { return total <= memory; }
 };
 
