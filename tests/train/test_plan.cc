@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -243,6 +244,7 @@ TEST(Plan, CountsRingReceiveBuffersOnlyWhereReductionsStage) {
   const MemoryPlan staged = plan_memory_only(mc, staged_in);
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(direct.per_device[static_cast<size_t>(d)].comm, 0u);
+    EXPECT_EQ(direct.per_device[static_cast<size_t>(d)].host_staging, HostStaging::planned_pinned_bytes());
     EXPECT_EQ(staged.per_device[static_cast<size_t>(d)].comm, Communicator::planned_buffer_bytes(2));
     EXPECT_EQ(staged.per_device[static_cast<size_t>(d)].peak_allocated,
               direct.per_device[static_cast<size_t>(d)].peak_allocated + Communicator::planned_buffer_bytes(2));

@@ -17,6 +17,7 @@
 #include "comm/mesh.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "train/world.h"
 #include "zero/engine.h"
@@ -488,6 +489,13 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
       EXPECT_NEAR(static_cast<double>(predicted) / measured, 1.0, 0.05) << "rank " << r << ": predicted " << predicted
                                                                          << ", measured " << measured;
       EXPECT_EQ(run.engine().model_state_bytes(r).total(), plan.state.total());
+      // Host memory: the pinned staging of state export appears at the first export, as planned.
+      EXPECT_EQ(run.engine().host_staging_bytes(r), 0u);
+      const ShardRange sh = run.engine().shard_of(r, 0);
+      std::vector<float> master(static_cast<size_t>(sh.size())), m(master.size()), v(master.size());
+      std::vector<uint8_t> working(master.size() * dtype_size(w));
+      run.engine().state_to_host(r, 0, master.data(), m.data(), v.data(), working.data());
+      EXPECT_EQ(run.engine().host_staging_bytes(r), HostStaging::planned_pinned_bytes());
     }
   }
 }
