@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
-# One-call verification on a GPU machine: build with the CUDA backend (sm_90), run every test (the
-# CUDA ones are active when a GPU is usable), show the devices, run the copy/memory benchmarks,
-# and write $OUT/results.md (step, status, time). Usage: OUT=/some/dir scripts/gpu-check.sh
-# Finishes within ~7.5 minutes (a deadline caps every step); exits non-zero when configure, build,
-# ctest or the NCCL checks (step 4b, PASS/FAIL lines in $OUT/nccl.txt) failed, after writing the results.
+# One-call verification on a GPU machine, ordered for a first short visit (about 9 minutes): the
+# driver/runtime check, a build of only the targets the GPU steps use, the newest CUDA tests, GPT-2
+# 124M throughput and MFU, compute-sanitizer, then the rest (NCCL, the built tests, training against
+# the CPU backend, checkpoints, profiles, benchmarks). $OUT/results.md is rewritten after every step,
+# so a run cut short still returns what it did. Usage: OUT=/some/dir scripts/gpu-check.sh
+# Env: ZT_GPU_CHECK_SECONDS (default 510: the deadline every step is capped by), ZT_JOBS (build
+# jobs), ZT_GPU_BUILD (build tree, default build/gpu), ZT_REUSE_BUILD=1 (no configure/build: use the
+# tree as it is, e.g. a pre-built one), ZT_SETUP=1 (run scripts/setup first; else only when
+# configure fails). Exits non-zero when configure, build, a test, a comparison or the NCCL checks
+# failed, after writing the results.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 OUT="${OUT:-out/gpu-check}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-BUILD=build/gpu
+BUILD="${ZT_GPU_BUILD:-build/gpu}"
 JOBS="${ZT_JOBS:-16}"
-DEADLINE=$((SECONDS + 450))  # leaves headroom under the 8-minute limit for the last step's kill
+DEADLINE=$((SECONDS + ${ZT_GPU_CHECK_SECONDS:-510}))  # headroom under a 9-10 minute visit for the last kill
 RESULTS="$OUT/results.md"
 rows=()
+notes=()
 failed=0
 
+write_results() {
+  {
+    echo "# gpu-check results"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- gpu: ${gpu_line:-none found}"
+    echo "- driver: ${driver_note:-not checked yet}"
+    echo "- total time: ${SECONDS}s"
+    [[ -n "${ctest_summary:-}" ]] && echo "- ctest: ${ctest_summary}"
+    local n
+    for n in "${notes[@]}"; do echo "- note: $n"; done
+    echo
+    echo "| step | status | time (s) | log |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    if [[ -s "$OUT/gpt2.md" ]]; then
+      echo
+      cat "$OUT/gpt2.md"
+    fi
+  } >"$RESULTS"
+}
+
 # run_step NAME MAX_SECONDS LOG CMD...: runs CMD under `timeout` (capped by the deadline), output
-# to $OUT/LOG, and records a results row. Returns CMD's status (124 = timed out, 125 = skipped).
+# to $OUT/LOG, records a results row and rewrites results.md. Returns CMD's status (124 = timed
+# out, 125 = skipped).
 run_step() {
   local name=$1 max=$2 log=$3
   shift 3
@@ -26,6 +56,7 @@ run_step() {
   if ((remaining < 15)); then
     rows+=("| $name | skipped (out of time) | 0 | |")
     echo "=== $name: skipped, out of time"
+    write_results
     return 125
   fi
   local limit=$((max < remaining ? max : remaining))
@@ -42,78 +73,204 @@ run_step() {
   fi
   rows+=("| $name | $status | $took | $log |")
   echo "    $status in ${took}s"
+  write_results
   return $rc
 }
 
 skip_step() {
   rows+=("| $1 | skipped ($2) | 0 | |")
   echo "=== $1: skipped ($2)"
+  write_results
 }
 
-write_results() {
-  {
-    echo "# gpu-check results"
-    echo
-    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "- gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
-    echo "- total time: ${SECONDS}s"
-    [[ -n "${ctest_summary:-}" ]] && echo "- ctest: ${ctest_summary}"
-    [[ -n "${cuda_note:-}" ]] && echo "- note: ${cuda_note}"
-    echo
-    echo "| step | status | time (s) | log |"
-    echo "|---|---|---|---|"
-    printf '%s\n' "${rows[@]}"
-  } >"$RESULTS"
+# The targets of NAMES... that this build tree defines (bench_nccl only where NCCL was found).
+existing_targets() {
+  local all t
+  all="$(cmake --build "$BUILD" --target help 2>/dev/null)"
+  for t in "$@"; do
+    grep -qE "(^|[ .])$t(:|$| )" <<<"$all" && echo "$t"
+  done
 }
 
-# ---- 1. the GPU as the driver sees it --------------------------------------------------------
-run_step nvidia-smi 30 nvidia-smi.txt nvidia-smi
-cat "$OUT/nvidia-smi.txt"
-
-# ---- 2. dependencies (apt may be unreachable; packages may already be there) ------------------
-if ! run_step setup 120 setup.log scripts/setup; then
-  echo "    scripts/setup failed; continuing with what is installed (see $OUT/setup.log)"
-  tail -n 5 "$OUT/setup.log"
+# ---- 1. driver and runtime, first: CUDA 13 needs driver >= 580 --------------------------------
+# gpu_ok=1 only when nvidia-smi lists a GPU and its driver can run what CUDA 13 builds; every GPU
+# step below skips with this note otherwise.
+gpu_ok=0
+{
+  echo "nvidia-smi: $(command -v nvidia-smi || echo 'not found')"
+  nvidia-smi 2>&1 | head -n 20
+  echo
+  echo "toolkit: $( (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>/dev/null | grep -i release || echo 'nvcc not found')"
+} >"$OUT/driver.txt" 2>&1
+gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)"
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true)"
+if [[ -z "$gpu_line" || -z "$driver" ]]; then
+  driver_note="no GPU: nvidia-smi is missing or lists none; every GPU step is skipped"
+elif (( ${driver%%.*} < 580 )); then
+  driver_note="driver $driver is older than CUDA 13 needs (>= 580): CUDA 13 programs cannot run on it (cudaErrorInsufficientDriver); update the driver to 580 or newer; every GPU step is skipped"
+else
+  driver_note="driver $driver (CUDA 13 needs >= 580: ok)"
+  gpu_ok=1
 fi
+echo "driver check: $driver_note" | tee -a "$OUT/driver.txt"
+rows+=("| driver/runtime | $( ((gpu_ok)) && echo ok || echo 'no usable GPU') | 0 | driver.txt |")
+write_results
+no_gpu="$( ((gpu_ok)) && echo "" || echo "no usable GPU: see driver.txt")"
 
-# ---- 3. configure + build --------------------------------------------------------------------
+# ---- 2. configure + build only what the GPU steps need ----------------------------------------
+# First the targets of steps 3-5 (zerotrain, the binaries of the new CUDA tests), then, after
+# them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that compare with the GPU).
+gpu_targets=(zerotrain test_cuda test_kernels test_flash_attention test_tp_ops test_comm test_runtime)
+rest_targets=(test_nccl test_zero test_mixed_precision test_checkpoint test_resume
+              bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory)
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+configure() {
+  run_step "$1" 120 "$2" cmake -S . -B "$BUILD" "${generator[@]}" "${launcher[@]}" \
+    -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS=90
+}
 built=0
-if run_step configure 120 configure.log cmake -S . -B "$BUILD" "${generator[@]}" \
-  -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS=90; then
-  if run_step build 300 build.log cmake --build "$BUILD" -j "$JOBS"; then
-    built=1
+if [[ "${ZT_REUSE_BUILD:-0}" == 1 && -d "$BUILD" ]]; then
+  skip_step "configure + build" "ZT_REUSE_BUILD=1: using $BUILD as it is"
+  built=1
+else
+  [[ "${ZT_SETUP:-0}" == 1 ]] && run_step setup 120 setup.log scripts/setup
+  configured=0
+  if configure configure configure.log; then
+    configured=1
+  elif [[ "${ZT_SETUP:-0}" != 1 ]]; then
+    # Missing packages are the usual cause on a fresh machine (apt may be unreachable).
+    run_step setup 120 setup.log scripts/setup
+    configure "configure (after setup)" configure2.log && configured=1
+  fi
+  if ((configured)); then
+    mapfile -t want < <(existing_targets "${gpu_targets[@]}")
+    if run_step "build (GPU steps: ${want[*]})" 300 build.log cmake --build "$BUILD" -j "$JOBS" --target "${want[@]}"; then
+      built=1
+    else
+      failed=1
+      tail -n 40 "$OUT/build.log"
+    fi
   else
     failed=1
-    tail -n 40 "$OUT/build.log"
+    tail -n 40 "$OUT/configure.log"
   fi
-else
-  failed=1
-  tail -n 40 "$OUT/configure.log"
 fi
+app="$BUILD/apps/zerotrain"
 
-# ---- 4. tests ---------------------------------------------------------------------------------
-if ((built)); then
+# ---- 3. the newest CUDA paths first ---------------------------------------------------------------
+if ((built && gpu_ok)); then
   # The newest CUDA paths first, so a short visit still checks them: the tensor-parallel ops, the
   # tiled attention (both GPT models train on it), TF32 GEMMs and the device sum on the GPU against
   # the CPU backend's ops and the float64 references, the classifier's CUB row reductions, and the
   # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers, the
   # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4),
-  # and the cuBLASLt GEMMs (GemmTest: fp32/bf16/fp16 inputs, the BIAS, GELU_AUX_BIAS, DGELU_BGRAD and
+  # the cuBLASLt GEMMs (GemmTest: fp32/bf16/fp16 inputs, the BIAS, GELU_AUX_BIAS, DGELU_BGRAD and
   # BGRADB epilogues against float64, ops.cc's fallbacks against the fused ops, and the plain cuBLAS
-  # path, ZT_CUBLASLT=off, against cuBLASLt).
+  # path, ZT_CUBLASLT=off, against cuBLASLt),
+  # and the pinned, double-buffered snapshot/checkpoint copies (HostStagingTest: every byte both
+  # ways at sizes around the chunk, ordered with the stream's work).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*)|GemmTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*)|GemmTest\..*|HostStagingTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
+else
+  skip_step new-cuda-ops "${no_gpu:-build failed}"
 fi
 
-# ---- 4b. --comm nccl, before the whole ctest so a short visit checks it: the NCCL communicator
+# ---- 4. GPT-2 124M at T = 1024 on cuda:0: tokens/s and MFU per precision ---------------------------
+# B = 16 sequences of 1024 tokens per step, a few steps each; tokens/s is the median of the steps
+# after the first two (warm-up: allocation, cuBLAS heuristics), MFU = flops_per_token x that /
+# peak_flops of the summary, whose peak_kind names the peak (fp32, tf32 or bf16 tensor cores).
+# Modes: "eager" today. [eager and graphs] --cuda-graphs (issue 13 item 4) adds "graphs" to
+# gpt2_modes with its flag in gpt2_mode_flags; the table then has one row per precision and mode.
+gpt2_modes=(eager)
+gpt2_mode_flags() {
+  case "$1" in
+    eager) ;;
+    # graphs) echo "--cuda-graphs on" ;;
+  esac
+}
+if ((built && gpu_ok)) && [[ -x "$app" ]]; then
+  gpt2=(train --model gpt2-124m --train-seq-len 1024 --batch-size 16 --micro-batch-size 16 --steps 8
+        --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0)
+  for mode in "${gpt2_modes[@]}"; do
+    for p in fp32 tf32 bf16; do
+      flags=(--precision "$p")
+      [[ $p == tf32 ]] && flags=(--precision fp32 --tf32)
+      # shellcheck disable=SC2207
+      mflags=($(gpt2_mode_flags "$mode"))
+      run_step "gpt2-124m T=1024 $p $mode" 90 "gpt2-$p-$mode.txt" "$app" "${gpt2[@]}" "${flags[@]}" "${mflags[@]}" \
+        --metrics "$OUT/gpt2-$p-$mode.jsonl"
+      (($? != 0)) && failed=1
+    done
+  done
+  if command -v python3 >/dev/null 2>&1; then
+    python3 - "$OUT" "${gpt2_modes[@]}" >"$OUT/gpt2.md" <<'PY'
+import json, os, statistics, sys
+out, modes = sys.argv[1], sys.argv[2:]
+print("## GPT-2 124M, T=1024, B=16, cuda:0\n")
+print("| precision | mode | steps | tokens/s (median after 2) | MFU | peak_kind | peak TFLOP/s | run MFU (summary) |")
+print("|---|---|---|---|---|---|---|---|")
+for mode in modes:
+    for p in ("fp32", "tf32", "bf16"):
+        path = os.path.join(out, f"gpt2-{p}-{mode}.jsonl")
+        try:
+            recs = [json.loads(l) for l in open(path) if l.strip()]
+        except (OSError, ValueError) as e:
+            print(f"| {p} | {mode} | - | no metrics ({type(e).__name__}) | | | | |"); continue
+        steps = [r for r in recs if "event" not in r and "tokens_per_s" in r]
+        summ = next((r for r in recs if r.get("event") == "summary"), {})
+        tps = statistics.median([r["tokens_per_s"] for r in steps[2:]] or [r["tokens_per_s"] for r in steps] or [0])
+        peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
+        mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
+        run = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
+        print(f"| {p} | {mode} | {len(steps)} | {tps:,.0f} | {mfu} | {summ.get('peak_kind', '?')} | "
+              f"{peak / 1e12 if peak else float('nan'):.0f} | {run} |")
+PY
+    cat "$OUT/gpt2.md"
+    write_results
+  fi
+else
+  skip_step "gpt2-124m T=1024 fp32/tf32/bf16" "${no_gpu:-no binary}"
+fi
+
+# ---- 5. compute-sanitizer on a few training steps of a tiny model on cuda:0 -------------------------
+# memcheck (out-of-bounds and misaligned accesses, leaks of device memory) and racecheck (shared
+# memory hazards inside our kernels); both exit non-zero on the first error report.
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+if ((built && gpu_ok)) && [[ -x "$app" && -n "$sanitizer" ]]; then
+  tiny=(train --steps 3 --batch-size 4 --layers 2 --embd 32 --heads 2 --seq-len 32 --eval-every 0
+        --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0)
+  for tool in memcheck racecheck; do
+    run_step "compute-sanitizer $tool" 90 "sanitizer-$tool.txt" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+      "$app" "${tiny[@]}"
+    (($? != 0)) && failed=1
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.txt" | tail -n 2
+  done
+elif ((built && gpu_ok)); then
+  skip_step "compute-sanitizer" "compute-sanitizer not found (not in PATH or /usr/local/cuda/bin)"
+else
+  skip_step "compute-sanitizer" "${no_gpu:-no binary}"
+fi
+
+# ---- 6. the rest: build its targets, then NCCL, the built tests, training vs CPU, benchmarks ------
+if ((built)) && [[ "${ZT_REUSE_BUILD:-0}" != 1 ]]; then
+  mapfile -t want < <(existing_targets "${rest_targets[@]}")
+  run_step "build (the rest: ${want[*]})" 240 build-rest.log cmake --build "$BUILD" -j "$JOBS" --target "${want[@]}" ||
+    failed=1
+fi
+# Not a GPU: the remaining steps run only what needs no GPU (the built tests, whose CUDA cases skip).
+if ((!gpu_ok)); then built_gpu=0; else built_gpu=$built; fi
+
+# ---- 6a. --comm nccl, before the built tests: the NCCL communicator
 # against the ring (test_nccl: one rank bit for bit, every GPU as a rank on exact sums), then a few
 # ZeRO-3 training steps on cuda:0 with --comm nccl and --comm ring, whose per-step losses must be
 # equal (one rank: NCCL's collectives move nothing). One PASS/FAIL line per check in $OUT/nccl.txt.
-if ((built)); then
+if ((built_gpu)); then
   nccl_test="$BUILD/tests/test_nccl"
   app="$BUILD/apps/zerotrain"
   if [[ -x "$nccl_test" ]]; then
@@ -155,40 +312,25 @@ PY
     fi
   fi
   cat "$OUT/nccl.txt" 2>/dev/null
-fi
-
-if ((built)); then
-  run_step ctest 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
-    --output-junit "$OUT/ctest-junit.xml"
-  rc=$?
-  ((rc != 0)) && failed=1
-  ctest_summary="$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-  skipped_cuda="$(grep -cE 'Test +#[0-9]+: (Cuda(Runtime|Cast)\.|.*/cuda ).*Skipped' "$OUT/ctest.log" || true)"
-  if ((skipped_cuda > 0)); then
-    cuda_note="${skipped_cuda} CUDA tests were skipped: no usable GPU in this run (see ctest.log)"
-  fi
-  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\*\*\*' "$OUT/ctest.log" |
-    grep -v 'Skipped' | tail -n 30
 else
-  skip_step ctest "build failed"
+  skip_step "nccl vs ring" "${no_gpu:-no binary}"
 fi
 
-# ---- 5. devices as zerotrain sees them -------------------------------------------------------
-app="$BUILD/apps/zerotrain"
-if ((built)) && [[ -x "$app" ]]; then
+# ---- 6b. devices as zerotrain sees them -------------------------------------------------------
+if ((built_gpu)) && [[ -x "$app" ]]; then
   run_step "zerotrain info --devices all" 60 info-all.txt "$app" info --devices all
   cat "$OUT/info-all.txt"
   run_step "zerotrain info --devices cuda:0x4" 60 info-cuda0x4.txt "$app" info --devices cuda:0x4
   cat "$OUT/info-cuda0x4.txt"
 else
-  skip_step "zerotrain info" "no binary"
+  skip_step "zerotrain info" "${no_gpu:-no binary}"
 fi
 
-# ---- 6. training on the GPU vs the CPU backend, step by step ---------------------------------
+# ---- 6c. training on the GPU vs the CPU backend, step by step --------------------------------
 # The same gpt-tiny run (one device, then 4 logical devices at ZeRO stage 3 on GPU 0) on CUDA and
 # on the simulated CPU devices; the losses must agree to fp32 rounding (cuBLAS vs OpenBLAS
 # summation order), and the ZeRO-3 run must match the 1-device run.
-if ((built)) && [[ -x "$app" ]]; then
+if ((built_gpu)) && [[ -x "$app" ]]; then
   common=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --precision fp32)
   run_step "train cuda:0" 120 train-cuda.txt "$app" "${common[@]}" --devices cuda:0 --metrics "$OUT/train-cuda.jsonl"
   run_step "train cpu:1" 120 train-cpu.txt "$app" "${common[@]}" --devices cpu:1 --metrics "$OUT/train-cpu.jsonl"
@@ -217,13 +359,13 @@ PY
     cat "$OUT/compare-losses.txt"
   fi
 else
-  skip_step "train on GPU" "no binary"
+  skip_step "train on GPU" "${no_gpu:-no binary}"
 fi
 
-# ---- 6b. mixed precision on the GPU vs the CPU backend's emulation, step by step ------------
+# ---- 6d. mixed precision on the GPU vs the CPU backend's emulation, step by step ------------
 # bf16 and fp16 (dynamic loss scale) runs of gpt-tiny on cuda:0 and cpu:1: 16-bit storage and
 # rounding are bit-identical, the GEMMs are not, so the losses agree to bf16/fp16 tolerances.
-if ((built)) && [[ -x "$app" ]]; then
+if ((built_gpu)) && [[ -x "$app" ]]; then
   mp=(train --steps 30 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet)
   for p in bf16 fp16; do
     run_step "train cuda:0 $p" 120 "train-cuda-$p.txt" "$app" "${mp[@]}" --precision $p --devices cuda:0 \
@@ -255,9 +397,9 @@ PY
   fi
 fi
 
-# ---- 6c. checkpoints across backends: save on the GPU, load on the CPU backend (another device
+# ---- 6e. checkpoints across backends: save on the GPU, load on the CPU backend (another device
 # count and stage) and save again, load back on the GPU and save again; every array bitwise equal.
-if ((built)) && [[ -x "$app" ]]; then
+if ((built_gpu)) && [[ -x "$app" ]]; then
   ck=(train --steps 10 --batch-size 12 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --precision bf16)
   rm -rf "$OUT/ck-gpu" "$OUT/ck-cpu" "$OUT/ck-back"
   run_step "checkpoint save cuda:0x2 stage 2" 120 ck-gpu.txt "$app" "${ck[@]}" --devices cuda:0x2 --zero-stage 2 \
@@ -276,8 +418,30 @@ if ((built)) && [[ -x "$app" ]]; then
   rm -rf "$OUT/ck-gpu" "$OUT/ck-cpu" "$OUT/ck-back"
 fi
 
+# ---- 6f. the tests of the binaries built above (the CUDA cases skip without a GPU) ---------------
+# Labels are the binaries' names: tests of binaries this visit did not build are not run.
+mapfile -t built_tests < <(for t in "${gpu_targets[@]}" "${rest_targets[@]}"; do
+  [[ $t == test_* && -x "$BUILD/tests/$t" ]] && echo "$t"; done)
+if ((built)) && ((${#built_tests[@]} > 0)); then
+  labels="^($(IFS='|'; echo "${built_tests[*]}"))\$"
+  run_step "ctest (${built_tests[*]})" 240 ctest.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 180 \
+    -L "$labels" --output-junit "$OUT/ctest-junit.xml"
+  rc=$?
+  ((rc != 0)) && failed=1
+  ctest_summary="$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  skipped_cuda="$(grep -cE 'Test +#[0-9]+: (Cuda(Runtime|Cast)\.|.*/cuda ).*Skipped' "$OUT/ctest.log" || true)"
+  if ((skipped_cuda > 0)); then
+    notes+=("${skipped_cuda} CUDA tests were skipped: no usable GPU in this run (see ctest.log)")
+  fi
+  write_results
+  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\*\*\*' "$OUT/ctest.log" |
+    grep -v 'Skipped' | tail -n 30
+else
+  skip_step ctest "no test binary built"
+fi
+
 # ---- 7. profiling artefacts: a Chrome trace from the CUDA backend, an nsys capture ----------
-if ((built)) && [[ -x "$app" ]]; then
+if ((built_gpu)) && [[ -x "$app" ]]; then
   prof=(train --steps 12 --batch-size 8 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0x2)
   run_step "trace cuda:0x2" 120 trace-cuda.txt "$app" "${prof[@]}" --trace "$OUT/trace-cuda.json"
   if command -v nsys >/dev/null 2>&1; then
@@ -287,7 +451,7 @@ if ((built)) && [[ -x "$app" ]]; then
     skip_step "nsys profile" "nsys not installed"
   fi
 else
-  skip_step "profiling" "no binary"
+  skip_step "profiling" "${no_gpu:-no binary}"
 fi
 
 # ---- 8. benchmarks (JSON to $OUT) ------------------------------------------------------------
@@ -298,6 +462,10 @@ for b in bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_m
   exe="$BUILD/bench/$b"
   if ((!built)) || [[ ! -x "$exe" ]]; then
     skip_step "$b" "no binary"
+    continue
+  fi
+  if ((!gpu_ok)) && [[ $b == bench_cuda_copy || $b == bench_nccl ]]; then
+    skip_step "$b" "$no_gpu"
     continue
   fi
   min_time=0.05s

@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -243,8 +244,8 @@ struct Communicator::Impl {
     std::unique_ptr<Event> sent;      // after each peer copy this rank issues
     std::unique_ptr<Event> done;      // after the last collective touching this rank
     std::unique_ptr<Event> stepped;   // direct reduce-scatter: after this rank's latest step
-    std::array<std::unique_ptr<Event>, kRecvSlots> slot_free;  // reduction consumed slot q
-    std::array<DeviceBuffer, kRecvSlots> slots;                // receive buffers (lazy)
+    std::array<std::unique_ptr<Event>, kMaxRecvSlots> slot_free;  // reduction consumed slot q
+    std::array<DeviceBuffer, kMaxRecvSlots> slots;                // receive buffers (lazy; recv_slots used)
     CommCounters counters;
   };
 
@@ -265,7 +266,8 @@ struct Communicator::Impl {
 
   std::vector<Rank> ranks;
   size_t slot_bytes = 0;
-  uint64_t round = 0;  // ring rounds so far; picks the receive slot (round % kRecvSlots)
+  int recv_slots = kRecvSlots;  // receive buffers per rank the staged ring uses
+  uint64_t round = 0;  // ring rounds so far; picks the receive slot (round % recv_slots)
 
   // Guards schedule building (all events, slots, round) and counters (of ranks and groups).
   mutable std::mutex enqueue_mu;
@@ -302,7 +304,6 @@ struct Communicator::Impl {
 Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes, CommPath path)
     : devices_(std::move(devices)), chunk_bytes_(chunk_bytes), path_(path), impl_(std::make_unique<Impl>()) {
   ZT_REQUIRE(!devices_.empty(), "Communicator: needs at least one device");
-  ZT_REQUIRE(chunk_bytes_ > 0, "Communicator: chunk_bytes must be positive");
   const int n = world();
   for (int r = 0; r < n; ++r) {
     ZT_REQUIRE(devices_[r] != nullptr, "Communicator: device of rank ", r, " is null");
@@ -315,6 +316,10 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes, Com
   // Peer access is not required: copy_peer stages through host memory where GPUs lack it, and
   // groups without it in every direction take the staged ring (CommGroupState::peer_access).
 
+  // The probe runs only where a reduction can take the staged path: elsewhere it would time a path
+  // no collective of this communicator takes.
+  const bool probe = chunk_bytes_ == kProbeChunk && n > 1 && !reduces_directly(devices_, path_);
+  if (chunk_bytes_ == kProbeChunk) chunk_bytes_ = kDefaultChunkBytes;
   // A chunk holds at least one element of any type.
   impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
   impl_->ranks.resize(static_cast<size_t>(n));
@@ -333,6 +338,7 @@ Communicator::Communicator(std::vector<Device*> devices, size_t chunk_bytes, Com
   for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = r;
   impl_->world = group(all).state_;
   impl_->world->is_world = true;
+  if (probe) probe_chunking();
 }
 
 // Receive buffers are freed into their pool, tied to the comm stream they were allocated on. Every
@@ -470,7 +476,7 @@ struct Communicator::Impl::Builder {
   void ensure_slots() {
     for (int r = 0; r < world(); ++r) {
       auto& rk = rank(r);
-      for (int q = 0; q < Communicator::kRecvSlots; ++q) {
+      for (int q = 0; q < impl.recv_slots; ++q) {
         if (rk.slots[q].data() != nullptr) continue;
         rk.slots[q] = DeviceBuffer(device(r).memory(), impl.slot_bytes, comm(r), "comm_recv");
         // The pool may hand out memory that earlier work on this comm stream still uses; the
@@ -496,7 +502,7 @@ struct Communicator::Impl::Builder {
         const int64_t off = j * ce;
         const int64_t len = std::min(ce, p.shard - off);
         const size_t bytes = static_cast<size_t>(len) * p.esize;
-        const int q = static_cast<int>(impl.round % Communicator::kRecvSlots);
+        const int q = static_cast<int>(impl.round % static_cast<uint64_t>(impl.recv_slots));
         ++impl.round;
         for (int r = 0; r < n; ++r) {
           const int dst = next(r);
@@ -529,9 +535,6 @@ struct Communicator::Impl::Builder {
   void reduce_scatter_direct(const Plan& p, const std::vector<TensorView>& full) {
     const int n = world();
     if (n == 1 || p.shard == 0) return;
-    // Unused here, but allocated as on the staged path: memory plans (train/plan.cc, the ZeRO
-    // engine's) count them per rank without knowing which path a group takes.
-    ensure_slots();
     const size_t bytes = static_cast<size_t>(p.shard) * p.esize;
     for (int k = 0; k < n - 1; ++k) {
       // All records of the step before any wait on them (notes at the top); at k = 0 the record
@@ -1189,8 +1192,83 @@ CommCounters Communicator::counters(int rank) const {
   return impl_->ranks[rank].counters;
 }
 
+bool Communicator::reduces_directly(const std::vector<Device*>& devices, CommPath path) {
+  if (path != CommPath::kAuto || devices.empty()) return false;
+  const OpTable* table = op_table(devices[0]->backend());
+  if (table == nullptr) return false;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    if (!table->supports(OpId::kAccumulatePeer, {t})) return false;
+  for (const Device* a : devices)
+    for (const Device* b : devices)
+      if (a != b && !a->can_access_peer(*b)) return false;
+  return true;
+}
+
 size_t Communicator::planned_buffer_bytes(int world, size_t chunk_bytes) {
+  if (chunk_bytes == kProbeChunk) return world > 1 ? kRecvBudgetBytes : 0;  // every choice holds the budget
   return world > 1 ? static_cast<size_t>(kRecvSlots) * slot_bytes_for(chunk_bytes) : 0;
+}
+
+int Communicator::recv_slots() const {
+  std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
+  return impl_->recv_slots;
+}
+
+// Times one staged reduce-scatter per choice (after an untimed one that allocates its slots) on
+// the world, over fp32 buffers of world x kProbeShardBytes per rank, host clock from the enqueue
+// to every comm stream's end; keeps the fastest, a smaller chunk only when 5% faster. Nothing of
+// it is observable afterwards but the choice: slots and buffers are freed, counters zeroed.
+void Communicator::probe_chunking() {
+  const int n = world();
+  Plan p;
+  p.world = n;
+  p.dtype = DType::kF32;
+  p.esize = sizeof(float);
+  p.shard = static_cast<int64_t>(kProbeShardBytes / sizeof(float));
+  p.numel = p.shard * n;
+  std::vector<DeviceBuffer> bufs;
+  std::vector<TensorView> views;
+  for (int r = 0; r < n; ++r) {
+    Device& d = *devices_[static_cast<size_t>(r)];
+    bufs.emplace_back(d.memory(), static_cast<size_t>(p.numel) * p.esize, d.comm(), "comm_probe");
+    d.comm().memset(bufs.back().data(), 0, bufs.back().size());
+    views.push_back(TensorView{bufs.back().data(), p.dtype, Shape{p.numel}, d.index()});
+  }
+  auto free_slots = [&] {
+    for (auto& rk : impl_->ranks)
+      for (auto& slot : rk.slots) slot = DeviceBuffer{};
+  };
+  auto run = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
+      Impl::Builder b{devices_, *impl_, *impl_->world, chunk_bytes_};
+      b.prologue({}, /*peers_write=*/false);
+      b.reduce_scatter(p, views);
+      b.epilogue(/*received=*/false);
+    }
+    for (Device* d : devices_) d->comm().synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double best = 0;
+  std::pair<size_t, int> chosen = kProbeChoices[0];
+  for (const auto& choice : kProbeChoices) {
+    free_slots();
+    chunk_bytes_ = choice.first;
+    impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
+    impl_->recv_slots = choice.second;
+    run();  // allocates this choice's slots and warms the links
+    const double t = run();
+    if (best == 0 || t < 0.95 * best) best = t, chosen = choice;
+  }
+  free_slots();
+  chunk_bytes_ = chosen.first;
+  impl_->slot_bytes = slot_bytes_for(chunk_bytes_);
+  impl_->recv_slots = chosen.second;
+  impl_->round = 0;
+  reset_counters();
+  for (auto& g : impl_->groups) std::fill(g.second->counters.begin(), g.second->counters.end(), CommCounters{});
+  probed_ = true;
 }
 
 size_t Communicator::buffer_bytes(int rank) const {

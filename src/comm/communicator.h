@@ -29,12 +29,23 @@
 // every peer's buffer. Elsewhere (or with CommPath::kStaged) the ring copies chunk_bytes chunks
 // into receive buffers and adds them from there. Both paths give the same bits.
 //
-// Memory: the staged reduce-scatter (and so all-reduce) receives into kRecvSlots buffers of
-// chunk_bytes per rank, from that rank's pool on its comm stream, allocated at the first reduction
-// and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The direct path
-// does not use them but allocates them all the same, because the memory plans count them without
-// knowing which path a group takes. All-gather and broadcast copy straight into the destination
-// buffers. Devices must outlive the communicator.
+// Chunking of the staged ring: at an explicit chunk size, kRecvSlots receive buffers of chunk_bytes.
+// By default (kProbeChunk) a communicator whose reductions can stage (!reduces_directly) times a
+// staged reduce-scatter of kProbeShardBytes per rank at each of kProbeChoices (1 MiB x 2, 512 KiB x
+// 4, 256 KiB x 8 slots: the same kRecvBudgetBytes) when it is created, and keeps the fastest (a
+// smaller chunk only when at least 5% faster); the others keep 1 MiB x 2. The choice changes the
+// speed only: the ring's summation order, and so every bit, is the same at any chunk size and slot
+// count, and the receive memory is kRecvBudgetBytes whichever wins. The probe's traffic is not
+// counted (counters start at zero after it) and its buffers go back to the pools before the
+// constructor returns.
+//
+// Memory: the staged reduce-scatter (and so all-reduce) receives into recv_slots() buffers of
+// chunk_bytes() per rank, from that rank's pool on its comm stream, allocated at the first staged
+// reduction and kept for the communicator's lifetime (2 MiB per rank at the default chunk). The
+// direct path needs none and allocates none, so a communicator whose every reduction is direct
+// (reduces_directly: the CPU backend always, CUDA where all its GPUs have peer access) holds no
+// receive buffers; memory plans ask reduces_directly to know which. All-gather and broadcast copy
+// straight into the destination buffers. Devices must outlive the communicator.
 //
 // Ordering: the host only enqueues. Peer copies follow the runtime's rule (copy on the source's
 // comm stream, record an event, the consumer waits on it); a rank's buffer is written by a peer
@@ -85,6 +96,7 @@
 #include <memory>
 #include <string_view>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -163,9 +175,11 @@ enum class CommPath : uint8_t { kAuto, kStaged };
 class Communicator {
  public:
   // Ranks are the given devices in order. chunk_bytes: pipeline granularity of the staged ring
-  // (and of broadcast).
+  // (and of broadcast), with kRecvSlots receive buffers; kProbeChunk: chosen by the probe (header
+  // comment) where reductions can stage, else kDefaultChunkBytes.
   static constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
-  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = kDefaultChunkBytes,
+  static constexpr size_t kProbeChunk = 0;
+  explicit Communicator(std::vector<Device*> devices, size_t chunk_bytes = kProbeChunk,
                         CommPath path = CommPath::kAuto);
   ~Communicator();
 
@@ -247,16 +261,32 @@ class Communicator {
   // root sends the buffer once, every rank but root receives it once.
   CommCounters counters(int rank) const;
   void reset_counters();
-  // Bytes of the rank's pool held as receive buffers (allocated at the first reduction, on either
-  // path).
+  // Bytes of the rank's pool held as receive buffers (allocated at the first staged reduction; 0
+  // while every reduction took the direct path).
   size_t buffer_bytes(int rank) const;
-  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something
-  // (each receive buffer is one allocation of the returned size / kRecvSlots; memory plans).
+  // What buffer_bytes() will be per rank once a world-rank communicator has reduced something on
+  // the staged path (each receive buffer is one allocation of the returned size / kRecvSlots;
+  // memory plans count it unless reduces_directly()).
   static size_t planned_buffer_bytes(int world, size_t chunk_bytes = kDefaultChunkBytes);
+  // True when every reduction of a communicator over `devices` with `path` takes the direct path
+  // in every group, so it never allocates receive buffers: path kAuto, every device can access
+  // every other's memory, and the backend has accumulate_peer for fp32, fp16 and bf16.
+  static bool reduces_directly(const std::vector<Device*>& devices, CommPath path = CommPath::kAuto);
 
-  // Receive buffers per rank for the ring reduction (double buffering: the copy of chunk j+1
-  // lands in one while chunk j is reduced from the other).
+  // Receive buffers per rank for the ring reduction at an explicit or the default chunk size
+  // (double buffering: the copy of chunk j+1 lands in one while chunk j is reduced from the other).
   static constexpr int kRecvSlots = 2;
+  // The probe's choices (chunk bytes, slots), largest chunk first; each holds kRecvBudgetBytes.
+  static constexpr size_t kRecvBudgetBytes = kRecvSlots * kDefaultChunkBytes;
+  static constexpr std::pair<size_t, int> kProbeChoices[] = {
+      {kDefaultChunkBytes, kRecvSlots}, {kDefaultChunkBytes / 2, 2 * kRecvSlots}, {kDefaultChunkBytes / 4, 4 * kRecvSlots}};
+  static constexpr int kMaxRecvSlots = 4 * kRecvSlots;
+  // Per rank and timed choice: the probe reduce-scatters world x kProbeShardBytes.
+  static constexpr size_t kProbeShardBytes = size_t{4} << 20;
+  // The staged ring's chunk size and receive slots (after the probe, when it ran); whether it ran.
+  size_t chunk_bytes() const { return chunk_bytes_; }
+  int recv_slots() const;
+  bool probed() const { return probed_; }
 
  private:
   friend class CommGroup;
@@ -269,10 +299,12 @@ class Communicator {
                  Stream* producer, std::string_view tag);
   void p2p_call(int rank, P2POp* ops, int count);
   void match(P2POp* send, P2POp* recv);
+  void probe_chunking();
 
   std::vector<Device*> devices_;
   size_t chunk_bytes_;
   CommPath path_;
+  bool probed_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

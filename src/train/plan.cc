@@ -31,6 +31,7 @@
 #include "pipeline/model_stage.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "zero/engine.h"
 
@@ -187,6 +188,7 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   dev.grads = eng.state.grads;
   dev.optimizer = eng.state.optimizer;
   dev.host = eng.host;
+  dev.host_staging = HostStaging::planned_pinned_bytes();
   dev.comm = comm;
   dev.batch = batch;
   dev.library = library;
@@ -255,10 +257,11 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     batch += norms;
     // The stage communicator's ring buffers (its engine's reductions), and with tensor parallelism
     // the world communicator's (the tensor groups' reductions run there).
-    const size_t comm = Communicator::planned_buffer_bytes(per_stage) + (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+    const size_t stage_comm = in.staged_comm ? Communicator::planned_buffer_bytes(per_stage) : 0;
+    const size_t world_comm = in.staged_comm && TP > 1 ? Communicator::planned_buffer_bytes(N) : 0;
+    const size_t comm = stage_comm + world_comm;
     for (int q = 0; q < 2 * Communicator::kRecvSlots; ++q) {
-      const size_t slot = q < Communicator::kRecvSlots ? Communicator::planned_buffer_bytes(per_stage)
-                                                       : (TP > 1 ? Communicator::planned_buffer_bytes(N) : 0);
+      const size_t slot = q < Communicator::kRecvSlots ? stage_comm : world_comm;
       if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
     }
     if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
@@ -304,7 +307,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   size_t work = eng.work;
 
   // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring
-  // receive buffers (comm stream).
+  // receive buffers (comm stream; staged reductions only).
   std::vector<Alloc> resident;
   for (size_t b : eng.resident) resident.push_back({b, false});
   const size_t ws = model->workspace_bytes(B, T);
@@ -313,7 +316,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
   const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;  // + kLossSlots (train/world.h)
   for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
-  const size_t comm = Communicator::planned_buffer_bytes(N);
+  const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
   work += resident.size();
@@ -631,6 +634,8 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   if (in.gemm_workspace)
     os << "GEMM library workspace (cuBLAS, compute stream, from the pool): " << F(in.gemm_workspace)
        << " per device, in each total\n";
+  os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
+     << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
   if (in.offload)
     os << "host (offloaded optimizer, " << static_cast<int>(in.offload_fraction * 100 + 0.5) << "% of each shard): "
        << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())
@@ -800,10 +805,13 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   in.devices = rt.size();
   in.device_memory.clear();
   in.gemm_workspace = 0;
+  std::vector<Device*> devices;
   for (int r = 0; r < rt.size(); ++r) {
     in.device_memory.push_back(rt.device(r).total_memory());
     in.gemm_workspace = std::max(in.gemm_workspace, rt.device(r).gemm_workspace_bytes());
+    devices.push_back(&rt.device(r));
   }
+  in.staged_comm = !Communicator::reduces_directly(devices);
   in.max_devices = available_devices(rt);
   return plan_memory(model, in);
 }

@@ -41,6 +41,12 @@ struct PlanInputs {
   // device's compute stream (the stream every matrix product runs on) holds from its first GEMM
   // (cuBLAS on CUDA; 0 on the CPU backend).
   size_t gemm_workspace = 0;
+  // Some device cannot access another's memory (or the backend lacks a peer accumulate): the
+  // ring's reductions stage through receive buffers (comm/communicator.h), which the plan then
+  // counts. False: every reduction takes the direct path and allocates none (the CPU backend;
+  // CUDA with peer access among all GPUs). plan_run sets it from the devices
+  // (Communicator::reduces_directly).
+  bool staged_comm = false;
 };
 
 // Bytes per device, by kind (requested sizes; the pool's rounding is `pool_overhead`).
@@ -48,7 +54,7 @@ struct DevicePlan {
   int stage = 0;  // the device's pipeline stage (0 without pipeline parallelism)
   size_t params = 0, grads = 0, optimizer = 0;
   size_t activations = 0;  // workspace(B, T) (+ the sampling workspace)
-  size_t comm = 0;         // ring receive buffers
+  size_t comm = 0;         // ring receive buffers (0 when every reduction is direct: !staged_comm)
   size_t transient = 0;    // peak live stage 2/3 gradient buckets and stage 3 gathered blocks
   size_t batch = 0;        // inputs, targets, per-block norm partials
   size_t library = 0;      // GEMM library workspace (PlanInputs::gemm_workspace)
@@ -57,6 +63,9 @@ struct DevicePlan {
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory
   size_t memory = 0;       // the device's memory
   size_t host = 0;         // pinned host bytes this device's offloaded optimizer state takes
+  // Pinned host bytes of this device's snapshot and checkpoint copies (runtime/host_staging.h),
+  // held from the first snapshot, save or restore on; not in `total` (host memory).
+  size_t host_staging = 0;
   bool fits() const { return total <= memory; }
 };
 

@@ -28,6 +28,7 @@
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "memory/host_arena.h"
+#include "runtime/host_staging.h"
 #include "optimizers/optimizers.h"
 
 namespace zt {
@@ -40,11 +41,11 @@ TensorView typed(void* p, DType t, int64_t n, int device) { return TensorView{p,
 void* at(void* base, DType t, int64_t i) { return static_cast<char*>(base) + i * static_cast<int64_t>(dtype_size(t)); }
 size_t bytes_of(int64_t n, DType t = DType::kF32) { return static_cast<size_t>(n) * dtype_size(t); }
 
-// Copies n floats of device memory at src to the host (synchronizes the stream).
-void to_host(Stream& s, float* dst, const void* src, int64_t n) {
+// Copies n floats of device memory at src to the host through the rank's pinned staging, after
+// the stream's work; returns when dst holds them.
+void to_host(HostStaging& staging, Stream& s, float* dst, const void* src, int64_t n) {
   if (n <= 0) return;
-  s.copy(dst, src, static_cast<size_t>(n) * 4);
-  s.synchronize();
+  staging.to_host(s, dst, src, static_cast<size_t>(n) * 4);
 }
 
 // The model-state kind a resident buffer counts as.
@@ -134,6 +135,8 @@ class ZeroRank final : public ParamAccess {
   void mark_overflow() { ops::fill(compute_, f32(flags.as<float>(), 1, idx()), 1.0f); }
   ModelStateBytes model_state_bytes() const;
   size_t host_peak_bytes() const { return arena_ ? arena_->peak() : 0; }
+  size_t host_staging_bytes() const { return staging_.pinned_bytes(); }
+  HostStaging& staging() { return staging_; }
   double host_update_seconds() const { return host_seconds_.load(); }
   // This rank's accumulated gradient shard of block b, widened to fp32 on the host.
   std::vector<float> gradient_shard_to_host(int b);
@@ -188,6 +191,9 @@ class ZeroRank final : public ParamAccess {
   Stream& compute_;
   Stream& comm_;
   std::unique_ptr<Event> comm_done_, compute_done_;
+  // Pinned buffers of this rank's state export and import (snapshots, checkpoint saves, restores);
+  // after d_, which it is built from.
+  HostStaging staging_{d_};
   // Multi-tensor lists of this rank's optimizer segments and gradient shards (host and device
   // copies), built on first use from the resident buffers; rebuilt when those change.
   std::vector<optim::OptimizerSegment> opt_segs_;
@@ -903,8 +909,8 @@ std::vector<float> ZeroRank::moments_to_host(int b) {
     std::memcpy(out.data(), blk.h_m.data(), bytes_of(nh));
     if (adamw) std::memcpy(out.data() + n, blk.h_v.data(), bytes_of(nh));
   }
-  to_host(compute_, out.data() + nh, blk.m.as<float>() + off, n - nh);
-  if (adamw) to_host(compute_, out.data() + n + nh, blk.v.as<float>() + off, n - nh);
+  to_host(staging_, compute_, out.data() + nh, blk.m.as<float>() + off, n - nh);
+  if (adamw) to_host(staging_, compute_, out.data() + n + nh, blk.v.as<float>() + off, n - nh);
   return out;
 }
 
@@ -927,13 +933,13 @@ void ZeroRank::state_to_host(int b, float* master, float* m, float* v, void* wor
   const size_t fb = bytes_of(n - nh);
   if (fb > 0) {
     if (e_.mixed())
-      compute_.copy(master + nh, blk.master.as<float>() + off, fb);
+      staging_.to_host(compute_, master + nh, blk.master.as<float>() + off, fb);
     else
-      compute_.copy(master + nh, blk.params.as<float>() + poff + nh, fb);
-    compute_.copy(m + nh, blk.m.as<float>() + off, fb);
-    if (v && !e_.opt.sgd) compute_.copy(v + nh, blk.v.as<float>() + off, fb);
+      staging_.to_host(compute_, master + nh, blk.params.as<float>() + poff + nh, fb);
+    staging_.to_host(compute_, m + nh, blk.m.as<float>() + off, fb);
+    if (v && !e_.opt.sgd) staging_.to_host(compute_, v + nh, blk.v.as<float>() + off, fb);
   }
-  if (working && e_.mixed()) compute_.copy(working, at(blk.params.data(), W, poff), bytes_of(n, W));
+  if (working && e_.mixed()) staging_.to_host(compute_, working, at(blk.params.data(), W, poff), bytes_of(n, W));
   compute_.synchronize();
 }
 
@@ -952,12 +958,13 @@ void ZeroRank::load_state(int b, const float* master_full, const float* m, const
   const int64_t plo = policy_.shard_params ? blk.shard.begin : 0, phi = policy_.shard_params ? blk.shard.end : blk.numel;
   if (phi > plo) {
     if (working_full && e_.mixed()) {
-      s.copy(blk.params.data(), static_cast<const char*>(working_full) + plo * w, static_cast<size_t>((phi - plo) * w));
+      staging_.to_device(s, blk.params.data(), static_cast<const char*>(working_full) + plo * w,
+                         static_cast<size_t>((phi - plo) * w));
     } else if (!e_.mixed()) {
-      s.copy(blk.params.data(), master_full + plo, bytes_of(phi - plo));
+      staging_.to_device(s, blk.params.data(), master_full + plo, bytes_of(phi - plo));
     } else {
       DeviceBuffer tmp(d_.memory(), bytes_of(phi - plo), s, "load staging");
-      s.copy(tmp.data(), master_full + plo, bytes_of(phi - plo));
+      staging_.to_device(s, tmp.data(), master_full + plo, bytes_of(phi - plo));
       ops::cast(s, typed(blk.params.data(), W, phi - plo, idx()), f32(tmp.as<float>(), phi - plo, idx()));
       d_.memory().record_stream(tmp.data(), s);
     }
@@ -976,9 +983,9 @@ void ZeroRank::load_state(int b, const float* master_full, const float* m, const
     }
   }
   if (n > nh) {
-    if (e_.mixed()) s.copy(blk.master.data(), master_full + lo + nh, bytes_of(n - nh));
-    s.copy(blk.m.data(), m + nh, bytes_of(n - nh));
-    if (!e_.opt.sgd) s.copy(blk.v.data(), v + nh, bytes_of(n - nh));
+    if (e_.mixed()) staging_.to_device(s, blk.master.data(), master_full + lo + nh, bytes_of(n - nh));
+    staging_.to_device(s, blk.m.data(), m + nh, bytes_of(n - nh));
+    if (!e_.opt.sgd) staging_.to_device(s, blk.v.data(), v + nh, bytes_of(n - nh));
   }
   refresh_host_working(blk);
   s.synchronize();
@@ -1005,7 +1012,7 @@ std::vector<float> ZeroRank::gradient_shard_to_host(int b) {
   if (n == 0) return g;
   DeviceBuffer tmp(d_.memory(), bytes_of(n), compute_, "host staging");
   ops::cast(compute_, f32(tmp.as<float>(), n, idx()), typed(accumulator(blk), e_.opt.working, n, idx()));
-  to_host(compute_, g.data(), tmp.data(), n);
+  to_host(staging_, compute_, g.data(), tmp.data(), n);
   return g;
 }
 
@@ -1099,6 +1106,7 @@ void ZeroEngine::set_loss_scale_state(int rank, const optim::LossScaleState& st)
 optim::LossScaleState ZeroEngine::loss_scale_state(int rank) { return impl_->rank(rank).loss_scale_state(); }
 ModelStateBytes ZeroEngine::model_state_bytes(int rank) const { return impl_->rank(rank).model_state_bytes(); }
 size_t ZeroEngine::host_peak_bytes(int rank) const { return impl_->rank(rank).host_peak_bytes(); }
+size_t ZeroEngine::host_staging_bytes(int rank) const { return impl_->rank(rank).host_staging_bytes(); }
 double ZeroEngine::host_update_seconds(int rank) const { return impl_->rank(rank).host_update_seconds(); }
 void ZeroEngine::state_to_host(int rank, int block, float* master, float* m, float* v, void* working) {
   impl_->rank(rank).state_to_host(block, master, m, v, working);
@@ -1139,7 +1147,7 @@ std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
     const int idx = R.device().index();
     DeviceBuffer tmp(R.device().memory(), bytes_of(n), s, "host staging");
     ops::cast(s, f32(tmp.as<float>(), n, idx), typed(R.block(block).params.data(), W, n, idx));
-    to_host(s, out.data() + at_out, tmp.data(), n);
+    to_host(R.staging(), s, out.data() + at_out, tmp.data(), n);
   };
   if (!impl_->policy.shard_params) {
     fetch(ranks[0], static_cast<int64_t>(out.size()), 0);
@@ -1160,14 +1168,15 @@ std::vector<float> ZeroEngine::master_to_host(int block, int tensor) {
   const Block& b0 = impl_->rank(ranks[0]).block(block);
   std::vector<float> out(static_cast<size_t>(b0.numel));
   if (!impl_->policy.shard_optimizer) {
-    to_host(impl_->rank(ranks[0]).compute_stream(), out.data(), b0.master.data(), b0.numel);
+    to_host(impl_->rank(ranks[0]).staging(), impl_->rank(ranks[0]).compute_stream(), out.data(), b0.master.data(), b0.numel);
     return out;
   }
   for (int r : ranks) {
     const Block& blk = impl_->rank(r).block(block);
     const int64_t n = blk.shard.size(), nh = std::min(blk.off, std::max<int64_t>(n, 0));  // offloaded: [0, nh) on the host
     if (nh > 0) std::memcpy(out.data() + blk.shard.begin, blk.h_master.data(), bytes_of(nh));
-    to_host(impl_->rank(r).compute_stream(), out.data() + blk.shard.begin + nh, blk.master.data(), n - nh);
+    to_host(impl_->rank(r).staging(), impl_->rank(r).compute_stream(), out.data() + blk.shard.begin + nh, blk.master.data(),
+            n - nh);
   }
   return out;
 }

@@ -261,6 +261,9 @@ class ZeroEngine {
   ModelStateBytes model_state_bytes(int rank) const;
   // Offload: the peak of rank's host-arena bytes (0 without offload).
   size_t host_peak_bytes(int rank) const;
+  // Pinned host bytes rank's state export and import hold (runtime/host_staging.h): 0 until the
+  // first state_to_host or load_state, HostStaging::planned_pinned_bytes() after.
+  size_t host_staging_bytes(int rank) const;
   // Offload: host-clock seconds the last optimizer_step's host update took on rank (the time the
   // rank's compute stream waited for it); 0 without offload.
   double host_update_seconds(int rank) const;

@@ -80,9 +80,9 @@ struct Result {
 // Every rank's whole buffer after `op` on `path`, from inputs x (all-gather: each rank's own shard
 // only, the rest NaN-poisoned so an unwritten element fails the compare).
 Result run(Runtime& rt, int world, DType t, int64_t shard, CommPath path, Op op,
-           const std::vector<std::vector<float>>& x) {
+           const std::vector<std::vector<float>>& x, size_t chunk_bytes = kSmallChunk) {
   auto devs = first_devices(rt, world);
-  Communicator comm(devs, kSmallChunk, path);
+  Communicator comm(devs, chunk_bytes, path);
   RankBuffers b(devs, t, shard * world);
   if (op == Op::kAllGather) {
     b.poison();
@@ -139,9 +139,9 @@ TEST(CommDirect, SameBitsAsTheStagedRingForEveryCollective) {
           EXPECT_EQ(staged.accumulate_peer, 0) << what;
           EXPECT_EQ(staged.accumulate, reduces ? steps * chunks : 0) << what;
           EXPECT_EQ(staged.copy_peer, (reduces + gathers) * steps * chunks) << what;
-          // Reductions hold the planned receive buffers on both paths (the plans count them).
+          // Only the staged reductions hold receive buffers, as many as the plans count.
           const size_t planned = reduces ? Communicator::planned_buffer_bytes(world, kSmallChunk) : 0;
-          EXPECT_EQ(direct.buffer_bytes, planned) << what;
+          EXPECT_EQ(direct.buffer_bytes, 0u) << what;
           EXPECT_EQ(staged.buffer_bytes, planned) << what;
           if (op != Op::kAllReduce) continue;
           for (int r = 0; r < world; ++r)
@@ -170,12 +170,64 @@ TEST(CommDirect, BackendWithoutPeerAccumulateStagesTheReduction) {
       fallback = run(*rt, world, t, shard, CommPath::kAuto, Op::kAllReduce, x);
     }
     ASSERT_EQ(direct.bits, fallback.bits) << dtype_name(t);
+    // What the memory plans ask: only the staged reduction allocates receive buffers.
+    EXPECT_EQ(direct.buffer_bytes, 0u) << dtype_name(t);
+    EXPECT_EQ(fallback.buffer_bytes, Communicator::planned_buffer_bytes(world, kSmallChunk)) << dtype_name(t);
     EXPECT_EQ(direct.accumulate_peer, world * (world - 1)) << dtype_name(t);
     EXPECT_EQ(fallback.accumulate_peer, 0) << dtype_name(t);
     EXPECT_GT(fallback.accumulate, 0) << dtype_name(t);
     // The gather half copies whole shards into the peers either way: one copy per rank and step.
     const int chunks = static_cast<int>((shard * static_cast<int64_t>(dtype_size(t)) + kSmallChunk - 1) / kSmallChunk);
     EXPECT_EQ(fallback.copy_peer, world * (world - 1) * (chunks + 1)) << dtype_name(t);
+  }
+}
+
+// Communicator::reduces_directly, which the memory plans read: the CPU backend's devices always
+// reduce directly, unless the ring is forced or the backend lacks the peer accumulate.
+TEST(CommDirect, ReducesDirectlyTellsThePlansWhetherReceiveBuffersExist) {
+  auto rt = Runtime::create_cpu(3);
+  const auto devs = first_devices(*rt, 3);
+  EXPECT_TRUE(Communicator::reduces_directly(devs));
+  EXPECT_TRUE(Communicator::reduces_directly(first_devices(*rt, 1)));
+  EXPECT_FALSE(Communicator::reduces_directly(devs, CommPath::kStaged));
+  OpTable table = cpu_op_table();
+  table.accumulate_peer = nullptr;
+  ScopedOpTable scoped(Backend::kCpu, &table);
+  EXPECT_FALSE(Communicator::reduces_directly(devs));
+}
+
+// The staged ring's chunking chosen by the probe (comm/communicator.h): only where reductions can
+// stage, one of the choices, each of which holds the planned receive memory, nothing of the probe
+// counted, and the bits of any other chunk size (here 128 KiB, none of the choices).
+TEST(CommDirect, ProbeChoosesAChunkingThatChangesNeitherBitsNorMemory) {
+  auto rt = Runtime::create_cpu(3);
+  const auto devs = first_devices(*rt, 3);
+  const Communicator direct(devs);
+  EXPECT_FALSE(direct.probed());
+  EXPECT_EQ(direct.chunk_bytes(), Communicator::kDefaultChunkBytes);
+  EXPECT_EQ(direct.recv_slots(), Communicator::kRecvSlots);
+  EXPECT_FALSE(Communicator(devs, Communicator::kDefaultChunkBytes, CommPath::kStaged).probed());
+  const Communicator probed(devs, Communicator::kProbeChunk, CommPath::kStaged);
+  EXPECT_TRUE(probed.probed());
+  bool known = false;
+  for (const auto& [chunk, slots] : Communicator::kProbeChoices)
+    known = known || (chunk == probed.chunk_bytes() && slots == probed.recv_slots());
+  EXPECT_TRUE(known) << probed.chunk_bytes() << " bytes x " << probed.recv_slots();
+  EXPECT_EQ(probed.chunk_bytes() * static_cast<size_t>(probed.recv_slots()), Communicator::kRecvBudgetBytes);
+  EXPECT_EQ(Communicator::planned_buffer_bytes(3, Communicator::kProbeChunk), Communicator::planned_buffer_bytes(3));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(probed.counters(r).bytes_sent, 0u);
+    EXPECT_EQ(probed.counters(r).collectives, 0u);
+    EXPECT_EQ(probed.buffer_bytes(r), 0u);
+  }
+  std::mt19937 rng(5);
+  const int64_t shard = 100003;  // 391 KiB of fp32: several chunks at every choice
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const auto x = random_inputs(t, 3, shard * 3, rng);
+    const Result a = run(*rt, 3, t, shard, CommPath::kStaged, Op::kAllReduce, x, Communicator::kProbeChunk);
+    const Result b = run(*rt, 3, t, shard, CommPath::kStaged, Op::kAllReduce, x, Communicator::kDefaultChunkBytes / 8);
+    ASSERT_EQ(a.bits, b.bits) << dtype_name(t);
+    EXPECT_EQ(a.buffer_bytes, Communicator::planned_buffer_bytes(3, Communicator::kProbeChunk)) << dtype_name(t);
   }
 }
 

@@ -6,9 +6,11 @@
 
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -226,6 +228,27 @@ TEST(Plan, CountsTheGemmWorkspaceOfEachDevice) {
   }
   auto rt = Runtime::create_cpu(2);
   EXPECT_EQ(plan_run(mc, *rt, inputs_of(short_run("gpt-tiny", o, 2, 2), 2)).inputs.gemm_workspace, 0u);
+}
+
+// The ring's receive buffers exist only where reductions stage (comm/communicator.h): the CPU
+// backend's devices reduce directly, so plan_run counts none there; staged, each device holds the
+// communicator's planned slots on its comm stream, and the predicted peak grows by them.
+TEST(Plan, CountsRingReceiveBuffersOnlyWhereReductionsStage) {
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  const PlanInputs in = inputs_of(short_run("gpt-tiny", {}, 2, 2), 2);
+  auto rt = Runtime::create_cpu(2);
+  const MemoryPlan direct = plan_run(mc, *rt, in);
+  EXPECT_FALSE(direct.inputs.staged_comm);
+  PlanInputs staged_in = in;
+  staged_in.staged_comm = true;
+  const MemoryPlan staged = plan_memory_only(mc, staged_in);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(direct.per_device[static_cast<size_t>(d)].comm, 0u);
+    EXPECT_EQ(direct.per_device[static_cast<size_t>(d)].host_staging, HostStaging::planned_pinned_bytes());
+    EXPECT_EQ(staged.per_device[static_cast<size_t>(d)].comm, Communicator::planned_buffer_bytes(2));
+    EXPECT_EQ(staged.per_device[static_cast<size_t>(d)].peak_allocated,
+              direct.per_device[static_cast<size_t>(d)].peak_allocated + Communicator::planned_buffer_bytes(2));
+  }
 }
 
 TEST(Plan, SuggestsASmallerMicroBatchWhenStagesDoNotHelp) {

@@ -17,6 +17,7 @@
 #include "comm/mesh.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "train/world.h"
 #include "zero/engine.h"
@@ -94,10 +95,10 @@ struct Poke {
 // per rank, every micro-batch's forward and backward, the gradient check, then the update.
 class EngineRun {
  public:
-  EngineRun(const ModelConfig& mc, int devices, const ZeroOptions& opt)
+  EngineRun(const ModelConfig& mc, int devices, const ZeroOptions& opt, CommPath path = CommPath::kAuto)
       : mc_(mc), model_(make_model(mc)), rt_(Runtime::create_cpu(devices)), mesh_({.data = devices / opt.tensor, .tensor = opt.tensor}, devices) {
     for (int r = 0; r < devices; ++r) devs_.push_back(&rt_->device(r));
-    comm_ = std::make_unique<Communicator>(devs_);
+    comm_ = std::make_unique<Communicator>(devs_, Communicator::kDefaultChunkBytes, path);
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, opt);
     const int T = mc.kind == ModelKind::kGpt ? mc.seq_len : 1;
     const size_t in = static_cast<size_t>(kRows) * static_cast<size_t>(mc.kind == ModelKind::kGpt ? T : mc.input_dim) * 4;
@@ -116,6 +117,7 @@ class EngineRun {
   const Model& model() const { return *model_; }
   const Mesh& mesh() const { return mesh_; }
   Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
+  const std::vector<Device*>& devices() const { return devs_; }
   int size() const { return static_cast<int>(devs_.size()); }
   size_t extra_resident(int r) const {  // what this harness keeps besides the engine (pool blocks)
     const PerRank& R = ranks_[static_cast<size_t>(r)];
@@ -458,13 +460,15 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
         for (int role = 0; role < kNumBufferRoles; ++role) EXPECT_EQ(a.role[role], e.role[role]) << "block " << b;
       }
     }
+  // The direct path allocates no receive buffers; the staged one its planned slots per rank.
+  for (CommPath path : {CommPath::kAuto, CommPath::kStaged})
   for (auto [stage, w] : {std::pair{3, DType::kBF16}, std::pair{1, DType::kF32}}) {
     Case c;
     c.mc = mc;
     c.stage = stage;
     c.working = w;
-    SCOPED_TRACE(describe(c));
-    EngineRun run(mc, 4, options(c, 2));
+    SCOPED_TRACE(describe(c) + (path == CommPath::kStaged ? ", staged ring" : ", direct path"));
+    EngineRun run(mc, 4, options(c, 2), path);
     run.load([&](int t) { return make_params(run.model(), t); });
     for (int r = 0; r < 4; ++r) run.device(r).memory().reset_peak_stats();  // not the load's staging
     const float dloss = 1.0f / static_cast<float>(kRows * kMicro * 2 * mc.seq_len);
@@ -474,12 +478,24 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
       size_t predicted = run.extra_resident(r);
       for (size_t b : plan.resident) predicted += pool_rounded_size(b);
       for (const PlannedBuffer& b : plan.train_peak) predicted += pool_rounded_size(b.bytes);
-      for (int q = 0; q < Communicator::kRecvSlots; ++q)
-        predicted += pool_rounded_size(Communicator::planned_buffer_bytes(4) / Communicator::kRecvSlots);
+      // The CPU backend's reductions are direct (no receive buffers) unless the ring is forced.
+      const bool direct = Communicator::reduces_directly(run.devices(), path);
+      EXPECT_EQ(direct, path == CommPath::kAuto);
+      const size_t comm = direct ? 0 : Communicator::planned_buffer_bytes(4);
+      EXPECT_EQ(run.comm().buffer_bytes(r), comm);
+      for (int q = 0; q < Communicator::kRecvSlots && comm; ++q)
+        predicted += pool_rounded_size(comm / Communicator::kRecvSlots);
       const double measured = static_cast<double>(run.device(r).memory().stats().peak_allocated_bytes);
       EXPECT_NEAR(static_cast<double>(predicted) / measured, 1.0, 0.05) << "rank " << r << ": predicted " << predicted
                                                                          << ", measured " << measured;
       EXPECT_EQ(run.engine().model_state_bytes(r).total(), plan.state.total());
+      // Host memory: the pinned staging of state export appears at the first export, as planned.
+      EXPECT_EQ(run.engine().host_staging_bytes(r), 0u);
+      const ShardRange sh = run.engine().shard_of(r, 0);
+      std::vector<float> master(static_cast<size_t>(sh.size())), m(master.size()), v(master.size());
+      std::vector<uint8_t> working(master.size() * dtype_size(w));
+      run.engine().state_to_host(r, 0, master.data(), m.data(), v.data(), working.data());
+      EXPECT_EQ(run.engine().host_staging_bytes(r), HostStaging::planned_pinned_bytes());
     }
   }
 }
