@@ -34,7 +34,7 @@ namespace zt {
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
-// loss_scale_update {}; every other op {f32}.
+// loss_scale_update {}; residual_layernorm_forward {activation dtype}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -72,7 +72,8 @@ namespace zt {
   X(kRowMax, row_max)                                          \
   X(kVocabPartials, vocab_partials)                            \
   X(kVocabLossGrad, vocab_loss_grad)                           \
-  X(kReduceSlices, reduce_slices)
+  X(kReduceSlices, reduce_slices)                              \
+  X(kResidualLayernormForward, residual_layernorm_forward)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -115,8 +116,10 @@ struct OpTable {
                              int64_t N, int64_t C) = nullptr;
   void (*matmul_forward)(Stream&, float* out, const float* in, const float* weight, const float* bias,
                          int64_t N, int64_t C, int64_t OC) = nullptr;
+  // overwrite_din: din = dout @ weight instead of += (ops.h matmul_backward).
   void (*matmul_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
-                          const float* in, const float* weight, int64_t N, int64_t C, int64_t OC) = nullptr;
+                          const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
+                          bool overwrite_din) = nullptr;
   void (*bias_forward)(Stream&, float* x, const float* bias, int64_t N, int64_t C) = nullptr;
   void (*bias_backward)(Stream&, float* dbias, const float* dout, int64_t N, int64_t C) = nullptr;
   void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
@@ -173,6 +176,11 @@ struct OpTable {
                         int num_out, float* found_inf) = nullptr;
   void (*loss_scale_update)(Stream&, optim::LossScaleState* state, const float* found_inf,
                             const optim::LossScaleConfig& c) = nullptr;
+  // residual_out, ln_out, a, b: `act` (f32/f16/bf16, the dtypes supports_op accepted); weight,
+  // bias, mean, rstd fp32 (ops.h residual_layernorm_forward).
+  void (*residual_layernorm_forward)(Stream&, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                     const void* a, const void* b, DType act, const float* weight,
+                                     const float* bias, int64_t N, int64_t C, float eps) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

@@ -39,13 +39,20 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
 void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
+// bit for bit add followed by layernorm_forward (kernels/ops.h).
+void residual_layernorm_forward(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                const void* b, DType act, const float* weight, const float* bias, int64_t N,
+                                int64_t C, float eps);
 
 // ---- matmul (bias / din / dbias may be nullptr) ------------------------------------------------
 // tf32: the device's MathMode::tf32 when the op was enqueued (both GEMM inputs rounded to TF32).
 void matmul_forward(float* out, const float* in, const float* weight, const float* bias, int64_t N,
                     int64_t C, int64_t OC, bool tf32 = false);
+// overwrite_din: din = dout @ weight (beta 0) instead of +=.
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32 = false,
+                     bool overwrite_din = false);
 
 // x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
 void bias_forward(float* x, const float* bias, int64_t N, int64_t C);

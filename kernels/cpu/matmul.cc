@@ -62,13 +62,13 @@ void matmul_forward(float* out, const float* in, const float* weight, const floa
 }
 
 void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32) {
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool tf32, bool overwrite_din) {
   const bool products = din != nullptr || dweight != nullptr;
   const GemmInput g(dout, products ? N * OC : 0, tf32);
-  // din[N,C] += dout[N,OC] @ weight[OC,C]
+  // din[N,C] += dout[N,OC] @ weight[OC,C] (= with overwrite_din)
   if (din != nullptr) {
     const GemmInput w(weight, OC * C, tf32);
-    detail::sgemm(false, false, N, C, OC, 1.0f, g.get(), OC, w.get(), C, 1.0f, din, C);
+    detail::sgemm(false, false, N, C, OC, 1.0f, g.get(), OC, w.get(), C, overwrite_din ? 0.0f : 1.0f, din, C);
   }
   // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
   if (dweight != nullptr) {

@@ -40,10 +40,10 @@ OpTable make_cpu_table() {
     cpu::enqueue(s, [=] { cpu_kernels::matmul_forward(out, in, weight, bias, N, C, OC, tf32); }, "matmul_forward");
   };
   t.matmul_backward = [](Stream& s, float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                         const float* weight, int64_t N, int64_t C, int64_t OC) {
+                         const float* weight, int64_t N, int64_t C, int64_t OC, bool overwrite_din) {
     const bool tf32 = s.device().math_mode().tf32;
     cpu::enqueue(
-        s, [=] { cpu_kernels::matmul_backward(din, dweight, dbias, dout, in, weight, N, C, OC, tf32); },
+        s, [=] { cpu_kernels::matmul_backward(din, dweight, dbias, dout, in, weight, N, C, OC, tf32, overwrite_din); },
         "matmul_backward");
   };
   ZT_CPU_ENTRY(cpu_kernels, attention_forward);
@@ -68,6 +68,7 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, vocab_loss_grad);
   ZT_CPU_ENTRY(cpu_kernels, reduce_slices);
   ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
+  ZT_CPU_ENTRY(cpu_kernels, residual_layernorm_forward);
 
   // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
   t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,

@@ -18,7 +18,6 @@
 namespace zt::cuda_ops {
 namespace {
 
-using detail::kColumnSumRows;
 using detail::kWarpSize;
 
 int to_int(int64_t v, const char* what) {
@@ -60,20 +59,6 @@ __global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict
        i += stride) {
     out[i] += bias[i % OC];
   }
-}
-
-// dbias[OC] += sum over rows of dout[N,OC]. Block (32, kColumnSumRows), grid ceil(OC/32).
-__global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    bias_grad_kernel(float* __restrict__ dbias, const float* __restrict__ dout,
-                                 int64_t N, int64_t OC) {
-  __shared__ detail::ColumnTile tile;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
-  double acc = 0.0;
-  if (col < OC) {
-    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) acc += dout[row * OC + col];
-  }
-  const double total = detail::column_tree_sum(acc, tile);
-  if (threadIdx.y == 0 && col < OC) dbias[col] += static_cast<float>(total);
 }
 
 // ---- attention helpers ------------------------------------------------------------------------
@@ -146,23 +131,19 @@ void matmul_forward(void* stream, float* out, const float* in, const float* weig
 
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
                      const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     bool tf32) {
+                     bool overwrite_din, bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   if (din != nullptr) {
-    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N]
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32);
+    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N] (= with overwrite_din)
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, overwrite_din ? 0.0f : 1.0f, din, C,
+         tf32);
   }
   if (dweight != nullptr) {
     // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
     gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32);
   }
-  if (dbias != nullptr) {
-    const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);
-    bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout,
-                                                                                     N, OC);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
+  if (dbias != nullptr) detail::add_column_sums(scope.stream(), dbias, dout, N, OC);
 }
 
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
@@ -173,12 +154,10 @@ void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t 
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-// matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
+// matmul_backward's dbias reduction (detail::add_column_sums): the same bits (ops.h).
 void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
-  const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
-  bias_grad_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0, scope.stream()>>>(dbias, dout, N, C);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  detail::add_column_sums(scope.stream(), dbias, dout, N, C);
 }
 
 // ---- attention ------------------------------------------------------------------------------

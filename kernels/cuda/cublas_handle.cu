@@ -20,6 +20,7 @@ class CublasResource final : public cuda::StreamResource {
     const size_t bytes = stream.device().gemm_workspace_bytes();
     // Allocated on this stream and only used by it: the pool's stream rules need no event.
     workspace_ = pool_.allocate(bytes, stream, "cuBLAS workspace");
+    bytes_ = bytes;
     try {
       ZT_CUBLAS_CHECK(cublasCreate(&handle_));
       // cublasSetStream resets the workspace to cuBLAS's default pool: set the stream first.
@@ -38,6 +39,8 @@ class CublasResource final : public cuda::StreamResource {
   CublasResource& operator=(const CublasResource&) = delete;
 
   cublasHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return bytes_; }
 
  private:
   void release() noexcept {
@@ -55,6 +58,7 @@ class CublasResource final : public cuda::StreamResource {
 
   CachingAllocator& pool_;
   void* workspace_ = nullptr;
+  size_t bytes_ = 0;
   cublasHandle_t handle_ = nullptr;
 };
 
@@ -79,6 +83,14 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
 cublasHandle_t cublas_handle(cudaStream_t stream) {
   auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
   return r.handle();
+}
+
+void* stream_workspace(cudaStream_t stream, size_t* bytes) {
+  auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
+  ZT_CHECK(r.workspace() != nullptr && r.workspace_bytes() >= kMinStreamWorkspace, "the stream's cuBLAS workspace holds ",
+           r.workspace_bytes(), " bytes, fewer than the ", kMinStreamWorkspace, " its kernels may use as scratch");
+  *bytes = r.workspace_bytes();
+  return r.workspace();
 }
 
 }  // namespace zt::cuda_ops::detail

@@ -56,6 +56,11 @@ void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const
 void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
+// layernorm_forward's kernel and arithmetic, so bit for bit add followed by layernorm_forward.
+void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                const void* a, const void* b, DType act, const float* weight, const float* bias,
+                                int64_t N, int64_t C, float eps);
 
 // ---- matmul: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC]; bias may be nullptr ----------
 // tf32: the GEMMs run on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), else in true fp32.
@@ -63,9 +68,10 @@ void matmul_forward(void* stream, float* out, const float* in, const float* weig
                     const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 // din[N,C] += dout @ weight (skipped when din == nullptr: the first layer of a model);
 // dweight[OC,C] += dout^T @ in; dbias[OC] += sum_rows(dout) (skipped when dbias == nullptr).
+// overwrite_din: din = dout @ weight (beta 0) instead of +=.
 void matmul_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
                      const float* in, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     bool tf32 = false);
+                     bool overwrite_din, bool tf32 = false);
 
 // x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with matmul_backward's dbias kernel (same bits).
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);

@@ -77,6 +77,7 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
   ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
   ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
+  ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
 
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");
