@@ -66,9 +66,27 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&x)[detail::Pack<
   }
 }
 
+// A lane's chunks in its order: kCached keeps them in registers (v[i] for the i-th chunk, rows of up
+// to kCachedLaneChunks * 32 chunks: C <= 1024 in fp32, 2048 in 16 bits), so the row is read from
+// memory once; otherwise one slot is reused and later passes read the row again (from cache).
+constexpr int kCachedLaneChunks = 8;
+template <bool kCached, int kN, typename F>
+__device__ __forceinline__ void for_lane_chunks(float (&v)[kCached ? kCachedLaneChunks : 1][kN], int lane,
+                                                int64_t chunks, F&& f) {
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kCachedLaneChunks; ++i) {
+      const int64_t j = lane + int64_t{i} * kWarpSize;
+      if (j < chunks) f(v[i], j);
+    }
+  } else {
+    for (int64_t j = lane; j < chunks; j += kWarpSize) f(v[0], j);
+  }
+}
+
 // kResidual: residual = round_T(a + b) is written first (a, b and residual may alias: each element
 // is read by the lane that writes it) and normalised; else the rows of `a` are. out aliases nothing.
-template <typename T, bool kResidual>
+template <typename T, bool kResidual, bool kCached>
 __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
                                       T* residual, const T* a, const T* b, const float* __restrict__ weight,
                                       const float* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec) {
@@ -79,57 +97,75 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
        row < N; row += warps_total) {
     const T* x = kResidual ? residual + row * C : a + row * C;
-    float v[kN];
+    (void)x;  // unread when every pass finds the row in registers
+    float v[kCached ? kCachedLaneChunks : 1][kN];
+    auto count_of = [C](int64_t c0) { return static_cast<int>(C - c0 < kN ? C - c0 : kN); };
     double s = 0.0;
-    for (int64_t j = lane; j < chunks; j += kWarpSize) {
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
-      const int count = static_cast<int>(C - c0 < kN ? C - c0 : kN);
+      const int count = count_of(c0);
       if constexpr (kResidual) {
         float u[kN];
-        load_chunk<T>(v, a + row * C, c0, count, vec);
+        load_chunk<T>(e, a + row * C, c0, count, vec);
         load_chunk<T>(u, b + row * C, c0, count, vec);
         // add's expression, then the value as stored (the statistics read the rounded residual).
 #pragma unroll
-        for (int k = 0; k < kN; ++k) v[k] = to_float(from_float<T>(v[k] + u[k]));
-        store_chunk<T>(residual + row * C, v, c0, count, vec);
+        for (int k = 0; k < kN; ++k) e[k] = to_float(from_float<T>(e[k] + u[k]));
+        store_chunk<T>(residual + row * C, e, c0, count, vec);
       } else {
-        load_chunk<T>(v, x, c0, count, vec);
+        load_chunk<T>(e, x, c0, count, vec);
       }
 #pragma unroll
       for (int k = 0; k < kN; ++k)
-        if (k < count) s += v[k];
-    }
+        if (k < count) s += e[k];
+    });
     const double md = detail::warp_sum(s) / static_cast<double>(C);
     // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
     double q = 0.0;
-    for (int64_t j = lane; j < chunks; j += kWarpSize) {
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
-      const int count = static_cast<int>(C - c0 < kN ? C - c0 : kN);
-      load_chunk<T>(v, x, c0, count, vec);
+      const int count = count_of(c0);
+      if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
-        const double d = v[k] - md;
+        const double d = e[k] - md;
         if (k < count) q += d * d;
       }
-    }
+    });
     const double var = detail::warp_sum(q) / static_cast<double>(C);
     const float m = static_cast<float>(md);
     const float r = static_cast<float>(1.0 / sqrt(var + eps));
     T* y = out + row * C;
-    for (int64_t j = lane; j < chunks; j += kWarpSize) {
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
-      const int count = static_cast<int>(C - c0 < kN ? C - c0 : kN);
-      load_chunk<T>(v, x, c0, count, vec);
+      const int count = count_of(c0);
+      if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
 #pragma unroll
       for (int k = 0; k < kN; ++k)
-        if (k < count) v[k] = (v[k] - m) * r * weight[c0 + k] + bias[c0 + k];
-      store_chunk<T>(y, v, c0, count, vec);
-    }
+        if (k < count) e[k] = (e[k] - m) * r * weight[c0 + k] + bias[c0 + k];
+      store_chunk<T>(y, e, c0, count, vec);
+    });
     if (lane == 0) {
       if (mean != nullptr) mean[row] = m;
       if (rstd != nullptr) rstd[row] = r;
     }
   }
+}
+
+// Launches the row kernel, registers-cached when the row fits (the same bits either way).
+template <typename T, bool kResidual>
+void launch_layernorm_rows(cudaStream_t stream, T* out, float* mean, float* rstd, T* residual, const T* a,
+                           const T* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                           bool vec) {
+  const bool cached = (C + detail::Pack<T>::kN - 1) / detail::Pack<T>::kN <= int64_t{kCachedLaneChunks} * kWarpSize;
+  if (cached) {
+    layernorm_rows_kernel<T, kResidual, true><<<row_grid(N), kRowBlock, 0, stream>>>(
+        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+  } else {
+    layernorm_rows_kernel<T, kResidual, false><<<row_grid(N), kRowBlock, 0, stream>>>(
+        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+  }
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout.
@@ -448,9 +484,8 @@ void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const
                        const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
   detail::LaunchScope scope(stream);
   const bool vec = C % detail::Pack<float>::kN == 0 && detail::is_aligned16(out) && detail::is_aligned16(in);
-  layernorm_rows_kernel<float, false><<<row_grid(N), kRowBlock, 0, scope.stream()>>>(
-      out, mean, rstd, nullptr, in, nullptr, weight, bias, N, C, eps, vec);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_layernorm_rows<float, false>(scope.stream(), out, mean, rstd, nullptr, in, nullptr, weight, bias, N, C,
+                                      eps, vec);
 }
 
 namespace {
@@ -460,10 +495,8 @@ void launch_residual_layernorm(cudaStream_t stream, void* residual_out, void* ln
                                int64_t C, float eps) {
   const bool vec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(residual_out) &&
                    detail::is_aligned16(ln_out) && detail::is_aligned16(a) && detail::is_aligned16(b);
-  layernorm_rows_kernel<T, true><<<row_grid(N), kRowBlock, 0, stream>>>(
-      static_cast<T*>(ln_out), mean, rstd, static_cast<T*>(residual_out), static_cast<const T*>(a),
-      static_cast<const T*>(b), weight, bias, N, C, eps, vec);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_layernorm_rows<T, true>(stream, static_cast<T*>(ln_out), mean, rstd, static_cast<T*>(residual_out),
+                                 static_cast<const T*>(a), static_cast<const T*>(b), weight, bias, N, C, eps, vec);
 }
 }  // namespace
 
