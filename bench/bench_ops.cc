@@ -222,6 +222,32 @@ void BM_LayernormBackward(benchmark::State& state, Backend backend) {
   bytes(state, t, 4 * N * C * 4);  // dout, in, din read + write
 }
 
+// ---- residual add + layernorm: fused, and the add followed by the layernorm it replaces. Bytes
+// = the fused op's traffic (a, b read; residual, ln written; mean/rstd) for both, so the bytes/s
+// compare directly.
+void BM_ResidualLayernormFused(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1);
+  Tensor a(t, {N, C}), b(t, {N, C}, DType::kF32, 2), w(t, {C}), bias(t, {C}), res(t, {N, C}), ln(t, {N, C}),
+      mean(t, {N}), rstd(t, {N});
+  run(state, t, [&] { zt::ops::residual_layernorm_forward(t.s(), res, ln, mean, rstd, a, b, w, bias, 1e-5f); });
+  bytes(state, t, (4 * N * C + 2 * N) * 4);
+}
+
+void BM_ResidualLayernormUnfused(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1);
+  Tensor a(t, {N, C}), b(t, {N, C}, DType::kF32, 2), w(t, {C}), bias(t, {C}), res(t, {N, C}), ln(t, {N, C}),
+      mean(t, {N}), rstd(t, {N});
+  run(state, t, [&] {
+    zt::ops::add(t.s(), res, a, b);
+    zt::ops::layernorm_forward(t.s(), ln, mean, rstd, res, w, bias, 1e-5f);
+  });
+  bytes(state, t, (4 * N * C + 2 * N) * 4);
+}
+
 // ---- attention forward + backward: useful (causal) FLOPs = 6 B T^2 C
 // -------------------------------
 
@@ -446,6 +472,8 @@ const int kRegistered = [] {
   register_on_backends("BM_MatmulBackwardDgelu", BM_MatmulBackwardDgelu, mlp_shapes);
   register_on_backends("BM_LayernormForward", BM_LayernormForward, layernorm_shapes);
   register_on_backends("BM_LayernormBackward", BM_LayernormBackward, layernorm_shapes);
+  register_on_backends("BM_ResidualLayernormFused", BM_ResidualLayernormFused, layernorm_shapes);
+  register_on_backends("BM_ResidualLayernormUnfused", BM_ResidualLayernormUnfused, layernorm_shapes);
   register_on_backends("BM_AttentionForwardBackward", BM_AttentionForwardBackward,
                        attention_shapes);
   register_on_backends("BM_FlashAttentionForwardBackward", BM_FlashAttentionForwardBackward,

@@ -36,7 +36,8 @@ namespace zt {
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
-// {in, out, bias} of their MatmulTypes; every other op {f32}.
+// {in, out, bias} of their MatmulTypes; residual_layernorm_forward {activation dtype}; every other
+// op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -76,7 +77,8 @@ namespace zt {
   X(kVocabLossGrad, vocab_loss_grad)                           \
   X(kReduceSlices, reduce_slices)                              \
   X(kMatmulGeluForward, matmul_gelu_forward)                   \
-  X(kMatmulBackwardDgelu, matmul_backward_dgelu)
+  X(kMatmulBackwardDgelu, matmul_backward_dgelu)               \
+  X(kResidualLayernormForward, residual_layernorm_forward)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -118,12 +120,13 @@ struct OpTable {
                              const float* in, const float* weight, const float* mean, const float* rstd,
                              int64_t N, int64_t C) = nullptr;
   // The matmul family takes the dtypes of kernels/matmul_types.h (pointers typed by `t`); `in`
-  // may be nullptr in matmul_backward when dweight is (ops.cc's fallbacks ask for din alone).
+  // may be nullptr in matmul_backward when dweight is (ops.cc's fallbacks ask for din alone);
+  // overwrite_din: din = dout @ weight instead of += (ops.h matmul_backward).
   void (*matmul_forward)(Stream&, void* out, const void* in, const void* weight, const void* bias,
                          MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
   void (*matmul_backward)(Stream&, void* din, float* dweight, float* dbias, const void* dout,
                           const void* in, const void* weight, MatmulTypes t, int64_t N, int64_t C,
-                          int64_t OC) = nullptr;
+                          int64_t OC, bool overwrite_din) = nullptr;
   void (*bias_forward)(Stream&, float* x, const float* bias, int64_t N, int64_t C) = nullptr;
   void (*bias_backward)(Stream&, float* dbias, const float* dout, int64_t N, int64_t C) = nullptr;
   void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
@@ -186,6 +189,11 @@ struct OpTable {
                               const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
   void (*matmul_backward_dgelu)(Stream&, void* dpre, float* dbias, const void* dout, const void* weight,
                                 const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
+  // residual_out, ln_out, a, b: `act` (f32/f16/bf16, the dtypes supports_op accepted); weight,
+  // bias, mean, rstd fp32 (ops.h residual_layernorm_forward).
+  void (*residual_layernorm_forward)(Stream&, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                     const void* a, const void* b, DType act, const float* weight,
+                                     const float* bias, int64_t N, int64_t C, float eps) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

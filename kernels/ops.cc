@@ -367,7 +367,7 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
 }
 
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
-                     ConstTensorView dout, ConstTensorView in, ConstTensorView weight) {
+                     ConstTensorView dout, ConstTensorView in, ConstTensorView weight, bool overwrite_din) {
   constexpr const char* op = "matmul_backward";
   check_in_type(s, op, "in", in);
   const MatmulTypes t{in.dtype, present(din) ? din.dtype : DType::kF32, DType::kF32};
@@ -388,7 +388,8 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
   if (d.N == 0 || d.OC == 0) return;
   matmul_kernel(s, OpId::kMatmulBackward, t)
       .matmul_backward(s, present(din) ? din.data : nullptr, present(dweight) ? f32(dweight) : nullptr,
-                       present(dbias) ? f32(dbias) : nullptr, dout.data, in.data, weight.data, t, d.N, d.C, d.OC);
+                       present(dbias) ? f32(dbias) : nullptr, dout.data, in.data, weight.data, t, d.N, d.C, d.OC,
+                       overwrite_din);
 }
 
 // The fused ops' fallbacks compose the unfused ops through the table. 16-bit outputs go through
@@ -477,7 +478,7 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
                        "matmul_backward_dgelu fallback");
   float* dgrad = scratch.as<float>();
   fill_k.fill(s, dgrad, n, 0.0f);
-  mm.matmul_backward(s, dgrad, nullptr, nullptr, dout.data, nullptr, weight.data, wide, N, C, OC);
+  mm.matmul_backward(s, dgrad, nullptr, nullptr, dout.data, nullptr, weight.data, wide, N, C, OC, false);
   const float* pre = wide_out ? f32(pre_gelu) : dgrad + n;
   float* d32 = wide_out ? f32(dpre) : dgrad + 2 * n;
   if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
@@ -820,6 +821,53 @@ void sum(Stream& s, TensorView out, ConstTensorView x) {
   check_f32(s, op, "x", x);
   ZT_REQUIRE(out.numel() == 1, op, ": out ", out.shape.str(), " must hold one element");
   f32_kernel(s, OpId::kSum).sum(s, f32(out), f32(x), x.numel());
+}
+
+// ---- fused residual add + layernorm ------------------------------------------------------------
+
+void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView ln_out, TensorView mean,
+                                TensorView rstd, ConstTensorView a, ConstTensorView b,
+                                ConstTensorView weight, ConstTensorView bias, float eps) {
+  constexpr const char* op = "residual_layernorm_forward";
+  const DType act = a.dtype;
+  ZT_REQUIRE(act == DType::kF32 || act == DType::kBF16 || act == DType::kF16, op, ": a ", a.shape.str(), " is ",
+             dtype_name(act), " but activations must be fp32, bf16 or fp16");
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"residual_out", residual_out},
+                         {"ln_out", ln_out},
+                         {"a", a},
+                         {"b", b}})
+    check_view(s, op, name, v, act);
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"mean", mean},
+                         {"rstd", rstd},
+                         {"weight", weight},
+                         {"bias", bias}})
+    check_f32(s, op, name, v);
+  const int64_t C = last_dim(a), N = rows(a);
+  ZT_REQUIRE(a.shape.ndim() >= 1 && C > 0, op, ": a ", a.shape.str(), " must be [..., C], C > 0");
+  // Rows of C, as add and layernorm_forward accept them (leading dims may differ).
+  for (const ConstTensorView& v : {ConstTensorView(b), ConstTensorView(residual_out), ConstTensorView(ln_out)})
+    ZT_REQUIRE(v.numel() == a.numel() && last_dim(v) == C, op, ": a ", a.shape.str(), " but b ", b.shape.str(),
+               ", residual_out ", residual_out.shape.str(), " and ln_out ", ln_out.shape.str(),
+               " (all must be ", N, " rows of ", C, ")");
+  ZT_REQUIRE(is_vector(weight, C) && is_vector(bias, C), op, ": a ", a.shape.str(), " but weight ",
+             weight.shape.str(), " and bias ", bias.shape.str(), " (need [", C, "])");
+  ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": a ", a.shape.str(), " has ", N, " rows but mean ",
+             mean.shape.str(), " and rstd ", rstd.shape.str());
+  ZT_REQUIRE(eps >= 0.0f, op, ": eps ", eps, " must be >= 0");
+  ZT_REQUIRE(ln_out.data == nullptr || (ln_out.data != a.data && ln_out.data != b.data &&
+                                        ln_out.data != residual_out.data),
+             op, ": ln_out ", ln_out.shape.str(), " must not alias a, b or residual_out");
+  if (N == 0) return;
+  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act})) {
+    t->residual_layernorm_forward(s, residual_out.data, ln_out.data, f32(mean), f32(rstd), a.data, b.data, act,
+                                  f32(weight), f32(bias), N, C, eps);
+  } else if (act == DType::kF32) {
+    // Fallback: the composition the fused kernels reproduce bit for bit.
+    add(s, residual_out, a, b);
+    layernorm_forward(s, ln_out, mean, rstd, residual_out, weight, bias, eps);
+  } else {
+    refuse_op(s, OpId::kResidualLayernormForward, {act});
+  }
 }
 
 }  // namespace zt::ops

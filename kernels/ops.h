@@ -96,8 +96,12 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
 // din[N,C] += dout @ weight (if given: the first layer of a model needs no din);
 // dweight[OC,C] += dout^T @ in (if given: a tensor-parallel model issues din first, starts its
 // reduction, then the weight gradient); dbias[OC] += sum_rows(dout) (if given)
+// overwrite_din: din = dout @ weight instead (the GEMM's beta is 0), for a caller whose din holds
+// nothing yet: no zero-fill pass before it. The bits of zero-filling din first and accumulating,
+// except that an exactly zero element may keep the product's sign (-0 where 0 + -0 gives +0).
 void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
-                     ConstTensorView dout, ConstTensorView in, ConstTensorView weight);
+                     ConstTensorView dout, ConstTensorView in, ConstTensorView weight,
+                     bool overwrite_din = false);
 
 // ---- matmul + GELU: the fused epilogues of an MLP's first layer (cuBLASLt GELU_AUX_BIAS, DGELU) ----
 // pre_gelu[N,OC] = in @ weight^T + bias and out_gelu = gelu(pre_gelu), both OVERWRITTEN; GELU as
@@ -219,5 +223,19 @@ void sum_squares(Stream& s, TensorView out, ConstTensorView x);
 // out[0] (fp32, device memory) = sum(x), accumulated in double in a fixed order (deterministic)
 // and rounded once: a micro-batch's loss summed where it was computed, read once per step.
 void sum(Stream& s, TensorView out, ConstTensorView x);
+
+// ---- fused residual add + layernorm (issue #13) -----------------------------------------------
+// residual_out = a + b; ln_out = layernorm(residual_out) as layernorm_forward (weight, bias, eps;
+// mean/rstd [N] saved for backward). One pass over the rows instead of two.
+// Dtypes: a, b, residual_out and ln_out share one activation dtype, f32, bf16 or f16 (the 16-bit
+// activation path); weight, bias, mean and rstd are fp32. In 16 bits the sum is rounded to the
+// activation dtype once, the statistics are taken in fp32/double from that rounded residual (what
+// backward reads), and ln_out is rounded once: exactly add, then layernorm, each storing its result.
+// Bits: on every backend those of add(residual_out, a, b) followed by layernorm_forward(ln_out,
+// mean, rstd, residual_out, ...) (fp32); without a kernel, fp32 falls back to that composition and
+// 16 bits are refused. residual_out may alias a or b; ln_out aliases nothing.
+void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView ln_out, TensorView mean,
+                                TensorView rstd, ConstTensorView a, ConstTensorView b,
+                                ConstTensorView weight, ConstTensorView bias, float eps);
 
 }  // namespace zt::ops

@@ -120,7 +120,7 @@ no_gpu="$( ((gpu_ok)) && echo "" || echo "no usable GPU: see driver.txt")"
 # ---- 2. configure + build only what the GPU steps need ----------------------------------------
 # First the targets of steps 3-5 (zerotrain, the binaries of the new CUDA tests), then, after
 # them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that compare with the GPU).
-gpu_targets=(zerotrain test_cuda test_kernels test_flash_attention test_tp_ops test_comm test_runtime)
+gpu_targets=(zerotrain test_cuda test_kernels test_gemm test_fused_ops test_flash_attention test_tp_ops test_comm test_runtime)
 rest_targets=(test_nccl test_zero test_mixed_precision test_checkpoint test_resume
               bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory)
 generator=()
@@ -171,11 +171,15 @@ if ((built && gpu_ok)); then
   # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4),
   # the cuBLASLt GEMMs (GemmTest: fp32/bf16/fp16 inputs, the BIAS, GELU_AUX_BIAS, DGELU_BGRAD and
   # BGRADB epilogues against float64, ops.cc's fallbacks against the fused ops, and the plain cuBLAS
-  # path, ZT_CUBLASLT=off, against cuBLASLt),
-  # and the pinned, double-buffered snapshot/checkpoint copies (HostStagingTest: every byte both
-  # ways at sizes around the chunk, ordered with the stream's work).
+  # path, ZT_CUBLASLT=off, against cuBLASLt), the pinned, double-buffered snapshot/checkpoint copies
+  # (HostStagingTest: every byte both ways at sizes around the chunk, ordered with the stream's
+  # work), and the fused/vectorised memory-bound kernels (FusedOpsTest): residual add + layernorm
+  # against the CUDA add + layernorm (bits), float64 and bf16/fp16; the two-stage column sums (bias,
+  # layernorm dweight/dbias) at C = 768 against float64; matmul_backward's overwrite_din; the
+  # 128-bit elementwise/cast paths at odd sizes and unaligned pointers against the scalar bits; and
+  # the OpsTest cases whose kernels those paths replaced (layernorm, fill/scale/add, cast, accumulate).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*)|GemmTest\..*|HostStagingTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 else
   skip_step new-cuda-ops "${no_gpu:-build failed}"

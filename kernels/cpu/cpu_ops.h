@@ -40,14 +40,21 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
 void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
+// bit for bit add followed by layernorm_forward (kernels/ops.h).
+void residual_layernorm_forward(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                const void* b, DType act, const float* weight, const float* bias, int64_t N,
+                                int64_t C, float eps);
 
 // ---- matmul (bias / din / dweight / dbias may be nullptr; in too when dweight is) ------------------
 // Pointers typed by t (kernels/matmul_types.h). tf32: the device's MathMode::tf32 when the op was
 // enqueued (fp32 GEMM inputs rounded to TF32).
 void matmul_forward(void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
                     int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+// overwrite_din: din = dout @ weight (beta 0) instead of +=.
 void matmul_backward(void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC,
+                     bool overwrite_din = false, bool tf32 = false);
 // The fused GELU epilogues (ops.h matmul_gelu_forward / matmul_backward_dgelu).
 void matmul_gelu_forward(void* out_gelu, void* pre_gelu, const void* in, const void* weight, const void* bias,
                          MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);

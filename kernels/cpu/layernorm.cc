@@ -1,7 +1,10 @@
-// CPU kernels for layernorm over the last dimension, forward and backward.
+// CPU kernels for layernorm over the last dimension, forward and backward, and the fused residual
+// add + layernorm forward (fp32 and the 16-bit activation dtypes).
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -15,26 +18,70 @@ constexpr int64_t kLayernormRowBlock = 64;
 
 }  // namespace
 
+namespace {
+
+// One row of layernorm_forward from x (already in its storage type T, read widened to fp32): the
+// statistics in double over the row, the output rounded to T once. The fused residual kernel
+// calls it on the residual row it has just stored, which is why the two give the same bits.
+template <typename T>
+void layernorm_row(T* o, float* mean, float* rstd, const T* x, const float* weight, const float* bias,
+                   int64_t C, float eps) {
+  const double m = detail::lane_sum(C, [x](int64_t i) { return double{to_float(x[i])}; }) / C;
+  const double var = detail::lane_sum(C,
+                                      [x, m](int64_t i) {
+                                        const double d = to_float(x[i]) - m;
+                                        return d * d;
+                                      }) /
+                     C;
+  const float mf = static_cast<float>(m);
+  const float sf = static_cast<float>(1.0 / std::sqrt(var + eps));
+  for (int64_t i = 0; i < C; ++i) o[i] = from_float<T>((to_float(x[i]) - mf) * sf * weight[i] + bias[i]);
+  *mean = mf;
+  *rstd = sf;
+}
+
+template <typename T>
+void residual_layernorm_typed(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
+                              const void* b, const float* weight, const float* bias, int64_t N, int64_t C,
+                              float eps) {
+  auto* res = static_cast<T*>(residual_out);
+  auto* out = static_cast<T*>(ln_out);
+  const auto* pa = static_cast<const T*>(a);
+  const auto* pb = static_cast<const T*>(b);
+  parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* x = res + r * C;
+      // add's expression per element (res may alias a or b: each element is read before written).
+      for (int64_t i = 0; i < C; ++i) x[i] = from_float<T>(to_float(pa[r * C + i]) + to_float(pb[r * C + i]));
+      layernorm_row(out + r * C, mean + r, rstd + r, static_cast<const T*>(x), weight, bias, C, eps);
+    }
+  });
+}
+
+}  // namespace
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps) {
   parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* x = in + r * C;
-      const double m = detail::lane_sum(C, [x](int64_t i) { return double{x[i]}; }) / C;
-      const double var = detail::lane_sum(C,
-                                          [x, m](int64_t i) {
-                                            const double d = x[i] - m;
-                                            return d * d;
-                                          }) /
-                         C;
-      const float mf = static_cast<float>(m);
-      const float sf = static_cast<float>(1.0 / std::sqrt(var + eps));
-      float* o = out + r * C;
-      for (int64_t i = 0; i < C; ++i) o[i] = (x[i] - mf) * sf * weight[i] + bias[i];
-      mean[r] = mf;
-      rstd[r] = sf;
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      layernorm_row(out + r * C, mean + r, rstd + r, in + r * C, weight, bias, C, eps);
   });
+}
+
+void residual_layernorm_forward(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                const void* b, DType act, const float* weight, const float* bias, int64_t N,
+                                int64_t C, float eps) {
+  switch (act) {
+    case DType::kF32:
+      return residual_layernorm_typed<float>(residual_out, ln_out, mean, rstd, a, b, weight, bias, N, C, eps);
+    case DType::kF16:
+      return residual_layernorm_typed<Half>(residual_out, ln_out, mean, rstd, a, b, weight, bias, N, C, eps);
+    case DType::kBF16:
+      return residual_layernorm_typed<BFloat16>(residual_out, ln_out, mean, rstd, a, b, weight, bias, N, C, eps);
+    case DType::kI32:
+      break;
+  }
+  ZT_CHECK(false, "residual_layernorm_forward: unsupported activation dtype ", dtype_name(act));
 }
 
 void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,

@@ -98,14 +98,15 @@ void matmul_forward(void* out, const void* in, const void* weight, const void* b
 }
 
 void matmul_backward(void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
+                     bool tf32) {
   const bool products = din != nullptr || dweight != nullptr;
   const GemmInput g(dout, t.in, products ? N * OC : 0, tf32);
-  // din[N,C] += dout[N,OC] @ weight[OC,C]
+  // din[N,C] += dout[N,OC] @ weight[OC,C] (= with overwrite_din)
   if (din != nullptr) {
     const GemmInput w(weight, t.in, OC * C, tf32);
-    const GemmOutput d(din, t.out, N * C, true);
-    detail::sgemm(false, false, N, C, OC, 1.0f, g.get(), OC, w.get(), C, 1.0f, d.get(), C);
+    const GemmOutput d(din, t.out, N * C, !overwrite_din);
+    detail::sgemm(false, false, N, C, OC, 1.0f, g.get(), OC, w.get(), C, overwrite_din ? 0.0f : 1.0f, d.get(), C);
     d.store(N * C);
   }
   // dweight[OC,C] += dout^T[OC,N] @ in[N,C]
@@ -147,7 +148,7 @@ void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const voi
   MatmulTypes wide = t;
   wide.out = DType::kF32;
   std::vector<float> dgrad(static_cast<size_t>(n), 0.0f);
-  matmul_backward(dgrad.data(), nullptr, nullptr, dout, nullptr, weight, wide, N, C, OC, tf32);
+  matmul_backward(dgrad.data(), nullptr, nullptr, dout, nullptr, weight, wide, N, C, OC, false, tf32);
   const GemmInput pre(pre_gelu, t.out, n, false);
   const GemmOutput d(dpre, t.out, n, false);
   fill(d.get(), n, 0.0f);

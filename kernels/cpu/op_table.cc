@@ -66,6 +66,7 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, vocab_loss_grad);
   ZT_CPU_ENTRY(cpu_kernels, reduce_slices);
   ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
+  ZT_CPU_ENTRY(cpu_kernels, residual_layernorm_forward);
 
   // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
   t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,

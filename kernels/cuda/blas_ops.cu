@@ -22,7 +22,6 @@
 namespace zt::cuda_ops {
 namespace {
 
-using detail::kColumnSumRows;
 using detail::kWarpSize;
 
 int to_int(int64_t v, const char* what) {
@@ -72,7 +71,8 @@ __global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict
   }
 }
 
-// dbias[OC] += sum over rows of dout[N,OC] (widened). Block (32, kColumnSumRows), grid ceil(OC/32).
+// dbias[OC] += sum over rows of a 16-bit dout[N,OC] (widened; fp32 dout takes detail::add_column_sums).
+// Block (32, kColumnSumRows), grid ceil(OC/32).
 template <typename T>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
     bias_grad_kernel(float* __restrict__ dbias, const T* __restrict__ dout, int64_t N, int64_t OC) {
@@ -236,20 +236,24 @@ void matmul_forward(void* stream, void* out, const void* in, const void* weight,
 }
 
 void matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
+                     bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   if (din != nullptr) {
-    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N] (a 16-bit din: C read, added in fp32, rounded once)
-    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, din, C, tf32, t.in, t.out);
+    // din^T[C,N] += W^T[C,OC] * dout^T[OC,N] (a 16-bit din: C read, added in fp32, rounded once;
+    // overwrite_din: beta 0, din = the product rounded once)
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, overwrite_din ? 0.0f : 1.0f, din, C, tf32,
+         t.in, t.out);
   }
   if (dweight != nullptr) {
     // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
     gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32, t.in);
   }
+  // fp32 dout: the two-stage column sums (bias_backward's, same bits); 16-bit: widened per column.
   if (dbias != nullptr) {
     if (t.in == DType::kF32) {
-      launch_bias_grad(scope.stream(), dbias, static_cast<const float*>(dout), N, OC);
+      detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(dout), N, OC);
     } else if (t.in == DType::kBF16) {
       launch_bias_grad(scope.stream(), dbias, static_cast<const BFloat16*>(dout), N, OC);
     } else {
@@ -292,7 +296,7 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
     launch_dgelu<Half>(scope.stream(), dpre, g, pre_gelu, n);
   }
   // The bias gradient from the fp32 values, before dpre's rounding.
-  if (dbias != nullptr) launch_bias_grad(scope.stream(), dbias, static_cast<const float*>(g), N, C);
+  if (dbias != nullptr) detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(g), N, C);
 }
 
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
@@ -303,10 +307,10 @@ void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t 
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-// The plain matmul_backward's dbias kernel and launch shape: the same bits (ops.h).
+// matmul_backward's dbias reduction (detail::add_column_sums): the same bits (ops.h).
 void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
-  launch_bias_grad(scope.stream(), dbias, dout, N, C);
+  detail::add_column_sums(scope.stream(), dbias, dout, N, C);
 }
 
 // ---- attention ------------------------------------------------------------------------------

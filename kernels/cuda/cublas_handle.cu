@@ -45,6 +45,8 @@ class CublasResource final : public cuda::StreamResource {
 
   cublasHandle_t handle() const { return handle_; }
   GemmContext context() { return GemmContext{lt_, workspace_, bytes_, &lt_algos_}; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return bytes_; }
 
  private:
   void release() noexcept {
@@ -96,6 +98,14 @@ cublasHandle_t cublas_handle(cudaStream_t stream) {
 GemmContext gemm_context(cudaStream_t stream) {
   auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
   return r.context();
+}
+
+void* stream_workspace(cudaStream_t stream, size_t* bytes) {
+  auto& r = static_cast<CublasResource&>(cuda::stream_resource(stream, cuda::kCublasResource, &make_cublas));
+  ZT_CHECK(r.workspace() != nullptr && r.workspace_bytes() >= kMinStreamWorkspace, "the stream's cuBLAS workspace holds ",
+           r.workspace_bytes(), " bytes, fewer than the ", kMinStreamWorkspace, " its kernels may use as scratch");
+  *bytes = r.workspace_bytes();
+  return r.workspace();
 }
 
 }  // namespace zt::cuda_ops::detail

@@ -29,6 +29,11 @@ namespace zt::cuda_ops::detail {
 // Invariant: work on one stream is issued by one host thread at a time (stream order needs that
 // anyway), so the handle is never used concurrently.
 cublasHandle_t cublas_handle(cudaStream_t stream);
+// The workspace of cublas_handle(stream) (made on first use): `*bytes` (>= kMinStreamWorkspace)
+// bytes that our own kernels on `stream` may use as scratch between library calls, since stream
+// order puts them after the previous GEMM and before the next (e.g. the column sums' partials).
+constexpr size_t kMinStreamWorkspace = size_t{4} << 20;
+void* stream_workspace(cudaStream_t stream, size_t* bytes);
 
 // What cuBLASLt needs on a stream (kernels/cuda/lt_matmul.cu). The workspace is the cuBLAS handle's
 // (one pool block per stream, counted by the memory plan): work on one stream runs in order, so

@@ -57,6 +57,11 @@ void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const
 void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
+// layernorm_forward's kernel and arithmetic, so bit for bit add followed by layernorm_forward.
+void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                const void* a, const void* b, DType act, const float* weight, const float* bias,
+                                int64_t N, int64_t C, float eps);
 
 // ---- matmul family (kernels/ops.h; pointers typed by MatmulTypes, kernels/matmul_types.h) -----
 // The fast path, cuBLASLt with its epilogues (lt_matmul.cu): false, with nothing launched, where
@@ -67,8 +72,8 @@ size_t lt_bias_scratch_bytes(int64_t n);
 bool lt_matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
                        int64_t N, int64_t C, int64_t OC, bool tf32);
 bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
-                        float* bias_scratch);
+                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
+                        bool tf32, float* bias_scratch);
 bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
                             const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
 bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
@@ -81,9 +86,11 @@ bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void
 size_t matmul_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC);
 void matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
                     int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch);
-// din += (16-bit din: one rounding of din + product), dweight +=, dbias += (column sums of dout).
+// din += (16-bit din: one rounding of din + product; overwrite_din: din = the product), dweight +=,
+// dbias += (column sums of dout).
 void matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
+                     const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
+                     bool tf32);
 size_t matmul_gelu_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC);
 void matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
                          const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32, void* scratch);

@@ -1,12 +1,13 @@
 // CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder (optionally
 // over one vocabulary shard) and the position embedding alone, the optimizer updates, sum_squares
 // and reduce_slices. Per-element math comes from kernels/elementwise.h, shared with the CPU
-// loops.
+// loops; the streaming maps move 128 bits per access where their pointers are aligned.
 // Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
 // and independent of the GPU model).
 #include <cub/block/block_reduce.cuh>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
@@ -22,35 +23,123 @@ using detail::kElementwiseBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);      \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
-  ZT_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
+// ---- elementwise maps with 128-bit accesses ------------------------------------------------
+// An Op defines one element (operator()(i)) and one pack of kN elements starting at i (pack(i)),
+// both with the same per-element expression, so the bits never depend on the path. The vector
+// path runs when every pointer the op streams is 16-byte aligned (launch_map's `vec`): packs
+// first, then the n % kN tail one element at a time; otherwise every element one at a time.
+template <typename Op>
+__global__ void map_kernel(Op op, int64_t n, bool vec) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t packs = n / Op::kN;
+    for (int64_t p = tid; p < packs; p += stride) op.pack(p * Op::kN);
+    done = packs * Op::kN;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) op(i);
 }
 
-__global__ void scale_kernel(float* __restrict__ x, int64_t n, float alpha) {
-  ZT_GRID_STRIDE_LOOP(i, n) { x[i] *= alpha; }
+template <typename Op>
+void launch_map(cudaStream_t stream, const Op& op, int64_t n, std::initializer_list<const void*> streamed) {
+  bool vec = true;
+  for (const void* p : streamed) vec = vec && detail::is_aligned16(p);
+  map_kernel<<<grid_for(vec ? (n + Op::kN - 1) / Op::kN : n), kElementwiseBlock, 0, stream>>>(op, n, vec);
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-// No __restrict__: out may alias a and/or b (each element is read before it is written).
-__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
-}
+using FPack = detail::Pack<float>;
+using detail::load_pack;
+using detail::store_pack;
+
+struct FillOp {
+  float* x;
+  float value;
+  static constexpr int kN = FPack::kN;
+  __device__ void operator()(int64_t i) const { x[i] = value; }
+  __device__ void pack(int64_t i) const {
+    FPack v;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) v.v[k] = value;
+    store_pack(x + i, v);
+  }
+};
+
+struct ScaleOp {
+  float* x;
+  float alpha;
+  static constexpr int kN = FPack::kN;
+  __device__ void operator()(int64_t i) const { x[i] *= alpha; }
+  __device__ void pack(int64_t i) const {
+    FPack v = load_pack(x + i);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) v.v[k] *= alpha;
+    store_pack(x + i, v);
+  }
+};
+
+// out may alias a and/or b (each element is read before it is written): no __restrict__.
+struct AddOp {
+  float* out;
+  const float* a;
+  const float* b;
+  static constexpr int kN = FPack::kN;
+  __device__ void operator()(int64_t i) const { out[i] = a[i] + b[i]; }
+  __device__ void pack(int64_t i) const {
+    const FPack va = load_pack(a + i), vb = load_pack(b + i);
+    FPack o;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) o.v[k] = va.v[k] + vb.v[k];
+    store_pack(out + i, o);
+  }
+};
 
 // dst += src through fp32, rounded once to the storage type (the conversions of core/dtype.h,
-// bit-identical to the CPU loop).
+// bit-identical to the CPU loop). 8 elements per pack in 16 bits.
 template <typename T>
-__global__ void accumulate_kernel(T* __restrict__ dst, const T* __restrict__ src, int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i])); }
-}
+struct AccumulateOp {
+  T* dst;
+  const T* src;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ void operator()(int64_t i) const { dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i])); }
+  __device__ void pack(int64_t i) const {
+    detail::Pack<T> d = load_pack(dst + i);
+    const detail::Pack<T> v = load_pack(src + i);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) d.v[k] = from_float<T>(to_float(d.v[k]) + to_float(v.v[k]));
+    store_pack(dst + i, d);
+  }
+};
 
-__global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
-                                    int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = gelu_forward_elem(in[i]); }
-}
+struct GeluForwardOp {
+  float* out;
+  const float* in;
+  static constexpr int kN = FPack::kN;
+  __device__ void operator()(int64_t i) const { out[i] = gelu_forward_elem(in[i]); }
+  __device__ void pack(int64_t i) const {
+    const FPack x = load_pack(in + i);
+    FPack y;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) y.v[k] = gelu_forward_elem(x.v[k]);
+    store_pack(out + i, y);
+  }
+};
 
-__global__ void gelu_backward_kernel(float* __restrict__ din, const float* __restrict__ in,
-                                     const float* __restrict__ dout, int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { din[i] += gelu_grad_elem(in[i]) * dout[i]; }
-}
+struct GeluBackwardOp {
+  float* din;
+  const float* in;
+  const float* dout;
+  static constexpr int kN = FPack::kN;
+  __device__ void operator()(int64_t i) const { din[i] += gelu_grad_elem(in[i]) * dout[i]; }
+  __device__ void pack(int64_t i) const {
+    FPack d = load_pack(din + i);
+    const FPack x = load_pack(in + i), g = load_pack(dout + i);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) d.v[k] += gelu_grad_elem(x.v[k]) * g.v[k];
+    store_pack(din + i, d);
+  }
+};
 
 __global__ void relu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
                                     int64_t n) {
@@ -245,45 +334,39 @@ __global__ void sum_squares_final_kernel(float* __restrict__ out,
 void fill(void* stream, float* x, int64_t n, float value) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  fill_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(x, n, value);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_map(scope.stream(), FillOp{x, value}, n, {x});
 }
 
 void scale(void* stream, float* x, int64_t n, float alpha) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  scale_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(x, n, alpha);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_map(scope.stream(), ScaleOp{x, alpha}, n, {x});
 }
 
 void add(void* stream, float* out, const float* a, const float* b, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  add_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, a, b, n);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_map(scope.stream(), AddOp{out, a, b}, n, {out, a, b});
 }
 
 void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  const unsigned grid = grid_for(n);
   switch (dtype) {
     case DType::kF32:
-      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
-          static_cast<float*>(dst), static_cast<const float*>(src), n);
-      break;
+      return launch_map(scope.stream(), AccumulateOp<float>{static_cast<float*>(dst), static_cast<const float*>(src)},
+                        n, {dst, src});
     case DType::kF16:
-      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
-          static_cast<Half*>(dst), static_cast<const Half*>(src), n);
-      break;
+      return launch_map(scope.stream(), AccumulateOp<Half>{static_cast<Half*>(dst), static_cast<const Half*>(src)}, n,
+                        {dst, src});
     case DType::kBF16:
-      accumulate_kernel<<<grid, kElementwiseBlock, 0, scope.stream()>>>(
-          static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), n);
-      break;
+      return launch_map(scope.stream(),
+                        AccumulateOp<BFloat16>{static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src)}, n,
+                        {dst, src});
     default:
-      ZT_CHECK(false, "accumulate: unsupported dtype ", dtype_name(dtype));
+      break;
   }
-  ZT_CUDA_CHECK(cudaGetLastError());
+  ZT_CHECK(false, "accumulate: unsupported dtype ", dtype_name(dtype));
 }
 
 // ---- encoder -------------------------------------------------------------------------------------
@@ -345,15 +428,13 @@ void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t
 void gelu_forward(void* stream, float* out, const float* in, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  gelu_forward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, in, n);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_map(scope.stream(), GeluForwardOp{out, in}, n, {out, in});
 }
 
 void gelu_backward(void* stream, float* din, const float* in, const float* dout, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  gelu_backward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(din, in, dout, n);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  launch_map(scope.stream(), GeluBackwardOp{din, in, dout}, n, {din, in, dout});
 }
 
 void relu_forward(void* stream, float* out, const float* in, int64_t n) {

@@ -1,5 +1,6 @@
 // Helpers shared by the op kernels in kernels/cuda/*.cu: the launch scope (current device = the
-// stream's GPU), grid sizing for grid-stride loops, and deterministic warp/block reductions.
+// stream's GPU), grid sizing for grid-stride loops, 128-bit packs, and deterministic warp and
+// column reductions.
 // Includes cuda_runtime.h, so only kernels/cuda/*.cu may include it.
 #pragma once
 
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "core/status.h"
 #include "runtime/cuda/cuda_check.h"
@@ -58,35 +60,31 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Block-wide sum/max; every thread gets the result. `scratch` is shared memory of >= 32 T;
-// blockDim.x must be a multiple of 32 (and at most 1024). Contains __syncthreads: call from all
-// threads of the block.
-template <bool kMax, typename T>
-__device__ __forceinline__ T block_reduce(T v, T* scratch) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int num_warps = blockDim.x / kWarpSize;
-  if constexpr (kMax) {
-    v = warp_max(v);
-  } else {
-    v = warp_sum(v);
-  }
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if constexpr (kMax) {
-    return warp_max(lane < num_warps ? scratch[lane] : -INFINITY);
-  } else {
-    return warp_sum(lane < num_warps ? scratch[lane] : T(0));
-  }
+// ---- 128-bit loads and stores -----------------------------------------------------------------
+// 16 bytes of T (4 floats, 8 bf16/fp16): one ld/st.global.v4 when the address is 16-byte aligned.
+// Kernels take the vector path only when every pointer they stream is aligned (is_aligned16) and
+// handle the remaining elements one by one, computing each element with the same expression as
+// the scalar path: the bits never depend on which path ran.
+constexpr int kPackBytes = 16;
+template <typename T>
+struct alignas(kPackBytes) Pack {
+  static constexpr int kN = kPackBytes / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  Pack<T> out;
+  memcpy(&out, &raw, kPackBytes);
+  return out;
 }
 template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
-  return block_reduce<false>(v, scratch);
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) {
+  uint4 raw;
+  memcpy(&raw, &v, kPackBytes);
+  *reinterpret_cast<uint4*>(p) = raw;
 }
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  return block_reduce<true>(v, scratch);
-}
+inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % kPackBytes == 0; }
 
 // Column sums over rows (dbias of matmul, dweight/dbias of layernorm), in double like the CPU
 // kernels: a block covers 32 columns (threadIdx.x) with kColumnSumRows row stripes (threadIdx.y);
@@ -107,5 +105,14 @@ __device__ __forceinline__ double column_tree_sum(double acc, ColumnTile& tile) 
   __syncthreads();
   return total;
 }
+
+// The bias gradient, dbias[c] += sum over rows of dout[N, C] (matmul_backward's dbias and
+// bias_backward: one implementation, so both give the same bits), in two stages so that the grid
+// fills the GPU: stage 1 sums fixed chunks of rows per 32-column block into double partials,
+// stage 2 adds the partials of each column in chunk order. The chunking depends only on (N, C),
+// so the bits are the same on every GPU; the partials live in the stream's cuBLAS workspace
+// (stream-ordered between GEMMs, already counted by the memory plan), so nothing is allocated.
+void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C);
+
 
 }  // namespace zt::cuda_ops::detail

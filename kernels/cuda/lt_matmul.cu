@@ -215,13 +215,13 @@ bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const 
 }
 
 bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
-                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
-                        float* bias_scratch) {
+                        const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
+                        bool tf32, float* bias_scratch) {
   detail::LaunchScope scope(stream);
   const GemmContext ctx = gemm_context(scope.stream());
   if (ctx.lt == nullptr) return false;
   // Every GEMM's algorithm first: a refusal must come before anything is launched.
-  const LtGemm gd = din_gemm(din, dout, weight, t, N, C, OC, tf32, 1.0f);
+  const LtGemm gd = din_gemm(din, dout, weight, t, N, C, OC, tf32, overwrite_din ? 0.0f : 1.0f);
   // dweight^T[C,OC] += in^T[C,N] * dout[N,OC] (dout^T stored, op T); BGRADB sums op(B) over k = N:
   // the bias gradient, written to the scratch.
   LtGemm gw;

@@ -1,14 +1,17 @@
-// CUDA layernorm (forward/backward), the fused softmax + cross-entropy classifier and its
-// vocabulary-parallel form (row_max, vocab_partials, vocab_loss_grad): one warp
-// (layernorm) or one block (classifier) per row, sums accumulated in double like the CPU kernels
-// and combined in a fixed order. The layernorm parameter gradients are column sums by a fixed
-// row-stripe tree: no float atomics anywhere, so every result is run-to-run deterministic.
+// CUDA layernorm (forward/backward) and the fused residual add + layernorm, the fused softmax +
+// cross-entropy classifier and its vocabulary-parallel form (row_max, vocab_partials,
+// vocab_loss_grad): one warp (layernorm, 128-bit accesses where aligned) or one block (classifier)
+// per row, sums accumulated in double like the CPU kernels and combined in a fixed order. The
+// layernorm parameter gradients and the bias gradient are two-stage column sums (row-stripe tree
+// per chunk of rows, then the chunks in order): no float atomics anywhere, so every result is
+// run-to-run deterministic and the same on every GPU.
 #include <cub/block/block_reduce.cuh>
 #include <cuda/std/functional>
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
@@ -29,35 +32,140 @@ unsigned row_grid(int64_t rows) {
       std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, detail::kMaxGridBlocks));
 }
 
-__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
-                                         float* __restrict__ rstd, const float* __restrict__ in,
-                                         const float* __restrict__ weight,
-                                         const float* __restrict__ bias, int64_t N, int64_t C,
-                                         float eps) {
+// ---- layernorm forward and the fused residual add + layernorm: one warp per row -----------------
+// A lane owns the 16-byte chunks lane, lane + 32, ... of its row (Pack<T>::kN elements each, the
+// last one possibly short) and sums them in double, chunk by chunk, element by element; the warp
+// combines the lanes with warp_sum. This order is fixed by C alone: `vec` (every streamed row
+// 16-byte aligned, C a multiple of kN) only decides whether a chunk moves as one 128-bit access,
+// so aligned and unaligned calls, fused and unfused, give the same bits. Statistics are fp32
+// (double sums); outputs are rounded to T once.
+template <typename T>
+__device__ __forceinline__ void load_chunk(float (&x)[detail::Pack<T>::kN], const T* p, int64_t c0, int count,
+                                           bool vec) {
+  if (vec) {
+    const detail::Pack<T> v = detail::load_pack(p + c0);
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k) x[k] = to_float(v.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k) x[k] = k < count ? to_float(p[c0 + k]) : 0.0f;
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store_chunk(T* p, const float (&x)[detail::Pack<T>::kN], int64_t c0, int count,
+                                            bool vec) {
+  if (vec) {
+    detail::Pack<T> v;
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k) v.v[k] = from_float<T>(x[k]);
+    detail::store_pack(p + c0, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k)
+      if (k < count) p[c0 + k] = from_float<T>(x[k]);
+  }
+}
+
+// A lane's chunks in its order: kCached keeps them in registers (v[i] for the i-th chunk, rows of up
+// to kCachedLaneChunks * 32 chunks: C <= 1024 in fp32, 2048 in 16 bits), so the row is read from
+// memory once; otherwise one slot is reused and later passes read the row again (from cache).
+constexpr int kCachedLaneChunks = 8;
+template <bool kCached, int kN, typename F>
+__device__ __forceinline__ void for_lane_chunks(float (&v)[kCached ? kCachedLaneChunks : 1][kN], int lane,
+                                                int64_t chunks, F&& f) {
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kCachedLaneChunks; ++i) {
+      const int64_t j = lane + int64_t{i} * kWarpSize;
+      if (j < chunks) f(v[i], j);
+    }
+  } else {
+    for (int64_t j = lane; j < chunks; j += kWarpSize) f(v[0], j);
+  }
+}
+
+// kResidual: residual = round_T(a + b) is written first (a, b and residual may alias: each element
+// is read by the lane that writes it) and normalised; else the rows of `a` are. out aliases nothing.
+template <typename T, bool kResidual, bool kCached>
+__global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                      T* residual, const T* a, const T* b, const float* __restrict__ weight,
+                                      const float* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec) {
+  constexpr int kN = detail::Pack<T>::kN;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  const int64_t chunks = (C + kN - 1) / kN;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
        row < N; row += warps_total) {
-    const float* x = in + row * C;
+    const T* x = kResidual ? residual + row * C : a + row * C;
+    (void)x;  // unread when every pass finds the row in registers
+    float v[kCached ? kCachedLaneChunks : 1][kN];
+    auto count_of = [C](int64_t c0) { return static_cast<int>(C - c0 < kN ? C - c0 : kN); };
     double s = 0.0;
-    for (int64_t c = lane; c < C; c += kWarpSize) s += x[c];
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+      const int64_t c0 = j * kN;
+      const int count = count_of(c0);
+      if constexpr (kResidual) {
+        float u[kN];
+        load_chunk<T>(e, a + row * C, c0, count, vec);
+        load_chunk<T>(u, b + row * C, c0, count, vec);
+        // add's expression, then the value as stored (the statistics read the rounded residual).
+#pragma unroll
+        for (int k = 0; k < kN; ++k) e[k] = to_float(from_float<T>(e[k] + u[k]));
+        store_chunk<T>(residual + row * C, e, c0, count, vec);
+      } else {
+        load_chunk<T>(e, x, c0, count, vec);
+      }
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        if (k < count) s += e[k];
+    });
     const double md = detail::warp_sum(s) / static_cast<double>(C);
     // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
-    double v = 0.0;
-    for (int64_t c = lane; c < C; c += kWarpSize) {
-      const double d = x[c] - md;
-      v += d * d;
-    }
-    const double var = detail::warp_sum(v) / static_cast<double>(C);
+    double q = 0.0;
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+      const int64_t c0 = j * kN;
+      const int count = count_of(c0);
+      if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const double d = e[k] - md;
+        if (k < count) q += d * d;
+      }
+    });
+    const double var = detail::warp_sum(q) / static_cast<double>(C);
     const float m = static_cast<float>(md);
     const float r = static_cast<float>(1.0 / sqrt(var + eps));
-    float* y = out + row * C;
-    for (int64_t c = lane; c < C; c += kWarpSize) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+    T* y = out + row * C;
+    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+      const int64_t c0 = j * kN;
+      const int count = count_of(c0);
+      if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        if (k < count) e[k] = (e[k] - m) * r * weight[c0 + k] + bias[c0 + k];
+      store_chunk<T>(y, e, c0, count, vec);
+    });
     if (lane == 0) {
       if (mean != nullptr) mean[row] = m;
       if (rstd != nullptr) rstd[row] = r;
     }
   }
+}
+
+// Launches the row kernel, registers-cached when the row fits (the same bits either way).
+template <typename T, bool kResidual>
+void launch_layernorm_rows(cudaStream_t stream, T* out, float* mean, float* rstd, T* residual, const T* a,
+                           const T* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                           bool vec) {
+  const bool cached = (C + detail::Pack<T>::kN - 1) / detail::Pack<T>::kN <= int64_t{kCachedLaneChunks} * kWarpSize;
+  if (cached) {
+    layernorm_rows_kernel<T, kResidual, true><<<row_grid(N), kRowBlock, 0, stream>>>(
+        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+  } else {
+    layernorm_rows_kernel<T, kResidual, false><<<row_grid(N), kRowBlock, 0, stream>>>(
+        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+  }
+  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout.
@@ -96,32 +204,101 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ din,
   }
 }
 
-// dweight[c] += sum_rows(norm * dout), dbias[c] += sum_rows(dout); norm is recomputed from
-// in/mean/rstd. Block (32, kColumnSumRows), grid ceil(C/32): see detail::column_tree_sum.
+// ---- column sums in two stages: the bias gradient and layernorm's dweight/dbias ---------------
+// Stage 1: block (32, kColumnSumRows) covers 32 columns of one chunk of rows; each thread sums its
+// row stripe of the chunk in row order, the stripes combine by detail::column_tree_sum. Stage 2:
+// one thread per column adds the chunk partials in chunk order. The chunking depends only on
+// (N, C), never on the GPU. With one chunk stage 1 adds into the gradient directly (the
+// single-stage kernel's bits).
+constexpr int64_t kColumnChunkRows = 256;  // rows per chunk at least: 32 stripes of 8 rows
+constexpr int64_t kMaxColumnChunks = 64;   // x ceil(C/32) blocks: 1536 blocks at C = 768
+
+struct ColumnChunks {
+  int64_t count, rows;
+};
+// `outputs` gradients of C columns, partials in double: they must fit the stream's workspace.
+ColumnChunks column_chunks(int64_t N, int64_t C, int outputs) {
+  const int64_t fit = static_cast<int64_t>(detail::kMinStreamWorkspace / (sizeof(double) * outputs)) / C;
+  const int64_t want = std::clamp<int64_t>((N + kColumnChunkRows - 1) / kColumnChunkRows, 1,
+                                           std::max<int64_t>(1, std::min(kMaxColumnChunks, fit)));
+  const int64_t rows = (N + want - 1) / want;
+  return {N == 0 ? 1 : (N + rows - 1) / rows, std::max<int64_t>(rows, 1)};
+}
+
+// kLayernorm: out0 = dbias (sum dout), out1 = dweight (sum norm * dout, norm from in/mean/rstd);
+// else out0 = dbias of a bias. Either output may be nullptr. partials: [2][chunks][C] doubles.
+template <bool kLayernorm>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    layernorm_backward_params_kernel(float* __restrict__ dweight,
-                                                 float* __restrict__ dbias,
-                                                 const float* __restrict__ dout,
-                                                 const float* __restrict__ in,
-                                                 const float* __restrict__ mean,
-                                                 const float* __restrict__ rstd, int64_t N,
-                                                 int64_t C) {
+    column_partials_kernel(float* __restrict__ out0, float* __restrict__ out1, double* __restrict__ partials,
+                           const float* __restrict__ dout, const float* __restrict__ in,
+                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int64_t C,
+                           int64_t chunk_rows) {
   __shared__ detail::ColumnTile tile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
-  double acc_w = 0.0;
-  double acc_b = 0.0;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t r1 = min(N, r0 + chunk_rows);
+  double acc0 = 0.0;
+  double acc1 = 0.0;
   if (col < C) {
-    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) {
+    for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) {
       const float dy = dout[row * C + col];
-      const float norm = (in[row * C + col] - mean[row]) * rstd[row];
-      acc_w += double{norm} * dy;
-      acc_b += dy;
+      if constexpr (kLayernorm) {
+        const float norm = (in[row * C + col] - mean[row]) * rstd[row];
+        acc1 += double{norm} * dy;
+      }
+      acc0 += dy;
     }
   }
-  const double total_w = detail::column_tree_sum(acc_w, tile);
-  if (threadIdx.y == 0 && col < C && dweight != nullptr) dweight[col] += static_cast<float>(total_w);
-  const double total_b = detail::column_tree_sum(acc_b, tile);
-  if (threadIdx.y == 0 && col < C && dbias != nullptr) dbias[col] += static_cast<float>(total_b);
+  const int64_t chunks = gridDim.y;
+  double total1 = 0.0;
+  if constexpr (kLayernorm) total1 = detail::column_tree_sum(acc1, tile);
+  const double total0 = detail::column_tree_sum(acc0, tile);
+  if (threadIdx.y != 0 || col >= C) return;
+  if (chunks == 1) {
+    if (out0 != nullptr) out0[col] += static_cast<float>(total0);
+    if (kLayernorm && out1 != nullptr) out1[col] += static_cast<float>(total1);
+  } else {
+    partials[blockIdx.y * C + col] = total0;
+    if (kLayernorm) partials[(chunks + blockIdx.y) * C + col] = total1;
+  }
+}
+
+__global__ void column_finish_kernel(float* __restrict__ out0, float* __restrict__ out1,
+                                     const double* __restrict__ partials, int64_t C, int64_t chunks) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < C; col += stride) {
+    for (int o = 0; o < 2; ++o) {
+      float* out = o == 0 ? out0 : out1;
+      if (out == nullptr) continue;
+      const double* p = partials + o * chunks * C + col;
+      double total = p[0];
+      for (int64_t k = 1; k < chunks; ++k) total += p[k * C];
+      out[col] += static_cast<float>(total);
+    }
+  }
+}
+
+template <bool kLayernorm>
+void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const float* dout, const float* in,
+                        const float* mean, const float* rstd, int64_t N, int64_t C) {
+  if (C == 0 || (out0 == nullptr && out1 == nullptr)) return;
+  const ColumnChunks ch = column_chunks(N, C, kLayernorm ? 2 : 1);
+  double* partials = nullptr;
+  if (ch.count > 1) {
+    size_t bytes = 0;
+    partials = static_cast<double*>(detail::stream_workspace(stream, &bytes));
+    ZT_CHECK(static_cast<size_t>(ch.count * C) * sizeof(double) * (kLayernorm ? 2 : 1) <= bytes,
+             "column sums: ", ch.count, " chunks of ", C, " columns exceed the stream workspace of ", bytes, " bytes");
+  }
+  const dim3 grid(static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(ch.count));
+  column_partials_kernel<kLayernorm><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(
+      out0, out1, partials, dout, in, mean, rstd, N, C, ch.rows);
+  ZT_CUDA_CHECK(cudaGetLastError());
+  if (ch.count > 1) {
+    column_finish_kernel<<<detail::grid_for(C), detail::kElementwiseBlock, 0, stream>>>(
+        out0, kLayernorm ? out1 : nullptr, partials, C, ch.count);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 // One block per row of logits [N,V]: max, sum of exp, loss, then dlogits in place.
@@ -306,9 +483,41 @@ void vocab_loss_grad(void* stream, float* logits, float* losses, const float* ma
 void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
                        const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
   detail::LaunchScope scope(stream);
-  layernorm_forward_kernel<<<row_grid(N), kRowBlock, 0, scope.stream()>>>(out, mean, rstd, in,
-                                                                           weight, bias, N, C, eps);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  const bool vec = C % detail::Pack<float>::kN == 0 && detail::is_aligned16(out) && detail::is_aligned16(in);
+  launch_layernorm_rows<float, false>(scope.stream(), out, mean, rstd, nullptr, in, nullptr, weight, bias, N, C,
+                                      eps, vec);
+}
+
+namespace {
+template <typename T>
+void launch_residual_layernorm(cudaStream_t stream, void* residual_out, void* ln_out, float* mean, float* rstd,
+                               const void* a, const void* b, const float* weight, const float* bias, int64_t N,
+                               int64_t C, float eps) {
+  const bool vec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(residual_out) &&
+                   detail::is_aligned16(ln_out) && detail::is_aligned16(a) && detail::is_aligned16(b);
+  launch_layernorm_rows<T, true>(stream, static_cast<T*>(ln_out), mean, rstd, static_cast<T*>(residual_out),
+                                 static_cast<const T*>(a), static_cast<const T*>(b), weight, bias, N, C, eps, vec);
+}
+}  // namespace
+
+void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                const void* a, const void* b, DType act, const float* weight, const float* bias,
+                                int64_t N, int64_t C, float eps) {
+  detail::LaunchScope scope(stream);
+  switch (act) {
+    case DType::kF32:
+      return launch_residual_layernorm<float>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight, bias,
+                                              N, C, eps);
+    case DType::kF16:
+      return launch_residual_layernorm<Half>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight, bias,
+                                             N, C, eps);
+    case DType::kBF16:
+      return launch_residual_layernorm<BFloat16>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight,
+                                                 bias, N, C, eps);
+    default:
+      break;
+  }
+  ZT_CHECK(false, "residual_layernorm_forward: unsupported activation dtype ", dtype_name(act));
 }
 
 void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
@@ -320,13 +529,7 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
         din, dout, in, weight, mean, rstd, N, C);
     ZT_CUDA_CHECK(cudaGetLastError());
   }
-  if (dweight != nullptr || dbias != nullptr) {
-    const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
-    layernorm_backward_params_kernel<<<blocks, dim3(kWarpSize, kColumnSumRows), 0,
-                                       scope.stream()>>>(dweight, dbias, dout, in, mean, rstd, N,
-                                                         C);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
+  launch_column_sums<true>(scope.stream(), dbias, dweight, dout, in, mean, rstd, N, C);
 }
 
 void classifier_forward_backward(void* stream, float* logits, float* losses,
@@ -339,5 +542,11 @@ void classifier_forward_backward(void* stream, float* logits, float* losses,
                                                                      dloss_scale);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
+
+namespace detail {
+void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C) {
+  launch_column_sums<false>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+}
+}  // namespace detail
 
 }  // namespace zt::cuda_ops

@@ -60,16 +60,16 @@ OpTable make_cuda_table() {
                    [&](void* ws, size_t) { cuda_ops::matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32, ws); });
   };
   t.matmul_backward = [](Stream& s, void* din, float* dw, float* db, const void* dout, const void* in, const void* w,
-                         MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
+                         MatmulTypes ty, int64_t N, int64_t C, int64_t OC, bool overwrite_din) {
     const cuda::TaskSpan span(s, "matmul_backward");
     const bool tf32 = s.device().math_mode().tf32;
     bool done = false;
     with_workspace(s, db != nullptr && dw != nullptr ? cuda_ops::lt_bias_scratch_bytes(OC) : 0, "matmul_backward dbias",
                    [&](void* ws, size_t) {
-                     done = cuda_ops::lt_matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, tf32,
-                                                         static_cast<float*>(ws));
+                     done = cuda_ops::lt_matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC,
+                                                         overwrite_din, tf32, static_cast<float*>(ws));
                    });
-    if (!done) cuda_ops::matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, tf32);
+    if (!done) cuda_ops::matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, overwrite_din, tf32);
   };
   t.matmul_gelu_forward = [](Stream& s, void* out, void* pre, const void* in, const void* w, const void* bias,
                              MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
@@ -117,6 +117,7 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
   ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
   ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
+  ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
 
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");

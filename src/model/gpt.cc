@@ -387,17 +387,16 @@ class Gpt final : public Model {
                                    act(A.fch, Shape{BT, 4 * C}));
       if (weight)
         ops::matmul_backward(s, none, g.fcprojw, g.fcprojb, dres3, act(A.fch_gelu, Shape{BT, 4 * C}), w.fcprojw);
-      const TensorView dln2 = dln_at(A.dln2);
-      if (input) zero(dln2);
+      const TensorView dln2 = dln_at(A.dln2);  // no earlier writer: the matmul overwrites it
       ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight && !fc_bias_in_dgelu ? g.fcb : none,
-                           dfch, act(A.ln2, Shape{BT, C}), w.fcw);
+                           dfch, act(A.ln2, Shape{BT, C}), w.fcw, /*overwrite_din=*/true);
       ln_back(dln2, act(A.residual2, Shape{BT, C}), w.ln2w, g.ln2w, g.ln2b, act(A.ln2_mean, Shape{BT}),
               act(A.ln2_rstd, Shape{BT}));
       // residual2 = residual + attproj(attention(qkv(ln1(residual))))
       const TensorView dres2 = keep(dresidual, A.dres2);
-      if (input) zero(datty);
+      // datty and dln1 have no earlier writer in this layer: their matmuls overwrite (no zero fill).
       ops::matmul_backward(s, input ? datty : none, weight ? g.attprojw : none, weight ? g.attprojb : none, dres2,
-                           act(A.atty, Shape{BT, C}), w.attprojw);
+                           act(A.atty, Shape{BT, C}), w.attprojw, /*overwrite_din=*/true);
       if (input) {
         zero(dqkv);
         ops::flash_attention_backward(s, TensorView{dqkv.data, DType::kF32, Shape{P.B, P.T, 3 * C}, dqkv.device},
@@ -406,9 +405,8 @@ class Gpt final : public Model {
                                       act(P.attn_scratch, Shape{P.attn_scratch_numel}));
       }
       const TensorView dln1 = dln_at(A.dln1);
-      if (input) zero(dln1);
       ops::matmul_backward(s, input ? dln1 : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
-                           act(A.ln1, Shape{BT, C}), w.qkvw);
+                           act(A.ln1, Shape{BT, C}), w.qkvw, /*overwrite_din=*/true);
       ln_back(dln1, act(res_in, Shape{BT, C}), w.ln1w, g.ln1w, g.ln1b, act(A.ln1_mean, Shape{BT}),
               act(A.ln1_rstd, Shape{BT}));
       if (weight) p.after_backward(b);
@@ -447,12 +445,18 @@ class Gpt final : public Model {
       ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(A.lse, Shape{P.B, P.NH, P.T}),
                                    act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
     }
+    // residual2 = residual + attproj and ln2 = layernorm(residual2) in one pass (the bits of the add
+    // and the layernorm); selective recompute re-runs only the layernorm from the kept residual2.
+    // The block's later add (residual3) stays separate: the layernorm after it is the next block's,
+    // whose parameters ZeRO stage 3 gathers only at that block's before_forward.
     if (matmuls) {
       ops::matmul_forward(s, attproj, atty, w.attprojw, w.attprojb);
-      ops::add(s, res2, res_in, attproj);
+      ops::residual_layernorm_forward(s, res2, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}),
+                                      res_in, attproj, w.ln2w, w.ln2b, kLayerNormEps);
+    } else {
+      ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
+                             w.ln2b, kLayerNormEps);
     }
-    ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
-                           w.ln2b, kLayerNormEps);
     // c_fc and its GELU in one op (a GEMM epilogue on GPUs); a selective recompute keeps fch, the
     // pre-GELU aux, and re-runs the GELU alone (the bits of the fused op's on the CPU backend).
     if (matmuls)

@@ -591,8 +591,7 @@ class GptTp final : public Model {
       return {};
     }
     TensorView din = ws.view(ws.plan.full2, Shape{ws.plan.B * ws.plan.T, ws.plan.C});
-    ops::fill(s, din, 0.0f);
-    ops::matmul_backward(s, din, TensorView{}, TensorView{}, dout, in_all, weight);
+    ops::matmul_backward(s, din, TensorView{}, TensorView{}, dout, in_all, weight, /*overwrite_din=*/true);
     start_leave(s, tr, ws, din, tag);
     finish_enter(s, ws);
     if (pass == BackPass::kFused) ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
@@ -641,11 +640,10 @@ class GptTp final : public Model {
     TensorView attproj = leave(s, tr, ws, full, "tp attn.c_proj");
     ops::bias_forward(s, attproj, param(p, blk, 8));
     TensorView res2 = act(A.residual2, Shape{R, C});
-    ops::add(s, res2, res_in, attproj);
-
     TensorView ln2 = act(A.ln2, Shape{R, C});
-    ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}), res2, param(p, blk, 9),
-                           param(p, blk, 10), kLayerNormEps);
+    // The add and the layernorm in one pass (their bits; kernels/ops.h).
+    ops::residual_layernorm_forward(s, res2, ln2, act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}), res_in,
+                                    attproj, param(p, blk, 9), param(p, blk, 10), kLayerNormEps);
     TensorView fch = act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * Cl});
     column_matmul(s, tr, ws, fch, ln2, param(p, blk, 3), param(p, blk, 4), "tp ln_2");
     ops::gelu_forward(s, fch_gelu, fch);
@@ -700,10 +698,9 @@ class GptTp final : public Model {
     if (input) {
       ops::bias_backward(s, rg.at(8), dresidual);
       dres2_all = all_rows(s, tr, ws, dresidual, A.dres2_all, "tp d attn.c_proj");
-      zero(datty);
     }
     ops::matmul_backward(s, input ? datty : none, weight ? grad(p, blk, 2) : none, none, dres2_all,
-                         act(A.atty, Shape{BT, Cl}), param(p, blk, 2));
+                         act(A.atty, Shape{BT, Cl}), param(p, blk, 2), /*overwrite_din=*/true);
     TensorView ln1_all = act(A.ln1_all, Shape{BT, C});
     if (input) {
       ln1_all = start_all_rows(s, tr, ws, act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1");

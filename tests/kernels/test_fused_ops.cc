@@ -1,0 +1,356 @@
+// The fused and vectorised memory-bound ops of issue #13 on every backend (CUDA instances skip
+// without a GPU): the residual add + layernorm against its composition (bits) and float64 (fp32,
+// bf16, fp16), matmul_backward's overwrite_din against zero fill + accumulate, the two-stage column sums (bias and layernorm parameter gradients) against float64
+// at C = 768 and odd shapes, and the 128-bit elementwise paths at odd sizes and unaligned pointers
+// against the scalar expressions. Tolerances as tests/kernels/test_ops.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "kernels/elementwise.h"
+#include "kernels/op_table.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ops_ref.h"
+#include "op_test_util.h"
+
+namespace zt {
+namespace {
+
+using namespace op_test;  // NOLINT(build/namespaces): the helpers shared by the op test binaries
+
+class FusedOpsTest : public OpsFixture {
+ protected:
+  // A view of n elements of `t` starting `offset` elements in: offset 1 makes fp32 and 16-bit
+  // pointers 4 and 2 bytes off a 16-byte boundary (the scalar paths).
+  static TensorView at(const DevTensor& t, int64_t offset, Shape shape) {
+    const TensorView& v = t.view();
+    return TensorView{static_cast<char*>(v.data) + offset * static_cast<int64_t>(dtype_size(v.dtype)), v.dtype,
+                      shape, v.device};
+  }
+  template <typename T>
+  std::vector<T> download_at(const DevTensor& t, int64_t offset, int64_t n) {
+    const std::vector<T> all = t.download<T>();
+    return std::vector<T>(all.begin() + offset, all.begin() + offset + n);
+  }
+};
+
+struct RowsCase {
+  int64_t N, C;
+};
+// Odd C (not a multiple of 4 or 8) exercises the short last chunk of a row; 768 is GPT-2's.
+const RowsCase kResidualCases[] = {{1, 1}, {3, 7}, {5, 8}, {7, 255}, {9, 257}, {64, 768}, {130, 129}, {33, 1030}};
+
+// ---- residual add + layernorm, fp32 -------------------------------------------------------------
+TEST_P(FusedOpsTest, ResidualLayernormIsTheCompositionBitForBit) {
+  const float eps = 1e-5f;
+  for (const RowsCase& c : kResidualCases) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C, n = N * C;
+    const FVec a = rng_.normal(n, 2.0f, 3.0f), b = rng_.normal(n), w = rng_.normal(C), bias = rng_.normal(C);
+    DevTensor ta = tensor(a, {N, C}), tb = tensor(b, {N, C}), tw = tensor(w, {C}), tbias = tensor(bias, {C});
+
+    // The composition on this backend.
+    DevTensor res_c = poisoned({N, C}), ln_c = poisoned({N, C}), mean_c = poisoned({N}), rstd_c = poisoned({N});
+    ops::add(s(), res_c, ta, tb);
+    ops::layernorm_forward(s(), ln_c, mean_c, rstd_c, res_c, tw, tbias, eps);
+
+    DevTensor res = poisoned({N, C}), ln = poisoned({N, C}), mean = poisoned({N}), rstd = poisoned({N});
+    ops::residual_layernorm_forward(s(), res, ln, mean, rstd, ta, tb, tw, tbias, eps);
+    EXPECT_TRUE(bitwise_equal(res.f(), res_c.f()));
+    EXPECT_TRUE(bitwise_equal(ln.f(), ln_c.f()));
+    EXPECT_TRUE(bitwise_equal(mean.f(), mean_c.f()));
+    EXPECT_TRUE(bitwise_equal(rstd.f(), rstd_c.f()));
+
+    // float64: the residual is one fp32 rounding of the sum; the layernorm of that residual.
+    FVec want_res(n);
+    for (int64_t i = 0; i < n; ++i) want_res[i] = a[i] + b[i];
+    EXPECT_TRUE(bitwise_equal(res.f(), want_res));
+    DVec r_ln(n), r_mean(N), r_rstd(N);
+    ref::layernorm_forward_ref(r_ln, r_mean, r_rstd, to_d(want_res), to_d(w), to_d(bias), N, C, eps);
+    EXPECT_TRUE(close(ln.f(), r_ln, kTolReduce));
+    EXPECT_TRUE(close(mean.f(), r_mean, kTolElem));
+    EXPECT_TRUE(close(rstd.f(), r_rstd, kTolReduce));
+
+    // residual_out aliasing a (as an in-place residual stream would), and every pointer off a
+    // 16-byte boundary (the scalar path): the same bits.
+    ops::residual_layernorm_forward(s(), ta, ln, mean, rstd, ta, tb, tw, tbias, eps);
+    EXPECT_TRUE(bitwise_equal(ta.f(), want_res));
+    EXPECT_TRUE(bitwise_equal(ln.f(), ln_c.f()));
+    FVec a1(n + 1), b1(n + 1);
+    std::copy(a.begin(), a.end(), a1.begin() + 1);
+    std::copy(b.begin(), b.end(), b1.begin() + 1);
+    DevTensor ua = tensor(a1, {n + 1}), ub = tensor(b1, {n + 1}), ures = poisoned({n + 1}), uln = poisoned({n + 1});
+    ops::residual_layernorm_forward(s(), at(ures, 1, {N, C}), at(uln, 1, {N, C}), mean, rstd, at(ua, 1, {N, C}),
+                                    at(ub, 1, {N, C}), tw, tbias, eps);
+    EXPECT_TRUE(bitwise_equal(download_at<float>(ures, 1, n), want_res));
+    EXPECT_TRUE(bitwise_equal(download_at<float>(uln, 1, n), ln_c.f()));
+    EXPECT_TRUE(bitwise_equal(rstd.f(), rstd_c.f()));
+  }
+}
+
+// Without the backend's kernel fp32 runs the composition (the same bits), 16 bits are refused.
+TEST_P(FusedOpsTest, ResidualLayernormFallsBackToTheComposition) {
+  const int64_t N = 17, C = 130, n = N * C;
+  const FVec a = rng_.normal(n), b = rng_.normal(n), w = rng_.normal(C), bias = rng_.normal(C);
+  DevTensor ta = tensor(a, {N, C}), tb = tensor(b, {N, C}), tw = tensor(w, {C}), tbias = tensor(bias, {C});
+  DevTensor res = poisoned({N, C}), ln = poisoned({N, C}), mean = poisoned({N}), rstd = poisoned({N});
+  ops::residual_layernorm_forward(s(), res, ln, mean, rstd, ta, tb, tw, tbias, 1e-5f);
+  const FVec want_res = res.f(), want_ln = ln.f();
+
+  OpTable without = *op_table(GetParam());
+  without.residual_layernorm_forward = nullptr;
+  sync();
+  ScopedOpTable scoped(GetParam(), &without);
+  DevTensor res2 = poisoned({N, C}), ln2 = poisoned({N, C});
+  ops::residual_layernorm_forward(s(), res2, ln2, mean, rstd, ta, tb, tw, tbias, 1e-5f);
+  EXPECT_TRUE(bitwise_equal(res2.f(), want_res));
+  EXPECT_TRUE(bitwise_equal(ln2.f(), want_ln));
+
+  DevTensor h = empty({N, C}, DType::kBF16), h2 = empty({N, C}, DType::kBF16);
+  try {
+    ops::residual_layernorm_forward(s(), h, h2, mean, rstd, h, h, tw, tbias, 1e-5f);
+    ADD_FAILURE() << "a bf16 residual_layernorm_forward without a kernel must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("residual_layernorm_forward"), std::string::npos) << e.what();
+  }
+  sync();
+}
+
+TEST_P(FusedOpsTest, ResidualLayernormRejectsBadArguments) {
+  const int64_t N = 4, C = 8;
+  DevTensor a = tensor(rng_.normal(N * C), {N, C}), w = tensor(rng_.normal(C), {C}), out = poisoned({N, C});
+  DevTensor mean = poisoned({N}), rstd = poisoned({N}), wrong = poisoned({N, C + 1}), half = empty({N, C}, DType::kF16);
+  EXPECT_THROW(ops::residual_layernorm_forward(s(), out, a, mean, rstd, a, a, w, w, 1e-5f), Error);  // ln_out = a
+  EXPECT_THROW(ops::residual_layernorm_forward(s(), out, wrong, mean, rstd, a, a, w, w, 1e-5f), Error);
+  EXPECT_THROW(ops::residual_layernorm_forward(s(), out, half, mean, rstd, a, a, w, w, 1e-5f), Error);
+  EXPECT_THROW(ops::residual_layernorm_forward(s(), out, poisoned({N, C}), mean, rstd, a, a, w, w, -1.0f), Error);
+  sync();
+}
+
+// ---- residual add + layernorm, 16-bit activations -------------------------------------------------
+// The residual is the sum rounded once to the activation dtype (bits of core/dtype.h's rounding);
+// the statistics come from that rounded residual, ln_out is rounded once: float64 of the rounded
+// residual within the dtype's tolerance.
+template <typename T>
+void check_residual_layernorm_16(Device& dev, Stream& s, Rng& rng, DType dtype, Tol tol) {
+  const float eps = 1e-5f;
+  for (const RowsCase& c : kResidualCases) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C, n = N * C;
+    const FVec a = rng.normal(n, 2.0f, 3.0f), b = rng.normal(n), w = rng.normal(C), bias = rng.normal(C);
+    std::vector<T> a16(n), b16(n), want_res(n);
+    DVec res_d(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a16[i] = from_float<T>(a[i]);
+      b16[i] = from_float<T>(b[i]);
+      want_res[i] = from_float<T>(to_float(a16[i]) + to_float(b16[i]));
+      res_d[i] = to_float(want_res[i]);
+    }
+    DevTensor ta(dev, s, dtype, {N, C}), tb(dev, s, dtype, {N, C}), res(dev, s, dtype, {N, C}),
+        ln(dev, s, dtype, {N, C}), tw(dev, s, DType::kF32, {C}), tbias(dev, s, DType::kF32, {C}),
+        mean(dev, s, DType::kF32, {N}), rstd(dev, s, DType::kF32, {N});
+    ta.upload(a16);
+    tb.upload(b16);
+    tw.upload(w);
+    tbias.upload(bias);
+    ln.upload(std::vector<T>(n, T{0x7e01}));  // NaN in fp16, ~1.7e38 in bf16: no layernorm output
+    mean.upload(nan_vec(N));
+    rstd.upload(nan_vec(N));
+    ops::residual_layernorm_forward(s, res, ln, mean, rstd, ta, tb, tw, tbias, eps);
+    const std::vector<T> got_res = res.download<T>(), got_ln = ln.download<T>();
+    std::vector<uint16_t> got_bits(n), want_bits(n);
+    for (int64_t i = 0; i < n; ++i) got_bits[i] = got_res[i].bits, want_bits[i] = want_res[i].bits;
+    EXPECT_TRUE(bitwise_equal(got_bits, want_bits));
+    DVec r_ln(n), r_mean(N), r_rstd(N);
+    ref::layernorm_forward_ref(r_ln, r_mean, r_rstd, res_d, to_d(w), to_d(bias), N, C, eps);
+    FVec ln_f(n);
+    for (int64_t i = 0; i < n; ++i) ln_f[i] = to_float(got_ln[i]);
+    EXPECT_TRUE(close(ln_f, r_ln, tol));
+    EXPECT_TRUE(close(mean.f(), r_mean, kTolElem));
+    EXPECT_TRUE(close(rstd.f(), r_rstd, kTolReduce));
+  }
+}
+
+TEST_P(FusedOpsTest, ResidualLayernormBf16) {
+  check_residual_layernorm_16<BFloat16>(*dev_, s(), rng_, DType::kBF16, Tol{1e-2, 4e-3});
+}
+TEST_P(FusedOpsTest, ResidualLayernormFp16) {
+  check_residual_layernorm_16<Half>(*dev_, s(), rng_, DType::kF16, Tol{1e-3, 5e-4});
+}
+
+// ---- column sums: bias gradient and layernorm dweight/dbias ----------------------------------------
+// Shapes from one row to many chunks of rows (the CUDA kernels split N into up to 64 chunks of
+// >= 256 rows; 20000 rows reach the 64-chunk cap) at C = 768 and odd widths; gradients pre-filled so the += is checked.
+const RowsCase kColumnCases[] = {{1, 1}, {3, 7}, {255, 33}, {257, 129}, {1300, 768}, {20000, 3}};
+
+TEST_P(FusedOpsTest, BiasGradientColumnSums) {
+  for (const RowsCase& c : kColumnCases) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C;
+    const FVec dout = rng_.normal(N * C), db0 = rng_.normal(C);
+    DevTensor tdout = tensor(dout, {N, C}), db = tensor(db0, {C});
+    ops::bias_backward(s(), db, tdout);
+    DVec r_db = to_d(db0);
+    ref::bias_backward_ref(r_db, to_d(dout), N, C);
+    const FVec got = db.f();
+    EXPECT_TRUE(close(got, r_db, kTolReduce));
+    // matmul_backward's dbias is the same reduction (ops.h): the same bits.
+    DevTensor in = tensor(rng_.normal(N * 2), {N, 2}), w = tensor(rng_.normal(C * 2), {C, 2}), db2 = tensor(db0, {C});
+    ops::matmul_backward(s(), TensorView{}, TensorView{}, db2, tdout, in, w);
+    EXPECT_TRUE(bitwise_equal(db2.f(), got));
+    // Run to run: a fixed order.
+    DevTensor db3 = tensor(db0, {C});
+    ops::bias_backward(s(), db3, tdout);
+    EXPECT_TRUE(bitwise_equal(db3.f(), got));
+  }
+}
+
+TEST_P(FusedOpsTest, LayernormParameterGradientColumnSums) {
+  for (const RowsCase& c : kColumnCases) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C;
+    const FVec in = rng_.normal(N * C, 2.0f, 1.0f), w = rng_.normal(C), b = rng_.normal(C);
+    DevTensor tin = tensor(in, {N, C}), tw = tensor(w, {C}), tb = tensor(b, {C});
+    DevTensor out = poisoned({N, C}), mean = poisoned({N}), rstd = poisoned({N});
+    ops::layernorm_forward(s(), out, mean, rstd, tin, tw, tb, 1e-5f);
+    const FVec dout = rng_.normal(N * C), din0 = rng_.normal(N * C), dw0 = rng_.normal(C), db0 = rng_.normal(C);
+    DevTensor tdout = tensor(dout, {N, C}), din = tensor(din0, {N, C}), dw = tensor(dw0, {C}), db = tensor(db0, {C});
+    ops::layernorm_backward(s(), din, dw, db, tdout, tin, tw, mean, rstd);
+    DVec r_din = to_d(din0), r_dw = to_d(dw0), r_db = to_d(db0);
+    // The reference normalises with the op's own (fp32) statistics, as the kernels do.
+    ref::layernorm_backward_ref(r_din, r_dw, r_db, to_d(dout), to_d(in), to_d(w), to_d(mean.f()), to_d(rstd.f()),
+                                N, C);
+    EXPECT_TRUE(close(dw.f(), r_dw, kTolReduce));
+    EXPECT_TRUE(close(db.f(), r_db, kTolReduce));
+    EXPECT_TRUE(close(din.f(), r_din, kTolReduce));
+    DevTensor dw2 = tensor(dw0, {C}), db2 = tensor(db0, {C}), din2 = tensor(din0, {N, C});
+    ops::layernorm_backward(s(), din2, dw2, db2, tdout, tin, tw, mean, rstd);
+    EXPECT_TRUE(bitwise_equal(dw2.f(), dw.f()));
+    EXPECT_TRUE(bitwise_equal(db2.f(), db.f()));
+  }
+}
+
+// ---- no zero fill before the first writer: matmul_backward's overwrite_din -------------------------
+// din = dout @ weight into a poisoned din: the bits of zero-filling din and accumulating (random
+// inputs: no exact zeros, whose sign is the one documented difference); dweight/dbias still add.
+TEST_P(FusedOpsTest, MatmulBackwardOverwriteDinIsZeroFillPlusAccumulate) {
+  for (const RowsCase& c : {RowsCase{1, 1}, RowsCase{17, 33}, RowsCase{130, 257}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C, OC = 2 * C + 1;
+    DevTensor dout = tensor(rng_.normal(N * OC), {N, OC}), in = tensor(rng_.normal(N * C), {N, C}),
+              w = tensor(rng_.normal(OC * C), {OC, C});
+    const FVec dw0 = rng_.normal(OC * C), db0 = rng_.normal(OC);
+    DevTensor din = tensor(FVec(N * C, 0.0f), {N, C}), dw = tensor(dw0, {OC, C}), db = tensor(db0, {OC});
+    ops::matmul_backward(s(), din, dw, db, dout, in, w);
+    DevTensor din2 = poisoned({N, C}), dw2 = tensor(dw0, {OC, C}), db2 = tensor(db0, {OC});
+    ops::matmul_backward(s(), din2, dw2, db2, dout, in, w, /*overwrite_din=*/true);
+    EXPECT_TRUE(bitwise_equal(din2.f(), din.f()));
+    EXPECT_TRUE(bitwise_equal(dw2.f(), dw.f()));
+    EXPECT_TRUE(bitwise_equal(db2.f(), db.f()));
+  }
+}
+
+// ---- 128-bit elementwise paths: odd sizes, unaligned pointers, the scalar expressions' bits --------
+const int64_t kVecSizes[] = {1, 3, 4, 5, 7, 8, 9, 1027, 100003};
+
+TEST_P(FusedOpsTest, ElementwiseVectorPathsKeepTheScalarBits) {
+  for (int64_t n : kVecSizes) {
+    for (int64_t off : {int64_t{0}, int64_t{1}}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << off);
+      const FVec a = rng_.normal(n + off), b = rng_.normal(n + off), d = rng_.normal(n + off);
+      DevTensor ta = tensor(a, {n + off}), tb = tensor(b, {n + off});
+      auto slice = [&](const FVec& v) { return FVec(v.begin() + off, v.begin() + off + n); };
+      const FVec as = slice(a), bs = slice(b), ds = slice(d);
+
+      DevTensor x = poisoned({n + off});
+      ops::fill(s(), at(x, off, {n}), -2.5f);
+      EXPECT_TRUE(bitwise_equal(download_at<float>(x, off, n), FVec(n, -2.5f)));
+
+      DevTensor sc = tensor(a, {n + off});
+      ops::scale(s(), at(sc, off, {n}), 0.7f);
+      FVec want(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = as[i] * 0.7f;
+      EXPECT_TRUE(bitwise_equal(download_at<float>(sc, off, n), want));
+
+      DevTensor out = poisoned({n + off});
+      ops::add(s(), at(out, off, {n}), at(ta, off, {n}), at(tb, off, {n}));
+      for (int64_t i = 0; i < n; ++i) want[i] = as[i] + bs[i];
+      EXPECT_TRUE(bitwise_equal(download_at<float>(out, off, n), want));
+
+      DevTensor acc = tensor(a, {n + off});
+      ops::accumulate(s(), at(acc, off, {n}), at(tb, off, {n}));
+      EXPECT_TRUE(bitwise_equal(download_at<float>(acc, off, n), want));
+
+      // GELU: the CPU loop calls the shared element functions (exact); nvcc may contract into FMAs
+      // (kernels/elementwise.h), so the GPU is held to the element tolerance, and to its own
+      // aligned bits below.
+      DevTensor g = poisoned({n + off});
+      ops::gelu_forward(s(), at(g, off, {n}), at(ta, off, {n}));
+      DevTensor gd = tensor(d, {n + off});
+      ops::gelu_backward(s(), at(gd, off, {n}), at(ta, off, {n}), at(tb, off, {n}));
+      DVec want_g(n), want_gd(n);
+      for (int64_t i = 0; i < n; ++i) {
+        want_g[i] = gelu_forward_elem(as[i]);
+        want_gd[i] = ds[i] + gelu_grad_elem(as[i]) * bs[i];
+      }
+      EXPECT_TRUE(close(download_at<float>(g, off, n), want_g, kTolElem));
+      EXPECT_TRUE(close(download_at<float>(gd, off, n), want_gd, kTolElem));
+      if (GetParam() == Backend::kCpu) {
+        EXPECT_TRUE(bitwise_equal(download_at<float>(g, off, n), to_f(want_g)));
+      }
+      // The aligned run of the same values gives the same bits as this one.
+      DevTensor ua = tensor(as, {n}), ub = tensor(bs, {n}), ug = poisoned({n}), ugd = tensor(ds, {n});
+      ops::gelu_forward(s(), ug, ua);
+      ops::gelu_backward(s(), ugd, ua, ub);
+      EXPECT_TRUE(bitwise_equal(ug.f(), download_at<float>(g, off, n)));
+      EXPECT_TRUE(bitwise_equal(ugd.f(), download_at<float>(gd, off, n)));
+    }
+  }
+}
+
+// 16-bit accumulate and casts move 8 elements per 128-bit access: odd sizes and offsets against
+// core/dtype.h's host rounding, bit for bit.
+TEST_P(FusedOpsTest, SixteenBitVectorPathsKeepTheScalarBits) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int64_t n : kVecSizes) {
+      for (int64_t off : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n << " offset=" << off);
+        const FVec x = rng_.normal(n + off, 4.0f), y = rng_.normal(n + off, 4.0f);
+        auto bits = [t](float v) { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); };
+        auto value = [t](uint16_t h) { return t == DType::kBF16 ? bf16_bits_to_float(h) : half_bits_to_float(h); };
+        std::vector<uint16_t> x16(n + off), y16(n + off);
+        for (int64_t i = 0; i < n + off; ++i) x16[i] = bits(x[i]), y16[i] = bits(y[i]);
+        DevTensor tx(*dev_, s(), t, {n + off}), ty(*dev_, s(), t, {n + off});
+        tx.upload(x16);
+        ty.upload(y16);
+        ops::accumulate(s(), at(tx, off, {n}), at(ty, off, {n}));
+        std::vector<uint16_t> want(n);
+        for (int64_t i = 0; i < n; ++i) want[i] = bits(value(x16[off + i]) + value(y16[off + i]));
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(tx, off, n), want));
+
+        // cast f32 -> 16 bits -> f32 (the float source at the same offset).
+        DevTensor src = tensor(x, {n + off}), h(*dev_, s(), t, {n + off}), back = poisoned({n + off});
+        h.upload(std::vector<uint16_t>(n + off, 0x7e01));
+        ops::cast(s(), at(h, off, {n}), at(src, off, {n}));
+        ops::cast(s(), at(back, off, {n}), at(h, off, {n}));
+        FVec want_back(n);
+        for (int64_t i = 0; i < n; ++i) want[i] = bits(x[off + i]), want_back[i] = value(want[i]);
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(h, off, n), want));
+        EXPECT_TRUE(bitwise_equal(download_at<float>(back, off, n), want_back));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FusedOpsTest, ::testing::Values(Backend::kCpu, Backend::kCuda),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return std::string(backend_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace zt
