@@ -3,7 +3,8 @@
 # CUDA ones are active when a GPU is usable), show the devices, run the copy/memory benchmarks,
 # and write $OUT/results.md (step, status, time). Usage: OUT=/some/dir scripts/gpu-check.sh
 # Finishes within ~7.5 minutes (a deadline caps every step); exits non-zero when configure, build,
-# ctest or the NCCL checks (step 4b, PASS/FAIL lines in $OUT/nccl.txt) failed, after writing the results.
+# ctest, the NCCL checks (step 4b, PASS/FAIL lines in $OUT/nccl.txt) or the --cuda-graphs check (step 4c,
+# $OUT/graphs.txt) failed, after writing the results.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -100,9 +101,11 @@ if ((built)); then
   # tiled attention (both GPT models train on it), TF32 GEMMs and the device sum on the GPU against
   # the CPU backend's ops and the float64 references, the classifier's CUB row reductions, and the
   # timing events the step uses, the cuBLAS workspace from the pool and pinned copy buffers, and the
-  # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4).
+  # ring's direct path (accumulate_peer's kernel against the CPU bits, the collectives on cuda:0x4),
+  # and stream capture (GraphOpsTest: a captured GEMM/GELU/backward chain replayed bitwise equal to
+  # the same ops run eagerly, a capture broken by a synchronize fails with its reason).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*))/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|GraphOpsTest\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*))/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 fi
 
@@ -152,6 +155,40 @@ PY
     fi
   fi
   cat "$OUT/nccl.txt" 2>/dev/null
+fi
+
+# ---- 4c. --cuda-graphs: a few fp32 ZeRO-1 steps of a small GPT on cuda:0 (4 micro-batches per step:
+# warm-up, capture, replays) with --cuda-graphs on and off; the per-step losses must be bitwise equal
+# (a replay launches the same kernels with the same arguments). One PASS/FAIL line in
+# $OUT/graphs.txt, with both runs' tokens/s.
+if ((built)) && [[ -x "$BUILD/apps/zerotrain" ]]; then
+  gc=(train --steps 6 --batch-size 8 --micro-batch-size 2 --layers 2 --embd 64 --heads 2 --eval-every 0
+      --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 1 --precision fp32)
+  for g in off on; do
+    run_step "train cuda:0 --cuda-graphs $g" 90 "train-graphs-$g.txt" "$BUILD/apps/zerotrain" "${gc[@]}" \
+      --cuda-graphs "$g" --log-format json --metrics "$OUT/train-graphs-$g.jsonl"
+  done
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare --cuda-graphs on vs off" 30 graphs.txt python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+def records(name):
+    with open(os.path.join(out, name)) as f:
+        rows = [json.loads(l) for l in f if l.startswith("{")]
+    return [r["loss"] for r in rows if "event" not in r], next((r for r in rows if r.get("event") == "summary"), {})
+try:
+    (off, soff), (on, son) = records("train-graphs-off.jsonl"), records("train-graphs-on.jsonl")
+except OSError as e:
+    print(f"FAIL --cuda-graphs on vs off on cuda:0: {e}"); sys.exit(1)
+same = len(on) == len(off) > 0 and all(a == b for a, b in zip(on, off)) and son.get("cuda_graphs") is True
+print(f"{'PASS' if same else 'FAIL'} --cuda-graphs on vs off on cuda:0: {len(on)} and {len(off)} steps, losses "
+      f"{'bitwise equal' if all(a == b for a, b in zip(on, off)) else 'differ: ' + str(list(zip(on, off))[:4])}, "
+      f"graphs used {son.get('cuda_graphs')}, tokens/s on {son.get('tokens_per_s', 0):.0f} off {soff.get('tokens_per_s', 0):.0f}")
+sys.exit(0 if same else 1)
+PY
+    (($? != 0)) && failed=1
+    cat "$OUT/graphs.txt"
+  fi
 fi
 
 if ((built)); then
