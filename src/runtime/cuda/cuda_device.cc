@@ -40,6 +40,11 @@
 //    it, so host times are exact up to that latency (microseconds). The anchor is renewed after a
 //    second, while the stream is idle, so float milliseconds never lose precision. Nested spans
 //    (a cast that is a copy) report only the outermost.
+//  - Stream capture (runtime/stream.h): our rules (single stream, no synchronisation, the pool's
+//    refusal) are checked before CUDA sees a call, so the reason is ours; a CUDA error inside a
+//    capture fails the capture, not the device (nothing ran). Host functions captured into a
+//    graph are owned by the graph (every replay runs them), and no observer span is recorded
+//    while a stream captures (its events would never complete for the host).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -898,6 +903,14 @@ void CudaStream::release_resources() noexcept {
 void CudaStream::check(cudaError_t err, const char* call, int line) {
   if (err == cudaSuccess) [[likely]]
     return;
+  if (capturing()) {
+    // CUDA refused a call of the capture (or had invalidated it): nothing ran, so the device is
+    // fine; the capture fails with the reason and the stream is usable after end_capture().
+    (void)cudaGetLastError();
+    const std::string why = std::string(call) + " failed inside the capture (" + cudaGetErrorString(err) + ")";
+    invalidate_capture(why);
+    ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_);
+  }
   device_.mark_failed();
   detail::throw_cuda_error(err, call, __FILE__, line);
 }
