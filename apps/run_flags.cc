@@ -46,6 +46,7 @@ TrainConfig RunFlags::to_config() const {
   tc.offload_optimizer = offload == "optimizer";
   tc.comm_topology = comm_topology == "hierarchical" ? CommTopology::kHierarchical : CommTopology::kFlat;
   tc.comm = comm == "nccl" ? CommEngine::kNccl : CommEngine::kRing;
+  tc.cuda_graphs = cuda_graphs == "on" ? CudaGraphs::kOn : cuda_graphs == "off" ? CudaGraphs::kOff : CudaGraphs::kAuto;
   return tc;
 }
 
@@ -163,6 +164,10 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "Activation recomputation: none, selective (GELU and layernorm outputs) "
                  "or full (each block re-runs its forward in the backward); the results do not change")
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
+  sub.add_option("--cuda-graphs", f.cuda_graphs,
+                 "Capture each device's micro-batch forward/backward once and replay it: auto (CUDA devices, when "
+                 "the run can be captured), on (also simulated on CPU devices; refused when it cannot be), off")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
   sub.add_option("--offload", f.offload,
                  "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
                  "after the backward; gradient shards stream to the host during it (none = on the devices)")

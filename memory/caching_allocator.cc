@@ -46,6 +46,11 @@
 //  - Statistics: allocated/requested/active count blocks the caller holds (a block pending on
 //    events is no longer allocated, but its segment is still reserved).
 //
+//  - Stream capture (runtime/stream.h): an allocation for a capturing stream is refused, and a
+//    free of a block of a capturing stream fails that capture: a graph bakes the addresses its
+//    work uses in, and the pool would hand the memory to someone else while the graph may still
+//    be launched. Allocate before capturing and keep the memory for the graph's lifetime.
+//
 //  - Threads: one mutex guards all state; it is never held while waiting for an event or a
 //    stream. A cache hit does not call malloc (Block objects and container nodes are recycled).
 #include "memory/caching_allocator.h"
@@ -419,6 +424,14 @@ struct CachingAllocator::Impl {
   }
 
   void* allocate(size_t bytes, Stream& stream, const char* tag) {
+    if (stream.capturing()) [[unlikely]] {
+      const std::string why = "the pool of " + device_name + " was asked for " + std::to_string(bytes) +
+                              " bytes for '" + tag + "' on stream " + std::to_string(stream.id()) +
+                              " while it captures a graph (the address would be baked into the graph and the "
+                              "memory handed out again); allocate before the capture";
+      stream.invalidate_capture(why);
+      ZT_THROW(ErrorKind::kInvalidArgument, why);
+    }
     std::unique_lock<std::mutex> lock(mu);
     process_events();
     if (bytes > kMaxRequest) throw_oom(bytes, stream, tag);
@@ -461,6 +474,11 @@ struct CachingAllocator::Impl {
       std::lock_guard<std::mutex> lock(mu);
       auto it = find_live_it(ptr, "free");
       b = it->second;
+      if (b->stream->capturing()) [[unlikely]]
+        b->stream->invalidate_capture("the pool of " + device_name + " freed a block of '" + std::string(b->tag ? b->tag : "untagged") + "' of stream " +
+                                      std::to_string(b->stream->id()) +
+                                      " while that stream captures a graph (the graph may still use the memory "
+                                      "the pool would hand out again); free it after the capture");
       live_erase(it);
       stats.allocated_bytes -= b->size;
       stats.requested_bytes -= b->requested;

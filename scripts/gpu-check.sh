@@ -7,8 +7,8 @@
 # Env: ZT_GPU_CHECK_SECONDS (default 510: the deadline every step is capped by), ZT_JOBS (build
 # jobs), ZT_GPU_BUILD (build tree, default build/gpu), ZT_REUSE_BUILD=1 (no configure/build: use the
 # tree as it is, e.g. a pre-built one), ZT_SETUP=1 (run scripts/setup first; else only when
-# configure fails). Exits non-zero when configure, build, a test, a comparison or the NCCL checks
-# failed, after writing the results.
+# configure fails). Exits non-zero when configure, build, a test, a comparison, the NCCL checks or
+# the --cuda-graphs check ($OUT/graphs.txt) failed, after writing the results.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -177,9 +177,11 @@ if ((built && gpu_ok)); then
   # against the CUDA add + layernorm (bits), float64 and bf16/fp16; the two-stage column sums (bias,
   # layernorm dweight/dbias) at C = 768 against float64; matmul_backward's overwrite_din; the
   # 128-bit elementwise/cast paths at odd sizes and unaligned pointers against the scalar bits; and
-  # the OpsTest cases whose kernels those paths replaced (layernorm, fill/scale/add, cast, accumulate).
+  # the OpsTest cases whose kernels those paths replaced (layernorm, fill/scale/add, cast, accumulate);
+  # and stream capture (GraphOpsTest: a captured GEMM/GELU/backward chain replayed bitwise equal to
+  # the same ops run eagerly, a capture broken by a synchronize fails with its reason).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 else
   skip_step new-cuda-ops "${no_gpu:-build failed}"
@@ -259,6 +261,42 @@ elif ((built && gpu_ok)); then
   skip_step "compute-sanitizer" "compute-sanitizer not found (not in PATH or /usr/local/cuda/bin)"
 else
   skip_step "compute-sanitizer" "${no_gpu:-no binary}"
+fi
+
+# ---- 5b. --cuda-graphs: a few fp32 ZeRO-1 steps of a small GPT on cuda:0 (4 micro-batches per step:
+# warm-up, capture, replays) with --cuda-graphs on and off; the per-step losses must be bitwise equal
+# (a replay launches the same kernels with the same arguments). One PASS/FAIL line in
+# $OUT/graphs.txt, with both runs' tokens/s.
+if ((built && gpu_ok)) && [[ -x "$app" ]]; then
+  gc=(train --steps 6 --batch-size 8 --micro-batch-size 2 --layers 2 --embd 64 --heads 2 --eval-every 0
+      --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 1 --precision fp32)
+  for g in off on; do
+    run_step "train cuda:0 --cuda-graphs $g" 90 "train-graphs-$g.txt" "$app" "${gc[@]}" \
+      --cuda-graphs "$g" --log-format json --metrics "$OUT/train-graphs-$g.jsonl"
+  done
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare --cuda-graphs on vs off" 30 graphs.txt python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+def records(name):
+    with open(os.path.join(out, name)) as f:
+        rows = [json.loads(l) for l in f if l.startswith("{")]
+    return [r["loss"] for r in rows if "event" not in r], next((r for r in rows if r.get("event") == "summary"), {})
+try:
+    (off, soff), (on, son) = records("train-graphs-off.jsonl"), records("train-graphs-on.jsonl")
+except OSError as e:
+    print(f"FAIL --cuda-graphs on vs off on cuda:0: {e}"); sys.exit(1)
+same = len(on) == len(off) > 0 and all(a == b for a, b in zip(on, off)) and son.get("cuda_graphs") is True
+print(f"{'PASS' if same else 'FAIL'} --cuda-graphs on vs off on cuda:0: {len(on)} and {len(off)} steps, losses "
+      f"{'bitwise equal' if all(a == b for a, b in zip(on, off)) else 'differ: ' + str(list(zip(on, off))[:4])}, "
+      f"graphs used {son.get('cuda_graphs')}, tokens/s on {son.get('tokens_per_s', 0):.0f} off {soff.get('tokens_per_s', 0):.0f}")
+sys.exit(0 if same else 1)
+PY
+    (($? != 0)) && failed=1
+    cat "$OUT/graphs.txt"
+  fi
+else
+  skip_step "--cuda-graphs on vs off" "${no_gpu:-no binary}"
 fi
 
 # ---- 6. the rest: build its targets, then NCCL, the built tests, training vs CPU, benchmarks ------

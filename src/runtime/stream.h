@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "runtime/backend.h"
 
@@ -13,6 +15,40 @@ namespace zt {
 
 class Device;
 class Event;
+class Stream;
+
+// Stream capture (CUDA graphs). Between begin_capture() and end_capture() a stream records the
+// work submitted to it instead of running it; end_capture() returns that work as a StreamGraph,
+// whose launch() enqueues all of it again, in order, as one unit. Arguments are captured by value
+// when the work is submitted (CUDA bakes kernel parameters into the graph): a replay reads and
+// writes the same addresses with the same scalars, so whatever those addresses hold must stay
+// allocated, and the same, for as long as the graph may be launched.
+//
+// The rules are CUDA's (cudaStreamCaptureModeThreadLocal), on both backends:
+//  - no synchronize(), synchronize_for() or query() of a capturing stream, and no
+//    Device::synchronize() of its device;
+//  - no pool allocation for, and no pool free of a block of, a capturing stream (the address would
+//    be baked into the graph while the pool hands the memory out again): CachingAllocator refuses;
+//  - only single-stream captures: record() and wait() on a capturing stream fail the capture. CUDA
+//    could fork another stream into the capture through an event (and join it back); we do not,
+//    because every event our callers use either orders work against another stream (a fork or a
+//    join we would have to track) or is read by the host (which a captured record never
+//    completes). Work that must talk to another stream stays outside the capture: capture the
+//    pieces between such points (see train/graph_step.h);
+//  - copies, memsets, host functions and kernels are captured.
+// A violation fails the capture: the call that broke a rule throws zt::Error(kInvalidArgument)
+// naming it (the pool's refusal, synchronize, query) or, for record/wait, is dropped; either way
+// end_capture() throws zt::Error(kInvalidArgument) with the first reason, and the stream is out of
+// capture mode and usable again, with nothing of the failed capture run.
+class StreamGraph {
+ public:
+  virtual ~StreamGraph() = default;
+  // Enqueues the captured work on `s`, which must be a stream of the device it was captured on
+  // (not necessarily the same stream). Returns at once, like any stream operation.
+  virtual void launch(Stream& s) = 0;
+  // Operations captured (kernels, copies, memsets, host functions).
+  virtual size_t size() const = 0;
+};
 
 class Stream {
  public:
@@ -47,6 +83,15 @@ class Stream {
 
   // cudaStream_t for the CUDA backend, nullptr for the CPU backend.
   virtual void* native_handle() = 0;
+
+  // Stream capture (see StreamGraph above). begin_capture() throws zt::Error(kInvalidArgument)
+  // when the stream is capturing already or the backend cannot capture.
+  virtual void begin_capture();
+  virtual std::unique_ptr<StreamGraph> end_capture();
+  // True between begin_capture() and end_capture(); callable from any thread (the pool asks).
+  virtual bool capturing() const { return false; }
+  // Fails the capture in progress with `why` (the first reason wins); no-op when not capturing.
+  virtual void invalidate_capture(const std::string& why) { (void)why; }
 };
 
 }  // namespace zt

@@ -195,6 +195,8 @@ std::string format_summary(const RunReport& r) {
     out += "  recompute    " + fmt(r.phases.recompute < 10 ? "%.2f s" : "%.1f s", r.phases.recompute) +
            " per device re-running forward ops in backward (" +
            fmt("%.0f%%", r.phases.compute > 0 ? 100 * r.phases.recompute / r.phases.compute : 0) + " of compute)\n";
+  if (r.cuda_graphs)
+    out += "  graphs       each rank's micro-batches replayed from captured graphs (--cuda-graphs)\n";
   if (r.host_peak > 0)
     out += "  offload      host optimizer exposed " + share(r.phases.host_optimizer) + ", host memory " +
            format_bytes(static_cast<double>(r.host_peak)) + " per device\n";

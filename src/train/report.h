@@ -154,6 +154,7 @@ struct RunReport {
   size_t host_peak = 0;  // --offload optimizer: the largest device's host-arena peak (0: no offload)
   std::optional<PipelineReport> pipeline;
   TrafficReport traffic;
+  bool cuda_graphs = false;  // --cuda-graphs: micro-batches were replayed from captured graphs
 };
 
 // The text summary: the one-line "summary:" headline, then a table of throughput, MFU, time split

@@ -19,6 +19,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "train/comm_engine.h"
+#include "train/graph_step.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -184,6 +185,11 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   ZT_REQUIRE(cfg.max_skipped_steps >= 1, "--max-skipped-steps must be at least 1, got ", cfg.max_skipped_steps);
   ZT_REQUIRE(!cfg.on_scale_collapse_bf16 || s.precision == Precision::kFp16,
              "--on-scale-collapse bf16 applies to --precision fp16 runs only");
+  if (cfg.cuda_graphs == CudaGraphs::kOn) {
+    const std::string why = cuda_graphs_unsupported(cfg, s.working);
+    ZT_REQUIRE(why.empty(), "--cuda-graphs on cannot capture this run's micro-batches: ", why,
+               " (or run --cuda-graphs auto or off)");
+  }
 
   // Steps and the schedule. Image data knows its steps only from its size (trainer: epochs).
   ZT_REQUIRE(cfg.steps == -1 || cfg.steps >= 1, "--steps must be at least 1, got ", cfg.steps);

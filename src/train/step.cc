@@ -6,6 +6,7 @@
 
 #include "core/nvtx.h"
 #include "kernels/ops.h"
+#include "train/graph_step.h"
 #include "train/processes.h"
 
 namespace zt {
@@ -16,6 +17,9 @@ namespace {
 // does not wait inside: each micro-batch's loss is summed on the device (ops::sum) into the step's
 // loss, and one synchronisation at the end reads it with the gradient-norm partials, the overflow
 // flag and the loss scale. The phases of the step are timed by events on the compute stream.
+// With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
+// after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
+// loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
 void rank_step(World& world, const RunContext& run, int step, int r, float dloss, StepPhaseTimer& timer) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
@@ -23,6 +27,8 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   ZeroEngine& engine = world.engine();
   const int accum = world.split().accum;
   const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), d.index());
+  if (!R.graph && use_cuda_graphs(run.cfg, d.backend(), run.working))
+    R.graph = std::make_shared<MicroBatchGraph>(run.cfg.cuda_graphs == CudaGraphs::kOn);
   float* const norms = R.norms.as<float>();
   const int64_t partials = static_cast<int64_t>(R.norm_host.size()) - 1;  // the loss sum follows them
   const TensorView step_loss{norms + partials, DType::kF32, Shape{1}, d.index()};
@@ -39,8 +45,12 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
     world.upload(r, staged);
     R.batch.loss_scale = engine.loss_scale_device(r);
     engine.begin_micro_batch(r, m);
-    world.model().forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
-    world.model().backward(s, engine.access(r), *R.ws, R.batch);
+    if (R.graph) {
+      R.graph->run(world.model(), s, engine.access(r), *R.ws, R.batch, dloss);
+    } else {
+      world.model().forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
+      world.model().backward(s, engine.access(r), *R.ws, R.batch);
+    }
     engine.end_micro_batch(r);
     ops::sum(s, m == 0 ? step_loss : micro_loss, losses);
     if (m > 0) ops::add(s, step_loss, step_loss, micro_loss);
@@ -167,6 +177,11 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
 
   StepStats st;
   st.lr = lr;
+  for (int r = 0; r < N; ++r)
+    if (const auto& g = world.rank(r).graph) {
+      st.graphs = st.graphs || g->replays() > 0;
+      if (std::string n = g->take_note(); !n.empty() && st.note.empty()) st.note = std::move(n);
+    }
   // Global loss and gradient norm, summed in a fixed order (rank, then block). With tensor
   // parallelism every rank of a tensor group holds the same losses and the same replicated
   // parameters' gradients: those are counted once, from the group's first rank.

@@ -20,6 +20,8 @@ struct StepStats {
   float lr = 0;
   float loss_scale = 1;  // the scale this step's backward used
   bool skipped = false;  // the update was skipped (non-finite gradient or loss)
+  bool graphs = false;   // some rank ran a micro-batch of this step from a captured graph
+  std::string note;      // --cuda-graphs auto: why a rank gave graphs up (once per rank)
 };
 
 // Runs step `step` (0-based). `updates`: updates made so far (AdamW's bias correction counts them).

@@ -21,6 +21,7 @@
 #include "pipeline/simulate.h"
 #include "train/checkpointer.h"
 #include "train/evaluator.h"
+#include "train/graph_step.h"
 #include "train/logger.h"
 #include "train/plan.h"
 #include "train/processes.h"
@@ -312,6 +313,8 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
                                                             : "");
   log_.line(buf);
   if (!w.runtime().fallback_note().empty()) log_.line("note: " + w.runtime().fallback_note());
+  if (const std::string n = cuda_graphs_note(cfg_, w.runtime().backend(), run_.working); !n.empty())
+    log_.line("note: " + n);
   const bool tp = cfg_.tensor_parallel > 1;
   // Several processes: the mesh of every process's ranks (the tensor axis inside each process).
   const std::string mesh =
@@ -369,6 +372,8 @@ bool Trainer::train_world(World& w) {
       const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
       if (tracer_ && w.pipelined()) w.pipeline().all_spans = true;
       const StepStats st = train_step(w, run_, step, learning_rate(lrc, step), counters_.updates, *timer_);
+      result_.cuda_graphs = result_.cuda_graphs || st.graphs;
+      if (!st.note.empty()) log_.line("note: " + st.note);
       if (tracer_ && w.pipelined()) trace_pipeline(w);
       result_.loss_scales.push_back(st.loss_scale);
       if (st.skipped) {
@@ -747,6 +752,7 @@ void Trainer::finish(World& w) {
   report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
+  report.cuda_graphs = result_.cuda_graphs;
   report.traffic = TrafficReport{run_.processes ? run_.processes->size() : 1, w.size(),
                                  cfg_.comm_topology == CommTopology::kHierarchical ? "hierarchical" : "flat",
                                  result_.inside_bytes_per_step, result_.across_bytes_per_step};
@@ -796,7 +802,8 @@ void Trainer::finish(World& w) {
                             {"devices", result_.devices},
                             {"tensor_parallel", cfg_.tensor_parallel},
                             {"zero_stage", cfg_.zero_stage},
-                            {"tf32", cfg_.tf32}};
+                            {"tf32", cfg_.tf32},
+                            {"cuda_graphs", result_.cuda_graphs}};
   if (result_.entropy_floor) summary["entropy_floor"] = *result_.entropy_floor;
   if (result_.accuracy) summary["accuracy"] = *result_.accuracy;
   summary.update(report_json(report));

@@ -33,6 +33,10 @@ enum class CommTopology { kFlat, kHierarchical };
 // --comm: what runs the ZeRO data group's collectives: the ring over peer copies (every backend,
 // bitwise reproducible) or NCCL (CUDA devices, one GPU each, one process; src/comm/nccl_comm.h).
 enum class CommEngine { kRing, kNccl };
+// --cuda-graphs: each rank's micro-batch forward+backward captured once and replayed
+// (train/graph_step.h). kAuto: on CUDA devices when the run can be captured, else eager;
+// kOn: always (the CPU backend simulates capture), refused for a run that cannot be captured.
+enum class CudaGraphs { kAuto, kOn, kOff };
 
 // Mixed precision (--precision): parameters and gradients in fp32, bf16 or fp16 (fp32 master
 // weights and moments in the optimizer shards either way). kAuto: bf16 on GPUs, fp32 on the CPU
@@ -143,6 +147,7 @@ struct TrainConfig {
   double comm_timeout_s = 300;
   CommTopology comm_topology = CommTopology::kFlat;
   CommEngine comm = CommEngine::kRing;  // --comm ring|nccl (train/comm_engine.h)
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;  // --cuda-graphs auto|on|off
   uint64_t seed = 1337;
   int eval_every = -1;       // -1 = default (a few evals per run); 0 = only at the end
   int eval_batches = 8;
@@ -193,6 +198,7 @@ struct TrainResult {
   int devices = 1;
   int zero_stage = 0;
   std::string precision;               // "fp32", "bf16", "fp16" (at the end of the run)
+  bool cuda_graphs = false;            // some micro-batch ran from a captured graph (--cuda-graphs)
   std::vector<float> loss_scales;      // per step: the scale the step's backward used (1 without scaling)
   std::vector<int> skipped_steps;      // 1-based steps whose update was skipped (non-finite gradients)
   std::string first_nonfinite;         // tensor named by the first skipped step's diagnosis

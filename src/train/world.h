@@ -33,6 +33,7 @@ namespace zt {
 
 class StateSource;
 class Processes;
+class MicroBatchGraph;  // train/graph_step.h
 
 // What the whole run shares, resolved once before the first world is built.
 struct RunContext {
@@ -82,6 +83,8 @@ struct RankState {
   // gradients checked, and the optimizer's span, read after the next synchronisation.
   std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
   bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
+  // --cuda-graphs: the rank's captured micro-batch (train/graph_step.h); null while eager.
+  std::shared_ptr<MicroBatchGraph> graph;
 };
 
 // Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data, tensor, pipeline = P}; stage s

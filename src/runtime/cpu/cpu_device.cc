@@ -109,6 +109,13 @@ CpuStream::~CpuStream() {
 Device& CpuStream::device() { return device_; }
 
 void CpuStream::push(std::function<void()> fn, bool control, const char* name) {
+  if (capturing()) {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    if (capturing_.load(std::memory_order_relaxed)) {
+      if (capture_error_.empty()) captured_.push_back(Task{std::move(fn), control, name});
+      return;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(Task{std::move(fn), control, name});
@@ -172,18 +179,21 @@ void CpuStream::release_wait() {
 }
 
 void CpuStream::synchronize() {
+  if (capturing()) refuse_in_capture("synchronize() of a capturing stream");
   count_host_sync();
   drain();
   device_.throw_if_failed();
 }
 
 bool CpuStream::synchronize_for(std::chrono::milliseconds timeout) {
+  if (capturing()) refuse_in_capture("synchronize_for() of a capturing stream");
   if (!drain_until(std::chrono::steady_clock::now() + timeout)) return false;
   device_.throw_if_failed();
   return true;
 }
 
 bool CpuStream::query() {
+  if (capturing()) refuse_in_capture("query() of a capturing stream");
   bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -194,12 +204,24 @@ bool CpuStream::query() {
 }
 
 void CpuStream::record(Event& event) {
+  if (capturing()) {
+    // Dropped, as CUDA drops the rest of an invalidated capture.
+    invalidate_capture("record() of an event on a capturing stream (only single-stream captures are supported: "
+                       "an event recorded inside a capture would fork another stream into it or be read by "
+                       "the host, and a captured record never completes for the host)");
+    return;
+  }
   auto marker = std::make_shared<Marker>();
   as_cpu_event(event).set_current(marker);
   push([marker] { marker->signal(); }, /*control=*/true);
 }
 
 void CpuStream::wait(const Event& event) {
+  if (capturing()) {
+    invalidate_capture("wait() on an event by a capturing stream (only single-stream captures are supported: "
+                       "the event orders the capture against another stream's work)");
+    return;
+  }
   auto marker = as_cpu_event(event).current();
   if (!marker) return;  // never recorded: nothing to wait for (as cudaStreamWaitEvent)
   // Published in waiting_on_ so that abandoning this device releases the worker: the marker may
@@ -236,6 +258,74 @@ void CpuStream::memset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
   ZT_CHECK(dst, "memset of ", bytes, " bytes on a null pointer on ", device_.name());
   enqueue([dst, value, bytes] { std::memset(dst, value, bytes); }, "memset");
+}
+
+// ---- stream capture ---------------------------------------------------------
+
+namespace {
+
+class CpuGraph final : public StreamGraph {
+ public:
+  CpuGraph(CpuDevice& device, std::vector<CpuStream::Task> tasks) : device_(device), tasks_(std::move(tasks)) {}
+  void launch(Stream& s) override {
+    auto* cs = s.backend() == Backend::kCpu ? dynamic_cast<CpuStream*>(&s) : nullptr;
+    ZT_CHECK(cs != nullptr && &cs->device() == &device_, "a graph captured on ", device_.name(),
+             " was launched on a stream of ", s.device().name());
+    ZT_REQUIRE(!cs->capturing(), "a graph of ", device_.name(), " was launched into a capture (not supported)");
+    cs->enqueue_all(tasks_);
+  }
+  size_t size() const override { return tasks_.size(); }
+
+ private:
+  CpuDevice& device_;
+  const std::vector<CpuStream::Task> tasks_;  // copied into the queue by every launch
+};
+
+}  // namespace
+
+void CpuStream::begin_capture() {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  ZT_REQUIRE(!capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(),
+             " is capturing already: end that capture first");
+  captured_.clear();
+  capture_error_.clear();
+  capturing_.store(true, std::memory_order_release);
+}
+
+std::unique_ptr<StreamGraph> CpuStream::end_capture() {
+  std::vector<Task> tasks;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    ZT_REQUIRE(capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(), " is not capturing");
+    capturing_.store(false, std::memory_order_release);
+    tasks.swap(captured_);
+    error.swap(capture_error_);
+  }
+  ZT_REQUIRE(error.empty(), "the capture of ", device_.name(), " stream ", id_, " failed: ", error);
+  return std::make_unique<CpuGraph>(device_, std::move(tasks));
+}
+
+void CpuStream::invalidate_capture(const std::string& why) {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  if (!capturing_.load(std::memory_order_relaxed) || !capture_error_.empty()) return;
+  capture_error_ = why;
+  captured_.clear();  // nothing of a failed capture can run
+}
+
+void CpuStream::refuse_in_capture(const std::string& why) {
+  invalidate_capture(why);
+  ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_,
+           ": CUDA refuses it during stream capture");
+}
+
+void CpuStream::enqueue_all(const std::vector<Task>& tasks) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Task& t : tasks) queue_.push_back(t);
+    submitted_ += tasks.size();
+  }
+  cv_work_.notify_one();
 }
 
 // ---- CpuDevice --------------------------------------------------------------
@@ -280,13 +370,25 @@ std::vector<CpuStream*> CpuDevice::stream_list() {
   return streams;
 }
 
+void CpuDevice::refuse_while_capturing(const char* call) {
+  for (auto* s : stream_list())
+    if (s->capturing()) {
+      const std::string why = std::string(call) + " of " + name() + " while its stream " + std::to_string(s->id()) +
+                              " is capturing";
+      s->invalidate_capture(why);
+      ZT_THROW(ErrorKind::kInvalidArgument, why, ": CUDA refuses it during stream capture");
+    }
+}
+
 void CpuDevice::synchronize() {
+  refuse_while_capturing("synchronize()");
   count_host_sync();
   for (auto* s : stream_list()) s->drain();
   throw_if_failed();
 }
 
 bool CpuDevice::synchronize_for(std::chrono::milliseconds timeout) {
+  refuse_while_capturing("synchronize_for()");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (auto* s : stream_list()) {
     if (!s->drain_until(deadline)) return false;

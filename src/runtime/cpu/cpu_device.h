@@ -10,6 +10,10 @@
 // device, so that no waiter, on this device or another, hangs behind a failure. Released by
 // abandon(): the parked tasks (then skipped, the device being failed) and the device's own event
 // waits, which would otherwise block its workers on a marker of another hung device.
+//
+// Stream capture (runtime/stream.h): while capturing, push() appends the task (its closure holds
+// the kernel's arguments by value, as a CUDA graph holds a kernel's parameters) to the capture
+// instead of the queue; a CpuGraph's launch() appends copies of those tasks to a queue in one go.
 #pragma once
 
 #include <atomic>
@@ -97,6 +101,18 @@ class CpuStream final : public Stream {
   void memset(void* dst, int value, size_t bytes) override;
   void host_func(std::function<void()> fn) override { enqueue(std::move(fn), "host_func"); }
   void* native_handle() override { return nullptr; }
+  void begin_capture() override;
+  std::unique_ptr<StreamGraph> end_capture() override;
+  bool capturing() const override { return capturing_.load(std::memory_order_acquire); }
+  void invalidate_capture(const std::string& why) override;
+
+  struct Task {
+    std::function<void()> fn;
+    bool control;  // event records/waits run even on a failed device, so no waiter hangs
+    const char* name;
+  };
+  // A graph's launch: copies of `tasks`, in order, behind everything submitted so far.
+  void enqueue_all(const std::vector<Task>& tasks);
 
   // Adds work to the queue (kernels reach it through cpu::enqueue). name: a string literal (it is
   // kept, not copied) naming the task for the observer.
@@ -109,11 +125,8 @@ class CpuStream final : public Stream {
   void release_wait();
 
  private:
-  struct Task {
-    std::function<void()> fn;
-    bool control;  // event records/waits run even on a failed device, so no waiter hangs
-    const char* name;
-  };
+  // Fails the capture with `why` and throws it (a call CUDA refuses during capture).
+  [[noreturn]] void refuse_in_capture(const std::string& why);
   void push(std::function<void()> fn, bool control, const char* name = "control");
   void run();
 
@@ -129,6 +142,10 @@ class CpuStream final : public Stream {
   // The marker this stream's worker is blocked on in a wait task, for release_wait().
   std::mutex wait_mu_;
   std::shared_ptr<Marker> waiting_on_;  // guarded by wait_mu_
+  std::atomic<bool> capturing_{false};
+  mutable std::mutex capture_mu_;
+  std::vector<Task> captured_;  // guarded by capture_mu_
+  std::string capture_error_;   // guarded by capture_mu_: the first reason the capture failed
   std::thread worker_;
 };
 
@@ -183,6 +200,9 @@ class CpuDevice final : public Device {
   // Turns an armed injected error into the sticky error; `where` names the failing operation.
   void surface_injected_error(const std::string& where);
   std::vector<CpuStream*> stream_list();
+  // Throws (and fails the capture) when a stream of this device is capturing: CUDA refuses a
+  // device-wide synchronisation then.
+  void refuse_while_capturing(const char* call);
 
   const int index_;
   size_t total_memory_;

@@ -40,6 +40,11 @@
 //    it, so host times are exact up to that latency (microseconds). The anchor is renewed after a
 //    second, while the stream is idle, so float milliseconds never lose precision. Nested spans
 //    (a cast that is a copy) report only the outermost.
+//  - Stream capture (runtime/stream.h): our rules (single stream, no synchronisation, the pool's
+//    refusal) are checked before CUDA sees a call, so the reason is ours; a CUDA error inside a
+//    capture fails the capture, not the device (nothing ran). Host functions captured into a
+//    graph are owned by the graph (every replay runs them), and no observer span is recorded
+//    while a stream captures (its events would never complete for the host).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -303,6 +308,12 @@ class CudaEvent final : public Event {
 };
 
 class CudaDevice;
+class CudaStream;
+
+struct HostFuncPayload {
+  std::function<void()> fn;
+  CudaStream* stream;
+};
 
 // ---- streams ----------------------------------------------------------------------------------
 
@@ -329,6 +340,10 @@ class CudaStream final : public Stream {
   void host_func(std::function<void()> fn) override;
 
   void* native_handle() override { return stream_; }
+  void begin_capture() override;
+  std::unique_ptr<StreamGraph> end_capture() override;
+  bool capturing() const override { return capturing_.load(std::memory_order_acquire); }
+  void invalidate_capture(const std::string& why) override;
 
   // Called from CUDA's host-function thread.
   void record_host_failure(const std::string& what);
@@ -358,6 +373,8 @@ class CudaStream final : public Stream {
   void check(cudaError_t err, const char* call, int line);
   void rethrow_host_failure();
   void copy_staged(void* dst, const void* src, size_t bytes);
+  // Fails the capture with `why` and throws it (a call CUDA refuses during capture).
+  [[noreturn]] void refuse_in_capture(const std::string& why);
 
   CudaDevice& device_;
   int id_;
@@ -375,6 +392,13 @@ class CudaStream final : public Stream {
 
   std::mutex resources_mu_;
   std::array<std::unique_ptr<StreamResource>, kNumStreamResources> resources_;  // guarded by resources_mu_
+
+  // Stream capture: our own rules (single stream, the pool) are checked before CUDA sees a call;
+  // host functions captured into a graph are owned by it (a replay runs them again).
+  std::atomic<bool> capturing_{false};
+  std::mutex capture_mu_;
+  std::string capture_error_;  // guarded by capture_mu_: the first reason the capture failed
+  std::vector<std::shared_ptr<HostFuncPayload>> capture_payloads_;  // guarded by capture_mu_
 };
 
 // cudaStream_t -> its CudaStream, for the launchers (which see only the native handle) to reach
@@ -425,10 +449,17 @@ class InternalSpan {
 // Inside CudaStream and CudaDevice: a failed call also marks the device failed (sticky).
 #define ZT_CUDA_STREAM_CHECK(call) check((call), #call, __LINE__)
 
-struct HostFuncPayload {
-  std::function<void()> fn;
-  CudaStream* stream;
-};
+// A host function inside a graph: the graph owns the payload (every replay runs it again).
+void CUDART_CB run_captured_host_func(void* user_data) {
+  auto* payload = static_cast<HostFuncPayload*>(user_data);
+  try {
+    payload->fn();
+  } catch (const std::exception& e) {
+    payload->stream->record_host_failure(e.what());
+  } catch (...) {
+    payload->stream->record_host_failure("unknown exception");
+  }
+}
 
 void CUDART_CB run_host_func(void* user_data) {
   // The payload, and so fn's captures, die on CUDA's thread: captures must not call CUDA either.
@@ -723,7 +754,9 @@ cudaEvent_t CudaStream::take_timing_event() noexcept {
 }
 
 bool CudaStream::begin_span(const char* name) noexcept {
-  if (device_.task_observer() == nullptr) return false;
+  // A capture holds no timing events: they would be read by the host, which a captured record
+  // never completes for.
+  if (device_.task_observer() == nullptr || capturing()) return false;
   if (t_span_depth > 0) {
     ++t_span_depth;
     return true;
@@ -870,6 +903,14 @@ void CudaStream::release_resources() noexcept {
 void CudaStream::check(cudaError_t err, const char* call, int line) {
   if (err == cudaSuccess) [[likely]]
     return;
+  if (capturing()) {
+    // CUDA refused a call of the capture (or had invalidated it): nothing ran, so the device is
+    // fine; the capture fails with the reason and the stream is usable after end_capture().
+    (void)cudaGetLastError();
+    const std::string why = std::string(call) + " failed inside the capture (" + cudaGetErrorString(err) + ")";
+    invalidate_capture(why);
+    ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_);
+  }
   device_.mark_failed();
   detail::throw_cuda_error(err, call, __FILE__, line);
 }
@@ -893,6 +934,12 @@ void CudaStream::rethrow_host_failure() {
 void CudaStream::record(Event& event) {
   auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
   ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only record an event of a CUDA device");
+  if (capturing()) {
+    invalidate_capture("record() of an event on a capturing stream (only single-stream captures are supported: "
+                       "an event recorded inside a capture would fork another stream into it or be read by "
+                       "the host, and a captured record never completes for the host)");
+    return;
+  }
   DeviceGuard guard(ordinal_);
   try {
     cuda_event->record_on(stream_, ordinal_);
@@ -905,6 +952,11 @@ void CudaStream::record(Event& event) {
 void CudaStream::wait(const Event& event) {
   const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
   ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only wait on an event of a CUDA device");
+  if (capturing()) {
+    invalidate_capture("wait() on an event by a capturing stream (only single-stream captures are supported: "
+                       "the event orders the capture against another stream's work)");
+    return;
+  }
   DeviceGuard guard(ordinal_);
   try {
     cuda_event->wait_on(stream_);
@@ -915,6 +967,7 @@ void CudaStream::wait(const Event& event) {
 }
 
 void CudaStream::synchronize() {
+  if (capturing()) refuse_in_capture("synchronize() of a capturing stream");
   // Never block on a device given up on: its GPU may be truly stuck.
   if (device_.abandoned()) device_.throw_if_faulted();
   {
@@ -927,6 +980,7 @@ void CudaStream::synchronize() {
 }
 
 bool CudaStream::synchronize_for(std::chrono::milliseconds timeout) {
+  if (capturing()) refuse_in_capture("synchronize_for() of a capturing stream");
   return synchronize_until(std::chrono::steady_clock::now() + timeout);
 }
 
@@ -949,6 +1003,7 @@ void CudaStream::park_on(const std::shared_ptr<HangGate>& gate) {
 }
 
 bool CudaStream::query() {
+  if (capturing()) refuse_in_capture("query() of a capturing stream");
   if (device_.abandoned()) device_.throw_if_faulted();
   bool done = true;
   {
@@ -1031,11 +1086,122 @@ void CudaStream::memset(void* dst, int value, size_t bytes) {
 
 void CudaStream::host_func(std::function<void()> fn) {
   ZT_CHECK(static_cast<bool>(fn), "host_func needs a callable");
+  if (capturing()) {
+    auto payload = std::make_shared<HostFuncPayload>(HostFuncPayload{std::move(fn), this});
+    {
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      capture_payloads_.push_back(payload);
+    }
+    DeviceGuard guard(ordinal_);
+    ZT_CUDA_STREAM_CHECK(cudaLaunchHostFunc(stream_, run_captured_host_func, payload.get()));
+    return;
+  }
   auto payload = std::make_unique<HostFuncPayload>(HostFuncPayload{std::move(fn), this});
   InternalSpan span(*this, "host_func");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaLaunchHostFunc(stream_, run_host_func, payload.get()));
   payload.release();  // owned by run_host_func from now on
+}
+
+// ---- stream capture ---------------------------------------------------------------------------
+
+class CudaGraph final : public StreamGraph {
+ public:
+  CudaGraph(int ordinal, const Device& device, cudaGraph_t graph, cudaGraphExec_t exec, size_t nodes,
+            std::vector<std::shared_ptr<HostFuncPayload>> payloads)
+      : ordinal_(ordinal), device_(device), graph_(graph), exec_(exec), nodes_(nodes), payloads_(std::move(payloads)) {}
+  ~CudaGraph() override {
+    QuietDeviceGuard guard(ordinal_);
+    // The graph's host functions may still be queued by a launch: the payloads must outlive them
+    // (a stream already destroyed has drained).
+    if (!payloads_.empty() && last_stream_ != nullptr && stream_registry().find(last_stream_) != nullptr)
+      ignore_error(cudaStreamSynchronize(last_stream_));
+    if (exec_ != nullptr) ignore_error(cudaGraphExecDestroy(exec_));
+    if (graph_ != nullptr) ignore_error(cudaGraphDestroy(graph_));
+  }
+  void launch(Stream& s) override {
+    auto* cs = s.backend() == Backend::kCuda ? dynamic_cast<CudaStream*>(&s) : nullptr;
+    ZT_CHECK(cs != nullptr && &s.device() == &device_, "a graph captured on ", device_.name(),
+             " was launched on a stream of ", s.device().name());
+    ZT_REQUIRE(!cs->capturing(), "a graph of ", device_.name(), " was launched into a capture (not supported)");
+    if (exec_ == nullptr) return;  // an empty capture
+    DeviceGuard guard(ordinal_);
+    last_stream_ = static_cast<cudaStream_t>(cs->native_handle());
+    ZT_CUDA_CHECK(cudaGraphLaunch(exec_, last_stream_));
+  }
+  size_t size() const override { return nodes_; }
+
+ private:
+  int ordinal_;
+  const Device& device_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  size_t nodes_;
+  std::vector<std::shared_ptr<HostFuncPayload>> payloads_;
+  cudaStream_t last_stream_ = nullptr;
+};
+
+void CudaStream::begin_capture() {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  ZT_REQUIRE(!capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(),
+             " is capturing already: end that capture first");
+  DeviceGuard guard(ordinal_);
+  // Thread-local mode: only this thread's unsafe calls (cudaMalloc, synchronisations) break the
+  // capture; other host threads drive other devices meanwhile.
+  ZT_CUDA_STREAM_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capture_error_.clear();
+  capture_payloads_.clear();
+  capturing_.store(true, std::memory_order_release);
+}
+
+std::unique_ptr<StreamGraph> CudaStream::end_capture() {
+  std::string error;
+  std::vector<std::shared_ptr<HostFuncPayload>> payloads;
+  {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    ZT_REQUIRE(capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(), " is not capturing");
+    capturing_.store(false, std::memory_order_release);
+    error.swap(capture_error_);
+    payloads.swap(capture_payloads_);
+  }
+  DeviceGuard guard(ordinal_);
+  cudaGraph_t graph = nullptr;
+  // Ends the capture whatever happened inside, so the stream is usable again.
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (end != cudaSuccess || error.empty() == false) {
+    (void)cudaGetLastError();  // capture errors are not sticky: clear them
+    if (graph != nullptr) ignore_error(cudaGraphDestroy(graph));
+    ZT_THROW(ErrorKind::kInvalidArgument, "the capture of ", device_.name(), " stream ", id_, " failed: ",
+             !error.empty() ? error : std::string("CUDA refused a call inside it (") + cudaGetErrorString(end) + ")");
+  }
+  size_t nodes = 0;
+  cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
+  if (err == cudaSuccess && nodes == 0) {
+    // Nothing was captured (a stretch between two hooks with no work): a launch does nothing.
+    ignore_error(cudaGraphDestroy(graph));
+    return std::make_unique<CudaGraph>(ordinal_, static_cast<const Device&>(device_), nullptr, nullptr, 0,
+                                       std::move(payloads));
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    ignore_error(cudaGraphDestroy(graph));
+    ZT_THROW(ErrorKind::kInvalidArgument, "the graph captured on ", device_.name(), " stream ", id_,
+             " could not be instantiated: ", cudaGetErrorString(err));
+  }
+  return std::make_unique<CudaGraph>(ordinal_, static_cast<const Device&>(device_), graph, exec, nodes, std::move(payloads));
+}
+
+void CudaStream::invalidate_capture(const std::string& why) {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  if (capturing_.load(std::memory_order_relaxed) && capture_error_.empty()) capture_error_ = why;
+}
+
+void CudaStream::refuse_in_capture(const std::string& why) {
+  invalidate_capture(why);
+  ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_,
+           ": CUDA refuses it during stream capture");
 }
 
 #undef ZT_CUDA_STREAM_CHECK

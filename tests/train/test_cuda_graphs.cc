@@ -1,0 +1,270 @@
+// --cuda-graphs through the trainer on simulated devices (the CPU backend captures and replays
+// with CUDA's rules): `on` gives per-step losses, gradient norms and final states bitwise equal to
+// `off` where it can capture (ZeRO 0 and 1 in fp32, two devices, several micro-batches per step,
+// with and without recomputation), refuses the runs it cannot capture with one sentence, and
+// `auto` stays eager on CPU devices. The summary record says whether graphs ran.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sanitizer.h"
+#include "test_util.h"
+#include "train_checks.h"
+#include "kernels/ops.h"
+#include "memory/caching_allocator.h"
+#include "model/layout.h"
+#include "runtime/cpu/cpu_device.h"
+#include "runtime/runtime.h"
+#include "train/graph_step.h"
+#include "train/trainer.h"
+
+namespace zt {
+namespace {
+
+// ---- MicroBatchGraph on a model of two hook-separated ops ---------------------------------------
+
+// Counts the hooks; block 0's "parameters" are one device float.
+class CountingAccess final : public ParamAccess {
+ public:
+  explicit CountingAccess(float* p) : p_(p) {}
+  int device_index() const override { return 0; }
+  float* params(int) override { return p_; }
+  float* grads(int) override { return p_ + 1; }
+  void before_forward(int) override { ++forwards; }
+  void before_backward(int) override { ++backwards; }
+  void after_backward(int) override { ++afters; }
+  int forwards = 0, backwards = 0, afters = 0;
+
+ private:
+  float* p_;
+};
+
+struct NoWorkspace final : Workspace {
+  int B() const override { return 1; }
+  int T() const override { return 1; }
+  TensorView losses() override { return {}; }
+  TensorView logits() override { return {}; }
+  size_t bytes() const override { return 0; }
+};
+
+// forward: x = 3 x + 1 (params[0]); backward: g += x (grads = params + 1). With allocate, the
+// forward also asks the pool for scratch, which a capture refuses.
+class TwoOpModel final : public Model {
+ public:
+  explicit TwoOpModel(bool allocate) : allocate_(allocate) {}
+  const ModelConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
+  size_t workspace_bytes(int, int) const override { return 0; }
+  std::unique_ptr<Workspace> make_workspace(Device&, int, int) const override { return std::make_unique<NoWorkspace>(); }
+  void forward(Stream& s, ParamAccess& p, Workspace&, const Batch&, float, bool) const override {
+    p.before_forward(0);
+    const TensorView x{p.params(0), DType::kF32, Shape{1}, 0};
+    if (allocate_) DeviceBuffer scratch(s.device().memory(), 64, s, "scratch");
+    ops::scale(s, x, 3.0f);
+    ops::add(s, x, x, one_);
+  }
+  void backward(Stream& s, ParamAccess& p, Workspace&, const Batch&) const override {
+    p.before_backward(0);
+    const TensorView g{p.grads(0), DType::kF32, Shape{1}, 0};
+    ops::accumulate(s, g, TensorView{p.params(0), DType::kF32, Shape{1}, 0});
+    p.after_backward(0);
+  }
+  std::vector<int> forward_order() const override { return {0}; }
+  std::vector<int> backward_order() const override { return {0}; }
+  TensorView one_;
+
+ private:
+  bool allocate_;
+  ModelConfig config_;
+  ParamLayout layout_;
+};
+
+struct GraphFixture {
+  std::unique_ptr<Runtime> rt = Runtime::create_cpu(1);
+  Stream& s = rt->device(0).compute();
+  DeviceBuffer buf{rt->device(0).memory(), 3 * sizeof(float), s, "x, g, one"};
+  float host[3] = {1, 0, 1};
+  NoWorkspace ws;
+  Batch batch;
+  GraphFixture() {
+    s.copy(buf.data(), host, sizeof host);
+    s.synchronize();
+  }
+  // Runs `micro` micro-batches through g and returns (x, g) as the stream left them.
+  std::pair<float, float> run(MicroBatchGraph& g, TwoOpModel& m, CountingAccess& a, int micro) {
+    m.one_ = TensorView{buf.as<float>() + 2, DType::kF32, Shape{1}, 0};
+    for (int i = 0; i < micro; ++i) g.run(m, s, a, ws, batch, 1.0f);
+    float out[3];
+    s.copy(out, buf.data(), sizeof out);
+    s.synchronize();
+    return {out[0], out[1]};
+  }
+};
+
+// The closed form of `micro` micro-batches from x = 1, g = 0.
+std::pair<float, float> expected(int micro) {
+  float x = 1, g = 0;
+  for (int i = 0; i < micro; ++i) x = 3 * x + 1, g += x;
+  return {x, g};
+}
+
+TEST(MicroBatchGraph, WarmsUpThenCapturesOnceAndReplaysPiecewiseWithTheHooksEager) {
+  GraphFixture f;
+  TwoOpModel model(false);
+  CountingAccess access(f.buf.as<float>());
+  MicroBatchGraph g(/*required=*/true);
+  EXPECT_EQ(f.run(g, model, access, 5), expected(5));
+  EXPECT_EQ(g.replays(), 4u);   // the first micro-batch is the warm-up
+  EXPECT_EQ(g.segments(), 2u);  // the forward's ops and the backward's, between the three hooks
+  EXPECT_EQ(access.forwards, 5);  // the dry capture ran no hook
+  EXPECT_EQ(access.backwards, 5);
+  EXPECT_EQ(access.afters, 5);
+  EXPECT_EQ(g.take_note(), "");
+}
+
+TEST(MicroBatchGraph, AutoFallsBackToEagerWithOneNoteWhenTheCaptureFails) {
+  GraphFixture f;
+  TwoOpModel model(/*allocate=*/true);
+  CountingAccess access(f.buf.as<float>());
+  MicroBatchGraph g(/*required=*/false);
+  EXPECT_EQ(f.run(g, model, access, 4), expected(4));
+  EXPECT_EQ(g.replays(), 0u);
+  EXPECT_EQ(access.forwards, 4);
+  const std::string note = g.take_note();
+  EXPECT_NE(note.find("--cuda-graphs auto runs eagerly from here on"), std::string::npos) << note;
+  EXPECT_NE(note.find("'scratch'"), std::string::npos) << note;
+  EXPECT_EQ(g.take_note(), "") << "the note is given once";
+  EXPECT_FALSE(f.s.capturing());
+}
+
+TEST(MicroBatchGraph, OnThrowsTheCapturesReason) {
+  GraphFixture f;
+  TwoOpModel model(/*allocate=*/true);
+  CountingAccess access(f.buf.as<float>());
+  MicroBatchGraph g(/*required=*/true);
+  try {
+    f.run(g, model, access, 2);
+    ADD_FAILURE() << "a failed capture under --cuda-graphs on did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(e.message().find("--cuda-graphs on could not capture a micro-batch"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("allocate before the capture"), std::string::npos) << e.message();
+  }
+  EXPECT_FALSE(f.s.capturing());
+  EXPECT_EQ(access.forwards, 1) << "the failed capture ran a hook";
+}
+
+// ---- the trainer ------------------------------------------------------------------------------
+
+struct RunOut {
+  TrainResult result;
+  std::vector<double> grad_norms;  // per step, from the metrics records
+  bool summary_graphs = false;     // the summary record's cuda_graphs
+  uint64_t host_syncs = 0;         // host synchronisations of the whole run
+};
+
+// A 2-layer GPT small enough for TSan on 2 devices: batch 8, micro-batch `micro` (accumulation
+// 8 / (2 micro)).
+TrainConfig small_run(CudaGraphs graphs, int stage, int micro) {
+  TrainConfig c = test_util::tiny_train_config(2, stage, test::kThreadSanitizer ? 2 : 3);
+  c.overrides.layers = 2;
+  c.overrides.embd = 32;
+  c.overrides.heads = 2;
+  c.overrides.seq_len = 16;
+  c.train_seq_len = 16;
+  c.batch_size = 8;
+  c.micro_batch_size = micro;
+  c.precision = Precision::kFp32;
+  c.cuda_graphs = graphs;
+  return c;
+}
+
+RunOut run(TrainConfig c, const std::string& name) {
+  test_util::TempDir dir("cuda_graphs_" + name);
+  c.metrics_path = dir.path("metrics.jsonl");
+  RunOut r;
+  const uint64_t syncs = cpu::host_synchronizations();
+  r.result = train(c);
+  r.host_syncs = cpu::host_synchronizations() - syncs;
+  std::ifstream in(c.metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("event")) r.grad_norms.push_back(j["grad_norm"].get<double>());
+    else if (j["event"] == "summary") r.summary_graphs = j["cuda_graphs"].get<bool>();
+  }
+  return r;
+}
+
+void expect_same_run(const RunOut& a, const RunOut& b, const std::string& what) {
+  ASSERT_EQ(a.result.losses.size(), b.result.losses.size()) << what;
+  ASSERT_EQ(a.grad_norms.size(), a.result.losses.size()) << what;
+  for (size_t i = 0; i < a.result.losses.size(); ++i) {
+    EXPECT_EQ(a.result.losses[i], b.result.losses[i]) << what << ", step " << i + 1;
+    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << ", step " << i + 1;
+  }
+  test::expect_same_state(a.result, b.result, what);
+}
+
+TEST(CudaGraphs, OnBitwiseEqualToOffAtStages0And1WithAccumulation) {
+  for (int stage : {0, 1}) {
+    // 4 and 2 micro-batches per step and device (4 only under TSan, which is ~10x slower).
+    for (int micro : test::kThreadSanitizer ? std::vector<int>{1} : std::vector<int>{1, 2}) {
+      const std::string what = "stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro);
+      const RunOut off = run(small_run(CudaGraphs::kOff, stage, micro), "off");
+      const RunOut on = run(small_run(CudaGraphs::kOn, stage, micro), "on");
+      EXPECT_FALSE(off.result.cuda_graphs) << what;
+      EXPECT_FALSE(off.summary_graphs) << what;
+      EXPECT_TRUE(on.result.cuda_graphs) << what << ": no micro-batch was replayed";
+      EXPECT_TRUE(on.summary_graphs) << what;
+      expect_same_run(off, on, what);
+      EXPECT_EQ(on.host_syncs, off.host_syncs) << what << ": capture or replay synchronised the host";
+    }
+  }
+}
+
+TEST(CudaGraphs, OnWithRecomputationAndOneMicroBatchPerStep) {
+  // Full recomputation times each layer's re-run by host functions: captured and run by every
+  // replay. One micro-batch per step: the warm-up is step 1, the capture step 2.
+  TrainConfig off = small_run(CudaGraphs::kOff, 1, 4);
+  off.recompute = Recompute::kFull;
+  off.steps = 3;
+  TrainConfig on = off;
+  on.cuda_graphs = CudaGraphs::kOn;
+  const RunOut a = run(off, "recompute_off"), b = run(on, "recompute_on");
+  EXPECT_TRUE(b.result.cuda_graphs);
+  expect_same_run(a, b, "recompute full, stage 1");
+  EXPECT_GT(b.result.time_split.recompute, 0);
+}
+
+TEST(CudaGraphs, AutoStaysEagerOnCpuDevices) {
+  const RunOut off = run(small_run(CudaGraphs::kOff, 1, 2), "auto_off");
+  const RunOut aut = run(small_run(CudaGraphs::kAuto, 1, 2), "auto");
+  EXPECT_FALSE(aut.result.cuda_graphs);
+  EXPECT_FALSE(aut.summary_graphs);
+  expect_same_run(off, aut, "auto on CPU devices");
+}
+
+TEST(CudaGraphs, OnRefusesRunsItCannotCapture) {
+  TrainConfig c = small_run(CudaGraphs::kOn, 2, 2);
+  test::expect_train_error(c, ErrorKind::kInvalidArgument,
+                           "--cuda-graphs on cannot capture this run's micro-batches: ZeRO stage 2 allocates each "
+                           "block's gradient bucket inside the micro-batch");
+  c.zero_stage = 1;
+  c.precision = Precision::kBf16;
+  test::expect_train_error(c, ErrorKind::kInvalidArgument, "--precision bf16 widens each block's parameters");
+  c.precision = Precision::kFp32;
+  c.tensor_parallel = 2;
+  test::expect_train_error(c, ErrorKind::kInvalidArgument,
+                           "tensor parallelism runs collectives inside every layer's forward and backward");
+  c.tensor_parallel = 1;
+  c.pipeline_parallel = 2;
+  c.micro_batch_size = 1;
+  test::expect_train_error(c, ErrorKind::kInvalidArgument, "pipeline stages exchange activations");
+}
+
+}  // namespace
+}  // namespace zt
