@@ -44,7 +44,12 @@ class CublasResource final : public cuda::StreamResource {
   CublasResource& operator=(const CublasResource&) = delete;
 
   cublasHandle_t handle() const { return handle_; }
-  GemmContext context() { return GemmContext{lt_, workspace_, bytes_, &lt_algos_}; }
+  GemmContext context() {
+    // kMinStreamWorkspace (4 MiB) >= 2 x kLtBiasScratchBytes: the tail always fits.
+    const size_t tail = kLtBiasScratchBytes;
+    return GemmContext{lt_, workspace_, bytes_ - tail, &lt_algos_,
+                       reinterpret_cast<float*>(static_cast<char*>(workspace_) + (bytes_ - tail)), tail};
+  }
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return bytes_; }
 

@@ -48,12 +48,20 @@ struct LtAlgo {
   cublasLtMatmulAlgo_t algo{};
 };
 using LtKey = std::array<int64_t, 24>;
+// bias_scratch: the last kLtBiasScratchBytes of the same pool block, where cuBLASLt's bias-gradient
+// epilogues write before the sum is added into the caller's gradient; `workspace_bytes` (what
+// cuBLASLt may use) stops before it. Carved once, so a GEMM allocates nothing per call (a stream
+// capture refuses pool allocations, runtime/stream.h).
+constexpr size_t kLtBiasScratchBytes = 256 << 10;
 struct GemmContext {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<LtKey, LtAlgo>* lt_algos = nullptr;
+  float* bias_scratch = nullptr;
+  size_t bias_scratch_bytes = 0;
 };
+static_assert(kMinStreamWorkspace >= 2 * kLtBiasScratchBytes, "the bias scratch is the workspace's tail");
 GemmContext gemm_context(cudaStream_t stream);
 
 }  // namespace zt::cuda_ops::detail

@@ -66,19 +66,19 @@ void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, 
 // ---- matmul family (kernels/ops.h; pointers typed by MatmulTypes, kernels/matmul_types.h) -----
 // The fast path, cuBLASLt with its epilogues (lt_matmul.cu): false, with nothing launched, where
 // cuBLASLt refuses a problem (or ZT_CUBLASLT=off); the caller then runs the plain path below.
-// bias_scratch: lt_bias_scratch_bytes(n) bytes for the bias gradient cuBLASLt writes (n = OC for
-// matmul_backward, C for matmul_backward_dgelu); may be nullptr when dbias is.
+// The bias gradient cuBLASLt writes goes to the stream workspace's tail (GemmContext::bias_scratch,
+// lt_bias_scratch_bytes(n) bytes, n = OC for matmul_backward, C for matmul_backward_dgelu); a
+// larger n takes the plain path.
 size_t lt_bias_scratch_bytes(int64_t n);
 bool lt_matmul_forward(void* stream, void* out, const void* in, const void* weight, const void* bias, MatmulTypes t,
                        int64_t N, int64_t C, int64_t OC, bool tf32);
 bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
                         const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
-                        bool tf32, float* bias_scratch);
+                        bool tf32);
 bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const void* in, const void* weight,
                             const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
 bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
-                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
-                              float* bias_scratch);
+                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32);
 
 // The plain path (blas_ops.cu): cublasGemmEx with fp32 accumulation (TF32 tensor cores under
 // tf32 for fp32 inputs) and our epilogue kernels, at the rounding points of ops.h. scratch: the

@@ -216,10 +216,12 @@ bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const 
 
 bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
                         const void* weight, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool overwrite_din,
-                        bool tf32, float* bias_scratch) {
+                        bool tf32) {
   detail::LaunchScope scope(stream);
   const GemmContext ctx = gemm_context(scope.stream());
   if (ctx.lt == nullptr) return false;
+  if (dbias != nullptr && lt_bias_scratch_bytes(OC) > ctx.bias_scratch_bytes) return false;
+  float* const bias_scratch = ctx.bias_scratch;
   // Every GEMM's algorithm first: a refusal must come before anything is launched.
   const LtGemm gd = din_gemm(din, dout, weight, t, N, C, OC, tf32, overwrite_din ? 0.0f : 1.0f);
   // dweight^T[C,OC] += in^T[C,N] * dout[N,OC] (dout^T stored, op T); BGRADB sums op(B) over k = N:
@@ -249,11 +251,12 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
 }
 
 bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* dout, const void* weight,
-                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32,
-                              float* bias_scratch) {
+                              const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
   detail::LaunchScope scope(stream);
   const GemmContext ctx = gemm_context(scope.stream());
   if (ctx.lt == nullptr) return false;
+  if (dbias != nullptr && lt_bias_scratch_bytes(C) > ctx.bias_scratch_bytes) return false;
+  float* const bias_scratch = ctx.bias_scratch;
   // dpre^T[C,N] = dgelu(W^T dout^T, pre^T); the bias gradient (sum over N of dpre) is written in
   // dpre's type by cuBLASLt, so a 16-bit dpre asks for an fp32 one and is refused where that
   // combination is not offered.

@@ -63,12 +63,8 @@ OpTable make_cuda_table() {
                          MatmulTypes ty, int64_t N, int64_t C, int64_t OC, bool overwrite_din) {
     const cuda::TaskSpan span(s, "matmul_backward");
     const bool tf32 = s.device().math_mode().tf32;
-    bool done = false;
-    with_workspace(s, db != nullptr && dw != nullptr ? cuda_ops::lt_bias_scratch_bytes(OC) : 0, "matmul_backward dbias",
-                   [&](void* ws, size_t) {
-                     done = cuda_ops::lt_matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC,
-                                                         overwrite_din, tf32, static_cast<float*>(ws));
-                   });
+    const bool done = cuda_ops::lt_matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC,
+                                                   overwrite_din, tf32);
     if (!done) cuda_ops::matmul_backward(span.native(), din, dw, db, dout, in, w, ty, N, C, OC, overwrite_din, tf32);
   };
   t.matmul_gelu_forward = [](Stream& s, void* out, void* pre, const void* in, const void* w, const void* bias,
@@ -85,13 +81,7 @@ OpTable make_cuda_table() {
                                MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_backward_dgelu");
     const bool tf32 = s.device().math_mode().tf32;
-    bool done = false;
-    with_workspace(s, db != nullptr ? cuda_ops::lt_bias_scratch_bytes(C) : 0, "matmul_backward_dgelu dbias",
-                   [&](void* ws, size_t) {
-                     done = cuda_ops::lt_matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC,
-                                                               tf32, static_cast<float*>(ws));
-                   });
-    if (done) return;
+    if (cuda_ops::lt_matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32)) return;
     with_workspace(s, cuda_ops::matmul_backward_dgelu_scratch_bytes(ty, N, C), "matmul_backward_dgelu scratch",
                    [&](void* ws, size_t) {
                      cuda_ops::matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32, ws);
