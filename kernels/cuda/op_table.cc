@@ -78,6 +78,27 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
   ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
 
+  // cuDNN's fused attention where it serves the call (decided before the span, so a declined call
+  // leaves no task on the trace); ops.cc runs the tiled entries otherwise.
+  t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                 int64_t C, int64_t NH, DType dtype) {
+    if (!cuda_ops::cudnn_attention_available(s.native_handle(), false, B, T, C, NH, dtype))
+      return false;
+    const cuda::TaskSpan span(s, "fused_attention_forward");
+    cuda_ops::cudnn_attention_forward(s, span.native(), out, lse, qkv, B, T, C, NH, dtype);
+    return true;
+  };
+  t.fused_attention_backward = [](Stream& s, void* dqkv, const void* dout, const void* qkv, const void* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                  bool accumulate) {
+    if (!cuda_ops::cudnn_attention_available(s.native_handle(), true, B, T, C, NH, dtype))
+      return false;
+    const cuda::TaskSpan span(s, "fused_attention_backward");
+    cuda_ops::cudnn_attention_backward(s, span.native(), dqkv, dout, qkv, out, lse, B, T, C, NH, dtype,
+                                       accumulate);
+    return true;
+  };
+
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");
     launch_cast(s, dst, dst_type, src, src_type, static_cast<size_t>(n));
