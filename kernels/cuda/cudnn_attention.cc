@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cudnn_frontend.h>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -205,11 +206,15 @@ void execute(State& st, const Plan& plan, int device, Stream& s, void* native,
   std::string failure;
   {
     cudnnHandle_t h = st.handles.at(device);
-    cudnnStatus_t status = cudnnSetStream(h, static_cast<cudaStream_t>(native));
-    if (status != CUDNN_STATUS_SUCCESS) {
-      failure = std::string("cudnnSetStream: ") + cudnnGetErrorString(status);
-    } else if (auto e = plan.graph->execute(h, pack, workspace); !e.is_good()) {
-      failure = e.get_message();
+    const cudnnStatus_t status = cudnnSetStream(h, static_cast<cudaStream_t>(native));
+    try {
+      if (status != CUDNN_STATUS_SUCCESS) {
+        failure = std::string("cudnnSetStream: ") + cudnnGetErrorString(status);
+      } else if (auto e = plan.graph->execute(h, pack, workspace); !e.is_good()) {
+        failure = e.get_message();
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
     }
   }
   // Stream-ordered: later work on this stream may reuse the block, after the graph.
