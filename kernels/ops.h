@@ -8,7 +8,8 @@
 //  - Row-major, contiguous. N = rows (B*T for sequence ops), C = channels.
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
-//  - All floating tensors are fp32 for now (dtype checked); token ids/labels are int32.
+//  - Floating tensors are fp32 (dtype checked) unless an op says otherwise (cast, accumulate, the
+//    tiled attention: f16/bf16 too); token ids/labels are int32.
 //  - Every view lives on the stream's device (view.device == stream.device().index()); leading
 //    dimensions are free where a row count N is meant ([B,T,C] is N = B*T rows of C).
 //  - Ops with empty outputs (zero elements) launch nothing.

@@ -78,8 +78,9 @@ State& state() {
   return *s;
 }
 
-void note_once(State& st, const std::string& why) {
-  if (st.noted.insert(why).second)
+// Prints `why` the first time `key` is seen.
+void note_once(State& st, const std::string& key, const std::string& why) {
+  if (st.noted.insert(key).second)
     std::fprintf(stderr, "note: %s; the tiled attention kernel runs instead\n", why.c_str());
 }
 
@@ -90,7 +91,8 @@ cudnnHandle_t handle_for(State& st, int device) {
   cudnnHandle_t h = nullptr;
   const cudnnStatus_t status = cudnnCreate(&h);
   if (status != CUDNN_STATUS_SUCCESS) {
-    note_once(st, std::string("cuDNN could not start on GPU ") + std::to_string(device) + " (" +
+    note_once(st, "handle " + std::to_string(device),
+              std::string("cuDNN could not start on GPU ") + std::to_string(device) + " (" +
                       cudnnGetErrorString(status) + ", library version " + std::to_string(cudnnGetVersion()) +
                       ")");
     h = nullptr;
@@ -180,10 +182,11 @@ const Plan* plan_for(State& st, const Key& k) {
     if (!why.empty()) {
       plan = Plan{};
       // One note per direction, dtype and head size: a shape class, not every T.
-      note_once(st, std::string("cuDNN attention ") + (k.backward ? "backward" : "forward") + " declines " +
-                        dtype_name(k.dtype) + " head size " + std::to_string(k.C / k.NH) + " (first at B=" +
-                        std::to_string(k.B) + " T=" + std::to_string(k.T) + " heads=" + std::to_string(k.NH) +
-                        "): " + why);
+      const std::string what = std::string("cuDNN attention ") + (k.backward ? "backward" : "forward") +
+                               " declines " + dtype_name(k.dtype) + " head size " + std::to_string(k.C / k.NH);
+      note_once(st, what,
+                what + " (first at B=" + std::to_string(k.B) + " T=" + std::to_string(k.T) +
+                    " heads=" + std::to_string(k.NH) + "): " + why);
     }
   }
   auto [pos, inserted] = st.plans.emplace(k, std::move(plan));
