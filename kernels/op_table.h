@@ -36,8 +36,8 @@ namespace zt {
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
-// {in, out, bias} of their MatmulTypes; residual_layernorm_forward {activation dtype}; every other
-// op {f32}.
+// {in, out, bias} of their MatmulTypes; residual_layernorm_forward {activation dtype};
+// flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -78,7 +78,9 @@ namespace zt {
   X(kReduceSlices, reduce_slices)                              \
   X(kMatmulGeluForward, matmul_gelu_forward)                   \
   X(kMatmulBackwardDgelu, matmul_backward_dgelu)               \
-  X(kResidualLayernormForward, residual_layernorm_forward)
+  X(kResidualLayernormForward, residual_layernorm_forward)     \
+  X(kFusedAttentionForward, fused_attention_forward)           \
+  X(kFusedAttentionBackward, fused_attention_backward)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -134,12 +136,13 @@ struct OpTable {
   void (*attention_backward)(Stream&, float* dqkv, float* dpreatt, float* datt, const float* dout,
                              const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                              int64_t NH) = nullptr;
-  // scratch: flash_attention_scratch_bytes(B, T, C, NH) bytes.
-  void (*flash_attention_forward)(Stream&, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                                  int64_t C, int64_t NH) = nullptr;
-  void (*flash_attention_backward)(Stream&, float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, float* scratch, int64_t B,
-                                   int64_t T, int64_t C, int64_t NH) = nullptr;
+  // qkv, out, dout, dqkv of `dtype` (f32, f16, bf16); lse, scratch fp32. scratch:
+  // flash_attention_scratch_bytes(B, T, C, NH) bytes. accumulate false: dqkv is overwritten.
+  void (*flash_attention_forward)(Stream&, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                  int64_t C, int64_t NH, DType dtype) = nullptr;
+  void (*flash_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv,
+                                   const void* out, const float* lse, float* scratch, int64_t B,
+                                   int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate) = nullptr;
   void (*gelu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
@@ -194,6 +197,15 @@ struct OpTable {
   void (*residual_layernorm_forward)(Stream&, void* residual_out, void* ln_out, float* mean, float* rstd,
                                      const void* a, const void* b, DType act, const float* weight,
                                      const float* bias, int64_t N, int64_t C, float eps) = nullptr;
+
+  // A library's fused causal attention, the flash_attention_* contract (same lse, so either half may
+  // pair with the tiled other half). Returns false having launched nothing when it does not serve
+  // this call (dtype, shape, library absent or unusable): ops.cc then runs flash_attention_*.
+  bool (*fused_attention_forward)(Stream&, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                  int64_t C, int64_t NH, DType dtype) = nullptr;
+  bool (*fused_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv, const void* out,
+                                   const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                   bool accumulate) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

@@ -580,33 +580,54 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t /*C*/, int64_
   return static_cast<size_t>(B * NH * T) * sizeof(float);
 }
 
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return 0;
+  // A fused backward's workspace: an fp32 dQ accumulator [B, T, C] and a few fp32 rows per
+  // (b, h, t), plus slack; the staging buffer is one dqkv [B, T, 3C] of the dtype.
+  const auto workspace = static_cast<size_t>(4 * B * T * C + 16 * B * NH * T) + (size_t{1} << 20);
+  return workspace + static_cast<size_t>(B * T * 3 * C) * dtype_size(dtype);
+}
+
+namespace {
+// The activations' dtype of the tiled attention ops: f32, f16 or bf16 (ops.h).
+DType attention_dtype(const char* op, const ConstTensorView& qkv) {
+  ZT_REQUIRE(qkv.dtype == DType::kF32 || qkv.dtype == DType::kF16 || qkv.dtype == DType::kBF16, op,
+             ": qkv ", qkv.shape.str(), " is ", dtype_name(qkv.dtype), " but must be fp32, fp16 or bf16");
+  return qkv.dtype;
+}
+}  // namespace
+
 void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTensorView qkv,
                              int num_heads) {
   constexpr const char* op = "flash_attention_forward";
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
-                         {"lse", lse},
-                         {"qkv", qkv}})
-    check_f32(s, op, name, v);
+  const DType dt = attention_dtype(op, qkv);
+  check_view(s, op, "qkv", qkv, dt);
+  check_view(s, op, "out", out, dt);
+  check_f32(s, op, "lse", lse);
   const AttentionDims d = check_attention(op, qkv, num_heads, {{"out", out}}, {});
   ZT_REQUIRE(lse.shape == (Shape{d.B, d.NH, d.T}), op, ": qkv ", qkv.shape.str(), " with ",
              num_heads, " heads but lse ", lse.shape.str(), " (need ",
              Shape{d.B, d.NH, d.T}.str(), ")");
   if (d.B * d.T == 0) return;
-  f32_kernel(s, OpId::kFlashAttentionForward)
-      .flash_attention_forward(s, f32(out), f32(lse), f32(qkv), d.B, d.T, d.C, d.NH);
+  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionForward, {dt});
+      t != nullptr && t->fused_attention_forward(s, out.data, f32(lse), qkv.data, d.B, d.T, d.C, d.NH, dt))
+    return;
+  require_kernel(s, OpId::kFlashAttentionForward, {dt})
+      .flash_attention_forward(s, out.data, f32(lse), qkv.data, d.B, d.T, d.C, d.NH, dt);
 }
 
 void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
                               ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
-                              int num_heads, TensorView scratch) {
+                              int num_heads, TensorView scratch, GradWrite write) {
   constexpr const char* op = "flash_attention_backward";
+  const DType dt = attention_dtype(op, qkv);
   for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"dqkv", dqkv},
                          {"dout", dout},
                          {"qkv", qkv},
-                         {"out", out},
-                         {"lse", lse},
-                         {"scratch", scratch}})
-    check_f32(s, op, name, v);
+                         {"out", out}})
+    check_view(s, op, name, v, dt);
+  check_f32(s, op, "lse", lse);
+  check_f32(s, op, "scratch", scratch);
   const AttentionDims d =
       check_attention(op, qkv, num_heads, {{"dout", dout}, {"out", out}}, {});
   ZT_REQUIRE(dqkv.shape == qkv.shape, op, ": qkv ", qkv.shape.str(), " but dqkv ",
@@ -619,9 +640,14 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
              scratch.nbytes(), " bytes but qkv ", qkv.shape.str(), " with ", num_heads,
              " heads needs ", need);
   if (d.B * d.T == 0) return;
-  f32_kernel(s, OpId::kFlashAttentionBackward)
-      .flash_attention_backward(s, f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse),
-                                f32(scratch), d.B, d.T, d.C, d.NH);
+  const bool accumulate = write == GradWrite::kAccumulate;
+  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionBackward, {dt});
+      t != nullptr && t->fused_attention_backward(s, dqkv.data, dout.data, qkv.data, out.data, f32(lse), d.B,
+                                                  d.T, d.C, d.NH, dt, accumulate))
+    return;
+  require_kernel(s, OpId::kFlashAttentionBackward, {dt})
+      .flash_attention_backward(s, dqkv.data, dout.data, qkv.data, out.data, f32(lse), f32(scratch), d.B, d.T,
+                                d.C, d.NH, dt, accumulate);
 }
 
 // ---- activations

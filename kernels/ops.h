@@ -8,8 +8,9 @@
 //  - Row-major, contiguous. N = rows (B*T for sequence ops), C = channels.
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
-//  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (the matmul
-//    family takes 16-bit inputs); token ids/labels are int32.
+//  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (cast,
+//    accumulate, the matmul family, residual_layernorm_forward and the tiled attention take
+//    f16/bf16 too); token ids/labels are int32.
 //  - Every view lives on the stream's device (view.device == stream.device().index()); leading
 //    dimensions are free where a row count N is meant ([B,T,C] is N = B*T rows of C).
 //  - Ops with empty outputs (zero elements) launch nothing.
@@ -142,16 +143,32 @@ void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorVi
 
 // ---- tiled (flash-style) causal attention: no T x T buffer ------------------------------------
 // Same math and layout as attention_forward/backward, computed tile by tile with an online
-// softmax (O(T) memory per row, only the causal half of the tiles visited).
+// softmax (O(T) memory per row, only the causal half of the tiles visited), scale 1/sqrt(C/NH).
+// dtypes: qkv, out, dout and dqkv share one dtype, f32 or the 16-bit activations' f16/bf16;
+// lse and scratch are fp32. Math is fp32 (16-bit inputs widened exactly); each output element
+// is rounded to its dtype once (dqkv: old value + gradient, then rounded).
+// Where the backend has a library's fused attention for the dtype and shape (CUDA: cuDNN's SDPA,
+// bf16/f16) it runs instead, with the same lse; otherwise the tiled kernel. Which one served is
+// invisible above kernels/ except in the bits (both within the dtype's tolerance of float64).
 // out [B,T,C]; lse [B,NH,T] (fp32) = log sum_j exp(score_tj) per row, saved for backward.
 void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTensorView qkv,
                              int num_heads);
-// dqkv [B,T,3C] +=; out and lse from flash_attention_forward; scratch: at least
-// flash_attention_scratch_bytes(B, T, C, NH) bytes of fp32 (any shape), overwritten. The op
-// allocates nothing else from the device pool.
+// How a backward op writes a gradient: kAccumulate (+=, the convention above) or kOverwrite
+// (= the gradient; the old contents, even NaN, are ignored: no zero-fill pass before it).
+enum class GradWrite { kAccumulate, kOverwrite };
+// dqkv [B,T,3C] += (or = with kOverwrite); out and lse from flash_attention_forward; scratch: at
+// least flash_attention_scratch_bytes(B, T, C, NH) bytes of fp32 (any shape), overwritten. The
+// tiled kernel allocates nothing else from the device pool; a library's fused backward takes its
+// workspace (and, with kAccumulate and 16-bit dqkv, a dqkv-sized staging buffer) from the pool
+// for the call, at most flash_attention_library_bytes(B, T, C, NH, dtype) bytes.
 void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
                               ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
-                              int num_heads, TensorView scratch);
+                              int num_heads, TensorView scratch,
+                              GradWrite write = GradWrite::kAccumulate);
+// The most pool memory a library's fused attention takes for one call (held only during the
+// call, stream-ordered): 0 for f32 (no library path), else its workspace bound plus the staging
+// buffer; a graph needing more is not used (the tiled kernel runs). For the memory plan.
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
 

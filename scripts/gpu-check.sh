@@ -33,6 +33,7 @@ write_results() {
     echo "- driver: ${driver_note:-not checked yet}"
     echo "- total time: ${SECONDS}s"
     [[ -n "${ctest_summary:-}" ]] && echo "- ctest: ${ctest_summary}"
+    [[ -f "$OUT/configure.log" ]] && echo "- cuDNN attention: $(grep -o 'cuDNN found\|cuDNN attention not built' "$OUT/configure.log" | head -1 || true)"
     local n
     for n in "${notes[@]}"; do echo "- note: $n"; done
     echo
@@ -179,9 +180,13 @@ if ((built && gpu_ok)); then
   # 128-bit elementwise/cast paths at odd sizes and unaligned pointers against the scalar bits; and
   # the OpsTest cases whose kernels those paths replaced (layernorm, fill/scale/add, cast, accumulate);
   # and stream capture (GraphOpsTest: a captured GEMM/GELU/backward chain replayed bitwise equal to
-  # the same ops run eagerly, a capture broken by a synchronize fails with its reason).
+  # the same ops run eagerly, a capture broken by a synchronize fails with its reason). Attention:
+  # the tiled CUDA kernel on fp32, f16 and bf16 against float64 (FlashAttention*/cuda), and cuDNN's
+  # fused SDPA forward/backward against that tiled kernel and the CPU backend at head sizes 64 and
+  # 128, T in {1, 7, 64, 257, 1024} (FlashAttentionCuda; it fails if cuDNN is built but declines
+  # those shapes; "cuDNN attention:" in results.md says whether it was built).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*)/cuda|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 else
   skip_step new-cuda-ops "${no_gpu:-build failed}"

@@ -2,10 +2,12 @@
 // head): scores and the products with V are OpenBLAS sgemm calls over blocks of query rows that
 // stop at the causal boundary of the block (so about half of the T x T products are skipped), and
 // the softmax and its backward are vectorised row loops. The flash_attention_* kernels below do
-// the same math tile by tile with an online softmax and never hold more than two tiles per task.
+// the same math tile by tile with an online softmax and never hold more than two tiles per task;
+// for 16-bit activations they widen one head at a time into fp32 and round each output once.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
@@ -292,10 +294,8 @@ void flash_head_backward_fused(float* dqkv, const float* dout, const float* qkv,
   }
 }
 
-}  // namespace
-
-void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                             int64_t C, int64_t NH) {
+void flash_forward_f32(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
   const FlashLayout L(B, T, C, NH);
   parallel_for(B * NH * L.tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t task = t0; task < t1; ++task) {
@@ -306,10 +306,14 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
   });
 }
 
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
-                              int64_t NH) {
+void flash_backward_f32(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, float* scratch, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        bool accumulate) {
   const FlashLayout L(B, T, C, NH);
+  if (!accumulate)  // overwrite = accumulate into zeros (every column is some head's q, k or v)
+    parallel_for(B * T, 64, [=](int64_t r0, int64_t r1) {
+      std::fill(dqkv + r0 * 3 * C, dqkv + r1 * 3 * C, 0.0f);
+    });
   float* D = scratch;  // [B, NH, T]: rowsum(dout * out), the softmax backward's dot per row
   parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
     for (int64_t bh = bh0; bh < bh1; ++bh) {
@@ -351,6 +355,109 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
                             (task % L.tiles) * kFlashTile, L);
     }
   });
+}
+
+// ---- 16-bit activations: one head per task, widened into fp32 [T, 3hs] / [T, hs] buffers and
+// run through the fp32 head functions with a one-head layout (C = hs, NH = 1), so the math is the
+// fp32 kernels'; each output element is rounded once. Per task O(T * hs) floats, no T x T.
+
+template <typename E>
+void widen_head(float* dst, const E* src, int64_t T, int64_t src_ld, int64_t parts, int64_t part_stride,
+                int64_t hs) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t p = 0; p < parts; ++p)
+      for (int64_t i = 0; i < hs; ++i)
+        dst[(t * parts + p) * hs + i] = to_float(src[t * src_ld + p * part_stride + i]);
+}
+
+template <typename E>
+void flash_forward_16(E* out, float* lse, const E* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const FlashLayout L(B, T, C, NH), H(1, T, C / NH, 1);
+  const int64_t hs = H.hs;
+  parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
+    std::vector<float> q(static_cast<size_t>(T * 3 * hs)), o(static_cast<size_t>(T * hs));
+    for (int64_t bh = bh0; bh < bh1; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      widen_head(q.data(), qkv + L.qkv_off(b, h), T, L.ld, 3, C, hs);
+      for (int64_t i0 = 0; i0 < T; i0 += kFlashTile)
+        flash_head_forward(o.data(), lse + L.row_off(b, h), q.data(), i0, H);
+      E* dst = out + L.out_off(b, h);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < hs; ++i) dst[t * C + i] = from_float<E>(o[t * hs + i]);
+    }
+  });
+}
+
+template <typename E>
+void flash_backward_16(E* dqkv, const E* dout, const E* qkv, const E* out, const float* lse, float* scratch,
+                       int64_t B, int64_t T, int64_t C, int64_t NH, bool accumulate) {
+  const FlashLayout L(B, T, C, NH), H(1, T, C / NH, 1);
+  const int64_t hs = H.hs;
+  parallel_for(B * NH, 1, [&](int64_t bh0, int64_t bh1) {
+    std::vector<float> q(static_cast<size_t>(T * 3 * hs)), dq(q.size()), dy(static_cast<size_t>(T * hs)),
+        y(dy.size());
+    for (int64_t bh = bh0; bh < bh1; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      widen_head(q.data(), qkv + L.qkv_off(b, h), T, L.ld, 3, C, hs);
+      widen_head(dy.data(), dout + L.out_off(b, h), T, C, 1, 0, hs);
+      widen_head(y.data(), out + L.out_off(b, h), T, C, 1, 0, hs);
+      float* D = scratch + L.row_off(b, h);
+      for (int64_t t = 0; t < T; ++t) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < hs; ++i) acc += double{dy[t * hs + i]} * y[t * hs + i];
+        D[t] = static_cast<float>(acc);
+      }
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      flash_head_backward_fused(dq.data(), dy.data(), q.data(), lse + L.row_off(b, h), D, H);
+      E* dst = dqkv + L.qkv_off(b, h);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t p = 0; p < 3; ++p)
+          for (int64_t i = 0; i < hs; ++i) {
+            E& e = dst[t * L.ld + p * C + i];
+            const float g = dq[(t * 3 + p) * hs + i];
+            e = from_float<E>(accumulate ? to_float(e) + g : g);
+          }
+    }
+  });
+}
+
+}  // namespace
+
+void flash_attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                             int64_t NH, DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return flash_forward_f32(static_cast<float*>(out), lse, static_cast<const float*>(qkv), B, T, C, NH);
+    case DType::kF16:
+      return flash_forward_16(static_cast<Half*>(out), lse, static_cast<const Half*>(qkv), B, T, C, NH);
+    case DType::kBF16:
+      return flash_forward_16(static_cast<BFloat16*>(out), lse, static_cast<const BFloat16*>(qkv), B, T, C, NH);
+    default:
+      break;
+  }
+  ZT_CHECK(false, "flash_attention_forward: unsupported dtype ", dtype_name(dtype));
+}
+
+void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
+                              int64_t NH, DType dtype, bool accumulate) {
+  switch (dtype) {
+    case DType::kF32:
+      return flash_backward_f32(static_cast<float*>(dqkv), static_cast<const float*>(dout),
+                                static_cast<const float*>(qkv), static_cast<const float*>(out), lse, scratch, B,
+                                T, C, NH, accumulate);
+    case DType::kF16:
+      return flash_backward_16(static_cast<Half*>(dqkv), static_cast<const Half*>(dout),
+                               static_cast<const Half*>(qkv), static_cast<const Half*>(out), lse, scratch, B, T,
+                               C, NH, accumulate);
+    case DType::kBF16:
+      return flash_backward_16(static_cast<BFloat16*>(dqkv), static_cast<const BFloat16*>(dout),
+                               static_cast<const BFloat16*>(qkv), static_cast<const BFloat16*>(out), lse, scratch,
+                               B, T, C, NH, accumulate);
+    default:
+      break;
+  }
+  ZT_CHECK(false, "flash_attention_backward: unsupported dtype ", dtype_name(dtype));
 }
 
 }  // namespace zt::cpu_kernels

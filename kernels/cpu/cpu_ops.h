@@ -72,12 +72,13 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
 
-// Tiled causal attention (kernels/ops.h flash_attention_*); scratch: B*NH*T floats.
-void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                             int64_t C, int64_t NH);
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+// Tiled causal attention (kernels/ops.h flash_attention_*); scratch: B*NH*T floats. qkv, out,
+// dout, dqkv of `dtype` (f32, f16, bf16); accumulate false overwrites dqkv.
+void flash_attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH, DType dtype);
+void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
-                              int64_t NH);
+                              int64_t NH, DType dtype, bool accumulate);
 
 // ---- activations ------------------------------------------------------------------------------
 void gelu_forward(float* out, const float* in, int64_t n);

@@ -67,6 +67,11 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, reduce_slices);
   ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
   ZT_CPU_ENTRY(cpu_kernels, residual_layernorm_forward);
+  // No attention library on the CPU: the fused entries always decline, the tiled kernels serve.
+  t.fused_attention_forward = [](Stream&, void*, float*, const void*, int64_t, int64_t, int64_t, int64_t,
+                                 DType) { return false; };
+  t.fused_attention_backward = [](Stream&, void*, const void*, const void*, const void*, const float*, int64_t,
+                                  int64_t, int64_t, int64_t, DType, bool) { return false; };
 
   // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
   t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,

@@ -19,6 +19,10 @@
 #include "core/dtype.h"
 #include "kernels/matmul_types.h"
 
+namespace zt {
+class Stream;
+}  // namespace zt
+
 namespace zt::cuda_ops {
 
 // ---- elementwise / utility (n may be 0: no launch) ---------------------------------------
@@ -115,12 +119,27 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
 
 // Tiled causal attention (kernels/ops.h flash_attention_*; kernels/cuda/flash_attention.cu):
 // one block per (batch, head, query tile) forward, per (batch, head, key tile) for dK/dV; lse
-// [B,NH,T]; scratch: B*NH*T floats (D = rowsum(dout * out)). Head size <= 128.
-void flash_attention_forward(void* stream, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH);
-void flash_attention_backward(void* stream, float* dqkv, const float* dout, const float* qkv,
-                              const float* out, const float* lse, float* scratch, int64_t B,
-                              int64_t T, int64_t C, int64_t NH);
+// [B,NH,T]; scratch: B*NH*T floats (D = rowsum(dout * out)). Head size <= 128. qkv, out, dout,
+// dqkv of `dtype` (f32, f16, bf16); accumulate false overwrites dqkv.
+void flash_attention_forward(void* stream, void* out, float* lse, const void* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH, DType dtype);
+void flash_attention_backward(void* stream, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const float* lse, float* scratch, int64_t B,
+                              int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate);
+
+// Fused causal attention through cuDNN's SDPA graphs (kernels/cuda/cudnn_attention.cc), f16/bf16,
+// the flash_attention_* contract (accumulate false overwrites dqkv). available(): whether cuDNN
+// serves this call on `native`'s GPU, building and caching the graph on first use (no launch);
+// false for fp32, without cuDNN (in this build or at run time), for a shape cuDNN does not
+// support or whose workspace exceeds ops::flash_attention_library_bytes, with one note per
+// reason. The launchers run only after available() said yes; `native` is s's cudaStream_t, and
+// the workspace (and the backward's staging dqkv for +=) come from s's device pool for the call.
+bool cudnn_attention_available(void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
+void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, const void* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH, DType dtype);
+void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                              int64_t NH, DType dtype, bool accumulate);
 
 // ---- activations over n elements (n may be 0) -----------------------------------------------
 // Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.

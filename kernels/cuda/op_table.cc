@@ -1,6 +1,9 @@
 // The CUDA backend's op table: every entry runs its launcher (kernels/cuda/cuda_ops.h,
 // optimizers/cuda/multi_tensor.h) inside a cuda::TaskSpan (the checked downcast to a CUDA stream,
 // and the observer's event pair). Built only with CUDA; includes no CUDA header.
+#include <cstdint>
+#include <initializer_list>
+
 #include "core/status.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -34,6 +37,12 @@ void with_workspace(Stream& s, size_t bytes, const char* tag, Launch&& launch) {
     throw;
   }
   if (workspace) pool.free(workspace);
+}
+
+bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 OpTable make_cuda_table() {
@@ -108,6 +117,30 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
   ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
   ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
+
+  // cuDNN's fused attention where it serves the call (decided before the span, so a declined call
+  // leaves no task on the trace); ops.cc runs the tiled entries otherwise. cuDNN wants 16-byte
+  // aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
+  t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                 int64_t C, int64_t NH, DType dtype) {
+    if (!aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+        !cuda_ops::cudnn_attention_available(s.native_handle(), false, B, T, C, NH, dtype))
+      return false;
+    const cuda::TaskSpan span(s, "fused_attention_forward");
+    cuda_ops::cudnn_attention_forward(s, span.native(), out, lse, qkv, B, T, C, NH, dtype);
+    return true;
+  };
+  t.fused_attention_backward = [](Stream& s, void* dqkv, const void* dout, const void* qkv, const void* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                  bool accumulate) {
+    if (!aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+        !cuda_ops::cudnn_attention_available(s.native_handle(), true, B, T, C, NH, dtype))
+      return false;
+    const cuda::TaskSpan span(s, "fused_attention_backward");
+    cuda_ops::cudnn_attention_backward(s, span.native(), dqkv, dout, qkv, out, lse, B, T, C, NH, dtype,
+                                       accumulate);
+    return true;
+  };
 
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");

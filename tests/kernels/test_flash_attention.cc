@@ -1,19 +1,25 @@
 // The tiled (flash-style) attention ops of kernels/ops.h on every available backend: forward
 // (out, lse) and backward (dqkv +=) against the float64 reference and against today's
-// attention_forward/backward, bits independent of the thread count, no pool allocation.
-// Tolerances: kTolReduce, as test_ops.cc explains (fp32 sums over up to T * hs terms).
+// attention_forward/backward, bits independent of the thread count, no pool allocation; 16-bit
+// activations (f16, bf16) against float64, and on a GPU the fused (cuDNN) path against the tiled
+// CUDA kernel and the CPU backend. Tolerances: kTolReduce, as test_ops.cc explains (fp32 sums over
+// up to T * hs terms); 16-bit outputs add one rounding to the dtype (kTol16).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "memory/caching_allocator.h"
@@ -133,6 +139,253 @@ TEST_P(FlashAttentionTest, AllocatesNothingBeyondItsScratch) {
 INSTANTIATE_TEST_SUITE_P(Backends, FlashAttentionTest,
                          ::testing::Values(Backend::kCpu, Backend::kCuda),
                          [](const auto& info) { return std::string(backend_name(info.param)); });
+
+// ---- 16-bit activations -------------------------------------------------------------------------
+
+// One rounding to the dtype on top of fp32 math (half an ulp: 2^-9 bf16, 2^-12 f16, relative),
+// with room for the fp32 sums.
+Tol tol16(DType t) { return t == DType::kBF16 ? Tol{1e-2, 1e-3} : Tol{2e-3, 1e-4}; }
+
+uint16_t to_bits16(float x, DType t) {
+  return t == DType::kF16 ? float_to_half_bits(x) : float_to_bf16_bits(x);
+}
+float from_bits16(uint16_t b, DType t) {
+  return t == DType::kF16 ? half_bits_to_float(b) : bf16_bits_to_float(b);
+}
+// v rounded to the dtype (the values a 16-bit tensor holds), as fp32.
+FVec rounded16(const FVec& v, DType t) {
+  FVec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_bits16(to_bits16(v[i], t), t);
+  return r;
+}
+DevTensor tensor16(Device& dev, Stream& s, const FVec& host, Shape shape, DType t) {
+  std::vector<uint16_t> bits(host.size());
+  for (size_t i = 0; i < host.size(); ++i) bits[i] = to_bits16(host[i], t);
+  DevTensor d(dev, s, t, shape);
+  d.upload(bits);
+  return d;
+}
+FVec download16(const DevTensor& d, DType t) {
+  const std::vector<uint16_t> bits = d.download<uint16_t>();
+  FVec r(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) r[i] = from_bits16(bits[i], t);
+  return r;
+}
+
+// One forward + backward (accumulate into dqkv0 and overwrite into NaN) in dtype t on a device.
+struct Run16 {
+  FVec out, lse, dqkv_acc, dqkv_over;
+};
+Run16 run16(Device& dev, DType t, const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B, int64_t T,
+            int64_t C, int64_t NH) {
+  Stream& s = dev.compute();
+  const int nh = static_cast<int>(NH);
+  DevTensor tqkv = tensor16(dev, s, qkv, {B, T, 3 * C}, t), tdout = tensor16(dev, s, dout, {B, T, C}, t);
+  DevTensor out = tensor16(dev, s, nan_vec(B * T * C), {B, T, C}, t);
+  DevTensor lse(dev, s, DType::kF32, {B, NH, T});
+  lse.upload(nan_vec(B * NH * T));
+  ops::flash_attention_forward(s, out, lse, tqkv, nh);
+  const int64_t sn = scratch_floats(B, T, C, NH);
+  DevTensor scratch(dev, s, DType::kF32, {sn});
+  scratch.upload(nan_vec(sn));
+  DevTensor acc = tensor16(dev, s, dqkv0, {B, T, 3 * C}, t);
+  ops::flash_attention_backward(s, acc, tdout, tqkv, out, lse, nh, scratch);
+  DevTensor over = tensor16(dev, s, nan_vec(B * T * 3 * C), {B, T, 3 * C}, t);
+  ops::flash_attention_backward(s, over, tdout, tqkv, out, lse, nh, scratch, ops::GradWrite::kOverwrite);
+  return {download16(out, t), lse.f(), download16(acc, t), download16(over, t)};
+}
+
+// float64 gradient of causal attention given the saved output `out` (dqkv +=): the softmax
+// backward's row dot D_t = dout_t . out_t uses the out the forward stored, as the tiled and the
+// fused kernels do. With out rounded to 16 bits that is the specified rounding point (D then
+// differs from the exact sum_j P_tj dP_tj by about an ulp of out, which the cancellation in
+// dP - D amplifies): the reference follows it, so the tolerance stays one rounding.
+void backward_given_out_ref(DVec& dqkv, const FVec& dout, const FVec& qkv, const FVec& out, int64_t B,
+                            int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, ld = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  std::vector<double> p(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = &qkv[(b * T + t) * ld + h * hs];
+        const float* dy = &dout[(b * T + t) * C + h * hs];
+        const float* y = &out[(b * T + t) * C + h * hs];
+        double mx = -INFINITY, sum = 0, D = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          const float* k = &qkv[(b * T + j) * ld + C + h * hs];
+          double dot = 0;
+          for (int64_t i = 0; i < hs; ++i) dot += double{q[i]} * k[i];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t i = 0; i < hs; ++i) D += double{dy[i]} * y[i];
+        for (int64_t j = 0; j <= t; ++j) {
+          const double P = p[j] / sum;
+          const float* k = &qkv[(b * T + j) * ld + C + h * hs];
+          const float* v = &qkv[(b * T + j) * ld + 2 * C + h * hs];
+          double dp = 0;
+          for (int64_t i = 0; i < hs; ++i) dp += double{dy[i]} * v[i];
+          const double ds = P * (dp - D) * scale;
+          double* dq = &dqkv[(b * T + t) * ld + h * hs];
+          double* dk = &dqkv[(b * T + j) * ld + C + h * hs];
+          double* dv = &dqkv[(b * T + j) * ld + 2 * C + h * hs];
+          for (int64_t i = 0; i < hs; ++i) {
+            dq[i] += ds * k[i];
+            dk[i] += ds * q[i];
+            dv[i] += P * dy[i];
+          }
+        }
+      }
+}
+
+// The T values (partial tiles at 7 and 257) at small C so that ASan on 2 cores stays fast.
+const Case kCases16[] = {{2, 1, 32, 2}, {2, 7, 32, 2}, {1, 64, 32, 2}, {1, 257, 32, 2}, {1, 1024, 16, 2}};
+
+TEST_P(FlashAttentionTest, SixteenBitMatchesReference) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (const Case& c : kCases16) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
+                                        << " NH=" << c.NH);
+      const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+      // The reference sees exactly the 16-bit values the op reads.
+      const FVec qkv = rounded16(rng_.normal(B * T * 3 * C, 1.5f), t), dout = rounded16(rng_.normal(B * T * C), t),
+                 dqkv0 = rounded16(rng_.normal(B * T * 3 * C), t);
+      const Run16 got = run16(*dev_, t, qkv, dout, dqkv0, B, T, C, NH);
+      DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+      ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+      DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+      backward_given_out_ref(r_acc, dout, qkv, got.out, B, T, C, NH);
+      backward_given_out_ref(r_over, dout, qkv, got.out, B, T, C, NH);
+      EXPECT_TRUE(close(got.out, r_out, tol16(t))) << "out vs float64";
+      // lse is fp32 from exactly widened inputs: the fp32 tolerance.
+      EXPECT_TRUE(close(got.lse, reference_lse(r_pre, B * NH, T), kTolReduce)) << "lse vs float64";
+      EXPECT_TRUE(close(got.dqkv_acc, r_acc, tol16(t))) << "dqkv += vs float64";
+      EXPECT_TRUE(close(got.dqkv_over, r_over, tol16(t))) << "dqkv = vs float64";
+    }
+  }
+}
+
+// fp32 with GradWrite::kOverwrite: the old contents (NaN here) are ignored, not added.
+TEST_P(FlashAttentionTest, OverwriteIgnoresOldGradient) {
+  const int64_t B = 2, T = 70, C = 24, NH = 3;
+  const FVec qkv = rng_.normal(B * T * 3 * C), dout = rng_.normal(B * T * C);
+  DevTensor tqkv = tensor(qkv, {B, T, 3 * C}), tdout = tensor(dout, {B, T, C});
+  DevTensor out = poisoned({B, T, C}), lse = poisoned({B, NH, T}), dqkv = poisoned({B, T, 3 * C});
+  DevTensor scratch = poisoned({scratch_floats(B, T, C, NH)});
+  ops::flash_attention_forward(s(), out, lse, tqkv, static_cast<int>(NH));
+  ops::flash_attention_backward(s(), dqkv, tdout, tqkv, out, lse, static_cast<int>(NH), scratch,
+                                ops::GradWrite::kOverwrite);
+  DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T), r_dqkv(B * T * 3 * C, 0.0);
+  ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+  ref::attention_backward_ref(r_dqkv, to_d(dout), to_d(qkv), r_att, B, T, C, NH);
+  EXPECT_TRUE(close(dqkv.f(), r_dqkv, kTolReduce));
+}
+
+// The fused-attention entries' contract in ops.cc: an entry that serves a call replaces the tiled
+// kernel; one that declines leaves it to the tiled kernel. A CPU table whose fused entries serve
+// bf16 only (by running the tiled kernel themselves) and count what they were asked.
+std::atomic<int> g_fused_asked{0}, g_fused_served{0};
+TEST(FlashAttentionDispatch, FusedEntryServesOrDeclines) {
+  auto rt = Runtime::create_cpu(1);
+  Device& dev = rt->device(0);
+  Stream& s = dev.compute();
+  OpTable t = cpu_op_table();
+  t.fused_attention_forward = [](Stream& st, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                 int64_t C, int64_t NH, DType dt) {
+    ++g_fused_asked;
+    if (dt != DType::kBF16) return false;
+    ++g_fused_served;
+    cpu_op_table().flash_attention_forward(st, out, lse, qkv, B, T, C, NH, dt);
+    return true;
+  };
+  ScopedOpTable scoped(Backend::kCpu, &t);
+  const int64_t B = 1, T = 9, C = 8, NH = 2;
+  Rng rng(test_seed() + 11);
+  const FVec qkv = rounded16(rng.normal(B * T * 3 * C), DType::kBF16);
+  DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+  ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    auto input = [&] {
+      if (dt != DType::kF32) return tensor16(dev, s, qkv, {B, T, 3 * C}, dt);
+      DevTensor d(dev, s, dt, {B, T, 3 * C});
+      d.upload(qkv);
+      return d;
+    };
+    DevTensor tq = input(), out(dev, s, dt, {B, T, C}), lse(dev, s, DType::kF32, {B, NH, T});
+    ops::flash_attention_forward(s, out, lse, tq, static_cast<int>(NH));
+    const FVec got = dt == DType::kF32 ? out.f() : download16(out, dt);
+    EXPECT_TRUE(close(got, r_out, dt == DType::kF32 ? kTolReduce : tol16(dt))) << dtype_name(dt);
+  }
+  EXPECT_EQ(g_fused_asked.load(), 2);
+  EXPECT_EQ(g_fused_served.load(), 1);
+}
+
+// ---- the fused (library) path on a GPU ------------------------------------------------------------
+// The CUDA table's fused entries, wrapped to count the calls they served. Without a GPU: skipped.
+const OpTable* g_cuda_real = nullptr;
+std::atomic<int> g_cuda_served{0};
+
+TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
+  std::string reason;
+  auto gpu = make_runtime(Backend::kCuda, &reason);
+  if (!gpu) GTEST_SKIP() << reason;
+  auto cpu = Runtime::create_cpu(1);
+  g_cuda_real = op_table(Backend::kCuda);
+  OpTable counting = *g_cuda_real, tiled = *g_cuda_real;
+  counting.fused_attention_forward = [](Stream& st, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                                        int64_t C, int64_t NH, DType dt) {
+    const bool served = g_cuda_real->fused_attention_forward(st, out, lse, qkv, B, T, C, NH, dt);
+    g_cuda_served += served;
+    return served;
+  };
+  counting.fused_attention_backward = [](Stream& st, void* dqkv, const void* dout, const void* qkv,
+                                         const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                                         int64_t NH, DType dt, bool acc) {
+    const bool served = g_cuda_real->fused_attention_backward(st, dqkv, dout, qkv, out, lse, B, T, C, NH, dt, acc);
+    g_cuda_served += served;
+    return served;
+  };
+  tiled.fused_attention_forward = nullptr;
+  tiled.fused_attention_backward = nullptr;
+  // GPT-2's head size 64 and 128, the T values; C = NH * hs.
+  const Case cases[] = {{2, 1, 128, 2}, {2, 7, 128, 2},  {1, 64, 128, 2},
+                        {2, 257, 128, 2}, {1, 1024, 128, 2}, {1, 300, 256, 2}};
+  Rng rng(test_seed() + 23);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
+                                        << " NH=" << c.NH);
+      const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+      const FVec qkv = rounded16(rng.normal(B * T * 3 * C, 1.5f), t), dout = rounded16(rng.normal(B * T * C), t),
+                 dqkv0 = rounded16(rng.normal(B * T * 3 * C), t);
+      const int before = g_cuda_served.load();
+      Run16 fused, fallback;
+      {
+        ScopedOpTable scoped(Backend::kCuda, &counting);
+        fused = run16(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      }
+      {
+        ScopedOpTable scoped(Backend::kCuda, &tiled);
+        fallback = run16(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      }
+      const Run16 host = run16(cpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+#if defined(ZT_WITH_CUDNN)
+      EXPECT_EQ(g_cuda_served.load() - before, 3) << "cuDNN is built but did not serve forward and both backwards";
+#else
+      (void)before;
+#endif
+      for (const auto& [name, other] : {std::pair<const char*, const Run16*>{"tiled CUDA", &fallback},
+                                        {"CPU backend", &host}}) {
+        EXPECT_TRUE(close(fused.out, to_d(other->out), tol16(t))) << "out vs " << name;
+        EXPECT_TRUE(close(fused.lse, to_d(other->lse), kTolReduce)) << "lse vs " << name;
+        EXPECT_TRUE(close(fused.dqkv_acc, to_d(other->dqkv_acc), tol16(t))) << "dqkv += vs " << name;
+        EXPECT_TRUE(close(fused.dqkv_over, to_d(other->dqkv_over), tol16(t))) << "dqkv = vs " << name;
+      }
+    }
+  }
+}
 
 // ---- validation ----------------------------------------------------------------------------------
 
