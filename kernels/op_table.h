@@ -34,7 +34,7 @@ namespace zt {
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
-// loss_scale_update {}; every other op {f32}.
+// loss_scale_update {}; classifier_forward_backward {logits}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -72,7 +72,9 @@ namespace zt {
   X(kRowMax, row_max)                                          \
   X(kVocabPartials, vocab_partials)                            \
   X(kVocabLossGrad, vocab_loss_grad)                           \
-  X(kReduceSlices, reduce_slices)
+  X(kReduceSlices, reduce_slices)                              \
+  X(kLmHeadForward, lm_head_forward)                           \
+  X(kLmHeadBackward, lm_head_backward)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -134,9 +136,11 @@ struct OpTable {
   void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
-  void (*classifier_forward_backward)(Stream&, float* logits, float* losses, const int32_t* targets,
-                                      int64_t N, int64_t V, float dloss, bool compute_grad,
-                                      const float* dloss_scale) = nullptr;
+  // logits [N, ld] of `logits_dtype` (f32, bf16 or f16), the first V <= ld columns real (the rest
+  // a padded vocabulary's: no probability, dlogits 0).
+  void (*classifier_forward_backward)(Stream&, void* logits, DType logits_dtype, float* losses,
+                                      const int32_t* targets, int64_t N, int64_t ld, int64_t V,
+                                      float dloss, bool compute_grad, const float* dloss_scale) = nullptr;
   // Vocabulary-parallel cross-entropy over a shard logits [N, V] holding ids [v_begin, v_begin + V)
   // of v_total (> 0).
   // V: the shard's columns; columns at ids >= v_total (padding) take no part (vocab ops, ops.h).
@@ -173,6 +177,12 @@ struct OpTable {
                         int num_out, float* found_inf) = nullptr;
   void (*loss_scale_update)(Stream&, optim::LossScaleState* state, const float* found_inf,
                             const optim::LossScaleConfig& c) = nullptr;
+  // The LM head over a padded vocabulary (ops.h lm_head_forward/backward): logits/dlogits rows of
+  // ld >= V floats, only the first V columns written or read.
+  void (*lm_head_forward)(Stream&, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+                          int64_t V, int64_t ld) = nullptr;
+  void (*lm_head_backward)(Stream&, float* din, float* dwte, const float* dlogits, const float* in,
+                           const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {
