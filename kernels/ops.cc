@@ -9,6 +9,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/op_table.h"
+#include "memory/caching_allocator.h"
 #include "runtime/device.h"
 
 namespace zt::ops {
@@ -558,9 +559,20 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
              " has ", N, " rows but losses ", losses.shape.str(), " and targets ",
              targets.shape.str());
   if (N == 0) return;
-  require_kernel(s, OpId::kClassifierForwardBackward, {logits.dtype})
-      .classifier_forward_backward(s, logits.data, logits.dtype, f32(losses), i32(targets), N, ld, V, dloss,
+  if (const OpTable* t = find_kernel(s, OpId::kClassifierForwardBackward, {logits.dtype})) {
+    t->classifier_forward_backward(s, logits.data, logits.dtype, f32(losses), i32(targets), N, ld, V, dloss,
                                    compute_grad, dloss_scale);
+    return;
+  }
+  if (logits.dtype == DType::kF32) refuse_op(s, OpId::kClassifierForwardBackward, {DType::kF32});
+  // Fallback for 16-bit logits: widened (exactly) into fp32 scratch, the fp32 kernel, dlogits
+  // rounded back once: the rounding points of a 16-bit kernel, at 3x its memory traffic. The
+  // scratch goes back to the pool at once; the pool hands it out only to later work on `s`.
+  DeviceBuffer wide(s.device().memory(), static_cast<size_t>(N * ld) * sizeof(float), s, "classifier fp32 logits");
+  const TensorView w{wide.data(), DType::kF32, logits.shape, logits.device};
+  cast(s, w, logits);
+  classifier_forward_backward(s, w, losses, targets, dloss, compute_grad, dloss_scale, vocab);
+  if (compute_grad) cast(s, logits, w);
 }
 
 // ---- LM head over a padded vocabulary -------------------------------------------------------------

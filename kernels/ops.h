@@ -140,7 +140,8 @@ void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 // vocab: the real vocabulary of a padded one (vocab.begin 0, vocab.total = V <= Vp; the default
 // {} = every column is real): columns [V, Vp) take no part in the max and the sums, are never a
 // target, and get dlogits 0 (GPT pads GPT-2's 50257 to 50304, a multiple of 128, for aligned
-// rows). One sweep reads a row for its statistics, a second writes dlogits.
+// rows). One sweep reads a row for its statistics, a second writes dlogits. A backend without a
+// 16-bit kernel gets the fallback: fp32 scratch from the pool, cast, the fp32 kernel, cast back.
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
                                  ConstTensorView targets, float dloss, bool compute_grad,
                                  const float* dloss_scale = nullptr, VocabRange vocab = {});
