@@ -298,7 +298,7 @@ TEST(Gpt, WorkspaceAtT1024HoldsNoTxTBuffer) {
   const int64_t BT = B * T, BTC = BT * C, att = B * NH * T * T;
   const int64_t old_per_layer =
       4 * pad(BTC) + pad(3 * BTC) + pad(att) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
-  const int64_t old_once = pad(BTC) /* encoded */ + pad(BTC) + 2 * pad(BT) + pad(BT * ops::padded_vocab(V)) + pad(BT) /* ln_f, logits (padded vocabulary), losses */ +
+  const int64_t old_once = pad(BTC) /* encoded */ + pad(BTC) + 2 * pad(BT) + pad(BT * ops::padded_vocab(V)) + pad(BT) /* ln_f, logits, losses */ +
                            pad(att) + 2 * pad(BTC) /* preatt, attproj, fcproj */ +
                            2 * pad(BTC) + 2 * pad(4 * BTC) + pad(BTC) + pad(3 * BTC) /* gradients */ +
                            2 * pad(att) /* dpreatt, datt */;
