@@ -156,7 +156,7 @@ void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTens
 void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorView dlogits,
                       ConstTensorView in, ConstTensorView wte);
 // Columns of the LM head's logits for a vocabulary of V: V rounded up to a multiple of 128
-// (GPT-2: 50257 -> 50304), so every row starts 512-byte aligned (128-bit loads, tensor-core tiles).
+// (GPT-2: 50257 -> 50304), so every row starts 512-byte aligned (128-bit loads, an aligned ldc).
 int64_t padded_vocab(int64_t V);
 
 // ---- vocabulary-parallel cross-entropy: three ops around two all-gathers the caller does ----

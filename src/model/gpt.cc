@@ -84,7 +84,8 @@ constexpr float kLayerNormEps = 1e-5f;
 struct GptPlan {
   int64_t B, T, C, NH, L, V;
   // The logits' row length: V padded to a multiple of 128 (ops::padded_vocab; GPT-2 50257 -> 50304)
-  // so every row is 512-byte aligned for the classifier's 128-bit loads and the GEMM's tiles.
+  // so every row is 512-byte aligned: the classifier's 128-bit loads, an aligned ldc for the GEMM
+  // (which still computes V columns: a ragged last tile of 47 columns in 50304, 0.1%).
   // Only the logits are padded: wte stays [V, C] (the head's GEMM writes V columns with ldc = Vp,
   // ops::lm_head_forward), so parameters, ZeRO shards, checkpoints, safetensors and the plan's
   // parameter counts keep the real vocabulary; padding wte instead (llm.c, and gpt_tp.cc, whose
