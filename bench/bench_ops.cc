@@ -337,6 +337,25 @@ void classifier_shapes(benchmark::internal::Benchmark* b) {
   b->Args({256, 50257})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// The GPT head's classifier: V real columns in rows of padded_vocab(V), fp32 (range(2) = 0) or
+// bf16 (1) logits: read for the statistics, read again and written in place as dlogits.
+void BM_ClassifierPadded(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), V = state.range(1), Vp = zt::ops::padded_vocab(V);
+  const DType dtype = state.range(2) ? DType::kBF16 : DType::kF32;
+  Tensor logits(t, {N, Vp}, dtype), losses(t, {N}), targets(t, {N}, DType::kI32);
+  run(state, t, [&] {
+    zt::ops::classifier_forward_backward(t.s(), logits, losses, targets, 1.0f / N, true, nullptr, {0, V});
+  });
+  bytes(state, t, N * Vp * 2 * static_cast<int64_t>(zt::dtype_size(dtype)));
+}
+
+void classifier_padded_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "V", "bf16"});
+  b->Args({256, 50257, 0})->Args({256, 50257, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 // ---- AdamW over a flat shard: 28 B/param (read g, p, m, v; write p, m, v)
 // -------------------------
 
@@ -480,6 +499,7 @@ const int kRegistered = [] {
                        attention_shapes);
   register_on_backends("BM_GeluForward", BM_GeluForward, elementwise_sizes);
   register_on_backends("BM_Classifier", BM_Classifier, classifier_shapes);
+  register_on_backends("BM_ClassifierPadded", BM_ClassifierPadded, classifier_padded_shapes);
   register_on_backends("BM_AdamW", BM_AdamW, elementwise_sizes);
   register_on_backends("BM_MemcpySameBytes", BM_MemcpySameBytes, elementwise_sizes);
   register_on_backends("BM_AdamWMultiBF16", BM_AdamWMultiBF16, elementwise_sizes);

@@ -37,7 +37,8 @@ namespace zt {
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
 // {in, out, bias} of their MatmulTypes; residual_layernorm_forward {activation dtype};
-// flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; every other op {f32}.
+// flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
+// {logits}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -80,7 +81,9 @@ namespace zt {
   X(kMatmulBackwardDgelu, matmul_backward_dgelu)               \
   X(kResidualLayernormForward, residual_layernorm_forward)     \
   X(kFusedAttentionForward, fused_attention_forward)           \
-  X(kFusedAttentionBackward, fused_attention_backward)
+  X(kFusedAttentionBackward, fused_attention_backward)         \
+  X(kLmHeadForward, lm_head_forward)                           \
+  X(kLmHeadBackward, lm_head_backward)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -147,9 +150,11 @@ struct OpTable {
   void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
-  void (*classifier_forward_backward)(Stream&, float* logits, float* losses, const int32_t* targets,
-                                      int64_t N, int64_t V, float dloss, bool compute_grad,
-                                      const float* dloss_scale) = nullptr;
+  // logits [N, ld] of `logits_dtype` (f32, bf16 or f16), the first V <= ld columns real (the rest
+  // a padded vocabulary's: no probability, dlogits 0).
+  void (*classifier_forward_backward)(Stream&, void* logits, DType logits_dtype, float* losses,
+                                      const int32_t* targets, int64_t N, int64_t ld, int64_t V,
+                                      float dloss, bool compute_grad, const float* dloss_scale) = nullptr;
   // Vocabulary-parallel cross-entropy over a shard logits [N, V] holding ids [v_begin, v_begin + V)
   // of v_total (> 0).
   // V: the shard's columns; columns at ids >= v_total (padding) take no part (vocab ops, ops.h).
@@ -206,6 +211,12 @@ struct OpTable {
   bool (*fused_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv, const void* out,
                                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                    bool accumulate) = nullptr;
+  // The LM head over a padded vocabulary (ops.h lm_head_forward/backward): logits/dlogits rows of
+  // ld >= V floats, only the first V columns written or read.
+  void (*lm_head_forward)(Stream&, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+                          int64_t V, int64_t ld) = nullptr;
+  void (*lm_head_backward)(Stream&, float* din, float* dwte, const float* dlogits, const float* in,
+                           const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

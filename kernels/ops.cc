@@ -698,20 +698,95 @@ void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
                                  ConstTensorView targets, float dloss, bool compute_grad,
-                                 const float* dloss_scale) {
+                                 const float* dloss_scale, VocabRange vocab) {
   constexpr const char* op = "classifier_forward_backward";
-  check_f32(s, op, "logits", logits);
+  ZT_REQUIRE(logits.dtype == DType::kF32 || logits.dtype == DType::kBF16 || logits.dtype == DType::kF16, op,
+             ": logits ", logits.shape.str(), " are ", dtype_name(logits.dtype), " but must be f32, bf16 or f16");
+  check_view(s, op, "logits", logits, logits.dtype);
   check_f32(s, op, "losses", losses);
   check_view(s, op, "targets", targets, DType::kI32);
-  const int64_t V = last_dim(logits), N = rows(logits);
-  ZT_REQUIRE(logits.shape.ndim() >= 1 && V > 0, op, ": logits ", logits.shape.str(),
+  const int64_t ld = last_dim(logits), N = rows(logits);
+  ZT_REQUIRE(logits.shape.ndim() >= 1 && ld > 0, op, ": logits ", logits.shape.str(),
              " must be [..., V], V > 0");
+  ZT_REQUIRE(vocab.begin == 0 && vocab.total >= 0 && vocab.total <= ld, op, ": vocab [", vocab.begin, ", ",
+             vocab.total, ") must start at 0 and fit in the ", ld, " columns of logits ", logits.shape.str(),
+             " (shards use row_max / vocab_partials / vocab_loss_grad)");
+  const int64_t V = vocab.total > 0 ? vocab.total : ld;
   ZT_REQUIRE(losses.numel() == N && targets.numel() == N, op, ": logits ", logits.shape.str(),
              " has ", N, " rows but losses ", losses.shape.str(), " and targets ",
              targets.shape.str());
   if (N == 0) return;
-  f32_kernel(s, OpId::kClassifierForwardBackward).classifier_forward_backward(s, f32(logits), f32(losses), i32(targets), N, V, dloss,
-               compute_grad, dloss_scale);
+  if (const OpTable* t = find_kernel(s, OpId::kClassifierForwardBackward, {logits.dtype})) {
+    t->classifier_forward_backward(s, logits.data, logits.dtype, f32(losses), i32(targets), N, ld, V, dloss,
+                                   compute_grad, dloss_scale);
+    return;
+  }
+  if (logits.dtype == DType::kF32) refuse_op(s, OpId::kClassifierForwardBackward, {DType::kF32});
+  // Fallback for 16-bit logits: widened (exactly) into fp32 scratch, the fp32 kernel, dlogits
+  // rounded back once: the rounding points of a 16-bit kernel, at 3x its memory traffic. The
+  // scratch goes back to the pool at once; the pool hands it out only to later work on `s`.
+  DeviceBuffer wide(s.device().memory(), static_cast<size_t>(N * ld) * sizeof(float), s, "classifier fp32 logits");
+  const TensorView w{wide.data(), DType::kF32, logits.shape, logits.device};
+  cast(s, w, logits);
+  classifier_forward_backward(s, w, losses, targets, dloss, compute_grad, dloss_scale, vocab);
+  if (compute_grad) cast(s, logits, w);
+}
+
+// ---- LM head over a padded vocabulary -------------------------------------------------------------
+
+int64_t padded_vocab(int64_t V) { return (V + 127) / 128 * 128; }
+
+namespace {
+struct HeadDims {
+  int64_t N, C, V, ld;
+};
+HeadDims check_head(Stream& s, const char* op, const char* logits_name, const ConstTensorView& logits,
+                    const ConstTensorView& in, const ConstTensorView& wte) {
+  check_f32(s, op, logits_name, logits);
+  check_f32(s, op, "in", in);
+  check_f32(s, op, "wte", wte);
+  ZT_REQUIRE(wte.shape.ndim() == 2 && in.shape.ndim() >= 1 && last_dim(in) == wte.shape[1], op, ": in ",
+             in.shape.str(), " and wte ", wte.shape.str(), " must be [..., C] and [V, C]");
+  const HeadDims d{rows(in), wte.shape[1], wte.shape[0], last_dim(logits)};
+  ZT_REQUIRE(logits.shape.ndim() >= 1 && rows(logits) == d.N && d.ld >= d.V, op, ": ", logits_name, " ",
+             logits.shape.str(), " must be [", d.N, ", Vp] with Vp >= ", d.V, " for in ", in.shape.str(),
+             " and wte ", wte.shape.str());
+  return d;
+}
+}  // namespace
+
+void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTensorView wte) {
+  constexpr const char* op = "lm_head_forward";
+  const HeadDims d = check_head(s, op, "logits", logits, in, wte);
+  if (d.N == 0) return;
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {DType::kF32})) {
+    t->lm_head_forward(s, f32(logits), f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+    return;
+  }
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadForward, {DType::kF32});
+  matmul_forward(s, logits, in, wte, ConstTensorView{});
+}
+
+void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorView dlogits, ConstTensorView in,
+                      ConstTensorView wte) {
+  constexpr const char* op = "lm_head_backward";
+  const HeadDims d = check_head(s, op, "dlogits", dlogits, in, wte);
+  if (present(din)) {
+    check_f32(s, op, "din", din);
+    ZT_REQUIRE(din.shape == in.shape, op, ": in ", in.shape.str(), " but din ", din.shape.str());
+  }
+  if (present(dwte)) {
+    check_f32(s, op, "dwte", dwte);
+    ZT_REQUIRE(dwte.shape == wte.shape, op, ": wte ", wte.shape.str(), " but dwte ", dwte.shape.str());
+  }
+  if (d.N == 0 || (!present(din) && !present(dwte))) return;
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {DType::kF32})) {
+    t->lm_head_backward(s, present(din) ? f32(din) : nullptr, present(dwte) ? f32(dwte) : nullptr, f32(dlogits),
+                        f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+    return;
+  }
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadBackward, {DType::kF32});
+  matmul_backward(s, din, dwte, TensorView{}, dlogits, in, wte);
 }
 
 // ---- vocabulary-parallel cross-entropy ------------------------------------------------------------

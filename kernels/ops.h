@@ -180,14 +180,34 @@ void relu_forward(Stream& s, TensorView out, ConstTensorView in);
 void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout);
 
 // ---- fused classifier: softmax + cross-entropy + dlogits in one pass per row ------------
-// logits [N,V] (fp32) are overwritten IN PLACE with dlogits = (softmax(logits) - onehot(target))
-// * dloss when compute_grad, else left unchanged; losses[N] = -log softmax(logits)[target]
+// logits [N, Vp] are overwritten IN PLACE with dlogits = (softmax(logits) - onehot(target))
+// * dloss when compute_grad, else left unchanged; losses[N] (fp32) = -log softmax(logits)[target]
 // (nats). targets [N] int32 in [0, V); a target < 0 means "ignore": loss 0, gradient 0.
 // dloss_scale (optional, one fp32 in device memory, read when the op runs): dlogits use
 // dloss * *dloss_scale instead of dloss (dynamic loss scaling); losses are unaffected.
+// logits dtype: f32, or bf16/f16 (the 16-bit activation path's logits): every dtype computes in
+// fp32 (sums in double), losses are fp32, dlogits are rounded once to the logits' dtype.
+// vocab: the real vocabulary of a padded one (vocab.begin 0, vocab.total = V <= Vp; the default
+// {} = every column is real): columns [V, Vp) take no part in the max and the sums, are never a
+// target, and get dlogits 0 (GPT pads GPT-2's 50257 to 50304, a multiple of 128, for aligned
+// rows). One sweep reads a row for its statistics, a second writes dlogits. A backend without a
+// 16-bit kernel gets the fallback: fp32 scratch from the pool, cast, the fp32 kernel, cast back.
 void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses,
                                  ConstTensorView targets, float dloss, bool compute_grad,
-                                 const float* dloss_scale = nullptr);
+                                 const float* dloss_scale = nullptr, VocabRange vocab = {});
+
+// ---- the LM head over a padded vocabulary: logits rows of Vp >= V columns ------------------
+// logits[N, Vp][:, :V] = in[N, C] @ wte[V, C]^T (fp32; TF32 under the device's math mode, as
+// matmul_forward); columns [V, Vp) are not written. With Vp == V this is matmul_forward without
+// bias, bit for bit (backends without the entry fall back to it then; with Vp > V they refuse).
+void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTensorView wte);
+// din[N, C] += dlogits[:, :V] @ wte and dwte[V, C] += dlogits[:, :V]^T @ in (each if given, as
+// matmul_backward); columns [V, Vp) of dlogits are never read.
+void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorView dlogits,
+                      ConstTensorView in, ConstTensorView wte);
+// Columns of the LM head's logits for a vocabulary of V: V rounded up to a multiple of 128
+// (GPT-2: 50257 -> 50304), so every row starts 512-byte aligned (128-bit loads, an aligned ldc).
+int64_t padded_vocab(int64_t V);
 
 // ---- vocabulary-parallel cross-entropy: three ops around two all-gathers the caller does ----
 // With T shards of logits [N, V] (shard k holds the columns [begin_k, begin_k + Vl)):

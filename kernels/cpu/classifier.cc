@@ -1,10 +1,13 @@
-// CPU kernels for the fused classifier (per row softmax, cross-entropy loss and dlogits in place)
-// and its vocabulary-parallel form in three ops (row_max, vocab_partials, vocab_loss_grad), which
-// follow the classifier's arithmetic so that one shard gives its results to about an ulp.
+// CPU kernels for the fused classifier (softmax, cross-entropy and dlogits in place; f32/bf16/f16
+// logits, padded vocabulary), the LM head's GEMMs over padded rows, and the vocabulary-parallel
+// form (row_max, vocab_partials, vocab_loss_grad), whose arithmetic matches to about an ulp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -35,39 +38,122 @@ ZT_CPU_CLONES void scale_row(float* x, int64_t V, float alpha) {
 
 }  // namespace
 
-void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int64_t N,
-                                 int64_t V, float dloss_arg, bool compute_grad,
+namespace {
+
+// One row's loss and (compute_grad) dlogits in place over its V real columns, in fp32 with a
+// double sum. The fp32 logits run this on the row itself, so the padded layout leaves their bits
+// as they were; a 16-bit row runs it on an fp32 copy.
+float row_loss_grad(float* x, int64_t V, int32_t target, float dloss, bool compute_grad) {
+  const float mx = detail::max_of(x, V);
+  const float x_target = x[target];
+  double sum;
+  if (compute_grad) {
+    // dlogits = (softmax - onehot) * dloss, with one exp per element.
+    sum = exp_in_place(x, V, mx);
+    const float inv_sum = static_cast<float>(1.0 / sum);
+    const float e_target = x[target];
+    scale_row(x, V, inv_sum * dloss);
+    x[target] = (e_target * inv_sum - 1.0f) * dloss;
+  } else {
+    sum = exp_sum(x, V, mx);
+  }
+  return static_cast<float>(std::log(sum) - (double{x_target} - mx));
+}
+
+// Rows [r0, r1) of logits [N, ld] of element type T; `row` (V floats) is the fp32 copy of a
+// 16-bit row, unused for fp32.
+template <typename T>
+void classifier_rows(T* logits, float* losses, const int32_t* targets, int64_t r0, int64_t r1, int64_t ld,
+                     int64_t V, float dloss, bool compute_grad, float* row) {
+  for (int64_t r = r0; r < r1; ++r) {
+    T* x = logits + r * ld;
+    const int32_t target = targets[r];
+    if (target >= V) [[unlikely]]
+      ZT_THROW(ErrorKind::kInvalidArgument, "classifier_forward_backward: target ", target,
+               " of row ", r, " is outside [0, ", V, ") (negative targets mean 'ignore')");
+    if (target < 0) {
+      losses[r] = 0.0f;
+      if (compute_grad) std::fill(x, x + ld, from_float<T>(0.0f));
+      continue;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      losses[r] = row_loss_grad(x, V, target, dloss, compute_grad);
+    } else {
+      for (int64_t i = 0; i < V; ++i) row[i] = to_float(x[i]);
+      losses[r] = row_loss_grad(row, V, target, dloss, compute_grad);
+      if (compute_grad)
+        for (int64_t i = 0; i < V; ++i) x[i] = from_float<T>(row[i]);
+    }
+    // Padding: no probability, no gradient.
+    if (compute_grad) std::fill(x + V, x + ld, from_float<T>(0.0f));
+  }
+}
+
+template <typename T>
+void classifier_all(T* logits, float* losses, const int32_t* targets, int64_t N, int64_t ld, int64_t V,
+                    float dloss, bool compute_grad) {
+  parallel_for(N, detail::row_grain(ld), [=](int64_t r0, int64_t r1) {
+    std::vector<float> row(std::is_same_v<T, float> ? 0 : static_cast<size_t>(V));
+    classifier_rows(logits, losses, targets, r0, r1, ld, V, dloss, compute_grad, row.data());
+  });
+}
+
+}  // namespace
+
+void classifier_forward_backward(void* logits, DType dtype, float* losses, const int32_t* targets, int64_t N,
+                                 int64_t ld, int64_t V, float dloss_arg, bool compute_grad,
                                  const float* dloss_scale) {
   // Read here, when the stream runs the op: the scale is written by earlier work on the stream.
   const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
-  parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* x = logits + r * V;
-      const int32_t target = targets[r];
-      if (target >= V) [[unlikely]]
-        ZT_THROW(ErrorKind::kInvalidArgument, "classifier_forward_backward: target ", target,
-                 " of row ", r, " is outside [0, ", V, ") (negative targets mean 'ignore')");
-      if (target < 0) {
-        losses[r] = 0.0f;
-        if (compute_grad) std::fill(x, x + V, 0.0f);
-        continue;
-      }
-      const float mx = detail::max_of(x, V);
-      const float x_target = x[target];
-      double sum;
-      if (compute_grad) {
-        // dlogits = (softmax - onehot) * dloss, with one exp per element.
-        sum = exp_in_place(x, V, mx);
-        const float inv_sum = static_cast<float>(1.0 / sum);
-        const float e_target = x[target];
-        scale_row(x, V, inv_sum * dloss);
-        x[target] = (e_target * inv_sum - 1.0f) * dloss;
-      } else {
-        sum = exp_sum(x, V, mx);
-      }
-      losses[r] = static_cast<float>(std::log(sum) - (double{x_target} - mx));
-    }
+  switch (dtype) {
+    case DType::kF32:
+      return classifier_all(static_cast<float*>(logits), losses, targets, N, ld, V, dloss, compute_grad);
+    case DType::kBF16:
+      return classifier_all(static_cast<BFloat16*>(logits), losses, targets, N, ld, V, dloss, compute_grad);
+    case DType::kF16:
+      return classifier_all(static_cast<Half*>(logits), losses, targets, N, ld, V, dloss, compute_grad);
+    default:
+      ZT_THROW(ErrorKind::kInvalidArgument, "classifier_forward_backward: logits of ", dtype_name(dtype),
+               " (f32, bf16 or f16 only)");
+  }
+}
+
+namespace {
+// A GEMM operand rounded to TF32 as matmul's kernels round theirs (cpu/matmul.cc), or the original.
+const float* tf32_operand(const float* x, int64_t n, bool tf32, std::vector<float>& copy) {
+  if (!tf32) return x;
+  copy.resize(static_cast<size_t>(n));
+  float* dst = copy.data();
+  parallel_for(n, detail::kElemGrain, [=](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dst[i] = round_to_tf32(x[i]);
   });
+  return dst;
+}
+}  // namespace
+
+// matmul_forward/backward's products with ldc / lda = ld: detail::sgemm tiles C the same way for
+// any leading dimension, so with ld == V these are matmul's bits.
+void lm_head_forward(float* logits, const float* in, const float* wte, int64_t N, int64_t C, int64_t V,
+                     int64_t ld, bool tf32) {
+  std::vector<float> a_copy, w_copy;
+  const float* a = tf32_operand(in, N * C, tf32, a_copy);
+  const float* w = tf32_operand(wte, V * C, tf32, w_copy);
+  detail::sgemm(false, true, N, V, C, 1.0f, a, C, w, C, 0.0f, logits, ld);
+}
+
+void lm_head_backward(float* din, float* dwte, const float* dlogits, const float* in, const float* wte,
+                      int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
+  std::vector<float> g_copy, w_copy, a_copy;
+  // Padded columns may hold anything (they are never read): rounding them is harmless.
+  const float* g = tf32_operand(dlogits, N * ld, tf32, g_copy);
+  if (din != nullptr) {
+    const float* w = tf32_operand(wte, V * C, tf32, w_copy);
+    detail::sgemm(false, false, N, C, V, 1.0f, g, ld, w, C, 1.0f, din, C);
+  }
+  if (dwte != nullptr) {
+    const float* a = tf32_operand(in, N * C, tf32, a_copy);
+    detail::sgemm(true, false, V, C, N, 1.0f, g, ld, a, C, 1.0f, dwte, C);
+  }
 }
 
 namespace {

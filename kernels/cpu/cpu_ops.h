@@ -87,11 +87,17 @@ void relu_forward(float* out, const float* in, int64_t n);
 void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 
 // ---- classifier ---------------------------------------------------------------------------------
-// Throws zt::Error when a target is >= V. dloss_scale (may be nullptr) multiplies dloss when
-// the kernel runs.
-void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int64_t N,
-                                 int64_t V, float dloss, bool compute_grad,
+// logits [N, ld] of `dtype` (f32, bf16, f16), columns [V, ld) padding. Throws zt::Error when a
+// target is >= V. dloss_scale (may be nullptr) multiplies dloss when the kernel runs.
+void classifier_forward_backward(void* logits, DType dtype, float* losses, const int32_t* targets, int64_t N,
+                                 int64_t ld, int64_t V, float dloss, bool compute_grad,
                                  const float* dloss_scale);
+// The LM head over logits rows of ld >= V floats (ops.h lm_head_forward/backward); tf32 rounds
+// the GEMM inputs as matmul_forward/backward do.
+void lm_head_forward(float* logits, const float* in, const float* wte, int64_t N, int64_t C, int64_t V,
+                     int64_t ld, bool tf32);
+void lm_head_backward(float* din, float* dwte, const float* dlogits, const float* in, const float* wte,
+                      int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --
 // out[N] = row maxima.

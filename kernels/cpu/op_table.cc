@@ -72,6 +72,19 @@ OpTable make_cpu_table() {
                                  DType) { return false; };
   t.fused_attention_backward = [](Stream&, void*, const void*, const void*, const void*, const float*, int64_t,
                                   int64_t, int64_t, int64_t, DType, bool) { return false; };
+  // The LM head over padded logits rows: TF32 rounding as matmul_forward/backward.
+  t.lm_head_forward = [](Stream& s, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+                         int64_t V, int64_t ld) {
+    const bool tf32 = s.device().math_mode().tf32;
+    cpu::enqueue(s, [=] { cpu_kernels::lm_head_forward(logits, in, wte, N, C, V, ld, tf32); }, "lm_head_forward");
+  };
+  t.lm_head_backward = [](Stream& s, float* din, float* dwte, const float* dlogits, const float* in,
+                          const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld) {
+    const bool tf32 = s.device().math_mode().tf32;
+    cpu::enqueue(
+        s, [=] { cpu_kernels::lm_head_backward(din, dwte, dlogits, in, wte, N, C, V, ld, tf32); },
+        "lm_head_backward");
+  };
 
   // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
   t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,

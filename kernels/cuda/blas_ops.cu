@@ -22,6 +22,7 @@
 namespace zt::cuda_ops {
 namespace {
 
+using detail::kColumnSumRows;
 using detail::kWarpSize;
 
 int to_int(int64_t v, const char* what) {

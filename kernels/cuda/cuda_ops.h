@@ -150,12 +150,18 @@ void relu_forward(void* stream, float* out, const float* in, int64_t n);
 void relu_backward(void* stream, float* din, const float* in, const float* dout,
                    int64_t n);  // din +=
 
-// ---- fused classifier: logits [N,V] (dlogits in place when compute_grad), losses [N] ----------
-// targets [N] int32; target < 0 = ignored row (loss 0, gradient row 0 when compute_grad).
-// dloss_scale: nullptr, or one device fp32 read by the kernel; dlogits use dloss * *dloss_scale.
-void classifier_forward_backward(void* stream, float* logits, float* losses, const int32_t* targets,
-                                 int64_t N, int64_t V, float dloss, bool compute_grad,
-                                 const float* dloss_scale);
+// ---- fused classifier: logits [N,ld] (dlogits in place when compute_grad), losses [N] ---------
+// logits f32, bf16 or f16; columns [V, ld) are padding (dlogits 0). targets [N] int32; target < 0 =
+// ignored row (loss 0, gradient row 0 when compute_grad). dloss_scale: nullptr, or one device fp32
+// read by the kernel; dlogits use dloss * *dloss_scale.
+void classifier_forward_backward(void* stream, void* logits, DType dtype, float* losses,
+                                 const int32_t* targets, int64_t N, int64_t ld, int64_t V, float dloss,
+                                 bool compute_grad, const float* dloss_scale);
+// ---- LM head over logits rows of ld >= V floats (lm_head.cu; ops.h lm_head_forward/backward) ---
+void lm_head_forward(void* stream, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+                     int64_t V, int64_t ld, bool tf32);
+void lm_head_backward(void* stream, float* din, float* dwte, const float* dlogits, const float* in,
+                      const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
 // v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN) ----------

@@ -306,9 +306,8 @@ constexpr int kClassifierBlock = 512;
 
 // A row's max / sum of exp over the block, with cub::BlockReduce (a fixed combination order for a
 // fixed block size, so run-to-run deterministic; no test compares these bits with the CPU backend,
-// whose sequential double sum is another order anyway), broadcast to every thread. The classifier
-// and the vocabulary-parallel kernels share it, so the chain's row statistics equal the
-// classifier's bit for bit. Call from every thread of a kClassifierBlock block.
+// whose sequential double sum is another order anyway), broadcast to every thread. The
+// vocabulary-parallel kernels share it. Call from every thread of a kClassifierBlock block.
 template <typename T>
 struct RowReduce {
   typename cub::BlockReduce<T, kClassifierBlock>::TempStorage temp;
@@ -333,28 +332,80 @@ __device__ __forceinline__ double row_sum_all(double v, RowReduce<double>& share
   return row_reduce(v, ::cuda::std::plus<double>{}, shared);
 }
 
+// ---- fused classifier: online softmax statistics (llm.c's fused classifier) -------------------
+// A running max and the sum of exp relative to it, per thread and then per block: one read of the
+// row gives both (the two-pass form reads it twice before the gradient pass reads it again).
+struct MaxSum {
+  float max;
+  double sum;
+};
+__device__ __forceinline__ MaxSum max_sum_combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.0};  // both empty: -inf - -inf would be NaN
+  return {m, a.sum * double{exp_elem(a.max - m)} + b.sum * double{exp_elem(b.max - m)}};
+}
+struct MaxSumOp {
+  __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const { return max_sum_combine(a, b); }
+};
+
+// 16 bytes of logits: 4 fp32 or 8 bf16/f16, for 128-bit loads and stores.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+// Folds k logits (already fp32) into a thread's running statistics: one rescale per pack.
+template <int K>
+__device__ __forceinline__ void fold(MaxSum& acc, const float (&x)[K]) {
+  float m = acc.max;
+#pragma unroll
+  for (int j = 0; j < K; ++j) m = fmaxf(m, x[j]);
+  if (m == -INFINITY) return;  // nothing but -inf so far (or NaN only): exp(-inf - -inf) is NaN
+  double s = acc.sum * double{exp_elem(acc.max - m)};
+#pragma unroll
+  for (int j = 0; j < K; ++j) s += exp_elem(x[j] - m);
+  acc = {m, s};
+}
+
+// One block per row of logits [N, ld] (T = float, zt::BFloat16, zt::Half), V real columns: the
+// statistics in one sweep, the loss, then (compute_grad) dlogits written in place in T, 0 for the
+// padding [V, ld). Rows whose start is 16-byte aligned (every row when ld * sizeof(T) is a multiple
+// of 16 and the buffer is aligned) use 128-bit loads and stores.
+template <typename T>
 __global__ void __launch_bounds__(kClassifierBlock)
-    classifier_kernel(float* __restrict__ logits, float* __restrict__ losses,
-                                  const int32_t* __restrict__ targets, int64_t N, int64_t V,
-                                  float dloss_arg, bool compute_grad,
-                                  const float* __restrict__ dloss_scale) {
-  __shared__ RowReduce<float> max_shared;
-  __shared__ RowReduce<double> sum_shared;
+    classifier_kernel(T* __restrict__ logits, float* __restrict__ losses,
+                      const int32_t* __restrict__ targets, int64_t N, int64_t ld, int64_t V,
+                      float dloss_arg, bool compute_grad, const float* __restrict__ dloss_scale) {
+  constexpr int kPack = Pack<T>::kN;
+  __shared__ RowReduce<MaxSum> stats_shared;
   // Dynamic loss scaling: the scale lives in device memory and is read when the kernel runs.
   const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    float* x = logits + row * V;
+    T* x = logits + row * ld;
     const int32_t target = targets[row];
     const bool ignored = target < 0;
     const bool valid = !ignored && target < V;
-    // Read before the reductions: their __syncthreads order it before any in-place write below.
-    const float target_logit = valid ? x[target] : 0.0f;
-    float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
-    m = row_max_all(m, max_shared);
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp_elem(x[i] - m);
-    s = row_sum_all(s, sum_shared);
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    // Vector part [0, vend) (packs wholly inside the real columns), scalar tail [vend, V).
+    const int64_t vend = vec ? V / kPack * kPack : 0;
+    // Read before the reduction: its __syncthreads orders it before any in-place write below.
+    const float target_logit = valid ? to_float(x[target]) : 0.0f;
+    MaxSum acc{-INFINITY, 0.0};
+    for (int64_t i = threadIdx.x * int64_t{kPack}; i < vend; i += int64_t{blockDim.x} * kPack) {
+      const Pack<T> p = *reinterpret_cast<const Pack<T>*>(x + i);
+      float f[kPack];
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) f[j] = to_float(p.v[j]);
+      fold(acc, f);
+    }
+    for (int64_t i = vend + threadIdx.x; i < V; i += blockDim.x) {
+      const float f[1] = {to_float(x[i])};
+      fold(acc, f);
+    }
+    const MaxSum st = row_reduce(acc, MaxSumOp{}, stats_shared);
+    const float m = st.max;
+    const double s = st.sum;
     if (threadIdx.x == 0) {
       // A target >= V is a caller bug (the CPU backend throws): flag the row's loss as NaN.
       losses[row] = ignored ? 0.0f
@@ -363,10 +414,20 @@ __global__ void __launch_bounds__(kClassifierBlock)
     }
     if (compute_grad) {
       const float inv = static_cast<float>(1.0 / s);
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        const float p = exp_elem(x[i] - m) * inv;
-        x[i] = ignored ? 0.0f : (p - (i == target ? 1.0f : 0.0f)) * dloss;
+      auto grad = [&](int64_t i, float xi) -> float {
+        if (ignored || i >= V) return 0.0f;
+        const float p = exp_elem(xi - m) * inv;
+        return (p - (i == target ? 1.0f : 0.0f)) * dloss;
+      };
+      // Packs may run into the padding here (written 0): every full pack inside the row.
+      const int64_t gend = vec ? ld / kPack * kPack : 0;
+      for (int64_t i = threadIdx.x * int64_t{kPack}; i < gend; i += int64_t{blockDim.x} * kPack) {
+        Pack<T> p = *reinterpret_cast<const Pack<T>*>(x + i);
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) p.v[j] = from_float<T>(grad(i + j, to_float(p.v[j])));
+        *reinterpret_cast<Pack<T>*>(x + i) = p;
       }
+      for (int64_t i = gend + threadIdx.x; i < ld; i += blockDim.x) x[i] = from_float<T>(grad(i, to_float(x[i])));
     }
     __syncthreads();  // every thread has read the broadcast results before the next row writes them
   }
@@ -532,14 +593,29 @@ void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, 
   launch_column_sums<true>(scope.stream(), dbias, dweight, dout, in, mean, rstd, N, C);
 }
 
-void classifier_forward_backward(void* stream, float* logits, float* losses,
-                                 const int32_t* targets, int64_t N, int64_t V, float dloss,
+void classifier_forward_backward(void* stream, void* logits, DType dtype, float* losses,
+                                 const int32_t* targets, int64_t N, int64_t ld, int64_t V, float dloss,
                                  bool compute_grad, const float* dloss_scale) {
   detail::LaunchScope scope(stream);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 65535));
-  classifier_kernel<<<blocks, kClassifierBlock, 0, scope.stream()>>>(logits, losses, targets, N, V,
-                                                                     dloss, compute_grad,
-                                                                     dloss_scale);
+  auto launch = [&](auto* typed) {
+    classifier_kernel<<<blocks, kClassifierBlock, 0, scope.stream()>>>(typed, losses, targets, N, ld, V, dloss,
+                                                                       compute_grad, dloss_scale);
+  };
+  switch (dtype) {
+    case DType::kF32:
+      launch(static_cast<float*>(logits));
+      break;
+    case DType::kBF16:
+      launch(static_cast<BFloat16*>(logits));
+      break;
+    case DType::kF16:
+      launch(static_cast<Half*>(logits));
+      break;
+    default:
+      ZT_THROW(ErrorKind::kInvalidArgument, "classifier_forward_backward: logits of ", dtype_name(dtype),
+               " (f32, bf16 or f16 only)");
+  }
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

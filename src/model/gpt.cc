@@ -83,6 +83,14 @@ constexpr float kLayerNormEps = 1e-5f;
 //  backward_weight.
 struct GptPlan {
   int64_t B, T, C, NH, L, V;
+  // The logits' row length: V padded to a multiple of 128 (ops::padded_vocab; GPT-2 50257 -> 50304)
+  // so every row is 512-byte aligned: the classifier's 128-bit loads, an aligned ldc for the GEMM
+  // (which still computes V columns: a ragged last tile of 47 columns in 50304, 0.1%).
+  // Only the logits are padded: wte stays [V, C] (the head's GEMM writes V columns with ldc = Vp,
+  // ops::lm_head_forward), so parameters, ZeRO shards, checkpoints, safetensors and the plan's
+  // parameter counts keep the real vocabulary; padding wte instead (llm.c, and gpt_tp.cc, whose
+  // shards must be equal) would need a tensor map from padded to real rows everywhere they are read.
+  int64_t Vp = 0;
   Recompute recompute;
   bool head, split;
   int64_t total = 0;
@@ -135,7 +143,8 @@ struct GptPlan {
         l.dres2 = add(BTC), l.dqkv = add(3 * BTC), l.dln1 = add(BTC);
       }
     }
-    if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * V), losses = add(BT);
+    Vp = ops::padded_vocab(V);
+    if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * Vp), losses = add(BT);
     if (split) ln_scratch = add(2 * C);
     if (split && head) dlnf = add(BTC);
     attproj = add(BTC), fcproj = add(BTC);
@@ -154,8 +163,15 @@ class GptWorkspace final : public Workspace {
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return plan.head ? view(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
+  // [B*T, Vp]: columns >= V are padding (never a logit; dlogits 0 after a train forward).
   TensorView logits() override {
-    return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.V}) : TensorView{};
+    return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.Vp}) : TensorView{};
+  }
+  // The real vocabulary's V logits only: a padded id is never sampled.
+  void read_logits_row(Stream& s, int row, float* out) override {
+    ZT_CHECK(plan.head, "logits of a pipeline chunk without the LM head");
+    s.copy(out, buf.as<float>() + plan.logits + static_cast<int64_t>(row) * plan.Vp,
+           static_cast<size_t>(plan.V) * sizeof(float));
   }
   TensorView stage_input() override { return embedding ? TensorView{} : view(plan.encoded, Shape{plan.B, plan.T, plan.C}); }
   TensorView stage_output() override {
@@ -283,10 +299,11 @@ class Gpt final : public Model {
     ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}), res_final,
                            param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
-    TensorView logits = act(P.logits, Shape{BT, P.V});
-    ops::matmul_forward(s, logits, lnf, param(p, K.head_block, 0), ConstTensorView{});
+    TensorView logits = act(P.logits, Shape{BT, P.Vp});
+    ops::lm_head_forward(s, logits, lnf, param(p, K.head_block, 0));
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
-    ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale);
+    ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale,
+                                     ops::VocabRange{0, P.V});
   }
 
   void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
@@ -340,15 +357,15 @@ class Gpt final : public Model {
     // Without a head the gradient of the chunk's output was received into dresidual.
     if (K.head) {
       // LM head: logits = lnf @ wte^T (dlogits were left in the logits by the forward)
-      const TensorView dlogits = act(P.logits, Shape{BT, P.V}), lnf = act(P.lnf, Shape{BT, C});
+      const TensorView dlogits = act(P.logits, Shape{BT, P.Vp}), lnf = act(P.lnf, Shape{BT, C});
       const TensorView dln = dln_at(P.dlnf);
       if (input) {
         zero(dresidual);
         p.before_backward(K.head_block);
         zero(dln);
       }
-      ops::matmul_backward(s, input ? dln : none, weight ? grad(p, K.head_block, 0) : none, none, dlogits, lnf,
-                           param(p, K.head_block, 0));
+      ops::lm_head_backward(s, input ? dln : none, weight ? grad(p, K.head_block, 0) : none, dlogits, lnf,
+                            param(p, K.head_block, 0));
       if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
       // final layernorm
       if (input) p.before_backward(K.lnf_block);

@@ -48,7 +48,8 @@ class Workspace {
   virtual int T() const = 0;
   // Per-position losses of the last forward: [B*T] (GPT) or [B] (MLP), nats.
   virtual TensorView losses() = 0;
-  // Logits of the last forward when it ran with train=false: [B*T, V] or [B, classes].
+  // Logits of the last forward when it ran with train=false: [B*T, Vp] (GPT: the vocabulary padded
+  // to a multiple of 128, columns >= V padding) or [B, classes]. read_logits_row reads real ids only.
   virtual TensorView logits() = 0;
   virtual size_t bytes() const = 0;
   // Seconds the device stream spent re-running forward ops inside backward() (--recompute) since

@@ -4,7 +4,9 @@
 // backward code under test); deterministic initialisation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "runtime/runtime.h"
+#include "train/sampler.h"
 
 namespace zt {
 namespace {
@@ -295,7 +298,7 @@ TEST(Gpt, WorkspaceAtT1024HoldsNoTxTBuffer) {
   const int64_t BT = B * T, BTC = BT * C, att = B * NH * T * T;
   const int64_t old_per_layer =
       4 * pad(BTC) + pad(3 * BTC) + pad(att) + 2 * pad(4 * BTC) + 4 * pad(BT) + pad(BTC);
-  const int64_t old_once = pad(BTC) /* encoded */ + pad(BTC) + 2 * pad(BT) + pad(BT * V) + pad(BT) /* ln_f, logits, losses */ +
+  const int64_t old_once = pad(BTC) /* encoded */ + pad(BTC) + 2 * pad(BT) + pad(BT * ops::padded_vocab(V)) + pad(BT) /* ln_f, logits, losses */ +
                            pad(att) + 2 * pad(BTC) /* preatt, attproj, fcproj */ +
                            2 * pad(BTC) + 2 * pad(4 * BTC) + pad(BTC) + pad(3 * BTC) /* gradients */ +
                            2 * pad(att) /* dpreatt, datt */;
@@ -369,6 +372,87 @@ TEST(Init, DeterministicAndGpt2Scaled) {
   // Residual projections are scaled by 1/sqrt(2 L).
   auto [blk, proj] = L.find("h.0.attn.c_proj.weight");
   EXPECT_FLOAT_EQ(proj->init_std, 0.02f / std::sqrt(2.0f * c.layers));
+}
+
+// The LM head's logits rows are padded to a multiple of 128 columns (37 -> 128 here). The padding
+// is first filled with a logit far above every real one: were any of it read as a logit, the loss
+// (compared with the unpadded float64 model) and the greedy pick would change. The sampler draws
+// from read_logits_row, which returns the 37 real logits only; a train forward leaves gradient 0
+// in the padding and the same losses.
+TEST(Gpt, PaddedVocabularyIsMaskedAndNeverSampled) {
+  ModelOverrides o;
+  o.layers = 1, o.heads = 2, o.embd = 16, o.seq_len = 8, o.vocab = 37;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  const int B = 2, T = 8, BT = B * T;
+  const int64_t V = c.vocab, Vp = ops::padded_vocab(V);
+  ASSERT_EQ(Vp, 128);
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream& s = d.compute();
+  auto model = make_model(c);
+  const ParamLayout& L = model->layout();
+  TestParams P(d, L);
+  Blocks host(L.num_blocks());
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    std::vector<float> f(L.block(b).numel);
+    init_block_host(L.block(b), 21, f.data());
+    P.set(b, f);
+    host[b].assign(f.begin(), f.end());
+  }
+  std::vector<int32_t> tok(BT), tgt(BT);
+  std::mt19937 rng(5);
+  for (auto& t : tok) t = static_cast<int32_t>(rng() % V);
+  for (auto& t : tgt) t = static_cast<int32_t>(rng() % V);
+  DeviceBuffer din(d.memory(), BT * 4, s, "in"), dtg(d.memory(), BT * 4, s, "tg");
+  s.copy(din.data(), tok.data(), BT * 4);
+  s.copy(dtg.data(), tgt.data(), BT * 4);
+  Batch batch;
+  batch.B = B, batch.T = T;
+  batch.inputs = ConstTensorView{din.data(), DType::kI32, Shape{B, T}, 0};
+  batch.targets = ConstTensorView{dtg.data(), DType::kI32, Shape{B, T}, 0};
+  auto ws = model->make_workspace(d, B, T);
+  const TensorView logits = ws->logits();
+  ASSERT_EQ(logits.shape, (Shape{BT, Vp}));
+  const std::vector<float> huge(static_cast<size_t>(BT * Vp), 1e4f);
+  s.copy(logits.data, huge.data(), huge.size() * 4);
+
+  model->forward(s, P, *ws, batch, 0.0f, /*train=*/false);
+  std::vector<float> losses(BT), l(static_cast<size_t>(BT * Vp));
+  s.copy(losses.data(), ws->losses().data, BT * 4);
+  s.copy(l.data(), logits.data, l.size() * 4);
+  s.synchronize();
+  double mean = 0;
+  for (float x : losses) mean += x;
+  mean /= BT;
+  const double want = gpt_loss_ref(c, L, host, tok, tgt, B, T);
+  EXPECT_NEAR(mean, want, 1e-5 * want);
+  for (int row = 0; row < BT; ++row) {
+    std::vector<float> out(static_cast<size_t>(V) + 1, -7.0f);  // one sentinel past the vocabulary
+    ws->read_logits_row(s, row, out.data());
+    s.synchronize();
+    EXPECT_EQ(out[V], -7.0f) << "read_logits_row wrote past the real vocabulary";
+    out.pop_back();
+    const float* real = l.data() + static_cast<int64_t>(row) * Vp;
+    EXPECT_EQ(std::memcmp(out.data(), real, V * 4), 0) << "row " << row;
+    const int64_t argmax = std::max_element(real, real + V) - real;
+    EXPECT_EQ(sample_top_k(out, 1, 1.0f, 0.5), argmax) << "row " << row;
+    for (double u : {0.0, 0.37, 0.999}) EXPECT_LT(sample_top_k(out, 0, 1.0f, u), V);
+  }
+
+  model->forward(s, P, *ws, batch, 1.0f / BT, /*train=*/true);
+  std::vector<float> train_losses(BT);
+  s.copy(train_losses.data(), ws->losses().data, BT * 4);
+  s.copy(l.data(), logits.data, l.size() * 4);
+  s.synchronize();
+  EXPECT_EQ(std::memcmp(train_losses.data(), losses.data(), BT * 4), 0);
+  int padding_not_zero = 0;
+  for (int row = 0; row < BT; ++row) {
+    double sum = 0;  // softmax - onehot sums to 0 over the real columns
+    for (int64_t j = 0; j < V; ++j) sum += l[row * Vp + j];
+    EXPECT_NEAR(sum, 0.0, 1e-7) << "row " << row;
+    for (int64_t j = V; j < Vp; ++j) padding_not_zero += l[row * Vp + j] != 0.0f || std::signbit(l[row * Vp + j]);
+  }
+  EXPECT_EQ(padding_not_zero, 0);
 }
 
 }  // namespace
