@@ -300,6 +300,26 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
   if (dbias != nullptr) detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(g), N, C);
 }
 
+// ---- LM head over a padded vocabulary: V columns of logits rows of ld >= V floats (ldc = ld),
+// read back with lda = ld; the padding is never touched. ld == V: matmul_forward/backward's GEMMs.
+void lm_head_forward(void* stream, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+                     int64_t V, int64_t ld, bool tf32) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
+  // logits^T[V,N] (column stride ld) = wte[V,C] (= (wte^T stored)^T) * in^T[C,N]
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, V, N, C, 1.0f, wte, C, in, C, 0.0f, logits, ld, tf32);
+}
+
+void lm_head_backward(void* stream, float* din, float* dwte, const float* dlogits, const float* in,
+                      const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
+  detail::LaunchScope scope(stream);
+  cublasHandle_t h = detail::cublas_handle(scope.stream());
+  // din^T[C,N] += wte^T[C,V] * dlogits^T[V,N]
+  if (din != nullptr) gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, 1.0f, wte, C, dlogits, ld, 1.0f, din, C, tf32);
+  // dwte^T[C,V] += in^T[C,N] * dlogits[N,V]
+  if (dwte != nullptr) gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, 1.0f, in, C, dlogits, ld, 1.0f, dwte, C, tf32);
+}
+
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
 void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);

@@ -157,7 +157,7 @@ void relu_backward(void* stream, float* din, const float* in, const float* dout,
 void classifier_forward_backward(void* stream, void* logits, DType dtype, float* losses,
                                  const int32_t* targets, int64_t N, int64_t ld, int64_t V, float dloss,
                                  bool compute_grad, const float* dloss_scale);
-// ---- LM head over logits rows of ld >= V floats (lm_head.cu; ops.h lm_head_forward/backward) ---
+// ---- LM head over logits rows of ld >= V floats (blas_ops.cu; ops.h lm_head_forward/backward) ---
 void lm_head_forward(void* stream, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
                      int64_t V, int64_t ld, bool tf32);
 void lm_head_backward(void* stream, float* din, float* dwte, const float* dlogits, const float* in,

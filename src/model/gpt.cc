@@ -96,7 +96,7 @@ struct GptPlan {
   int64_t total = 0;
   int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
   // shared scratch (not needed by backward, or reused across layers)
-  int64_t attproj, fcproj, dresidual, dln, dfch, dfch_gelu, datty, dqkv, attn_scratch, attn_scratch_numel;
+  int64_t attproj, fcproj, dresidual, dln, dfch, datty, dqkv, attn_scratch, attn_scratch_numel;
   struct Layer {
     int64_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
@@ -148,7 +148,8 @@ struct GptPlan {
     if (split) ln_scratch = add(2 * C);
     if (split && head) dlnf = add(BTC);
     attproj = add(BTC), fcproj = add(BTC);
-    dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC), dfch_gelu = add(4 * BTC);
+    // No GELU output gradient: matmul_backward_dgelu carries c_proj's input gradient through the GELU.
+    dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC);
     datty = add(BTC), dqkv = add(3 * BTC);
     attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, C, NH) + 3) / 4);
     attn_scratch = add(attn_scratch_numel);

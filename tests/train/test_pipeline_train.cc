@@ -136,8 +136,11 @@ TEST(PipelineTrain, Fp16LossScalingAndRecomputeFollowOneDevice) {
   EXPECT_EQ(r.skipped_steps, one.skipped_steps);  // an overflow in any stage skips the step on all
   EXPECT_EQ(r.loss_scales, one.loss_scales);
   ASSERT_EQ(r.losses.size(), one.losses.size());
-  for (size_t i = 0; i < r.losses.size(); ++i)
-    if (std::isfinite(one.losses[i])) EXPECT_NEAR(r.losses[i] / one.losses[i], 1.0, 1e-3) << "step " << i + 1;
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    if (std::isfinite(one.losses[i])) {
+      EXPECT_NEAR(r.losses[i] / one.losses[i], 1.0, 1e-3) << "step " << i + 1;
+    }
+  }
   // Recompute re-runs forward ops inside the backward and changes no bit of a stage's results.
   TrainConfig plain = pipe_run(1, 2, "interleaved", 3), rc = plain;
   rc.recompute = Recompute::kFull;

@@ -130,8 +130,10 @@ TEST(TensorParallel, ActivationsPerDeviceAreAboutOneOverT) {
   const double base = static_cast<double>(one.activation_bytes_per_device[0]);
   for (int t : {2, 4}) {
     const TrainResult r = train(mesh_run(1, t, 2, 1));
+    // Within 15%: besides the replicated rows (layernorm statistics, losses), the tensor-parallel MLP
+    // still keeps its GELU output's gradient, which the one-device MLP's fused DGELU op no longer needs.
     for (size_t d : r.activation_bytes_per_device)
-      EXPECT_NEAR(static_cast<double>(d) / (base / t), 1.0, 0.10) << "T = " << t << ": " << d << " vs " << base;
+      EXPECT_NEAR(static_cast<double>(d) / (base / t), 1.0, 0.15) << "T = " << t << ": " << d << " vs " << base;
   }
 }
 
