@@ -267,5 +267,17 @@ inline std::vector<uint8_t> outputs_of_child(int threads, const std::string& chi
   return bytes;
 }
 
+// The zt::Error f() throws (a test failure when it throws none): validation tests read its message.
+template <typename F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no zt::Error thrown";
+  return Error(ErrorKind::kInternal, "none");
+}
+
 }  // namespace op_test
 }  // namespace zt

@@ -389,16 +389,7 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
 
 // ---- validation ----------------------------------------------------------------------------------
 
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no zt::Error thrown";
-  return Error(ErrorKind::kInternal, "none");
-}
+using op_test::error_of;
 
 TEST(FlashAttentionValidation, ShapesAndScratchSizeAreChecked) {
   auto rt = Runtime::create_cpu(1);

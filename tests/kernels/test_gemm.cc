@@ -347,16 +347,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, GemmTest, ::testing::Values(Backend::kCpu, Ba
 
 // ---- validation: one sentence naming the op, the tensor and the dtypes -----------------------------
 
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no zt::Error thrown";
-  return Error(ErrorKind::kInternal, "none");
-}
+using op_test::error_of;
 
 class GemmValidation : public ::testing::Test {
  protected:

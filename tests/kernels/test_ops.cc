@@ -916,16 +916,7 @@ TEST(Determinism, SameBitsForAnyThreadCount) {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no zt::Error thrown";
-  return Error(ErrorKind::kInternal, "none");
-}
+using op_test::error_of;
 
 class OpsValidation : public ::testing::Test {
  protected:
