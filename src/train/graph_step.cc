@@ -2,22 +2,23 @@
 // one rank's micro-batch around the engine's hooks.
 #include "train/graph_step.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 
 namespace zt {
+
+namespace {
+
+std::unique_ptr<StreamGraph> nonempty(std::unique_ptr<StreamGraph> g) { return g && g->size() > 0 ? std::move(g) : nullptr; }
+
+}  // namespace
 
 std::string cuda_graphs_unsupported(const TrainConfig& cfg, DType working) {
   if (cfg.pipeline_parallel > 1)
     return "pipeline stages exchange activations with their neighbours inside every micro-batch";
   if (cfg.tensor_parallel > 1) return "tensor parallelism runs collectives inside every layer's forward and backward";
-  if (cfg.zero_stage >= 2)
-    return "ZeRO stage " + std::to_string(cfg.zero_stage) + " allocates each block's gradient bucket" +
-           (cfg.zero_stage == 3 ? " and gathered parameters" : "") +
-           " inside the micro-batch, at addresses a graph cannot keep; use --zero-stage 0 or 1";
-  if (working != DType::kF32)
-    return std::string("--precision ") + dtype_name(working) +
-           " widens each block's parameters into fp32 copies allocated inside the micro-batch, at addresses a "
-           "graph cannot keep; use --precision fp32";
+  (void)working;  // every ZeRO stage and precision: the engine's buffers are checked per piece
   return "";
 }
 
@@ -36,32 +37,86 @@ std::string cuda_graphs_note(const TrainConfig& cfg, Backend backend, DType work
   return why.empty() ? "" : "--cuda-graphs auto runs eagerly: " + why;
 }
 
-// The dry run's access: the engine's buffers (noted per segment), and every hook a segment
-// boundary instead of the hook.
-class MicroBatchGraph::CaptureAccess final : public ParamAccess {
+// The model's view while MicroBatchGraph::issue runs it: pieces before `from` captured and
+// discarded with their recorded addresses and no hooks; later pieces captured and launched at each
+// hook (or, eager, issued directly), the hooks run for real.
+class MicroBatchGraph::PieceAccess final : public ParamAccess {
  public:
-  CaptureAccess(MicroBatchGraph& g, ParamAccess& inner, Stream& s) : g_(g), inner_(inner), s_(s) {}
+  PieceAccess(MicroBatchGraph& g, ParamAccess& inner, Stream& s, size_t from, bool eager)
+      : g_(g), inner_(inner), s_(s), from_(from), eager_(eager) {}
   int device_index() const override { return inner_.device_index(); }
-  float* params(int b) override { return note(false, b, inner_.params(b)); }
-  float* grads(int b) override { return note(true, b, inner_.grads(b)); }
-  void before_forward(int b) override { boundary(HookKind::kBeforeForward, b); }
-  void before_backward(int b) override { boundary(HookKind::kBeforeBackward, b); }
-  void after_backward(int b) override { boundary(HookKind::kAfterBackward, b); }
+  float* params(int b) override { return use(false, b); }
+  float* grads(int b) override { return use(true, b); }
+  void before_forward(int b) override { boundary(Hook{HookKind::kBeforeForward, b}); }
+  void before_backward(int b) override { boundary(Hook{HookKind::kBeforeBackward, b}); }
+  void after_backward(int b) override { boundary(Hook{HookKind::kAfterBackward, b}); }
+
+  void start() { begin_piece(); }
+  void finish() { end_piece(); }
+  size_t piece() const { return piece_; }
+  // A capture of a piece at or after `from` is open or ending: what fails now failed the capture.
+  bool live() const { return live_; }
 
  private:
-  float* note(bool grads, int b, float* p) {
-    g_.uses_.push_back(Use{g_.segments_.size(), grads, b, p});
+  bool skipped() const { return piece_ < from_; }
+
+  float* use(bool grads, int b) {
+    if (skipped()) {
+      const std::vector<Use>& uses = g_.pieces_.at(piece_).variants.at(0).uses;
+      ZT_CHECK(next_ < uses.size() && uses[next_].grads == grads && uses[next_].block == b, "the model asked for block ",
+               b, "'s ", grads ? "gradient" : "parameters", " where its earlier issue of the micro-batch did not");
+      return uses[next_++].ptr;
+    }
+    const bool was_live = live_;
+    live_ = false;  // the engine's own checks are not capture failures
+    float* p = grads ? inner_.grads(b) : inner_.params(b);
+    live_ = was_live;
+    if (!eager_) fresh_.push_back(Use{grads, b, p});
     return p;
   }
-  void boundary(HookKind kind, int b) {
-    g_.segments_.push_back(g_.nonempty(s_.end_capture()));
-    g_.hooks_.push_back(Hook{kind, b});
-    s_.begin_capture();
+
+  void boundary(const Hook& h) {
+    end_piece();
+    if (piece_ < g_.hooks_.size()) {
+      ZT_CHECK(g_.hooks_[piece_] == h, "the model issued its hooks in a different order than at the capture");
+    } else {
+      g_.hooks_.push_back(h);
+    }
+    if (!skipped()) g_.run_hook(h, inner_);
+    ++piece_;
+    begin_piece();
+  }
+
+  void begin_piece() {
+    next_ = 0;
+    fresh_.clear();
+    if (skipped() || !eager_) {
+      live_ = !skipped();
+      s_.begin_capture();
+    }
+  }
+
+  void end_piece() {
+    if (skipped()) {
+      s_.end_capture();  // this piece's work ran already: discarded
+      return;
+    }
+    if (eager_) return;
+    std::unique_ptr<StreamGraph> fresh = s_.end_capture();  // throws the capture's failure
+    live_ = false;
+    g_.keep_and_launch(piece_, std::move(fresh), std::move(fresh_), s_);
+    fresh_ = {};
   }
 
   MicroBatchGraph& g_;
   ParamAccess& inner_;
   Stream& s_;
+  const size_t from_;
+  const bool eager_;
+  size_t piece_ = 0;
+  size_t next_ = 0;  // skipped pieces: the next recorded use to answer
+  bool live_ = false;
+  std::vector<Use> fresh_;  // live pieces: the addresses the engine returned
 };
 
 void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch,
@@ -71,32 +126,51 @@ void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Wo
     key_ = key;
     have_key_ = true;
     eager_runs_ = 0;
-    segments_.clear();
+    captured_ = false;
+    pieces_.clear();
     hooks_.clear();
-    uses_.clear();
   }
-  if (given_up_ || eager_runs_ < 1 || (segments_.empty() && !capture(model, s, access, ws, batch, dloss))) {
+  if (given_up_ || eager_runs_ < 1) {
     ++eager_runs_;
     model.forward(s, access, ws, batch, dloss, true);
     model.backward(s, access, ws, batch);
     return;
   }
-  replay(s, access);
+  if (!captured_) {
+    pieces_.clear();
+    hooks_.clear();
+    captured_ = true;
+    issue(model, s, access, ws, batch, dloss, 0, /*eager=*/false);
+    replays_ += given_up_ ? 0 : 1;
+    return;
+  }
+  ++replays_;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (i > 0) run_hook(hooks_[i - 1], access);
+    const Variant* v = matching(i, access);
+    if (!v) {
+      issue(model, s, access, ws, batch, dloss, i, /*eager=*/false);
+      return;
+    }
+    std::vector<Variant>& vs = pieces_[i].variants;
+    const auto at = vs.begin() + (v - vs.data());
+    std::rotate(vs.begin(), at, at + 1);  // most recently used first: a later issue answers from it
+    if (vs[0].graph) vs[0].graph->launch(s);
+  }
 }
 
-bool MicroBatchGraph::capture(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch,
-                              float dloss) {
-  segments_.clear();
-  hooks_.clear();
-  uses_.clear();
-  CaptureAccess dry(*this, access, s);
+void MicroBatchGraph::issue(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch,
+                            float dloss, size_t from, bool eager) {
+  PieceAccess acc(*this, access, s, from, eager);
   std::string why;
   try {
-    s.begin_capture();
-    model.forward(s, dry, ws, batch, dloss, true);
-    model.backward(s, dry, ws, batch);
-    segments_.push_back(nonempty(s.end_capture()));
+    acc.start();
+    model.forward(s, acc, ws, batch, dloss, true);
+    model.backward(s, acc, ws, batch);
+    acc.finish();
+    return;
   } catch (const std::exception& e) {
+    const bool failed_capture = acc.live();
     why = e.what();
     if (const auto* ze = dynamic_cast<const Error*>(&e)) why = ze->message();
     if (s.capturing()) {
@@ -107,46 +181,62 @@ bool MicroBatchGraph::capture(const Model& model, Stream& s, ParamAccess& access
         why = end.message();
       }
     }
+    if (!failed_capture) throw;
   }
-  if (why.empty()) return true;
-  segments_.clear();
-  hooks_.clear();
-  uses_.clear();
   if (required_) ZT_THROW(ErrorKind::kInvalidArgument, "--cuda-graphs on could not capture a micro-batch: ", why);
   given_up_ = true;
   note_ = "--cuda-graphs auto runs eagerly from here on: " + why;
-  return false;
+  issue(model, s, access, ws, batch, dloss, acc.piece(), /*eager=*/true);
 }
 
-void MicroBatchGraph::check_uses(size_t segment, ParamAccess& access) const {
-  for (const Use& u : uses_) {
-    if (u.segment != segment) continue;
-    float* now = u.grads ? access.grads(u.block) : access.params(u.block);
-    ZT_CHECK(now == u.ptr, "a captured micro-batch would use block ", u.block, "'s ", u.grads ? "gradient" : "parameters",
-             " at the address of the capture, but the engine moved them (a configuration cuda_graphs_unsupported "
-             "should have refused)");
+const MicroBatchGraph::Variant* MicroBatchGraph::matching(size_t i, ParamAccess& access) const {
+  const std::vector<Variant>& vs = pieces_[i].variants;
+  ZT_CHECK(!vs.empty(), "piece ", i, " of a captured micro-batch has no graph");
+  // Every variant asked for the same buffers in the same order (the model issues deterministically).
+  std::vector<float*> now;
+  now.reserve(vs[0].uses.size());
+  for (const Use& u : vs[0].uses) now.push_back(u.grads ? access.grads(u.block) : access.params(u.block));
+  for (const Variant& v : vs) {
+    bool same = true;
+    for (size_t k = 0; k < now.size() && same; ++k) same = v.uses[k].ptr == now[k];
+    if (same) return &v;
   }
+  return nullptr;
 }
 
-void MicroBatchGraph::replay(Stream& s, ParamAccess& access) {
-  check_uses(0, access);
-  if (segments_[0]) segments_[0]->launch(s);
-  for (size_t i = 0; i < hooks_.size(); ++i) {
-    const Hook& h = hooks_[i];
-    switch (h.kind) {
-      case HookKind::kBeforeForward: access.before_forward(h.block); break;
-      case HookKind::kBeforeBackward: access.before_backward(h.block); break;
-      case HookKind::kAfterBackward: access.after_backward(h.block); break;
+void MicroBatchGraph::keep_and_launch(size_t i, std::unique_ptr<StreamGraph> fresh, std::vector<Use> uses,
+                                      Stream& s) {
+  if (pieces_.size() == i) pieces_.emplace_back();
+  ZT_CHECK(i < pieces_.size(), "piece ", i, " issued before piece ", pieces_.size());
+  std::vector<Variant>& vs = pieces_[i].variants;
+  auto at = std::find_if(vs.begin(), vs.end(), [&](const Variant& v) { return v.uses == uses; });
+  if (at != vs.end()) {
+    std::rotate(vs.begin(), at, at + 1);  // the stored graph does the same work: fresh is dropped
+  } else {
+    if (!vs.empty()) {
+      ++recaptures_;
+      if (!recapture_noted_ && note_.empty())
+        note_ = "--cuda-graphs: the engine placed a block's transient buffer at an address no graph of its piece "
+                "was captured with, so that piece was captured again (this repeats when the pool's reuse varies)";
+      recapture_noted_ = true;
     }
-    check_uses(i + 1, access);
-    if (segments_[i + 1]) segments_[i + 1]->launch(s);
+    if (vs.size() == kMaxVariants) vs.pop_back();  // the least recently used
+    vs.insert(vs.begin(), Variant{nonempty(std::move(fresh)), std::move(uses)});
   }
-  ++replays_;
+  if (vs[0].graph) vs[0].graph->launch(s);
+}
+
+void MicroBatchGraph::run_hook(const Hook& h, ParamAccess& access) const {
+  switch (h.kind) {
+    case HookKind::kBeforeForward: access.before_forward(h.block); break;
+    case HookKind::kBeforeBackward: access.before_backward(h.block); break;
+    case HookKind::kAfterBackward: access.after_backward(h.block); break;
+  }
 }
 
 size_t MicroBatchGraph::segments() const {
   size_t n = 0;
-  for (const auto& g : segments_) n += g != nullptr;
+  for (const Piece& p : pieces_) n += !p.variants.empty() && p.variants[0].graph != nullptr;
   return n;
 }
 

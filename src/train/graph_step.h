@@ -2,22 +2,35 @@
 // every later micro-batch, piecewise around the ZeRO engine's hooks, which stay eager.
 //
 // Why piecewise: the engine's after_backward hook reduce-scatters each block's gradient on the
-// comm stream with the other ranks, inside backward. A capture holds one stream (runtime/
-// stream.h), so the compute-stream work between two hooks is one graph: a micro-batch with L
-// visited blocks is about 3L + 1 graphs, launched in order with each hook run eagerly in between
-// (its collectives, events and plan steps exactly as without graphs). The graphs bake in every
-// address the model used, so a configuration is capturable only when the engine hands out the
-// same buffers for every micro-batch: resident parameters and gradient buckets, i.e. ZeRO stage 0
-// or 1 in fp32 (--tf32 or not); stages 2-3 and 16-bit runs allocate a block's gradient bucket or
-// fp32 copies inside the micro-batch, tensor parallelism runs collectives inside each layer, and a
-// pipeline stage exchanges activations with its neighbours, so those run eagerly.
+// comm stream with the other ranks, inside backward, and at stage 3 before_* gathers parameters.
+// A capture holds one stream (runtime/stream.h), so the compute-stream work between two hooks is
+// one piece, one graph: a micro-batch with L visited blocks is about 3L + 1 pieces, launched in
+// order with each hook run eagerly in between (its allocations, frees, collectives, events and
+// plan steps exactly as without graphs).
 //
-// The capture is a dry run: the model issues one micro-batch into the captures with the hooks only
-// marking segment boundaries (nothing runs, no hook's side effect happens), then the captured
-// micro-batch is replayed for real. A failed capture therefore leaves nothing half done: `auto`
-// notes why and runs eagerly from then on, `on` throws the reason. The first micro-batch of each
-// shape runs eagerly (warm-up: lazily created library state such as a stream's cuBLAS workspace
-// comes from the pool, which a capture refuses).
+// Addresses: a piece's graph bakes in every address its work used. The batch, workspace and loss
+// scale are the key (a new one captures again). The engine's buffers are whatever params(b) and
+// grads(b) returned while the piece was issued; at ZeRO 2-3 and in 16-bit runs these are
+// transient (gradient buckets, gathered parameters, fp32 copies) allocated by the hook before the
+// piece, and the pool's stream-ordered reuse (a block freed for another stream returns when that
+// stream's event completes) may place them elsewhere next micro-batch. So each piece keeps the
+// addresses of its capture, and a replay launches a piece only after the hook before it ran and
+// params/grads return exactly those addresses: the graph then touches the buffers the eager
+// issue would touch, which the engine made safe for this stream. A piece keeps up to
+// kMaxVariants graphs (the pool tends to alternate between a few blocks); when none matches,
+// the micro-batch continues from that piece by issuing the model again (see issue()), capturing
+// the piece anew (counted: recaptures()).
+//
+// Issuing from piece k: the model issues the whole micro-batch again; the pieces before k, whose
+// work already ran, are captured and discarded, their params/grads answered from the addresses
+// recorded for them and their hooks skipped; from k on each piece is captured, launched at once
+// (its stored graph when one matches the fresh addresses), and followed by its hook for real.
+// The first capture of a shape is issuing from piece 0; the first micro-batch of each shape runs
+// eagerly (warm-up: lazily created library state such as a stream's cuBLAS workspace comes from
+// the pool, which a capture refuses). A capture that fails at piece k (the pool refuses an
+// allocation, a record/wait, a synchronisation): `on` throws the reason (the hooks before piece
+// k have run), `auto` notes it once and finishes the micro-batch eagerly from piece k, then runs
+// eagerly from then on.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +47,7 @@
 namespace zt {
 
 // Why micro-batches of a run with this configuration cannot be captured ("" when they can).
-// `working`: the resolved parameter dtype (--precision).
+// `working`: the resolved parameter dtype (--precision); every dtype and ZeRO stage captures.
 std::string cuda_graphs_unsupported(const TrainConfig& cfg, DType working);
 // Whether rank_step captures and replays: --cuda-graphs on (its refusal came earlier, from
 // resolve_run_shape), or auto on CUDA devices for a capturable configuration.
@@ -44,6 +57,9 @@ std::string cuda_graphs_note(const TrainConfig& cfg, Backend backend, DType work
 
 class MicroBatchGraph {
  public:
+  // Graphs a piece keeps for different addresses of the engine's buffers.
+  static constexpr size_t kMaxVariants = 4;
+
   // required: --cuda-graphs on (a failed capture throws instead of falling back to eager).
   explicit MicroBatchGraph(bool required) : required_(required) {}
 
@@ -52,11 +68,14 @@ class MicroBatchGraph {
   // replayed. A new shape (B, T, workspace, batch buffers, dloss) captures again.
   void run(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch, float dloss);
 
-  uint64_t replays() const { return replays_; }  // micro-batches run from graphs
-  // Graphs of the current capture that hold work (the stretches between hooks that issue none
+  uint64_t replays() const { return replays_; }  // micro-batches run from graphs, their capture's included
+  // Pieces captured again because the engine's buffers were at addresses no stored graph of the
+  // piece was captured with.
+  uint64_t recaptures() const { return recaptures_; }
+  // Pieces of the current capture that hold work (the stretches between hooks that issue none
   // are not launched).
   size_t segments() const;
-  // auto: why graphs were given up, once ("" otherwise, and after the first call).
+  // Why graphs were given up (auto), or that pieces were captured again; once ("" otherwise).
   std::string take_note();
 
  private:
@@ -72,33 +91,50 @@ class MicroBatchGraph {
   struct Hook {
     HookKind kind;
     int block;
+    bool operator==(const Hook&) const = default;
   };
-  // An address segment `segment` read from the access (params or grads of `block`).
+  // One params(block) or grads(block) answer, in the order the model asked.
   struct Use {
-    size_t segment;
     bool grads;
     int block;
     float* ptr;
+    bool operator==(const Use&) const = default;
   };
-  class CaptureAccess;
+  // A graph of a piece and the addresses it was captured with (graph null: no work).
+  struct Variant {
+    std::unique_ptr<StreamGraph> graph;
+    std::vector<Use> uses;
+  };
+  // The work between hook i - 1 and hook i (the last piece: after the last hook). variants[0]
+  // is the most recently used.
+  struct Piece {
+    std::vector<Variant> variants;
+  };
+  class PieceAccess;
 
-  // The dry run into segments_; false (note_ set) when auto gives up, throws when required.
-  bool capture(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch, float dloss);
-  void replay(Stream& s, ParamAccess& access);
-  void check_uses(size_t segment, ParamAccess& access) const;
-  static std::unique_ptr<StreamGraph> nonempty(std::unique_ptr<StreamGraph> g) {
-    return g->size() > 0 ? std::move(g) : nullptr;
-  }
+  // Issues the micro-batch with the pieces before `from` already run (see the header); `eager`:
+  // pieces from `from` on run without capture. A failed capture throws when required; under auto
+  // it sets given_up_ and the micro-batch is finished eagerly.
+  void issue(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch, float dloss,
+             size_t from, bool eager);
+  // The stored variant of piece i captured with the addresses `access` returns now (null: none).
+  const Variant* matching(size_t i, ParamAccess& access) const;
+  // Stores a piece's fresh capture (or finds the stored variant with the same addresses) and
+  // launches it.
+  void keep_and_launch(size_t i, std::unique_ptr<StreamGraph> fresh, std::vector<Use> uses, Stream& s);
+  void run_hook(const Hook& h, ParamAccess& access) const;
 
   const bool required_;
   bool given_up_ = false;
   bool have_key_ = false;
+  bool captured_ = false;  // of the current key
   Key key_;
   int eager_runs_ = 0;  // of the current key
-  std::vector<std::unique_ptr<StreamGraph>> segments_;  // null: nothing was captured there
-  std::vector<Hook> hooks_;  // hooks_[i] runs between segments_[i] and segments_[i + 1]
-  std::vector<Use> uses_;
+  std::vector<Piece> pieces_;
+  std::vector<Hook> hooks_;  // hooks_[i] runs between pieces_[i] and pieces_[i + 1]
   uint64_t replays_ = 0;
+  uint64_t recaptures_ = 0;
+  bool recapture_noted_ = false;
   std::string note_;
 };
 

@@ -1,8 +1,9 @@
 // --cuda-graphs through the trainer on simulated devices (the CPU backend captures and replays
 // with CUDA's rules): `on` gives per-step losses, gradient norms and final states bitwise equal to
-// `off` where it can capture (ZeRO 0 and 1 in fp32, two devices, several micro-batches per step,
-// with and without recomputation), refuses the runs it cannot capture with one sentence, and
-// `auto` stays eager on CPU devices. The summary record says whether graphs ran.
+// `off` at ZeRO stages 0-3, in fp32 and bf16, on two devices with several micro-batches per step,
+// with and without recomputation; it refuses the runs it cannot capture (tensor and pipeline
+// parallelism) with one sentence, and `auto` stays eager on CPU devices. The summary record says
+// whether graphs ran. MicroBatchGraph alone: pieces whose engine buffers moved are captured again.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -118,9 +119,10 @@ TEST(MicroBatchGraph, WarmsUpThenCapturesOnceAndReplaysPiecewiseWithTheHooksEage
   CountingAccess access(f.buf.as<float>());
   MicroBatchGraph g(/*required=*/true);
   EXPECT_EQ(f.run(g, model, access, 5), expected(5));
-  EXPECT_EQ(g.replays(), 4u);   // the first micro-batch is the warm-up
+  EXPECT_EQ(g.replays(), 4u);   // the first micro-batch is the warm-up, the second the capture
   EXPECT_EQ(g.segments(), 2u);  // the forward's ops and the backward's, between the three hooks
-  EXPECT_EQ(access.forwards, 5);  // the dry capture ran no hook
+  EXPECT_EQ(g.recaptures(), 0u);
+  EXPECT_EQ(access.forwards, 5);  // every hook once per micro-batch, capture and replays alike
   EXPECT_EQ(access.backwards, 5);
   EXPECT_EQ(access.afters, 5);
   EXPECT_EQ(g.take_note(), "");
@@ -133,7 +135,9 @@ TEST(MicroBatchGraph, AutoFallsBackToEagerWithOneNoteWhenTheCaptureFails) {
   MicroBatchGraph g(/*required=*/false);
   EXPECT_EQ(f.run(g, model, access, 4), expected(4));
   EXPECT_EQ(g.replays(), 0u);
-  EXPECT_EQ(access.forwards, 4);
+  EXPECT_EQ(access.forwards, 4);  // the failed capture's micro-batch was finished eagerly, its hooks once
+  EXPECT_EQ(access.backwards, 4);
+  EXPECT_EQ(access.afters, 4);
   const std::string note = g.take_note();
   EXPECT_NE(note.find("--cuda-graphs auto runs eagerly from here on"), std::string::npos) << note;
   EXPECT_NE(note.find("'scratch'"), std::string::npos) << note;
@@ -155,7 +159,72 @@ TEST(MicroBatchGraph, OnThrowsTheCapturesReason) {
     EXPECT_NE(e.message().find("allocate before the capture"), std::string::npos) << e.message();
   }
   EXPECT_FALSE(f.s.capturing());
-  EXPECT_EQ(access.forwards, 1) << "the failed capture ran a hook";
+  // The warm-up's hook and the capture's (it precedes the piece that failed); nothing after it.
+  EXPECT_EQ(access.forwards, 2);
+  EXPECT_EQ(access.backwards, 1);
+}
+
+// Like CountingAccess, but each before_backward hands out the gradient slot of `slots` (one float
+// each, after x) that `pattern` names for that micro-batch, as the engine's gradient buckets land
+// where the pool puts them.
+class MovingAccess final : public ParamAccess {
+ public:
+  MovingAccess(float* p, std::vector<int> pattern) : p_(p), pattern_(std::move(pattern)) {}
+  int device_index() const override { return 0; }
+  float* params(int) override { return p_; }
+  float* grads(int) override {
+    EXPECT_GE(slot_, 0) << "gradient asked for outside the backward";
+    return p_ + 1 + slot_;
+  }
+  void before_backward(int) override { slot_ = pattern_[static_cast<size_t>(micro_++) % pattern_.size()]; }
+  void after_backward(int) override { slot_ = -1; }
+
+ private:
+  float* p_;
+  std::vector<int> pattern_;
+  int micro_ = 0, slot_ = -1;
+};
+
+TEST(MicroBatchGraph, APieceWhoseBufferMovedIsCapturedAgainAndKeptPerAddress) {
+  struct Case {
+    std::vector<int> pattern;
+    uint64_t recaptures;  // of 12 micro-batches: the warm-up, the capture, 10 replays
+  };
+  // Two slots alternating: the second is captured once, then both graphs serve. Five slots in a
+  // cycle, more than kMaxVariants: every replay captures its piece again.
+  static_assert(MicroBatchGraph::kMaxVariants == 4);
+  for (const Case& c : {Case{{0}, 0}, Case{{0, 1}, 1}, Case{{0, 1, 1, 0}, 1}, Case{{0, 1, 2, 3, 4}, 10}}) {
+    const auto rt = Runtime::create_cpu(1);
+    Stream& s = rt->device(0).compute();
+    std::vector<float> host(7, 0.0f);
+    host[0] = 1;  // x; gradient slots 1..5; the constant one at 6
+    host[6] = 1;
+    DeviceBuffer buf(rt->device(0).memory(), host.size() * sizeof(float), s, "x, slots, one");
+    s.copy(buf.data(), host.data(), host.size() * sizeof(float));
+    TwoOpModel model(false);
+    model.one_ = TensorView{buf.as<float>() + 6, DType::kF32, Shape{1}, 0};
+    MovingAccess access(buf.as<float>(), c.pattern);
+    MicroBatchGraph g(/*required=*/true);
+    NoWorkspace ws;
+    const int micro = 12;
+    for (int i = 0; i < micro; ++i) g.run(model, s, access, ws, Batch{}, 1.0f);
+    std::vector<float> out(host.size());
+    s.copy(out.data(), buf.data(), out.size() * sizeof(float));
+    s.synchronize();
+    // Closed form: x = 3x + 1 each micro-batch, added into that micro-batch's slot.
+    std::vector<float> want(host.size(), 0.0f);
+    want[0] = 1;
+    want[6] = 1;
+    for (int i = 0; i < micro; ++i) {
+      want[0] = 3 * want[0] + 1;
+      want[1 + static_cast<size_t>(c.pattern[static_cast<size_t>(i) % c.pattern.size()])] += want[0];
+    }
+    const std::string what = "pattern of " + std::to_string(c.pattern.size());
+    EXPECT_EQ(out, want) << what;
+    EXPECT_EQ(g.replays(), static_cast<uint64_t>(micro - 1)) << what;
+    EXPECT_EQ(g.recaptures(), c.recaptures) << what;
+    EXPECT_EQ(g.take_note().empty(), c.recaptures == 0) << what;
+  }
 }
 
 // ---- the trainer ------------------------------------------------------------------------------
@@ -209,8 +278,8 @@ void expect_same_run(const RunOut& a, const RunOut& b, const std::string& what) 
   test::expect_same_state(a.result, b.result, what);
 }
 
-TEST(CudaGraphs, OnBitwiseEqualToOffAtStages0And1WithAccumulation) {
-  for (int stage : {0, 1}) {
+TEST(CudaGraphs, OnBitwiseEqualToOffAtEveryStageWithAccumulation) {
+  for (int stage : {0, 1, 2, 3}) {
     // 4 and 2 micro-batches per step and device (4 only under TSan, which is ~10x slower).
     for (int micro : test::kThreadSanitizer ? std::vector<int>{1} : std::vector<int>{1, 2}) {
       const std::string what = "stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro);
@@ -223,6 +292,22 @@ TEST(CudaGraphs, OnBitwiseEqualToOffAtStages0And1WithAccumulation) {
       expect_same_run(off, on, what);
       EXPECT_EQ(on.host_syncs, off.host_syncs) << what << ": capture or replay synchronised the host";
     }
+  }
+}
+
+TEST(CudaGraphs, OnBitwiseEqualToOffInBf16) {
+  // 16-bit parameters: the blocks' fp32 compute copies and gradient buckets are transient at
+  // every stage. Stage 1 keeps the parameters resident, stage 3 gathers them per visit.
+  for (int stage : test::kThreadSanitizer ? std::vector<int>{3} : std::vector<int>{1, 3}) {
+    const std::string what = "bf16, stage " + std::to_string(stage);
+    TrainConfig off = small_run(CudaGraphs::kOff, stage, 2);
+    off.precision = Precision::kBf16;
+    TrainConfig on = off;
+    on.cuda_graphs = CudaGraphs::kOn;
+    const RunOut a = run(off, "bf16_off"), b = run(on, "bf16_on");
+    EXPECT_TRUE(b.result.cuda_graphs) << what;
+    expect_same_run(a, b, what);
+    EXPECT_EQ(b.host_syncs, a.host_syncs) << what;
   }
 }
 
@@ -249,17 +334,11 @@ TEST(CudaGraphs, AutoStaysEagerOnCpuDevices) {
 }
 
 TEST(CudaGraphs, OnRefusesRunsItCannotCapture) {
-  TrainConfig c = small_run(CudaGraphs::kOn, 2, 2);
-  test::expect_train_error(c, ErrorKind::kInvalidArgument,
-                           "--cuda-graphs on cannot capture this run's micro-batches: ZeRO stage 2 allocates each "
-                           "block's gradient bucket inside the micro-batch");
-  c.zero_stage = 1;
-  c.precision = Precision::kBf16;
-  test::expect_train_error(c, ErrorKind::kInvalidArgument, "--precision bf16 widens each block's parameters");
-  c.precision = Precision::kFp32;
+  TrainConfig c = small_run(CudaGraphs::kOn, 1, 2);
   c.tensor_parallel = 2;
   test::expect_train_error(c, ErrorKind::kInvalidArgument,
-                           "tensor parallelism runs collectives inside every layer's forward and backward");
+                           "--cuda-graphs on cannot capture this run's micro-batches: tensor parallelism runs "
+                           "collectives inside every layer's forward and backward");
   c.tensor_parallel = 1;
   c.pipeline_parallel = 2;
   c.micro_batch_size = 1;
