@@ -145,11 +145,13 @@ void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Wo
     return;
   }
   ++replays_;
+  replayed_pieces_ += segments();
   for (size_t i = 0; i < pieces_.size(); ++i) {
     if (i > 0) run_hook(hooks_[i - 1], access);
     const Variant* v = matching(i, access);
     if (!v) {
       issue(model, s, access, ws, batch, dloss, i, /*eager=*/false);
+      judge_recaptures();
       return;
     }
     std::vector<Variant>& vs = pieces_[i].variants;
@@ -157,6 +159,14 @@ void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Wo
     std::rotate(vs.begin(), at, at + 1);  // most recently used first: a later issue answers from it
     if (vs[0].graph) vs[0].graph->launch(s);
   }
+}
+
+void MicroBatchGraph::judge_recaptures() {
+  if (required_ || given_up_ || replays_ < kJudgeAfter || recaptures_ * 4 <= replayed_pieces_) return;
+  given_up_ = true;
+  note_ = "--cuda-graphs auto runs eagerly from here on: the engine placed its transient buffers at new addresses "
+          "for " + std::to_string(recaptures_) + " of " + std::to_string(replayed_pieces_) +
+          " replayed pieces, and capturing them again costs more than issuing them";
 }
 
 void MicroBatchGraph::issue(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch,

@@ -19,7 +19,8 @@
 // issue would touch, which the engine made safe for this stream. A piece keeps up to
 // kMaxVariants graphs (the pool tends to alternate between a few blocks); when none matches,
 // the micro-batch continues from that piece by issuing the model again (see issue()), capturing
-// the piece anew (counted: recaptures()).
+// the piece anew (counted: recaptures()); `auto` goes eager when that happens for more than a
+// quarter of the replayed pieces (kJudgeAfter).
 //
 // Issuing from piece k: the model issues the whole micro-batch again; the pieces before k, whose
 // work already ran, are captured and discarded, their params/grads answered from the addresses
@@ -59,6 +60,9 @@ class MicroBatchGraph {
  public:
   // Graphs a piece keeps for different addresses of the engine's buffers.
   static constexpr size_t kMaxVariants = 4;
+  // auto: after this many micro-batches from graphs, gives graphs up when more than a quarter of
+  // the replayed pieces had to be captured again.
+  static constexpr uint64_t kJudgeAfter = 8;
 
   // required: --cuda-graphs on (a failed capture throws instead of falling back to eager).
   explicit MicroBatchGraph(bool required) : required_(required) {}
@@ -123,6 +127,8 @@ class MicroBatchGraph {
   // launches it.
   void keep_and_launch(size_t i, std::unique_ptr<StreamGraph> fresh, std::vector<Use> uses, Stream& s);
   void run_hook(const Hook& h, ParamAccess& access) const;
+  // auto: gives graphs up (note_) when re-capturing outweighs replaying (kJudgeAfter).
+  void judge_recaptures();
 
   const bool required_;
   bool given_up_ = false;
@@ -134,6 +140,7 @@ class MicroBatchGraph {
   std::vector<Hook> hooks_;  // hooks_[i] runs between pieces_[i] and pieces_[i + 1]
   uint64_t replays_ = 0;
   uint64_t recaptures_ = 0;
+  uint64_t replayed_pieces_ = 0;  // pieces holding work, of the replays after a capture
   bool recapture_noted_ = false;
   std::string note_;
 };

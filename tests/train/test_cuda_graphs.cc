@@ -188,12 +188,17 @@ class MovingAccess final : public ParamAccess {
 TEST(MicroBatchGraph, APieceWhoseBufferMovedIsCapturedAgainAndKeptPerAddress) {
   struct Case {
     std::vector<int> pattern;
-    uint64_t recaptures;  // of 12 micro-batches: the warm-up, the capture, 10 replays
+    bool required;
+    uint64_t replays, recaptures;  // of 12 micro-batches: the warm-up, the capture, 10 replays
   };
   // Two slots alternating: the second is captured once, then both graphs serve. Five slots in a
-  // cycle, more than kMaxVariants: every replay captures its piece again.
-  static_assert(MicroBatchGraph::kMaxVariants == 4);
-  for (const Case& c : {Case{{0}, 0}, Case{{0, 1}, 1}, Case{{0, 1, 1, 0}, 1}, Case{{0, 1, 2, 3, 4}, 10}}) {
+  // cycle, more than kMaxVariants: every replay captures its piece again, and auto gives graphs up
+  // at the kJudgeAfter-th micro-batch from graphs (one of the two working pieces recaptured each
+  // time is more than a quarter).
+  static_assert(MicroBatchGraph::kMaxVariants == 4 && MicroBatchGraph::kJudgeAfter == 8);
+  const std::vector<int> five = {0, 1, 2, 3, 4};
+  for (const Case& c : {Case{{0}, true, 11, 0}, Case{{0, 1}, true, 11, 1}, Case{{0, 1}, false, 11, 1},
+                        Case{{0, 1, 1, 0}, true, 11, 1}, Case{five, true, 11, 10}, Case{five, false, 8, 7}}) {
     const auto rt = Runtime::create_cpu(1);
     Stream& s = rt->device(0).compute();
     std::vector<float> host(7, 0.0f);
@@ -204,7 +209,7 @@ TEST(MicroBatchGraph, APieceWhoseBufferMovedIsCapturedAgainAndKeptPerAddress) {
     TwoOpModel model(false);
     model.one_ = TensorView{buf.as<float>() + 6, DType::kF32, Shape{1}, 0};
     MovingAccess access(buf.as<float>(), c.pattern);
-    MicroBatchGraph g(/*required=*/true);
+    MicroBatchGraph g(c.required);
     NoWorkspace ws;
     const int micro = 12;
     for (int i = 0; i < micro; ++i) g.run(model, s, access, ws, Batch{}, 1.0f);
@@ -219,11 +224,13 @@ TEST(MicroBatchGraph, APieceWhoseBufferMovedIsCapturedAgainAndKeptPerAddress) {
       want[0] = 3 * want[0] + 1;
       want[1 + static_cast<size_t>(c.pattern[static_cast<size_t>(i) % c.pattern.size()])] += want[0];
     }
-    const std::string what = "pattern of " + std::to_string(c.pattern.size());
+    const std::string what = "pattern of " + std::to_string(c.pattern.size()) + (c.required ? ", on" : ", auto");
     EXPECT_EQ(out, want) << what;
-    EXPECT_EQ(g.replays(), static_cast<uint64_t>(micro - 1)) << what;
+    EXPECT_EQ(g.replays(), c.replays) << what;
     EXPECT_EQ(g.recaptures(), c.recaptures) << what;
-    EXPECT_EQ(g.take_note().empty(), c.recaptures == 0) << what;
+    const std::string note = g.take_note();
+    EXPECT_EQ(note.empty(), c.recaptures == 0) << what;
+    EXPECT_EQ(note.find("runs eagerly from here on") != std::string::npos, c.replays < micro - 1) << what << ": " << note;
   }
 }
 
