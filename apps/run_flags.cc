@@ -165,8 +165,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "or full (each block re-runs its forward in the backward); the results do not change")
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   sub.add_option("--cuda-graphs", f.cuda_graphs,
-                 "Capture each device's micro-batch forward/backward once and replay it: auto (CUDA devices, when "
-                 "the run can be captured), on (also simulated on CPU devices; refused when it cannot be), off")
+                 "Capture each device's micro-batch forward/backward once and replay it, piecewise around the ZeRO "
+                 "hooks: auto (CUDA devices, without tensor or pipeline parallelism), on (also simulated on CPU "
+                 "devices; refused when it cannot be), off")
       ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
   sub.add_option("--offload", f.offload,
                  "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
