@@ -251,17 +251,35 @@ void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t r
 // ---- layernorm
 // -----------------------------------------------------------------------------------
 
+namespace {
+
+// The matmul family's dtype checks (defined with it below), shared by the layernorm family and the
+// LM head: an activation dtype of f32, f16 or bf16, and parameters of f32 or that dtype.
+void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v);
+void check_same_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in);
+void check_out_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in);
+
+// weight and bias (or dweight's partner weight alone: bias empty) of a layernorm over C columns of
+// activations `act`: one dtype, f32 or act. Returns it.
+DType check_norm_params(Stream& s, const char* op, const ConstTensorView& weight, const ConstTensorView* bias,
+                        DType act) {
+  check_out_type(s, op, "weight", weight, act);
+  if (bias != nullptr) check_same_type(s, op, "bias", *bias, weight.dtype);
+  return weight.dtype;
+}
+
+}  // namespace
+
 void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rstd,
                        ConstTensorView in, ConstTensorView weight, ConstTensorView bias,
                        float eps) {
   constexpr const char* op = "layernorm_forward";
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
-                         {"mean", mean},
-                         {"rstd", rstd},
-                         {"in", in},
-                         {"weight", weight},
-                         {"bias", bias}})
-    check_f32(s, op, name, v);
+  check_in_type(s, op, "in", in);
+  const DType act = in.dtype;
+  check_same_type(s, op, "out", out, act);
+  const DType wt = check_norm_params(s, op, weight, &bias, act);
+  check_f32(s, op, "mean", mean);
+  check_f32(s, op, "rstd", rstd);
   const int64_t C = last_dim(in), N = rows(in);
   ZT_REQUIRE(in.shape.ndim() >= 1 && C > 0, op, ": in ", in.shape.str(),
              " must be [..., C], C > 0");
@@ -273,20 +291,21 @@ void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rs
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   ZT_REQUIRE(eps >= 0.0f, op, ": eps ", eps, " must be >= 0");
   if (N == 0) return;
-  f32_kernel(s, OpId::kLayernormForward).layernorm_forward(s, f32(out), f32(mean), f32(rstd), f32(in), f32(weight),
-               f32(bias), N, C, eps);
+  require_kernel(s, OpId::kLayernormForward, {act, wt})
+      .layernorm_forward(s, out.data, f32(mean), f32(rstd), in.data, act, weight.data, bias.data, wt, N, C, eps);
 }
 
 void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                         ConstTensorView dout, ConstTensorView in, ConstTensorView weight,
                         ConstTensorView mean, ConstTensorView rstd) {
   constexpr const char* op = "layernorm_backward";
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"din", din},
-                         {"dweight", dweight},
+  check_in_type(s, op, "in", in);
+  const DType act = in.dtype;
+  check_same_type(s, op, "din", din, act);
+  check_same_type(s, op, "dout", dout, act);
+  const DType wt = check_norm_params(s, op, weight, nullptr, act);
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"dweight", dweight},
                          {"dbias", dbias},
-                         {"dout", dout},
-                         {"in", in},
-                         {"weight", weight},
                          {"mean", mean},
                          {"rstd", rstd}})
     check_f32(s, op, name, v);
@@ -301,8 +320,9 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
   ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": in ", in.shape.str(), " has ", N,
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   if (N == 0) return;
-  f32_kernel(s, OpId::kLayernormBackward).layernorm_backward(s, f32(din), f32(dweight), f32(dbias), f32(dout), f32(in),
-               f32(weight), f32(mean), f32(rstd), N, C);
+  require_kernel(s, OpId::kLayernormBackward, {act, wt})
+      .layernorm_backward(s, din.data, f32(dweight), f32(dbias), dout.data, in.data, act, weight.data, wt,
+                          f32(mean), f32(rstd), N, C);
 }
 
 // ---- matmul
@@ -740,11 +760,12 @@ namespace {
 struct HeadDims {
   int64_t N, C, V, ld;
 };
+// logits (or dlogits), in and wte share one activation dtype (f32, f16 or bf16).
 HeadDims check_head(Stream& s, const char* op, const char* logits_name, const ConstTensorView& logits,
                     const ConstTensorView& in, const ConstTensorView& wte) {
-  check_f32(s, op, logits_name, logits);
-  check_f32(s, op, "in", in);
-  check_f32(s, op, "wte", wte);
+  check_in_type(s, op, "in", in);
+  check_same_type(s, op, logits_name, logits, in.dtype);
+  check_same_type(s, op, "wte", wte, in.dtype);
   ZT_REQUIRE(wte.shape.ndim() == 2 && in.shape.ndim() >= 1 && last_dim(in) == wte.shape[1], op, ": in ",
              in.shape.str(), " and wte ", wte.shape.str(), " must be [..., C] and [V, C]");
   const HeadDims d{rows(in), wte.shape[1], wte.shape[0], last_dim(logits)};
@@ -759,11 +780,12 @@ void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTens
   constexpr const char* op = "lm_head_forward";
   const HeadDims d = check_head(s, op, "logits", logits, in, wte);
   if (d.N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {DType::kF32})) {
-    t->lm_head_forward(s, f32(logits), f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+  const DType act = in.dtype;
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {act})) {
+    t->lm_head_forward(s, logits.data, in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
   }
-  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadForward, {DType::kF32});
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadForward, {act});
   matmul_forward(s, logits, in, wte, ConstTensorView{});
 }
 
@@ -771,8 +793,9 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
                       ConstTensorView wte) {
   constexpr const char* op = "lm_head_backward";
   const HeadDims d = check_head(s, op, "dlogits", dlogits, in, wte);
+  const DType act = in.dtype;
   if (present(din)) {
-    check_f32(s, op, "din", din);
+    check_same_type(s, op, "din", din, act);
     ZT_REQUIRE(din.shape == in.shape, op, ": in ", in.shape.str(), " but din ", din.shape.str());
   }
   if (present(dwte)) {
@@ -780,12 +803,12 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
     ZT_REQUIRE(dwte.shape == wte.shape, op, ": wte ", wte.shape.str(), " but dwte ", dwte.shape.str());
   }
   if (d.N == 0 || (!present(din) && !present(dwte))) return;
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {DType::kF32})) {
-    t->lm_head_backward(s, present(din) ? f32(din) : nullptr, present(dwte) ? f32(dwte) : nullptr, f32(dlogits),
-                        f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {act})) {
+    t->lm_head_backward(s, present(din) ? din.data : nullptr, present(dwte) ? f32(dwte) : nullptr, dlogits.data,
+                        in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
   }
-  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadBackward, {DType::kF32});
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadBackward, {act});
   matmul_backward(s, din, dwte, TensorView{}, dlogits, in, wte);
 }
 
@@ -938,11 +961,9 @@ void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView l
                          {"a", a},
                          {"b", b}})
     check_view(s, op, name, v, act);
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"mean", mean},
-                         {"rstd", rstd},
-                         {"weight", weight},
-                         {"bias", bias}})
-    check_f32(s, op, name, v);
+  check_f32(s, op, "mean", mean);
+  check_f32(s, op, "rstd", rstd);
+  const DType wt = check_norm_params(s, op, weight, &bias, act);
   const int64_t C = last_dim(a), N = rows(a);
   ZT_REQUIRE(a.shape.ndim() >= 1 && C > 0, op, ": a ", a.shape.str(), " must be [..., C], C > 0");
   // Rows of C, as add and layernorm_forward accept them (leading dims may differ).
@@ -959,15 +980,15 @@ void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView l
                                         ln_out.data != residual_out.data),
              op, ": ln_out ", ln_out.shape.str(), " must not alias a, b or residual_out");
   if (N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act})) {
+  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act, wt})) {
     t->residual_layernorm_forward(s, residual_out.data, ln_out.data, f32(mean), f32(rstd), a.data, b.data, act,
-                                  f32(weight), f32(bias), N, C, eps);
+                                  weight.data, bias.data, wt, N, C, eps);
   } else if (act == DType::kF32) {
     // Fallback: the composition the fused kernels reproduce bit for bit.
     add(s, residual_out, a, b);
     layernorm_forward(s, ln_out, mean, rstd, residual_out, weight, bias, eps);
   } else {
-    refuse_op(s, OpId::kResidualLayernormForward, {act});
+    refuse_op(s, OpId::kResidualLayernormForward, {act, wt});
   }
 }
 

@@ -9,7 +9,7 @@
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
 //  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (cast,
-//    accumulate, the matmul family, residual_layernorm_forward and the tiled attention take
+//    accumulate, the matmul family, the layernorm family, the LM head and the tiled attention take
 //    f16/bf16 too); token ids/labels are int32.
 //  - Every view lives on the stream's device (view.device == stream.device().index()); leading
 //    dimensions are free where a row count N is meant ([B,T,C] is N = B*T rows of C).
@@ -76,6 +76,11 @@ void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t r
 // ---- layernorm over the last dim ------------------------------------------------
 // in/out [N,C]; weight/bias [C]; mean/rstd [N] are saved for backward. rstd = 1/sqrt(var + eps),
 // var the biased (population) variance.
+// Dtypes (the 16-bit activation path): in, out, dout and din share one activation dtype, f32, bf16
+// or f16; weight and bias share one dtype, f32 or the activations'; mean, rstd, dweight and dbias
+// are fp32. 16-bit values are widened exactly, the op computes as in fp32 (statistics in fp32 from
+// double sums), and each 16-bit output is rounded once; din += reads din, adds in fp32 and rounds
+// once. fp32 calls keep their bits.
 void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rstd,
                        ConstTensorView in, ConstTensorView weight, ConstTensorView bias, float eps);
 void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
@@ -198,7 +203,9 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
 
 // ---- the LM head over a padded vocabulary: logits rows of Vp >= V columns ------------------
 // logits[N, Vp][:, :V] = in[N, C] @ wte[V, C]^T (fp32; TF32 under the device's math mode, as
-// matmul_forward); columns [V, Vp) are not written. With Vp == V this is matmul_forward without
+// matmul_forward); columns [V, Vp) are not written. logits, in, wte, dlogits and din share one
+// dtype, f32, bf16 or f16 (16-bit: fp32 accumulation, each output rounded once, din += rounded
+// once); dwte is fp32. With Vp == V this is matmul_forward without
 // bias, bit for bit (backends without the entry fall back to it then; with Vp > V they refuse).
 void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTensorView wte);
 // din[N, C] += dlogits[:, :V] @ wte and dwte[V, C] += dlogits[:, :V]^T @ in (each if given, as
@@ -265,7 +272,8 @@ void sum(Stream& s, TensorView out, ConstTensorView x);
 // residual_out = a + b; ln_out = layernorm(residual_out) as layernorm_forward (weight, bias, eps;
 // mean/rstd [N] saved for backward). One pass over the rows instead of two.
 // Dtypes: a, b, residual_out and ln_out share one activation dtype, f32, bf16 or f16 (the 16-bit
-// activation path); weight, bias, mean and rstd are fp32. In 16 bits the sum is rounded to the
+// activation path); weight and bias share one dtype, f32 or the activations'; mean and rstd are
+// fp32. In 16 bits the sum is rounded to the
 // activation dtype once, the statistics are taken in fp32/double from that rounded residual (what
 // backward reads), and ln_out is rounded once: exactly add, then layernorm, each storing its result.
 // Bits: on every backend those of add(residual_out, a, b) followed by layernorm_forward(ln_out,

@@ -35,16 +35,17 @@ void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t 
 void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
 
 // ---- layernorm ----------------------------------------------------------------------------
-void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
-                       const float* bias, int64_t N, int64_t C, float eps);
-void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
-                        const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t N, int64_t C);
-// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
-// bit for bit add followed by layernorm_forward (kernels/ops.h).
+// in/out/dout/din of `act` (f32, f16, bf16), weight/bias of `wt` (f32 or act); 16-bit values widened,
+// computed as fp32 is, each 16-bit output rounded once (din += too).
+void layernorm_forward(void* out, float* mean, float* rstd, const void* in, DType act, const void* weight,
+                       const void* bias, DType wt, int64_t N, int64_t C, float eps);
+void layernorm_backward(void* din, float* dweight, float* dbias, const void* dout, const void* in, DType act,
+                        const void* weight, DType wt, const float* mean, const float* rstd, int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16),
+// weight/bias of `wt`: bit for bit add followed by layernorm_forward (kernels/ops.h).
 void residual_layernorm_forward(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
-                                const void* b, DType act, const float* weight, const float* bias, int64_t N,
-                                int64_t C, float eps);
+                                const void* b, DType act, const void* weight, const void* bias, DType wt,
+                                int64_t N, int64_t C, float eps);
 
 // ---- matmul (bias / din / dweight / dbias may be nullptr; in too when dweight is) ------------------
 // Pointers typed by t (kernels/matmul_types.h). tf32: the device's MathMode::tf32 when the op was
@@ -92,11 +93,12 @@ void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 void classifier_forward_backward(void* logits, DType dtype, float* losses, const int32_t* targets, int64_t N,
                                  int64_t ld, int64_t V, float dloss, bool compute_grad,
                                  const float* dloss_scale);
-// The LM head over logits rows of ld >= V floats (ops.h lm_head_forward/backward); tf32 rounds
-// the GEMM inputs as matmul_forward/backward do.
-void lm_head_forward(float* logits, const float* in, const float* wte, int64_t N, int64_t C, int64_t V,
+// The LM head over logits rows of ld >= V elements (ops.h lm_head_forward/backward), logits,
+// dlogits, in, wte, din of `act`, dwte fp32; tf32 rounds fp32 GEMM inputs as matmul_forward/backward
+// do. 16-bit: inputs widened, fp32 products, each 16-bit output rounded once.
+void lm_head_forward(void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C, int64_t V,
                      int64_t ld, bool tf32);
-void lm_head_backward(float* din, float* dwte, const float* dlogits, const float* in, const float* wte,
+void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* in, const void* wte, DType act,
                       int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --
