@@ -39,7 +39,8 @@ namespace zt {
 // {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
 // residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
 // flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
-// {logits}; every other op {f32}.
+// {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward {activation
+// dtype: f32, f16 or bf16}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -101,9 +102,12 @@ struct OpTable {
   bool (*supports_op)(const OpTable& table, OpId op, std::span<const DType> dtypes) = nullptr;
 
   // ---- entries (nullptr: no kernel); arguments as kernels/cpu/cpu_ops.h, after validation ------
-  void (*fill)(Stream&, float* x, int64_t n, float value) = nullptr;
+  // fill, add, the encoder and GELU: the pointers named "activation" in ops.h are of `dtype` (f32,
+  // f16 or bf16; ops.cc checked they share it); 16-bit values are widened, computed as fp32 and
+  // rounded once (ops.h). encoder_backward's dwte/dwpe stay fp32.
+  void (*fill)(Stream&, void* x, DType dtype, int64_t n, float value) = nullptr;
   void (*scale)(Stream&, float* x, int64_t n, float alpha) = nullptr;
-  void (*add)(Stream&, float* out, const float* a, const float* b, int64_t n) = nullptr;
+  void (*add)(Stream&, void* out, const void* a, const void* b, DType dtype, int64_t n) = nullptr;
   void (*cast)(Stream&, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = nullptr;
   void (*accumulate)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // src: another device's memory this device can access (ops.h accumulate_peer). No fallback:
@@ -111,9 +115,10 @@ struct OpTable {
   void (*accumulate_peer)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // V = rows of the wte shard, which holds ids [v_begin, v_begin + V) of v_total (> 0); wpe/dwpe
   // may be nullptr (no position term).
-  void (*encoder_forward)(Stream&, float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  // out, wte, wpe, dout of `dtype`.
+  void (*encoder_forward)(Stream&, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
                           int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
-  void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+  void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
                            int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                            int64_t v_total) = nullptr;
   void (*position_forward)(Stream&, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
@@ -150,8 +155,9 @@ struct OpTable {
   void (*flash_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv,
                                    const void* out, const float* lse, float* scratch, int64_t B,
                                    int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate) = nullptr;
-  void (*gelu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
-  void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
+  // out/din, in, dout of `dtype`; din += (a 16-bit din: read, added in fp32, rounded once).
+  void (*gelu_forward)(Stream&, void* out, const void* in, DType dtype, int64_t n) = nullptr;
+  void (*gelu_backward)(Stream&, void* din, const void* in, const void* dout, DType dtype, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   // logits [N, ld] of `logits_dtype` (f32, bf16 or f16), the first V <= ld columns real (the rest

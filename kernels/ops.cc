@@ -68,11 +68,17 @@ const int32_t* i32(const ConstTensorView& v) { return static_cast<const int32_t*
 
 // ---- elementwise / utility ------------------------------------------------------------------
 
+namespace {
+// The matmul family's rule for a 16-bit path's first tensor (defined with it below): f32, f16 or
+// bf16, on the stream's device. Its dtype is the call's activation dtype (ops.h).
+void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v);
+}  // namespace
+
 void fill(Stream& s, TensorView x, float value) {
-  check_f32(s, "fill", "x", x);
+  check_in_type(s, "fill", "x", x);
   const int64_t n = x.numel();
   if (n == 0) return;
-  f32_kernel(s, OpId::kFill).fill(s, f32(x), n, value);
+  require_kernel(s, OpId::kFill, {x.dtype}).fill(s, x.data, x.dtype, n, value);
 }
 
 void scale(Stream& s, TensorView x, float alpha) {
@@ -83,14 +89,15 @@ void scale(Stream& s, TensorView x, float alpha) {
 }
 
 void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b) {
-  check_f32(s, "add", "out", out);
-  check_f32(s, "add", "a", a);
-  check_f32(s, "add", "b", b);
+  check_in_type(s, "add", "out", out);
+  const DType dt = out.dtype;
+  check_view(s, "add", "a", a, dt);
+  check_view(s, "add", "b", b, dt);
   ZT_REQUIRE(a.numel() == out.numel() && b.numel() == out.numel(), "add: out ", out.shape.str(),
              " but a ", a.shape.str(), " and b ", b.shape.str(), " (element counts must match)");
   const int64_t n = out.numel();
   if (n == 0) return;
-  f32_kernel(s, OpId::kAdd).add(s, f32(out), f32(a), f32(b), n);
+  require_kernel(s, OpId::kAdd, {dt}).add(s, out.data, a.data, b.data, dt, n);
 }
 
 void cast(Stream& s, TensorView dst, ConstTensorView src) {
@@ -129,7 +136,7 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
     k->accumulate(s, dst.data, src.data, t, n);
   } else if (const OpTable* a = t == DType::kF32 ? find_kernel(s, OpId::kAdd, {t}) : nullptr) {
     // Fallback: in fp32, accumulate is add(dst, dst, src), bit for bit (ops.h).
-    a->add(s, f32(dst), f32(dst), f32(src), n);
+    a->add(s, dst.data, dst.data, src.data, t, n);
   } else {
     refuse_op(s, OpId::kAccumulate, {t});
   }
@@ -174,19 +181,22 @@ int64_t check_vocab(const char* op, const VocabRange& vocab, const char* table,
 struct EncoderDims {
   int64_t B, T, C, V, total;
 };
+// x (out or dout) of the activation dtype; wte/wpe (or dwte/dwpe) of `table_dtype`: x's dtype
+// forward, fp32 (parameter gradients) backward.
 EncoderDims check_encoder(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
                           const ConstTensorView& tokens, const ConstTensorView& wte,
                           const char* wte_name, const ConstTensorView& wpe, const char* wpe_name,
-                          const VocabRange& vocab) {
-  check_f32(s, op, x_name, x);
+                          const VocabRange& vocab, bool table_is_activation) {
+  check_in_type(s, op, x_name, x);
+  const DType table_dtype = table_is_activation ? x.dtype : DType::kF32;
   check_view(s, op, "tokens", tokens, DType::kI32);
-  check_f32(s, op, wte_name, wte);
+  check_view(s, op, wte_name, wte, table_dtype);
   ZT_REQUIRE(tokens.shape.ndim() == 2, op, ": tokens ", tokens.shape.str(), " must be [B, T]");
   ZT_REQUIRE(wte.shape.ndim() == 2, op, ": ", wte_name, " ", wte.shape.str(), " must be [V, C]");
   const EncoderDims d{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0],
                       check_vocab(op, vocab, wte_name, wte, wte.shape[0])};
   if (present(wpe)) {
-    check_f32(s, op, wpe_name, wpe);
+    check_view(s, op, wpe_name, wpe, table_dtype);
     ZT_REQUIRE(wpe.shape.ndim() == 2 && wpe.shape[1] == d.C, op, ": ", wte_name, " ",
                wte.shape.str(), " and ", wpe_name, " ", wpe.shape.str(),
                " must be [V, C] and [maxT, C]");
@@ -217,21 +227,21 @@ int64_t check_position(Stream& s, const char* op, const ConstTensorView& x, cons
 
 void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
                      ConstTensorView wpe, VocabRange vocab) {
-  const EncoderDims d =
-      check_encoder(s, "encoder_forward", out, "out", tokens, wte, "wte", wpe, "wpe", vocab);
+  const EncoderDims d = check_encoder(s, "encoder_forward", out, "out", tokens, wte, "wte", wpe, "wpe", vocab,
+                                      /*table_is_activation=*/true);
   if (out.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderForward)
-      .encoder_forward(s, f32(out), i32(tokens), f32(wte), present(wpe) ? f32(wpe) : nullptr, d.B,
+  require_kernel(s, OpId::kEncoderForward, {out.dtype})
+      .encoder_forward(s, out.data, i32(tokens), wte.data, present(wpe) ? wpe.data : nullptr, out.dtype, d.B,
                        d.T, d.C, d.V, vocab.begin, d.total);
 }
 
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
                       ConstTensorView tokens, VocabRange vocab) {
   const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, "dwte",
-                                      dwpe, "dwpe", vocab);
+                                      dwpe, "dwpe", vocab, /*table_is_activation=*/false);
   if (dout.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderBackward)
-      .encoder_backward(s, f32(dwte), present(dwpe) ? f32(dwpe) : nullptr, f32(dout), i32(tokens),
+  require_kernel(s, OpId::kEncoderBackward, {dout.dtype})
+      .encoder_backward(s, f32(dwte), present(dwpe) ? f32(dwpe) : nullptr, dout.data, dout.dtype, i32(tokens),
                         d.B, d.T, d.C, d.V, vocab.begin, d.total);
 }
 
@@ -440,7 +450,7 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   if (t.out == DType::kF32) {
     matmul_kernel(s, OpId::kMatmulForward, t)
         .matmul_forward(s, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
-    f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out_gelu), f32(pre_gelu), n);
+    f32_kernel(s, OpId::kGeluForward).gelu_forward(s, out_gelu.data, pre_gelu.data, DType::kF32, n);
     return;
   }
   MatmulTypes wide = t;
@@ -453,7 +463,7 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   float* a = acc.as<float>();
   mm.matmul_forward(s, a, in.data, weight.data, b, wide, d.N, d.C, d.OC);
   cast_k.cast(s, pre_gelu.data, t.out, a, DType::kF32, n);
-  gelu.gelu_forward(s, a + n, a, n);
+  gelu.gelu_forward(s, a + n, a, DType::kF32, n);
   cast_k.cast(s, out_gelu.data, t.out, a + n, DType::kF32, n);
 }
 
@@ -497,13 +507,13 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   DeviceBuffer scratch(s.device().memory(), static_cast<size_t>(n) * 4 * (wide_out ? 1 : 3), s,
                        "matmul_backward_dgelu fallback");
   float* dgrad = scratch.as<float>();
-  fill_k.fill(s, dgrad, n, 0.0f);
+  fill_k.fill(s, dgrad, DType::kF32, n, 0.0f);
   mm.matmul_backward(s, dgrad, nullptr, nullptr, dout.data, nullptr, weight.data, wide, N, C, OC, false);
   const float* pre = wide_out ? f32(pre_gelu) : dgrad + n;
   float* d32 = wide_out ? f32(dpre) : dgrad + 2 * n;
   if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
-  fill_k.fill(s, d32, n, 0.0f);
-  gelu.gelu_backward(s, d32, pre, dgrad, n);
+  fill_k.fill(s, d32, DType::kF32, n, 0.0f);
+  gelu.gelu_backward(s, d32, pre, dgrad, DType::kF32, n);
   if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, N, C);
   if (!wide_out) cast_k->cast(s, dpre.data, t.out, d32, DType::kF32, n);
 }
@@ -674,14 +684,15 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
 // ----------------------------------------------------------------------------------
 
 namespace {
+// out, in (and dout) of `dtype`.
 int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const char* out_name,
-                    const ConstTensorView& in, const ConstTensorView* dout) {
-  check_f32(s, op, out_name, out);
-  check_f32(s, op, "in", in);
+                    const ConstTensorView& in, const ConstTensorView* dout, DType dtype = DType::kF32) {
+  check_view(s, op, out_name, out, dtype);
+  check_view(s, op, "in", in, dtype);
   ZT_REQUIRE(out.numel() == in.numel(), op, ": in ", in.shape.str(), " but ", out_name, " ",
              out.shape.str());
   if (dout != nullptr) {
-    check_f32(s, op, "dout", *dout);
+    check_view(s, op, "dout", *dout, dtype);
     ZT_REQUIRE(dout->numel() == in.numel(), op, ": in ", in.shape.str(), " but dout ",
                dout->shape.str());
   }
@@ -690,15 +701,19 @@ int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const
 }  // namespace
 
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in) {
-  const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr);
+  check_in_type(s, "gelu_forward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out), f32(in), n);
+  require_kernel(s, OpId::kGeluForward, {dt}).gelu_forward(s, out.data, in.data, dt, n);
 }
 
 void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
-  const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout);
+  check_in_type(s, "gelu_backward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kGeluBackward).gelu_backward(s, f32(din), f32(in), f32(dout), n);
+  require_kernel(s, OpId::kGeluBackward, {dt}).gelu_backward(s, din.data, in.data, dout.data, dt, n);
 }
 
 void relu_forward(Stream& s, TensorView out, ConstTensorView in) {

@@ -14,9 +14,14 @@
 namespace zt::cpu_kernels {
 
 // ---- elementwise / utility -------------------------------------------------------------
+// The activation-dtype ops (fill, add, encoder_forward/backward, gelu_forward/backward) take
+// `dtype` (f32, f16, bf16) for the pointers ops.h names as activations: 16-bit values widened,
+// computed as the fp32 loop computes, each output rounded once. The float overloads are the fp32
+// loops themselves (the other CPU kernels call them).
 void fill(float* x, int64_t n, float value);
+void fill(void* x, DType dtype, int64_t n, float value);
 void scale(float* x, int64_t n, float alpha);
-void add(float* out, const float* a, const float* b, int64_t n);  // out may alias a/b
+void add(void* out, const void* a, const void* b, DType dtype, int64_t n);  // out may alias a/b
 // f32/f16/bf16 conversion with the round-to-nearest-even functions of core/dtype.h.
 void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])) for f32/f16/bf16 (f32: exactly add(dst, dst, src)).
@@ -26,10 +31,11 @@ void accumulate(void* dst, const void* src, DType dtype, int64_t n);
 // wte/dwte hold the V vocabulary rows [v_begin, v_begin + V) of v_total; tokens of other rows
 // contribute nothing to them. wpe/dwpe may be nullptr (no position term). Throws zt::Error when a
 // token id is outside [0, v_total).
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+// out, wte, wpe, dout of `dtype`.
+void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
+void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
+                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
 // x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order.
 void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T);
 void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
@@ -83,7 +89,9 @@ void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, con
 
 // ---- activations ------------------------------------------------------------------------------
 void gelu_forward(float* out, const float* in, int64_t n);
-void gelu_backward(float* din, const float* in, const float* dout, int64_t n);
+void gelu_forward(void* out, const void* in, DType dtype, int64_t n);
+void gelu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
+void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 void relu_forward(float* out, const float* in, int64_t n);
 void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 

@@ -3,8 +3,9 @@
 // bf16, fp16; fp32 or 16-bit weights), matmul_backward's overwrite_din against zero fill +
 // accumulate, the two-stage column sums (bias and layernorm parameter gradients) against float64 at
 // C = 768 and odd shapes, the 128-bit elementwise paths at odd sizes and unaligned pointers against
-// the scalar expressions, and 16-bit layernorm forward/backward and LM head (padded vocabulary)
-// against float64 of the widened inputs. Tolerances as tests/kernels/test_ops.cc.
+// the scalar expressions, 16-bit layernorm forward/backward and LM head (padded vocabulary), and
+// fill, add, GELU and the encoder over bf16/fp16 activations, against float64 of the widened inputs
+// (the rounding bits, one dtype per call). Tolerances as tests/kernels/test_ops.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -579,6 +580,198 @@ void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
   }
 }
 
+// ---- 16-bit activations: fill, add, GELU, the encoder ------------------------------------------------
+// The host side of a 16-bit dtype: core/dtype.h's rounding (the one every kernel reproduces) and
+// widening. Against float64 a 16-bit output may be off by half an ulp of itself (2^-8 relative in
+// bf16, 2^-11 in fp16) on top of the fp32 arithmetic's kTolElem.
+struct Host16 {
+  DType t;
+  uint16_t round(float v) const { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); }
+  float widen(uint16_t h) const { return t == DType::kBF16 ? bf16_bits_to_float(h) : half_bits_to_float(h); }
+  std::vector<uint16_t> round(const FVec& v) const {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = round(v[i]);
+    return out;
+  }
+  FVec widen(const std::vector<uint16_t>& v) const {
+    FVec out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
+    return out;
+  }
+  // op_test::close's bound with the relative half ulp added to kTolElem's rtol, and the dtype's
+  // half subnormal spacing (2^-25 in fp16, 2^-134 in bf16) added to its absolute term: near zero
+  // the relative bound does not hold.
+  ::testing::AssertionResult close(const FVec& got, const DVec& ref) const {
+    if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+    const double rtol = (t == DType::kBF16 ? 0x1p-8 : 0x1p-11) + kTolElem.rtol;
+    double sq = 0;
+    for (double r : ref) sq += r * r;
+    const double atol = kTolElem.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size())) +
+                        (t == DType::kBF16 ? 0x1p-134 : 0x1p-25);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(got[i] - ref[i]), bound = rtol * std::fabs(ref[i]) + atol;
+      if (!(err <= bound))  // NaN fails
+        return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want " << ref[i] << " (err "
+                                             << err << " > " << bound << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces (fp16), ~1.7e38 in bf16
+
+TEST_P(FusedOpsTest, SixteenBitFillAddGelu) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (int64_t n : kVecSizes) {
+      for (int64_t off : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n << " offset=" << off);
+        const int64_t m = n + off;
+        auto tensor16 = [&](const std::vector<uint16_t>& v) {
+          DevTensor d(*dev_, s(), t, {static_cast<int64_t>(v.size())});
+          d.upload(v);
+          return d;
+        };
+        auto slice = [&](const std::vector<uint16_t>& v) {
+          return std::vector<uint16_t>(v.begin() + off, v.begin() + off + n);
+        };
+        const std::vector<uint16_t> poison(m, kPoison16);
+
+        // fill: -2.5 is representable (bf16 0xc020, fp16 0xc100) and stored exactly; 0.1 is rounded
+        // once. The elements before the view keep their poison.
+        DevTensor x = tensor16(poison);
+        ops::fill(s(), at(x, off, {n}), -2.5f);
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(x, off, n),
+                                  std::vector<uint16_t>(n, t == DType::kBF16 ? 0xc020 : 0xc100)));
+        ops::fill(s(), at(x, off, {n}), 0.1f);
+        const std::vector<uint16_t> got_fill = x.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(slice(got_fill), std::vector<uint16_t>(n, h.round(0.1f))));
+        EXPECT_TRUE(std::all_of(got_fill.begin(), got_fill.begin() + off, [](uint16_t b) { return b == kPoison16; }));
+
+        // add: the widened sum rounded once (exact in fp32 here, so also correctly rounded).
+        const std::vector<uint16_t> a = h.round(rng_.normal(m, 4.0f)), b = h.round(rng_.normal(m, 4.0f));
+        DevTensor ta = tensor16(a), tb = tensor16(b), out = tensor16(poison);
+        ops::add(s(), at(out, off, {n}), at(ta, off, {n}), at(tb, off, {n}));
+        std::vector<uint16_t> want(n);
+        DVec r_add(n);
+        for (int64_t i = 0; i < n; ++i) {
+          want[i] = h.round(h.widen(a[off + i]) + h.widen(b[off + i]));
+          r_add[i] = double{h.widen(a[off + i])} + h.widen(b[off + i]);
+        }
+        const std::vector<uint16_t> got_add = download_at<uint16_t>(out, off, n);
+        EXPECT_TRUE(bitwise_equal(got_add, want));
+        EXPECT_TRUE(h.close(h.widen(got_add), r_add));
+        ops::add(s(), at(ta, off, {n}), at(ta, off, {n}), at(tb, off, {n}));  // out aliasing a
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(ta, off, n), want));
+
+        // GELU forward and backward (din += in fp32, rounded once) against float64 of the widened
+        // inputs; on the CPU (the specification) the bits of the shared element functions.
+        const std::vector<uint16_t> xs = h.round(rng_.normal(m, 3.0f)), d0 = h.round(rng_.normal(m)),
+                                    g = h.round(rng_.normal(m));
+        DevTensor tx = tensor16(xs), tg = tensor16(g), gout = tensor16(poison), gdin = tensor16(d0);
+        ops::gelu_forward(s(), at(gout, off, {n}), at(tx, off, {n}));
+        ops::gelu_backward(s(), at(gdin, off, {n}), at(tx, off, {n}), at(tg, off, {n}));
+        const FVec wx = h.widen(slice(xs)), wd = h.widen(slice(d0)), wg = h.widen(slice(g));
+        DVec r_out(n), r_din = to_d(wd);
+        ref::gelu_forward_ref(r_out, to_d(wx));
+        ref::gelu_backward_ref(r_din, to_d(wx), to_d(wg));
+        const std::vector<uint16_t> got_out = download_at<uint16_t>(gout, off, n),
+                                    got_din = download_at<uint16_t>(gdin, off, n);
+        EXPECT_TRUE(h.close(h.widen(got_out), r_out));
+        EXPECT_TRUE(h.close(h.widen(got_din), r_din));
+        if (GetParam() == Backend::kCpu) {
+          std::vector<uint16_t> want_out(n), want_din(n);
+          for (int64_t i = 0; i < n; ++i) {
+            want_out[i] = h.round(gelu_forward_elem(wx[i]));
+            want_din[i] = h.round(wd[i] + gelu_grad_elem(wx[i]) * wg[i]);
+          }
+          EXPECT_TRUE(bitwise_equal(got_out, want_out));
+          EXPECT_TRUE(bitwise_equal(got_din, want_din));
+        }
+        // The aligned run of the same values (the 128-bit path on CUDA) gives the same bits.
+        DevTensor ux = tensor16(slice(xs)), ug = tensor16(slice(g)), uout = tensor16(slice(poison)),
+                  udin = tensor16(slice(d0));
+        ops::gelu_forward(s(), uout, ux);
+        ops::gelu_backward(s(), udin, ux, ug);
+        EXPECT_TRUE(bitwise_equal(uout.download<uint16_t>(), got_out));
+        EXPECT_TRUE(bitwise_equal(udin.download<uint16_t>(), got_din));
+      }
+    }
+  }
+}
+
+// The encoder over 16-bit tables: each output the widened rows' fp32 sum rounded once (one fp32
+// addition: the same bits on every backend), over the whole vocabulary and over a shard; backward
+// adds the widened dout into fp32 dwte/dwpe in position order, so repeated token ids give the bits
+// of the sequential fp32 loop, and float64 within the fp32 reduction tolerance.
+TEST_P(FusedOpsTest, SixteenBitEncoder) {
+  struct Case {
+    int64_t B, T, C, V, maxT;
+    ops::VocabRange vocab;
+  };
+  const Case cases[] = {{1, 1, 1, 1, 1, {}},          {2, 7, 13, 5, 8, {}},        {3, 64, 127, 17, 64, {}},
+                        {4, 33, 64, 9, 40, {4, 20}},  {8, 256, 768, 301, 256, {}}};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
+                                        << " V=" << c.V << " vocab [" << c.vocab.begin << ", " << c.vocab.total
+                                        << ")");
+      const int64_t BT = c.B * c.T, C = c.C, total = c.vocab.total > 0 ? c.vocab.total : c.V;
+      const IVec tokens = rng_.ints(BT, 0, static_cast<int32_t>(total));  // small vocabularies: repeats
+      const std::vector<uint16_t> wte = h.round(rng_.normal(c.V * C)), wpe = h.round(rng_.normal(c.maxT * C)),
+                                  dout = h.round(rng_.normal(BT * C));
+      DevTensor ttok = tensor(tokens, {c.B, c.T}), twte(*dev_, s(), t, {c.V, C}), twpe(*dev_, s(), t, {c.maxT, C}),
+                out(*dev_, s(), t, {c.B, c.T, C}), tdout(*dev_, s(), t, {c.B, c.T, C});
+      twte.upload(wte);
+      twpe.upload(wpe);
+      tdout.upload(dout);
+      auto row_of = [&](int64_t r) {  // the shard's wte row of position r, or -1
+        const int64_t local = tokens[r] - c.vocab.begin;
+        return local >= 0 && local < c.V ? local : int64_t{-1};
+      };
+
+      for (bool with_wpe : {true, false}) {
+        out.upload(std::vector<uint16_t>(BT * C, kPoison16));
+        ops::encoder_forward(s(), out, ttok, twte, with_wpe ? ConstTensorView(twpe) : ConstTensorView{}, c.vocab);
+        std::vector<uint16_t> want(BT * C);
+        DVec r_out(BT * C);
+        for (int64_t r = 0; r < BT; ++r) {
+          const int64_t v = row_of(r);
+          for (int64_t k = 0; k < C; ++k) {
+            const float w = v >= 0 ? h.widen(wte[v * C + k]) : 0.0f;
+            const float p = with_wpe ? h.widen(wpe[(r % c.T) * C + k]) : 0.0f;
+            want[r * C + k] = h.round(w + p);
+            r_out[r * C + k] = double{w} + p;
+          }
+        }
+        const std::vector<uint16_t> got = out.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got, want)) << (with_wpe ? "with wpe" : "without wpe");
+        EXPECT_TRUE(h.close(h.widen(got), r_out)) << (with_wpe ? "with wpe" : "without wpe");
+      }
+
+      const FVec dwte0 = rng_.normal(c.V * C), dwpe0 = rng_.normal(c.maxT * C);
+      DevTensor dwte = tensor(dwte0, {c.V, C}), dwpe = tensor(dwpe0, {c.maxT, C});
+      ops::encoder_backward(s(), dwte, dwpe, tdout, ttok, c.vocab);
+      FVec seq_wte = dwte0, seq_wpe = dwpe0;
+      DVec r_wte = to_d(dwte0), r_wpe = to_d(dwpe0);
+      for (int64_t r = 0; r < BT; ++r) {
+        const int64_t v = row_of(r), p = r % c.T;
+        for (int64_t k = 0; k < C; ++k) {
+          const float d = h.widen(dout[r * C + k]);
+          if (v >= 0) seq_wte[v * C + k] += d, r_wte[v * C + k] += d;
+          seq_wpe[p * C + k] += d;
+          r_wpe[p * C + k] += d;
+        }
+      }
+      const FVec got_wte = dwte.f(), got_wpe = dwpe.f();
+      EXPECT_TRUE(bitwise_equal(got_wte, seq_wte));
+      EXPECT_TRUE(bitwise_equal(got_wpe, seq_wpe));
+      EXPECT_TRUE(close(got_wte, r_wte, kTolReduce));
+      EXPECT_TRUE(close(got_wpe, r_wpe, kTolReduce));
+    }
+  }
+}
+
 TEST_P(FusedOpsTest, LmHeadBf16) { check_lm_head_16<BFloat16>(*dev_, s(), rng_, GetParam()); }
 TEST_P(FusedOpsTest, LmHeadFp16) { check_lm_head_16<Half>(*dev_, s(), rng_, GetParam()); }
 
@@ -649,6 +842,49 @@ TEST_P(FusedOpsTest, SixteenBitNormAndHeadRefuseMixedDtypes) {
               ::testing::HasSubstr("lm_head_backward: dwte [20, 8] is bf16 but must be fp32"));
   EXPECT_THAT(message([&] { ops::lm_head_backward(s(), xh, TensorView{}, logits, x, wte); }),
               ::testing::HasSubstr("lm_head_backward: din [4, 8] is fp16 but must be bf16"));
+  sync();
+}
+
+// All activation tensors of a call share one dtype; parameter gradients stay fp32; a backend
+// without the kernel refuses. Each in one sentence naming the op and the tensor.
+TEST_P(FusedOpsTest, SixteenBitActivationOpsRefuseMixedDtypes) {
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                                : ::testing::AssertionFailure() << "\"" << text << "\" lacks \""
+                                                                                << part << "\"";
+  };
+  DevTensor a = empty({8}, DType::kBF16), hf = empty({8}, DType::kF16), f = empty({8}), i = empty({8}, DType::kI32);
+  EXPECT_TRUE(has(message([&] { ops::add(s(), a, a, hf); }), "add: b [8] is fp16 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::add(s(), f, a, a); }), "add: a [8] is bf16 but must be fp32"));
+  EXPECT_TRUE(has(message([&] { ops::fill(s(), i, 1.0f); }), "fill: x [8] is int32 but must be fp32, fp16 or bf16"));
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), f, a); }), "gelu_forward: out [8] is fp32 but must be bf16"));
+  EXPECT_TRUE(
+      has(message([&] { ops::gelu_backward(s(), a, a, hf); }), "gelu_backward: dout [8] is fp16 but must be bf16"));
+
+  DevTensor tokens = tensor(IVec{0, 1}, {1, 2}), out = empty({1, 2, 4}, DType::kBF16),
+            wte = empty({5, 4}, DType::kBF16), wte32 = empty({5, 4}), wpe = empty({3, 4}, DType::kBF16),
+            wpe16 = empty({3, 4}, DType::kF16), dwpe = empty({3, 4});
+  EXPECT_TRUE(has(message([&] { ops::encoder_forward(s(), out, tokens, wte32, wpe); }),
+                  "encoder_forward: wte [5, 4] is fp32 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::encoder_forward(s(), out, tokens, wte, wpe16); }),
+                  "encoder_forward: wpe [3, 4] is fp16 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::encoder_backward(s(), wte, dwpe, out, tokens); }),
+                  "encoder_backward: dwte [5, 4] is bf16 but must be fp32"));
+
+  OpTable without = *op_table(GetParam());
+  without.gelu_forward = nullptr;
+  sync();
+  ScopedOpTable scoped(GetParam(), &without);
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), a, a); }), "gelu_forward: the "));
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), a, a); }), "has no kernel for bf16"));
   sync();
 }
 
