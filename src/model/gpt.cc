@@ -73,7 +73,8 @@ constexpr float kLayerNormEps = 1e-5f;
 //  - none:      every layer keeps all it wrote;
 //  - selective: ln1, ln2 (outputs only; mean/rstd stay per layer) and the GELU output share one
 //               scratch: re-run from the kept residual and fch (attention output and lse stay per
-//               layer: re-running attention would cost its forward to save only O(T) per row);
+//               layer: re-running attention would cost its forward to save only O(T) per row); in
+//               16 bits the GELU output re-runs with c_fc's GEMM (block_forward says why);
 //  - full:      only residual3 (the next block's input) stays per layer; the whole block forward
 //               re-runs into one shared set in its backward (all but the output projection and add,
 //               whose results backward never reads).
@@ -510,8 +511,11 @@ class Gpt final : public Model {
                              w.ln2b, kLayerNormEps);
     }
     // c_fc and its GELU in one op (a GEMM epilogue on GPUs); a selective recompute keeps fch, the
-    // pre-GELU aux, and re-runs the GELU alone (the bits of the fused op's on the CPU backend).
-    if (matmuls)
+    // pre-GELU aux, and in fp32 re-runs the GELU alone (the bits of the fused op's on the CPU
+    // backend). In 16 bits the fused op takes the GELU of the fp32 sum, not of the rounded fch, so
+    // a selective recompute re-runs the fused op (c_fc's GEMM again, rewriting fch's same bits):
+    // every recompute mode keeps the forward's bits.
+    if (matmuls || ws.dtype != DType::kF32)
       ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w.fcw, w.fcb);
     else
       ops::gelu_forward(s, fch_gelu, fch);
