@@ -449,13 +449,13 @@ class Gpt final : public Model {
       // datty and dln1 have no earlier writer in this layer: their matmuls overwrite (no zero fill).
       ops::matmul_backward(s, input ? datty : none, weight ? g.attprojw : none, weight ? g.attprojb : none, dres2,
                            act(A.atty, Shape{BT, C}), w.attprojw, /*overwrite_din=*/true);
-      if (input) {
-        zero(dqkv);
+      // dqkv has no earlier writer in this layer: overwritten (no zero fill, and no staging buffer
+      // for a library's 16-bit attention backward).
+      if (input)
         ops::flash_attention_backward(s, TensorView{dqkv.data, dqkv.dtype, Shape{P.B, P.T, 3 * C}, dqkv.device},
                                       act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
                                       act(A.atty, Shape{P.B, P.T, C}), f32(A.lse, Shape{P.B, P.NH, P.T}), NH,
-                                      f32(P.attn_scratch, Shape{P.attn_scratch_numel}));
-      }
+                                      f32(P.attn_scratch, Shape{P.attn_scratch_numel}), ops::GradWrite::kOverwrite);
       const TensorView dln1 = dln_at(A.dln1);
       ops::matmul_backward(s, input ? dln1 : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
                            act(A.ln1, Shape{BT, C}), w.qkvw, /*overwrite_din=*/true);
