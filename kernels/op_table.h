@@ -36,9 +36,11 @@ namespace zt {
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
-// {in, out, bias} of their MatmulTypes; residual_layernorm_forward {activation dtype};
+// {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
+// residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
 // flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
-// {logits}; every other op {f32}.
+// {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward {activation
+// dtype: f32, f16 or bf16}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -100,9 +102,12 @@ struct OpTable {
   bool (*supports_op)(const OpTable& table, OpId op, std::span<const DType> dtypes) = nullptr;
 
   // ---- entries (nullptr: no kernel); arguments as kernels/cpu/cpu_ops.h, after validation ------
-  void (*fill)(Stream&, float* x, int64_t n, float value) = nullptr;
+  // fill, add, the encoder and GELU: the pointers named "activation" in ops.h are of `dtype` (f32,
+  // f16 or bf16; ops.cc checked they share it); 16-bit values are widened, computed as fp32 and
+  // rounded once (ops.h). encoder_backward's dwte/dwpe stay fp32.
+  void (*fill)(Stream&, void* x, DType dtype, int64_t n, float value) = nullptr;
   void (*scale)(Stream&, float* x, int64_t n, float alpha) = nullptr;
-  void (*add)(Stream&, float* out, const float* a, const float* b, int64_t n) = nullptr;
+  void (*add)(Stream&, void* out, const void* a, const void* b, DType dtype, int64_t n) = nullptr;
   void (*cast)(Stream&, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = nullptr;
   void (*accumulate)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // src: another device's memory this device can access (ops.h accumulate_peer). No fallback:
@@ -110,19 +115,23 @@ struct OpTable {
   void (*accumulate_peer)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // V = rows of the wte shard, which holds ids [v_begin, v_begin + V) of v_total (> 0); wpe/dwpe
   // may be nullptr (no position term).
-  void (*encoder_forward)(Stream&, float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  // out, wte, wpe, dout of `dtype`.
+  void (*encoder_forward)(Stream&, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
                           int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
-  void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+  void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
                            int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                            int64_t v_total) = nullptr;
   void (*position_forward)(Stream&, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
                            int64_t T) = nullptr;
   void (*position_backward)(Stream&, float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0,
                             int64_t T) = nullptr;
-  void (*layernorm_forward)(Stream&, float* out, float* mean, float* rstd, const float* in,
-                            const float* weight, const float* bias, int64_t N, int64_t C, float eps) = nullptr;
-  void (*layernorm_backward)(Stream&, float* din, float* dweight, float* dbias, const float* dout,
-                             const float* in, const float* weight, const float* mean, const float* rstd,
+  // The layernorm family: in, out, dout, din of `act` (f32, f16 or bf16), weight and bias of `wt`
+  // (f32 or `act`); mean, rstd, dweight, dbias fp32 (ops.h layernorm_forward/backward).
+  void (*layernorm_forward)(Stream&, void* out, float* mean, float* rstd, const void* in, DType act,
+                            const void* weight, const void* bias, DType wt, int64_t N, int64_t C,
+                            float eps) = nullptr;
+  void (*layernorm_backward)(Stream&, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                             DType act, const void* weight, DType wt, const float* mean, const float* rstd,
                              int64_t N, int64_t C) = nullptr;
   // The matmul family takes the dtypes of kernels/matmul_types.h (pointers typed by `t`); `in`
   // may be nullptr in matmul_backward when dweight is (ops.cc's fallbacks ask for din alone);
@@ -146,8 +155,9 @@ struct OpTable {
   void (*flash_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv,
                                    const void* out, const float* lse, float* scratch, int64_t B,
                                    int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate) = nullptr;
-  void (*gelu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
-  void (*gelu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
+  // out/din, in, dout of `dtype`; din += (a 16-bit din: read, added in fp32, rounded once).
+  void (*gelu_forward)(Stream&, void* out, const void* in, DType dtype, int64_t n) = nullptr;
+  void (*gelu_backward)(Stream&, void* din, const void* in, const void* dout, DType dtype, int64_t n) = nullptr;
   void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
   void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
   // logits [N, ld] of `logits_dtype` (f32, bf16 or f16), the first V <= ld columns real (the rest
@@ -197,11 +207,11 @@ struct OpTable {
                               const void* bias, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
   void (*matmul_backward_dgelu)(Stream&, void* dpre, float* dbias, const void* dout, const void* weight,
                                 const void* pre_gelu, MatmulTypes t, int64_t N, int64_t C, int64_t OC) = nullptr;
-  // residual_out, ln_out, a, b: `act` (f32/f16/bf16, the dtypes supports_op accepted); weight,
-  // bias, mean, rstd fp32 (ops.h residual_layernorm_forward).
+  // residual_out, ln_out, a, b: `act` (f32/f16/bf16); weight, bias: `wt` (f32 or `act`); mean,
+  // rstd fp32 (ops.h residual_layernorm_forward).
   void (*residual_layernorm_forward)(Stream&, void* residual_out, void* ln_out, float* mean, float* rstd,
-                                     const void* a, const void* b, DType act, const float* weight,
-                                     const float* bias, int64_t N, int64_t C, float eps) = nullptr;
+                                     const void* a, const void* b, DType act, const void* weight,
+                                     const void* bias, DType wt, int64_t N, int64_t C, float eps) = nullptr;
 
   // A library's fused causal attention, the flash_attention_* contract (same lse, so either half may
   // pair with the tiled other half). Returns false having launched nothing when it does not serve
@@ -212,11 +222,12 @@ struct OpTable {
                                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                    bool accumulate) = nullptr;
   // The LM head over a padded vocabulary (ops.h lm_head_forward/backward): logits/dlogits rows of
-  // ld >= V floats, only the first V columns written or read.
-  void (*lm_head_forward)(Stream&, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
-                          int64_t V, int64_t ld) = nullptr;
-  void (*lm_head_backward)(Stream&, float* din, float* dwte, const float* dlogits, const float* in,
-                           const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld) = nullptr;
+  // ld >= V elements, only the first V columns written or read. logits, dlogits, in, wte, din of
+  // `act` (f32, f16 or bf16); dwte fp32; din or dwte may be nullptr.
+  void (*lm_head_forward)(Stream&, void* logits, const void* in, const void* wte, DType act, int64_t N,
+                          int64_t C, int64_t V, int64_t ld) = nullptr;
+  void (*lm_head_backward)(Stream&, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                           DType act, int64_t N, int64_t C, int64_t V, int64_t ld) = nullptr;
 
   bool has_entry(OpId op) const;
   bool supports(OpId op, std::initializer_list<DType> dtypes) const {

@@ -68,11 +68,17 @@ const int32_t* i32(const ConstTensorView& v) { return static_cast<const int32_t*
 
 // ---- elementwise / utility ------------------------------------------------------------------
 
+namespace {
+// The matmul family's rule for a 16-bit path's first tensor (defined with it below): f32, f16 or
+// bf16, on the stream's device. Its dtype is the call's activation dtype (ops.h).
+void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v);
+}  // namespace
+
 void fill(Stream& s, TensorView x, float value) {
-  check_f32(s, "fill", "x", x);
+  check_in_type(s, "fill", "x", x);
   const int64_t n = x.numel();
   if (n == 0) return;
-  f32_kernel(s, OpId::kFill).fill(s, f32(x), n, value);
+  require_kernel(s, OpId::kFill, {x.dtype}).fill(s, x.data, x.dtype, n, value);
 }
 
 void scale(Stream& s, TensorView x, float alpha) {
@@ -83,14 +89,15 @@ void scale(Stream& s, TensorView x, float alpha) {
 }
 
 void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b) {
-  check_f32(s, "add", "out", out);
-  check_f32(s, "add", "a", a);
-  check_f32(s, "add", "b", b);
+  check_in_type(s, "add", "out", out);
+  const DType dt = out.dtype;
+  check_view(s, "add", "a", a, dt);
+  check_view(s, "add", "b", b, dt);
   ZT_REQUIRE(a.numel() == out.numel() && b.numel() == out.numel(), "add: out ", out.shape.str(),
              " but a ", a.shape.str(), " and b ", b.shape.str(), " (element counts must match)");
   const int64_t n = out.numel();
   if (n == 0) return;
-  f32_kernel(s, OpId::kAdd).add(s, f32(out), f32(a), f32(b), n);
+  require_kernel(s, OpId::kAdd, {dt}).add(s, out.data, a.data, b.data, dt, n);
 }
 
 void cast(Stream& s, TensorView dst, ConstTensorView src) {
@@ -129,7 +136,7 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
     k->accumulate(s, dst.data, src.data, t, n);
   } else if (const OpTable* a = t == DType::kF32 ? find_kernel(s, OpId::kAdd, {t}) : nullptr) {
     // Fallback: in fp32, accumulate is add(dst, dst, src), bit for bit (ops.h).
-    a->add(s, f32(dst), f32(dst), f32(src), n);
+    a->add(s, dst.data, dst.data, src.data, t, n);
   } else {
     refuse_op(s, OpId::kAccumulate, {t});
   }
@@ -174,19 +181,22 @@ int64_t check_vocab(const char* op, const VocabRange& vocab, const char* table,
 struct EncoderDims {
   int64_t B, T, C, V, total;
 };
+// x (out or dout) of the activation dtype; wte/wpe (or dwte/dwpe) of `table_dtype`: x's dtype
+// forward, fp32 (parameter gradients) backward.
 EncoderDims check_encoder(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
                           const ConstTensorView& tokens, const ConstTensorView& wte,
                           const char* wte_name, const ConstTensorView& wpe, const char* wpe_name,
-                          const VocabRange& vocab) {
-  check_f32(s, op, x_name, x);
+                          const VocabRange& vocab, bool table_is_activation) {
+  check_in_type(s, op, x_name, x);
+  const DType table_dtype = table_is_activation ? x.dtype : DType::kF32;
   check_view(s, op, "tokens", tokens, DType::kI32);
-  check_f32(s, op, wte_name, wte);
+  check_view(s, op, wte_name, wte, table_dtype);
   ZT_REQUIRE(tokens.shape.ndim() == 2, op, ": tokens ", tokens.shape.str(), " must be [B, T]");
   ZT_REQUIRE(wte.shape.ndim() == 2, op, ": ", wte_name, " ", wte.shape.str(), " must be [V, C]");
   const EncoderDims d{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0],
                       check_vocab(op, vocab, wte_name, wte, wte.shape[0])};
   if (present(wpe)) {
-    check_f32(s, op, wpe_name, wpe);
+    check_view(s, op, wpe_name, wpe, table_dtype);
     ZT_REQUIRE(wpe.shape.ndim() == 2 && wpe.shape[1] == d.C, op, ": ", wte_name, " ",
                wte.shape.str(), " and ", wpe_name, " ", wpe.shape.str(),
                " must be [V, C] and [maxT, C]");
@@ -217,21 +227,21 @@ int64_t check_position(Stream& s, const char* op, const ConstTensorView& x, cons
 
 void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
                      ConstTensorView wpe, VocabRange vocab) {
-  const EncoderDims d =
-      check_encoder(s, "encoder_forward", out, "out", tokens, wte, "wte", wpe, "wpe", vocab);
+  const EncoderDims d = check_encoder(s, "encoder_forward", out, "out", tokens, wte, "wte", wpe, "wpe", vocab,
+                                      /*table_is_activation=*/true);
   if (out.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderForward)
-      .encoder_forward(s, f32(out), i32(tokens), f32(wte), present(wpe) ? f32(wpe) : nullptr, d.B,
+  require_kernel(s, OpId::kEncoderForward, {out.dtype})
+      .encoder_forward(s, out.data, i32(tokens), wte.data, present(wpe) ? wpe.data : nullptr, out.dtype, d.B,
                        d.T, d.C, d.V, vocab.begin, d.total);
 }
 
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
                       ConstTensorView tokens, VocabRange vocab) {
   const EncoderDims d = check_encoder(s, "encoder_backward", dout, "dout", tokens, dwte, "dwte",
-                                      dwpe, "dwpe", vocab);
+                                      dwpe, "dwpe", vocab, /*table_is_activation=*/false);
   if (dout.numel() == 0) return;
-  f32_kernel(s, OpId::kEncoderBackward)
-      .encoder_backward(s, f32(dwte), present(dwpe) ? f32(dwpe) : nullptr, f32(dout), i32(tokens),
+  require_kernel(s, OpId::kEncoderBackward, {dout.dtype})
+      .encoder_backward(s, f32(dwte), present(dwpe) ? f32(dwpe) : nullptr, dout.data, dout.dtype, i32(tokens),
                         d.B, d.T, d.C, d.V, vocab.begin, d.total);
 }
 
@@ -251,17 +261,35 @@ void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t r
 // ---- layernorm
 // -----------------------------------------------------------------------------------
 
+namespace {
+
+// The matmul family's dtype checks (defined with it below), shared by the layernorm family and the
+// LM head: an activation dtype of f32, f16 or bf16, and parameters of f32 or that dtype.
+void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v);
+void check_same_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in);
+void check_out_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in);
+
+// weight and bias (or dweight's partner weight alone: bias empty) of a layernorm over C columns of
+// activations `act`: one dtype, f32 or act. Returns it.
+DType check_norm_params(Stream& s, const char* op, const ConstTensorView& weight, const ConstTensorView* bias,
+                        DType act) {
+  check_out_type(s, op, "weight", weight, act);
+  if (bias != nullptr) check_same_type(s, op, "bias", *bias, weight.dtype);
+  return weight.dtype;
+}
+
+}  // namespace
+
 void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rstd,
                        ConstTensorView in, ConstTensorView weight, ConstTensorView bias,
                        float eps) {
   constexpr const char* op = "layernorm_forward";
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"out", out},
-                         {"mean", mean},
-                         {"rstd", rstd},
-                         {"in", in},
-                         {"weight", weight},
-                         {"bias", bias}})
-    check_f32(s, op, name, v);
+  check_in_type(s, op, "in", in);
+  const DType act = in.dtype;
+  check_same_type(s, op, "out", out, act);
+  const DType wt = check_norm_params(s, op, weight, &bias, act);
+  check_f32(s, op, "mean", mean);
+  check_f32(s, op, "rstd", rstd);
   const int64_t C = last_dim(in), N = rows(in);
   ZT_REQUIRE(in.shape.ndim() >= 1 && C > 0, op, ": in ", in.shape.str(),
              " must be [..., C], C > 0");
@@ -273,20 +301,21 @@ void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rs
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   ZT_REQUIRE(eps >= 0.0f, op, ": eps ", eps, " must be >= 0");
   if (N == 0) return;
-  f32_kernel(s, OpId::kLayernormForward).layernorm_forward(s, f32(out), f32(mean), f32(rstd), f32(in), f32(weight),
-               f32(bias), N, C, eps);
+  require_kernel(s, OpId::kLayernormForward, {act, wt})
+      .layernorm_forward(s, out.data, f32(mean), f32(rstd), in.data, act, weight.data, bias.data, wt, N, C, eps);
 }
 
 void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
                         ConstTensorView dout, ConstTensorView in, ConstTensorView weight,
                         ConstTensorView mean, ConstTensorView rstd) {
   constexpr const char* op = "layernorm_backward";
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"din", din},
-                         {"dweight", dweight},
+  check_in_type(s, op, "in", in);
+  const DType act = in.dtype;
+  check_same_type(s, op, "din", din, act);
+  check_same_type(s, op, "dout", dout, act);
+  const DType wt = check_norm_params(s, op, weight, nullptr, act);
+  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"dweight", dweight},
                          {"dbias", dbias},
-                         {"dout", dout},
-                         {"in", in},
-                         {"weight", weight},
                          {"mean", mean},
                          {"rstd", rstd}})
     check_f32(s, op, name, v);
@@ -301,8 +330,9 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
   ZT_REQUIRE(mean.numel() == N && rstd.numel() == N, op, ": in ", in.shape.str(), " has ", N,
              " rows but mean ", mean.shape.str(), " and rstd ", rstd.shape.str());
   if (N == 0) return;
-  f32_kernel(s, OpId::kLayernormBackward).layernorm_backward(s, f32(din), f32(dweight), f32(dbias), f32(dout), f32(in),
-               f32(weight), f32(mean), f32(rstd), N, C);
+  require_kernel(s, OpId::kLayernormBackward, {act, wt})
+      .layernorm_backward(s, din.data, f32(dweight), f32(dbias), dout.data, in.data, act, weight.data, wt,
+                          f32(mean), f32(rstd), N, C);
 }
 
 // ---- matmul
@@ -420,7 +450,7 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   if (t.out == DType::kF32) {
     matmul_kernel(s, OpId::kMatmulForward, t)
         .matmul_forward(s, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
-    f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out_gelu), f32(pre_gelu), n);
+    f32_kernel(s, OpId::kGeluForward).gelu_forward(s, out_gelu.data, pre_gelu.data, DType::kF32, n);
     return;
   }
   MatmulTypes wide = t;
@@ -433,7 +463,7 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   float* a = acc.as<float>();
   mm.matmul_forward(s, a, in.data, weight.data, b, wide, d.N, d.C, d.OC);
   cast_k.cast(s, pre_gelu.data, t.out, a, DType::kF32, n);
-  gelu.gelu_forward(s, a + n, a, n);
+  gelu.gelu_forward(s, a + n, a, DType::kF32, n);
   cast_k.cast(s, out_gelu.data, t.out, a + n, DType::kF32, n);
 }
 
@@ -477,13 +507,13 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   DeviceBuffer scratch(s.device().memory(), static_cast<size_t>(n) * 4 * (wide_out ? 1 : 3), s,
                        "matmul_backward_dgelu fallback");
   float* dgrad = scratch.as<float>();
-  fill_k.fill(s, dgrad, n, 0.0f);
+  fill_k.fill(s, dgrad, DType::kF32, n, 0.0f);
   mm.matmul_backward(s, dgrad, nullptr, nullptr, dout.data, nullptr, weight.data, wide, N, C, OC, false);
   const float* pre = wide_out ? f32(pre_gelu) : dgrad + n;
   float* d32 = wide_out ? f32(dpre) : dgrad + 2 * n;
   if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
-  fill_k.fill(s, d32, n, 0.0f);
-  gelu.gelu_backward(s, d32, pre, dgrad, n);
+  fill_k.fill(s, d32, DType::kF32, n, 0.0f);
+  gelu.gelu_backward(s, d32, pre, dgrad, DType::kF32, n);
   if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, N, C);
   if (!wide_out) cast_k->cast(s, dpre.data, t.out, d32, DType::kF32, n);
 }
@@ -654,14 +684,15 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
 // ----------------------------------------------------------------------------------
 
 namespace {
+// out, in (and dout) of `dtype`.
 int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const char* out_name,
-                    const ConstTensorView& in, const ConstTensorView* dout) {
-  check_f32(s, op, out_name, out);
-  check_f32(s, op, "in", in);
+                    const ConstTensorView& in, const ConstTensorView* dout, DType dtype = DType::kF32) {
+  check_view(s, op, out_name, out, dtype);
+  check_view(s, op, "in", in, dtype);
   ZT_REQUIRE(out.numel() == in.numel(), op, ": in ", in.shape.str(), " but ", out_name, " ",
              out.shape.str());
   if (dout != nullptr) {
-    check_f32(s, op, "dout", *dout);
+    check_view(s, op, "dout", *dout, dtype);
     ZT_REQUIRE(dout->numel() == in.numel(), op, ": in ", in.shape.str(), " but dout ",
                dout->shape.str());
   }
@@ -670,15 +701,19 @@ int64_t check_unary(Stream& s, const char* op, const ConstTensorView& out, const
 }  // namespace
 
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in) {
-  const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr);
+  check_in_type(s, "gelu_forward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "gelu_forward", out, "out", in, nullptr, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kGeluForward).gelu_forward(s, f32(out), f32(in), n);
+  require_kernel(s, OpId::kGeluForward, {dt}).gelu_forward(s, out.data, in.data, dt, n);
 }
 
 void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
-  const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout);
+  check_in_type(s, "gelu_backward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "gelu_backward", din, "din", in, &dout, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kGeluBackward).gelu_backward(s, f32(din), f32(in), f32(dout), n);
+  require_kernel(s, OpId::kGeluBackward, {dt}).gelu_backward(s, din.data, in.data, dout.data, dt, n);
 }
 
 void relu_forward(Stream& s, TensorView out, ConstTensorView in) {
@@ -740,11 +775,12 @@ namespace {
 struct HeadDims {
   int64_t N, C, V, ld;
 };
+// logits (or dlogits), in and wte share one activation dtype (f32, f16 or bf16).
 HeadDims check_head(Stream& s, const char* op, const char* logits_name, const ConstTensorView& logits,
                     const ConstTensorView& in, const ConstTensorView& wte) {
-  check_f32(s, op, logits_name, logits);
-  check_f32(s, op, "in", in);
-  check_f32(s, op, "wte", wte);
+  check_in_type(s, op, "in", in);
+  check_same_type(s, op, logits_name, logits, in.dtype);
+  check_same_type(s, op, "wte", wte, in.dtype);
   ZT_REQUIRE(wte.shape.ndim() == 2 && in.shape.ndim() >= 1 && last_dim(in) == wte.shape[1], op, ": in ",
              in.shape.str(), " and wte ", wte.shape.str(), " must be [..., C] and [V, C]");
   const HeadDims d{rows(in), wte.shape[1], wte.shape[0], last_dim(logits)};
@@ -759,11 +795,12 @@ void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTens
   constexpr const char* op = "lm_head_forward";
   const HeadDims d = check_head(s, op, "logits", logits, in, wte);
   if (d.N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {DType::kF32})) {
-    t->lm_head_forward(s, f32(logits), f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+  const DType act = in.dtype;
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {act})) {
+    t->lm_head_forward(s, logits.data, in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
   }
-  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadForward, {DType::kF32});
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadForward, {act});
   matmul_forward(s, logits, in, wte, ConstTensorView{});
 }
 
@@ -771,8 +808,9 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
                       ConstTensorView wte) {
   constexpr const char* op = "lm_head_backward";
   const HeadDims d = check_head(s, op, "dlogits", dlogits, in, wte);
+  const DType act = in.dtype;
   if (present(din)) {
-    check_f32(s, op, "din", din);
+    check_same_type(s, op, "din", din, act);
     ZT_REQUIRE(din.shape == in.shape, op, ": in ", in.shape.str(), " but din ", din.shape.str());
   }
   if (present(dwte)) {
@@ -780,12 +818,12 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
     ZT_REQUIRE(dwte.shape == wte.shape, op, ": wte ", wte.shape.str(), " but dwte ", dwte.shape.str());
   }
   if (d.N == 0 || (!present(din) && !present(dwte))) return;
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {DType::kF32})) {
-    t->lm_head_backward(s, present(din) ? f32(din) : nullptr, present(dwte) ? f32(dwte) : nullptr, f32(dlogits),
-                        f32(in), f32(wte), d.N, d.C, d.V, d.ld);
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {act})) {
+    t->lm_head_backward(s, present(din) ? din.data : nullptr, present(dwte) ? f32(dwte) : nullptr, dlogits.data,
+                        in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
   }
-  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadBackward, {DType::kF32});
+  if (d.ld != d.V) refuse_op(s, OpId::kLmHeadBackward, {act});
   matmul_backward(s, din, dwte, TensorView{}, dlogits, in, wte);
 }
 
@@ -938,11 +976,9 @@ void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView l
                          {"a", a},
                          {"b", b}})
     check_view(s, op, name, v, act);
-  for (auto [name, v] : {std::pair<const char*, ConstTensorView>{"mean", mean},
-                         {"rstd", rstd},
-                         {"weight", weight},
-                         {"bias", bias}})
-    check_f32(s, op, name, v);
+  check_f32(s, op, "mean", mean);
+  check_f32(s, op, "rstd", rstd);
+  const DType wt = check_norm_params(s, op, weight, &bias, act);
   const int64_t C = last_dim(a), N = rows(a);
   ZT_REQUIRE(a.shape.ndim() >= 1 && C > 0, op, ": a ", a.shape.str(), " must be [..., C], C > 0");
   // Rows of C, as add and layernorm_forward accept them (leading dims may differ).
@@ -959,15 +995,15 @@ void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView l
                                         ln_out.data != residual_out.data),
              op, ": ln_out ", ln_out.shape.str(), " must not alias a, b or residual_out");
   if (N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act})) {
+  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act, wt})) {
     t->residual_layernorm_forward(s, residual_out.data, ln_out.data, f32(mean), f32(rstd), a.data, b.data, act,
-                                  f32(weight), f32(bias), N, C, eps);
+                                  weight.data, bias.data, wt, N, C, eps);
   } else if (act == DType::kF32) {
     // Fallback: the composition the fused kernels reproduce bit for bit.
     add(s, residual_out, a, b);
     layernorm_forward(s, ln_out, mean, rstd, residual_out, weight, bias, eps);
   } else {
-    refuse_op(s, OpId::kResidualLayernormForward, {act});
+    refuse_op(s, OpId::kResidualLayernormForward, {act, wt});
   }
 }
 

@@ -9,8 +9,12 @@
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
 //  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (cast,
-//    accumulate, the matmul family, residual_layernorm_forward and the tiled attention take
-//    f16/bf16 too); token ids/labels are int32.
+//    accumulate, fill, add, the encoder, GELU, the matmul family, the layernorm family, the LM head
+//    and the tiled attention take f16/bf16 too); token ids/labels are int32.
+//  - 16-bit activations (the ops marked "activation dtype"): f32, bf16 or f16, one dtype for all of
+//    a call's activation tensors (else one sentence naming the tensor). 16-bit inputs are widened
+//    exactly, the op computes in fp32 as its fp32 version does, and every 16-bit output is rounded
+//    once to nearest even; a 16-bit output with += is read, added in fp32 and rounded once.
 //  - Every view lives on the stream's device (view.device == stream.device().index()); leading
 //    dimensions are free where a row count N is meant ([B,T,C] is N = B*T rows of C).
 //  - Ops with empty outputs (zero elements) launch nothing.
@@ -24,11 +28,12 @@
 namespace zt::ops {
 
 // ---- elementwise / utility ------------------------------------------------
-// x[:] = value
+// x[:] = value, x of the activation dtype (16-bit: value rounded once, so a representable value
+// is stored exactly)
 void fill(Stream& s, TensorView x, float value);
 // x[:] *= alpha
 void scale(Stream& s, TensorView x, float alpha);
-// out = a + b (out may alias a or b)
+// out = a + b (out may alias a or b); out, a, b of one activation dtype
 void add(Stream& s, TensorView out, ConstTensorView a, ConstTensorView b);
 // dst = src converted between f32/f16/bf16 (round to nearest even); same numel.
 void cast(Stream& s, TensorView dst, ConstTensorView src);
@@ -59,11 +64,12 @@ struct VocabRange {
 // tokens [B,T] int32, wte [Vl,C] (the shard `vocab` names; the whole table by default), wpe
 // [maxT,C] with T <= maxT, or an empty view (data == nullptr): no position term. Token ids outside
 // [0, total) (or [0, Vl) when total == 0) are a caller bug (data loaders validate); the CPU backend
-// checks them. The default `vocab` keeps the single-device behaviour bit for bit.
+// checks them. The default `vocab` keeps the single-device behaviour bit for bit. out, wte, wpe of
+// one activation dtype (the sum of the widened rows, rounded once).
 void encoder_forward(Stream& s, TensorView out, ConstTensorView tokens, ConstTensorView wte,
                      ConstTensorView wpe, VocabRange vocab = {});
 // dwte[token-begin] += dout[b,t] for in-range tokens only; dwpe[t] += dout[b,t] (dwpe may be an
-// empty view: skipped).
+// empty view: skipped). dwte, dwpe fp32; dout of the activation dtype (widened exactly).
 void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorView dout,
                       ConstTensorView tokens, VocabRange vocab = {});
 // x[i, :] += wpe[(row0 + i) % T, :] for x [R, C] (rows of a flattened [B, T, C] starting at global
@@ -76,6 +82,11 @@ void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t r
 // ---- layernorm over the last dim ------------------------------------------------
 // in/out [N,C]; weight/bias [C]; mean/rstd [N] are saved for backward. rstd = 1/sqrt(var + eps),
 // var the biased (population) variance.
+// Dtypes (the 16-bit activation path): in, out, dout and din share one activation dtype, f32, bf16
+// or f16; weight and bias share one dtype, f32 or the activations'; mean, rstd, dweight and dbias
+// are fp32. 16-bit values are widened exactly, the op computes as in fp32 (statistics in fp32 from
+// double sums), and each 16-bit output is rounded once; din += reads din, adds in fp32 and rounds
+// once. fp32 calls keep their bits.
 void layernorm_forward(Stream& s, TensorView out, TensorView mean, TensorView rstd,
                        ConstTensorView in, ConstTensorView weight, ConstTensorView bias, float eps);
 void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorView dbias,
@@ -173,7 +184,8 @@ size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
 
 // ---- activations ----------------------------------------------------------------
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). gelu_forward(out,
+// in) and gelu_backward(din +=, in, dout) on one activation dtype; ReLU fp32.
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in);
 void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout);
 void relu_forward(Stream& s, TensorView out, ConstTensorView in);
@@ -198,7 +210,9 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
 
 // ---- the LM head over a padded vocabulary: logits rows of Vp >= V columns ------------------
 // logits[N, Vp][:, :V] = in[N, C] @ wte[V, C]^T (fp32; TF32 under the device's math mode, as
-// matmul_forward); columns [V, Vp) are not written. With Vp == V this is matmul_forward without
+// matmul_forward); columns [V, Vp) are not written. logits, in, wte, dlogits and din share one
+// dtype, f32, bf16 or f16 (16-bit: fp32 accumulation, each output rounded once, din += rounded
+// once); dwte is fp32. With Vp == V this is matmul_forward without
 // bias, bit for bit (backends without the entry fall back to it then; with Vp > V they refuse).
 void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTensorView wte);
 // din[N, C] += dlogits[:, :V] @ wte and dwte[V, C] += dlogits[:, :V]^T @ in (each if given, as
@@ -265,7 +279,8 @@ void sum(Stream& s, TensorView out, ConstTensorView x);
 // residual_out = a + b; ln_out = layernorm(residual_out) as layernorm_forward (weight, bias, eps;
 // mean/rstd [N] saved for backward). One pass over the rows instead of two.
 // Dtypes: a, b, residual_out and ln_out share one activation dtype, f32, bf16 or f16 (the 16-bit
-// activation path); weight, bias, mean and rstd are fp32. In 16 bits the sum is rounded to the
+// activation path); weight and bias share one dtype, f32 or the activations'; mean and rstd are
+// fp32. In 16 bits the sum is rounded to the
 // activation dtype once, the statistics are taken in fp32/double from that rounded residual (what
 // backward reads), and ln_out is rounded once: exactly add, then layernorm, each storing its result.
 // Bits: on every backend those of add(residual_out, a, b) followed by layernorm_forward(ln_out,

@@ -131,28 +131,86 @@ const float* tf32_operand(const float* x, int64_t n, bool tf32, std::vector<floa
 }
 }  // namespace
 
-// matmul_forward/backward's products with ldc / lda = ld: detail::sgemm tiles C the same way for
-// any leading dimension, so with ld == V these are matmul's bits.
-void lm_head_forward(float* logits, const float* in, const float* wte, int64_t N, int64_t C, int64_t V,
+namespace {
+// rows [N, V] of fp32 <-> the first V columns of rows [N, ld] of T (the padding untouched).
+template <typename T>
+void round_rows(T* dst, int64_t ld, const float* src, int64_t N, int64_t V) {
+  parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < V; ++i) dst[r * ld + i] = from_float<T>(src[r * V + i]);
+  });
+}
+template <typename T>
+void widen_rows(float* dst, const T* src, int64_t ld, int64_t N, int64_t V) {
+  parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < V; ++i) dst[r * V + i] = to_float(src[r * ld + i]);
+  });
+}
+// Calls f(T*) (a null pointer naming the type) for a 16-bit dtype.
+template <typename F>
+void dispatch_16bit(const char* op, DType t, F&& f) {
+  if (t == DType::kBF16) return f(static_cast<BFloat16*>(nullptr));
+  if (t == DType::kF16) return f(static_cast<Half*>(nullptr));
+  ZT_CHECK(false, op, ": ", dtype_name(t), " is not a 16-bit dtype");
+}
+std::vector<float> widened(const void* x, DType t, int64_t n) {
+  std::vector<float> w(static_cast<size_t>(n));
+  cast(w.data(), DType::kF32, x, t, n);
+  return w;
+}
+}  // namespace
+
+// fp32: matmul_forward/backward's products with ldc / lda = ld: detail::sgemm tiles C the same way
+// for any leading dimension, so with ld == V these are matmul's bits. 16-bit: the same products on
+// widened copies (real columns only), rounded once into the 16-bit outputs: matmul's rounding points.
+void lm_head_forward(void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C, int64_t V,
                      int64_t ld, bool tf32) {
-  std::vector<float> a_copy, w_copy;
-  const float* a = tf32_operand(in, N * C, tf32, a_copy);
-  const float* w = tf32_operand(wte, V * C, tf32, w_copy);
-  detail::sgemm(false, true, N, V, C, 1.0f, a, C, w, C, 0.0f, logits, ld);
+  if (act == DType::kF32) {
+    std::vector<float> a_copy, w_copy;
+    const float* a = tf32_operand(static_cast<const float*>(in), N * C, tf32, a_copy);
+    const float* w = tf32_operand(static_cast<const float*>(wte), V * C, tf32, w_copy);
+    detail::sgemm(false, true, N, V, C, 1.0f, a, C, w, C, 0.0f, static_cast<float*>(logits), ld);
+    return;
+  }
+  const std::vector<float> a = widened(in, act, N * C), w = widened(wte, act, V * C);
+  std::vector<float> out(static_cast<size_t>(N * V));
+  detail::sgemm(false, true, N, V, C, 1.0f, a.data(), C, w.data(), C, 0.0f, out.data(), V);
+  dispatch_16bit("lm_head_forward", act,
+                 [&](auto* t) { round_rows(static_cast<decltype(t)>(logits), ld, out.data(), N, V); });
 }
 
-void lm_head_backward(float* din, float* dwte, const float* dlogits, const float* in, const float* wte,
+void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* in, const void* wte, DType act,
                       int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
-  std::vector<float> g_copy, w_copy, a_copy;
-  // Padded columns may hold anything (they are never read): rounding them is harmless.
-  const float* g = tf32_operand(dlogits, N * ld, tf32, g_copy);
+  if (act == DType::kF32) {
+    std::vector<float> g_copy, w_copy, a_copy;
+    // Padded columns may hold anything (they are never read): rounding them is harmless.
+    const float* g = tf32_operand(static_cast<const float*>(dlogits), N * ld, tf32, g_copy);
+    if (din != nullptr) {
+      const float* w = tf32_operand(static_cast<const float*>(wte), V * C, tf32, w_copy);
+      detail::sgemm(false, false, N, C, V, 1.0f, g, ld, w, C, 1.0f, static_cast<float*>(din), C);
+    }
+    if (dwte != nullptr) {
+      const float* a = tf32_operand(static_cast<const float*>(in), N * C, tf32, a_copy);
+      detail::sgemm(true, false, V, C, N, 1.0f, g, ld, a, C, 1.0f, dwte, C);
+    }
+    return;
+  }
+  std::vector<float> g(static_cast<size_t>(N * V));
+  dispatch_16bit("lm_head_backward", act,
+                 [&](auto* t) {
+                   using T = std::remove_pointer_t<decltype(t)>;
+                   widen_rows(g.data(), static_cast<const T*>(dlogits), ld, N, V);
+                 });
   if (din != nullptr) {
-    const float* w = tf32_operand(wte, V * C, tf32, w_copy);
-    detail::sgemm(false, false, N, C, V, 1.0f, g, ld, w, C, 1.0f, din, C);
+    const std::vector<float> w = widened(wte, act, V * C);
+    std::vector<float> d = widened(din, act, N * C);
+    detail::sgemm(false, false, N, C, V, 1.0f, g.data(), V, w.data(), C, 1.0f, d.data(), C);
+    cast(din, act, d.data(), DType::kF32, N * C);
   }
   if (dwte != nullptr) {
-    const float* a = tf32_operand(in, N * C, tf32, a_copy);
-    detail::sgemm(true, false, V, C, N, 1.0f, g, ld, a, C, 1.0f, dwte, C);
+    const std::vector<float> a = widened(in, act, N * C);
+    detail::sgemm(true, false, V, C, N, 1.0f, g.data(), V, a.data(), C, 1.0f, dwte, C);
   }
 }
 

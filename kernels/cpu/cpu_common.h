@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/dtype.h"
 #include "core/parallel.h"
 #include "core/status.h"
 
@@ -56,6 +57,23 @@ inline float max_of(const float* x, int64_t n) {
   float mx = lanes[0];
   for (int l = 1; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
   return mx;
+}
+
+// fn(T{}) with T the storage type of a floating dtype (float, Half, BFloat16): the one switch of
+// the kernels templated on it; `op` names the kernel in the internal error for kI32.
+template <typename F>
+inline void with_storage_type(DType dtype, const char* op, F&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return fn(float{});
+    case DType::kF16:
+      return fn(Half{});
+    case DType::kBF16:
+      return fn(BFloat16{});
+    case DType::kI32:
+      break;
+  }
+  ZT_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
 }
 
 // BLAS takes int dimensions; ops never get near 2^31 per dimension, but say so if they do.

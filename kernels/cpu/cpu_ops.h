@@ -14,9 +14,14 @@
 namespace zt::cpu_kernels {
 
 // ---- elementwise / utility -------------------------------------------------------------
+// The activation-dtype ops (fill, add, encoder_forward/backward, gelu_forward/backward) take
+// `dtype` (f32, f16, bf16) for the pointers ops.h names as activations: 16-bit values widened,
+// computed as the fp32 loop computes, each output rounded once. The float overloads are the fp32
+// loops themselves (the other CPU kernels call them).
 void fill(float* x, int64_t n, float value);
+void fill(void* x, DType dtype, int64_t n, float value);
 void scale(float* x, int64_t n, float alpha);
-void add(float* out, const float* a, const float* b, int64_t n);  // out may alias a/b
+void add(void* out, const void* a, const void* b, DType dtype, int64_t n);  // out may alias a/b
 // f32/f16/bf16 conversion with the round-to-nearest-even functions of core/dtype.h.
 void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])) for f32/f16/bf16 (f32: exactly add(dst, dst, src)).
@@ -26,25 +31,27 @@ void accumulate(void* dst, const void* src, DType dtype, int64_t n);
 // wte/dwte hold the V vocabulary rows [v_begin, v_begin + V) of v_total; tokens of other rows
 // contribute nothing to them. wpe/dwpe may be nullptr (no position term). Throws zt::Error when a
 // token id is outside [0, v_total).
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+// out, wte, wpe, dout of `dtype`.
+void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
+void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
+                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
 // x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order.
 void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T);
 void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
 
 // ---- layernorm ----------------------------------------------------------------------------
-void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
-                       const float* bias, int64_t N, int64_t C, float eps);
-void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
-                        const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t N, int64_t C);
-// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
-// bit for bit add followed by layernorm_forward (kernels/ops.h).
+// in/out/dout/din of `act` (f32, f16, bf16), weight/bias of `wt` (f32 or act); 16-bit values widened,
+// computed as fp32 is, each 16-bit output rounded once (din += too).
+void layernorm_forward(void* out, float* mean, float* rstd, const void* in, DType act, const void* weight,
+                       const void* bias, DType wt, int64_t N, int64_t C, float eps);
+void layernorm_backward(void* din, float* dweight, float* dbias, const void* dout, const void* in, DType act,
+                        const void* weight, DType wt, const float* mean, const float* rstd, int64_t N, int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16),
+// weight/bias of `wt`: bit for bit add followed by layernorm_forward (kernels/ops.h).
 void residual_layernorm_forward(void* residual_out, void* ln_out, float* mean, float* rstd, const void* a,
-                                const void* b, DType act, const float* weight, const float* bias, int64_t N,
-                                int64_t C, float eps);
+                                const void* b, DType act, const void* weight, const void* bias, DType wt,
+                                int64_t N, int64_t C, float eps);
 
 // ---- matmul (bias / din / dweight / dbias may be nullptr; in too when dweight is) ------------------
 // Pointers typed by t (kernels/matmul_types.h). tf32: the device's MathMode::tf32 when the op was
@@ -82,7 +89,9 @@ void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, con
 
 // ---- activations ------------------------------------------------------------------------------
 void gelu_forward(float* out, const float* in, int64_t n);
-void gelu_backward(float* din, const float* in, const float* dout, int64_t n);
+void gelu_forward(void* out, const void* in, DType dtype, int64_t n);
+void gelu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
+void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 void relu_forward(float* out, const float* in, int64_t n);
 void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 
@@ -92,11 +101,12 @@ void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 void classifier_forward_backward(void* logits, DType dtype, float* losses, const int32_t* targets, int64_t N,
                                  int64_t ld, int64_t V, float dloss, bool compute_grad,
                                  const float* dloss_scale);
-// The LM head over logits rows of ld >= V floats (ops.h lm_head_forward/backward); tf32 rounds
-// the GEMM inputs as matmul_forward/backward do.
-void lm_head_forward(float* logits, const float* in, const float* wte, int64_t N, int64_t C, int64_t V,
+// The LM head over logits rows of ld >= V elements (ops.h lm_head_forward/backward), logits,
+// dlogits, in, wte, din of `act`, dwte fp32; tf32 rounds fp32 GEMM inputs as matmul_forward/backward
+// do. 16-bit: inputs widened, fp32 products, each 16-bit output rounded once.
+void lm_head_forward(void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C, int64_t V,
                      int64_t ld, bool tf32);
-void lm_head_backward(float* din, float* dwte, const float* dlogits, const float* in, const float* wte,
+void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* in, const void* wte, DType act,
                       int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --

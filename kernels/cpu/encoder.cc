@@ -1,5 +1,6 @@
 // CPU kernels for the GPT-2 encoder (token + position embedding, optionally over one vocabulary
-// shard) and the position embedding alone (sequence-parallel rows), forward and backward.
+// shard; fp32 or 16-bit activations) and the position embedding alone (sequence-parallel rows),
+// forward and backward.
 #include <algorithm>
 
 #include "core/status.h"
@@ -29,50 +30,72 @@ void for_column_blocks(int64_t C, F&& fn) {
   });
 }
 
-}  // namespace
-
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                     int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
+// Every element is the fp32 expression of the widened rows, rounded once to S (for float: the
+// expression itself; a row copy widens and rounds back, which keeps every non-NaN value's bits).
+template <typename S>
+void encoder_forward_typed(S* out, const int32_t* tokens, const S* wte, const S* wpe, int64_t B, int64_t T,
+                           int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
   parallel_for(B * T, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       check_token(tokens[r], v_total, r, T, "encoder_forward");
       const int64_t local = tokens[r] - v_begin;
-      float* o = out + r * C;
+      S* o = out + r * C;
       if (local >= 0 && local < V) {
-        const float* w = wte + local * C;
+        const S* w = wte + local * C;
         if (wpe != nullptr) {
-          const float* p = wpe + (r % T) * C;
-          for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
+          const S* p = wpe + (r % T) * C;
+          for (int64_t c = 0; c < C; ++c) o[c] = from_float<S>(to_float(w[c]) + to_float(p[c]));
         } else {
-          std::copy(w, w + C, o);
+          for (int64_t c = 0; c < C; ++c) o[c] = from_float<S>(to_float(w[c]));
         }
       } else if (wpe != nullptr) {
         // Another shard holds the token: only the position term (0 + p, as the formula says).
-        const float* p = wpe + (r % T) * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = 0.0f + p[c];
+        const S* p = wpe + (r % T) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = from_float<S>(0.0f + to_float(p[c]));
       } else {
-        std::fill(o, o + C, 0.0f);
+        std::fill(o, o + C, from_float<S>(0.0f));
       }
     }
   });
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
-                      int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
+// dout of S, widened exactly; dwte/dwpe fp32, rows added in (b, t) order per column block.
+template <typename S>
+void encoder_backward_typed(float* dwte, float* dwpe, const S* dout, const int32_t* tokens, int64_t B,
+                            int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
   for (int64_t r = 0; r < B * T; ++r) check_token(tokens[r], v_total, r, T, "encoder_backward");
   for_column_blocks(C, [=](int64_t c0, int64_t c1) {
     for (int64_t r = 0; r < B * T; ++r) {
-      const float* d = dout + r * C;
+      const S* d = dout + r * C;
       const int64_t local = tokens[r] - v_begin;
       if (local >= 0 && local < V) {
         float* gw = dwte + local * C;
-        for (int64_t c = c0; c < c1; ++c) gw[c] += d[c];
+        for (int64_t c = c0; c < c1; ++c) gw[c] += to_float(d[c]);
       }
       if (dwpe != nullptr) {
         float* gp = dwpe + (r % T) * C;
-        for (int64_t c = c0; c < c1; ++c) gp[c] += d[c];
+        for (int64_t c = c0; c < c1; ++c) gp[c] += to_float(d[c]);
       }
     }
+  });
+}
+
+}  // namespace
+
+void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
+                     int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
+  detail::with_storage_type(dtype, "encoder_forward", [=](auto tag) {
+    using S = decltype(tag);
+    encoder_forward_typed(static_cast<S*>(out), tokens, static_cast<const S*>(wte), static_cast<const S*>(wpe), B,
+                          T, C, V, v_begin, v_total);
+  });
+}
+
+void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
+                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) {
+  detail::with_storage_type(dtype, "encoder_backward", [=](auto tag) {
+    using S = decltype(tag);
+    encoder_backward_typed(dwte, dwpe, static_cast<const S*>(dout), tokens, B, T, C, V, v_begin, v_total);
   });
 }
 

@@ -73,16 +73,17 @@ OpTable make_cpu_table() {
   t.fused_attention_backward = [](Stream&, void*, const void*, const void*, const void*, const float*, int64_t,
                                   int64_t, int64_t, int64_t, DType, bool) { return false; };
   // The LM head over padded logits rows: TF32 rounding as matmul_forward/backward.
-  t.lm_head_forward = [](Stream& s, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
-                         int64_t V, int64_t ld) {
-    const bool tf32 = s.device().math_mode().tf32;
-    cpu::enqueue(s, [=] { cpu_kernels::lm_head_forward(logits, in, wte, N, C, V, ld, tf32); }, "lm_head_forward");
-  };
-  t.lm_head_backward = [](Stream& s, float* din, float* dwte, const float* dlogits, const float* in,
-                          const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld) {
+  t.lm_head_forward = [](Stream& s, void* logits, const void* in, const void* wte, DType act, int64_t N,
+                         int64_t C, int64_t V, int64_t ld) {
     const bool tf32 = s.device().math_mode().tf32;
     cpu::enqueue(
-        s, [=] { cpu_kernels::lm_head_backward(din, dwte, dlogits, in, wte, N, C, V, ld, tf32); },
+        s, [=] { cpu_kernels::lm_head_forward(logits, in, wte, act, N, C, V, ld, tf32); }, "lm_head_forward");
+  };
+  t.lm_head_backward = [](Stream& s, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                          DType act, int64_t N, int64_t C, int64_t V, int64_t ld) {
+    const bool tf32 = s.device().math_mode().tf32;
+    cpu::enqueue(
+        s, [=] { cpu_kernels::lm_head_backward(din, dwte, dlogits, in, wte, act, N, C, V, ld, tf32); },
         "lm_head_backward");
   };
 

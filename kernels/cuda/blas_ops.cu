@@ -300,24 +300,28 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
   if (dbias != nullptr) detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(g), N, C);
 }
 
-// ---- LM head over a padded vocabulary: V columns of logits rows of ld >= V floats (ldc = ld),
-// read back with lda = ld; the padding is never touched. ld == V: matmul_forward/backward's GEMMs.
-void lm_head_forward(void* stream, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+// ---- LM head over a padded vocabulary: V columns of logits rows of ld >= V elements (ldc = ld),
+// read back with lda = ld; the padding is never touched. logits, dlogits, in, wte and din of `act`
+// (16-bit: fp32 accumulation, each 16-bit output rounded once, din += read and rounded once, as
+// matmul's plain path); dwte fp32. ld == V: matmul_forward/backward's plain GEMMs.
+void lm_head_forward(void* stream, void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C,
                      int64_t V, int64_t ld, bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   // logits^T[V,N] (column stride ld) = wte[V,C] (= (wte^T stored)^T) * in^T[C,N]
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, V, N, C, 1.0f, wte, C, in, C, 0.0f, logits, ld, tf32);
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, V, N, C, 1.0f, wte, C, in, C, 0.0f, logits, ld, tf32, act, act);
 }
 
-void lm_head_backward(void* stream, float* din, float* dwte, const float* dlogits, const float* in,
-                      const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
+void lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                      DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
   detail::LaunchScope scope(stream);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   // din^T[C,N] += wte^T[C,V] * dlogits^T[V,N]
-  if (din != nullptr) gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, 1.0f, wte, C, dlogits, ld, 1.0f, din, C, tf32);
+  if (din != nullptr)
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, 1.0f, wte, C, dlogits, ld, 1.0f, din, C, tf32, act, act);
   // dwte^T[C,V] += in^T[C,N] * dlogits[N,V]
-  if (dwte != nullptr) gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, 1.0f, in, C, dlogits, ld, 1.0f, dwte, C, tf32);
+  if (dwte != nullptr)
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, 1.0f, in, C, dlogits, ld, 1.0f, dwte, C, tf32, act, DType::kF32);
 }
 
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------

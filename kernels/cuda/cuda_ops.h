@@ -54,18 +54,20 @@ void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64
 void position_backward(void* stream, float* dwpe, const float* dx, int64_t R, int64_t C,
                        int64_t row0, int64_t T);
 
-// ---- layernorm: in/out [N,C], weight/bias [C], mean/rstd [N] ---------------------------------
-void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
-                       const float* weight, const float* bias, int64_t N, int64_t C, float eps);
-// din [N,C] +=, dweight [C] +=, dbias [C] +=.
-void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                        const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t N, int64_t C);
-// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16):
-// layernorm_forward's kernel and arithmetic, so bit for bit add followed by layernorm_forward.
+// ---- layernorm: in/out [N,C], weight/bias [C], mean/rstd [N]; in/out/dout/din of `act` (f32, f16,
+// bf16), weight/bias of `wt` (f32 or act), widened where read, 16-bit outputs rounded once -------
+void layernorm_forward(void* stream, void* out, float* mean, float* rstd, const void* in, DType act,
+                       const void* weight, const void* bias, DType wt, int64_t N, int64_t C, float eps);
+// din [N,C] += (16-bit: read, added in fp32, rounded once), dweight [C] +=, dbias [C] +=.
+void layernorm_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                        DType act, const void* weight, DType wt, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
+// residual_out = a + b, ln_out = layernorm(residual_out), activations of dtype `act` (f32/f16/bf16),
+// weight/bias of `wt`: layernorm_forward's kernel and arithmetic, so bit for bit add followed by
+// layernorm_forward.
 void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
-                                const void* a, const void* b, DType act, const float* weight, const float* bias,
-                                int64_t N, int64_t C, float eps);
+                                const void* a, const void* b, DType act, const void* weight, const void* bias,
+                                DType wt, int64_t N, int64_t C, float eps);
 
 // ---- matmul family (kernels/ops.h; pointers typed by MatmulTypes, kernels/matmul_types.h) -----
 // The fast path, cuBLASLt with its epilogues (lt_matmul.cu): false, with nothing launched, where
@@ -157,11 +159,12 @@ void relu_backward(void* stream, float* din, const float* in, const float* dout,
 void classifier_forward_backward(void* stream, void* logits, DType dtype, float* losses,
                                  const int32_t* targets, int64_t N, int64_t ld, int64_t V, float dloss,
                                  bool compute_grad, const float* dloss_scale);
-// ---- LM head over logits rows of ld >= V floats (blas_ops.cu; ops.h lm_head_forward/backward) ---
-void lm_head_forward(void* stream, float* logits, const float* in, const float* wte, int64_t N, int64_t C,
+// ---- LM head over logits rows of ld >= V elements (blas_ops.cu; ops.h lm_head_forward/backward):
+// logits, dlogits, in, wte, din of `act` (f32, f16, bf16), dwte fp32 -------------------------------
+void lm_head_forward(void* stream, void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C,
                      int64_t V, int64_t ld, bool tf32);
-void lm_head_backward(void* stream, float* din, float* dwte, const float* dlogits, const float* in,
-                      const float* wte, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
+void lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                      DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
 // v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN) ----------

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -86,10 +87,11 @@ __device__ __forceinline__ void for_lane_chunks(float (&v)[kCached ? kCachedLane
 
 // kResidual: residual = round_T(a + b) is written first (a, b and residual may alias: each element
 // is read by the lane that writes it) and normalised; else the rows of `a` are. out aliases nothing.
-template <typename T, bool kResidual, bool kCached>
+// weight and bias of W (fp32 or T) are widened where they are read.
+template <typename T, typename W, bool kResidual, bool kCached>
 __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                      T* residual, const T* a, const T* b, const float* __restrict__ weight,
-                                      const float* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec) {
+                                      T* residual, const T* a, const T* b, const W* __restrict__ weight,
+                                      const W* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec) {
   constexpr int kN = detail::Pack<T>::kN;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
@@ -142,7 +144,7 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
       if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
 #pragma unroll
       for (int k = 0; k < kN; ++k)
-        if (k < count) e[k] = (e[k] - m) * r * weight[c0 + k] + bias[c0 + k];
+        if (k < count) e[k] = (e[k] - m) * r * to_float(weight[c0 + k]) + to_float(bias[c0 + k]);
       store_chunk<T>(y, e, c0, count, vec);
     });
     if (lane == 0) {
@@ -153,26 +155,26 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
 }
 
 // Launches the row kernel, registers-cached when the row fits (the same bits either way).
-template <typename T, bool kResidual>
+template <typename T, typename W, bool kResidual>
 void launch_layernorm_rows(cudaStream_t stream, T* out, float* mean, float* rstd, T* residual, const T* a,
-                           const T* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                           const T* b, const W* weight, const W* bias, int64_t N, int64_t C, float eps,
                            bool vec) {
   const bool cached = (C + detail::Pack<T>::kN - 1) / detail::Pack<T>::kN <= int64_t{kCachedLaneChunks} * kWarpSize;
   if (cached) {
-    layernorm_rows_kernel<T, kResidual, true><<<row_grid(N), kRowBlock, 0, stream>>>(
+    layernorm_rows_kernel<T, W, kResidual, true><<<row_grid(N), kRowBlock, 0, stream>>>(
         out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
   } else {
-    layernorm_rows_kernel<T, kResidual, false><<<row_grid(N), kRowBlock, 0, stream>>>(
+    layernorm_rows_kernel<T, W, kResidual, false><<<row_grid(N), kRowBlock, 0, stream>>>(
         out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
   }
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-// din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout.
-__global__ void layernorm_backward_input_kernel(float* __restrict__ din,
-                                                const float* __restrict__ dout,
-                                                const float* __restrict__ in,
-                                                const float* __restrict__ weight,
+// din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout, with
+// din, dout, in of T and weight of W widened where read; a 16-bit din is rounded once.
+template <typename T, typename W>
+__global__ void layernorm_backward_input_kernel(T* __restrict__ din, const T* __restrict__ dout,
+                                                const T* __restrict__ in, const W* __restrict__ weight,
                                                 const float* __restrict__ mean,
                                                 const float* __restrict__ rstd, int64_t N,
                                                 int64_t C) {
@@ -180,26 +182,26 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ din,
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
        row < N; row += warps_total) {
-    const float* x = in + row * C;
-    const float* dy = dout + row * C;
+    const T* x = in + row * C;
+    const T* dy = dout + row * C;
     const float m = mean[row];
     const float r = rstd[row];
     double sum_dnorm = 0.0;
     double sum_dnorm_norm = 0.0;
     for (int64_t c = lane; c < C; c += kWarpSize) {
-      const float norm = (x[c] - m) * r;
-      const double dnorm = double{weight[c]} * dy[c];
+      const float norm = (to_float(x[c]) - m) * r;
+      const double dnorm = double{to_float(weight[c])} * to_float(dy[c]);
       sum_dnorm += dnorm;
       sum_dnorm_norm += dnorm * norm;
     }
     const float dnorm_mean = static_cast<float>(detail::warp_sum(sum_dnorm) / static_cast<double>(C));
     const float dnorm_norm_mean =
         static_cast<float>(detail::warp_sum(sum_dnorm_norm) / static_cast<double>(C));
-    float* dx = din + row * C;
+    T* dx = din + row * C;
     for (int64_t c = lane; c < C; c += kWarpSize) {
-      const float norm = (x[c] - m) * r;
-      const float dnorm = weight[c] * dy[c];
-      dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+      const float norm = (to_float(x[c]) - m) * r;
+      const float dnorm = to_float(weight[c]) * to_float(dy[c]);
+      dx[c] = from_float<T>(to_float(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
     }
   }
 }
@@ -227,10 +229,11 @@ ColumnChunks column_chunks(int64_t N, int64_t C, int outputs) {
 
 // kLayernorm: out0 = dbias (sum dout), out1 = dweight (sum norm * dout, norm from in/mean/rstd);
 // else out0 = dbias of a bias. Either output may be nullptr. partials: [2][chunks][C] doubles.
-template <bool kLayernorm>
+// dout and in of T, widened where read.
+template <bool kLayernorm, typename T>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
     column_partials_kernel(float* __restrict__ out0, float* __restrict__ out1, double* __restrict__ partials,
-                           const float* __restrict__ dout, const float* __restrict__ in,
+                           const T* __restrict__ dout, const T* __restrict__ in,
                            const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int64_t C,
                            int64_t chunk_rows) {
   __shared__ detail::ColumnTile tile;
@@ -241,9 +244,9 @@ __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
   double acc1 = 0.0;
   if (col < C) {
     for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) {
-      const float dy = dout[row * C + col];
+      const float dy = to_float(dout[row * C + col]);
       if constexpr (kLayernorm) {
-        const float norm = (in[row * C + col] - mean[row]) * rstd[row];
+        const float norm = (to_float(in[row * C + col]) - mean[row]) * rstd[row];
         acc1 += double{norm} * dy;
       }
       acc0 += dy;
@@ -278,8 +281,8 @@ __global__ void column_finish_kernel(float* __restrict__ out0, float* __restrict
   }
 }
 
-template <bool kLayernorm>
-void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const float* dout, const float* in,
+template <bool kLayernorm, typename T>
+void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const T* dout, const T* in,
                         const float* mean, const float* rstd, int64_t N, int64_t C) {
   if (C == 0 || (out0 == nullptr && out1 == nullptr)) return;
   const ColumnChunks ch = column_chunks(N, C, kLayernorm ? 2 : 1);
@@ -291,7 +294,7 @@ void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const flo
              "column sums: ", ch.count, " chunks of ", C, " columns exceed the stream workspace of ", bytes, " bytes");
   }
   const dim3 grid(static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(ch.count));
-  column_partials_kernel<kLayernorm><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(
+  column_partials_kernel<kLayernorm, T><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(
       out0, out1, partials, dout, in, mean, rstd, N, C, ch.rows);
   ZT_CUDA_CHECK(cudaGetLastError());
   if (ch.count > 1) {
@@ -541,56 +544,68 @@ void vocab_loss_grad(void* stream, float* logits, float* losses, const float* ma
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const float* in,
-                       const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
-  detail::LaunchScope scope(stream);
-  const bool vec = C % detail::Pack<float>::kN == 0 && detail::is_aligned16(out) && detail::is_aligned16(in);
-  launch_layernorm_rows<float, false>(scope.stream(), out, mean, rstd, nullptr, in, nullptr, weight, bias, N, C,
-                                      eps, vec);
-}
-
 namespace {
-template <typename T>
-void launch_residual_layernorm(cudaStream_t stream, void* residual_out, void* ln_out, float* mean, float* rstd,
-                               const void* a, const void* b, const float* weight, const float* bias, int64_t N,
-                               int64_t C, float eps) {
-  const bool vec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(residual_out) &&
-                   detail::is_aligned16(ln_out) && detail::is_aligned16(a) && detail::is_aligned16(b);
-  launch_layernorm_rows<T, true>(stream, static_cast<T*>(ln_out), mean, rstd, static_cast<T*>(residual_out),
-                                 static_cast<const T*>(a), static_cast<const T*>(b), weight, bias, N, C, eps, vec);
+// Calls f(T*, W*) (null pointers naming the types) for activations `act` and parameters `wt`:
+// f32/f32, or a 16-bit act with f32 or act parameters (the pairs ops.cc accepts).
+template <typename F>
+void dispatch_norm_types(const char* op, DType act, DType wt, F&& f) {
+  if (act == DType::kF32 && wt == DType::kF32) return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+  if (act == DType::kBF16 && wt == DType::kF32)
+    return f(static_cast<BFloat16*>(nullptr), static_cast<float*>(nullptr));
+  if (act == DType::kBF16 && wt == DType::kBF16)
+    return f(static_cast<BFloat16*>(nullptr), static_cast<BFloat16*>(nullptr));
+  if (act == DType::kF16 && wt == DType::kF32) return f(static_cast<Half*>(nullptr), static_cast<float*>(nullptr));
+  if (act == DType::kF16 && wt == DType::kF16) return f(static_cast<Half*>(nullptr), static_cast<Half*>(nullptr));
+  ZT_CHECK(false, op, ": unsupported dtypes ", dtype_name(act), " activations with ", dtype_name(wt),
+           " parameters");
 }
 }  // namespace
 
-void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
-                                const void* a, const void* b, DType act, const float* weight, const float* bias,
-                                int64_t N, int64_t C, float eps) {
+void layernorm_forward(void* stream, void* out, float* mean, float* rstd, const void* in, DType act,
+                       const void* weight, const void* bias, DType wt, int64_t N, int64_t C, float eps) {
   detail::LaunchScope scope(stream);
-  switch (act) {
-    case DType::kF32:
-      return launch_residual_layernorm<float>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight, bias,
-                                              N, C, eps);
-    case DType::kF16:
-      return launch_residual_layernorm<Half>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight, bias,
-                                             N, C, eps);
-    case DType::kBF16:
-      return launch_residual_layernorm<BFloat16>(scope.stream(), residual_out, ln_out, mean, rstd, a, b, weight,
-                                                 bias, N, C, eps);
-    default:
-      break;
-  }
-  ZT_CHECK(false, "residual_layernorm_forward: unsupported activation dtype ", dtype_name(act));
+  dispatch_norm_types("layernorm_forward", act, wt, [&](auto* t, auto* w) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using W = std::remove_pointer_t<decltype(w)>;
+    const bool vec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(out) && detail::is_aligned16(in);
+    launch_layernorm_rows<T, W, false>(scope.stream(), static_cast<T*>(out), mean, rstd, nullptr,
+                                       static_cast<const T*>(in), nullptr, static_cast<const W*>(weight),
+                                       static_cast<const W*>(bias), N, C, eps, vec);
+  });
 }
 
-void layernorm_backward(void* stream, float* din, float* dweight, float* dbias, const float* dout,
-                        const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t N, int64_t C) {
+void residual_layernorm_forward(void* stream, void* residual_out, void* ln_out, float* mean, float* rstd,
+                                const void* a, const void* b, DType act, const void* weight, const void* bias,
+                                DType wt, int64_t N, int64_t C, float eps) {
   detail::LaunchScope scope(stream);
-  if (din != nullptr) {
-    layernorm_backward_input_kernel<<<row_grid(N), kRowBlock, 0, scope.stream()>>>(
-        din, dout, in, weight, mean, rstd, N, C);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
-  launch_column_sums<true>(scope.stream(), dbias, dweight, dout, in, mean, rstd, N, C);
+  dispatch_norm_types("residual_layernorm_forward", act, wt, [&](auto* t, auto* w) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using W = std::remove_pointer_t<decltype(w)>;
+    const bool vec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(residual_out) &&
+                     detail::is_aligned16(ln_out) && detail::is_aligned16(a) && detail::is_aligned16(b);
+    launch_layernorm_rows<T, W, true>(scope.stream(), static_cast<T*>(ln_out), mean, rstd,
+                                      static_cast<T*>(residual_out), static_cast<const T*>(a),
+                                      static_cast<const T*>(b), static_cast<const W*>(weight),
+                                      static_cast<const W*>(bias), N, C, eps, vec);
+  });
+}
+
+void layernorm_backward(void* stream, void* din, float* dweight, float* dbias, const void* dout, const void* in,
+                        DType act, const void* weight, DType wt, const float* mean, const float* rstd, int64_t N,
+                        int64_t C) {
+  detail::LaunchScope scope(stream);
+  dispatch_norm_types("layernorm_backward", act, wt, [&](auto* t, auto* w) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    using W = std::remove_pointer_t<decltype(w)>;
+    if (din != nullptr) {
+      layernorm_backward_input_kernel<T, W><<<row_grid(N), kRowBlock, 0, scope.stream()>>>(
+          static_cast<T*>(din), static_cast<const T*>(dout), static_cast<const T*>(in),
+          static_cast<const W*>(weight), mean, rstd, N, C);
+      ZT_CUDA_CHECK(cudaGetLastError());
+    }
+    launch_column_sums<true, T>(scope.stream(), dbias, dweight, static_cast<const T*>(dout),
+                                static_cast<const T*>(in), mean, rstd, N, C);
+  });
 }
 
 void classifier_forward_backward(void* stream, void* logits, DType dtype, float* losses,
@@ -621,7 +636,7 @@ void classifier_forward_backward(void* stream, void* logits, DType dtype, float*
 
 namespace detail {
 void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C) {
-  launch_column_sums<false>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<false, float>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
 }
 }  // namespace detail
 

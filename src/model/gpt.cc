@@ -65,7 +65,7 @@ namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
 
-// Offsets (in floats) of every activation in the workspace arena. Under recomputation, fields of
+// Offsets (in bytes) of every activation in the workspace arena. Under recomputation, fields of
 // different layers share one offset (the recompute scratch): backward re-runs the forward op
 // that wrote it, from kept inputs, right before reading it.
 // Attention is the tiled (flash-style) op: a layer keeps its output and log-sum-exp (lse,
@@ -73,7 +73,8 @@ constexpr float kLayerNormEps = 1e-5f;
 //  - none:      every layer keeps all it wrote;
 //  - selective: ln1, ln2 (outputs only; mean/rstd stay per layer) and the GELU output share one
 //               scratch: re-run from the kept residual and fch (attention output and lse stay per
-//               layer: re-running attention would cost its forward to save only O(T) per row);
+//               layer: re-running attention would cost its forward to save only O(T) per row); in
+//               16 bits the GELU output re-runs with c_fc's GEMM (block_forward says why);
 //  - full:      only residual3 (the next block's input) stays per layer; the whole block forward
 //               re-runs into one shared set in its backward (all but the output projection and add,
 //               whose results backward never reads).
@@ -93,8 +94,12 @@ struct GptPlan {
   int64_t Vp = 0;
   Recompute recompute;
   bool head, split;
+  // Offsets are in bytes. Activations, their gradients and the logits take `act_bytes` each
+  // element (4: fp32, 2: bf16/f16); layernorm statistics, lse, losses and scratch are fp32.
+  int64_t act_bytes = 4;
   int64_t total = 0;
   int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
+  int64_t logits_row = 0;  // 16-bit: one row of logits widened to fp32 (read_logits_row), [V]
   // shared scratch (not needed by backward, or reused across layers)
   int64_t attproj, fcproj, dresidual, dln, dfch, datty, dqkv, attn_scratch, attn_scratch_numel;
   struct Layer {
@@ -107,72 +112,86 @@ struct GptPlan {
   int64_t dlnf = 0, ln_scratch = 0;  // split: ln_f's kept output gradient; discarded [2C] weight gradients
   std::vector<Layer> layers;
 
-  int64_t add(int64_t n) {
+  int64_t add_bytes(int64_t bytes) {
     const int64_t off = total;
-    total += (n + 63) / 64 * 64;  // 256-byte alignment for every activation
+    total += (bytes + 255) / 256 * 256;  // 256-byte alignment for every activation
     return off;
   }
+  int64_t act(int64_t n) { return add_bytes(n * act_bytes); }  // n elements of the activation dtype
+  int64_t f32(int64_t n) { return add_bytes(n * 4); }          // n fp32 elements
 
-  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, int64_t layer_count, bool head_, bool split_)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), recompute(r), head(head_), split(split_) {
+  GptPlan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, int64_t layer_count, bool head_, bool split_,
+          DType activations)
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), recompute(r), head(head_), split(split_),
+        act_bytes(static_cast<int64_t>(dtype_size(activations))) {
     const int64_t BT = B * T, BTC = BT * C, lse_size = B * NH * T;
-    encoded = add(BTC);
+    encoded = act(BTC);
     layers.resize(static_cast<size_t>(L));
     // Fields that do not depend on the layer are allocated once and copied into every layer.
     Layer shared{};
     if (r == Recompute::kSelective) {
-      shared.ln1 = add(BTC), shared.ln2 = add(BTC), shared.fch_gelu = add(4 * BTC);
+      shared.ln1 = act(BTC), shared.ln2 = act(BTC), shared.fch_gelu = act(4 * BTC);
     } else if (r == Recompute::kFull) {
-      shared.ln1 = add(BTC), shared.ln1_mean = add(BT), shared.ln1_rstd = add(BT), shared.qkv = add(3 * BTC);
-      shared.atty = add(BTC), shared.lse = add(lse_size), shared.residual2 = add(BTC), shared.ln2 = add(BTC);
-      shared.ln2_mean = add(BT), shared.ln2_rstd = add(BT), shared.fch = add(4 * BTC);
-      shared.fch_gelu = add(4 * BTC);
+      shared.ln1 = act(BTC), shared.ln1_mean = f32(BT), shared.ln1_rstd = f32(BT), shared.qkv = act(3 * BTC);
+      shared.atty = act(BTC), shared.lse = f32(lse_size), shared.residual2 = act(BTC), shared.ln2 = act(BTC);
+      shared.ln2_mean = f32(BT), shared.ln2_rstd = f32(BT), shared.fch = act(4 * BTC);
+      shared.fch_gelu = act(4 * BTC);
     }
     for (auto& l : layers) {
       l = shared;
-      if (r == Recompute::kNone) l.ln1 = add(BTC);
-      if (r != Recompute::kFull) l.ln1_mean = add(BT), l.ln1_rstd = add(BT), l.qkv = add(3 * BTC), l.atty = add(BTC);
-      if (r != Recompute::kFull) l.lse = add(lse_size);
-      if (r != Recompute::kFull) l.residual2 = add(BTC);
-      if (r == Recompute::kNone) l.ln2 = add(BTC);
-      if (r != Recompute::kFull) l.ln2_mean = add(BT), l.ln2_rstd = add(BT), l.fch = add(4 * BTC);
-      if (r == Recompute::kNone) l.fch_gelu = add(4 * BTC);
-      l.residual3 = add(BTC);
+      if (r == Recompute::kNone) l.ln1 = act(BTC);
+      if (r != Recompute::kFull) l.ln1_mean = f32(BT), l.ln1_rstd = f32(BT), l.qkv = act(3 * BTC), l.atty = act(BTC);
+      if (r != Recompute::kFull) l.lse = f32(lse_size);
+      if (r != Recompute::kFull) l.residual2 = act(BTC);
+      if (r == Recompute::kNone) l.ln2 = act(BTC);
+      if (r != Recompute::kFull) l.ln2_mean = f32(BT), l.ln2_rstd = f32(BT), l.fch = act(4 * BTC);
+      if (r == Recompute::kNone) l.fch_gelu = act(4 * BTC);
+      l.residual3 = act(BTC);
       if (split) {
-        l.dres3 = add(BTC), l.dfch = add(4 * BTC), l.dln2 = add(BTC);
-        l.dres2 = add(BTC), l.dqkv = add(3 * BTC), l.dln1 = add(BTC);
+        l.dres3 = act(BTC), l.dfch = act(4 * BTC), l.dln2 = act(BTC);
+        l.dres2 = act(BTC), l.dqkv = act(3 * BTC), l.dln1 = act(BTC);
       }
     }
     Vp = ops::padded_vocab(V);
-    if (head) lnf = add(BTC), lnf_mean = add(BT), lnf_rstd = add(BT), logits = add(BT * Vp), losses = add(BT);
-    if (split) ln_scratch = add(2 * C);
-    if (split && head) dlnf = add(BTC);
-    attproj = add(BTC), fcproj = add(BTC);
+    if (head) lnf = act(BTC), lnf_mean = f32(BT), lnf_rstd = f32(BT), logits = act(BT * Vp), losses = f32(BT);
+    if (head && act_bytes != 4) logits_row = f32(V);
+    if (split) ln_scratch = f32(2 * C);
+    if (split && head) dlnf = act(BTC);
+    attproj = act(BTC), fcproj = act(BTC);
     // No GELU output gradient: matmul_backward_dgelu carries c_proj's input gradient through the GELU.
-    dresidual = add(BTC), dln = add(BTC), dfch = add(4 * BTC);
-    datty = add(BTC), dqkv = add(3 * BTC);
+    dresidual = act(BTC), dln = act(BTC), dfch = act(4 * BTC);
+    datty = act(BTC), dqkv = act(3 * BTC);
     attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, C, NH) + 3) / 4);
-    attn_scratch = add(attn_scratch_numel);
+    attn_scratch = f32(attn_scratch_numel);
   }
 };
 
 class GptWorkspace final : public Workspace {
  public:
-  GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r, int chunk_, const GptChunk& k, bool split)
-      : plan(c, B, T, r, k.layers, k.head, split), chunk(chunk_), embedding(k.embedding), device(d.index()),
-        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations") {}
+  GptWorkspace(const ModelConfig& c, Device& d, int B, int T, Recompute r, int chunk_, const GptChunk& k, bool split,
+               DType activations)
+      : plan(c, B, T, r, k.layers, k.head, split, activations), chunk(chunk_), embedding(k.embedding),
+        dtype(activations), device(d.index()), buf(d.memory(), static_cast<size_t>(plan.total), d.compute(), "activations") {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
-  TensorView losses() override { return plan.head ? view(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
-  // [B*T, Vp]: columns >= V are padding (never a logit; dlogits 0 after a train forward).
+  TensorView losses() override { return plan.head ? f32(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
+  // [B*T, Vp] in the activation dtype: columns >= V are padding (never a logit; dlogits 0 after a
+  // train forward).
   TensorView logits() override {
     return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.Vp}) : TensorView{};
   }
-  // The real vocabulary's V logits only: a padded id is never sampled.
+  // The real vocabulary's V logits only: a padded id is never sampled. 16-bit logits are widened
+  // (exactly) on the device into the fp32 row scratch first.
   void read_logits_row(Stream& s, int row, float* out) override {
     ZT_CHECK(plan.head, "logits of a pipeline chunk without the LM head");
-    s.copy(out, buf.as<float>() + plan.logits + static_cast<int64_t>(row) * plan.Vp,
-           static_cast<size_t>(plan.V) * sizeof(float));
+    const TensorView r = view(plan.logits + static_cast<int64_t>(row) * plan.Vp * plan.act_bytes, Shape{plan.V});
+    if (dtype == DType::kF32) {
+      s.copy(out, r.data, static_cast<size_t>(plan.V) * sizeof(float));
+      return;
+    }
+    const TensorView wide = f32(plan.logits_row, Shape{plan.V});
+    ops::cast(s, wide, r);
+    s.copy(out, wide.data, static_cast<size_t>(plan.V) * sizeof(float));
   }
   TensorView stage_input() override { return embedding ? TensorView{} : view(plan.encoded, Shape{plan.B, plan.T, plan.C}); }
   TensorView stage_output() override {
@@ -193,11 +212,16 @@ class GptWorkspace final : public Workspace {
     s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); });
   }
 
-  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
+  // An activation (the workspace's activation dtype) or an fp32 tensor at byte offset `off`.
+  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
+  TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
 
   GptPlan plan;
   int chunk;
   bool embedding;
+  // The activations' dtype: the model's, or for a 16-bit model the 16-bit type of the parameters
+  // of the last forward (Gpt::compute_dtype).
+  DType dtype;
   int device;
   DeviceBuffer buf;
 
@@ -220,7 +244,10 @@ struct LayerParams {
 class Gpt final : public Model {
  public:
   // The whole model: one chunk, local blocks = logical blocks.
-  Gpt(const ModelConfig& c, Recompute r) : config_(c), recompute_(r), layout_(gpt_layout(c)) {
+  Gpt(const ModelConfig& c, Recompute r, DType activations)
+      : config_(c), recompute_(r), activations_(activations), layout_(gpt_layout(c)) {
+    ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
+             "GPT activations in ", dtype_name(activations));
     GptChunk k;
     k.layers = c.layers, k.embedding = k.head = true;
     k.emb_block = k.head_block = 0, k.lnf_block = c.layers + 1;
@@ -244,6 +271,7 @@ class Gpt final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
+  DType activation_dtype() const override { return activations_; }
   int chunks() const override { return static_cast<int>(chunks_.size()); }
   int logical_block(int block) const override { return logical_.at(static_cast<size_t>(block)); }
 
@@ -254,7 +282,7 @@ class Gpt final : public Model {
   }
   size_t chunk_workspace_bytes(int B, int T, int chunk) const override {
     const GptChunk& k = chunks_.at(static_cast<size_t>(chunk));
-    return static_cast<size_t>(GptPlan(config_, B, T, recompute_, k.layers, k.head, split_).total) * 4;
+    return static_cast<size_t>(GptPlan(config_, B, T, recompute_, k.layers, k.head, split_, activations_).total);
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
     ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");
@@ -264,7 +292,8 @@ class Gpt final : public Model {
     ZT_REQUIRE(T >= 1 && T <= config_.seq_len, "sequence length ", T, " is above the model's context of ",
                config_.seq_len, " tokens");
     ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
-    return std::make_unique<GptWorkspace>(config_, d, B, T, recompute_, chunk, chunks_[static_cast<size_t>(chunk)], split_);
+    return std::make_unique<GptWorkspace>(config_, d, B, T, recompute_, chunk, chunks_[static_cast<size_t>(chunk)], split_,
+                                          activations_);
   }
 
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss,
@@ -273,15 +302,17 @@ class Gpt final : public Model {
     const GptPlan& P = ws.plan;
     const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
+    ws.dtype = compute_dtype(p);
     const int64_t BT = P.B * P.T, C = P.C;
     const int L = K.layers;
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
 
     TensorView residual = act(P.encoded, Shape{P.B, P.T, C});
     if (K.embedding) {
       p.before_forward(K.emb_block);
       const TensorView wte = param(p, K.emb_block, 0), wpe_full = param(p, K.emb_block, 1);
-      const TensorView wpe{wpe_full.data, DType::kF32, Shape{P.T, C}, wpe_full.device};
+      const TensorView wpe{wpe_full.data, wpe_full.dtype, Shape{P.T, C}, wpe_full.device};
       ops::encoder_forward(s, residual, batch.inputs, wte, wpe);
     }
 
@@ -295,15 +326,15 @@ class Gpt final : public Model {
     if (!K.head) return;  // the pipeline sends stage_output() (the last residual) on
 
     p.before_forward(K.lnf_block);
-    const TensorView res_final{residual.data, DType::kF32, Shape{BT, C}, residual.device};
+    const TensorView res_final{residual.data, residual.dtype, Shape{BT, C}, residual.device};
     TensorView lnf = act(P.lnf, Shape{BT, C});
-    ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}), res_final,
+    ops::layernorm_forward(s, lnf, f32(P.lnf_mean, Shape{BT}), f32(P.lnf_rstd, Shape{BT}), res_final,
                            param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     TensorView logits = act(P.logits, Shape{BT, P.Vp});
     ops::lm_head_forward(s, logits, lnf, param(p, K.head_block, 0));
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
-    ops::classifier_forward_backward(s, logits, act(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale,
+    ops::classifier_forward_backward(s, logits, f32(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale,
                                      ops::VocabRange{0, P.V});
   }
 
@@ -334,13 +365,16 @@ class Gpt final : public Model {
     const int64_t BT = P.B * P.T, C = P.C;
     const int L = K.layers, NH = static_cast<int>(P.NH);
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput, fused = pass == BackPass::kFused;
+    ZT_CHECK(ws.dtype == compute_dtype(p), "backward in ", dtype_name(compute_dtype(p)), " after a forward in ",
+             dtype_name(ws.dtype));
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
     // Keeps `v` in the layer's slot for backward_weight (split) and returns where weight reads it.
     auto keep = [&](TensorView v, int64_t slot) {
       if (fused) return v;
       TensorView k = act(slot, v.shape);
-      if (input) s.copy(k.data, v.data, static_cast<size_t>(v.numel()) * 4);
+      if (input) s.copy(k.data, v.data, static_cast<size_t>(v.numel()) * dtype_size(v.dtype));
       return k;
     };
     const TensorView none{};
@@ -352,8 +386,8 @@ class Gpt final : public Model {
     // gradient, so the split adds the fused bits).
     auto ln_back = [&](TensorView dout, ConstTensorView in, ConstTensorView w, TensorView gw, TensorView gb,
                        ConstTensorView mean, ConstTensorView rstd) {
-      ops::layernorm_backward(s, input ? dresidual : act(P.dln, Shape{BT, C}), weight ? gw : act(P.ln_scratch, Shape{C}),
-                              weight ? gb : act(P.ln_scratch + C, Shape{C}), dout, in, w, mean, rstd);
+      ops::layernorm_backward(s, input ? dresidual : act(P.dln, Shape{BT, C}), weight ? gw : f32(P.ln_scratch, Shape{C}),
+                              weight ? gb : f32(P.ln_scratch + 4 * C, Shape{C}), dout, in, w, mean, rstd);
     };
     // Without a head the gradient of the chunk's output was received into dresidual.
     if (K.head) {
@@ -372,7 +406,7 @@ class Gpt final : public Model {
       if (input) p.before_backward(K.lnf_block);
       const int64_t last_res = L > 0 ? P.layers[static_cast<size_t>(L - 1)].residual3 : P.encoded;
       ln_back(dln, act(last_res, Shape{BT, C}), param(p, K.lnf_block, 0), grad(p, K.lnf_block, 0),
-              grad(p, K.lnf_block, 1), act(P.lnf_mean, Shape{BT}), act(P.lnf_rstd, Shape{BT}));
+              grad(p, K.lnf_block, 1), f32(P.lnf_mean, Shape{BT}), f32(P.lnf_rstd, Shape{BT}));
       if (weight) p.after_backward(K.lnf_block);
     }
 
@@ -408,25 +442,25 @@ class Gpt final : public Model {
       const TensorView dln2 = dln_at(A.dln2);  // no earlier writer: the matmul overwrites it
       ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight && !fc_bias_in_dgelu ? g.fcb : none,
                            dfch, act(A.ln2, Shape{BT, C}), w.fcw, /*overwrite_din=*/true);
-      ln_back(dln2, act(A.residual2, Shape{BT, C}), w.ln2w, g.ln2w, g.ln2b, act(A.ln2_mean, Shape{BT}),
-              act(A.ln2_rstd, Shape{BT}));
+      ln_back(dln2, act(A.residual2, Shape{BT, C}), w.ln2w, g.ln2w, g.ln2b, f32(A.ln2_mean, Shape{BT}),
+              f32(A.ln2_rstd, Shape{BT}));
       // residual2 = residual + attproj(attention(qkv(ln1(residual))))
       const TensorView dres2 = keep(dresidual, A.dres2);
       // datty and dln1 have no earlier writer in this layer: their matmuls overwrite (no zero fill).
       ops::matmul_backward(s, input ? datty : none, weight ? g.attprojw : none, weight ? g.attprojb : none, dres2,
                            act(A.atty, Shape{BT, C}), w.attprojw, /*overwrite_din=*/true);
-      if (input) {
-        zero(dqkv);
-        ops::flash_attention_backward(s, TensorView{dqkv.data, DType::kF32, Shape{P.B, P.T, 3 * C}, dqkv.device},
+      // dqkv has no earlier writer in this layer: overwritten (no zero fill, and no staging buffer
+      // for a library's 16-bit attention backward).
+      if (input)
+        ops::flash_attention_backward(s, TensorView{dqkv.data, dqkv.dtype, Shape{P.B, P.T, 3 * C}, dqkv.device},
                                       act(P.datty, Shape{P.B, P.T, C}), act(A.qkv, Shape{P.B, P.T, 3 * C}),
-                                      act(A.atty, Shape{P.B, P.T, C}), act(A.lse, Shape{P.B, P.NH, P.T}), NH,
-                                      act(P.attn_scratch, Shape{P.attn_scratch_numel}));
-      }
+                                      act(A.atty, Shape{P.B, P.T, C}), f32(A.lse, Shape{P.B, P.NH, P.T}), NH,
+                                      f32(P.attn_scratch, Shape{P.attn_scratch_numel}), ops::GradWrite::kOverwrite);
       const TensorView dln1 = dln_at(A.dln1);
       ops::matmul_backward(s, input ? dln1 : none, weight ? g.qkvw : none, weight ? g.qkvb : none, dqkv,
                            act(A.ln1, Shape{BT, C}), w.qkvw, /*overwrite_din=*/true);
-      ln_back(dln1, act(res_in, Shape{BT, C}), w.ln1w, g.ln1w, g.ln1b, act(A.ln1_mean, Shape{BT}),
-              act(A.ln1_rstd, Shape{BT}));
+      ln_back(dln1, act(res_in, Shape{BT, C}), w.ln1w, g.ln1w, g.ln1b, f32(A.ln1_mean, Shape{BT}),
+              f32(A.ln1_rstd, Shape{BT}));
       if (weight) p.after_backward(b);
     }
 
@@ -450,17 +484,18 @@ class Gpt final : public Model {
     const int NH = static_cast<int>(P.NH);
     const bool fwd = pass == BlockPass::kForward, matmuls = pass != BlockPass::kSelective;
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     const auto& A = P.layers[static_cast<size_t>(l)];
     const TensorView res_in = act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{BT, C});
     TensorView ln1 = act(A.ln1, Shape{BT, C}), qkv = act(A.qkv, Shape{BT, 3 * C});
     TensorView atty = act(A.atty, Shape{BT, C}), attproj = act(P.attproj, Shape{BT, C});
     TensorView res2 = act(A.residual2, Shape{BT, C}), ln2 = act(A.ln2, Shape{BT, C});
     TensorView fch = act(A.fch, Shape{BT, 4 * C}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * C});
-    ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{BT}), act(A.ln1_rstd, Shape{BT}), res_in, w.ln1w,
+    ops::layernorm_forward(s, ln1, f32(A.ln1_mean, Shape{BT}), f32(A.ln1_rstd, Shape{BT}), res_in, w.ln1w,
                            w.ln1b, kLayerNormEps);
     if (matmuls) {  // selective keeps qkv, the attention output and its lse per layer
       ops::matmul_forward(s, qkv, ln1, w.qkvw, w.qkvb);
-      ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), act(A.lse, Shape{P.B, P.NH, P.T}),
+      ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, C}), f32(A.lse, Shape{P.B, P.NH, P.T}),
                                    act(A.qkv, Shape{P.B, P.T, 3 * C}), NH);
     }
     // residual2 = residual + attproj and ln2 = layernorm(residual2) in one pass (the bits of the add
@@ -469,15 +504,18 @@ class Gpt final : public Model {
     // whose parameters ZeRO stage 3 gathers only at that block's before_forward.
     if (matmuls) {
       ops::matmul_forward(s, attproj, atty, w.attprojw, w.attprojb);
-      ops::residual_layernorm_forward(s, res2, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}),
+      ops::residual_layernorm_forward(s, res2, ln2, f32(A.ln2_mean, Shape{BT}), f32(A.ln2_rstd, Shape{BT}),
                                       res_in, attproj, w.ln2w, w.ln2b, kLayerNormEps);
     } else {
-      ops::layernorm_forward(s, ln2, act(A.ln2_mean, Shape{BT}), act(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
+      ops::layernorm_forward(s, ln2, f32(A.ln2_mean, Shape{BT}), f32(A.ln2_rstd, Shape{BT}), res2, w.ln2w,
                              w.ln2b, kLayerNormEps);
     }
     // c_fc and its GELU in one op (a GEMM epilogue on GPUs); a selective recompute keeps fch, the
-    // pre-GELU aux, and re-runs the GELU alone (the bits of the fused op's on the CPU backend).
-    if (matmuls)
+    // pre-GELU aux, and in fp32 re-runs the GELU alone (the bits of the fused op's on the CPU
+    // backend). In 16 bits the fused op takes the GELU of the fp32 sum, not of the rounded fch, so
+    // a selective recompute re-runs the fused op (c_fc's GEMM again, rewriting fch's same bits):
+    // every recompute mode keeps the forward's bits.
+    if (matmuls || ws.dtype != DType::kF32)
       ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w.fcw, w.fcb);
     else
       ops::gelu_forward(s, fch_gelu, fch);
@@ -487,15 +525,28 @@ class Gpt final : public Model {
     ops::add(s, res3, res2, fcproj);
   }
 
-  TensorView tensor_at(float* base, int device, int block, int idx) const {
+  TensorView tensor_at(void* base, DType dtype, int device, int block, int idx) const {
     const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
-    return TensorView{base + t.offset, DType::kF32, t.shape, device};
+    return TensorView{static_cast<char*>(base) + t.offset * static_cast<int64_t>(dtype_size(dtype)), dtype, t.shape,
+                      device};
   }
+  // The dtype this model computes in on `p`: f32, or (16-bit model) the 16-bit type of its
+  // parameters (bf16 and f16 take the same workspace bytes).
+  DType compute_dtype(ParamAccess& p) const {
+    if (activations_ == DType::kF32) return DType::kF32;
+    const DType d = p.param_dtype();
+    ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "a GPT computing in ", dtype_name(activations_),
+             " was given parameters in ", dtype_name(d), " (it reads 16-bit parameters as they are)");
+    return d;
+  }
+  // Parameters in the compute dtype; gradients are fp32.
   TensorView param(ParamAccess& p, int block, int idx) const {
-    return tensor_at(p.params(block), p.device_index(), block, idx);
+    const DType d = compute_dtype(p);
+    return tensor_at(d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
+                     p.device_index(), block, idx);
   }
   TensorView grad(ParamAccess& p, int block, int idx) const {
-    return tensor_at(p.grads(block), p.device_index(), block, idx);
+    return tensor_at(p.grads(block), DType::kF32, p.device_index(), block, idx);
   }
   static LayerParams views(const std::function<TensorView(int)>& at) {
     return LayerParams{at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
@@ -509,6 +560,7 @@ class Gpt final : public Model {
 
   ModelConfig config_;
   Recompute recompute_;
+  DType activations_ = DType::kF32;  // pipeline stages compute in fp32
   bool split_ = false;
   ParamLayout layout_;
   std::vector<GptChunk> chunks_;
@@ -517,8 +569,8 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute) {
-  return std::make_unique<Gpt>(config, recompute);
+std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, DType activations) {
+  return std::make_unique<Gpt>(config, recompute, activations);
 }
 
 std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "core/dtype.h"
 #include "memory/caching_allocator.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -17,12 +18,19 @@ class Communicator;
 class Mesh;
 
 // Where the model reads parameters and accumulates gradients, block by block.
+// A model that computes in fp32 (Model::activation_dtype() f32) reads params(); a model that
+// computes in 16 bits reads param_data() in param_dtype() (the ZeRO engine's 16-bit working
+// buffers, no widened copy). Gradients are fp32 for every model.
 class ParamAccess {
  public:
   virtual ~ParamAccess() = default;
   virtual int device_index() const = 0;  // the device the buffers live on
   virtual float* params(int block) = 0;  // flat fp32 buffer of block `block`, valid after before_*
   virtual float* grads(int block) = 0;   // flat fp32 gradient buffer (accumulated with +=)
+  // The dtype param_data() holds: f32 (then param_data == params), bf16 or f16.
+  virtual DType param_dtype() const { return DType::kF32; }
+  // Flat buffer of block `block` in param_dtype(), valid after before_*.
+  virtual void* param_data(int block) { return params(block); }
   virtual void before_forward(int block) {}
   virtual void before_backward(int block) {}
   // Every gradient of `block` for this micro-batch has been issued on the stream.
@@ -76,6 +84,11 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
+  // The dtype of the activations, saved tensors, activation gradients and GEMM inputs: f32, or
+  // the 16-bit type (bf16/f16) chosen at make_model; see make_model. A 16-bit model reads its
+  // parameters through ParamAccess::param_data in a 16-bit param_dtype(), so an engine hands it
+  // its working buffers as they are instead of widening them to fp32.
+  virtual DType activation_dtype() const { return DType::kF32; }
   // Bytes make_workspace(B, T) will take from the pool (the memory plan uses the same number).
   virtual size_t workspace_bytes(int B, int T) const = 0;
   virtual std::unique_ptr<Workspace> make_workspace(Device& device, int B, int T) const = 0;
@@ -147,8 +160,18 @@ struct TensorParallel {
 
 // `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
 // tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
+// activations: f32, or bf16/f16 for the one-device GPT (no tensor parallelism; refused with one
+// sentence otherwise): activations, saved tensors, activation gradients, logits and GEMM inputs
+// in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
+// gradients in fp32 (the ops' rounding rules, kernels/ops.h). A 16-bit GPT computes in the 16-bit
+// type its parameters come in (ParamAccess::param_dtype; bf16 and f16 take the same bytes), so an
+// engine switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
-                                  const TensorParallel& tp = {});
+                                  const TensorParallel& tp = {}, DType activations = DType::kF32);
+// The activation dtype a training run's model computes in: the working dtype (bf16/f16) for a GPT
+// without tensor or pipeline parallelism, else f32 (the MLP, tensor-parallel GPT and pipeline
+// stages compute in fp32 on widened copies of their 16-bit parameters).
+DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
 // tp.degree > 1: the stage of the tensor-parallel GPT (model/gpt_tp.cc), built once per stage and

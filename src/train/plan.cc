@@ -39,6 +39,25 @@ namespace zt {
 
 namespace {
 
+// The activation dtype a run's model computes in (make_model's; run_activation_dtype).
+DType plan_activation_dtype(const ModelConfig& mc, const PlanInputs& in) {
+  return run_activation_dtype(mc, in.working, in.tensor, in.pipeline);
+}
+
+// The model a run of these inputs builds (a pipeline's stages aside: plan_pipeline).
+std::unique_ptr<Model> plan_model(const ModelConfig& mc, const PlanInputs& in) {
+  return make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}, plan_activation_dtype(mc, in));
+}
+
+// "fp32", or "bf16 + fp32 master, bf16 activations" (the 16-bit GPT) / ", fp32 activations".
+std::string precision_label(ModelKind kind, const PlanInputs& in) {
+  if (in.working == DType::kF32) return "fp32";
+  ModelConfig mc;
+  mc.kind = kind;
+  return std::string(dtype_name(in.working)) + " + fp32 master, " + dtype_name(plan_activation_dtype(mc, in)) +
+         " activations";
+}
+
 // The CPU backend simulates up to this many devices (runtime/device_spec.cc).
 constexpr int kMaxCpuPlanDevices = 64;
 
@@ -353,7 +372,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 
 MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   if (in.pipeline > 1) return plan_pipeline(mc, in);
-  return plan_for(*make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}), mc, in);
+  return plan_for(*plan_model(mc, in), mc, in);
 }
 
 namespace {
@@ -433,7 +452,7 @@ class ModelsByRecompute {
   explicit ModelsByRecompute(const ModelConfig& mc) : mc_(mc) {}
   MemoryPlan plan(const PlanInputs& in) {
     auto& m = models_[static_cast<int>(in.recompute)];
-    if (!m) m = make_model(mc_, in.recompute, TensorParallel{in.tensor, in.sequence_parallel});
+    if (!m || m->activation_dtype() != plan_activation_dtype(mc_, in)) m = plan_model(mc_, in);
     return plan_for(*m, mc_, in);
   }
 
@@ -603,7 +622,7 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
                                  " tensor" + (in.sequence_parallel ? ", sequence-parallel)" : ")")).c_str()
                               : "",
                 in.zero_stage,
-                in.working == DType::kF32 ? "fp32" : in.working == DType::kBF16 ? "bf16 + fp32 master" : "fp16 + fp32 master",
+                precision_label(mc.kind, in).c_str(),
                 in.sgd ? "SGD" : "AdamW", in.micro_batch,
                 mc.kind == ModelKind::kGpt ? in.seq_len : 1, in.micro_batches, in.micro_batches == 1 ? "" : "es");
   os << head;
@@ -676,7 +695,7 @@ int largest_with_plan(const std::vector<ModelConfig>& family, const PlanInputs& 
   ZT_REQUIRE(!family.empty(), "the model family to search is empty");
   auto plan_of = [&](int i) {
     const ModelConfig& m = family[static_cast<size_t>(i)];
-    MemoryPlan p = plan_for(*make_model(m, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}), m, in);
+    MemoryPlan p = plan_for(*plan_model(m, in), m, in);
     if (plans) ++*plans;
     if (work) *work += p.work;
     return p;
@@ -740,9 +759,7 @@ std::string format_largest(const LargestTable& t) {
                 "per step\n",
                 in.devices, in.devices == 1 ? "" : "s", format_plan_bytes(memory).c_str(),
                 in.tensor > 1 ? (" (tensor-parallel " + std::to_string(in.tensor) + ", heads it divides only)").c_str() : "",
-                in.working == DType::kF32    ? "fp32"
-                : in.working == DType::kBF16 ? "bf16 + fp32 master"
-                                             : "fp16 + fp32 master",
+                precision_label(ModelKind::kGpt, in).c_str(),
                 in.sgd ? "SGD" : "AdamW", in.micro_batch, in.seq_len, in.micro_batches,
                 in.micro_batches == 1 ? "" : "es");
   os << line;

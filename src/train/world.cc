@@ -132,7 +132,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   if (PP > 1) {
     build_pipeline(zo);
   } else {
-    model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()});
+    // A GPT without tensor parallelism computes in the 16-bit working dtype (16-bit activations);
+    // the rest in fp32 on the engine's widened parameters.
+    model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                        run_activation_dtype(run.mc, working, TP, PP));
     if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
       collectives_ = run.cfg.comm == CommEngine::kNccl
                          ? run.processes->connect_nccl(devs_)

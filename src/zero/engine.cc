@@ -111,6 +111,8 @@ class ZeroRank final : public ParamAccess {
   int device_index() const override { return d_.index(); }
   float* params(int b) override;
   float* grads(int b) override;
+  DType param_dtype() const override;
+  void* param_data(int b) override;
   // A pipeline stage's step has no per-micro-batch visit order: its buffers live the whole step.
   void before_forward(int b) override;
   void before_backward(int b) override;
@@ -233,9 +235,14 @@ struct ZeroEngine::Impl {
              " is not its cross-process collectives' ", o.processes ? o.processes->tensor_degree() : 0);
     ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
              "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
+    ZT_CHECK(!o.pipeline || m.activation_dtype() == DType::kF32, "a pipeline stage computing in ",
+             dtype_name(m.activation_dtype()), " (stages compute in fp32 on widened copies)");
+    ZT_REQUIRE(m.activation_dtype() == DType::kF32 || dtype_size(o.working) == dtype_size(m.activation_dtype()),
+               "a model computing in ", dtype_name(m.activation_dtype()), " needs 16-bit working parameters, not ",
+               dtype_name(o.working), "; use --precision bf16 or fp16, or an fp32 model");
     const ParamLayout& L = model.layout();
     std::vector<BlockBufferBytes> sizes;
-    for (int b = 0; b < L.num_blocks(); ++b) sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world(), opt));
+    for (int b = 0; b < L.num_blocks(); ++b) sizes.push_back(block_sizes(L.block(b).numel, opt));
     make_plans(sizes);
     for (int r = 0; r < local_size(); ++r)
       ranks.push_back(std::make_unique<ZeroRank>(*this, r, *devices[static_cast<size_t>(r)]));
@@ -243,11 +250,16 @@ struct ZeroEngine::Impl {
 
   void make_plans(const std::vector<BlockBufferBytes>& sizes) {
     const auto fwd = model.forward_order(), bwd = model.backward_order();
-    train_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), false);
-    forward_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), true);
+    train_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), widen(), false);
+    forward_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), widen(), true);
   }
 
   bool mixed() const { return opt.working != DType::kF32; }
+  // Mixed precision for a model computing in fp32: blocks run on fp32 copies (kComputeParams).
+  bool widen() const { return widens_params(opt.working, model.activation_dtype()); }
+  BlockBufferBytes block_sizes(int64_t numel, const ZeroOptions& o) const {
+    return zt::block_buffer_bytes(numel, world(), o, model.activation_dtype());
+  }
   // Global ranks (every process's; this process's devices alone without opt.processes).
   static int engine_world(size_t local, const ZeroOptions& o) {
     return o.processes ? o.processes->world() : static_cast<int>(local);
@@ -346,7 +358,7 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
     Block blk;
     blk.numel = L.block(b).numel;
     blk.shard = shard_range(blk.numel, data_index_, e_.data_size());
-    blk.sizes = zt::block_buffer_bytes(blk.numel, e_.world(), e_.opt);
+    blk.sizes = e_.block_sizes(blk.numel, e_.opt);
     for (const ResidentBuffer& rb : resident_buffers(blk.sizes, policy_))
       allocate(blk, rb.role, rb.bytes, compute_, buffer_role_label(rb.role));
     blk.off = blk.sizes.offloaded;
@@ -378,14 +390,25 @@ const std::string& ZeroRank::block_name(int b) const { return e_.model.layout().
 float* ZeroRank::params(int b) {
   Block& blk = block(b);
   if (e_.mixed()) {
+    ZT_CHECK(e_.widen(), "fp32 parameters of block ", b, " asked by a model that computes in ",
+             dtype_name(e_.model.activation_dtype()), " (param_data holds them)");
     ZT_CHECK(blk.compute.data(), "block ", b, " used outside its visit");
     return blk.compute.as<float>();
   }
+  return static_cast<float*>(param_data(b));
+}
+
+DType ZeroRank::param_dtype() const { return e_.widen() ? DType::kF32 : e_.opt.working; }
+
+void* ZeroRank::param_data(int b) {
+  Block& blk = block(b);
+  if (e_.widen()) return params(b);
+  // The working buffers as they are: fp32, or 16-bit for a model that computes in 16 bits.
   if (policy_.shard_params) {
     ZT_CHECK(blk.gathered.data(), "block ", b, " used before it was gathered");
-    return blk.gathered.as<float>();
+    return blk.gathered.data();
   }
-  return blk.params.as<float>();
+  return blk.params.data();
 }
 
 float* ZeroRank::grads(int b) {
@@ -1019,7 +1042,7 @@ std::vector<float> ZeroRank::gradient_shard_to_host(int b) {
 void ZeroRank::reallocate_working(const ZeroOptions& o) {
   const DType working = o.working;
   for (auto& blk : blocks) {
-    blk.sizes = zt::block_buffer_bytes(blk.numel, e_.world(), o);
+    blk.sizes = e_.block_sizes(blk.numel, o);
     // The working-dtype resident buffers, in the constructor's order.
     for (const ResidentBuffer& rb : resident_buffers(blk.sizes, policy_)) {
       if (rb.role != BufferRole::kParams && rb.role != BufferRole::kFullGradBucket && rb.role != BufferRole::kGradShardAccum)
@@ -1244,8 +1267,8 @@ void ZeroEngine::set_working_dtype(DType working) {
   }
 }
 
-BlockBufferBytes ZeroEngine::block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt) {
-  return zt::block_buffer_bytes(numel, world, opt);
+BlockBufferBytes ZeroEngine::block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt, DType activations) {
+  return zt::block_buffer_bytes(numel, world, opt, activations);
 }
 
 namespace {
@@ -1281,7 +1304,7 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   EngineMemoryPlan plan;
   std::vector<BlockBufferBytes> sizes;
   for (int b = 0; b < L.num_blocks(); ++b) {
-    sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world, opt));
+    sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world, opt, model.activation_dtype()));
     for (const ResidentBuffer& rb : resident_buffers(sizes.back(), p)) {
       plan.resident.push_back(rb.bytes);
       *state_slot(plan.state, rb.role) += rb.bytes;
@@ -1298,7 +1321,7 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   plan.resident.push_back(static_cast<size_t>(std::max(1, L.num_blocks())) * sizeof(optim::GradSegment));
   // The transient peaks: the very lists the hooks execute for a training micro-batch and for a
   // forward-only pass.
-  const bool mixed = opt.working != DType::kF32;
+  const bool mixed = opt.working != DType::kF32, widen = widens_params(opt.working, model.activation_dtype());
   if (opt.pipeline) {
     // A pipeline stage's step (begin_pipeline_step): per block, in layout order, the fp32 compute
     // copy (mixed), the full gradient bucket when not resident (stage 2), the fp32 compute gradient
@@ -1314,7 +1337,7 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   }
   const auto fwd = model.forward_order(), bwd = model.backward_order();
   for (bool forward_only : {false, true}) {
-    const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, p, mixed, forward_only);
+    const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, p, mixed, widen, forward_only);
     const TransientPeak peak = transient_peak(vp, L.num_blocks());
     auto& out = forward_only ? plan.forward_peak : plan.train_peak;
     for (const BufferOp& op : peak.live) out.push_back({op.bytes, buffer_role_on_comm(op.role)});

@@ -29,9 +29,13 @@
 // communicated and accumulated in the 16-bit type; each rank's optimizer shard keeps fp32 master
 // weights and moments (stage 0: all of them), and the fused update re-derives the 16-bit copy from
 // the master. Per rank: stage 0 2Psi + 2Psi + 12Psi; stage 1 2Psi + 2Psi + 12Psi/N; stage 2 2Psi +
-// 14Psi/N; stage 3 16Psi/N (ZeRO's K = 12). The model computes in fp32: a block's 16-bit
-// parameters are widened into a transient fp32 copy while the block runs, and its fp32 gradient
-// (scaled by the loss scale) is rounded once into the 16-bit buffer that is reduced.
+// 14Psi/N; stage 3 16Psi/N (ZeRO's K = 12). A model that computes in 16 bits
+// (Model::activation_dtype bf16/f16: the one-device GPT) reads the 16-bit parameters as they are
+// (ParamAccess::param_data: the resident buffer, or the gathered one at stage 3); a model that
+// computes in fp32 (MLP, tensor-parallel GPT, pipeline stages) gets a block's 16-bit parameters
+// widened into a transient fp32 copy (BufferRole::kComputeParams) while the block runs. Either
+// way the block's fp32 gradient (scaled by the loss scale) is rounded once into the 16-bit buffer
+// that is reduced.
 //
 // Loss scaling and overflow: after the reductions, one fused pass per rank (optim::unscale_check)
 // computes the unscaled squared norms and a non-finite flag of its gradient shard; the flags are
@@ -269,8 +273,10 @@ class ZeroEngine {
   double host_update_seconds(int rank) const;
 
   // What one block's buffers take on one rank of `world` devices (zt::block_buffer_bytes; sharded
-  // over world / opt.tensor of them, as in the three calls below).
-  static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
+  // over world / opt.tensor of them, as in the three calls below), for a model computing in
+  // `activations`.
+  static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt,
+                                             DType activations = DType::kF32);
   // What an engine of this model on `world` devices allocates per rank: the resident buffers
   // (resident_buffers) and the transient ones live at the peak, from walking the visit plans the
   // engine's hooks execute (make_visit_plan). Linear in the model's visits.

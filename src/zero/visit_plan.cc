@@ -39,7 +39,7 @@ int data_parallel_size(int world, const ZeroOptions& opt) {
            " devices; use a divisor of ", world, " (nearest: ", nearest, ")");
 }
 
-BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt) {
+BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt, DType activations) {
   const ShardingPolicy p = policy_for_stage(opt.stage);
   const ShardRange sh = shard_range(numel, 0, data_parallel_size(world, opt));
   const int64_t full = sh.padded_numel, shard = sh.shard_numel;
@@ -59,7 +59,7 @@ BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions&
   b[BufferRole::kMomentM] = F(state - k);
   b[BufferRole::kMomentV] = opt.sgd ? 0 : F(state - k);
   b[BufferRole::kGathered] = p.shard_params ? Wb(full) : 0;
-  b[BufferRole::kComputeParams] = mixed ? F(full) : 0;
+  b[BufferRole::kComputeParams] = widens_params(opt.working, activations) ? F(full) : 0;
   b[BufferRole::kComputeGrad] = mixed ? F(full) : 0;
   return b;
 }
@@ -152,7 +152,8 @@ std::vector<Visit> make_visits(const std::vector<int>& fwd, const std::vector<in
 
 VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& bwd,
                           const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& p, bool mixed,
-                          bool forward_only) {
+                          bool widen, bool forward_only) {
+  ZT_CHECK(mixed || !widen, "fp32 compute copies of fp32 working parameters");
   VisitPlan plan;
   const std::vector<Visit> S = make_visits(fwd, bwd, sizes.size(), &plan.work);
   const size_t limit = forward_only ? fwd.size() : S.size();
@@ -169,7 +170,7 @@ VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& b
       sb.alloc_once(BufferRole::kGathered, b);
       if (pos + 1 < limit) sb.alloc_once(BufferRole::kGathered, S[pos + 1].block);  // the prefetch
     }
-    if (mixed) sb.alloc_once(BufferRole::kComputeParams, b);
+    if (widen) sb.alloc_once(BufferRole::kComputeParams, b);
     if (v.backward && mixed) sb.alloc_once(BufferRole::kComputeGrad, b);
     if (v.backward && !mixed && p.shard_grads) sb.alloc_once(BufferRole::kFullGradBucket, b);
     sb.end();

@@ -22,7 +22,7 @@ enum class BufferRole : uint8_t {
   kMomentM,         // fp32 first moment
   kMomentV,         // fp32 second moment (AdamW)
   kGathered,        // stage 3: full working parameters while the block (or the next) is in use
-  kComputeParams,   // mixed precision: fp32 copy of the block's parameters while it runs
+  kComputeParams,   // mixed precision, fp32 model: fp32 copy of the block's parameters while it runs
   kComputeGrad,     // mixed precision: fp32 gradient during the block's backward
 };
 constexpr int kNumBufferRoles = 9;
@@ -51,7 +51,15 @@ struct ZeroOptions;
 // world.
 int data_parallel_size(int world, const ZeroOptions& opt);
 // world: the number of devices; the shards are over data_parallel_size(world, opt) of them.
-BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt);
+// activations: the model's activation dtype (Model::activation_dtype); a model computing in 16 bits
+// reads the working parameters as they are, so it has no kComputeParams.
+BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt,
+                                    DType activations = DType::kF32);
+// Whether a mixed-precision engine widens each block's parameters into an fp32 copy
+// (kComputeParams) for a model of this activation dtype: only for a model computing in fp32.
+inline bool widens_params(DType working, DType activations) {
+  return working != DType::kF32 && activations == DType::kF32;
+}
 // Offload: the first floor(offload_fraction * shard_numel) elements of every rank's padded shard
 // (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
 // outside (0, 1].
@@ -92,10 +100,12 @@ struct VisitPlan {
 // The steps of one micro-batch from the model's declared visit order: forward then backward
 // (forward_only: the forward alone, as evaluation and sampling run it). A block visited again later
 // in the forward (a tied embedding) stays gathered until then; a block's after_backward directly
-// follows its last backward visit. Stage 3 prefetches the next visit's block.
+// follows its last backward visit. Stage 3 prefetches the next visit's block. mixed: 16-bit working
+// parameters (fp32 compute gradients); widen: fp32 compute copies of the parameters too
+// (widens_params).
 VisitPlan make_visit_plan(const std::vector<int>& forward_order, const std::vector<int>& backward_order,
                           const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& policy, bool mixed,
-                          bool forward_only);
+                          bool widen, bool forward_only);
 
 // The transient buffers live at once at the plan's peak of pool bytes (each rounded as the pool
 // rounds it), from walking the steps' operations in order.

@@ -1,13 +1,20 @@
 // The fused and vectorised memory-bound ops of issue #13 on every backend (CUDA instances skip
 // without a GPU): the residual add + layernorm against its composition (bits) and float64 (fp32,
-// bf16, fp16), matmul_backward's overwrite_din against zero fill + accumulate, the two-stage column sums (bias and layernorm parameter gradients) against float64
-// at C = 768 and odd shapes, and the 128-bit elementwise paths at odd sizes and unaligned pointers
-// against the scalar expressions. Tolerances as tests/kernels/test_ops.cc.
+// bf16, fp16; fp32 or 16-bit weights), matmul_backward's overwrite_din against zero fill +
+// accumulate, the two-stage column sums (bias and layernorm parameter gradients) against float64 at
+// C = 768 and odd shapes, the 128-bit elementwise paths at odd sizes and unaligned pointers against
+// the scalar expressions, 16-bit layernorm forward/backward and LM head (padded vocabulary), and
+// fill, add, GELU and the encoder over bf16/fp16 activations, against float64 of the widened inputs
+// (the rounding bits, one dtype per call). Tolerances as tests/kernels/test_ops.cc.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -345,6 +352,540 @@ TEST_P(FusedOpsTest, SixteenBitVectorPathsKeepTheScalarBits) {
       }
     }
   }
+}
+
+// ---- 16-bit layernorm (forward, backward) and LM head -----------------------------------------
+// The contract (ops.h): 16-bit inputs widened exactly, fp32 arithmetic, each 16-bit output rounded
+// once. So a 16-bit output is within half an ulp of its dtype of the fp32 result, which is within
+// fp32 slack of the float64 reference on the same widened inputs; fp32 outputs (statistics,
+// parameter gradients) compare with the fp32 tolerances.
+
+template <typename T>
+std::vector<T> round_to(const FVec& v) {
+  std::vector<T> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_float<T>(v[i]);
+  return r;
+}
+template <typename T>
+FVec widen(const std::vector<T>& v) {
+  FVec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = to_float(v[i]);
+  return r;
+}
+
+// Half an ulp of `t` at magnitude a (subnormal spacing below the normal range; 0 for fp32).
+double half_ulp(double a, DType t) {
+  if (t == DType::kF32) return 0.0;
+  const int e = a > 0 ? std::ilogb(a) : -1000;
+  return t == DType::kBF16 ? std::ldexp(1.0, std::max(e, -126) - 8) : std::ldexp(1.0, std::max(e, -14) - 11);
+}
+
+// got (a 16-bit output of dtype t, widened) against ref: half an ulp of t plus the fp32 slack.
+::testing::AssertionResult close16(const FVec& got, const DVec& ref, DType t, Tol slack) {
+  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  double sq = 0;
+  for (double r : ref) sq += r * r;
+  const double atol = slack.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size()));
+  size_t bad = 0;
+  std::ostringstream msg;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]);
+    const double bound =
+        half_ulp(std::max(std::fabs(ref[i]), std::fabs(double{got[i]})), t) + slack.rtol * std::fabs(ref[i]) + atol;
+    if (!(err <= bound)) {
+      if (bad < 5) msg << "\n  [" << i << "] got " << got[i] << " want " << ref[i] << " (err " << err << " > " << bound << ")";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements beyond half an ulp of "
+                                       << dtype_name(t) << " plus fp32 slack" << msg.str();
+}
+
+// A device tensor of dtype T holding host values (fp32 tensors through the same path).
+template <typename T>
+DevTensor upload_as(Device& dev, Stream& s, Shape shape, const std::vector<T>& host) {
+  DevTensor t(dev, s, DTypeOf<T>::value, shape);
+  t.upload(host);
+  return t;
+}
+
+// 16-bit NaN patterns: poison for outputs that must be written, padding that must not be read.
+template <typename T>
+T nan16() {
+  return T{static_cast<uint16_t>(std::is_same_v<T, BFloat16> ? 0x7fc0 : 0x7e00)};
+}
+
+// Activations T (bf16/f16), parameters W (fp32 or T).
+template <typename T, typename W>
+void check_layernorm_16(Device& dev, Stream& s, Rng& rng) {
+  constexpr DType act = DTypeOf<T>::value;
+  const float eps = 1e-5f;
+  for (const RowsCase& c : kResidualCases) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(act) << " activations, " << dtype_name(DTypeOf<W>::value)
+                                      << " weights, N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C, n = N * C;
+    const std::vector<T> x = round_to<T>(rng.normal(n, 2.0f, 3.0f));
+    const std::vector<W> w = round_to<W>(rng.normal(C)), b = round_to<W>(rng.normal(C));
+    DevTensor tx = upload_as(dev, s, {N, C}, x), tw = upload_as(dev, s, {C}, w), tb = upload_as(dev, s, {C}, b);
+    DevTensor out = upload_as(dev, s, {N, C}, std::vector<T>(n, nan16<T>()));
+    DevTensor mean = upload_as(dev, s, {N}, nan_vec(N)), rstd = upload_as(dev, s, {N}, nan_vec(N));
+    ops::layernorm_forward(s, out, mean, rstd, tx, tw, tb, eps);
+    const FVec xw = widen(x), ww = widen(w), bw = widen(b);
+    DVec r_out(n), r_mean(N), r_rstd(N);
+    ref::layernorm_forward_ref(r_out, r_mean, r_rstd, to_d(xw), to_d(ww), to_d(bw), N, C, eps);
+    const std::vector<T> got = out.download<T>();
+    EXPECT_TRUE(close16(widen(got), r_out, act, kTolElem));
+    EXPECT_TRUE(close(mean.f(), r_mean, kTolElem));
+    EXPECT_TRUE(close(rstd.f(), r_rstd, kTolReduce));
+
+    // The fused residual kernel normalises its stored residual as this op does: a + 0 is a, so
+    // its ln_out has these bits.
+    DevTensor zero = upload_as(dev, s, {N, C}, std::vector<T>(n, from_float<T>(0.0f)));
+    DevTensor res(dev, s, act, {N, C}), ln = upload_as(dev, s, {N, C}, std::vector<T>(n, nan16<T>()));
+    ops::residual_layernorm_forward(s, res, ln, mean, rstd, tx, zero, tw, tb, eps);
+    const std::vector<T> got_ln = ln.download<T>();
+    std::vector<uint16_t> bits(n), fused_bits(n);
+    for (int64_t i = 0; i < n; ++i) bits[i] = got[i].bits, fused_bits[i] = got_ln[i].bits;
+    EXPECT_TRUE(bitwise_equal(fused_bits, bits));
+
+    // Backward with the op's own statistics; din (16-bit) and dweight/dbias (fp32) accumulate.
+    const std::vector<T> dout = round_to<T>(rng.normal(n)), din0 = round_to<T>(rng.normal(n));
+    const FVec dw0 = rng.normal(C), db0 = rng.normal(C);
+    DevTensor tdout = upload_as(dev, s, {N, C}, dout), din = upload_as(dev, s, {N, C}, din0);
+    DevTensor dw = upload_as(dev, s, {C}, dw0), db = upload_as(dev, s, {C}, db0);
+    ops::layernorm_backward(s, din, dw, db, tdout, tx, tw, mean, rstd);
+    DVec r_din = to_d(widen(din0)), r_dw = to_d(dw0), r_db = to_d(db0);
+    ref::layernorm_backward_ref(r_din, r_dw, r_db, to_d(widen(dout)), to_d(xw), to_d(ww), to_d(mean.f()),
+                                to_d(rstd.f()), N, C);
+    EXPECT_TRUE(close16(widen(din.download<T>()), r_din, act, kTolReduce));
+    EXPECT_TRUE(close(dw.f(), r_dw, kTolReduce));
+    EXPECT_TRUE(close(db.f(), r_db, kTolReduce));
+  }
+}
+
+TEST_P(FusedOpsTest, LayernormBf16) {
+  check_layernorm_16<BFloat16, float>(*dev_, s(), rng_);
+  check_layernorm_16<BFloat16, BFloat16>(*dev_, s(), rng_);
+}
+TEST_P(FusedOpsTest, LayernormFp16) {
+  check_layernorm_16<Half, float>(*dev_, s(), rng_);
+  check_layernorm_16<Half, Half>(*dev_, s(), rng_);
+}
+
+// residual_layernorm_forward with 16-bit weight and bias: the residual rounded once, ln_out within
+// half an ulp of the float64 layernorm of that residual with the widened parameters.
+template <typename T>
+void check_residual_layernorm_16_weights(Device& dev, Stream& s, Rng& rng) {
+  constexpr DType act = DTypeOf<T>::value;
+  const float eps = 1e-5f;
+  for (const RowsCase& c : kResidualCases) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(act) << " N=" << c.N << " C=" << c.C);
+    const int64_t N = c.N, C = c.C, n = N * C;
+    const std::vector<T> a = round_to<T>(rng.normal(n, 2.0f, 3.0f)), b = round_to<T>(rng.normal(n));
+    const std::vector<T> w = round_to<T>(rng.normal(C)), bias = round_to<T>(rng.normal(C));
+    DevTensor ta = upload_as(dev, s, {N, C}, a), tb = upload_as(dev, s, {N, C}, b), tw = upload_as(dev, s, {C}, w),
+              tbias = upload_as(dev, s, {C}, bias);
+    DevTensor res(dev, s, act, {N, C}), ln = upload_as(dev, s, {N, C}, std::vector<T>(n, nan16<T>()));
+    DevTensor mean = upload_as(dev, s, {N}, nan_vec(N)), rstd = upload_as(dev, s, {N}, nan_vec(N));
+    ops::residual_layernorm_forward(s, res, ln, mean, rstd, ta, tb, tw, tbias, eps);
+    std::vector<T> want_res(n);
+    for (int64_t i = 0; i < n; ++i) want_res[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+    const std::vector<T> got_res = res.download<T>();
+    std::vector<uint16_t> got_bits(n), want_bits(n);
+    for (int64_t i = 0; i < n; ++i) got_bits[i] = got_res[i].bits, want_bits[i] = want_res[i].bits;
+    EXPECT_TRUE(bitwise_equal(got_bits, want_bits));
+    DVec r_ln(n), r_mean(N), r_rstd(N);
+    ref::layernorm_forward_ref(r_ln, r_mean, r_rstd, to_d(widen(want_res)), to_d(widen(w)), to_d(widen(bias)), N, C,
+                               eps);
+    EXPECT_TRUE(close16(widen(ln.download<T>()), r_ln, act, kTolElem));
+    EXPECT_TRUE(close(mean.f(), r_mean, kTolElem));
+    EXPECT_TRUE(close(rstd.f(), r_rstd, kTolReduce));
+  }
+}
+
+TEST_P(FusedOpsTest, ResidualLayernormSixteenBitWeights) {
+  check_residual_layernorm_16_weights<BFloat16>(*dev_, s(), rng_);
+  check_residual_layernorm_16_weights<Half>(*dev_, s(), rng_);
+}
+
+// The LM head in 16 bits over a padded vocabulary: logits within half an ulp of the float64 product
+// of the widened inputs, the padding neither written (forward) nor read (backward: NaN there would
+// reach both gradients); din += rounded once, dwte fp32 +=.
+template <typename T>
+void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
+  constexpr DType act = DTypeOf<T>::value;
+  struct HeadCase {
+    int64_t N, C, V;
+  };
+  for (const HeadCase& c : {HeadCase{37, 24, 300}, HeadCase{3, 16, 1025}, HeadCase{5, 8, 128}}) {
+    const int64_t N = c.N, C = c.C, V = c.V, Vp = ops::padded_vocab(V);
+    SCOPED_TRACE(::testing::Message() << dtype_name(act) << " N=" << N << " C=" << C << " V=" << V << " Vp=" << Vp);
+    const std::vector<T> in = round_to<T>(rng.normal(N * C)), wte = round_to<T>(rng.normal(V * C, 0.2f));
+    DevTensor tin = upload_as(dev, s, {N, C}, in), twte = upload_as(dev, s, {V, C}, wte);
+    DevTensor logits = upload_as(dev, s, {N, Vp}, std::vector<T>(N * Vp, nan16<T>()));
+    ops::lm_head_forward(s, logits, tin, twte);
+    DVec r_logits(N * V);
+    ref::matmul_forward_ref(r_logits, to_d(widen(in)), to_d(widen(wte)), {}, N, C, V);
+    const std::vector<T> got = logits.download<T>();
+    FVec real(N * V);
+    int64_t padding_written = 0;
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t j = 0; j < V; ++j) real[r * V + j] = to_float(got[r * Vp + j]);
+      for (int64_t j = V; j < Vp; ++j) padding_written += got[r * Vp + j].bits != nan16<T>().bits;
+    }
+    EXPECT_TRUE(close16(real, r_logits, act, kTolReduce));
+    EXPECT_EQ(padding_written, 0);
+
+    std::vector<T> dl = round_to<T>(rng.normal(N * Vp, 0.1f));
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = V; j < Vp; ++j) dl[r * Vp + j] = nan16<T>();
+    const std::vector<T> din0 = round_to<T>(rng.normal(N * C));
+    const FVec dwte0 = rng.normal(V * C);
+    DevTensor tdl = upload_as(dev, s, {N, Vp}, dl), din = upload_as(dev, s, {N, C}, din0),
+              dwte = upload_as(dev, s, {V, C}, dwte0);
+    ops::lm_head_backward(s, din, dwte, tdl, tin, twte);
+    DVec dl_real(N * V);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = 0; j < V; ++j) dl_real[r * V + j] = to_float(dl[r * Vp + j]);
+    DVec r_din = to_d(widen(din0)), r_dwte = to_d(dwte0);
+    ref::matmul_backward_ref(r_din, r_dwte, {}, dl_real, to_d(widen(in)), to_d(widen(wte)), N, C, V);
+    EXPECT_TRUE(close16(widen(din.download<T>()), r_din, act, kTolReduce));
+    EXPECT_TRUE(close(dwte.f(), r_dwte, kTolReduce));
+
+    // Either gradient alone: the same values as together.
+    DevTensor din_only = upload_as(dev, s, {N, C}, din0), dwte_only = upload_as(dev, s, {V, C}, dwte0);
+    ops::lm_head_backward(s, din_only, TensorView{}, tdl, tin, twte);
+    ops::lm_head_backward(s, TensorView{}, dwte_only, tdl, tin, twte);
+    EXPECT_TRUE(bitwise_equal(din_only.download<uint16_t>(), din.download<uint16_t>()));
+    EXPECT_TRUE(bitwise_equal(dwte_only.f(), dwte.f()));
+
+    // The CPU backend (the specification) with Vp == V: matmul's 16-bit bits.
+    if (backend == Backend::kCpu) {
+      DevTensor a(dev, s, act, {N, V}), b(dev, s, act, {N, V});
+      ops::lm_head_forward(s, a, tin, twte);
+      ops::matmul_forward(s, b, tin, twte, ConstTensorView{});
+      EXPECT_TRUE(bitwise_equal(a.download<uint16_t>(), b.download<uint16_t>()));
+      std::vector<T> g(N * V);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < V; ++j) g[r * V + j] = dl[r * Vp + j];
+      DevTensor tg = upload_as(dev, s, {N, V}, g);
+      DevTensor din_a = upload_as(dev, s, {N, C}, din0), din_b = upload_as(dev, s, {N, C}, din0);
+      DevTensor dwte_a = upload_as(dev, s, {V, C}, dwte0), dwte_b = upload_as(dev, s, {V, C}, dwte0);
+      ops::lm_head_backward(s, din_a, dwte_a, tg, tin, twte);
+      ops::matmul_backward(s, din_b, dwte_b, TensorView{}, tg, tin, twte);
+      EXPECT_TRUE(bitwise_equal(din_a.download<uint16_t>(), din_b.download<uint16_t>()));
+      EXPECT_TRUE(bitwise_equal(dwte_a.f(), dwte_b.f()));
+    }
+  }
+}
+
+// ---- 16-bit activations: fill, add, GELU, the encoder ------------------------------------------------
+// The host side of a 16-bit dtype: core/dtype.h's rounding (the one every kernel reproduces) and
+// widening. Against float64 a 16-bit output may be off by half an ulp of itself (2^-8 relative in
+// bf16, 2^-11 in fp16) on top of the fp32 arithmetic's kTolElem.
+struct Host16 {
+  DType t;
+  uint16_t round(float v) const { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); }
+  float widen(uint16_t h) const { return t == DType::kBF16 ? bf16_bits_to_float(h) : half_bits_to_float(h); }
+  std::vector<uint16_t> round(const FVec& v) const {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = round(v[i]);
+    return out;
+  }
+  FVec widen(const std::vector<uint16_t>& v) const {
+    FVec out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
+    return out;
+  }
+  // op_test::close's bound with the relative half ulp added to kTolElem's rtol, and the dtype's
+  // half subnormal spacing (2^-25 in fp16, 2^-134 in bf16) added to its absolute term: near zero
+  // the relative bound does not hold.
+  ::testing::AssertionResult close(const FVec& got, const DVec& ref) const {
+    if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+    const double rtol = (t == DType::kBF16 ? 0x1p-8 : 0x1p-11) + kTolElem.rtol;
+    double sq = 0;
+    for (double r : ref) sq += r * r;
+    const double atol = kTolElem.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size())) +
+                        (t == DType::kBF16 ? 0x1p-134 : 0x1p-25);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(got[i] - ref[i]), bound = rtol * std::fabs(ref[i]) + atol;
+      if (!(err <= bound))  // NaN fails
+        return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want " << ref[i] << " (err "
+                                             << err << " > " << bound << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces (fp16), ~1.7e38 in bf16
+
+TEST_P(FusedOpsTest, SixteenBitFillAddGelu) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (int64_t n : kVecSizes) {
+      for (int64_t off : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n << " offset=" << off);
+        const int64_t m = n + off;
+        auto tensor16 = [&](const std::vector<uint16_t>& v) {
+          DevTensor d(*dev_, s(), t, {static_cast<int64_t>(v.size())});
+          d.upload(v);
+          return d;
+        };
+        auto slice = [&](const std::vector<uint16_t>& v) {
+          return std::vector<uint16_t>(v.begin() + off, v.begin() + off + n);
+        };
+        const std::vector<uint16_t> poison(m, kPoison16);
+
+        // fill: -2.5 is representable (bf16 0xc020, fp16 0xc100) and stored exactly; 0.1 is rounded
+        // once. The elements before the view keep their poison.
+        DevTensor x = tensor16(poison);
+        ops::fill(s(), at(x, off, {n}), -2.5f);
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(x, off, n),
+                                  std::vector<uint16_t>(n, t == DType::kBF16 ? 0xc020 : 0xc100)));
+        ops::fill(s(), at(x, off, {n}), 0.1f);
+        const std::vector<uint16_t> got_fill = x.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(slice(got_fill), std::vector<uint16_t>(n, h.round(0.1f))));
+        EXPECT_TRUE(std::all_of(got_fill.begin(), got_fill.begin() + off, [](uint16_t b) { return b == kPoison16; }));
+
+        // add: the widened sum rounded once (exact in fp32 here, so also correctly rounded).
+        const std::vector<uint16_t> a = h.round(rng_.normal(m, 4.0f)), b = h.round(rng_.normal(m, 4.0f));
+        DevTensor ta = tensor16(a), tb = tensor16(b), out = tensor16(poison);
+        ops::add(s(), at(out, off, {n}), at(ta, off, {n}), at(tb, off, {n}));
+        std::vector<uint16_t> want(n);
+        DVec r_add(n);
+        for (int64_t i = 0; i < n; ++i) {
+          want[i] = h.round(h.widen(a[off + i]) + h.widen(b[off + i]));
+          r_add[i] = double{h.widen(a[off + i])} + h.widen(b[off + i]);
+        }
+        const std::vector<uint16_t> got_add = download_at<uint16_t>(out, off, n);
+        EXPECT_TRUE(bitwise_equal(got_add, want));
+        EXPECT_TRUE(h.close(h.widen(got_add), r_add));
+        ops::add(s(), at(ta, off, {n}), at(ta, off, {n}), at(tb, off, {n}));  // out aliasing a
+        EXPECT_TRUE(bitwise_equal(download_at<uint16_t>(ta, off, n), want));
+
+        // GELU forward and backward (din += in fp32, rounded once) against float64 of the widened
+        // inputs; on the CPU (the specification) the bits of the shared element functions.
+        const std::vector<uint16_t> xs = h.round(rng_.normal(m, 3.0f)), d0 = h.round(rng_.normal(m)),
+                                    g = h.round(rng_.normal(m));
+        DevTensor tx = tensor16(xs), tg = tensor16(g), gout = tensor16(poison), gdin = tensor16(d0);
+        ops::gelu_forward(s(), at(gout, off, {n}), at(tx, off, {n}));
+        ops::gelu_backward(s(), at(gdin, off, {n}), at(tx, off, {n}), at(tg, off, {n}));
+        const FVec wx = h.widen(slice(xs)), wd = h.widen(slice(d0)), wg = h.widen(slice(g));
+        DVec r_out(n), r_din = to_d(wd);
+        ref::gelu_forward_ref(r_out, to_d(wx));
+        ref::gelu_backward_ref(r_din, to_d(wx), to_d(wg));
+        const std::vector<uint16_t> got_out = download_at<uint16_t>(gout, off, n),
+                                    got_din = download_at<uint16_t>(gdin, off, n);
+        EXPECT_TRUE(h.close(h.widen(got_out), r_out));
+        EXPECT_TRUE(h.close(h.widen(got_din), r_din));
+        if (GetParam() == Backend::kCpu) {
+          std::vector<uint16_t> want_out(n), want_din(n);
+          for (int64_t i = 0; i < n; ++i) {
+            want_out[i] = h.round(gelu_forward_elem(wx[i]));
+            want_din[i] = h.round(wd[i] + gelu_grad_elem(wx[i]) * wg[i]);
+          }
+          EXPECT_TRUE(bitwise_equal(got_out, want_out));
+          EXPECT_TRUE(bitwise_equal(got_din, want_din));
+        }
+        // The aligned run of the same values (the 128-bit path on CUDA) gives the same bits.
+        DevTensor ux = tensor16(slice(xs)), ug = tensor16(slice(g)), uout = tensor16(slice(poison)),
+                  udin = tensor16(slice(d0));
+        ops::gelu_forward(s(), uout, ux);
+        ops::gelu_backward(s(), udin, ux, ug);
+        EXPECT_TRUE(bitwise_equal(uout.download<uint16_t>(), got_out));
+        EXPECT_TRUE(bitwise_equal(udin.download<uint16_t>(), got_din));
+      }
+    }
+  }
+}
+
+// The encoder over 16-bit tables: each output the widened rows' fp32 sum rounded once (one fp32
+// addition: the same bits on every backend), over the whole vocabulary and over a shard; backward
+// adds the widened dout into fp32 dwte/dwpe in position order, so repeated token ids give the bits
+// of the sequential fp32 loop, and float64 within the fp32 reduction tolerance.
+TEST_P(FusedOpsTest, SixteenBitEncoder) {
+  struct Case {
+    int64_t B, T, C, V, maxT;
+    ops::VocabRange vocab;
+  };
+  const Case cases[] = {{1, 1, 1, 1, 1, {}},          {2, 7, 13, 5, 8, {}},        {3, 64, 127, 17, 64, {}},
+                        {4, 33, 64, 9, 40, {4, 20}},  {8, 256, 768, 301, 256, {}}};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
+                                        << " V=" << c.V << " vocab [" << c.vocab.begin << ", " << c.vocab.total
+                                        << ")");
+      const int64_t BT = c.B * c.T, C = c.C, total = c.vocab.total > 0 ? c.vocab.total : c.V;
+      const IVec tokens = rng_.ints(BT, 0, static_cast<int32_t>(total));  // small vocabularies: repeats
+      const std::vector<uint16_t> wte = h.round(rng_.normal(c.V * C)), wpe = h.round(rng_.normal(c.maxT * C)),
+                                  dout = h.round(rng_.normal(BT * C));
+      DevTensor ttok = tensor(tokens, {c.B, c.T}), twte(*dev_, s(), t, {c.V, C}), twpe(*dev_, s(), t, {c.maxT, C}),
+                out(*dev_, s(), t, {c.B, c.T, C}), tdout(*dev_, s(), t, {c.B, c.T, C});
+      twte.upload(wte);
+      twpe.upload(wpe);
+      tdout.upload(dout);
+      auto row_of = [&](int64_t r) {  // the shard's wte row of position r, or -1
+        const int64_t local = tokens[r] - c.vocab.begin;
+        return local >= 0 && local < c.V ? local : int64_t{-1};
+      };
+
+      for (bool with_wpe : {true, false}) {
+        out.upload(std::vector<uint16_t>(BT * C, kPoison16));
+        ops::encoder_forward(s(), out, ttok, twte, with_wpe ? ConstTensorView(twpe) : ConstTensorView{}, c.vocab);
+        std::vector<uint16_t> want(BT * C);
+        DVec r_out(BT * C);
+        for (int64_t r = 0; r < BT; ++r) {
+          const int64_t v = row_of(r);
+          for (int64_t k = 0; k < C; ++k) {
+            const float w = v >= 0 ? h.widen(wte[v * C + k]) : 0.0f;
+            const float p = with_wpe ? h.widen(wpe[(r % c.T) * C + k]) : 0.0f;
+            want[r * C + k] = h.round(w + p);
+            r_out[r * C + k] = double{w} + p;
+          }
+        }
+        const std::vector<uint16_t> got = out.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got, want)) << (with_wpe ? "with wpe" : "without wpe");
+        EXPECT_TRUE(h.close(h.widen(got), r_out)) << (with_wpe ? "with wpe" : "without wpe");
+      }
+
+      const FVec dwte0 = rng_.normal(c.V * C), dwpe0 = rng_.normal(c.maxT * C);
+      DevTensor dwte = tensor(dwte0, {c.V, C}), dwpe = tensor(dwpe0, {c.maxT, C});
+      ops::encoder_backward(s(), dwte, dwpe, tdout, ttok, c.vocab);
+      FVec seq_wte = dwte0, seq_wpe = dwpe0;
+      DVec r_wte = to_d(dwte0), r_wpe = to_d(dwpe0);
+      for (int64_t r = 0; r < BT; ++r) {
+        const int64_t v = row_of(r), p = r % c.T;
+        for (int64_t k = 0; k < C; ++k) {
+          const float d = h.widen(dout[r * C + k]);
+          if (v >= 0) seq_wte[v * C + k] += d, r_wte[v * C + k] += d;
+          seq_wpe[p * C + k] += d;
+          r_wpe[p * C + k] += d;
+        }
+      }
+      const FVec got_wte = dwte.f(), got_wpe = dwpe.f();
+      EXPECT_TRUE(bitwise_equal(got_wte, seq_wte));
+      EXPECT_TRUE(bitwise_equal(got_wpe, seq_wpe));
+      EXPECT_TRUE(close(got_wte, r_wte, kTolReduce));
+      EXPECT_TRUE(close(got_wpe, r_wpe, kTolReduce));
+    }
+  }
+}
+
+TEST_P(FusedOpsTest, LmHeadBf16) { check_lm_head_16<BFloat16>(*dev_, s(), rng_, GetParam()); }
+TEST_P(FusedOpsTest, LmHeadFp16) { check_lm_head_16<Half>(*dev_, s(), rng_, GetParam()); }
+
+// GPT-2's vocabulary: 50257 real columns of 50304, a few rows (the padding as above).
+TEST_P(FusedOpsTest, LmHeadBf16Gpt2Vocabulary) {
+  const int64_t N = 2, C = 16, V = 50257, Vp = ops::padded_vocab(V);
+  ASSERT_EQ(Vp, 50304);
+  const std::vector<BFloat16> in = round_to<BFloat16>(rng_.normal(N * C)),
+                              wte = round_to<BFloat16>(rng_.normal(V * C, 0.2f));
+  DevTensor tin = upload_as(*dev_, s(), {N, C}, in), twte = upload_as(*dev_, s(), {V, C}, wte);
+  DevTensor logits = upload_as(*dev_, s(), {N, Vp}, std::vector<BFloat16>(N * Vp, nan16<BFloat16>()));
+  ops::lm_head_forward(s(), logits, tin, twte);
+  DVec r_logits(N * V);
+  ref::matmul_forward_ref(r_logits, to_d(widen(in)), to_d(widen(wte)), {}, N, C, V);
+  const std::vector<BFloat16> got = logits.download<BFloat16>();
+  FVec real(N * V);
+  int64_t padding_written = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t j = 0; j < V; ++j) real[r * V + j] = to_float(got[r * Vp + j]);
+    for (int64_t j = V; j < Vp; ++j) padding_written += got[r * Vp + j].bits != nan16<BFloat16>().bits;
+  }
+  EXPECT_TRUE(close16(real, r_logits, DType::kBF16, kTolReduce));
+  EXPECT_EQ(padding_written, 0);
+  std::vector<BFloat16> dl = round_to<BFloat16>(rng_.normal(N * Vp, 0.1f));
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = V; j < Vp; ++j) dl[r * Vp + j] = nan16<BFloat16>();
+  const FVec dwte0 = rng_.normal(V * C);
+  DevTensor tdl = upload_as(*dev_, s(), {N, Vp}, dl), din(*dev_, s(), DType::kBF16, {N, C}),
+            dwte = upload_as(*dev_, s(), {V, C}, dwte0);
+  din.upload(std::vector<BFloat16>(N * C, from_float<BFloat16>(0.0f)));
+  ops::lm_head_backward(s(), din, dwte, tdl, tin, twte);
+  DVec dl_real(N * V);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < V; ++j) dl_real[r * V + j] = to_float(dl[r * Vp + j]);
+  DVec r_din(N * C, 0.0), r_dwte = to_d(dwte0);
+  ref::matmul_backward_ref(r_din, r_dwte, {}, dl_real, to_d(widen(in)), to_d(widen(wte)), N, C, V);
+  EXPECT_TRUE(close16(widen(din.download<BFloat16>()), r_din, DType::kBF16, kTolReduce));
+  EXPECT_TRUE(close(dwte.f(), r_dwte, kTolReduce));
+}
+
+// Tensors that must share the activation dtype, or parameters of a third dtype: one sentence.
+TEST_P(FusedOpsTest, SixteenBitNormAndHeadRefuseMixedDtypes) {
+  const int64_t N = 4, C = 8, V = 20;
+  DevTensor x(*dev_, s(), DType::kBF16, {N, C}), xh(*dev_, s(), DType::kF16, {N, C}),
+      wh(*dev_, s(), DType::kF16, {C}), wb(*dev_, s(), DType::kBF16, {C}), w32 = poisoned({C}),
+      mean = poisoned({N}), rstd = poisoned({N}), dw = poisoned({C}), db = poisoned({C});
+  auto message = [](auto&& f) { return error_of(f).message(); };
+  EXPECT_THAT(message([&] { ops::layernorm_forward(s(), xh, mean, rstd, x, w32, w32, 1e-5f); }),
+              ::testing::HasSubstr("layernorm_forward: out [4, 8] is fp16 but must be bf16"));
+  EXPECT_THAT(message([&] { ops::layernorm_forward(s(), x, mean, rstd, x, wh, wh, 1e-5f); }),
+              ::testing::HasSubstr("layernorm_forward: weight [8] is fp16 but must be fp32 or bf16"));
+  EXPECT_THAT(message([&] { ops::layernorm_forward(s(), x, mean, rstd, x, wb, w32, 1e-5f); }),
+              ::testing::HasSubstr("layernorm_forward: bias [8] is fp32 but must be bf16"));
+  EXPECT_THAT(message([&] { ops::layernorm_backward(s(), x, dw, db, xh, x, w32, mean, rstd); }),
+              ::testing::HasSubstr("layernorm_backward: dout [4, 8] is fp16 but must be bf16"));
+  EXPECT_THAT(message([&] { ops::layernorm_backward(s(), x, wb, db, x, x, w32, mean, rstd); }),
+              ::testing::HasSubstr("layernorm_backward: dweight [8] is bf16 but must be fp32"));
+  DevTensor a = poisoned({N, C}), res = poisoned({N, C}), ln = poisoned({N, C});
+  EXPECT_THAT(message([&] { ops::residual_layernorm_forward(s(), res, ln, mean, rstd, a, a, wb, wb, 1e-5f); }),
+              ::testing::HasSubstr("residual_layernorm_forward: weight [8] is bf16 but must be fp32"));
+  DevTensor wte(*dev_, s(), DType::kBF16, {V, C}), wte32 = poisoned({V, C}), logits(*dev_, s(), DType::kBF16, {N, V}),
+      logits_h(*dev_, s(), DType::kF16, {N, V}), dwte(*dev_, s(), DType::kBF16, {V, C});
+  EXPECT_THAT(message([&] { ops::lm_head_forward(s(), logits, x, wte32); }),
+              ::testing::HasSubstr("lm_head_forward: wte [20, 8] is fp32 but must be bf16"));
+  EXPECT_THAT(message([&] { ops::lm_head_forward(s(), logits_h, x, wte); }),
+              ::testing::HasSubstr("lm_head_forward: logits [4, 20] is fp16 but must be bf16"));
+  EXPECT_THAT(message([&] { ops::lm_head_backward(s(), x, dwte, logits, x, wte); }),
+              ::testing::HasSubstr("lm_head_backward: dwte [20, 8] is bf16 but must be fp32"));
+  EXPECT_THAT(message([&] { ops::lm_head_backward(s(), xh, TensorView{}, logits, x, wte); }),
+              ::testing::HasSubstr("lm_head_backward: din [4, 8] is fp16 but must be bf16"));
+  sync();
+}
+
+// All activation tensors of a call share one dtype; parameter gradients stay fp32; a backend
+// without the kernel refuses. Each in one sentence naming the op and the tensor.
+TEST_P(FusedOpsTest, SixteenBitActivationOpsRefuseMixedDtypes) {
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                                : ::testing::AssertionFailure() << "\"" << text << "\" lacks \""
+                                                                                << part << "\"";
+  };
+  DevTensor a = empty({8}, DType::kBF16), hf = empty({8}, DType::kF16), f = empty({8}), i = empty({8}, DType::kI32);
+  EXPECT_TRUE(has(message([&] { ops::add(s(), a, a, hf); }), "add: b [8] is fp16 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::add(s(), f, a, a); }), "add: a [8] is bf16 but must be fp32"));
+  EXPECT_TRUE(has(message([&] { ops::fill(s(), i, 1.0f); }), "fill: x [8] is int32 but must be fp32, fp16 or bf16"));
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), f, a); }), "gelu_forward: out [8] is fp32 but must be bf16"));
+  EXPECT_TRUE(
+      has(message([&] { ops::gelu_backward(s(), a, a, hf); }), "gelu_backward: dout [8] is fp16 but must be bf16"));
+
+  DevTensor tokens = tensor(IVec{0, 1}, {1, 2}), out = empty({1, 2, 4}, DType::kBF16),
+            wte = empty({5, 4}, DType::kBF16), wte32 = empty({5, 4}), wpe = empty({3, 4}, DType::kBF16),
+            wpe16 = empty({3, 4}, DType::kF16), dwpe = empty({3, 4});
+  EXPECT_TRUE(has(message([&] { ops::encoder_forward(s(), out, tokens, wte32, wpe); }),
+                  "encoder_forward: wte [5, 4] is fp32 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::encoder_forward(s(), out, tokens, wte, wpe16); }),
+                  "encoder_forward: wpe [3, 4] is fp16 but must be bf16"));
+  EXPECT_TRUE(has(message([&] { ops::encoder_backward(s(), wte, dwpe, out, tokens); }),
+                  "encoder_backward: dwte [5, 4] is bf16 but must be fp32"));
+
+  OpTable without = *op_table(GetParam());
+  without.gelu_forward = nullptr;
+  sync();
+  ScopedOpTable scoped(GetParam(), &without);
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), a, a); }), "gelu_forward: the "));
+  EXPECT_TRUE(has(message([&] { ops::gelu_forward(s(), a, a); }), "has no kernel for bf16"));
+  sync();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FusedOpsTest, ::testing::Values(Backend::kCpu, Backend::kCuda),

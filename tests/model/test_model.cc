@@ -456,5 +456,210 @@ TEST(Gpt, PaddedVocabularyIsMaskedAndNeverSampled) {
   EXPECT_EQ(padding_not_zero, 0);
 }
 
+// ---- 16-bit activations (make_model(..., DType::kBF16)) ----------------------------------------
+
+// Parameters held only in a 16-bit dtype (as the ZeRO engine's working buffers), fp32 gradients.
+// params() fails the test: a 16-bit model must read every parameter through param_data, so every
+// GEMM it issues takes its weight, and with it (one dtype per matmul) its input, in 16 bits.
+class Params16 final : public ParamAccess {
+ public:
+  Params16(Device& d, const ParamLayout& layout, DType dtype) : d_(d), dtype_(dtype) {
+    for (const auto& b : layout.blocks()) {
+      p_.emplace_back(d.memory(), b.numel * 2, d.compute(), "p16");
+      g_.emplace_back(d.memory(), b.numel * 4, d.compute(), "g");
+    }
+  }
+  // Block b's parameters rounded to the dtype (nearest even); returns them widened to fp32.
+  std::vector<float> set(int b, const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    std::vector<float> wide(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      bits[i] = dtype_ == DType::kBF16 ? float_to_bf16_bits(v[i]) : float_to_half_bits(v[i]);
+      wide[i] = dtype_ == DType::kBF16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+    }
+    d_.compute().copy(p_[b].data(), bits.data(), bits.size() * 2);
+    d_.compute().memset(g_[b].data(), 0, g_[b].size());
+    d_.compute().synchronize();
+    return wide;
+  }
+  int device_index() const override { return d_.index(); }
+  float* params(int b) override {
+    ADD_FAILURE() << "a 16-bit model asked for fp32 parameters of block " << b;
+    return nullptr;
+  }
+  float* grads(int b) override { return g_[b].as<float>(); }
+  DType param_dtype() const override { return dtype_; }
+  void* param_data(int b) override { return p_[b].data(); }
+
+ private:
+  Device& d_;
+  DType dtype_;
+  std::vector<DeviceBuffer> p_, g_;
+};
+
+struct GptRun {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;  // per block
+};
+
+// One training forward + backward of `model` on `P` (parameters set by the caller) over fixed
+// random tokens; the mean loss and every block's gradient.
+GptRun run_gpt(const Model& model, ParamAccess& P, Device& d, int B, int T, uint64_t seed) {
+  Stream& s = d.compute();
+  const ModelConfig& c = model.config();
+  const int BT = B * T;
+  std::vector<int32_t> tok(BT), tgt(BT);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (auto& t : tok) t = static_cast<int32_t>(rng() % c.vocab);
+  for (auto& t : tgt) t = static_cast<int32_t>(rng() % c.vocab);
+  DeviceBuffer din(d.memory(), BT * 4, s, "in"), dtg(d.memory(), BT * 4, s, "tg");
+  s.copy(din.data(), tok.data(), BT * 4);
+  s.copy(dtg.data(), tgt.data(), BT * 4);
+  Batch batch;
+  batch.B = B, batch.T = T;
+  batch.inputs = ConstTensorView{din.data(), DType::kI32, Shape{B, T}, 0};
+  batch.targets = ConstTensorView{dtg.data(), DType::kI32, Shape{B, T}, 0};
+  auto ws = model.make_workspace(d, B, T);
+  model.forward(s, P, *ws, batch, 1.0f / BT, true);
+  model.backward(s, P, *ws, batch);
+  std::vector<float> losses(BT);
+  EXPECT_EQ(ws->losses().dtype, DType::kF32);
+  s.copy(losses.data(), ws->losses().data, BT * 4);
+  GptRun out;
+  const ParamLayout& L = model.layout();
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    out.grads.emplace_back(L.block(b).numel);
+    s.copy(out.grads.back().data(), P.grads(b), out.grads.back().size() * 4);
+  }
+  s.synchronize();
+  for (float l : losses) out.loss += l;
+  out.loss /= BT;
+  return out;
+}
+
+// bf16 and fp16 runs against an fp32 run of the same (16-bit-representable) parameters. Each
+// activation is rounded to 16 bits about ten times per layer (unit roundoff u: bf16 2^-8, fp16
+// 2^-11), so the loss may move by a few u relative and a gradient tensor by some tens of u in
+// relative L2 norm; the bounds are 4u (loss) and 16u (gradients). A model that secretly computed
+// in fp32 would match bit for bit, which the last check rules out.
+TEST(Gpt16, Bf16AndFp16TrackTheFp32RunOfTheSameParameters) {
+  ModelOverrides o;
+  o.layers = 2, o.heads = 2, o.embd = 32, o.seq_len = 16, o.vocab = 61;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  const int B = 2, T = 16;
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double u = dt == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+    auto m16 = make_model(c, Recompute::kNone, {}, dt);
+    auto m32 = make_model(c);
+    EXPECT_EQ(m16->activation_dtype(), dt);
+    EXPECT_EQ(m32->activation_dtype(), DType::kF32);
+    const ParamLayout& L = m16->layout();
+    Params16 P16(d, L, dt);
+    TestParams P32(d, L);
+    for (int b = 0; b < L.num_blocks(); ++b) {
+      std::vector<float> f(L.block(b).numel);
+      init_block_host(L.block(b), 7, f.data());
+      for (auto& t : L.block(b).tensors)  // norms and biases away from 1/0
+        if (t.init != ParamInit::kNormal)
+          for (int64_t i = 0; i < t.numel; ++i) f[t.offset + i] += 0.1f * philox_normal(9, b * 100 + t.offset, i);
+      P32.set(b, P16.set(b, f));
+      d.compute().memset(P32.grads(b), 0, f.size() * 4);
+    }
+    const GptRun r16 = run_gpt(*m16, P16, d, B, T, 3), r32 = run_gpt(*m32, P32, d, B, T, 3);
+    EXPECT_NEAR(r16.loss, r32.loss, 4 * u * r32.loss);
+    bool any_differs = false;
+    for (int b = 0; b < L.num_blocks(); ++b)
+      for (const auto& t : L.block(b).tensors) {
+        double err = 0, norm = 0;
+        for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+          const double a = r16.grads[b][i], e = r32.grads[b][i];
+          err += (a - e) * (a - e), norm += e * e;
+          any_differs |= a != e;
+        }
+        ASSERT_GT(norm, 0) << t.name;
+        EXPECT_LE(std::sqrt(err / norm), 16 * u) << t.name;
+      }
+    EXPECT_TRUE(any_differs) << "the 16-bit model computed the fp32 bits";
+  }
+}
+
+// What a bf16 GPT keeps: about half the fp32 workspace (only layernorm statistics, lse, losses and
+// the attention scratch stay fp32), logits in bf16 that read_logits_row widens exactly, and the
+// same bits under every recompute mode.
+TEST(Gpt16, Bf16WorkspaceIsHalfLogitsAreBf16AndRecomputeKeepsTheBits) {
+  ModelOverrides o;
+  o.layers = 2, o.heads = 2, o.embd = 32, o.seq_len = 16, o.vocab = 61;
+  const ModelConfig c = make_model_config("gpt-tiny", o);
+  const int B = 2, T = 16, BT = B * T;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    const double ratio = static_cast<double>(make_model(c, r, {}, DType::kBF16)->workspace_bytes(B, T)) /
+                         static_cast<double>(make_model(c, r)->workspace_bytes(B, T));
+    EXPECT_GT(ratio, 0.45) << recompute_name(r);
+    EXPECT_LT(ratio, 0.6) << recompute_name(r);
+  }
+  // At GPT-2 124M's shape the fp32 remainder (statistics, lse, scratch) is a few percent.
+  const ModelConfig g = make_model_config("gpt2-124m");
+  const double big = static_cast<double>(make_model(g, Recompute::kNone, {}, DType::kBF16)->workspace_bytes(4, 1024)) /
+                     static_cast<double>(make_model(g)->workspace_bytes(4, 1024));
+  EXPECT_GT(big, 0.5);
+  EXPECT_LT(big, 0.53);
+  // The 16-bit GPT is the one-device model's only.
+  TensorParallel tp;
+  tp.degree = 2;
+  EXPECT_THROW(make_model(g, Recompute::kNone, tp, DType::kBF16), Error);
+  EXPECT_THROW(make_model(make_model_config("mlp"), Recompute::kNone, {}, DType::kBF16), Error);
+
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream& s = d.compute();
+  std::vector<GptRun> runs;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    auto m = make_model(c, r, {}, DType::kBF16);
+    const ParamLayout& L = m->layout();
+    Params16 P(d, L, DType::kBF16);
+    for (int b = 0; b < L.num_blocks(); ++b) {
+      std::vector<float> f(L.block(b).numel);
+      init_block_host(L.block(b), 13, f.data());
+      P.set(b, f);
+    }
+    runs.push_back(run_gpt(*m, P, d, B, T, 5));
+    if (r != Recompute::kNone) continue;
+    // Logits of an evaluation forward: bf16 [BT, Vp]; read_logits_row widens row `row` exactly.
+    auto ws = m->make_workspace(d, B, T);
+    EXPECT_EQ(ws->logits().dtype, DType::kBF16);
+    EXPECT_EQ(ws->bytes(), m->workspace_bytes(B, T));
+    std::vector<int32_t> tok(BT, 3), tgt(BT, 4);
+    DeviceBuffer din(d.memory(), BT * 4, s, "in"), dtg(d.memory(), BT * 4, s, "tg");
+    for (int i = 0; i < BT; ++i) tok[i] = (7 * i) % c.vocab;
+    s.copy(din.data(), tok.data(), BT * 4);
+    s.copy(dtg.data(), tgt.data(), BT * 4);
+    Batch batch;
+    batch.B = B, batch.T = T;
+    batch.inputs = ConstTensorView{din.data(), DType::kI32, Shape{B, T}, 0};
+    batch.targets = ConstTensorView{dtg.data(), DType::kI32, Shape{B, T}, 0};
+    m->forward(s, P, *ws, batch, 0.0f, false);
+    const int64_t Vp = ws->logits().shape[1];
+    std::vector<uint16_t> bits(static_cast<size_t>(BT * Vp));
+    s.copy(bits.data(), ws->logits().data, bits.size() * 2);
+    for (int row : {0, 5, BT - 1}) {
+      std::vector<float> out(static_cast<size_t>(c.vocab) + 1, -7.0f);
+      ws->read_logits_row(s, row, out.data());
+      s.synchronize();
+      EXPECT_EQ(out[c.vocab], -7.0f) << "read_logits_row wrote past the real vocabulary";
+      for (int j = 0; j < c.vocab; ++j)
+        ASSERT_EQ(out[j], bf16_bits_to_float(bits[static_cast<size_t>(row * Vp + j)])) << row << " " << j;
+    }
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].loss, runs[0].loss) << i;
+    for (size_t b = 0; b < runs[0].grads.size(); ++b)
+      EXPECT_EQ(std::memcmp(runs[i].grads[b].data(), runs[0].grads[b].data(), runs[0].grads[b].size() * 4), 0)
+          << "block " << b << " mode " << i;
+  }
+}
+
 }  // namespace
 }  // namespace zt

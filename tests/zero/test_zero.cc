@@ -271,7 +271,7 @@ TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
         o.working = w;
         std::vector<BlockBufferBytes> sizes;
         for (int b = 0; b < nb; ++b) sizes.push_back(block_buffer_bytes(model->layout().block(b).numel, 4, o));
-        const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, policy_for_stage(stage), w != DType::kF32, forward_only);
+        const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, policy_for_stage(stage), w != DType::kF32, w != DType::kF32, forward_only);
         // Visits in the declared order, after_backward after each block's last backward visit.
         std::vector<int> visits;
         std::vector<int> after;
