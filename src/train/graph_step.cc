@@ -45,8 +45,10 @@ class MicroBatchGraph::PieceAccess final : public ParamAccess {
   PieceAccess(MicroBatchGraph& g, ParamAccess& inner, Stream& s, size_t from, bool eager)
       : g_(g), inner_(inner), s_(s), from_(from), eager_(eager) {}
   int device_index() const override { return inner_.device_index(); }
-  float* params(int b) override { return use(false, b); }
-  float* grads(int b) override { return use(true, b); }
+  float* params(int b) override { return static_cast<float*>(use(UseKind::kParams, b)); }
+  float* grads(int b) override { return static_cast<float*>(use(UseKind::kGrads, b)); }
+  DType param_dtype() const override { return inner_.param_dtype(); }
+  void* param_data(int b) override { return use(UseKind::kParamData, b); }
   void before_forward(int b) override { boundary(Hook{HookKind::kBeforeForward, b}); }
   void before_backward(int b) override { boundary(Hook{HookKind::kBeforeBackward, b}); }
   void after_backward(int b) override { boundary(Hook{HookKind::kAfterBackward, b}); }
@@ -60,18 +62,18 @@ class MicroBatchGraph::PieceAccess final : public ParamAccess {
  private:
   bool skipped() const { return piece_ < from_; }
 
-  float* use(bool grads, int b) {
+  void* use(UseKind kind, int b) {
     if (skipped()) {
       const std::vector<Use>& uses = g_.pieces_.at(piece_).variants.at(0).uses;
-      ZT_CHECK(next_ < uses.size() && uses[next_].grads == grads && uses[next_].block == b, "the model asked for block ",
-               b, "'s ", grads ? "gradient" : "parameters", " where its earlier issue of the micro-batch did not");
+      ZT_CHECK(next_ < uses.size() && uses[next_].kind == kind && uses[next_].block == b, "the model asked for block ",
+               b, "'s buffer ", static_cast<int>(kind), " where its earlier issue of the micro-batch did not");
       return uses[next_++].ptr;
     }
     const bool was_live = live_;
     live_ = false;  // the engine's own checks are not capture failures
-    float* p = grads ? inner_.grads(b) : inner_.params(b);
+    void* p = ask(inner_, kind, b);
     live_ = was_live;
-    if (!eager_) fresh_.push_back(Use{grads, b, p});
+    if (!eager_) fresh_.push_back(Use{kind, b, p});
     return p;
   }
 
@@ -203,9 +205,9 @@ const MicroBatchGraph::Variant* MicroBatchGraph::matching(size_t i, ParamAccess&
   const std::vector<Variant>& vs = pieces_[i].variants;
   ZT_CHECK(!vs.empty(), "piece ", i, " of a captured micro-batch has no graph");
   // Every variant asked for the same buffers in the same order (the model issues deterministically).
-  std::vector<float*> now;
+  std::vector<void*> now;
   now.reserve(vs[0].uses.size());
-  for (const Use& u : vs[0].uses) now.push_back(u.grads ? access.grads(u.block) : access.params(u.block));
+  for (const Use& u : vs[0].uses) now.push_back(ask(access, u.kind, u.block));
   for (const Variant& v : vs) {
     bool same = true;
     for (size_t k = 0; k < now.size() && same; ++k) same = v.uses[k].ptr == now[k];
@@ -234,6 +236,15 @@ void MicroBatchGraph::keep_and_launch(size_t i, std::unique_ptr<StreamGraph> fre
     vs.insert(vs.begin(), Variant{nonempty(std::move(fresh)), std::move(uses)});
   }
   if (vs[0].graph) vs[0].graph->launch(s);
+}
+
+void* MicroBatchGraph::ask(ParamAccess& access, UseKind kind, int block) {
+  switch (kind) {
+    case UseKind::kParams: return access.params(block);
+    case UseKind::kGrads: return access.grads(block);
+    case UseKind::kParamData: return access.param_data(block);
+  }
+  ZT_THROW(ErrorKind::kInternal, "unknown buffer kind");
 }
 
 void MicroBatchGraph::run_hook(const Hook& h, ParamAccess& access) const {

@@ -9,13 +9,13 @@
 // plan steps exactly as without graphs).
 //
 // Addresses: a piece's graph bakes in every address its work used. The batch, workspace and loss
-// scale are the key (a new one captures again). The engine's buffers are whatever params(b) and
-// grads(b) returned while the piece was issued; at ZeRO 2-3 and in 16-bit runs these are
+// scale are the key (a new one captures again). The engine's buffers are whatever params(b),
+// param_data(b) and grads(b) returned while the piece was issued; at ZeRO 2-3 and in 16-bit runs these are
 // transient (gradient buckets, gathered parameters, fp32 copies) allocated by the hook before the
 // piece, and the pool's stream-ordered reuse (a block freed for another stream returns when that
 // stream's event completes) may place them elsewhere next micro-batch. So each piece keeps the
 // addresses of its capture, and a replay launches a piece only after the hook before it ran and
-// params/grads return exactly those addresses: the graph then touches the buffers the eager
+// the engine returns exactly those addresses: the graph then touches the buffers the eager
 // issue would touch, which the engine made safe for this stream. A piece keeps up to
 // kMaxVariants graphs (the pool tends to alternate between a few blocks); when none matches,
 // the micro-batch continues from that piece by issuing the model again (see issue()), capturing
@@ -97,13 +97,15 @@ class MicroBatchGraph {
     int block;
     bool operator==(const Hook&) const = default;
   };
-  // One params(block) or grads(block) answer, in the order the model asked.
+  // One params, grads or param_data answer of the engine, in the order the model asked.
+  enum class UseKind { kParams, kGrads, kParamData };
   struct Use {
-    bool grads;
+    UseKind kind;
     int block;
-    float* ptr;
+    void* ptr;
     bool operator==(const Use&) const = default;
   };
+  static void* ask(ParamAccess& access, UseKind kind, int block);
   // A graph of a piece and the addresses it was captured with (graph null: no work).
   struct Variant {
     std::unique_ptr<StreamGraph> graph;

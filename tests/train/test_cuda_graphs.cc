@@ -303,8 +303,9 @@ TEST(CudaGraphs, OnBitwiseEqualToOffAtEveryStageWithAccumulation) {
 }
 
 TEST(CudaGraphs, OnBitwiseEqualToOffInBf16) {
-  // 16-bit parameters: the blocks' fp32 compute copies and gradient buckets are transient at
-  // every stage. Stage 1 keeps the parameters resident, stage 3 gathers them per visit.
+  // The GPT computes in bf16 on the engine's 16-bit parameters (param_data); its fp32 gradient
+  // buckets are transient at every stage. Stage 1 keeps the parameters resident, stage 3 gathers
+  // them per visit.
   for (int stage : test::kThreadSanitizer ? std::vector<int>{3} : std::vector<int>{1, 3}) {
     const std::string what = "bf16, stage " + std::to_string(stage);
     TrainConfig off = small_run(CudaGraphs::kOff, stage, 2);
