@@ -10,7 +10,10 @@ namespace zt {
 
 namespace {
 
-std::unique_ptr<StreamGraph> nonempty(std::unique_ptr<StreamGraph> g) { return g && g->size() > 0 ? std::move(g) : nullptr; }
+// Null for a graph without work (a stretch between hooks that issues nothing is not launched).
+std::unique_ptr<StreamGraph> nonempty(std::unique_ptr<StreamGraph> g) {
+  return g && g->size() > 0 ? std::move(g) : nullptr;
+}
 
 }  // namespace
 
