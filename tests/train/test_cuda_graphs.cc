@@ -1,9 +1,10 @@
 // --cuda-graphs through the trainer on simulated devices (the CPU backend captures and replays
 // with CUDA's rules): `on` gives per-step losses, gradient norms and final states bitwise equal to
-// `off` at ZeRO stages 0-3, in fp32 and bf16, on two devices with several micro-batches per step,
-// with and without recomputation; it refuses the runs it cannot capture (tensor and pipeline
-// parallelism) with one sentence, and `auto` stays eager on CPU devices. The summary record says
-// whether graphs ran. MicroBatchGraph alone: pieces whose engine buffers moved are captured again.
+// `off` at ZeRO stages 0-3, in fp32, bf16 and fp16, on two devices with several micro-batches per
+// step, with and without recomputation; it refuses the runs it cannot capture (tensor and
+// pipeline parallelism) with one sentence, and `auto` stays eager on CPU devices. The summary
+// record says whether graphs ran. MicroBatchGraph alone: pieces whose engine buffers moved are
+// captured again.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -303,17 +304,26 @@ TEST(CudaGraphs, OnBitwiseEqualToOffAtEveryStageWithAccumulation) {
   }
 }
 
-TEST(CudaGraphs, OnBitwiseEqualToOffInBf16) {
-  // The GPT computes in bf16 on the engine's 16-bit parameters (param_data); its fp32 gradient
+TEST(CudaGraphs, OnBitwiseEqualToOffIn16Bits) {
+  // The GPT computes in 16 bits on the engine's 16-bit parameters (param_data); its fp32 gradient
   // buckets are transient at every stage. Stage 1 keeps the parameters resident, stage 3 gathers
-  // them per visit.
-  for (int stage : test::kThreadSanitizer ? std::vector<int>{3} : std::vector<int>{1, 3}) {
-    const std::string what = "bf16, stage " + std::to_string(stage);
-    TrainConfig off = small_run(CudaGraphs::kOff, stage, 2);
-    off.precision = Precision::kBf16;
+  // them per visit; fp16 adds the dynamic loss scale the backward reads from the device.
+  struct Case {
+    Precision precision;
+    int stage;
+  };
+  const std::vector<Case> cases = test::kThreadSanitizer
+                                      ? std::vector<Case>{{Precision::kBf16, 3}}
+                                      : std::vector<Case>{{Precision::kBf16, 1}, {Precision::kBf16, 3},
+                                                          {Precision::kFp16, 2}};
+  for (const Case& c : cases) {
+    const std::string what = std::string(c.precision == Precision::kBf16 ? "bf16" : "fp16") + ", stage " +
+                             std::to_string(c.stage);
+    TrainConfig off = small_run(CudaGraphs::kOff, c.stage, 2);
+    off.precision = c.precision;
     TrainConfig on = off;
     on.cuda_graphs = CudaGraphs::kOn;
-    const RunOut a = run(off, "bf16_off"), b = run(on, "bf16_on");
+    const RunOut a = run(off, "16bit_off"), b = run(on, "16bit_on");
     EXPECT_TRUE(b.result.cuda_graphs) << what;
     expect_same_run(a, b, what);
     EXPECT_EQ(b.host_syncs, a.host_syncs) << what;
