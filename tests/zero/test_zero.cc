@@ -57,8 +57,11 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   }
   ASSERT_EQ(s0.losses.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
+  // One device against four: not bitwise (each GEMM sees 4x the rows, which BLAS blocks and rounds
+  // differently), within 5e-5 relative over 50 steps: OpenBLAS picks its kernels per CPU, and on
+  // AVX-512 parts the gap reaches 1.6e-5 at some steps.
   for (int i = 0; i < kSteps; ++i)
-    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 1e-5 * one.losses[static_cast<size_t>(i)])
+    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
   if (!kSanitizer) {
     EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
