@@ -102,9 +102,9 @@ struct OpTable {
   bool (*supports_op)(const OpTable& table, OpId op, std::span<const DType> dtypes) = nullptr;
 
   // ---- entries (nullptr: no kernel); arguments as kernels/cpu/cpu_ops.h, after validation ------
-  // fill, add, the encoder and GELU: the pointers named "activation" in ops.h are of `dtype` (f32,
-  // f16 or bf16; ops.cc checked they share it); 16-bit values are widened, computed as fp32 and
-  // rounded once (ops.h). encoder_backward's dwte/dwpe stay fp32.
+  // fill, add, the encoder and GELU: every floating pointer except encoder_backward's dwte/dwpe
+  // (fp32) is of `dtype` (f32, f16 or bf16); 16-bit values are widened, computed as fp32 and
+  // rounded once (ops.h).
   void (*fill)(Stream&, void* x, DType dtype, int64_t n, float value) = nullptr;
   void (*scale)(Stream&, float* x, int64_t n, float alpha) = nullptr;
   void (*add)(Stream&, void* out, const void* a, const void* b, DType dtype, int64_t n) = nullptr;
@@ -115,7 +115,6 @@ struct OpTable {
   void (*accumulate_peer)(Stream&, void* dst, const void* src, DType dtype, int64_t n) = nullptr;
   // V = rows of the wte shard, which holds ids [v_begin, v_begin + V) of v_total (> 0); wpe/dwpe
   // may be nullptr (no position term).
-  // out, wte, wpe, dout of `dtype`.
   void (*encoder_forward)(Stream&, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType dtype,
                           int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
   void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,

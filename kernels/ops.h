@@ -212,8 +212,8 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
 // logits[N, Vp][:, :V] = in[N, C] @ wte[V, C]^T (fp32; TF32 under the device's math mode, as
 // matmul_forward); columns [V, Vp) are not written. logits, in, wte, dlogits and din share one
 // dtype, f32, bf16 or f16 (16-bit: fp32 accumulation, each output rounded once, din += rounded
-// once); dwte is fp32. With Vp == V this is matmul_forward without
-// bias, bit for bit (backends without the entry fall back to it then; with Vp > V they refuse).
+// once); dwte is fp32. With Vp == V this is matmul_forward without bias, bit for bit (backends
+// without the entry fall back to it then; with Vp > V they refuse).
 void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTensorView wte);
 // din[N, C] += dlogits[:, :V] @ wte and dwte[V, C] += dlogits[:, :V]^T @ in (each if given, as
 // matmul_backward); columns [V, Vp) of dlogits are never read.
@@ -280,9 +280,9 @@ void sum(Stream& s, TensorView out, ConstTensorView x);
 // mean/rstd [N] saved for backward). One pass over the rows instead of two.
 // Dtypes: a, b, residual_out and ln_out share one activation dtype, f32, bf16 or f16 (the 16-bit
 // activation path); weight and bias share one dtype, f32 or the activations'; mean and rstd are
-// fp32. In 16 bits the sum is rounded to the
-// activation dtype once, the statistics are taken in fp32/double from that rounded residual (what
-// backward reads), and ln_out is rounded once: exactly add, then layernorm, each storing its result.
+// fp32. In 16 bits the sum is rounded to the activation dtype once, the statistics are taken in
+// fp32/double from that rounded residual (what backward reads), and ln_out is rounded once:
+// exactly add, then layernorm, each storing its result.
 // Bits: on every backend those of add(residual_out, a, b) followed by layernorm_forward(ln_out,
 // mean, rstd, residual_out, ...) (fp32); without a kernel, fp32 falls back to that composition and
 // 16 bits are refused. residual_out may alias a or b; ln_out aliases nothing.

@@ -30,7 +30,10 @@ class CublasResource final : public cuda::StreamResource {
       ZT_CUBLAS_CHECK(cublasSetStream(handle_, static_cast<cudaStream_t>(stream.native_handle())));
       ZT_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, bytes));
       ZT_CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
-      ZT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+      // A 16-bit output is rounded once from the fp32 sum (kernels/ops.h): split-K partials are
+      // never reduced in the output's type. fp32 outputs are unaffected.
+      ZT_CUBLAS_CHECK(cublasSetMathMode(
+          handle_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
       const char* lt = std::getenv("ZT_CUBLASLT");
       if (lt == nullptr || std::strcmp(lt, "off") != 0) ZT_CUBLAS_CHECK(cublasLtCreate(&lt_));
     } catch (...) {

@@ -22,9 +22,10 @@ namespace zt::cuda_ops::detail {
 
 // The handle for `stream`, a stream of a CUDA device of this process, called with the stream's GPU
 // current (see LaunchScope). Thread-safe. Configured once: stream, pointer mode host, default math
-// (true fp32, no TF32), a private workspace of Device::gemm_workspace_bytes() taken from the
-// device's pool (counted by the memory plan). Handle and workspace live as long as the stream
-// (a runtime/cuda StreamResource): the device destroys them with its streams, before its pool.
+// (true fp32, no TF32) without reduced-precision reductions, a private workspace of
+// Device::gemm_workspace_bytes() taken from the device's pool (counted by the memory plan). Handle
+// and workspace live as long as the stream (a runtime/cuda StreamResource): the device destroys
+// them with its streams, before its pool.
 //
 // Invariant: work on one stream is issued by one host thread at a time (stream order needs that
 // anyway), so the handle is never used concurrently.

@@ -26,10 +26,13 @@ class Stream;
 namespace zt::cuda_ops {
 
 // ---- elementwise / utility (n may be 0: no launch) ---------------------------------------
-void fill(void* stream, float* x, int64_t n, float value);
+// fill, add, the encoder and GELU take `dtype` (f32, f16, bf16) for their activation pointers
+// (kernels/ops.h): 16-bit values widened, computed as the fp32 kernel computes, rounded once with
+// core/dtype.h's conversions (the CPU kernels' bits up to nvcc's FMA contraction).
+void fill(void* stream, void* x, DType dtype, int64_t n, float value);
 void scale(void* stream, float* x, int64_t n, float alpha);
 // out may alias a and/or b.
-void add(void* stream, float* out, const float* a, const float* b, int64_t n);
+void add(void* stream, void* out, const void* a, const void* b, DType dtype, int64_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])), dtype f32/f16/bf16 (f32: exactly add).
 void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n);
 // accumulate with src in a peer GPU's memory (peer access enabled), read directly over the link
@@ -38,14 +41,14 @@ void accumulate_peer(void* stream, void* dst, const void* src, DType dtype, int6
 
 // ---- encoder: out[B,T,C] = wte[tokens[b,t] - v_begin] (0 when another shard holds the token) +
 // wpe[t] (skipped when wpe == nullptr); wte [V,C] holds ids [v_begin, v_begin + V) of v_total,
-// wpe [>=T, C] ---------------------------------------------------------------------------------
-void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
-                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
+// wpe [>=T, C]; out, wte, wpe of `dtype` ----------------------------------------------------------
+void encoder_forward(void* stream, void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                     DType dtype, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                      int64_t v_total);
 // dwte[tokens[b,t] - v_begin] += dout[b,t] for the shard's tokens; dwpe[t] += dout[b,t] (skipped
 // when dwpe == nullptr). Repeated tokens accumulate in a fixed order (deterministic: e.g. sort
-// (token, position) pairs, or one thread per (token row, c)).
-void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
+// (token, position) pairs, or one thread per (token row, c)). dout of `dtype`, dwte/dwpe fp32.
+void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, DType dtype,
                       const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                       int64_t v_begin, int64_t v_total);
 // x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in increasing r.
@@ -145,8 +148,8 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
 
 // ---- activations over n elements (n may be 0) -----------------------------------------------
 // Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.
-void gelu_forward(void* stream, float* out, const float* in, int64_t n);
-void gelu_backward(void* stream, float* din, const float* in, const float* dout,
+void gelu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n);
+void gelu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype,
                    int64_t n);  // din +=
 void relu_forward(void* stream, float* out, const float* in, int64_t n);
 void relu_backward(void* stream, float* din, const float* in, const float* dout,

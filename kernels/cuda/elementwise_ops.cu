@@ -1,7 +1,9 @@
 // CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder (optionally
 // over one vocabulary shard) and the position embedding alone, the optimizer updates, sum_squares
 // and reduce_slices. Per-element math comes from kernels/elementwise.h, shared with the CPU
-// loops; the streaming maps move 128 bits per access where their pointers are aligned.
+// loops; the streaming maps move 128 bits per access where their pointers are aligned. fill, add,
+// GELU and the encoder are templated on the activations' storage type (float, Half, BFloat16):
+// widened with to_float, computed as in fp32, rounded once with from_float (core/dtype.h).
 // Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
 // and independent of the GPU model).
 #include <cub/block/block_reduce.cuh>
@@ -53,13 +55,31 @@ using FPack = detail::Pack<float>;
 using detail::load_pack;
 using detail::store_pack;
 
+// fn(T{}) with T the storage type of a floating dtype: the one switch of the templated launchers.
+template <typename F>
+void with_storage_type(DType dtype, const char* op, F&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return fn(float{});
+    case DType::kF16:
+      return fn(Half{});
+    case DType::kBF16:
+      return fn(BFloat16{});
+    default:
+      break;
+  }
+  ZT_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
+}
+
+// value: already rounded to T on the host (once).
+template <typename T>
 struct FillOp {
-  float* x;
-  float value;
-  static constexpr int kN = FPack::kN;
+  T* x;
+  T value;
+  static constexpr int kN = detail::Pack<T>::kN;
   __device__ void operator()(int64_t i) const { x[i] = value; }
   __device__ void pack(int64_t i) const {
-    FPack v;
+    detail::Pack<T> v;
 #pragma unroll
     for (int k = 0; k < kN; ++k) v.v[k] = value;
     store_pack(x + i, v);
@@ -80,17 +100,19 @@ struct ScaleOp {
 };
 
 // out may alias a and/or b (each element is read before it is written): no __restrict__.
+template <typename T>
 struct AddOp {
-  float* out;
-  const float* a;
-  const float* b;
-  static constexpr int kN = FPack::kN;
-  __device__ void operator()(int64_t i) const { out[i] = a[i] + b[i]; }
+  T* out;
+  const T* a;
+  const T* b;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ static T elem(T x, T y) { return from_float<T>(to_float(x) + to_float(y)); }
+  __device__ void operator()(int64_t i) const { out[i] = elem(a[i], b[i]); }
   __device__ void pack(int64_t i) const {
-    const FPack va = load_pack(a + i), vb = load_pack(b + i);
-    FPack o;
+    const detail::Pack<T> va = load_pack(a + i), vb = load_pack(b + i);
+    detail::Pack<T> o;
 #pragma unroll
-    for (int k = 0; k < kN; ++k) o.v[k] = va.v[k] + vb.v[k];
+    for (int k = 0; k < kN; ++k) o.v[k] = elem(va.v[k], vb.v[k]);
     store_pack(out + i, o);
   }
 };
@@ -112,31 +134,39 @@ struct AccumulateOp {
   }
 };
 
+// out may alias in.
+template <typename T>
 struct GeluForwardOp {
-  float* out;
-  const float* in;
-  static constexpr int kN = FPack::kN;
-  __device__ void operator()(int64_t i) const { out[i] = gelu_forward_elem(in[i]); }
+  T* out;
+  const T* in;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ static T elem(T x) { return from_float<T>(gelu_forward_elem(to_float(x))); }
+  __device__ void operator()(int64_t i) const { out[i] = elem(in[i]); }
   __device__ void pack(int64_t i) const {
-    const FPack x = load_pack(in + i);
-    FPack y;
+    const detail::Pack<T> x = load_pack(in + i);
+    detail::Pack<T> y;
 #pragma unroll
-    for (int k = 0; k < kN; ++k) y.v[k] = gelu_forward_elem(x.v[k]);
+    for (int k = 0; k < kN; ++k) y.v[k] = elem(x.v[k]);
     store_pack(out + i, y);
   }
 };
 
+// din += gelu'(in) * dout in fp32; a 16-bit din is read, added to and rounded once.
+template <typename T>
 struct GeluBackwardOp {
-  float* din;
-  const float* in;
-  const float* dout;
-  static constexpr int kN = FPack::kN;
-  __device__ void operator()(int64_t i) const { din[i] += gelu_grad_elem(in[i]) * dout[i]; }
+  T* din;
+  const T* in;
+  const T* dout;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ static T elem(T d, T x, T g) {
+    return from_float<T>(to_float(d) + gelu_grad_elem(to_float(x)) * to_float(g));
+  }
+  __device__ void operator()(int64_t i) const { din[i] = elem(din[i], in[i], dout[i]); }
   __device__ void pack(int64_t i) const {
-    FPack d = load_pack(din + i);
-    const FPack x = load_pack(in + i), g = load_pack(dout + i);
+    detail::Pack<T> d = load_pack(din + i);
+    const detail::Pack<T> x = load_pack(in + i), g = load_pack(dout + i);
 #pragma unroll
-    for (int k = 0; k < kN; ++k) d.v[k] += gelu_grad_elem(x.v[k]) * g.v[k];
+    for (int k = 0; k < kN; ++k) d.v[k] = elem(d.v[k], x.v[k], g.v[k]);
     store_pack(din + i, d);
   }
 };
@@ -154,11 +184,11 @@ __global__ void relu_backward_kernel(float* __restrict__ din, const float* __res
 // ---- encoder ---------------------------------------------------------------------------------
 // A token id outside [0, total) is a caller bug; rather than read out of bounds, its row becomes
 // NaN so that the loss shows it. Tokens of other shards (outside [begin, begin + V)) contribute
-// nothing but the position term. wpe may be nullptr.
-__global__ void encoder_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
-                                       const float* __restrict__ wte,
-                                       const float* __restrict__ wpe, int64_t B, int64_t T,
-                                       int64_t C, int64_t V, int64_t begin, int64_t total) {
+// nothing but the position term. wpe may be nullptr. S: the activations' storage type.
+template <typename S>
+__global__ void encoder_forward_kernel(S* __restrict__ out, const int32_t* __restrict__ tokens,
+                                       const S* __restrict__ wte, const S* __restrict__ wpe, int64_t B,
+                                       int64_t T, int64_t C, int64_t V, int64_t begin, int64_t total) {
   const int64_t n = B * T * C;
   ZT_GRID_STRIDE_LOOP(i, n) {
     const int64_t bt = i / C;
@@ -170,22 +200,23 @@ __global__ void encoder_forward_kernel(float* __restrict__ out, const int32_t* _
     const bool here = local >= 0 && local < V;
     float v;
     if (wpe != nullptr) {
-      v = here ? wte[local * C + c] + wpe[t * C + c] : 0.0f + wpe[t * C + c];
+      const float p = to_float(wpe[t * C + c]);
+      v = here ? to_float(wte[local * C + c]) + p : 0.0f + p;
     } else {
-      v = here ? wte[local * C + c] : 0.0f;
+      v = here ? to_float(wte[local * C + c]) : 0.0f;
     }
-    out[i] = (tok >= 0 && tok < total) ? v : NAN;
+    out[i] = from_float<S>((tok >= 0 && tok < total) ? v : NAN);
   }
 }
 
 // dwpe[t,c] += dout[0,t,c] + dout[1,t,c] + ...: one thread per (t, c), batch rows in order.
-__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,
-                                            const float* __restrict__ dout, int64_t B, int64_t T,
-                                            int64_t C) {
+template <typename S>
+__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe, const S* __restrict__ dout, int64_t B,
+                                            int64_t T, int64_t C) {
   const int64_t n = T * C;
   ZT_GRID_STRIDE_LOOP(i, n) {
     float acc = dwpe[i];
-    for (int64_t b = 0; b < B; ++b) acc += dout[b * n + i];
+    for (int64_t b = 0; b < B; ++b) acc += to_float(dout[b * n + i]);
     dwpe[i] = acc;
   }
 }
@@ -200,8 +231,8 @@ constexpr int kEncoderBwdBlock = 128;   // channels per block
 constexpr int kEncoderTokenTile = 2048;  // token ids staged per shared-memory tile
 constexpr int64_t kEncoderTargetBlocks = 1024;
 
-__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,
-                                            const float* __restrict__ dout,
+template <typename S>
+__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte, const S* __restrict__ dout,
                                             const int32_t* __restrict__ tokens, int64_t BT,
                                             int64_t C, int64_t V, int64_t begin,
                                             int64_t rows_per_chunk) {
@@ -217,7 +248,7 @@ __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,
     if (c >= C) continue;
     for (int64_t j = 0; j < count; ++j) {
       const int64_t tok = tile[j] - begin;  // the shard's row; other shards' tokens miss [v0, v1)
-      if (tok >= v0 && tok < v1) dwte[tok * C + c] += dout[(base + j) * C + c];
+      if (tok >= v0 && tok < v1) dwte[tok * C + c] += to_float(dout[(base + j) * C + c]);
     }
   }
 }
@@ -331,10 +362,13 @@ __global__ void sum_squares_final_kernel(float* __restrict__ out,
 }  // namespace
 
 // ---- elementwise / utility ---------------------------------------------------------------------
-void fill(void* stream, float* x, int64_t n, float value) {
+void fill(void* stream, void* x, DType dtype, int64_t n, float value) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  launch_map(scope.stream(), FillOp{x, value}, n, {x});
+  with_storage_type(dtype, "fill", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(), FillOp<T>{static_cast<T*>(x), from_float<T>(value)}, n, {x});
+  });
 }
 
 void scale(void* stream, float* x, int64_t n, float alpha) {
@@ -343,10 +377,14 @@ void scale(void* stream, float* x, int64_t n, float alpha) {
   launch_map(scope.stream(), ScaleOp{x, alpha}, n, {x});
 }
 
-void add(void* stream, float* out, const float* a, const float* b, int64_t n) {
+void add(void* stream, void* out, const void* a, const void* b, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  launch_map(scope.stream(), AddOp{out, a, b}, n, {out, a, b});
+  with_storage_type(dtype, "add", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(), AddOp<T>{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b)},
+               n, {out, a, b});
+  });
 }
 
 void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n) {
@@ -370,35 +408,42 @@ void accumulate(void* stream, void* dst, const void* src, DType dtype, int64_t n
 }
 
 // ---- encoder -------------------------------------------------------------------------------------
-void encoder_forward(void* stream, float* out, const int32_t* tokens, const float* wte,
-                     const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
+void encoder_forward(void* stream, void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                     DType dtype, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                      int64_t v_total) {
   detail::LaunchScope scope(stream);
-  encoder_forward_kernel<<<grid_for(B * T * C), kElementwiseBlock, 0, scope.stream()>>>(
-      out, tokens, wte, wpe, B, T, C, V, v_begin, v_total);
+  with_storage_type(dtype, "encoder_forward", [&](auto tag) {
+    using S = decltype(tag);
+    encoder_forward_kernel<S><<<grid_for(B * T * C), kElementwiseBlock, 0, scope.stream()>>>(
+        static_cast<S*>(out), tokens, static_cast<const S*>(wte), static_cast<const S*>(wpe), B, T, C, V, v_begin,
+        v_total);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-void encoder_backward(void* stream, float* dwte, float* dwpe, const float* dout,
+void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, DType dtype,
                       const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                       int64_t v_begin, int64_t /*v_total*/) {
   detail::LaunchScope scope(stream);
-  if (dwpe != nullptr) {
-    encoder_backward_wpe_kernel<<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(
-        dwpe, dout, B, T, C);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
-  if (dwte != nullptr) {
-    const int64_t channel_blocks = (C + kEncoderBwdBlock - 1) / kEncoderBwdBlock;
-    const int64_t chunks = std::clamp<int64_t>(
-        (kEncoderTargetBlocks + channel_blocks - 1) / channel_blocks, 1, std::min<int64_t>(V, 65535));
-    const int64_t rows_per_chunk = (V + chunks - 1) / chunks;
-    const dim3 grid(static_cast<unsigned>(channel_blocks),
-                    static_cast<unsigned>((V + rows_per_chunk - 1) / rows_per_chunk));
-    encoder_backward_wte_kernel<<<grid, kEncoderBwdBlock, 0, scope.stream()>>>(
-        dwte, dout, tokens, B * T, C, V, v_begin, rows_per_chunk);
-    ZT_CUDA_CHECK(cudaGetLastError());
-  }
+  with_storage_type(dtype, "encoder_backward", [&](auto tag) {
+    using S = decltype(tag);
+    const auto* d = static_cast<const S*>(dout);
+    if (dwpe != nullptr) {
+      encoder_backward_wpe_kernel<S><<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(dwpe, d, B, T, C);
+      ZT_CUDA_CHECK(cudaGetLastError());
+    }
+    if (dwte != nullptr) {
+      const int64_t channel_blocks = (C + kEncoderBwdBlock - 1) / kEncoderBwdBlock;
+      const int64_t chunks = std::clamp<int64_t>(
+          (kEncoderTargetBlocks + channel_blocks - 1) / channel_blocks, 1, std::min<int64_t>(V, 65535));
+      const int64_t rows_per_chunk = (V + chunks - 1) / chunks;
+      const dim3 grid(static_cast<unsigned>(channel_blocks),
+                      static_cast<unsigned>((V + rows_per_chunk - 1) / rows_per_chunk));
+      encoder_backward_wte_kernel<S><<<grid, kEncoderBwdBlock, 0, scope.stream()>>>(dwte, d, tokens, B * T, C, V,
+                                                                                    v_begin, rows_per_chunk);
+      ZT_CUDA_CHECK(cudaGetLastError());
+    }
+  });
 }
 
 void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
@@ -425,16 +470,24 @@ void reduce_slices(void* stream, float* out, const float* in, int64_t S, int64_t
 }
 
 // ---- activations -----------------------------------------------------------------------------------
-void gelu_forward(void* stream, float* out, const float* in, int64_t n) {
+void gelu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  launch_map(scope.stream(), GeluForwardOp{out, in}, n, {out, in});
+  with_storage_type(dtype, "gelu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(), GeluForwardOp<T>{static_cast<T*>(out), static_cast<const T*>(in)}, n, {out, in});
+  });
 }
 
-void gelu_backward(void* stream, float* din, const float* in, const float* dout, int64_t n) {
+void gelu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  launch_map(scope.stream(), GeluBackwardOp{din, in, dout}, n, {din, in, dout});
+  with_storage_type(dtype, "gelu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(),
+               GeluBackwardOp<T>{static_cast<T*>(din), static_cast<const T*>(in), static_cast<const T*>(dout)}, n,
+               {din, in, dout});
+  });
 }
 
 void relu_forward(void* stream, float* out, const float* in, int64_t n) {

@@ -3,6 +3,10 @@
 // written out op by op (as llm.c's train_gpt2.c), no autograd tape.
 // Blocks: 0 = embeddings (wte, wpe; wte is also the LM head), 1..L = transformer layers,
 // L+1 = final layernorm. Backward visits: head (block 0, partial), L+1, L..1, encoder (block 0).
+// Numerics: the whole model computes in fp32, or in 16 bits (make_model's activations): every
+// activation, saved tensor, activation gradient and the logits in bf16/f16, parameters read in
+// 16 bits, rounding points as the ops state them (kernels/ops.h); layernorm mean/rstd, lse,
+// losses, scratch and parameter gradients fp32. Pipeline stages compute in fp32.
 #include <atomic>
 #include <chrono>
 #include <cmath>

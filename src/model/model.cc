@@ -33,6 +33,7 @@ DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_
 
 void Workspace::read_logits_row(Stream& s, int row, float* out) {
   const TensorView l = logits();
+  ZT_CHECK(l.dtype == DType::kF32, "read_logits_row of ", dtype_name(l.dtype), " logits without a widening override");
   const int64_t V = l.shape[1];
   s.copy(out, static_cast<const float*>(l.data) + static_cast<int64_t>(row) * V, static_cast<size_t>(V) * sizeof(float));
 }

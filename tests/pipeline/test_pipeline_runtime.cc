@@ -181,7 +181,11 @@ TEST(PipelineRuntime, SplitBackwardGivesTheFusedBackwardsBits) {
 }
 
 // Training: 50 steps of SGD (the same host update of the logical blocks for both runs, so the tied
-// embedding's two copies stay equal) give per-step losses within 1e-5 relative of one device.
+// embedding's two copies stay equal) give per-step losses within 2e-4 relative of one device. Not
+// bitwise: the stages' GEMMs see other row counts than one device's, so BLAS blocks (and rounds)
+// them differently, and 50 steps of SGD at lr 0.1 amplify that; OpenBLAS picks its kernels per CPU,
+// and on AVX-512 parts the gap grows to 1.5e-5 by step 25 and 5.4e-5 by step 48 (it stayed under
+// 1e-5 on the machines this test first ran on).
 TEST(PipelineRuntime, FiftyTrainingStepsTrackOneDevice) {
   const ModelConfig c = tiny_config();
   const Blocks init = init_blocks(gpt_layout(c), 13);
@@ -194,7 +198,7 @@ TEST(PipelineRuntime, FiftyTrainingStepsTrackOneDevice) {
     double first = 0, last = 0;
     for (int step = 0; step < 50; ++step) {
       const StepResult a = one.step(), b = pipe.step();
-      ASSERT_NEAR(b.loss, a.loss, 1e-5 * std::fabs(a.loss)) << name(pc) << " step " << step + 1;
+      ASSERT_NEAR(b.loss, a.loss, 2e-4 * std::fabs(a.loss)) << name(pc) << " step " << step + 1;
       (step == 0 ? first : last) = a.loss;
       for (size_t k = 0; k < w1.size(); ++k)
         for (size_t i = 0; i < w1[k].size(); ++i) w1[k][i] -= lr * a.grads[k][i], wp[k][i] -= lr * b.grads[k][i];

@@ -57,8 +57,11 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   }
   ASSERT_EQ(s0.losses.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
+  // One device against four: not bitwise (each GEMM sees 4x the rows, which BLAS blocks and rounds
+  // differently), within 5e-5 relative over 50 steps: OpenBLAS picks its kernels per CPU, and on
+  // AVX-512 parts the gap reaches 1.6e-5 at some steps.
   for (int i = 0; i < kSteps; ++i)
-    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 1e-5 * one.losses[static_cast<size_t>(i)])
+    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
   if (!kSanitizer) {
     EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
@@ -319,6 +322,61 @@ TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
           EXPECT_EQ(copies, 0);
         }
       }
+}
+
+// A model computing in 16 bits reads the engine's working buffers as they are: no fp32 copy of
+// any block in its visit plan, its peak or its memory plan (the fp32 GPT keeps them), the same
+// resident buffers, and param_data/param_dtype hand out the 16-bit buffers; a 16-bit model with
+// fp32 working parameters is refused.
+TEST(Zero, SixteenBitModelGetsNoWidenedParameterCopies) {
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  const auto m32 = make_model(mc), m16 = make_model(mc, Recompute::kNone, {}, DType::kBF16);
+  const int nb = m16->layout().num_blocks();
+  const auto fwd = m16->forward_order(), bwd = m16->backward_order();
+  auto peak_bytes = [](const std::vector<PlannedBuffer>& v) {
+    size_t t = 0;
+    for (const PlannedBuffer& b : v) t += b.bytes;
+    return t;
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ZeroOptions o;
+    o.stage = stage;
+    o.working = DType::kBF16;
+    std::vector<BlockBufferBytes> s16, s32;
+    for (int b = 0; b < nb; ++b) {
+      const int64_t n = m16->layout().block(b).numel;
+      s16.push_back(ZeroEngine::block_buffer_bytes(n, 4, o, DType::kBF16));
+      s32.push_back(ZeroEngine::block_buffer_bytes(n, 4, o));
+      EXPECT_EQ(s16.back()[BufferRole::kComputeParams], 0u);
+      EXPECT_GT(s32.back()[BufferRole::kComputeParams], 0u);
+      EXPECT_EQ(s16.back()[BufferRole::kComputeGrad], s32.back()[BufferRole::kComputeGrad]);  // fp32 gradients
+    }
+    for (bool forward_only : {false, true}) {
+      int copies16 = 0, copies32 = 0;
+      for (const BufferOp& op : make_visit_plan(fwd, bwd, s16, policy_for_stage(stage), true, false, forward_only).ops)
+        copies16 += op.role == BufferRole::kComputeParams;
+      for (const BufferOp& op : make_visit_plan(fwd, bwd, s32, policy_for_stage(stage), true, true, forward_only).ops)
+        copies32 += op.role == BufferRole::kComputeParams;
+      EXPECT_EQ(copies16, 0);
+      EXPECT_GT(copies32, 0);
+    }
+    const EngineMemoryPlan p16 = ZeroEngine::plan_memory(*m16, 4, o), p32 = ZeroEngine::plan_memory(*m32, 4, o);
+    EXPECT_EQ(p16.resident, p32.resident);
+    EXPECT_LT(peak_bytes(p16.train_peak), peak_bytes(p32.train_peak));
+    EXPECT_LT(peak_bytes(p16.forward_peak), peak_bytes(p32.forward_peak));
+  }
+  auto rt = Runtime::create_cpu(2);
+  std::vector<Device*> devs = {&rt->device(0), &rt->device(1)};
+  Communicator comm(devs);
+  ZeroOptions o;
+  o.stage = 1;
+  o.working = DType::kBF16;
+  ZeroEngine e16(*m16, devs, comm, o), e32(*m32, devs, comm, o);
+  EXPECT_EQ(e16.access(0).param_dtype(), DType::kBF16);
+  EXPECT_EQ(e32.access(0).param_dtype(), DType::kF32);
+  o.working = DType::kF32;
+  EXPECT_THROW(ZeroEngine(*m16, devs, comm, o), Error);
 }
 
 }  // namespace
