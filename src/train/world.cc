@@ -182,6 +182,12 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
     }
     R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
+    // The step's scalars (train/step.cc): every rank's row of norm partials, loss sum and flag.
+    const size_t rows = static_cast<size_t>(size()) * static_cast<size_t>(2 * layout.num_blocks() + 2) * 4;
+    R.step_rows = DeviceBuffer(d.memory(), rows, s, "step scalars");
+    R.step_include = DeviceBuffer(d.memory(), rows, s, "step scalars");
+    R.step_out = DeviceBuffer(d.memory(), kStepOutBytes, s, "step scalars");
+    R.step_host = d.alloc_host_pinned(kStepHostBytes);
     R.staged.resize(static_cast<size_t>(split.accum));
     for (auto* e : {&R.step_begin, &R.compute_done, &R.grads_ready, &R.opt_begin, &R.opt_end})
       *e = d.create_timing_event();

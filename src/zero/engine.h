@@ -121,7 +121,9 @@ struct OptimizerStep {
   bool adamw = true;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, momentum = 0.9f;
   int step = 1;           // 1-based
-  float grad_scale = 1;   // clipping factor (applied after unscaling)
+  // Device float of the rank's device: the clipping factor (applied after unscaling), read when the
+  // update runs (optim::clip_factor writes it; nullptr = 1). One pointer per rank: set it per call.
+  const float* grad_scale = nullptr;
 };
 
 // Bytes a rank holds resident, by kind (the ZeRO "model states").
@@ -220,6 +222,9 @@ class ZeroEngine {
   const float* loss_scale_device(int rank) const;
   // Device float: > 0 when some rank's gradient held inf/NaN in the last check_gradients.
   const float* found_inf_device(int rank) const;
+  // The same flag, writable: for an op that decides on the device, after check_gradients and
+  // before optimizer_step, that the step is skipped (optim::clip_factor), as mark_overflow does.
+  float* overflow_flag_device(int rank);
   // The loss-scale state (synchronizes rank's compute stream). Without scaling: scale 1.
   optim::LossScaleState loss_scale_state(int rank);
   // The same state in device memory, for a copy batched with other reads (no extra sync).

@@ -56,9 +56,9 @@ BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions&
 // (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
 // outside (0, 1].
 int64_t offloaded_elements(int64_t shard_numel, const ZeroOptions& opt);
-// Host bytes a rank's arena holds besides the blocks' (the overflow flag and inverse loss scale
-// the host update reads).
-inline constexpr size_t kOffloadScalarBytes = 2 * sizeof(float);
+// Host bytes a rank's arena holds besides the blocks' (the overflow flag, inverse loss scale and
+// clip factor the host update reads).
+inline constexpr size_t kOffloadScalarBytes = 3 * sizeof(float);
 
 // The resident buffers of a block, in the order the engine allocates them.
 struct ResidentBuffer {
