@@ -79,10 +79,10 @@ void read_rank_timing(World& world, int r, StepPhaseTimer& timer, bool update_en
   }
 }
 
-// Forward/backward of every micro-batch of the step on rank r, then its gradient check. The host
-// does not wait inside: each micro-batch's loss is summed on the device (ops::sum) into the step's
-// loss, and one synchronisation at the end reads it with the gradient-norm partials, the overflow
-// flag and the loss scale. The phases of the step are timed by events on the compute stream.
+// Forward/backward of every micro-batch of the step on rank r, then its gradient check and its
+// share of the step's scalars (device_step_scalars). The host does not wait: each micro-batch's
+// loss is summed on the device (ops::sum) into the step's loss, which the scalars carry. The
+// phases of the step are timed by events on the compute stream.
 // With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
 // after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
 // loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
