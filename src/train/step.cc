@@ -18,7 +18,7 @@ static_assert(kStepHostBytes == 3 * sizeof(double) + sizeof(optim::LossScaleStat
 // The include mask of the step's rows (optim::clip_factor), uploaded at the rank's first step:
 // which entries count, as the host sums them (host_step_scalars) — a tensor group's replicated
 // tails ([B, 2B)) and its loss from the group's first rank only.
-void ensure_step_buffers(World& world, int r) {
+void upload_step_include(World& world, int r) {
   RankState& R = world.rank(r);
   if (!R.step_include_host.empty()) return;
   const int N = world.size();
@@ -44,15 +44,17 @@ void device_step_scalars(World& world, const RunContext& run, int r) {
   Device& d = world.device(r);
   Stream& s = d.compute();
   ZeroEngine& engine = world.engine();
-  ensure_step_buffers(world, r);
+  upload_step_include(world, r);
   const int N = world.size();
   const size_t row = R.norm_host.size() + 1;
   float* rows = R.step_rows.as<float>();
   float* mine = rows + static_cast<size_t>(r) * row;
   s.copy(mine, R.norms.data(), (row - 1) * 4);  // the partials, then the step's loss sum
   s.copy(mine + row - 1, engine.found_inf_device(r), sizeof(float));
+  const uint64_t sent = world.comm().counters(r).bytes_sent;
   world.comm().all_gather(r, TensorView{rows, DType::kF32, Shape{static_cast<int64_t>(N * row)}, d.index()}, &s,
                           "step scalars");
+  R.scalar_bytes += world.comm().counters(r).bytes_sent - sent;  // counted when enqueued, before the return
   world.comm().wait_done(r, s);
   optim::clip_factor(s, rows, R.step_include.as<float>(), N, static_cast<int>(row), run.cfg.grad_clip,
                      R.step_out.as<double>(), clip_device(R), engine.overflow_flag_device(r));

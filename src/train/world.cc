@@ -414,7 +414,10 @@ uint64_t World::bytes_sent_across() const {
 
 uint64_t World::tensor_bytes_sent(int r) {
   if (mesh_->shape().tensor == 1) return 0;
-  return comm_->group(mesh_->tensor_group(r)).counters(r).bytes_sent;
+  const std::vector<int> group = mesh_->tensor_group(r);
+  const uint64_t n = comm_->group(group).counters(r).bytes_sent;
+  // One data rank: the tensor group is the world group, whose counters hold the step scalars too.
+  return static_cast<int>(group.size()) == size() ? n - rank(r).scalar_bytes : n;
 }
 
 double World::read_losses(int r) {

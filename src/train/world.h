@@ -95,6 +95,9 @@ struct RankState {
   // Elsewhere (several processes, pipeline stages) the host computes the clip factor and copies it
   // from clip_host into step_out's clip (a member: the copy reads it when the stream runs it).
   float clip_host = 1.0f;
+  // Bytes the step scalars' all-gathers sent from this rank on the world communicator (not
+  // tensor-axis traffic where the tensor group is the world group: World::tensor_bytes_sent).
+  uint64_t scalar_bytes = 0;
   // Timing events on the compute stream (train/step.cc): the step's start, its last backward, its
   // gradients checked, and the optimizer's span, read after the next synchronisation.
   std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
