@@ -44,6 +44,8 @@ void device_step_scalars(World& world, const RunContext& run, int r) {
   Device& d = world.device(r);
   Stream& s = d.compute();
   ZeroEngine& engine = world.engine();
+  // Clipping is the optimizer's (its factor is all this computes besides what the host reads).
+  const NvtxRange range(NvtxCategory::kOptimizer, "global norm + clip factor", d.index());
   upload_step_include(world, r);
   const int N = world.size();
   const size_t row = R.norm_host.size() + 1;
