@@ -63,8 +63,8 @@ struct StepScalars {
 // (nearest-even or stochastic). With param_dtype f32 and param == master, the master is the param.
 // Bits equal the per-tensor ops::adamw_update / sgd_update on the same fp32 values.
 // Precisely: the factor inv_loss_scale * clip (each read from device memory, a null one as 1) is
-// formed once (one fp32 product) and passed as
-// adamw_elem's / sgd_elem's grad_scale, so the bits are those of ops::adamw_update(..., grad_scale
+// formed once (one fp32 product) and passed as adamw_elem's / sgd_elem's grad_scale, so the bits
+// are those of ops::adamw_update(..., grad_scale
 // = inv_loss_scale * clip); with a power-of-two loss scale that is also grad * inv * clip exactly.
 // Stochastic rounding draws philox_u32(seed, step, rng_offset + i) for element i of a segment
 // (optimizers/multi_tensor_elem.h): reproducible, independent of threads and chunking.

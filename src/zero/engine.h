@@ -195,10 +195,10 @@ class ZeroEngine {
   void end_micro_batch(int rank);  // after backward (reductions enqueued) or the forward-only pass
   // One fused pass over this rank's gradient shard (after the step's micro-batches): the squared
   // L2 norm of the unscaled gradient of every block, written to device floats out[0..num_blocks)
-  // on the compute stream (the host adds ranks and blocks in fixed order); out[num_blocks + b]
-  // holds the part of block b in a tensor-parallel model's replicated tail (zero otherwise; the
-  // host counts it from one rank per tensor group), so out has 2 * num_blocks floats; and the non-finite
-  // flag, summed over all ranks by an all-reduce into found_inf_device(rank).
+  // on the compute stream (the trainer adds ranks and blocks in a fixed order, optim::clip_factor);
+  // out[num_blocks + b] holds the part of block b in a tensor-parallel model's replicated tail
+  // (zero otherwise; counted from one rank per tensor group), so out has 2 * num_blocks floats; and
+  // the non-finite flag, summed over all ranks by an all-reduce into found_inf_device(rank).
   void check_gradients(int rank, float* device_out);
   // Optimizer update of this rank's shard (skipped, writing nothing, when the combined flag is
   // set), the loss-scale update (dynamic scaling), then the parameter all-gather (stages 1, 2).
