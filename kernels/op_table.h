@@ -35,8 +35,8 @@ namespace zt {
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
 // The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
-// loss_scale_update {}; matmul_forward / matmul_backward / matmul_gelu_forward / matmul_backward_dgelu
-// {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
+// loss_scale_update, clip_factor {}; matmul_forward / matmul_backward / matmul_gelu_forward /
+// matmul_backward_dgelu {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
 // residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
 // flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
 // {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward {activation
@@ -71,6 +71,7 @@ namespace zt {
   X(kSgdMulti, sgd_multi)                                      \
   X(kUnscaleCheck, unscale_check)                              \
   X(kLossScaleUpdate, loss_scale_update)                       \
+  X(kClipFactor, clip_factor)                                  \
   X(kPositionForward, position_forward)                        \
   X(kPositionBackward, position_backward)                      \
   X(kBiasForward, bias_forward)                                \
@@ -200,6 +201,8 @@ struct OpTable {
                         int num_out, float* found_inf) = nullptr;
   void (*loss_scale_update)(Stream&, optim::LossScaleState* state, const float* found_inf,
                             const optim::LossScaleConfig& c) = nullptr;
+  void (*clip_factor)(Stream&, const float* parts, const float* include, int ranks, int row, float max_norm,
+                      double* out, float* clip, float* found_inf) = nullptr;
   // Fused GEMM epilogues (ops.h matmul_gelu_forward / matmul_backward_dgelu); bias, dbias may be
   // nullptr. Without them ops.cc composes matmul_forward/_backward, gelu_forward/_backward, cast.
   void (*matmul_gelu_forward)(Stream&, void* out_gelu, void* pre_gelu, const void* in, const void* weight,

@@ -130,4 +130,32 @@ ZT_HOST_DEVICE ZT_FORCEINLINE void loss_scale_transition_elem(State& st, bool ov
   st.inv_scale = 1.0f / st.scale;
 }
 
+// ---- the step's global scalars ----------------------------------------------------------------
+// clip_factor of optimizers.h, written once for the CPU stream op and the one-thread CUDA kernel:
+// a sequential loop in double (no reassociation), sqrt and one division correctly rounded on both.
+ZT_HOST_DEVICE ZT_FORCEINLINE void clip_factor_elem(const float* parts, const float* include, int ranks, int row,
+                                                    float max_norm, double* out, float* clip, float* found_inf) {
+  const int partials = row - 2;
+  double sq = 0.0, loss = 0.0;
+  bool flagged = false;
+  for (int g = 0; g < ranks; ++g) {
+    const float* p = parts + static_cast<int64_t>(g) * row;
+    const float* in = include + static_cast<int64_t>(g) * row;
+    for (int k = 0; k < partials; ++k)
+      if (in[k] != 0.0f) sq += static_cast<double>(p[k]);
+    if (in[partials] != 0.0f) loss += static_cast<double>(p[partials]);
+    flagged = flagged || p[partials + 1] > 0.0f;
+  }
+  const double norm = sqrt(sq);
+  // loss - loss is 0 exactly when loss is finite (inf - inf and NaN give NaN).
+  const bool skipped = flagged || !(loss - loss == 0.0);
+  out[0] = norm;
+  out[1] = loss;
+  out[2] = skipped ? 1.0 : 0.0;
+  *clip = !skipped && max_norm > 0.0f && norm > static_cast<double>(max_norm)
+              ? static_cast<float>(static_cast<double>(max_norm) / norm)
+              : 1.0f;
+  if (found_inf != nullptr && skipped && !(*found_inf > 0.0f)) *found_inf = 1.0f;
+}
+
 }  // namespace zt::optim

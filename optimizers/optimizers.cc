@@ -176,4 +176,15 @@ void loss_scale_update(Stream& s, LossScaleState* state, const float* found_inf,
   require_kernel(s, OpId::kLossScaleUpdate, {}).loss_scale_update(s, state, found_inf, c);
 }
 
+void clip_factor(Stream& s, const float* parts, const float* include, int ranks, int row, float max_norm,
+                 double* out, float* clip, float* found_inf) {
+  constexpr const char* op = "clip_factor";
+  ZT_REQUIRE(ranks >= 1 && row >= 2, op, ": ", ranks, " ranks of ", row,
+             " floats; need at least one rank of a loss sum and a flag");
+  ZT_REQUIRE(parts != nullptr && include != nullptr && out != nullptr && clip != nullptr, op,
+             ": parts, include, out and clip must point to device memory");
+  ZT_REQUIRE(max_norm >= 0.0f, op, ": max_norm ", max_norm, " must be >= 0 (0: no clipping)");
+  require_kernel(s, OpId::kClipFactor, {}).clip_factor(s, parts, include, ranks, row, max_norm, out, clip, found_inf);
+}
+
 }  // namespace zt::optim

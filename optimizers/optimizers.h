@@ -49,11 +49,11 @@ struct SgdConfig {
   int step = 1;  // 1-based; SGD's update does not use it: only stochastic rounding's Philox counter
 };
 
-// Scalars read on the device when the op runs (all optional: nullptr = 1, 1, no skip).
+// Scalars read on the device when the op runs (all optional: nullptr = 1, no skip, 1).
 struct StepScalars {
   const float* inv_loss_scale = nullptr;  // multiplies every gradient (fp32) before the update
   const float* found_inf = nullptr;       // != 0: the step is skipped, nothing is written
-  float clip = 1.0f;                      // host value: gradient clipping factor
+  const float* clip = nullptr;            // gradient clipping factor (clip_factor writes it)
   Rounding rounding = Rounding::kNearest;  // of the 16-bit working copy
   uint64_t seed = 0;                       // stochastic rounding: Philox key; counter = (step, rng_offset + i)
 };
@@ -62,8 +62,9 @@ struct StepScalars {
 // or SGD (sgd_elem) update of master and moments; then param = round(master) in `param_dtype`
 // (nearest-even or stochastic). With param_dtype f32 and param == master, the master is the param.
 // Bits equal the per-tensor ops::adamw_update / sgd_update on the same fp32 values.
-// Precisely: the factor inv_loss_scale * clip is formed once (one fp32 product) and passed as
-// adamw_elem's / sgd_elem's grad_scale, so the bits are those of ops::adamw_update(..., grad_scale
+// Precisely: the factor inv_loss_scale * clip (each read from device memory, a null one as 1) is
+// formed once (one fp32 product) and passed as adamw_elem's / sgd_elem's grad_scale, so the bits
+// are those of ops::adamw_update(..., grad_scale
 // = inv_loss_scale * clip); with a power-of-two loss scale that is also grad * inv * clip exactly.
 // Stochastic rounding draws philox_u32(seed, step, rng_offset + i) for element i of a segment
 // (optimizers/multi_tensor_elem.h): reproducible, independent of threads and chunking.
@@ -133,5 +134,23 @@ LossScaleState initial_loss_scale_state(float scale, const LossScaleConfig& c);
 // The same transition on the host (the reference the tests and the trainer's reporting use).
 void loss_scale_transition(LossScaleState& st, bool overflow, const LossScaleConfig& c);
 void loss_scale_update(Stream& s, LossScaleState* state, const float* found_inf, const LossScaleConfig& c);
+
+// The step's global gradient norm, loss sum, skip decision and clip factor from every rank's
+// scalars, on the device (no host round trip between the gradient check and the update).
+// parts: `ranks` rows of `row` floats (in rank order): row - 2 gradient-norm partials
+// (unscale_check's squared norms), the rank's loss sum, its overflow flag. include: the same
+// shape, != 0 where a partial or loss sum counts (a tensor group's replicated parts and losses
+// count once); flags always count. In double, in row-major order (rank, then entry), skipping
+// entries not included — the order and arithmetic of a host loop over the same floats, so the
+// bits equal it on every backend:
+//   sq = sum of included partials, loss = sum of included loss sums, norm = sqrt(sq);
+//   skipped = some flag > 0, or loss not finite;
+//   clip = !skipped && max_norm > 0 && norm > max_norm ? float(double(max_norm) / norm) : 1.
+// out (3 doubles): {norm, loss, skipped ? 1 : 0}; clip (1 float); found_inf (optional, this
+// rank's combined overflow flag): set to 1 when skipped and it was not > 0, so that the update and
+// the loss-scale update skip a step whose only fault is a non-finite loss.
+// Validation: ranks >= 1, row >= 2, non-null parts, include, out, clip; max_norm >= 0.
+void clip_factor(Stream& s, const float* parts, const float* include, int ranks, int row, float max_norm,
+                 double* out, float* clip, float* found_inf);
 
 }  // namespace zt::optim

@@ -66,6 +66,7 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, vocab_loss_grad);
   ZT_CPU_ENTRY(cpu_kernels, reduce_slices);
   ZT_CPU_ENTRY(optim::cpu_kernels, loss_scale_update);
+  ZT_CPU_ENTRY(optim::cpu_kernels, clip_factor);
   ZT_CPU_ENTRY(cpu_kernels, residual_layernorm_forward);
   // No attention library on the CPU: the fused entries always decline, the tiled kernels serve.
   t.fused_attention_forward = [](Stream&, void*, float*, const void*, int64_t, int64_t, int64_t, int64_t,

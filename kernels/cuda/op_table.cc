@@ -117,6 +117,7 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, adamw_update);
   ZT_CUDA_ENTRY(cuda_ops, sgd_update);
   ZT_CUDA_ENTRY(optim::cuda_kernels, loss_scale_update);
+  ZT_CUDA_ENTRY(optim::cuda_kernels, clip_factor);
   ZT_CUDA_ENTRY(cuda_ops, position_forward);
   ZT_CUDA_ENTRY(cuda_ops, position_backward);
   ZT_CUDA_ENTRY(cuda_ops, bias_forward);

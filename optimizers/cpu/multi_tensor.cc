@@ -52,7 +52,7 @@ bool skip_step(const StepScalars& sc) { return sc.found_inf != nullptr && *sc.fo
 // inv_loss_scale * clip, formed once per op: each gradient is multiplied by this one factor
 // (inside adamw_elem / sgd_elem, exactly as ops::adamw_update's grad_scale).
 float grad_factor(const StepScalars& sc) {
-  return (sc.inv_loss_scale != nullptr ? *sc.inv_loss_scale : 1.0f) * sc.clip;
+  return (sc.inv_loss_scale != nullptr ? *sc.inv_loss_scale : 1.0f) * (sc.clip != nullptr ? *sc.clip : 1.0f);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -251,6 +251,11 @@ void unscale_check(std::span<const GradSegment> segs, DType grad_dtype, const fl
 
 void loss_scale_update(LossScaleState* state, const float* found_inf, const LossScaleConfig& c) {
   loss_scale_transition_elem(*state, *found_inf != 0.0f, c);
+}
+
+void clip_factor(const float* parts, const float* include, int ranks, int row, float max_norm, double* out,
+                 float* clip, float* found_inf) {
+  clip_factor_elem(parts, include, ranks, row, max_norm, out, clip, found_inf);
 }
 
 }  // namespace zt::optim::cpu_kernels

@@ -21,5 +21,7 @@ void sgd_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DType 
 void unscale_check(std::span<const GradSegment> segs, DType grad_dtype, const float* inv_loss_scale,
                    float* norms_out, int num_out, float* found_inf);
 void loss_scale_update(LossScaleState* state, const float* found_inf, const LossScaleConfig& c);
+void clip_factor(const float* parts, const float* include, int ranks, int row, float max_norm, double* out,
+                 float* clip, float* found_inf);
 
 }  // namespace zt::optim::cpu_kernels

@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kBlock)
                         const int64_t* __restrict__ prefix, int64_t num_segs, AdamWArgs adam,
                         SgdArgs sgd, StepScalars sc, uint64_t step) {
   if (sc.found_inf != nullptr && *sc.found_inf != 0.0f) return;  // skipped step: write nothing
-  const float grad_scale = (sc.inv_loss_scale != nullptr ? *sc.inv_loss_scale : 1.0f) * sc.clip;
+  const float grad_scale =
+      (sc.inv_loss_scale != nullptr ? *sc.inv_loss_scale : 1.0f) * (sc.clip != nullptr ? *sc.clip : 1.0f);
   const int64_t c = blockIdx.x;
   const int64_t s = find_segment(prefix, num_segs, c);
   const OptimizerSegment seg = segs[s];
@@ -258,6 +259,11 @@ __global__ void loss_scale_kernel(LossScaleState* state, const float* found_inf,
   *state = st;
 }
 
+__global__ void clip_factor_kernel(const float* parts, const float* include, int ranks, int row, float max_norm,
+                                   double* out, float* clip, float* found_inf) {
+  clip_factor_elem(parts, include, ranks, row, max_norm, out, clip, found_inf);
+}
+
 }  // namespace
 
 size_t update_workspace_bytes(int64_t num_segs) {
@@ -335,6 +341,13 @@ void loss_scale_update(void* stream, LossScaleState* state, const float* found_i
                        const LossScaleConfig& c) {
   cuda_ops::detail::LaunchScope scope(stream);
   loss_scale_kernel<<<1, 1, 0, scope.stream()>>>(state, found_inf, c);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
+
+void clip_factor(void* stream, const float* parts, const float* include, int ranks, int row, float max_norm,
+                 double* out, float* clip, float* found_inf) {
+  cuda_ops::detail::LaunchScope scope(stream);
+  clip_factor_kernel<<<1, 1, 0, scope.stream()>>>(parts, include, ranks, row, max_norm, out, clip, found_inf);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

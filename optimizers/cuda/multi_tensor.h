@@ -34,4 +34,8 @@ void unscale_check(void* stream, const GradSegment* segs, int64_t num_segs, int6
 void loss_scale_update(void* stream, LossScaleState* state, const float* found_inf,
                        const LossScaleConfig& c);
 
+// One thread: a handful of ranks times a few hundred floats, in the fixed order of the host loop.
+void clip_factor(void* stream, const float* parts, const float* include, int ranks, int row, float max_norm,
+                 double* out, float* clip, float* found_inf);
+
 }  // namespace zt::optim::cuda_kernels

@@ -274,6 +274,10 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;
     resident.push_back({norms, false});
     batch += norms;
+    // The step's scalars (train/world.h RankState::step_*): rows and include mask, the result.
+    constexpr size_t kStepOut = 4 * sizeof(double);  // kStepOutBytes (train/world.h)
+    for (size_t b : {static_cast<size_t>(N) * norms, static_cast<size_t>(N) * norms, kStepOut})
+      resident.push_back({b, false}), batch += b;
     // The stage communicator's ring buffers (its engine's reductions), and with tensor parallelism
     // the world communicator's (the tensor groups' reductions run there).
     const size_t stage_comm = in.staged_comm ? Communicator::planned_buffer_bytes(per_stage) : 0;
@@ -334,7 +338,10 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t inputs = static_cast<size_t>(B) * static_cast<size_t>(gpt ? T : mc.input_dim) * 4;
   const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
   const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;  // + kLossSlots (train/world.h)
-  for (size_t b : {inputs, targets, norms}) resident.push_back({b, false});
+  // Then the step's scalars (RankState::step_*): every rank's row and the include mask, the result.
+  constexpr size_t kStepOut = 4 * sizeof(double);  // kStepOutBytes (train/world.h)
+  for (size_t b : {inputs, targets, norms, static_cast<size_t>(N) * norms, static_cast<size_t>(N) * norms, kStepOut})
+    resident.push_back({b, false});
   const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});

@@ -13,10 +13,80 @@ namespace zt {
 
 namespace {
 
-// Forward/backward of every micro-batch of the step on rank r, then its gradient check. The host
-// does not wait inside: each micro-batch's loss is summed on the device (ops::sum) into the step's
-// loss, and one synchronisation at the end reads it with the gradient-norm partials, the overflow
-// flag and the loss scale. The phases of the step are timed by events on the compute stream.
+static_assert(kStepHostBytes == 3 * sizeof(double) + sizeof(optim::LossScaleState));
+
+// The include mask of the step's rows (optim::clip_factor), uploaded at the rank's first step:
+// which entries count, as the host sums them (host_step_scalars) — a tensor group's replicated
+// tails ([B, 2B)) and its loss from the group's first rank only.
+void upload_step_include(World& world, int r) {
+  RankState& R = world.rank(r);
+  if (!R.step_include_host.empty()) return;
+  const int N = world.size();
+  const size_t row = R.norm_host.size() + 1, partials = row - 2;
+  R.step_include_host.assign(static_cast<size_t>(N) * row, 0.0f);
+  for (int g = 0; g < N; ++g) {
+    float* in = R.step_include_host.data() + static_cast<size_t>(g) * row;
+    for (size_t b = 0; b < partials; ++b) in[b] = world.tensor_lead(g) || b < partials / 2 ? 1.0f : 0.0f;
+    in[partials] = world.loss_lead(g) ? 1.0f : 0.0f;
+    in[partials + 1] = 1.0f;
+  }
+  world.device(r).compute().copy(R.step_include.data(), R.step_include_host.data(), R.step_include_host.size() * 4);
+}
+
+float* clip_device(RankState& R) { return reinterpret_cast<float*>(R.step_out.as<double>() + 3); }
+
+// Rank r's share of the step's global scalars, all on the device: its row into the gathered rows,
+// the all-gather over every rank, optim::clip_factor (which also marks a non-finite loss as an
+// overflow), then an asynchronous copy of the result and the loss-scale state into pinned host
+// memory, marked by grads_ready. The host reads them after the update is enqueued (train_step).
+void device_step_scalars(World& world, const RunContext& run, int r) {
+  RankState& R = world.rank(r);
+  Device& d = world.device(r);
+  Stream& s = d.compute();
+  ZeroEngine& engine = world.engine();
+  // Clipping is the optimizer's (its factor is all this computes besides what the host reads).
+  const NvtxRange range(NvtxCategory::kOptimizer, "global norm + clip factor", d.index());
+  upload_step_include(world, r);
+  const int N = world.size();
+  const size_t row = R.norm_host.size() + 1;
+  float* rows = R.step_rows.as<float>();
+  float* mine = rows + static_cast<size_t>(r) * row;
+  s.copy(mine, R.norms.data(), (row - 1) * 4);  // the partials, then the step's loss sum
+  s.copy(mine + row - 1, engine.found_inf_device(r), sizeof(float));
+  const uint64_t sent = world.comm().counters(r).bytes_sent;
+  world.comm().all_gather(r, TensorView{rows, DType::kF32, Shape{static_cast<int64_t>(N * row)}, d.index()}, &s,
+                          "step scalars");
+  R.scalar_bytes += world.comm().counters(r).bytes_sent - sent;  // counted when enqueued, before the return
+  world.comm().wait_done(r, s);
+  optim::clip_factor(s, rows, R.step_include.as<float>(), N, static_cast<int>(row), run.cfg.grad_clip,
+                     R.step_out.as<double>(), clip_device(R), engine.overflow_flag_device(r));
+  auto* host = static_cast<char*>(R.step_host.data());
+  s.copy(host, R.step_out.data(), 3 * sizeof(double));
+  s.copy(host + 3 * sizeof(double), engine.loss_scale_state_device(r), sizeof(optim::LossScaleState));
+  s.record(*R.grads_ready);
+}
+
+// After grads_ready completed: the step's phases and the previous update's time. The previous
+// update ran on this stream before step_begin, so its events are complete: prev_opt_* once this
+// step's update is enqueued (update_enqueued; train_step moved them there), opt_* before.
+void read_rank_timing(World& world, int r, StepPhaseTimer& timer, bool update_enqueued) {
+  RankState& R = world.rank(r);
+  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
+  if (R.ws) timer.rank_recompute(r, R.ws->take_recompute_seconds());
+  const double host_seconds = world.engine_of(r).host_update_seconds(world.engine_rank(r));
+  if (R.prev_opt_pending) {
+    timer.rank_optimizer(r, R.prev_opt_end->seconds_since(*R.prev_opt_begin), host_seconds);
+    R.prev_opt_pending = false;
+  } else if (R.opt_pending && !update_enqueued) {
+    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), host_seconds);
+    R.opt_pending = false;
+  }
+}
+
+// Forward/backward of every micro-batch of the step on rank r, then its gradient check and its
+// share of the step's scalars (device_step_scalars). The host does not wait: each micro-batch's
+// loss is summed on the device (ops::sum) into the step's loss, which the scalars carry. The
+// phases of the step are timed by events on the compute stream.
 // With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
 // after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
 // loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
@@ -59,18 +129,19 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   for (const GradientFault& f : run.cfg.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
   engine.check_gradients(r, norms);
-  s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
-  s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
-  s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
-  s.record(*R.grads_ready);
-  s.synchronize();  // the step's one host synchronisation on this rank
-  R.loss_sum = R.norm_host.back();
-  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
-  timer.rank_recompute(r, R.ws->take_recompute_seconds());
-  // The previous step's update ran on this stream before step_begin: its events are complete.
-  if (R.opt_pending)
-    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), engine.host_update_seconds(r));
-  R.opt_pending = false;
+  if (run.processes) {
+    // Several processes: the host sums every process's partials (train_step) and sends the clip
+    // factor back; this rank's scalars are read with one synchronisation.
+    s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
+    s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
+    s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
+    s.record(*R.grads_ready);
+    s.synchronize();  // the step's one host synchronisation on this rank
+    R.loss_sum = R.norm_host.back();
+    read_rank_timing(world, r, timer, false);
+    return;
+  }
+  device_step_scalars(world, run, r);
 }
 
 // Rank r's step as a pipeline stage: its data rank's micro-batches uploaded and handed to the
@@ -133,37 +204,16 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
     const size_t nb = (R.norm_host.size() - 1) / 2;
     R.norm_host[static_cast<size_t>(tied)] = R.norm_host[nb + static_cast<size_t>(tied)] = 0;
   }
-  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
-  if (R.opt_pending) timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), 0);
-  R.opt_pending = false;
+  read_rank_timing(world, r, timer, false);
 }
 
-}  // namespace
-
-void settle_step_timing(World& world, StepPhaseTimer& timer) {
-  for (int r = 0; r < world.size(); ++r) {
-    RankState& R = world.rank(r);
-    if (!R.opt_pending) continue;
-    R.opt_end->synchronize();
-    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin),
-                         world.engine_of(r).host_update_seconds(world.engine_rank(r)));
-    R.opt_pending = false;
-  }
-}
-
-StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates, StepPhaseTimer& timer) {
+// The host path of the step's scalars (several processes, pipeline stages), after every rank's
+// synchronisation: the global loss and gradient norm summed in a fixed order (rank, then block),
+// the skip decision (a non-finite loss marks an overflow on every rank) and the clip factor into
+// RankState::clip_host. optim::clip_factor computes the same bits on the device (device_step_scalars).
+void host_step_scalars(World& world, const RunContext& run, double positions, StepStats& st) {
   const TrainConfig& cfg = run.cfg;
   const int N = world.size();
-  // Every real position weighs the same in the step's objective, however the rows are split.
-  const double positions = static_cast<double>(world.split().batch) * run.T;
-  const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(world.split().batch) * run.T);
-  timer.begin_step();
-  world.for_ranks([&](int r) {
-    if (world.pipelined())
-      pipeline_rank_step(world, run, step, r, dloss, timer);
-    else
-      rank_step(world, run, step, r, dloss, timer);
-  });
   if (world.pipelined()) {
     // The measured bubble of data rank 0's stages (their compute spans, complete after the sync).
     PipelineParts& pp = world.pipeline();
@@ -174,14 +224,6 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
     pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
     ++pp.bubble_steps;
   }
-
-  StepStats st;
-  st.lr = lr;
-  for (int r = 0; r < N; ++r)
-    if (const auto& g = world.rank(r).graph) {
-      st.graphs = st.graphs || g->replays() > 0;
-      if (std::string n = g->take_note(); !n.empty() && st.note.empty()) st.note = std::move(n);
-    }
   // Global loss and gradient norm, summed in a fixed order (rank, then block). With tensor
   // parallelism every rank of a tensor group holds the same losses and the same replicated
   // parameters' gradients: those are counted once, from the group's first rank.
@@ -227,6 +269,48 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   if (!st.skipped && !std::isfinite(st.loss)) st.skipped = true, flagged_everywhere = false;
   if (st.skipped && !flagged_everywhere)
     world.for_ranks([&](int r) { world.engine_of(r).mark_overflow(world.engine_rank(r)); });
+  const float clip = !st.skipped && cfg.grad_clip > 0 && st.grad_norm > cfg.grad_clip
+                         ? static_cast<float>(cfg.grad_clip / st.grad_norm)
+                         : 1.0f;
+  for (int r = 0; r < N; ++r) world.rank(r).clip_host = clip;
+}
+
+}  // namespace
+
+void settle_step_timing(World& world, StepPhaseTimer& timer) {
+  for (int r = 0; r < world.size(); ++r) {
+    RankState& R = world.rank(r);
+    if (!R.opt_pending) continue;
+    R.opt_end->synchronize();
+    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin),
+                         world.engine_of(r).host_update_seconds(world.engine_rank(r)));
+    R.opt_pending = false;
+  }
+}
+
+StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates, StepPhaseTimer& timer) {
+  const TrainConfig& cfg = run.cfg;
+  const int N = world.size();
+  // Every real position weighs the same in the step's objective, however the rows are split.
+  const double positions = static_cast<double>(world.split().batch) * run.T;
+  const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(world.split().batch) * run.T);
+  // One process without pipeline stages: the global norm, the skip decision and the clip factor
+  // are computed on the devices (device_step_scalars) and the host reads them only after the
+  // update is enqueued. Pipeline stages (the head's losses are summed on the host) and several
+  // processes (the partials travel through the host) keep the host sum and one synchronisation
+  // per rank before the update.
+  const bool on_device = !world.pipelined() && !run.processes;
+  timer.begin_step();
+  world.for_ranks([&](int r) {
+    if (world.pipelined())
+      pipeline_rank_step(world, run, step, r, dloss, timer);
+    else
+      rank_step(world, run, step, r, dloss, timer);
+  });
+
+  StepStats st;
+  st.lr = lr;
+  if (!on_device) host_step_scalars(world, run, positions, st);
   OptimizerStep os;
   os.adamw = cfg.optimizer == OptimizerKind::kAdamW;
   os.lr = lr;
@@ -236,22 +320,53 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   os.weight_decay = cfg.weight_decay;
   os.momentum = cfg.momentum;
   os.step = static_cast<int>(updates) + 1;  // a skipped step makes no update
-  os.grad_scale = !st.skipped && cfg.grad_clip > 0 && st.grad_norm > cfg.grad_clip
-                      ? static_cast<float>(cfg.grad_clip / st.grad_norm)
-                      : 1.0f;
   timer.optimizer_begin();
-  // No wait: the update's time comes from its events, read after the next synchronisation
-  // (the next step's, or settle_step_timing after the last step).
+  // No wait: the update's time comes from its events, read after the next step's scalars (or
+  // settle_step_timing after the last step).
   world.for_ranks([&](int r) {
     const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), world.device(r).index());
     RankState& R = world.rank(r);
-    Stream& s = world.device(r).compute();
+    Device& d = world.device(r);
+    Stream& s = d.compute();
+    if (!on_device) s.copy(clip_device(R), &R.clip_host, sizeof(float));
+    if (R.opt_pending) {
+      // The previous update's events are read after this step's scalars: keep them apart.
+      if (!R.prev_opt_begin) R.prev_opt_begin = d.create_timing_event(), R.prev_opt_end = d.create_timing_event();
+      std::swap(R.opt_begin, R.prev_opt_begin);
+      std::swap(R.opt_end, R.prev_opt_end);
+      R.prev_opt_pending = true;
+    }
     s.record(*R.opt_begin);
-    world.engine_of(r).optimizer_step(world.engine_rank(r), os);
+    OptimizerStep mine = os;
+    mine.grad_scale = clip_device(R);
+    world.engine_of(r).optimizer_step(world.engine_rank(r), mine);
     s.record(*R.opt_end);
     R.opt_pending = true;
   });
   timer.optimizer_done();
+  if (on_device) {
+    // The step's scalars: complete once the device reached grads_ready (before the update runs).
+    world.for_ranks([&](int r) {
+      RankState& R = world.rank(r);
+      R.grads_ready->synchronize();
+      (void)world.device(r).compute().query();  // a device error of the step surfaces here (and names it)
+      read_rank_timing(world, r, timer, true);
+    });
+    const auto* host = static_cast<const char*>(world.rank(0).step_host.data());
+    double out[3];
+    std::memcpy(out, host, sizeof out);
+    optim::LossScaleState scale{};
+    std::memcpy(&scale, host + sizeof out, sizeof scale);
+    st.grad_norm = out[0];
+    st.loss = out[1] / positions;
+    st.skipped = out[2] != 0.0;
+    st.loss_scale = scale.scale;
+  }
+  for (int r = 0; r < N; ++r)
+    if (const auto& g = world.rank(r).graph) {
+      st.graphs = st.graphs || g->replays() > 0;
+      if (std::string n = g->take_note(); !n.empty() && st.note.empty()) st.note = std::move(n);
+    }
   return st;
 }
 

@@ -1,8 +1,10 @@
 // One optimizer step on every rank: forward/backward over the step's micro-batches (their losses
 // summed on the device), the gradient check (norm partials and the all-reduced non-finite flag),
-// one host synchronisation per rank to read them, then the update (skipped together on every rank
-// when anything was not finite), issued without a wait: it completes in stream order before the
-// next step's work, and its time is read from events.
+// the global norm, skip decision and clip factor on the device (optim::clip_factor over every
+// rank's all-gathered scalars), then the update, enqueued without a host synchronisation: the host
+// reads the step's scalars from pinned memory by an event recorded before the update, which keeps
+// running; its time is read from events. Pipeline stages and several processes keep one host
+// synchronisation per rank before the update (the host sums their losses or partials).
 #pragma once
 
 #include <cstdint>

@@ -185,6 +185,12 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
     }
     R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
+    // The step's scalars (train/step.cc): every rank's row of norm partials, loss sum and flag.
+    const size_t rows = static_cast<size_t>(size()) * static_cast<size_t>(2 * layout.num_blocks() + 2) * 4;
+    R.step_rows = DeviceBuffer(d.memory(), rows, s, "step scalars");
+    R.step_include = DeviceBuffer(d.memory(), rows, s, "step scalars");
+    R.step_out = DeviceBuffer(d.memory(), kStepOutBytes, s, "step scalars");
+    R.step_host = d.alloc_host_pinned(kStepHostBytes);
     R.staged.resize(static_cast<size_t>(split.accum));
     for (auto* e : {&R.step_begin, &R.compute_done, &R.grads_ready, &R.opt_begin, &R.opt_end})
       *e = d.create_timing_event();
@@ -411,7 +417,10 @@ uint64_t World::bytes_sent_across() const {
 
 uint64_t World::tensor_bytes_sent(int r) {
   if (mesh_->shape().tensor == 1) return 0;
-  return comm_->group(mesh_->tensor_group(r)).counters(r).bytes_sent;
+  const std::vector<int> group = mesh_->tensor_group(r);
+  const uint64_t n = comm_->group(group).counters(r).bytes_sent;
+  // One data rank: the tensor group is the world group, whose counters hold the step scalars too.
+  return static_cast<int>(group.size()) == size() ? n - rank(r).scalar_bytes : n;
 }
 
 double World::read_losses(int r) {

@@ -19,6 +19,7 @@
 #include "data/language_data.h"
 #include "data/prefetcher.h"
 #include "memory/caching_allocator.h"
+#include "memory/pinned_host_buffer.h"
 #include "model/model.h"
 #include "pipeline/model_stage.h"
 #include "pipeline/runtime.h"
@@ -62,6 +63,10 @@ struct HostBatch {
 
 // Floats after the gradient-norm partials in RankState::norms: the step's loss sum, a micro-batch's.
 constexpr int kLossSlots = 2;
+// RankState::step_out: the global norm, loss sum and skip decision (doubles), then the clip factor
+// (a float in a double's slot); step_host: step_out's doubles, then the loss-scale state.
+constexpr size_t kStepOutBytes = 4 * sizeof(double);
+constexpr size_t kStepHostBytes = 3 * sizeof(double) + 6 * sizeof(float);
 
 // One rank's buffers and host scratch.
 struct RankState {
@@ -79,10 +84,27 @@ struct RankState {
   double loss_sum = 0;
   float found_inf = 0;
   optim::LossScaleState scale{};
+  // The step's global scalars on the device (train/step.cc, one process without pipeline stages):
+  // step_rows holds every rank's row (its norm partials, loss sum and overflow flag), all-gathered;
+  // step_include says which entries count (uploaded once from step_include_host); step_out the
+  // result of optim::clip_factor (norm, loss sum, skipped as doubles, then the clip factor), read
+  // by the optimizer on the device and copied with the loss-scale state into step_host (pinned).
+  DeviceBuffer step_rows, step_include, step_out;
+  std::vector<float> step_include_host;
+  PinnedHostBuffer step_host;
+  // Elsewhere (several processes, pipeline stages) the host computes the clip factor and copies it
+  // from clip_host into step_out's clip (a member: the copy reads it when the stream runs it).
+  float clip_host = 1.0f;
+  // Bytes the step scalars' all-gathers sent from this rank on the world communicator (not
+  // tensor-axis traffic where the tensor group is the world group: World::tensor_bytes_sent).
+  uint64_t scalar_bytes = 0;
   // Timing events on the compute stream (train/step.cc): the step's start, its last backward, its
   // gradients checked, and the optimizer's span, read after the next synchronisation.
   std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
   bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
+  // The previous update's events while the step's own are recorded before its scalars are read.
+  std::unique_ptr<Event> prev_opt_begin, prev_opt_end;
+  bool prev_opt_pending = false;
   // --cuda-graphs: the rank's captured micro-batch (train/graph_step.h); null while eager.
   std::shared_ptr<MicroBatchGraph> graph;
 };

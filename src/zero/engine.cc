@@ -204,7 +204,7 @@ class ZeroRank final : public ParamAccess {
   float segs_weight_decay_ = -1;
   // Offload: the host update's list (host memory) and scalars.
   std::vector<optim::OptimizerSegment> host_segs_;
-  HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale
+  HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale, [2] clip factor
   std::atomic<double> host_seconds_{0.0};
   // The micro-batch being issued: its plan and the next step of it.
   int micro_ = 0;
@@ -850,9 +850,11 @@ void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& s
   float* hs = host_scalars_.as<float>();
   compute_.copy(hs, flags.data(), sizeof(float));
   if (sc.inv_loss_scale) compute_.copy(hs + 1, sc.inv_loss_scale, sizeof(float));
+  if (sc.clip) compute_.copy(hs + 2, sc.clip, sizeof(float));
   optim::StepScalars hsc = sc;
   hsc.found_inf = hs;
   hsc.inv_loss_scale = sc.inv_loss_scale ? hs + 1 : nullptr;
+  hsc.clip = sc.clip ? hs + 2 : nullptr;
   std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(compute_, issued_++) : nullptr;
   // The compute stream waits for this function: its duration is the optimizer time the device
   // cannot hide (the clip factor and the flag exist only after the whole backward).
@@ -1144,6 +1146,7 @@ const float* ZeroEngine::loss_scale_device(int rank) const {
   return &impl_->rank(rank).scaler.as<optim::LossScaleState>()->scale;
 }
 const float* ZeroEngine::found_inf_device(int rank) const { return impl_->rank(rank).flags.as<float>(); }
+float* ZeroEngine::overflow_flag_device(int rank) { return impl_->rank(rank).flags.as<float>(); }
 const optim::LossScaleState* ZeroEngine::loss_scale_state_device(int rank) const {
   return impl_->rank(rank).scaler.as<optim::LossScaleState>();
 }

@@ -125,7 +125,9 @@ struct OptimizerStep {
   bool adamw = true;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, momentum = 0.9f;
   int step = 1;           // 1-based
-  float grad_scale = 1;   // clipping factor (applied after unscaling)
+  // Device float of the rank's device: the clipping factor (applied after unscaling), read when the
+  // update runs (optim::clip_factor writes it; nullptr = 1). One pointer per rank: set it per call.
+  const float* grad_scale = nullptr;
 };
 
 // Bytes a rank holds resident, by kind (the ZeRO "model states").
@@ -197,10 +199,10 @@ class ZeroEngine {
   void end_micro_batch(int rank);  // after backward (reductions enqueued) or the forward-only pass
   // One fused pass over this rank's gradient shard (after the step's micro-batches): the squared
   // L2 norm of the unscaled gradient of every block, written to device floats out[0..num_blocks)
-  // on the compute stream (the host adds ranks and blocks in fixed order); out[num_blocks + b]
-  // holds the part of block b in a tensor-parallel model's replicated tail (zero otherwise; the
-  // host counts it from one rank per tensor group), so out has 2 * num_blocks floats; and the non-finite
-  // flag, summed over all ranks by an all-reduce into found_inf_device(rank).
+  // on the compute stream (the trainer adds ranks and blocks in a fixed order, optim::clip_factor);
+  // out[num_blocks + b] holds the part of block b in a tensor-parallel model's replicated tail
+  // (zero otherwise; counted from one rank per tensor group), so out has 2 * num_blocks floats; and
+  // the non-finite flag, summed over all ranks by an all-reduce into found_inf_device(rank).
   void check_gradients(int rank, float* device_out);
   // Optimizer update of this rank's shard (skipped, writing nothing, when the combined flag is
   // set), the loss-scale update (dynamic scaling), then the parameter all-gather (stages 1, 2).
@@ -224,6 +226,9 @@ class ZeroEngine {
   const float* loss_scale_device(int rank) const;
   // Device float: > 0 when some rank's gradient held inf/NaN in the last check_gradients.
   const float* found_inf_device(int rank) const;
+  // The same flag, writable: for an op that decides on the device, after check_gradients and
+  // before optimizer_step, that the step is skipped (optim::clip_factor), as mark_overflow does.
+  float* overflow_flag_device(int rank);
   // The loss-scale state (synchronizes rank's compute stream). Without scaling: scale 1.
   optim::LossScaleState loss_scale_state(int rank);
   // The same state in device memory, for a copy batched with other reads (no extra sync).

@@ -64,9 +64,9 @@ inline bool widens_params(DType working, DType activations) {
 // (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
 // outside (0, 1].
 int64_t offloaded_elements(int64_t shard_numel, const ZeroOptions& opt);
-// Host bytes a rank's arena holds besides the blocks' (the overflow flag and inverse loss scale
-// the host update reads).
-inline constexpr size_t kOffloadScalarBytes = 2 * sizeof(float);
+// Host bytes a rank's arena holds besides the blocks' (the overflow flag, inverse loss scale and
+// clip factor the host update reads).
+inline constexpr size_t kOffloadScalarBytes = 3 * sizeof(float);
 
 // The resident buffers of a block, in the order the engine allocates them.
 struct ResidentBuffer {

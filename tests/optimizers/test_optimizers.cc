@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -409,7 +410,7 @@ void expect_segment(const HostSeg& h, const RefState& ref, const FVec& master, c
 
 TEST_P(OptimTest, AdamWMatchesFloat64ForEveryDtypePair) {
   const float loss_scale = 1024.0f, clip = 0.75f;
-  DeviceBuffer inv = scalar(1.0f / loss_scale), no_skip = scalar(0.0f);
+  DeviceBuffer inv = scalar(1.0f / loss_scale), no_skip = scalar(0.0f), clip_d = scalar(clip);
   for (ParamMode mode : kParamModes) {
     for (DType gt : kFloatTypes) {
       SCOPED_TRACE(::testing::Message() << mode_name(mode) << ", grad " << dtype_name(gt));
@@ -419,7 +420,7 @@ TEST_P(OptimTest, AdamWMatchesFloat64ForEveryDtypePair) {
       StepScalars sc;
       sc.inv_loss_scale = static_cast<const float*>(inv.data());
       sc.found_inf = static_cast<const float*>(no_skip.data());
-      sc.clip = clip;
+      sc.clip = static_cast<const float*>(clip_d.data());
       optim::adamw_multi(s(), d.segs(), d.param_dtype, gt, hp, sc);
       s().synchronize();
       for (size_t i = 0; i < hs.size(); ++i) {
@@ -437,7 +438,7 @@ TEST_P(OptimTest, AdamWMatchesFloat64ForEveryDtypePair) {
 
 TEST_P(OptimTest, SgdMatchesFloat64ForEveryDtypePair) {
   const float loss_scale = 8.0f, clip = 1.0f;
-  DeviceBuffer inv = scalar(1.0f / loss_scale);
+  DeviceBuffer inv = scalar(1.0f / loss_scale), clip_d = scalar(clip);
   for (bool nesterov : {false, true}) {
     for (ParamMode mode : kParamModes) {
       for (DType gt : kFloatTypes) {
@@ -448,7 +449,7 @@ TEST_P(OptimTest, SgdMatchesFloat64ForEveryDtypePair) {
         const SgdConfig hp{0.05f, 0.9f, nesterov};
         StepScalars sc;
         sc.inv_loss_scale = static_cast<const float*>(inv.data());
-        sc.clip = clip;
+        sc.clip = static_cast<const float*>(clip_d.data());
         optim::sgd_multi(s(), d.segs(), d.param_dtype, gt, hp, sc);
         s().synchronize();
         for (size_t i = 0; i < hs.size(); ++i) {
@@ -468,14 +469,14 @@ TEST_P(OptimTest, SgdMatchesFloat64ForEveryDtypePair) {
 // of the per-tensor ops with grad_scale = clip, segment by segment.
 TEST_P(OptimTest, BitsEqualThePerTensorOps) {
   const float clip = 0.5f;
-  DeviceBuffer one = scalar(1.0f);
+  DeviceBuffer one = scalar(1.0f), clip_d = scalar(clip);
   for (bool device_one : {false, true}) {
     SCOPED_TRACE(device_one ? "inv_loss_scale = 1 on the device" : "inv_loss_scale absent");
     const std::vector<HostSeg> hs = make_segs(rng_, kSizes, DType::kF32, 1.0f);
     DevSegs multi = upload(hs, ParamMode::kIsMaster, DType::kF32, true);
     DevSegs single = upload(hs, ParamMode::kIsMaster, DType::kF32, true);
     StepScalars sc;
-    sc.clip = clip;
+    sc.clip = static_cast<const float*>(clip_d.data());
     if (device_one) sc.inv_loss_scale = static_cast<const float*>(one.data());
     const AdamWConfig hp{3e-3f, 0.8f, 0.99f, 1e-6f, 3};
     optim::adamw_multi(s(), multi.segs(), DType::kF32, DType::kF32, hp, sc);
@@ -987,6 +988,87 @@ TEST(LossScale, HostTransitionFollowsTheScript) {
   optim::loss_scale_transition(s2, true, c2);
   EXPECT_EQ(s2.scale, 3.0f);
   EXPECT_EQ(s2.inv_scale, 1.0f / 3.0f);
+}
+
+// clip_factor against the trainer's host formula, written out here: included partials and loss
+// sums added in double in rank-then-entry order, norm = sqrt, skipped on a flag > 0 or a
+// non-finite loss, clip = max_norm / norm only when not skipped and norm > max_norm > 0. The
+// bits must be equal (the trainer's printed norms and losses, and the clipped update, depend on
+// it), on random rows over several rank counts, with and without clipping, and with faults.
+TEST_P(OptimTest, ClipFactorMatchesTheHostSumBitForBit) {
+  struct Case {
+    int ranks, row;
+    float max_norm;
+    const char* fault;  // "", "flag", "inf loss", "nan loss", "excluded nan loss"
+  };
+  const Case cases[] = {{1, 2, 1.0f, ""},       {1, 9, 0.0f, ""},          {3, 16, 0.5f, ""},
+                        {3, 16, 1e6f, ""},      {8, 42, 0.25f, ""},        {5, 42, 0.25f, "flag"},
+                        {4, 10, 0.3f, "inf loss"}, {4, 10, 0.3f, "nan loss"}, {4, 10, 0.3f, "excluded nan loss"}};
+  for (const Case& c : cases) {
+    for (float flag0 : {0.0f, 2.0f}) {
+      SCOPED_TRACE(::testing::Message() << c.ranks << " ranks of " << c.row << ", max_norm " << c.max_norm << ", "
+                                        << c.fault << ", own flag " << flag0);
+      const size_t n = static_cast<size_t>(c.ranks) * static_cast<size_t>(c.row);
+      const int partials = c.row - 2;
+      std::vector<float> parts(n), include(n);
+      const FVec mag = rng_.uniform(static_cast<int64_t>(n), -8.0f, 4.0f), pick = rng_.uniform(static_cast<int64_t>(n), 0, 1);
+      for (size_t i = 0; i < n; ++i) {
+        parts[i] = std::exp2(mag[i]) * (1.0f + pick[i]);  // squared norms: >= 0, over 12 binades
+        include[i] = pick[i] < 0.75f ? 1.0f : 0.0f;
+      }
+      for (int g = 0; g < c.ranks; ++g) parts[static_cast<size_t>(g * c.row + partials + 1)] = 0.0f;  // flags
+      const size_t loss1 = static_cast<size_t>(std::min(1, c.ranks - 1) * c.row + partials);
+      if (std::string(c.fault) == "flag") parts[static_cast<size_t>(c.row + partials + 1)] = 1.0f;
+      if (std::string(c.fault) == "inf loss") parts[loss1] = std::numeric_limits<float>::infinity(), include[loss1] = 1;
+      if (std::string(c.fault) == "nan loss") parts[loss1] = std::numeric_limits<float>::quiet_NaN(), include[loss1] = 1;
+      if (std::string(c.fault) == "excluded nan loss")
+        parts[loss1] = std::numeric_limits<float>::quiet_NaN(), include[loss1] = 0;
+
+      // The host formula.
+      double sq = 0, loss = 0;
+      bool skipped = false;
+      for (int g = 0; g < c.ranks; ++g) {
+        const size_t base = static_cast<size_t>(g) * static_cast<size_t>(c.row);
+        for (int k = 0; k < partials; ++k)
+          if (include[base + static_cast<size_t>(k)] != 0) sq += parts[base + static_cast<size_t>(k)];
+        if (include[base + static_cast<size_t>(partials)] != 0) loss += parts[base + static_cast<size_t>(partials)];
+        skipped = skipped || parts[base + static_cast<size_t>(partials) + 1] > 0;
+      }
+      if (!std::isfinite(loss)) skipped = true;
+      const double norm = std::sqrt(sq);
+      const float clip = !skipped && c.max_norm > 0 && norm > c.max_norm ? static_cast<float>(c.max_norm / norm) : 1.0f;
+      const float flag_after = skipped && !(flag0 > 0) ? 1.0f : flag0;
+
+      DeviceBuffer dp = alloc(n * 4), di = alloc(n * 4), dout = alloc(4 * sizeof(double)), flag = scalar(flag0);
+      put(dp.data(), parts.data(), n * 4);
+      put(di.data(), include.data(), n * 4);
+      std::vector<double> poison(4, std::numeric_limits<double>::quiet_NaN());
+      put(dout.data(), poison.data(), 4 * sizeof(double));
+      auto* out = static_cast<double*>(dout.data());
+      optim::clip_factor(s(), static_cast<const float*>(dp.data()), static_cast<const float*>(di.data()), c.ranks, c.row,
+                         c.max_norm, out, reinterpret_cast<float*>(out + 3), static_cast<float*>(flag.data()));
+      const Bytes got = get(dout.data(), 4 * sizeof(double));
+      double got_d[3];
+      float got_clip;
+      std::memcpy(got_d, got.data(), sizeof got_d);
+      std::memcpy(&got_clip, got.data() + 3 * sizeof(double), sizeof got_clip);
+      const double want[3] = {norm, loss, skipped ? 1.0 : 0.0};
+      EXPECT_EQ(std::memcmp(got_d, want, sizeof want), 0)
+          << "norm " << got_d[0] << " vs " << norm << ", loss " << got_d[1] << " vs " << loss << ", skipped "
+          << got_d[2] << " vs " << skipped;
+      EXPECT_EQ(std::bit_cast<uint32_t>(got_clip), std::bit_cast<uint32_t>(clip)) << got_clip << " vs " << clip;
+      EXPECT_EQ(get_f(flag.data(), 1)[0], flag_after);
+      if (std::string(c.fault).empty() && flag0 == 0 && partials > 0 && c.max_norm > 0 && c.max_norm < 1e5f) {
+        EXPECT_LT(clip, 1.0f) << "the case is meant to clip";
+      }
+    }
+  }
+  // Bad input: one sentence naming the op.
+  DeviceBuffer tiny = alloc(8 * sizeof(double));
+  auto* d = static_cast<double*>(tiny.data());
+  const auto* f = reinterpret_cast<const float*>(d);
+  EXPECT_THROW(optim::clip_factor(s(), f, f, 0, 2, 1.0f, d, reinterpret_cast<float*>(d + 3), nullptr), Error);
+  EXPECT_THROW(optim::clip_factor(s(), f, f, 1, 2, -1.0f, d, reinterpret_cast<float*>(d + 3), nullptr), Error);
 }
 
 // The device op, driven by found_inf values written on the stream, repeats the host transition

@@ -216,7 +216,7 @@ TEST(NvtxRanges, NestPerDeviceThreadInAZero2Run) {
     }
   }
   EXPECT_EQ(main_steps, steps);
-  EXPECT_EQ(optimizer, steps * N);
+  EXPECT_EQ(optimizer, 2 * steps * N) << "per device and step: the global norm + clip factor, the update";
   EXPECT_EQ(data, steps * N);
   EXPECT_EQ(loss_scale, steps * N) << "one unscale + overflow check per device and step";
   EXPECT_GT(forward, 0);

@@ -15,6 +15,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mesh.h"
+#include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "runtime/host_staging.h"
@@ -109,6 +110,9 @@ class EngineRun {
       R.inputs = DeviceBuffer(d->memory(), in, d->compute(), "batch");
       R.targets = DeviceBuffer(d->memory(), static_cast<size_t>(kRows) * static_cast<size_t>(T) * 4, d->compute(), "batch");
       R.norms = DeviceBuffer(d->memory(), static_cast<size_t>(2 * model_->layout().num_blocks()) * 4, d->compute(), "norms");
+      // A clip factor, the same for every rank of both runs (device memory, read by the update).
+      R.clip = DeviceBuffer(d->memory(), sizeof(float), d->compute(), "clip");
+      ops::fill(d->compute(), TensorView{R.clip.data(), DType::kF32, Shape{1}, d->index()}, 0.75f);
     }
   }
 
@@ -177,9 +181,10 @@ class EngineRun {
     os.lr = 1e-2f;
     os.weight_decay = 0.1f;
     os.step = step + 1;
-    os.grad_scale = 0.75f;  // a clip factor, the same for every rank of both runs
     run_ranks(size(), [&](int r) {
-      engine_->optimizer_step(r, os);
+      OptimizerStep mine = os;
+      mine.grad_scale = ranks_[static_cast<size_t>(r)].clip.as<float>();
+      engine_->optimizer_step(r, mine);
       device(r).compute().synchronize();
       out[static_cast<size_t>(r)].scale = engine_->loss_scale_state(r);
     }, *comm_);
@@ -189,7 +194,7 @@ class EngineRun {
  private:
   struct PerRank {
     std::unique_ptr<Workspace> ws;
-    DeviceBuffer inputs, targets, norms;
+    DeviceBuffer inputs, targets, norms, clip;
   };
   ModelConfig mc_;
   std::unique_ptr<Model> model_;

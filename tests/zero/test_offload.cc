@@ -226,7 +226,8 @@ TEST(Offload, HostAdamWEqualsTheStreamOpBitwise) {
     std::vector<optim::OptimizerSegment> segs{{w.data(), g.data(), w.data(), mm.data(), vv.data(), n, 0.1f, 0}};
     const optim::AdamWConfig hp{1e-3f, 0.9f, 0.95f, 1e-8f, 3};
     optim::StepScalars sc;
-    sc.clip = 0.75f;
+    const float clip = 0.75f;  // host memory: the host update and the CPU backend's device both read it
+    sc.clip = &clip;
     if (host) {
       optim::adamw_host(segs, DType::kF32, DType::kF32, hp, sc);
     } else {

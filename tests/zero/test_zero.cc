@@ -135,8 +135,11 @@ TEST(Zero, CommunicationBytesPerStepFollowTheFormulas) {
       for (const auto& b : model->layout().blocks())
         per_pass += static_cast<uint64_t>(n - 1) * static_cast<uint64_t>(shard_range(b.numel, 0, n).shard_numel) * 4;
       // Plus the overflow flag: one all-reduce of n floats (a reduce-scatter and an all-gather
-      // of one-element shards) per step.
-      const uint64_t expect = per_pass * (stage == 3 ? 3 : 2) + 2 * static_cast<uint64_t>(n - 1) * 4;
+      // of one-element shards) per step; and the step's scalars: an all-gather of every rank's
+      // row (2 partials per block, the loss sum, the flag: train/step.cc).
+      const uint64_t row = 2 * static_cast<uint64_t>(model->layout().num_blocks()) + 2;
+      const uint64_t expect =
+          per_pass * (stage == 3 ? 3 : 2) + 2 * static_cast<uint64_t>(n - 1) * 4 + static_cast<uint64_t>(n - 1) * row * 4;
       const double psi = static_cast<double>(model->layout().total_parameters());
       const double formula = (stage == 3 ? 3 : 2) * psi * (n - 1) / n * 4;
       ASSERT_EQ(r.comm_bytes_per_step_per_device.size(), static_cast<size_t>(n));
