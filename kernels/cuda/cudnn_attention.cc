@@ -7,9 +7,13 @@
 //    remembered as declined, with one note per reason on stderr, so no call retries it.
 //  - One cuDNN handle per GPU for the process (never destroyed: it outlives every stream); calls
 //    on it are serialized by a mutex, and each call binds it to the launching stream first.
-//  - The workspace and the backward's staging buffer come from the device pool for the call and
-//    go back right after the launch (stream-ordered reuse, as the op table's other workspaces);
-//    a graph whose workspace would exceed ops::flash_attention_library_bytes is declined.
+//  - The workspace and the backward's staging buffer share one pool block per stream (a
+//    StreamResource, like the cuBLAS workspace): ops::flash_attention_library_bytes of the first
+//    call's shape, taken on that call, grown (once per larger shape) only when a later call's
+//    bound is larger, freed with the stream. A call allocates nothing else, so a captured graph
+//    replays it, and the memory plan counts the block (its cuDNN attention workspace line).
+//    Workspace at the block's start, staging at [bound - staging, bound) of the call's bound;
+//    a graph whose workspace would exceed bound - staging is declined.
 //  - lse is cuDNN's softmax statistics (log-sum-exp of the scaled scores, fp32 [B, NH, T]), the
 //    tiled kernels' lse, so a forward of one and a backward of the other pair up.
 #include "kernels/cuda/cuda_ops.h"
@@ -34,6 +38,7 @@
 
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
+#include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -194,6 +199,58 @@ const Plan* plan_for(State& st, const Key& k) {
   return pos->second.graph ? &pos->second : nullptr;
 }
 
+// The stream's attention block (see the rules above). Used under State::mu only.
+class CudnnWorkspace final : public cuda::StreamResource {
+ public:
+  explicit CudnnWorkspace(Stream& stream) : pool_(stream.device().memory()) {}
+  // Runs with the stream drained (StreamResource's contract): nothing uses the block any more.
+  ~CudnnWorkspace() override { release(); }
+  CudnnWorkspace(const CudnnWorkspace&) = delete;
+  CudnnWorkspace& operator=(const CudnnWorkspace&) = delete;
+
+  // At least `bytes` bytes for work on `s`, this resource's stream. A larger request frees the
+  // block (stream-ordered: work already issued keeps it) and takes one of `bytes`.
+  void* reserve(Stream& s, size_t bytes) {
+    if (bytes <= bytes_) return block_;
+    release();
+    block_ = pool_.allocate(bytes, s, "cuDNN attention workspace");
+    bytes_ = bytes;
+    return block_;
+  }
+
+ private:
+  void release() noexcept {
+    if (block_ != nullptr) {
+      try {
+        pool_.free(block_);
+      } catch (...) {  // a failed device's pool: its memory goes with the pool anyway
+      }
+    }
+    block_ = nullptr;
+    bytes_ = 0;
+  }
+
+  CachingAllocator& pool_;
+  void* block_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+std::unique_ptr<cuda::StreamResource> make_workspace(Stream& stream) {
+  return std::make_unique<CudnnWorkspace>(stream);
+}
+
+// The stream's block, holding at least ops::flash_attention_library_bytes of the call's shape.
+char* workspace_block(Stream& s, void* native, const Key& k) {
+  auto& r = static_cast<CudnnWorkspace&>(cuda::stream_resource(native, cuda::kCudnnResource, &make_workspace));
+  return static_cast<char*>(r.reserve(s, ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype)));
+}
+
+// The staging dqkv's offset in the block: bound - staging (the workspace ends at or before it).
+size_t staging_offset(const Key& k) {
+  const size_t staging = static_cast<size_t>(k.B * k.T * 3 * k.C) * dtype_size(k.dtype);
+  return ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype) - staging;
+}
+
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).
 int stream_device(void* native) {
   int device = 0;
@@ -201,11 +258,9 @@ int stream_device(void* native) {
   return device;
 }
 
-void execute(State& st, const Plan& plan, int device, Stream& s, void* native,
+// Runs `plan` on the stream; `workspace`: the stream's block (at least plan.workspace bytes).
+void execute(State& st, const Plan& plan, int device, void* native, void* workspace,
              std::unordered_map<int64_t, void*>& pack) {
-  CachingAllocator& pool = s.device().memory();
-  void* workspace = plan.workspace ? pool.allocate(static_cast<size_t>(plan.workspace), s, "cuDNN attention workspace")
-                                   : nullptr;
   std::string failure;
   {
     cudnnHandle_t h = st.handles.at(device);
@@ -220,8 +275,6 @@ void execute(State& st, const Plan& plan, int device, Stream& s, void* native,
       failure = e.what();
     }
   }
-  // Stream-ordered: later work on this stream may reuse the block, after the graph.
-  if (workspace) pool.free(workspace);
   ZT_REQUIRE(failure.empty(), "cuDNN attention failed on GPU ", device, ": ", failure);
 }
 
@@ -246,14 +299,16 @@ void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, con
   const std::lock_guard<std::mutex> lock(st.mu);
   const int device = stream_device(native);
   const cuda::DeviceGuard guard(device);
-  const Plan* plan = plan_for(st, Key{device, B, T, C, NH, dtype, false});
+  const Key key{device, B, T, C, NH, dtype, false};
+  const Plan* plan = plan_for(st, key);
   ZT_CHECK(plan != nullptr, "cudnn_attention_forward called for a shape cuDNN declined");
+  char* block = workspace_block(s, native, key);
   std::unordered_map<int64_t, void*> pack{{kQ, mut(qkv)},
                                           {kK, byte(mut(qkv), C, dtype)},
                                           {kV, byte(mut(qkv), 2 * C, dtype)},
                                           {kO, out},
                                           {kStats, lse}};
-  execute(st, *plan, device, s, native, pack);
+  execute(st, *plan, device, native, block, pack);
 }
 
 void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* dout, const void* qkv,
@@ -263,26 +318,20 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
   const std::lock_guard<std::mutex> lock(st.mu);
   const int device = stream_device(native);
   const cuda::DeviceGuard guard(device);
-  const Plan* plan = plan_for(st, Key{device, B, T, C, NH, dtype, true});
+  const Key key{device, B, T, C, NH, dtype, true};
+  const Plan* plan = plan_for(st, key);
   ZT_CHECK(plan != nullptr, "cudnn_attention_backward called for a shape cuDNN declined");
-  // cuDNN writes gradients; `+=` goes through a staging dqkv (every column is some head's q, k or
-  // v, so all of it is written) and accumulate, which rounds the sum once more.
-  CachingAllocator& pool = s.device().memory();
+  // cuDNN writes gradients; `+=` goes through a staging dqkv in the block's tail (every column is
+  // some head's q, k or v, so all of it is written) and accumulate, which rounds the sum once more.
+  char* block = workspace_block(s, native, key);
   const int64_t n = B * T * 3 * C;
-  void* target = accumulate ? pool.allocate(static_cast<size_t>(n) * dtype_size(dtype), s, "cuDNN attention dqkv")
-                            : dqkv;
-  try {
-    std::unordered_map<int64_t, void*> pack{
-        {kQ, mut(qkv)},   {kK, byte(mut(qkv), C, dtype)}, {kV, byte(mut(qkv), 2 * C, dtype)},
-        {kO, mut(out)},   {kdO, mut(dout)},               {kStats, mut(lse)},
-        {kdQ, target},    {kdK, byte(target, C, dtype)},  {kdV, byte(target, 2 * C, dtype)}};
-    execute(st, *plan, device, s, native, pack);
-    if (accumulate) cuda_ops::accumulate(native, dqkv, target, dtype, n);
-  } catch (...) {
-    if (accumulate) pool.free(target);
-    throw;
-  }
-  if (accumulate) pool.free(target);
+  void* target = accumulate ? block + staging_offset(key) : dqkv;
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, mut(qkv)},   {kK, byte(mut(qkv), C, dtype)}, {kV, byte(mut(qkv), 2 * C, dtype)},
+      {kO, mut(out)},   {kdO, mut(dout)},               {kStats, mut(lse)},
+      {kdQ, target},    {kdK, byte(target, C, dtype)},  {kdV, byte(target, 2 * C, dtype)}};
+  execute(st, *plan, device, native, block, pack);
+  if (accumulate) cuda_ops::accumulate(native, dqkv, target, dtype, n);
 }
 
 }  // namespace zt::cuda_ops

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "kernels/ops.h"
 #include "core/format.h"
 #include "core/status.h"
 #include "memory/caching_allocator.h"
@@ -42,6 +43,15 @@ namespace {
 // The activation dtype a run's model computes in (make_model's; run_activation_dtype).
 DType plan_activation_dtype(const ModelConfig& mc, const PlanInputs& in) {
   return run_activation_dtype(mc, in.working, in.tensor, in.pipeline);
+}
+
+// The pool block the attention library's workspace holds on each device's compute stream:
+// flash_attention_library_bytes of the run's shape where the devices have the library path and
+// the activations are 16-bit, else 0 (fp32 activations never take it; kernels/ops.h).
+size_t plan_attention_bytes(const ModelConfig& mc, const PlanInputs& in) {
+  if (!in.attention_library || mc.kind != ModelKind::kGpt) return 0;
+  return ops::flash_attention_library_bytes(in.micro_batch, in.seq_len, mc.embd, mc.heads,
+                                            plan_activation_dtype(mc, in));
 }
 
 // The model a run of these inputs builds (a pipeline's stages aside: plan_pipeline).
@@ -191,7 +201,7 @@ namespace {
 // phase with the most pool bytes in blocks.
 DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& resident,
                        const std::vector<std::vector<Alloc>>& phases, size_t ws, size_t extra_ws, size_t comm,
-                       size_t batch, size_t library, size_t* work) {
+                       size_t batch, size_t library, size_t attention, size_t* work) {
   DevicePlan dev;
   for (size_t p = 0; p < phases.size(); ++p) {
     std::vector<Alloc> live = resident;
@@ -211,9 +221,10 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   dev.comm = comm;
   dev.batch = batch;
   dev.library = library;
+  dev.attention = attention;
   dev.total = reserved_bytes(resident, phases, work);
   const size_t requested = dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient +
-                           dev.batch + dev.library;
+                           dev.batch + dev.library + dev.attention;
   dev.pool_overhead = dev.total > requested ? dev.total - requested : 0;
   return dev;
 }
@@ -292,7 +303,8 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
     phases[1].insert(phases[1].end(), eval.begin(), eval.end());
-    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, in.gemm_workspace, &plan.work);
+    // Pipeline stages compute in fp32 (plan_activation_dtype): no attention library workspace.
+    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, in.gemm_workspace, 0, &plan.work);
     dev.stage = s;
     stages.push_back(dev);
   }
@@ -345,6 +357,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
+  const size_t attention = plan_attention_bytes(mc, in);
+  if (attention) resident.push_back({attention, false});
   work += resident.size();
 
   // Two phases: a training micro-batch, and (GPT) the end-of-run sample's forward with its own
@@ -361,7 +375,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   if (sample_ws) phases.push_back(phase_allocs(eng.forward_peak, sample_ws));
 
   const DevicePlan dev =
-      device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, in.gemm_workspace, &work);
+      device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, in.gemm_workspace, attention,
+                  &work);
 
   MemoryPlan plan;
   plan.inputs = in;
@@ -660,6 +675,9 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   if (in.gemm_workspace)
     os << "GEMM library workspace (cuBLAS, compute stream, from the pool): " << F(in.gemm_workspace)
        << " per device, in each total\n";
+  if (const size_t a = plan.per_device[0].attention)
+    os << "attention library workspace (cuDNN, compute stream, from the pool): " << F(a)
+       << " per device, in each total\n";
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
   if (in.offload)
@@ -829,6 +847,7 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   in.devices = rt.size();
   in.device_memory.clear();
   in.gemm_workspace = 0;
+  in.attention_library = rt.backend() == Backend::kCuda;
   std::vector<Device*> devices;
   for (int r = 0; r < rt.size(); ++r) {
     in.device_memory.push_back(rt.device(r).total_memory());

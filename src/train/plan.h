@@ -41,6 +41,11 @@ struct PlanInputs {
   // device's compute stream (the stream every matrix product runs on) holds from its first GEMM
   // (cuBLAS on CUDA; 0 on the CPU backend).
   size_t gemm_workspace = 0;
+  // The devices run a 16-bit model's attention through a library (cuDNN on CUDA; false on the CPU
+  // backend): its compute stream then holds one pool block of flash_attention_library_bytes for
+  // the run's (B, T) from its first attention on (kernels/ops.h), counted when the activations
+  // are 16-bit. plan_run sets it from the backend.
+  bool attention_library = false;
   // Some device cannot access another's memory (or the backend lacks a peer accumulate): the
   // ring's reductions stage through receive buffers (comm/communicator.h), which the plan then
   // counts. False: every reduction takes the direct path and allocates none (the CPU backend;
@@ -58,6 +63,7 @@ struct DevicePlan {
   size_t transient = 0;    // peak live stage 2/3 gradient buckets and stage 3 gathered blocks
   size_t batch = 0;        // inputs, targets, per-block norm partials
   size_t library = 0;      // GEMM library workspace (PlanInputs::gemm_workspace)
+  size_t attention = 0;    // attention library workspace (PlanInputs::attention_library)
   size_t pool_overhead = 0;  // reserved minus requested: block rounding and segment granularity
   size_t peak_allocated = 0;  // predicted pool peak in blocks (MemoryStats::peak_allocated_bytes)
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory

@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "core/status.h"
+#include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "runtime/host_staging.h"
@@ -228,6 +229,58 @@ TEST(Plan, CountsTheGemmWorkspaceOfEachDevice) {
   }
   auto rt = Runtime::create_cpu(2);
   EXPECT_EQ(plan_run(mc, *rt, inputs_of(short_run("gpt-tiny", o, 2, 2), 2)).inputs.gemm_workspace, 0u);
+}
+
+// A 16-bit GPT on devices with a library attention path (cuDNN on CUDA) holds one pool block of
+// flash_attention_library_bytes for its (B, T, C, heads) on each compute stream: part of each
+// device's peak and a named line of the printed plan. fp32 activations never take the library
+// path, and the CPU backend has none, so neither counts it.
+TEST(Plan, CountsTheAttentionLibraryWorkspaceOf16BitActivations) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.embd = 32;
+  const ModelConfig mc = make_model_config("gpt-tiny", o);
+  const std::string name = "attention library workspace (cuDNN, compute stream, from the pool): ";
+  for (const DType working : {DType::kBF16, DType::kF16}) {
+    PlanInputs in = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
+    in.working = working;
+    const MemoryPlan without = plan_memory_only(mc, in);
+    in.attention_library = true;
+    const MemoryPlan with = plan_memory_only(mc, in);
+    const size_t bytes = ops::flash_attention_library_bytes(in.micro_batch, in.seq_len, mc.embd, mc.heads, working);
+    ASSERT_GT(bytes, 0u);
+    ASSERT_EQ(with.per_device.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      const DevicePlan& a = without.per_device[r];
+      const DevicePlan& b = with.per_device[r];
+      EXPECT_EQ(a.attention, 0u);
+      EXPECT_EQ(b.attention, bytes);
+      EXPECT_EQ(b.peak_allocated - a.peak_allocated, pool_rounded_size(bytes));
+      EXPECT_GT(b.total, a.total);
+      EXPECT_EQ(b.params + b.grads + b.optimizer + b.activations + b.comm + b.transient + b.batch + b.library +
+                    b.attention + b.pool_overhead,
+                b.total);
+    }
+    const std::string line = name + format_plan_bytes(bytes) + " per device";
+    EXPECT_NE(format_plan(mc, with).find(line), std::string::npos) << format_plan(mc, with);
+    EXPECT_EQ(format_plan(mc, without).find(name), std::string::npos);
+    // The workspace follows the micro-batch the plan is for (the cheapest-fix search varies it).
+    in.micro_batch = 1;
+    EXPECT_EQ(plan_memory_only(mc, in).per_device[0].attention,
+              ops::flash_attention_library_bytes(1, in.seq_len, mc.embd, mc.heads, working));
+  }
+  PlanInputs fp32 = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
+  fp32.attention_library = true;
+  const MemoryPlan plan32 = plan_memory_only(mc, fp32);
+  EXPECT_EQ(plan32.per_device[0].attention, 0u);
+  EXPECT_EQ(format_plan(mc, plan32).find(name), std::string::npos);
+  // The CPU backend: no library path, whatever the precision.
+  PlanInputs cpu = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
+  cpu.working = DType::kBF16;
+  auto rt = Runtime::create_cpu(2);
+  const MemoryPlan on_cpu = plan_run(mc, *rt, cpu);
+  EXPECT_FALSE(on_cpu.inputs.attention_library);
+  EXPECT_EQ(on_cpu.per_device[0].attention, 0u);
 }
 
 // The ring's receive buffers exist only where reductions stage (comm/communicator.h): the CPU
