@@ -169,16 +169,18 @@ void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTen
 enum class GradWrite { kAccumulate, kOverwrite };
 // dqkv [B,T,3C] += (or = with kOverwrite); out and lse from flash_attention_forward; scratch: at
 // least flash_attention_scratch_bytes(B, T, C, NH) bytes of fp32 (any shape), overwritten. The
-// tiled kernel allocates nothing else from the device pool; a library's fused backward takes its
-// workspace (and, with kAccumulate and 16-bit dqkv, a dqkv-sized staging buffer) from the pool
-// for the call, at most flash_attention_library_bytes(B, T, C, NH, dtype) bytes.
+// tiled kernel allocates nothing else from the device pool; a library's fused attention keeps its
+// workspace (and, with kAccumulate and 16-bit dqkv, a dqkv-sized staging buffer) in one pool block
+// per stream, flash_attention_library_bytes(B, T, C, NH, dtype) bytes, held until the stream is
+// destroyed.
 void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
                               ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
                               int num_heads, TensorView scratch,
                               GradWrite write = GradWrite::kAccumulate);
-// The most pool memory a library's fused attention takes for one call (held only during the
-// call, stream-ordered): 0 for f32 (no library path), else its workspace bound plus the staging
-// buffer; a graph needing more is not used (the tiled kernel runs). For the memory plan.
+// The pool block a library's fused attention holds per stream for this shape (taken at the
+// stream's first library call, freed with the stream): 0 for f32 (no library path), else its
+// workspace bound plus the staging buffer; a graph needing more is not used (the tiled kernel
+// runs). The memory plan counts it on each device's compute stream.
 size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);

@@ -138,7 +138,9 @@ void flash_attention_backward(void* stream, void* dqkv, const void* dout, const 
 // false for fp32, without cuDNN (in this build or at run time), for a shape cuDNN does not
 // support or whose workspace exceeds ops::flash_attention_library_bytes, with one note per
 // reason. The launchers run only after available() said yes; `native` is s's cudaStream_t, and
-// the workspace (and the backward's staging dqkv for +=) come from s's device pool for the call.
+// the workspace (and the backward's staging dqkv for +=) live in one block of s's device pool
+// that the stream holds until it is destroyed (flash_attention_library_bytes of the largest
+// shape it served; taken at its first call, so later calls allocate nothing).
 bool cudnn_attention_available(void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
 void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, const void* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH, DType dtype);

@@ -12,8 +12,8 @@
 //    call's shape, taken on that call, grown (once per larger shape) only when a later call's
 //    bound is larger, freed with the stream. A call allocates nothing else, so a captured graph
 //    replays it, and the memory plan counts the block (its cuDNN attention workspace line).
-//    Workspace at the block's start, staging at [bound - staging, bound) of the call's bound;
-//    a graph whose workspace would exceed bound - staging is declined.
+//    Workspace at the block's start, the backward's staging dqkv at the end of the call's bound
+//    (staging_offset); a graph whose workspace would not end before it is declined.
 //  - lse is cuDNN's softmax statistics (log-sum-exp of the scaled scores, fp32 [B, NH, T]), the
 //    tiled kernels' lse, so a forward of one and a backward of the other pair up.
 #include "kernels/cuda/cuda_ops.h"
@@ -109,6 +109,14 @@ cudnnHandle_t handle_for(State& st, int device) {
 std::vector<int64_t> qkv_stride(const Key& k) { return {k.T * 3 * k.C, k.C / k.NH, 3 * k.C, 1}; }
 std::vector<int64_t> out_stride(const Key& k) { return {k.T * k.C, k.C / k.NH, k.C, 1}; }
 
+// The backward's staging dqkv in the stream's block: at bound - staging rounded down to 256
+// bytes (cuDNN's and the accumulate kernel's alignment), ending within the bound; the workspace
+// must end at or before it.
+size_t staging_offset(const Key& k) {
+  const size_t staging = static_cast<size_t>(k.B * k.T * 3 * k.C) * dtype_size(k.dtype);
+  return (ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype) - staging) & ~size_t{255};
+}
+
 // Builds the graph of `k`; on failure returns the reason (plan.graph stays null).
 std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
   const int64_t hs = k.C / k.NH;
@@ -163,8 +171,8 @@ std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
   }
   int64_t workspace = 0;
   if (auto status = g->get_workspace_size(workspace); !status.is_good()) return status.get_message();
-  const size_t staging = k.backward ? static_cast<size_t>(k.B * k.T * 3 * k.C) * dtype_size(k.dtype) : 0;
-  const size_t cap = ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype) - staging;
+  const size_t cap =
+      k.backward ? staging_offset(k) : ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype);
   if (static_cast<size_t>(workspace) > cap)
     return "workspace of " + std::to_string(workspace) + " bytes exceeds the planned " + std::to_string(cap);
   plan->graph = std::move(g);
@@ -243,12 +251,6 @@ std::unique_ptr<cuda::StreamResource> make_workspace(Stream& stream) {
 char* workspace_block(Stream& s, void* native, const Key& k) {
   auto& r = static_cast<CudnnWorkspace&>(cuda::stream_resource(native, cuda::kCudnnResource, &make_workspace));
   return static_cast<char*>(r.reserve(s, ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype)));
-}
-
-// The staging dqkv's offset in the block: bound - staging (the workspace ends at or before it).
-size_t staging_offset(const Key& k) {
-  const size_t staging = static_cast<size_t>(k.B * k.T * 3 * k.C) * dtype_size(k.dtype);
-  return ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype) - staging;
 }
 
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).
