@@ -198,51 +198,42 @@ fi
 # B = 16 sequences of 1024 tokens per step, a few steps each; tokens/s is the median of the steps
 # after the first two (warm-up: allocation, cuBLAS heuristics), MFU = flops_per_token x that /
 # peak_flops of the summary, whose peak_kind names the peak (fp32, tf32 or bf16 tensor cores).
-# Modes: "eager" today. [eager and graphs] --cuda-graphs (issue 13 item 4) adds "graphs" to
-# gpt2_modes with its flag in gpt2_mode_flags; the table then has one row per precision and mode.
-gpt2_modes=(eager)
-gpt2_mode_flags() {
-  case "$1" in
-    eager) ;;
-    # graphs) echo "--cuda-graphs on" ;;
-  esac
-}
+# Runs: fp32, tf32 and bf16 eager, and bf16 with --cuda-graphs on (the 16-bit GPT captured once per
+# micro-batch and replayed; the "graphs" row), each a "precision:mode" entry of gpt2_runs.
+gpt2_runs=(fp32:eager tf32:eager bf16:eager bf16:graphs)
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   gpt2=(train --model gpt2-124m --train-seq-len 1024 --batch-size 16 --micro-batch-size 16 --steps 8
         --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0)
-  for mode in "${gpt2_modes[@]}"; do
-    for p in fp32 tf32 bf16; do
-      flags=(--precision "$p")
-      [[ $p == tf32 ]] && flags=(--precision fp32 --tf32)
-      # shellcheck disable=SC2207
-      mflags=($(gpt2_mode_flags "$mode"))
-      run_step "gpt2-124m T=1024 $p $mode" 90 "gpt2-$p-$mode.txt" "$app" "${gpt2[@]}" "${flags[@]}" "${mflags[@]}" \
-        --metrics "$OUT/gpt2-$p-$mode.jsonl"
-      (($? != 0)) && failed=1
-    done
+  for run in "${gpt2_runs[@]}"; do
+    p="${run%%:*}" mode="${run##*:}"
+    flags=(--precision "$p")
+    [[ $p == tf32 ]] && flags=(--precision fp32 --tf32)
+    [[ $mode == graphs ]] && flags+=(--cuda-graphs on)
+    run_step "gpt2-124m T=1024 $p $mode" 90 "gpt2-$p-$mode.txt" "$app" "${gpt2[@]}" "${flags[@]}" \
+      --metrics "$OUT/gpt2-$p-$mode.jsonl"
+    (($? != 0)) && failed=1
   done
   if command -v python3 >/dev/null 2>&1; then
-    python3 - "$OUT" "${gpt2_modes[@]}" >"$OUT/gpt2.md" <<'PY'
+    python3 - "$OUT" "${gpt2_runs[@]}" >"$OUT/gpt2.md" <<'PY'
 import json, os, statistics, sys
-out, modes = sys.argv[1], sys.argv[2:]
+out, runs = sys.argv[1], [r.split(":") for r in sys.argv[2:]]
 print("## GPT-2 124M, T=1024, B=16, cuda:0\n")
 print("| precision | mode | steps | tokens/s (median after 2) | MFU | peak_kind | peak TFLOP/s | run MFU (summary) |")
 print("|---|---|---|---|---|---|---|---|")
-for mode in modes:
-    for p in ("fp32", "tf32", "bf16"):
-        path = os.path.join(out, f"gpt2-{p}-{mode}.jsonl")
-        try:
-            recs = [json.loads(l) for l in open(path) if l.strip()]
-        except (OSError, ValueError) as e:
-            print(f"| {p} | {mode} | - | no metrics ({type(e).__name__}) | | | | |"); continue
-        steps = [r for r in recs if "event" not in r and "tokens_per_s" in r]
-        summ = next((r for r in recs if r.get("event") == "summary"), {})
-        tps = statistics.median([r["tokens_per_s"] for r in steps[2:]] or [r["tokens_per_s"] for r in steps] or [0])
-        peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
-        mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
-        run = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
-        print(f"| {p} | {mode} | {len(steps)} | {tps:,.0f} | {mfu} | {summ.get('peak_kind', '?')} | "
-              f"{peak / 1e12 if peak else float('nan'):.0f} | {run} |")
+for p, mode in runs:
+    path = os.path.join(out, f"gpt2-{p}-{mode}.jsonl")
+    try:
+        recs = [json.loads(l) for l in open(path) if l.strip()]
+    except (OSError, ValueError) as e:
+        print(f"| {p} | {mode} | - | no metrics ({type(e).__name__}) | | | | |"); continue
+    steps = [r for r in recs if "event" not in r and "tokens_per_s" in r]
+    summ = next((r for r in recs if r.get("event") == "summary"), {})
+    tps = statistics.median([r["tokens_per_s"] for r in steps[2:]] or [r["tokens_per_s"] for r in steps] or [0])
+    peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
+    mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
+    run = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
+    print(f"| {p} | {mode} | {len(steps)} | {tps:,.0f} | {mfu} | {summ.get('peak_kind', '?')} | "
+          f"{peak / 1e12 if peak else float('nan'):.0f} | {run} |")
 PY
     cat "$OUT/gpt2.md"
     write_results
@@ -270,13 +261,14 @@ else
   skip_step "compute-sanitizer" "${no_gpu:-no binary}"
 fi
 
-# ---- 5b. --cuda-graphs: a few fp32 ZeRO-1 steps of a small GPT on cuda:0 (4 micro-batches per step:
+# ---- 5b. --cuda-graphs: a few bf16 ZeRO-2 steps of a small GPT on cuda:0 (16-bit activations; the
+# stage-2 gradient buckets are the engine buffers a replay checks the addresses of) (4 micro-batches per step:
 # warm-up, capture, replays) with --cuda-graphs on and off; the per-step losses must be bitwise equal
 # (a replay launches the same kernels with the same arguments). One PASS/FAIL line in
 # $OUT/graphs.txt, with both runs' tokens/s.
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   gc=(train --steps 6 --batch-size 8 --micro-batch-size 2 --layers 2 --embd 64 --heads 2 --eval-every 0
-      --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 1 --precision fp32)
+      --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 2 --precision bf16)
   for g in off on; do
     run_step "train cuda:0 --cuda-graphs $g" 90 "train-graphs-$g.txt" "$app" "${gc[@]}" \
       --cuda-graphs "$g" --log-format json --metrics "$OUT/train-graphs-$g.jsonl"

@@ -38,7 +38,11 @@ const char* peak_kind_label(PeakKind kind) {
   return "?";
 }
 
-PeakKind gemm_peak_kind(bool tf32) { return tf32 ? PeakKind::kTf32 : PeakKind::kFp32; }
+PeakKind gemm_peak_kind(DType activations, bool tf32) {
+  if (activations == DType::kBF16) return PeakKind::kBf16;
+  if (activations == DType::kF16) return PeakKind::kFp16;
+  return tf32 ? PeakKind::kTf32 : PeakKind::kFp32;
+}
 
 std::optional<double> peak_flops(const std::string& device_name, PeakKind kind) {
   if (device_name.rfind("cuda:", 0) != 0) return std::nullopt;

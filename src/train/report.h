@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/format.h"  // format_bytes, format_hms (re-exported for the report's users)
 #include "model/config.h"
 
@@ -30,7 +31,9 @@ double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int s
 enum class PeakKind { kFp32, kTf32, kBf16, kFp16 };
 const char* peak_kind_name(PeakKind kind);   // "fp32", "tf32", "bf16", "fp16" (JSON peak_kind)
 const char* peak_kind_label(PeakKind kind);  // "FP32", "TF32", "BF16", "FP16" (the summary line)
-PeakKind gemm_peak_kind(bool tf32);
+// The number format the model's GEMMs run in: its activation dtype's tensor cores (bf16, fp16), else
+// fp32, or TF32 under --tf32.
+PeakKind gemm_peak_kind(DType activations, bool tf32);
 
 // Peak dense (no structured sparsity) FLOP/s of one GPU in `kind`, from NVIDIA's datasheet for
 // its name as the runtime reports it ("cuda:0 (NVIDIA H200)"). nullopt when unknown (a GPU not in

@@ -131,9 +131,13 @@ TEST(Report, FlopsAndMfuByHand) {
   // No figure for that kind (V100 has no TF32 or bf16; the NVL parts are not in the table): unknown.
   EXPECT_EQ(zt::peak_flops("cuda:0 (Tesla V100-SXM2-16GB)", PeakKind::kTf32), std::nullopt);
   EXPECT_EQ(zt::peak_flops("cuda:0 (NVIDIA H200 NVL)", PeakKind::kBf16), std::nullopt);
-  // The GEMMs run in fp32 whatever --precision says; --tf32 puts them on TF32 tensor cores.
-  EXPECT_EQ(zt::gemm_peak_kind(false), PeakKind::kFp32);
-  EXPECT_EQ(zt::gemm_peak_kind(true), PeakKind::kTf32);
+  // The peak of the format the GEMMs run in: a 16-bit model's dtype (--tf32 changes nothing there),
+  // else fp32, or TF32 with --tf32.
+  EXPECT_EQ(zt::gemm_peak_kind(zt::DType::kF32, false), PeakKind::kFp32);
+  EXPECT_EQ(zt::gemm_peak_kind(zt::DType::kF32, true), PeakKind::kTf32);
+  EXPECT_EQ(zt::gemm_peak_kind(zt::DType::kBF16, false), PeakKind::kBf16);
+  EXPECT_EQ(zt::gemm_peak_kind(zt::DType::kBF16, true), PeakKind::kBf16);
+  EXPECT_EQ(zt::gemm_peak_kind(zt::DType::kF16, false), PeakKind::kFp16);
   // Two physical H100s: twice the peak; four logical devices on one H200: its peak once.
   EXPECT_EQ(zt::total_peak_flops({"cuda:0 (NVIDIA H100 80GB HBM3)", "cuda:1 (NVIDIA H100 80GB HBM3)"}, PeakKind::kFp32),
             134e12);
@@ -249,6 +253,28 @@ TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
     EXPECT_EQ(j["peak_kind"], "tf32") << line;
   }
   EXPECT_EQ(summaries, 1) << r.output;
+}
+
+// The summary's peak follows the format the GEMMs run in: bf16 for the 16-bit GPT, fp32 for a
+// tensor-parallel GPT under --precision bf16 (it computes in fp32 on widened parameters).
+TEST(Binary, PeakKindFollowsTheModelsComputeDtype) {
+  const std::string base = "train --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --eval-every 0 "
+                           "--precision bf16 --log-format json";
+  for (const auto& [flags, kind] : {std::pair<std::string, std::string>{" --devices cpu:2", "bf16"},
+                                    {" --devices cpu:2 --tensor-parallel 2", "fp32"}}) {
+    const RunResult r = run(base + flags, /*with_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream in(r.output);
+    std::string line;
+    int summaries = 0;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("event", "") != "summary") continue;
+      ++summaries;
+      EXPECT_EQ(j["peak_kind"], kind) << flags << ": " << line;
+    }
+    EXPECT_EQ(summaries, 1) << r.output;
+  }
 }
 
 TEST(Binary, JsonLogLinesParseAndPlotIsWritten) {
