@@ -6,7 +6,8 @@
 // Numerics: the whole model computes in fp32, or in 16 bits (make_model's activations): every
 // activation, saved tensor, activation gradient and the logits in bf16/f16, parameters read in
 // 16 bits, rounding points as the ops state them (kernels/ops.h); layernorm mean/rstd, lse,
-// losses, scratch and parameter gradients fp32. Pipeline stages compute in fp32.
+// losses, scratch and parameter gradients fp32. Pipeline stages without tensor parallelism
+// compute in either, as the whole model does.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -260,8 +261,10 @@ class Gpt final : public Model {
     for (int b = 0; b < layout_.num_blocks(); ++b) logical_.push_back(b);
   }
   // A pipeline stage (make_gpt_stage): its layout holds copies of the logical blocks it runs.
-  Gpt(const ModelConfig& c, const PipelineStageSpec& spec, Recompute r)
-      : config_(c), recompute_(r), split_(spec.split_backward) {
+  Gpt(const ModelConfig& c, const PipelineStageSpec& spec, Recompute r, DType activations)
+      : config_(c), recompute_(r), activations_(activations), split_(spec.split_backward) {
+    ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
+             "GPT activations in ", dtype_name(activations));
     const ParamLayout whole = gpt_layout(c);
     auto take = [&](int logical) {
       const int b = layout_.add_block(whole.block(logical).name);
@@ -564,7 +567,7 @@ class Gpt final : public Model {
 
   ModelConfig config_;
   Recompute recompute_;
-  DType activations_ = DType::kF32;  // pipeline stages compute in fp32
+  DType activations_ = DType::kF32;
   bool split_ = false;
   ParamLayout layout_;
   std::vector<GptChunk> chunks_;
@@ -581,10 +584,12 @@ std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const Pipeli
                                          const TensorParallel& tp);
 
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute,
-                                      const TensorParallel& tp) {
+                                      const TensorParallel& tp, DType activations) {
   ZT_REQUIRE(config.kind == ModelKind::kGpt, "pipeline parallelism splits GPT models only, not the MLP");
   ZT_REQUIRE(!stage.chunks.empty(), "a pipeline stage runs at least one chunk");
   if (tp.degree > 1) {
+    ZT_REQUIRE(activations == DType::kF32, "16-bit activations (", dtype_name(activations),
+               ") are not supported by tensor-parallel pipeline stages; use fp32 activations for them");
     ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
                " is not supported with tensor parallelism yet; use --recompute none");
     return make_gpt_tp_stage(config, stage, tp);
@@ -592,7 +597,7 @@ std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineS
   // backward_weight reads the layer inputs a recompute would have overwritten by then.
   ZT_REQUIRE(!(stage.split_backward && recompute != Recompute::kNone), "--recompute ", recompute_name(recompute),
              " is not supported with a split backward (zb-h1) yet; use --recompute none or another schedule");
-  return std::make_unique<Gpt>(config, stage, recompute);
+  return std::make_unique<Gpt>(config, stage, recompute, activations);
 }
 
 }  // namespace zt

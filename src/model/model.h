@@ -169,8 +169,8 @@ struct TensorParallel {
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
 // The activation dtype a training run's model computes in: the working dtype (bf16/f16) for a GPT
-// without tensor or pipeline parallelism, else f32 (the MLP, tensor-parallel GPT and pipeline
-// stages compute in fp32 on widened copies of their 16-bit parameters).
+// without tensor parallelism (whole or a pipeline stage), else f32 (the MLP and the tensor-parallel
+// GPT compute in fp32 on widened copies of their 16-bit parameters).
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
@@ -194,8 +194,12 @@ DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_
 //  - backward_input runs every tensor-group collective of the backward, backward_weight none
 //    (only the rank's weight-gradient matmuls and additions), so a tensor group's collectives keep
 //    one order on every rank under zb-h1; split and fused backward add the same bits.
+// activations: f32, or bf16/f16 for a stage without tensor parallelism (refused with one sentence
+// otherwise); the stage then computes as make_model's 16-bit GPT does, and what crosses stages
+// (stage_input/stage_output/stage_gradient) is 16-bit.
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
-                                      Recompute recompute = Recompute::kNone, const TensorParallel& tp = {});
+                                      Recompute recompute = Recompute::kNone, const TensorParallel& tp = {},
+                                      DType activations = DType::kF32);
 // GPT-2's logical parameter layout (the one-device model's), and the block visit orders of its
 // forward (blocks 0..L+1, then 0 again for the tied LM head) and backward (head, ln_f, L..1,
 // encoder), shared by the one-device and tensor-parallel GPT.

@@ -61,9 +61,10 @@ WorkspaceSlots workspace_slots(const Schedule& sched, int stage) {
 }
 
 namespace {
-// The input gradient a chunk sends upstream: none from the first virtual stage.
+// The input gradient a chunk sends upstream (in the model's activation dtype): none from the first
+// virtual stage.
 size_t gradient_buffer_bytes(const Model& model, int B, int T, int virtual_stage) {
-  return virtual_stage > 0 ? static_cast<size_t>(B) * T * model.config().embd * sizeof(float) : 0;
+  return virtual_stage > 0 ? static_cast<size_t>(B) * T * model.config().embd * dtype_size(model.activation_dtype()) : 0;
 }
 }  // namespace
 

@@ -259,7 +259,7 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   std::vector<DevicePlan> stages;
   for (int s = 0; s < P; ++s) {
     const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute,
-                                      TensorParallel{TP, in.sequence_parallel});
+                                      TensorParallel{TP, in.sequence_parallel}, plan_activation_dtype(mc, in));
     const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, per_stage, zo);
     plan.work += eng.work;
     std::vector<Alloc> resident;
@@ -270,7 +270,7 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
     for (int c = 0; c < model->chunks(); ++c) {
       const size_t ws = model->chunk_workspace_bytes(B, T, c);
       for (int k = 0; k < slots.per_chunk[static_cast<size_t>(c)]; ++k) resident.push_back({ws, false}), act += ws;
-      const size_t grad = sched.virtual_stage(s, c) > 0 ? static_cast<size_t>(B) * T * mc.embd * 4 : 0;
+      const size_t grad = sched.virtual_stage(s, c) > 0 ? static_cast<size_t>(B) * T * mc.embd * dtype_size(model->activation_dtype()) : 0;
       for (int k = 0; k < m; ++k) resident.push_back({grad, false}), act += grad;
       eval.push_back({ws, false});
       eval_ws += ws;

@@ -264,7 +264,8 @@ void World::build_pipeline(const ZeroOptions& zero) {
     pp.comms.push_back(std::make_unique<Communicator>(devs));
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
     pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
-                                       TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()}));
+                                       TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                                       run_activation_dtype(run_.mc, zo.working, shape.tensor, P)));
     pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));

@@ -235,8 +235,6 @@ struct ZeroEngine::Impl {
              " is not its cross-process collectives' ", o.processes ? o.processes->tensor_degree() : 0);
     ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
              "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
-    ZT_CHECK(!o.pipeline || m.activation_dtype() == DType::kF32, "a pipeline stage computing in ",
-             dtype_name(m.activation_dtype()), " (stages compute in fp32 on widened copies)");
     ZT_REQUIRE(m.activation_dtype() == DType::kF32 || dtype_size(o.working) == dtype_size(m.activation_dtype()),
                "a model computing in ", dtype_name(m.activation_dtype()), " needs 16-bit working parameters, not ",
                dtype_name(o.working), "; use --precision bf16 or fp16, or an fp32 model");
@@ -614,8 +612,9 @@ void ZeroRank::begin_pipeline_step(bool forward_only) {
   const DType W = e_.opt.working;
   for (auto& blk : blocks) {
     const int64_t n = blk.shard.padded_numel;
-    if (e_.mixed()) {
+    if (e_.widen()) {
       // An evaluation's copies stay until the next step's reduction frees them: refreshed here.
+      // A 16-bit model reads the working parameters as they are (param_data): no copies.
       if (!blk.compute.data())
         allocate(blk, BufferRole::kComputeParams, blk.sizes[BufferRole::kComputeParams], compute_, "compute parameters");
       ops::cast(compute_, f32(blk.compute.as<float>(), n, idx()), typed(blk.params.data(), W, n, idx()));
@@ -1327,13 +1326,14 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   const bool mixed = opt.working != DType::kF32, widen = widens_params(opt.working, model.activation_dtype());
   if (opt.pipeline) {
     // A pipeline stage's step (begin_pipeline_step): per block, in layout order, the fp32 compute
-    // copy (mixed), the full gradient bucket when not resident (stage 2), the fp32 compute gradient
-    // (mixed), all live until the step's reduction; an evaluation's forwards hold the copies only.
+    // copy (mixed, fp32 model), the full gradient bucket when not resident (stage 2), the fp32
+    // compute gradient (mixed), all live until the step's reduction; an evaluation's forwards hold
+    // the copies only.
     for (const BlockBufferBytes& sz : sizes) {
-      if (mixed) plan.train_peak.push_back({sz[BufferRole::kComputeParams], false});
+      if (widen) plan.train_peak.push_back({sz[BufferRole::kComputeParams], false});
       if (p.shard_grads) plan.train_peak.push_back({sz[BufferRole::kFullGradBucket], false});
       if (mixed) plan.train_peak.push_back({sz[BufferRole::kComputeGrad], false});
-      if (mixed) plan.forward_peak.push_back({sz[BufferRole::kComputeParams], false});
+      if (widen) plan.forward_peak.push_back({sz[BufferRole::kComputeParams], false});
     }
     plan.work += sizes.size();
     return plan;

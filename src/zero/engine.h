@@ -30,9 +30,9 @@
 // weights and moments (stage 0: all of them), and the fused update re-derives the 16-bit copy from
 // the master. Per rank: stage 0 2Psi + 2Psi + 12Psi; stage 1 2Psi + 2Psi + 12Psi/N; stage 2 2Psi +
 // 14Psi/N; stage 3 16Psi/N (ZeRO's K = 12). A model that computes in 16 bits
-// (Model::activation_dtype bf16/f16: the one-device GPT) reads the 16-bit parameters as they are
-// (ParamAccess::param_data: the resident buffer, or the gathered one at stage 3); a model that
-// computes in fp32 (MLP, tensor-parallel GPT, pipeline stages) gets a block's 16-bit parameters
+// (Model::activation_dtype bf16/f16: the GPT and its pipeline stages without tensor parallelism)
+// reads the 16-bit parameters as they are (ParamAccess::param_data: the resident buffer, or the
+// gathered one at stage 3); a model that computes in fp32 (MLP, tensor-parallel GPT) gets a block's 16-bit parameters
 // widened into a transient fp32 copy (BufferRole::kComputeParams) while the block runs. Either
 // way the block's fp32 gradient (scaled by the loss scale) is rounded once into the 16-bit buffer
 // that is reduced.
@@ -57,7 +57,8 @@
 // different micro-batches and chunks, so there is no per-micro-batch visit order to follow: the
 // hooks do nothing, the parameters stay resident (stages 0-2 keep them whole), and each block's
 // gradient accumulates over the whole step in a full buffer (fp32; mixed precision: the fp32
-// compute gradient, with fp32 compute copies of the parameters made once per step), allocated by
+// compute gradient, and for an fp32 model fp32 compute copies of the parameters made once per
+// step; a 16-bit model reads the resident 16-bit parameters), allocated by
 // begin_pipeline_step and reduce-scattered once by reduce_pipeline_gradients after the stage's
 // last backward, as DeepSpeed's pipeline engine does. So stage 2 saves no gradient memory during
 // the step (it frees the buckets after the reduction); stage 3 would gather every block again for
@@ -209,8 +210,8 @@ class ZeroEngine {
   void optimizer_step(int rank, const OptimizerStep& s);
 
   // Pipeline mode: before the stage's first action of a step (allocates and zeroes the step's
-  // gradient buckets; mixed precision: the fp32 compute copies of the parameters), or with
-  // forward_only before an evaluation's forwards (the compute copies only).
+  // gradient buckets; mixed precision with an fp32 model: the fp32 compute copies of the
+  // parameters), or with forward_only before an evaluation's forwards (the compute copies only).
   void begin_pipeline_step(int rank, bool forward_only = false);
   // Pipeline mode: after the stage's last action of the step. For each block, in layout order:
   // before_reduce(block, its step gradient in fp32, full padded length) may change it (the tied

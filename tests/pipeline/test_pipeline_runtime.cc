@@ -242,6 +242,41 @@ TEST(PipelineRuntime, WorkspacesFollowTheSchedulesLiveMicroBatches) {
   EXPECT_EQ(gpipe - f1b1, 4 * per_ws);
 }
 
+// A bf16 stage (make_gpt_stage's activations) hands 16-bit activations and gradients across the
+// boundary, and its stage holds them at 2 bytes per element: its input-gradient buffers are
+// m x [B, T, C] bf16 on top of the workspaces (counted here from the schedule independently).
+TEST(PipelineRuntime, Bf16StagesHandSixteenBitTensors) {
+  const ModelConfig c = tiny_config();
+  PipelinePartition part;
+  part.stages = 2;
+  part.blocks_per_part = {1, 1};
+  const auto specs = pipeline_stage_specs(part, false);
+  const auto rt = Runtime::create_cpu(1);
+  const Schedule sched = make_schedule(PipeSchedule::k1F1B, 2, 4);
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    const auto model = make_gpt_stage(c, specs[static_cast<size_t>(s)], Recompute::kNone, {}, DType::kBF16);
+    const auto fp32 = make_gpt_stage(c, specs[static_cast<size_t>(s)]);
+    EXPECT_EQ(model->activation_dtype(), DType::kBF16);
+    const auto ws = model->make_chunk_workspace(rt->device(0), kB, kT, 0);
+    for (const TensorView& v : {ws->stage_input(), ws->stage_output(), ws->stage_gradient()})
+      if (v.data) {
+        EXPECT_EQ(v.dtype, DType::kBF16);
+        EXPECT_EQ(v.numel(), int64_t{kB} * kT * c.embd);
+      }
+    EXPECT_EQ(s == 0, ws->stage_input().data == nullptr);
+    EXPECT_EQ(s == 1, ws->stage_output().data == nullptr);
+    EXPECT_LT(model->chunk_workspace_bytes(kB, kT, 0), fp32->chunk_workspace_bytes(kB, kT, 0));
+    const size_t slots = static_cast<size_t>(workspace_slots(sched, s).per_chunk[0]);
+    const size_t grads = s > 0 ? size_t{4} * kB * kT * static_cast<size_t>(c.embd) * 2 : 0;
+    EXPECT_EQ(stage_activation_bytes(*model, kB, kT, sched, s), slots * model->chunk_workspace_bytes(kB, kT, 0) + grads)
+        << slots << " slots of " << model->chunk_workspace_bytes(kB, kT, 0);
+  }
+  // Tensor-parallel stages compute in fp32: refused with one sentence.
+  EXPECT_THROW(make_gpt_stage(c, specs[0], Recompute::kNone, TensorParallel{2, false, nullptr, nullptr}, DType::kBF16),
+               Error);
+}
+
 // Delays of up to 1.5 ms before random actions, on the compute or the comm stream, or on the host.
 TEST(PipelineRuntime, RandomDelaysNeverHangOrChangeBits) {
   const ModelConfig c = tiny_config();
