@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/parallel.h"
+#include "kernels/storage_types.h"
 #include "core/status.h"
 
 // Compute-bound loops (exp-heavy softmax, GELU) get an AVX2 clone chosen at load time, since the
@@ -59,22 +60,7 @@ inline float max_of(const float* x, int64_t n) {
   return mx;
 }
 
-// fn(T{}) with T the storage type of a floating dtype (float, Half, BFloat16): the one switch of
-// the kernels templated on it; `op` names the kernel in the internal error for kI32.
-template <typename F>
-inline void with_storage_type(DType dtype, const char* op, F&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF16:
-      return fn(Half{});
-    case DType::kBF16:
-      return fn(BFloat16{});
-    case DType::kI32:
-      break;
-  }
-  ZT_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
-}
+using zt::detail::with_storage_type;  // kernels/storage_types.h
 
 // BLAS takes int dimensions; ops never get near 2^31 per dimension, but say so if they do.
 inline int blas_int(int64_t v) {

@@ -23,20 +23,8 @@ constexpr int64_t kLayernormRowBlock = 64;
 
 namespace {
 
-// Calls f(T*, W*) (null pointers naming the types) for activations `act` and parameters `wt`:
-// f32/f32, or a 16-bit act with f32 or act parameters (the pairs ops.cc accepts).
-template <typename F>
-void dispatch_norm_types(const char* op, DType act, DType wt, F&& f) {
-  if (act == DType::kF32 && wt == DType::kF32) return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kBF16 && wt == DType::kF32)
-    return f(static_cast<BFloat16*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kBF16 && wt == DType::kBF16)
-    return f(static_cast<BFloat16*>(nullptr), static_cast<BFloat16*>(nullptr));
-  if (act == DType::kF16 && wt == DType::kF32) return f(static_cast<Half*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kF16 && wt == DType::kF16) return f(static_cast<Half*>(nullptr), static_cast<Half*>(nullptr));
-  ZT_CHECK(false, op, ": unsupported dtypes ", dtype_name(act), " activations with ", dtype_name(wt),
-           " parameters");
-}
+using zt::detail::dispatch_norm_types;  // kernels/storage_types.h
+
 
 // One row of layernorm_forward from x (already in its storage type T, read widened to fp32): the
 // statistics in double over the row, the output rounded to T once; weight and bias of W widened.

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
 namespace {
@@ -55,21 +56,7 @@ using FPack = detail::Pack<float>;
 using detail::load_pack;
 using detail::store_pack;
 
-// fn(T{}) with T the storage type of a floating dtype: the one switch of the templated launchers.
-template <typename F>
-void with_storage_type(DType dtype, const char* op, F&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF16:
-      return fn(Half{});
-    case DType::kBF16:
-      return fn(BFloat16{});
-    default:
-      break;
-  }
-  ZT_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
-}
+using zt::detail::with_storage_type;  // kernels/storage_types.h
 
 // value: already rounded to T on the host (once).
 template <typename T>

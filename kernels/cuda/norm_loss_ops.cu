@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
 namespace {
@@ -544,22 +545,7 @@ void vocab_loss_grad(void* stream, float* logits, float* losses, const float* ma
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-// Calls f(T*, W*) (null pointers naming the types) for activations `act` and parameters `wt`:
-// f32/f32, or a 16-bit act with f32 or act parameters (the pairs ops.cc accepts).
-template <typename F>
-void dispatch_norm_types(const char* op, DType act, DType wt, F&& f) {
-  if (act == DType::kF32 && wt == DType::kF32) return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kBF16 && wt == DType::kF32)
-    return f(static_cast<BFloat16*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kBF16 && wt == DType::kBF16)
-    return f(static_cast<BFloat16*>(nullptr), static_cast<BFloat16*>(nullptr));
-  if (act == DType::kF16 && wt == DType::kF32) return f(static_cast<Half*>(nullptr), static_cast<float*>(nullptr));
-  if (act == DType::kF16 && wt == DType::kF16) return f(static_cast<Half*>(nullptr), static_cast<Half*>(nullptr));
-  ZT_CHECK(false, op, ": unsupported dtypes ", dtype_name(act), " activations with ", dtype_name(wt),
-           " parameters");
-}
-}  // namespace
+using zt::detail::dispatch_norm_types;  // kernels/storage_types.h
 
 void layernorm_forward(void* stream, void* out, float* mean, float* rstd, const void* in, DType act,
                        const void* weight, const void* bias, DType wt, int64_t N, int64_t C, float eps) {

@@ -233,6 +233,18 @@ TEST(Binary, SuggestsTheNearestFlagAndSubcommand) {
   EXPECT_NE(r.output.find("not in range 0 to 3"), std::string::npos) << r.output;
 }
 
+// The summary records of a --log-format json run's output (every line must parse).
+std::vector<nlohmann::json> summary_records(const std::string& output) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "summary") out.push_back(std::move(j));
+  }
+  return out;
+}
+
 // --tf32 is shown in the header and the JSON summary, and the MFU line names the TF32 peak.
 TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
   const std::string args = "train --devices cpu:1 --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --tf32";
@@ -242,17 +254,10 @@ TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
   EXPECT_NE(r.output.find("n/a (TF32 peak FLOP/s of these devices unknown)"), std::string::npos) << r.output;
   r = run(args + " --log-format json", /*with_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::istringstream in(r.output);
-  std::string line;
-  int summaries = 0;
-  while (std::getline(in, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("event", "") != "summary") continue;
-    ++summaries;
-    EXPECT_EQ(j["tf32"], true) << line;
-    EXPECT_EQ(j["peak_kind"], "tf32") << line;
-  }
-  EXPECT_EQ(summaries, 1) << r.output;
+  const std::vector<nlohmann::json> summaries = summary_records(r.output);
+  ASSERT_EQ(summaries.size(), 1u) << r.output;
+  EXPECT_EQ(summaries[0]["tf32"], true) << r.output;
+  EXPECT_EQ(summaries[0]["peak_kind"], "tf32") << r.output;
 }
 
 // The summary's peak follows the format the GEMMs run in: bf16 for the 16-bit GPT, fp32 for a
@@ -264,16 +269,9 @@ TEST(Binary, PeakKindFollowsTheModelsComputeDtype) {
                                     {" --devices cpu:2 --tensor-parallel 2", "fp32"}}) {
     const RunResult r = run(base + flags, /*with_stderr=*/false);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::istringstream in(r.output);
-    std::string line;
-    int summaries = 0;
-    while (std::getline(in, line)) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("event", "") != "summary") continue;
-      ++summaries;
-      EXPECT_EQ(j["peak_kind"], kind) << flags << ": " << line;
-    }
-    EXPECT_EQ(summaries, 1) << r.output;
+    const std::vector<nlohmann::json> summaries = summary_records(r.output);
+    ASSERT_EQ(summaries.size(), 1u) << r.output;
+    EXPECT_EQ(summaries[0]["peak_kind"], kind) << flags << ": " << r.output;
   }
 }
 
