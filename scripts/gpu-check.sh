@@ -121,7 +121,8 @@ no_gpu="$( ((gpu_ok)) && echo "" || echo "no usable GPU: see driver.txt")"
 # ---- 2. configure + build only what the GPU steps need ----------------------------------------
 # First the targets of steps 3-5 (zerotrain, the binaries of the new CUDA tests), then, after
 # them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that compare with the GPU).
-gpu_targets=(zerotrain test_cuda test_kernels test_gemm test_fused_ops test_classifier test_flash_attention test_tp_ops test_comm test_runtime)
+gpu_targets=(zerotrain test_cuda test_kernels test_gemm test_fused_ops test_classifier test_flash_attention test_tp_ops test_comm test_runtime
+             test_optimizers)
 rest_targets=(test_nccl test_zero test_mixed_precision test_checkpoint test_resume
               bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory)
 generator=()
@@ -186,9 +187,11 @@ if ((built && gpu_ok)); then
   # 128, T in {1, 7, 64, 257, 1024} (FlashAttentionCuda; it fails if cuDNN is built but declines
   # those shapes; "cuDNN attention:" in results.md says whether it was built). The fused classifier's
   # online-softmax kernel (padded vocabulary; f32, bf16 and f16 logits, 128-bit loads) and the LM
-  # head's GEMMs over padded rows against float64 (ClassifierTest).
+  # head's GEMMs over padded rows against float64 (ClassifierTest). The 16-bit layernorm, LM head, fill, add,
+  # GELU and encoder kernels (FusedOpsTest), and the optimizer kernels with the clip factor read
+  # from device memory plus optim::clip_factor against the host's sum bit for bit (OptimTest).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+    -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|OptimTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
   (($? != 0)) && failed=1
 else
   skip_step new-cuda-ops "${no_gpu:-build failed}"
