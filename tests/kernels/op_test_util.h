@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "runtime/runtime.h"
 

@@ -27,6 +27,7 @@
 #include "core/philox.h"
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_test_util.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "optimizers/multi_tensor_elem.h"
@@ -34,8 +35,6 @@
 #include "runtime/runtime.h"
 
 namespace zt {
-
-void PrintTo(Backend b, std::ostream* os) { *os << backend_name(b); }
 
 namespace {
 
@@ -1117,16 +1116,7 @@ TEST_P(OptimTest, LossScaleUpdateOnTheDeviceMatchesTheHost) {
 // ---- arguments and lifetimes
 // ----------------------------------------------------------------------
 
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no zt::Error thrown";
-  return Error(ErrorKind::kInternal, "none");
-}
+using op_test::error_of;  // the kernel tests' helper (kernels/op_test_util.h)
 
 TEST_P(OptimTest, ArgumentsAreValidated) {
   const std::vector<HostSeg> hs = make_segs(rng_, {10, 20}, DType::kF32, 1.0f);
