@@ -375,6 +375,27 @@ TEST(Init, DeterministicAndGpt2Scaled) {
   EXPECT_FLOAT_EQ(proj->init_std, 0.02f / std::sqrt(2.0f * c.layers));
 }
 
+// A [B, T] micro-batch of tokens and targets drawn uniformly from [0, vocab) by mt19937(seed), on
+// device d (uploaded on its compute stream).
+struct RandomBatch {
+  RandomBatch(Device& d, int B, int T, int64_t vocab, uint32_t seed)
+      : tokens(static_cast<size_t>(B) * T), targets(tokens.size()),
+        in(d.memory(), static_cast<size_t>(B) * T * 4, d.compute(), "in"),
+        tg(d.memory(), static_cast<size_t>(B) * T * 4, d.compute(), "tg") {
+    std::mt19937 rng(seed);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    for (auto& t : targets) t = static_cast<int32_t>(rng() % vocab);
+    d.compute().copy(in.data(), tokens.data(), tokens.size() * 4);
+    d.compute().copy(tg.data(), targets.data(), targets.size() * 4);
+    batch.B = B, batch.T = T;
+    batch.inputs = ConstTensorView{in.data(), DType::kI32, Shape{B, T}, d.index()};
+    batch.targets = ConstTensorView{tg.data(), DType::kI32, Shape{B, T}, d.index()};
+  }
+  std::vector<int32_t> tokens, targets;  // the host copies
+  DeviceBuffer in, tg;
+  Batch batch;
+};
+
 // The LM head's logits rows are padded to a multiple of 128 columns (37 -> 128 here). The padding
 // is first filled with a logit far above every real one: were any of it read as a logit, the loss
 // (compared with the unpadded float64 model) and the greedy pick would change. The sampler draws
@@ -400,17 +421,8 @@ TEST(Gpt, PaddedVocabularyIsMaskedAndNeverSampled) {
     P.set(b, f);
     host[b].assign(f.begin(), f.end());
   }
-  std::vector<int32_t> tok(BT), tgt(BT);
-  std::mt19937 rng(5);
-  for (auto& t : tok) t = static_cast<int32_t>(rng() % V);
-  for (auto& t : tgt) t = static_cast<int32_t>(rng() % V);
-  DeviceBuffer din(d.memory(), BT * 4, s, "in"), dtg(d.memory(), BT * 4, s, "tg");
-  s.copy(din.data(), tok.data(), BT * 4);
-  s.copy(dtg.data(), tgt.data(), BT * 4);
-  Batch batch;
-  batch.B = B, batch.T = T;
-  batch.inputs = ConstTensorView{din.data(), DType::kI32, Shape{B, T}, 0};
-  batch.targets = ConstTensorView{dtg.data(), DType::kI32, Shape{B, T}, 0};
+  const RandomBatch random(d, B, T, V, 5);
+  const Batch& batch = random.batch;
   auto ws = model->make_workspace(d, B, T);
   const TensorView logits = ws->logits();
   ASSERT_EQ(logits.shape, (Shape{BT, Vp}));
@@ -425,7 +437,7 @@ TEST(Gpt, PaddedVocabularyIsMaskedAndNeverSampled) {
   double mean = 0;
   for (float x : losses) mean += x;
   mean /= BT;
-  const double want = gpt_loss_ref(c, L, host, tok, tgt, B, T);
+  const double want = gpt_loss_ref(c, L, host, random.tokens, random.targets, B, T);
   EXPECT_NEAR(mean, want, 1e-5 * want);
   for (int row = 0; row < BT; ++row) {
     std::vector<float> out(static_cast<size_t>(V) + 1, -7.0f);  // one sentinel past the vocabulary
@@ -508,17 +520,8 @@ GptRun run_gpt(const Model& model, ParamAccess& P, Device& d, int B, int T, uint
   Stream& s = d.compute();
   const ModelConfig& c = model.config();
   const int BT = B * T;
-  std::vector<int32_t> tok(BT), tgt(BT);
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  for (auto& t : tok) t = static_cast<int32_t>(rng() % c.vocab);
-  for (auto& t : tgt) t = static_cast<int32_t>(rng() % c.vocab);
-  DeviceBuffer din(d.memory(), BT * 4, s, "in"), dtg(d.memory(), BT * 4, s, "tg");
-  s.copy(din.data(), tok.data(), BT * 4);
-  s.copy(dtg.data(), tgt.data(), BT * 4);
-  Batch batch;
-  batch.B = B, batch.T = T;
-  batch.inputs = ConstTensorView{din.data(), DType::kI32, Shape{B, T}, 0};
-  batch.targets = ConstTensorView{dtg.data(), DType::kI32, Shape{B, T}, 0};
+  const RandomBatch random(d, B, T, c.vocab, static_cast<uint32_t>(seed));
+  const Batch& batch = random.batch;
   auto ws = model.make_workspace(d, B, T);
   model.forward(s, P, *ws, batch, 1.0f / BT, true);
   model.backward(s, P, *ws, batch);
