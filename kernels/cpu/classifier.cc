@@ -147,13 +147,6 @@ void widen_rows(float* dst, const T* src, int64_t ld, int64_t N, int64_t V) {
       for (int64_t i = 0; i < V; ++i) dst[r * V + i] = to_float(src[r * ld + i]);
   });
 }
-// Calls f(T*) (a null pointer naming the type) for a 16-bit dtype.
-template <typename F>
-void dispatch_16bit(const char* op, DType t, F&& f) {
-  if (t == DType::kBF16) return f(static_cast<BFloat16*>(nullptr));
-  if (t == DType::kF16) return f(static_cast<Half*>(nullptr));
-  ZT_CHECK(false, op, ": ", dtype_name(t), " is not a 16-bit dtype");
-}
 std::vector<float> widened(const void* x, DType t, int64_t n) {
   std::vector<float> w(static_cast<size_t>(n));
   cast(w.data(), DType::kF32, x, t, n);
@@ -176,8 +169,9 @@ void lm_head_forward(void* logits, const void* in, const void* wte, DType act, i
   const std::vector<float> a = widened(in, act, N * C), w = widened(wte, act, V * C);
   std::vector<float> out(static_cast<size_t>(N * V));
   detail::sgemm(false, true, N, V, C, 1.0f, a.data(), C, w.data(), C, 0.0f, out.data(), V);
-  dispatch_16bit("lm_head_forward", act,
-                 [&](auto* t) { round_rows(static_cast<decltype(t)>(logits), ld, out.data(), N, V); });
+  detail::with_storage_type(act, "lm_head_forward", [&](auto t) {
+    round_rows(static_cast<decltype(t)*>(logits), ld, out.data(), N, V);
+  });
 }
 
 void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* in, const void* wte, DType act,
@@ -197,11 +191,9 @@ void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* i
     return;
   }
   std::vector<float> g(static_cast<size_t>(N * V));
-  dispatch_16bit("lm_head_backward", act,
-                 [&](auto* t) {
-                   using T = std::remove_pointer_t<decltype(t)>;
-                   widen_rows(g.data(), static_cast<const T*>(dlogits), ld, N, V);
-                 });
+  detail::with_storage_type(act, "lm_head_backward", [&](auto t) {
+    widen_rows(g.data(), static_cast<const decltype(t)*>(dlogits), ld, N, V);
+  });
   if (din != nullptr) {
     const std::vector<float> w = widened(wte, act, V * C);
     std::vector<float> d = widened(din, act, N * C);
