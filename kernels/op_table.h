@@ -39,8 +39,8 @@ namespace zt {
 // matmul_backward_dgelu {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
 // residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
 // flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
-// {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward {activation
-// dtype: f32, f16 or bf16}; every other op {f32}.
+// {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward, relu_forward /
+// relu_backward {activation dtype: f32, f16 or bf16}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -158,8 +158,8 @@ struct OpTable {
   // out/din, in, dout of `dtype`; din += (a 16-bit din: read, added in fp32, rounded once).
   void (*gelu_forward)(Stream&, void* out, const void* in, DType dtype, int64_t n) = nullptr;
   void (*gelu_backward)(Stream&, void* din, const void* in, const void* dout, DType dtype, int64_t n) = nullptr;
-  void (*relu_forward)(Stream&, float* out, const float* in, int64_t n) = nullptr;
-  void (*relu_backward)(Stream&, float* din, const float* in, const float* dout, int64_t n) = nullptr;
+  void (*relu_forward)(Stream&, void* out, const void* in, DType dtype, int64_t n) = nullptr;
+  void (*relu_backward)(Stream&, void* din, const void* in, const void* dout, DType dtype, int64_t n) = nullptr;
   // logits [N, ld] of `logits_dtype` (f32, bf16 or f16), the first V <= ld columns real (the rest
   // a padded vocabulary's: no probability, dlogits 0).
   void (*classifier_forward_backward)(Stream&, void* logits, DType logits_dtype, float* losses,

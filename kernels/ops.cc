@@ -717,15 +717,19 @@ void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorVie
 }
 
 void relu_forward(Stream& s, TensorView out, ConstTensorView in) {
-  const int64_t n = check_unary(s, "relu_forward", out, "out", in, nullptr);
+  check_in_type(s, "relu_forward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "relu_forward", out, "out", in, nullptr, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kReluForward).relu_forward(s, f32(out), f32(in), n);
+  require_kernel(s, OpId::kReluForward, {dt}).relu_forward(s, out.data, in.data, dt, n);
 }
 
 void relu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout) {
-  const int64_t n = check_unary(s, "relu_backward", din, "din", in, &dout);
+  check_in_type(s, "relu_backward", "in", in);
+  const DType dt = in.dtype;
+  const int64_t n = check_unary(s, "relu_backward", din, "din", in, &dout, dt);
   if (n == 0) return;
-  f32_kernel(s, OpId::kReluBackward).relu_backward(s, f32(din), f32(in), f32(dout), n);
+  require_kernel(s, OpId::kReluBackward, {dt}).relu_backward(s, din.data, in.data, dout.data, dt, n);
 }
 
 // ---- classifier

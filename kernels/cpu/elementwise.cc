@@ -191,15 +191,28 @@ void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int
   });
 }
 
-void relu_forward(float* out, const float* in, int64_t n) {
-  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[i] = relu_forward_elem(in[i]);
+// ReLU in the storage type: widen exactly, compute in fp32, round once (forward is exact: a copy
+// or zero; backward's din += rounds once per element).
+void relu_forward(void* out, const void* in, DType dtype, int64_t n) {
+  detail::with_storage_type(dtype, "relu_forward", [=](auto tag) {
+    using T = decltype(tag);
+    auto* o = static_cast<T*>(out);
+    const auto* x = static_cast<const T*>(in);
+    parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = from_float<T>(relu_forward_elem(to_float(x[i])));
+    });
   });
 }
 
-void relu_backward(float* din, const float* in, const float* dout, int64_t n) {
-  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) din[i] += relu_grad_elem(in[i], dout[i]);
+void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n) {
+  detail::with_storage_type(dtype, "relu_backward", [=](auto tag) {
+    using T = decltype(tag);
+    auto* d = static_cast<T*>(din);
+    const auto* x = static_cast<const T*>(in);
+    const auto* g = static_cast<const T*>(dout);
+    parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) d[i] = from_float<T>(to_float(d[i]) + relu_grad_elem(to_float(x[i]), to_float(g[i])));
+    });
   });
 }
 

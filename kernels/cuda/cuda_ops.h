@@ -153,9 +153,8 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
 void gelu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n);
 void gelu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype,
                    int64_t n);  // din +=
-void relu_forward(void* stream, float* out, const float* in, int64_t n);
-void relu_backward(void* stream, float* din, const float* in, const float* dout,
-                   int64_t n);  // din +=
+void relu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n);
+void relu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype, int64_t n);  // din +=
 
 // ---- fused classifier: logits [N,ld] (dlogits in place when compute_grad), losses [N] ---------
 // logits f32, bf16 or f16; columns [V, ld) are padding (dlogits 0). targets [N] int32; target < 0 =

@@ -158,15 +158,42 @@ struct GeluBackwardOp {
   }
 };
 
-__global__ void relu_forward_kernel(float* __restrict__ out, const float* __restrict__ in,
-                                    int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { out[i] = relu_forward_elem(in[i]); }
-}
+// out may alias in. ReLU is exact in every storage type (a copy or zero).
+template <typename T>
+struct ReluForwardOp {
+  T* out;
+  const T* in;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ static T elem(T x) { return from_float<T>(relu_forward_elem(to_float(x))); }
+  __device__ void operator()(int64_t i) const { out[i] = elem(in[i]); }
+  __device__ void pack(int64_t i) const {
+    const detail::Pack<T> x = load_pack(in + i);
+    detail::Pack<T> y;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) y.v[k] = elem(x.v[k]);
+    store_pack(out + i, y);
+  }
+};
 
-__global__ void relu_backward_kernel(float* __restrict__ din, const float* __restrict__ in,
-                                     const float* __restrict__ dout, int64_t n) {
-  ZT_GRID_STRIDE_LOOP(i, n) { din[i] += relu_grad_elem(in[i], dout[i]); }
-}
+// din += relu'(in) * dout in fp32; a 16-bit din is read, added to and rounded once.
+template <typename T>
+struct ReluBackwardOp {
+  T* din;
+  const T* in;
+  const T* dout;
+  static constexpr int kN = detail::Pack<T>::kN;
+  __device__ static T elem(T d, T x, T g) {
+    return from_float<T>(to_float(d) + relu_grad_elem(to_float(x), to_float(g)));
+  }
+  __device__ void operator()(int64_t i) const { din[i] = elem(din[i], in[i], dout[i]); }
+  __device__ void pack(int64_t i) const {
+    detail::Pack<T> d = load_pack(din + i);
+    const detail::Pack<T> x = load_pack(in + i), g = load_pack(dout + i);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) d.v[k] = elem(d.v[k], x.v[k], g.v[k]);
+    store_pack(din + i, d);
+  }
+};
 
 // ---- encoder ---------------------------------------------------------------------------------
 // A token id outside [0, total) is a caller bug; rather than read out of bounds, its row becomes
@@ -477,18 +504,24 @@ void gelu_backward(void* stream, void* din, const void* in, const void* dout, DT
   });
 }
 
-void relu_forward(void* stream, float* out, const float* in, int64_t n) {
+void relu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  relu_forward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(out, in, n);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  with_storage_type(dtype, "relu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(), ReluForwardOp<T>{static_cast<T*>(out), static_cast<const T*>(in)}, n, {out, in});
+  });
 }
 
-void relu_backward(void* stream, float* din, const float* in, const float* dout, int64_t n) {
+void relu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype, int64_t n) {
   if (n == 0) return;
   detail::LaunchScope scope(stream);
-  relu_backward_kernel<<<grid_for(n), kElementwiseBlock, 0, scope.stream()>>>(din, in, dout, n);
-  ZT_CUDA_CHECK(cudaGetLastError());
+  with_storage_type(dtype, "relu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_map(scope.stream(),
+               ReluBackwardOp<T>{static_cast<T*>(din), static_cast<const T*>(in), static_cast<const T*>(dout)}, n,
+               {din, in, dout});
+  });
 }
 
 // ---- optimizers --------------------------------------------------------------------------------------

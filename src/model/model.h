@@ -160,17 +160,17 @@ struct TensorParallel {
 
 // `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
 // tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
-// activations: f32, or bf16/f16 for the one-device GPT (no tensor parallelism; refused with one
-// sentence otherwise): activations, saved tensors, activation gradients, logits and GEMM inputs
+// activations: f32, or bf16/f16 for the GPT without tensor parallelism and the MLP (the
+// tensor-parallel GPT refuses it with one sentence): activations, saved tensors, activation gradients, logits and GEMM inputs
 // in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
 // gradients in fp32 (the ops' rounding rules, kernels/ops.h). A 16-bit GPT computes in the 16-bit
 // type its parameters come in (ParamAccess::param_dtype; bf16 and f16 take the same bytes), so an
 // engine switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
-// The activation dtype a training run's model computes in: the working dtype (bf16/f16) for a GPT
-// without tensor parallelism (whole or a pipeline stage), else f32 (the MLP and the tensor-parallel
-// GPT compute in fp32 on widened copies of their 16-bit parameters).
+// The activation dtype a training run's model computes in: the working dtype (bf16/f16) for the
+// MLP and a GPT without tensor parallelism (whole or a pipeline stage), else f32 (the
+// tensor-parallel GPT computes in fp32 on widened copies of its 16-bit parameters).
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).

@@ -84,7 +84,8 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
       engine.begin_micro_batch(r, 0, /*forward_only=*/true);
       world.model().forward(s, engine.access(r), *R.ws, R.batch, 0.0f, false);
       engine.end_micro_batch(r);
-      if (!is_gpt) s.copy(logits.data(), R.ws->logits().data, logits.size() * 4);
+      for (int i = 0; !is_gpt && i < B; ++i)  // widened from a 16-bit MLP's logits
+        R.ws->read_logits_row(s, i, logits.data() + static_cast<size_t>(i) * classes);
       loss_sum[static_cast<size_t>(r)] += world.read_losses(r);  // synchronizes: hb and logits are ready
       count[static_cast<size_t>(r)] += static_cast<int64_t>(B) * T;
       for (int i = 0; !is_gpt && i < B; ++i) {

@@ -619,7 +619,7 @@ struct Host16 {
 };
 constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces (fp16), ~1.7e38 in bf16
 
-TEST_P(FusedOpsTest, SixteenBitFillAddGelu) {
+TEST_P(FusedOpsTest, SixteenBitFillAddGeluRelu) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const Host16 h{t};
     for (int64_t n : kVecSizes) {
@@ -694,6 +694,32 @@ TEST_P(FusedOpsTest, SixteenBitFillAddGelu) {
         ops::gelu_backward(s(), udin, ux, ug);
         EXPECT_TRUE(bitwise_equal(uout.download<uint16_t>(), got_out));
         EXPECT_TRUE(bitwise_equal(udin.download<uint16_t>(), got_din));
+
+        // ReLU forward (exact: a copy or zero) and backward (din += in fp32, rounded once) against
+        // float64 of the widened inputs, and the bits of the element functions on every backend
+        // (one comparison and one fp32 addition).
+        DevTensor rout = tensor16(poison), rdin = tensor16(d0);
+        ops::relu_forward(s(), at(rout, off, {n}), at(tx, off, {n}));
+        ops::relu_backward(s(), at(rdin, off, {n}), at(tx, off, {n}), at(tg, off, {n}));
+        DVec rr_out(n), rr_din = to_d(wd);
+        ref::relu_forward_ref(rr_out, to_d(wx));
+        ref::relu_backward_ref(rr_din, to_d(wx), to_d(wg));
+        const std::vector<uint16_t> got_rout = download_at<uint16_t>(rout, off, n),
+                                    got_rdin = download_at<uint16_t>(rdin, off, n);
+        EXPECT_TRUE(h.close(h.widen(got_rout), rr_out));
+        EXPECT_TRUE(h.close(h.widen(got_rdin), rr_din));
+        std::vector<uint16_t> want_rout(n), want_rdin(n);
+        for (int64_t i = 0; i < n; ++i) {
+          want_rout[i] = h.round(relu_forward_elem(wx[i]));
+          want_rdin[i] = h.round(wd[i] + relu_grad_elem(wx[i], wg[i]));
+        }
+        EXPECT_TRUE(bitwise_equal(got_rout, want_rout));
+        EXPECT_TRUE(bitwise_equal(got_rdin, want_rdin));
+        DevTensor vout = tensor16(slice(poison)), vdin = tensor16(slice(d0));
+        ops::relu_forward(s(), vout, ux);
+        ops::relu_backward(s(), vdin, ux, ug);
+        EXPECT_TRUE(bitwise_equal(vout.download<uint16_t>(), got_rout));
+        EXPECT_TRUE(bitwise_equal(vdin.download<uint16_t>(), got_rdin));
       }
     }
   }

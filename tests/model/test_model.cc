@@ -609,11 +609,10 @@ TEST(Gpt16, Bf16WorkspaceIsHalfLogitsAreBf16AndRecomputeKeepsTheBits) {
                      static_cast<double>(make_model(g)->workspace_bytes(4, 1024));
   EXPECT_GT(big, 0.5);
   EXPECT_LT(big, 0.53);
-  // The 16-bit GPT is the one-device model's only.
+  // Not (yet) the tensor-parallel GPT.
   TensorParallel tp;
   tp.degree = 2;
   EXPECT_THROW(make_model(g, Recompute::kNone, tp, DType::kBF16), Error);
-  EXPECT_THROW(make_model(make_model_config("mlp"), Recompute::kNone, {}, DType::kBF16), Error);
 
   auto rt = Runtime::create_cpu(1);
   Device& d = rt->device(0);
@@ -665,4 +664,106 @@ TEST(Gpt16, Bf16WorkspaceIsHalfLogitsAreBf16AndRecomputeKeepsTheBits) {
 }
 
 }  // namespace
+// The MLP in bf16 and fp16 against the fp32 MLP of the same (16-bit-representable) parameters and
+// inputs rounded once: every activation is rounded to 16 bits about three times per layer, so the
+// loss may move by a few u relative (bound 4u) and a gradient tensor by some u in relative L2 norm
+// (bound 16u, as the GPT's). The workspace holds 16-bit activations (under 0.6 of fp32's, the fp32
+// losses and logits scratch aside), and read_logits_row widens the 16-bit logits exactly.
+TEST(Mlp16, Bf16AndFp16TrackTheFp32RunOfTheSameParameters) {
+  ModelConfig c = make_model_config("mlp");
+  c.input_dim = 48;
+  c.hidden = {64, 40};
+  c.classes = 10;
+  const int B = 16;
+  auto rt = Runtime::create_cpu(1);
+  Device& d = rt->device(0);
+  Stream& s = d.compute();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  std::vector<float> in(static_cast<size_t>(B) * c.input_dim);
+  std::vector<int32_t> labels(B);
+  for (auto& v : in) v = nd(rng);
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % c.classes);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double u = dt == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+    auto m16 = make_model(c, Recompute::kNone, {}, dt), m32 = make_model(c);
+    EXPECT_EQ(m16->activation_dtype(), dt);
+    const double ratio =
+        static_cast<double>(m16->workspace_bytes(256, 1)) / static_cast<double>(m32->workspace_bytes(256, 1));
+    EXPECT_GT(ratio, 0.45);
+    EXPECT_LT(ratio, 0.6);
+    const ParamLayout& L = m16->layout();
+    Params16 P16(d, L, dt);
+    TestParams P32(d, L);
+    for (int b = 0; b < L.num_blocks(); ++b) {
+      std::vector<float> f(L.block(b).numel);
+      init_block_host(L.block(b), 5, f.data());
+      for (auto& t : L.block(b).tensors)  // biases away from 0
+        if (t.init != ParamInit::kNormal)
+          for (int64_t i = 0; i < t.numel; ++i) f[t.offset + i] += 0.1f * philox_normal(3, b * 100 + t.offset, i);
+      P32.set(b, P16.set(b, f));
+      s.memset(P32.grads(b), 0, f.size() * 4);
+    }
+    // The fp32 model reads the inputs as the 16-bit one rounds them (once, on the device).
+    std::vector<float> in_r(in.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      in_r[i] = dt == DType::kBF16 ? bf16_bits_to_float(float_to_bf16_bits(in[i]))
+                                   : half_bits_to_float(float_to_half_bits(in[i]));
+    DeviceBuffer x16(d.memory(), in.size() * 4, s, "x16"), x32(d.memory(), in.size() * 4, s, "x32"),
+        tg(d.memory(), labels.size() * 4, s, "tg");
+    s.copy(x16.data(), in.data(), in.size() * 4);
+    s.copy(x32.data(), in_r.data(), in.size() * 4);
+    s.copy(tg.data(), labels.data(), labels.size() * 4);
+    auto run = [&](const Model& m, ParamAccess& P, const DeviceBuffer& x, std::vector<float>* logits) {
+      Batch batch;
+      batch.B = B, batch.T = 1;
+      batch.inputs = ConstTensorView{x.data(), DType::kF32, Shape{B, c.input_dim}, d.index()};
+      batch.targets = ConstTensorView{tg.data(), DType::kI32, Shape{B}, d.index()};
+      auto ws = m.make_workspace(d, B, 1);
+      m.forward(s, P, *ws, batch, 0.0f, false);
+      logits->resize(static_cast<size_t>(B) * c.classes);
+      for (int i = 0; i < B; ++i) ws->read_logits_row(s, i, logits->data() + static_cast<size_t>(i) * c.classes);
+      m.forward(s, P, *ws, batch, 1.0f / B, true);
+      m.backward(s, P, *ws, batch);
+      std::vector<float> losses(B);
+      EXPECT_EQ(ws->losses().dtype, DType::kF32);
+      s.copy(losses.data(), ws->losses().data, B * 4);
+      GptRun out;
+      for (int b = 0; b < L.num_blocks(); ++b) {
+        out.grads.emplace_back(L.block(b).numel);
+        s.copy(out.grads.back().data(), P.grads(b), out.grads.back().size() * 4);
+      }
+      s.synchronize();
+      for (float l : losses) out.loss += l;
+      out.loss /= B;
+      return out;
+    };
+    std::vector<float> l16, l32;
+    const GptRun r16 = run(*m16, P16, x16, &l16), r32 = run(*m32, P32, x32, &l32);
+    EXPECT_NEAR(r16.loss, r32.loss, 4 * u * r32.loss);
+    double lerr = 0, lnorm = 0;
+    for (size_t i = 0; i < l32.size(); ++i) {
+      lerr += (l16[i] - l32[i]) * double(l16[i] - l32[i]), lnorm += double(l32[i]) * l32[i];
+      const float r = dt == DType::kBF16 ? bf16_bits_to_float(float_to_bf16_bits(l16[i]))
+                                         : half_bits_to_float(float_to_half_bits(l16[i]));
+      EXPECT_EQ(r, l16[i]) << "logit " << i << " is not a widened 16-bit value";
+    }
+    EXPECT_LE(std::sqrt(lerr / lnorm), 8 * u);
+    bool any_differs = false;
+    for (int b = 0; b < L.num_blocks(); ++b)
+      for (const auto& t : L.block(b).tensors) {
+        double err = 0, norm = 0;
+        for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+          const double a = r16.grads[b][i], e = r32.grads[b][i];
+          err += (a - e) * (a - e), norm += e * e;
+          any_differs |= a != e;
+        }
+        ASSERT_GT(norm, 0) << t.name;
+        EXPECT_LE(std::sqrt(err / norm), 16 * u) << t.name;
+      }
+    EXPECT_TRUE(any_differs) << "the 16-bit model computed the fp32 bits";
+  }
+}
+
 }  // namespace zt
