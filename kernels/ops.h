@@ -9,8 +9,9 @@
 //  - Backward ops ACCUMULATE (+=) into every gradient output (din, dweight, dbias, ...); callers
 //    zero gradient buffers when a step starts. Forward outputs are overwritten.
 //  - Floating tensors are fp32 (dtype checked) except where an op says otherwise (cast,
-//    accumulate, fill, add, the encoder, GELU, the matmul family, the layernorm family, the LM head
-//    and the tiled attention take f16/bf16 too); token ids/labels are int32.
+//    accumulate, fill, add, the encoder, the position and bias ops, GELU, ReLU, the matmul family, the
+//    layernorm family, the LM head, the vocabulary-parallel cross-entropy and the tiled attention
+//    take f16/bf16 too); token ids/labels are int32.
 //  - 16-bit activations (the ops marked "activation dtype"): f32, bf16 or f16, one dtype for all of
 //    a call's activation tensors (else one sentence naming the tensor). 16-bit inputs are widened
 //    exactly, the op computes in fp32 as its fp32 version does, and every 16-bit output is rounded
@@ -77,6 +78,7 @@ void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorVi
 void position_forward(Stream& s, TensorView x, ConstTensorView wpe, int64_t row0, int64_t T);
 // dwpe[(row0 + i) % T, :] += dx[i, :] (fixed order: deterministic, independent of threads). For
 // row0 = 0 and R = B*T, the bits of encoder_backward's dwpe.
+// Dtypes: x, dx of the activation dtype; wpe f32 or x's dtype; dwpe fp32 (widened dx added in fp32).
 void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t row0, int64_t T);
 
 // ---- layernorm over the last dim ------------------------------------------------
@@ -134,7 +136,8 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
 void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,
                            ConstTensorView weight, ConstTensorView pre_gelu);
 
-// x[N, C] += bias[C] (broadcast over rows)
+// x[N, C] += bias[C] (broadcast over rows). x, dout of the activation dtype; bias f32 or x's dtype;
+// dbias fp32 (the widened dout summed as fp32 dout would be).
 void bias_forward(Stream& s, TensorView x, ConstTensorView bias);
 // dbias[C] += sum over rows of dout[N, C]. On the CPU backend the bits matmul_backward's dbias adds
 // for the same dout (one column-sum kernel); on CUDA matmul_backward's comes from cuBLASLt's BGRADB
@@ -187,7 +190,7 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH
 
 // ---- activations ----------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). gelu_forward(out,
-// in) and gelu_backward(din +=, in, dout) on one activation dtype; ReLU fp32.
+// in) and gelu_backward(din +=, in, dout) on one activation dtype; ReLU likewise.
 void gelu_forward(Stream& s, TensorView out, ConstTensorView in);
 void gelu_backward(Stream& s, TensorView din, ConstTensorView in, ConstTensorView dout);
 void relu_forward(Stream& s, TensorView out, ConstTensorView in);
@@ -226,6 +229,8 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
 int64_t padded_vocab(int64_t V);
 
 // ---- vocabulary-parallel cross-entropy: three ops around two all-gathers the caller does ----
+// logits f32 or the 16-bit activations' f16/bf16 (widened exactly; vocab_loss_grad's gradient is
+// rounded to that dtype once); max, out, sumexp, target_logit and losses are fp32.
 // With T shards of logits [N, V] (shard k holds the columns [begin_k, begin_k + Vl)):
 //  1. row_max: out[i] = max_j logits[i, j] over the shard logits [N, Vl] (its real columns: -inf
 //     for a shard of padding only).

@@ -188,7 +188,8 @@ if ((built && gpu_ok)); then
   # those shapes; "cuDNN attention:" in results.md says whether it was built). The fused classifier's
   # online-softmax kernel (padded vocabulary; f32, bf16 and f16 logits, 128-bit loads) and the LM
   # head's GEMMs over padded rows against float64 (ClassifierTest). The 16-bit layernorm, LM head, fill, add,
-  # GELU and encoder kernels (FusedOpsTest), and the optimizer kernels with the clip factor read
+  # GELU and encoder kernels (FusedOpsTest), the tensor-parallel GPT's 16-bit position, bias, ReLU and
+  # vocabulary-parallel cross-entropy kernels (TpOpsTest.SixteenBit*), and the optimizer kernels with the clip factor read
   # from device memory plus optim::clip_factor against the host's sum bit for bit (OptimTest).
   run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
     -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|OptimTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'

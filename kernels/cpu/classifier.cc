@@ -283,4 +283,24 @@ void vocab_loss_grad(float* logits, float* losses, const float* max, const float
   });
 }
 
+// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
+void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+  ZT_CHECK(dtype == DType::kF32, "row_max: no CPU kernel for ", dtype_name(dtype), " logits");
+  row_max(out, static_cast<const float*>(logits), N, V, v_begin, v_total);
+}
+
+void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets, int64_t N,
+                    int64_t V, int64_t v_begin, int64_t v_total) {
+  ZT_CHECK(dtype == DType::kF32, "vocab_partials: no CPU kernel for ", dtype_name(dtype), " logits");
+  vocab_partials(out, static_cast<const float*>(logits), max, targets, N, V, v_begin, v_total);
+}
+
+void vocab_loss_grad(void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
+                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V, int64_t v_begin,
+                     int64_t v_total, float dloss, bool compute_grad, const float* dloss_scale) {
+  ZT_CHECK(dtype == DType::kF32, "vocab_loss_grad: no CPU kernel for ", dtype_name(dtype), " logits");
+  vocab_loss_grad(static_cast<float*>(logits), losses, max, sumexp, target_logit, targets, N, V, v_begin, v_total,
+                  dloss, compute_grad, dloss_scale);
+}
+
 }  // namespace zt::cpu_kernels

@@ -39,6 +39,10 @@ void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, c
 // x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order.
 void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T);
 void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
+// The op table's form: x, dx of `act`, wpe of `wt` (f32 or `act`). Only f32 has a kernel here yet:
+// the 16-bit paths are task tp16's (a 16-bit call throws).
+void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0, int64_t T);
+void position_backward(float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0, int64_t T);
 
 // ---- layernorm ----------------------------------------------------------------------------
 // in/out/dout/din of `act` (f32, f16, bf16), weight/bias of `wt` (f32 or act); 16-bit values widened,
@@ -71,6 +75,10 @@ void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const voi
 // x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
 void bias_forward(float* x, const float* bias, int64_t N, int64_t C);
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
+// The op table's form: x, dout of `act`, bias of `wt` (f32 or `act`). Only f32 has a kernel here yet
+// (a 16-bit call throws).
+void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C);
+void bias_backward(float* dbias, const void* dout, DType act, int64_t N, int64_t C);
 
 // ---- attention ------------------------------------------------------------------------------
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
@@ -92,8 +100,10 @@ void gelu_forward(float* out, const float* in, int64_t n);
 void gelu_forward(void* out, const void* in, DType dtype, int64_t n);
 void gelu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
 void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
+void relu_forward(float* out, const float* in, int64_t n);
 void relu_forward(void* out, const void* in, DType dtype, int64_t n);
-void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);  // din +=
+void relu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
+void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 
 // ---- classifier ---------------------------------------------------------------------------------
 // logits [N, ld] of `dtype` (f32, bf16, f16), columns [V, ld) padding. Throws zt::Error when a
@@ -122,6 +132,13 @@ void vocab_loss_grad(float* logits, float* losses, const float* max, const float
                      const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
                      int64_t v_begin, int64_t v_total, float dloss, bool compute_grad,
                      const float* dloss_scale);
+// The op table's form: logits of `dtype`. Only f32 has a kernel here yet (a 16-bit call throws).
+void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
+void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets, int64_t N,
+                    int64_t V, int64_t v_begin, int64_t v_total);
+void vocab_loss_grad(void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
+                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V, int64_t v_begin,
+                     int64_t v_total, float dloss, bool compute_grad, const float* dloss_scale);
 
 // ---- optimizers
 // -----------------------------------------------------------------------------------

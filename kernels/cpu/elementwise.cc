@@ -130,6 +130,36 @@ void gelu_backward_16(T* din, const T* in, const T* dout, int64_t n) {
   });
 }
 
+// ReLU over 16-bit values, widened and narrowed per block as GELU's (the forward value is exact).
+template <typename T>
+void relu_forward_16(T* out, const T* in, int64_t n) {
+  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+    float x[kWidenBlock];
+    for (int64_t i0 = b; i0 < e; i0 += kWidenBlock) {
+      const int64_t m = std::min(kWidenBlock, e - i0);
+      widen(x, in + i0, m);
+      for (int64_t i = 0; i < m; ++i) x[i] = relu_forward_elem(x[i]);
+      narrow(out + i0, x, m);
+    }
+  });
+}
+
+// din += relu'(in) * dout in fp32, rounded once.
+template <typename T>
+void relu_backward_16(T* din, const T* in, const T* dout, int64_t n) {
+  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+    float d[kWidenBlock], x[kWidenBlock], g[kWidenBlock];
+    for (int64_t i0 = b; i0 < e; i0 += kWidenBlock) {
+      const int64_t m = std::min(kWidenBlock, e - i0);
+      widen(d, din + i0, m);
+      widen(x, in + i0, m);
+      widen(g, dout + i0, m);
+      for (int64_t i = 0; i < m; ++i) d[i] += relu_grad_elem(x[i], g[i]);
+      narrow(din + i0, d, m);
+    }
+  });
+}
+
 }  // namespace
 
 void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
@@ -191,28 +221,37 @@ void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int
   });
 }
 
-// ReLU in the storage type: widen exactly, compute in fp32, round once (forward is exact: a copy
-// or zero; backward's din += rounds once per element).
+void relu_forward(float* out, const float* in, int64_t n) {
+  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[i] = relu_forward_elem(in[i]);
+  });
+}
+
+void relu_backward(float* din, const float* in, const float* dout, int64_t n) {
+  parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) din[i] += relu_grad_elem(in[i], dout[i]);
+  });
+}
+
 void relu_forward(void* out, const void* in, DType dtype, int64_t n) {
   detail::with_storage_type(dtype, "relu_forward", [=](auto tag) {
     using T = decltype(tag);
-    auto* o = static_cast<T*>(out);
-    const auto* x = static_cast<const T*>(in);
-    parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) o[i] = from_float<T>(relu_forward_elem(to_float(x[i])));
-    });
+    if constexpr (std::is_same_v<T, float>) {
+      relu_forward(static_cast<float*>(out), static_cast<const float*>(in), n);
+    } else {
+      relu_forward_16(static_cast<T*>(out), static_cast<const T*>(in), n);
+    }
   });
 }
 
 void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n) {
   detail::with_storage_type(dtype, "relu_backward", [=](auto tag) {
     using T = decltype(tag);
-    auto* d = static_cast<T*>(din);
-    const auto* x = static_cast<const T*>(in);
-    const auto* g = static_cast<const T*>(dout);
-    parallel_for(n, kElemGrain, [=](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) d[i] = from_float<T>(to_float(d[i]) + relu_grad_elem(to_float(x[i]), to_float(g[i])));
-    });
+    if constexpr (std::is_same_v<T, float>) {
+      relu_backward(static_cast<float*>(din), static_cast<const float*>(in), static_cast<const float*>(dout), n);
+    } else {
+      relu_backward_16(static_cast<T*>(din), static_cast<const T*>(in), static_cast<const T*>(dout), n);
+    }
   });
 }
 

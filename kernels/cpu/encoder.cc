@@ -122,4 +122,16 @@ void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64
   });
 }
 
+// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
+void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0, int64_t T) {
+  ZT_CHECK(act == DType::kF32 && wt == DType::kF32, "position_forward: no CPU kernel for ", dtype_name(act),
+           " activations with ", dtype_name(wt), " wpe");
+  position_forward(static_cast<float*>(x), static_cast<const float*>(wpe), R, C, row0, T);
+}
+
+void position_backward(float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0, int64_t T) {
+  ZT_CHECK(act == DType::kF32, "position_backward: no CPU kernel for ", dtype_name(act), " dx");
+  position_backward(dwpe, static_cast<const float*>(dx), R, C, row0, T);
+}
+
 }  // namespace zt::cpu_kernels

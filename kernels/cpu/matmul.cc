@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -169,6 +170,18 @@ void bias_forward(float* x, const float* bias, int64_t N, int64_t C) {
 // The same column sums as matmul_backward's dbias: the bits must match (ops.h).
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
   add_column_sums(dbias, dout, N, C);
+}
+
+// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
+void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {
+  ZT_CHECK(act == DType::kF32 && wt == DType::kF32, "bias_forward: no CPU kernel for ", dtype_name(act),
+           " activations with a ", dtype_name(wt), " bias");
+  bias_forward(static_cast<float*>(x), static_cast<const float*>(bias), N, C);
+}
+
+void bias_backward(float* dbias, const void* dout, DType act, int64_t N, int64_t C) {
+  ZT_CHECK(act == DType::kF32, "bias_backward: no CPU kernel for ", dtype_name(act), " dout");
+  bias_backward(dbias, static_cast<const float*>(dout), N, C);
 }
 
 }  // namespace zt::cpu_kernels

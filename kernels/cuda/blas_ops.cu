@@ -12,17 +12,18 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
 namespace {
 
-using detail::kColumnSumRows;
 using detail::kWarpSize;
 
 int to_int(int64_t v, const char* what) {
@@ -61,37 +62,16 @@ void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
 }
 
 // ---- matmul helpers -----------------------------------------------------------------------
-// out[N,OC] += bias[OC] (broadcast over rows).
-__global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias, int64_t N,
-                                int64_t OC) {
+// out[N,OC] += bias[OC] (broadcast over rows), out of S, bias of W (float or S): the widened sum
+// rounded to S once (fp32: the plain +=).
+template <typename S, typename W>
+__global__ void add_bias_kernel(S* __restrict__ out, const W* __restrict__ bias, int64_t N, int64_t OC) {
   const int64_t total = N * OC;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
-    out[i] += bias[i % OC];
+    out[i] = from_float<S>(to_float(out[i]) + to_float(bias[i % OC]));
   }
-}
-
-// dbias[OC] += sum over rows of a 16-bit dout[N,OC] (widened; fp32 dout takes detail::add_column_sums).
-// Block (32, kColumnSumRows), grid ceil(OC/32).
-template <typename T>
-__global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    bias_grad_kernel(float* __restrict__ dbias, const T* __restrict__ dout, int64_t N, int64_t OC) {
-  __shared__ detail::ColumnTile tile;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
-  double acc = 0.0;
-  if (col < OC) {
-    for (int64_t row = threadIdx.y; row < N; row += kColumnSumRows) acc += to_float(dout[row * OC + col]);
-  }
-  const double total = detail::column_tree_sum(acc, tile);
-  if (threadIdx.y == 0 && col < OC) dbias[col] += static_cast<float>(total);
-}
-
-template <typename T>
-void launch_bias_grad(cudaStream_t stream, float* dbias, const T* dout, int64_t N, int64_t OC) {
-  const unsigned blocks = static_cast<unsigned>((OC + kWarpSize - 1) / kWarpSize);
-  bias_grad_kernel<T><<<blocks, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(dbias, dout, N, OC);
-  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // The forward epilogue on an fp32 GEMM result acc [N,OC]: v = acc + bias[col]; pre = round(v);
@@ -227,7 +207,7 @@ void matmul_forward(void* stream, void* out, const void* in, const void* weight,
   gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, in, C, 0.0f, acc, OC, tf32, t.in);
   if (t.out == DType::kF32 && t.bias == DType::kF32) {
     if (bias != nullptr) {
-      add_bias_kernel<<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
+      add_bias_kernel<float, float><<<detail::grid_for(N * OC), detail::kElementwiseBlock, 0, scope.stream()>>>(
           static_cast<float*>(out), static_cast<const float*>(bias), N, OC);
       ZT_CUDA_CHECK(cudaGetLastError());
     }
@@ -251,16 +231,8 @@ void matmul_backward(void* stream, void* din, float* dweight, float* dbias, cons
     // dweight^T[C,OC] += in^T[C,N] * dout[N,OC]
     gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, in, C, dout, OC, 1.0f, dweight, C, tf32, t.in);
   }
-  // fp32 dout: the two-stage column sums (bias_backward's, same bits); 16-bit: widened per column.
-  if (dbias != nullptr) {
-    if (t.in == DType::kF32) {
-      detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(dout), N, OC);
-    } else if (t.in == DType::kBF16) {
-      launch_bias_grad(scope.stream(), dbias, static_cast<const BFloat16*>(dout), N, OC);
-    } else {
-      launch_bias_grad(scope.stream(), dbias, static_cast<const Half*>(dout), N, OC);
-    }
-  }
+  // The two-stage column sums (bias_backward's, same bits), a 16-bit dout widened where read.
+  if (dbias != nullptr) bias_backward(stream, dbias, dout, t.in, N, OC);
 }
 
 size_t matmul_gelu_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC) {
@@ -325,17 +297,24 @@ void lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits,
 }
 
 // ---- bias alone (row-parallel layers add it after the reduction) ----------------------------
-void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C) {
+void bias_forward(void* stream, void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
-  add_bias_kernel<<<detail::grid_for(N * C), detail::kElementwiseBlock, 0, scope.stream()>>>(x, bias,
-                                                                                            N, C);
+  zt::detail::dispatch_norm_types("bias_forward", act, wt, [&](auto* s, auto* w) {
+    using S = std::remove_pointer_t<decltype(s)>;
+    using W = std::remove_pointer_t<decltype(w)>;
+    add_bias_kernel<S, W><<<detail::grid_for(N * C), detail::kElementwiseBlock, 0, scope.stream()>>>(
+        static_cast<S*>(x), static_cast<const W*>(bias), N, C);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 // matmul_backward's dbias reduction (detail::add_column_sums): the same bits (ops.h).
-void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C) {
+void bias_backward(void* stream, float* dbias, const void* dout, DType act, int64_t N, int64_t C) {
   detail::LaunchScope scope(stream);
-  detail::add_column_sums(scope.stream(), dbias, dout, N, C);
+  zt::detail::with_storage_type(act, "bias_backward", [&](auto tag) {
+    using T = decltype(tag);
+    detail::add_column_sums(scope.stream(), dbias, static_cast<const T*>(dout), N, C);
+  });
 }
 
 // ---- attention ------------------------------------------------------------------------------

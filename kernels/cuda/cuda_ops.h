@@ -52,10 +52,11 @@ void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, 
                       const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                       int64_t v_begin, int64_t v_total);
 // x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in increasing r.
-void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
-                      int64_t T);
-void position_backward(void* stream, float* dwpe, const float* dx, int64_t R, int64_t C,
-                       int64_t row0, int64_t T);
+// x, dx of `act`; wpe of `wt` (f32 or `act`), dwpe fp32.
+void position_forward(void* stream, void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C,
+                      int64_t row0, int64_t T);
+void position_backward(void* stream, float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0,
+                       int64_t T);
 
 // ---- layernorm: in/out [N,C], weight/bias [C], mean/rstd [N]; in/out/dout/din of `act` (f32, f16,
 // bf16), weight/bias of `wt` (f32 or act), widened where read, 16-bit outputs rounded once -------
@@ -109,8 +110,9 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
                            void* scratch);
 
 // x[N,C] += bias[C]; dbias[C] += sum_rows(dout) with the plain matmul_backward's dbias kernel (same bits).
-void bias_forward(void* stream, float* x, const float* bias, int64_t N, int64_t C);
-void bias_backward(void* stream, float* dbias, const float* dout, int64_t N, int64_t C);
+// x, dout of `act` (f32, f16, bf16); bias of `wt` (f32 or `act`); dbias fp32.
+void bias_forward(void* stream, void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C);
+void bias_backward(void* stream, float* dbias, const void* dout, DType act, int64_t N, int64_t C);
 
 // ---- causal self-attention: qkv [B,T,3C], out [B,T,C], preatt/att [B,NH,T,T], hs = C/NH -----
 // preatt = q k^T / sqrt(hs) (entries above the diagonal: unspecified); att = causal softmax
@@ -154,7 +156,8 @@ void gelu_forward(void* stream, void* out, const void* in, DType dtype, int64_t 
 void gelu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype,
                    int64_t n);  // din +=
 void relu_forward(void* stream, void* out, const void* in, DType dtype, int64_t n);
-void relu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype, int64_t n);  // din +=
+void relu_backward(void* stream, void* din, const void* in, const void* dout, DType dtype,
+                   int64_t n);  // din +=
 
 // ---- fused classifier: logits [N,ld] (dlogits in place when compute_grad), losses [N] ---------
 // logits f32, bf16 or f16; columns [V, ld) are padding (dlogits 0). targets [N] int32; target < 0 =
@@ -171,12 +174,13 @@ void lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits,
                       DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
-// v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN) ----------
-void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+// v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN); logits
+// of `dtype` (f32, bf16, f16), statistics and losses fp32 -------------------------------------------
+void row_max(void* stream, float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin,
              int64_t v_total);
-void vocab_partials(void* stream, float* out, const float* logits, const float* max,
+void vocab_partials(void* stream, float* out, const void* logits, DType dtype, const float* max,
                     const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
-void vocab_loss_grad(void* stream, float* logits, float* losses, const float* max,
+void vocab_loss_grad(void* stream, void* logits, DType dtype, float* losses, const float* max,
                      const float* sumexp, const float* target_logit, const int32_t* targets,
                      int64_t N, int64_t V, int64_t v_begin, int64_t v_total, float dloss,
                      bool compute_grad, const float* dloss_scale);

@@ -2,7 +2,8 @@
 // over one vocabulary shard) and the position embedding alone, the optimizer updates, sum_squares
 // and reduce_slices. Per-element math comes from kernels/elementwise.h, shared with the CPU
 // loops; the streaming maps move 128 bits per access where their pointers are aligned. fill, add,
-// GELU and the encoder are templated on the activations' storage type (float, Half, BFloat16):
+// GELU, ReLU, the encoder and the position embedding are templated on the activations' storage
+// type (float, Half, BFloat16):
 // widened with to_float, computed as in fp32, rounded once with from_float (core/dtype.h).
 // Grid-stride loops throughout; every reduction has a fixed order (run-to-run deterministic,
 // and independent of the GPU model).
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
@@ -158,7 +160,7 @@ struct GeluBackwardOp {
   }
 };
 
-// out may alias in. ReLU is exact in every storage type (a copy or zero).
+// out may alias in. ReLU of a widened value is that value or 0: exact in every dtype.
 template <typename T>
 struct ReluForwardOp {
   T* out;
@@ -267,28 +269,31 @@ __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte, const S* _
   }
 }
 
-// x[r, c] += wpe[(row0 + r) % T, c] for x [R, C].
-__global__ void position_forward_kernel(float* __restrict__ x, const float* __restrict__ wpe,
-                                        int64_t R, int64_t C, int64_t row0, int64_t T) {
+// x[r, c] += wpe[(row0 + r) % T, c] for x [R, C] of S, wpe of W (float or S): the widened sum,
+// rounded to S once.
+template <typename S, typename W>
+__global__ void position_forward_kernel(S* __restrict__ x, const W* __restrict__ wpe, int64_t R, int64_t C,
+                                        int64_t row0, int64_t T) {
   const int64_t n = R * C;
   ZT_GRID_STRIDE_LOOP(i, n) {
     const int64_t r = i / C;
     const int64_t c = i - r * C;
-    x[i] += wpe[((row0 + r) % T) * C + c];
+    x[i] = from_float<S>(to_float(x[i]) + to_float(wpe[((row0 + r) % T) * C + c]));
   }
 }
 
 // dwpe[p, c] += dx[r, c] over the rows r with (row0 + r) % T == p, in increasing r: one thread per
-// (p, c), float adds in the CPU kernel's order (the same bits).
-__global__ void position_backward_kernel(float* __restrict__ dwpe, const float* __restrict__ dx,
-                                         int64_t R, int64_t C, int64_t row0, int64_t T) {
+// (p, c), float adds of the widened dx in the CPU kernel's order (the same bits).
+template <typename S>
+__global__ void position_backward_kernel(float* __restrict__ dwpe, const S* __restrict__ dx, int64_t R, int64_t C,
+                                         int64_t row0, int64_t T) {
   const int64_t n = T * C;
   ZT_GRID_STRIDE_LOOP(i, n) {
     const int64_t p = i / C;
     const int64_t c = i - p * C;
     const int64_t first = ((p - row0 % T) % T + T) % T;  // the first row r >= 0 at position p
     float acc = dwpe[i];
-    for (int64_t r = first; r < R; r += T) acc += dx[r * C + c];
+    for (int64_t r = first; r < R; r += T) acc += to_float(dx[r * C + c]);
     dwpe[i] = acc;
   }
 }
@@ -460,19 +465,26 @@ void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, 
   });
 }
 
-void position_forward(void* stream, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
-                      int64_t T) {
+void position_forward(void* stream, void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C,
+                      int64_t row0, int64_t T) {
   detail::LaunchScope scope(stream);
-  position_forward_kernel<<<grid_for(R * C), kElementwiseBlock, 0, scope.stream()>>>(x, wpe, R, C,
-                                                                                     row0, T);
+  zt::detail::dispatch_norm_types("position_forward", act, wt, [&](auto* s, auto* w) {
+    using S = std::remove_pointer_t<decltype(s)>;
+    using W = std::remove_pointer_t<decltype(w)>;
+    position_forward_kernel<S, W><<<grid_for(R * C), kElementwiseBlock, 0, scope.stream()>>>(
+        static_cast<S*>(x), static_cast<const W*>(wpe), R, C, row0, T);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-void position_backward(void* stream, float* dwpe, const float* dx, int64_t R, int64_t C,
-                       int64_t row0, int64_t T) {
+void position_backward(void* stream, float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0,
+                       int64_t T) {
   detail::LaunchScope scope(stream);
-  position_backward_kernel<<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(dwpe, dx, R,
-                                                                                      C, row0, T);
+  with_storage_type(act, "position_backward", [&](auto tag) {
+    using S = decltype(tag);
+    position_backward_kernel<S><<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(
+        dwpe, static_cast<const S*>(dx), R, C, row0, T);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 

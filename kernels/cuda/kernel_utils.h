@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -113,6 +114,9 @@ __device__ __forceinline__ double column_tree_sum(double acc, ColumnTile& tile) 
 // so the bits are the same on every GPU; the partials live in the stream's cuBLAS workspace
 // (stream-ordered between GEMMs, already counted by the memory plan), so nothing is allocated.
 void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C);
+// The same two stages over a 16-bit dout, widened where it is read (the sums stay double).
+void add_column_sums(cudaStream_t stream, float* dbias, const Half* dout, int64_t N, int64_t C);
+void add_column_sums(cudaStream_t stream, float* dbias, const BFloat16* dout, int64_t N, int64_t C);
 
 
 }  // namespace zt::cuda_ops::detail

@@ -246,7 +246,7 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
     run(ctx, scope.stream(), gw, aw);
     if (bgradb) add_into(scope.stream(), dbias, bias_scratch, OC);
   }
-  if (dbias != nullptr && !bgradb) bias_backward(stream, dbias, static_cast<const float*>(dout), N, OC);
+  if (dbias != nullptr && !bgradb) bias_backward(stream, dbias, dout, t.in, N, OC);
   return true;
 }
 

@@ -1,7 +1,7 @@
 // CUDA layernorm (forward/backward) and the fused residual add + layernorm, the fused softmax +
 // cross-entropy classifier and its vocabulary-parallel form (row_max, vocab_partials,
-// vocab_loss_grad): one warp (layernorm, 128-bit accesses where aligned) or one block (classifier)
-// per row, sums accumulated in double like the CPU kernels and combined in a fixed order. The
+// vocab_loss_grad; fp32 or 16-bit logits): one warp (layernorm, 128-bit accesses where aligned) or
+// one block (classifier) per row, sums accumulated in double like the CPU kernels and combined in a fixed order. The
 // layernorm parameter gradients and the bias gradient are two-stage column sums (row-stripe tree
 // per chunk of rows, then the chunks in order): no float atomics anywhere, so every result is
 // run-to-run deterministic and the same on every GPU.
@@ -438,13 +438,15 @@ __global__ void __launch_bounds__(kClassifierBlock)
 }
 
 // ---- vocabulary-parallel cross-entropy: one block per row, as the classifier ------------------
+// Logits of T (float, BFloat16, Half), widened exactly where read; statistics fp32/double.
+template <typename T>
 __global__ void __launch_bounds__(kClassifierBlock)
-    row_max_kernel(float* __restrict__ out, const float* __restrict__ logits, int64_t N, int64_t V, int64_t real) {
+    row_max_kernel(float* __restrict__ out, const T* __restrict__ logits, int64_t N, int64_t V, int64_t real) {
   __shared__ RowReduce<float> max_shared;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const float* x = logits + row * V;
+    const T* x = logits + row * V;
     float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) m = fmaxf(m, x[i]);
+    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) m = fmaxf(m, to_float(x[i]));
     m = row_max_all(m, max_shared);
     if (threadIdx.x == 0) out[row] = m;
     __syncthreads();  // thread 0 has read the broadcast before the next row writes it
@@ -454,8 +456,9 @@ __global__ void __launch_bounds__(kClassifierBlock)
 // out[row] = sum exp(x - max) (double, rounded to fp32), out[N + row] = the target's logit when this
 // shard holds it; both 0 for ignored rows, NaN sum for a target >= total (a caller bug the CPU
 // backend throws for).
+template <typename T>
 __global__ void __launch_bounds__(kClassifierBlock)
-    vocab_partials_kernel(float* __restrict__ out, const float* __restrict__ logits,
+    vocab_partials_kernel(float* __restrict__ out, const T* __restrict__ logits,
                           const float* __restrict__ max, const int32_t* __restrict__ targets,
                           int64_t N, int64_t V, int64_t begin, int64_t total) {
   __shared__ RowReduce<double> sum_shared;
@@ -468,24 +471,26 @@ __global__ void __launch_bounds__(kClassifierBlock)
       }
       continue;
     }
-    const float* x = logits + row * V;
+    const T* x = logits + row * V;
     const float m = max[row];
     const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding takes no part
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += exp_elem(x[i] - m);
+    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += exp_elem(to_float(x[i]) - m);
     s = row_sum_all(s, sum_shared);
     if (threadIdx.x == 0) {
       const int64_t local = target - begin;
       out[row] = target < total ? static_cast<float>(s) : NAN;
-      out[N + row] = local >= 0 && local < V ? x[local] : 0.0f;
+      out[N + row] = local >= 0 && local < V ? to_float(x[local]) : 0.0f;
     }
     __syncthreads();  // thread 0 has read the broadcast before the next row writes it
   }
 }
 
-// losses and (compute_grad) dlogits in place, with the classifier's arithmetic.
+// losses and (compute_grad) dlogits in place, with the classifier's arithmetic: each gradient is
+// computed in fp32 from the widened logit and rounded to T once.
+template <typename T>
 __global__ void __launch_bounds__(kClassifierBlock)
-    vocab_loss_grad_kernel(float* __restrict__ logits, float* __restrict__ losses,
+    vocab_loss_grad_kernel(T* __restrict__ logits, float* __restrict__ losses,
                            const float* __restrict__ max, const float* __restrict__ sumexp,
                            const float* __restrict__ target_logit,
                            const int32_t* __restrict__ targets, int64_t N, int64_t V, int64_t begin,
@@ -493,7 +498,7 @@ __global__ void __launch_bounds__(kClassifierBlock)
                            const float* __restrict__ dloss_scale) {
   const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    float* x = logits + row * V;
+    T* x = logits + row * V;
     const int32_t target = targets[row];
     const bool ignored = target < 0;
     const double sum = sumexp[row];
@@ -508,8 +513,8 @@ __global__ void __launch_bounds__(kClassifierBlock)
     const int64_t local = target - begin;
     const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding: gradient 0
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const float p = exp_elem(x[i] - m) * inv;
-      x[i] = ignored || i >= real ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss;
+      const float p = exp_elem(to_float(x[i]) - m) * inv;
+      x[i] = from_float<T>(ignored || i >= real ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss);
     }
   }
 }
@@ -518,34 +523,45 @@ unsigned row_blocks(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(
 
 }  // namespace
 
-void row_max(void* stream, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+using zt::detail::dispatch_norm_types;  // kernels/storage_types.h
+using zt::detail::with_storage_type;
+
+void row_max(void* stream, float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin,
              int64_t v_total) {
   detail::LaunchScope scope(stream);
   const int64_t real = std::min(V, std::max(int64_t{0}, v_total - v_begin));
-  row_max_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(out, logits, N, V, real);
+  with_storage_type(dtype, "row_max", [&](auto tag) {
+    using T = decltype(tag);
+    row_max_kernel<T><<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(out, static_cast<const T*>(logits),
+                                                                              N, V, real);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-void vocab_partials(void* stream, float* out, const float* logits, const float* max,
+void vocab_partials(void* stream, float* out, const void* logits, DType dtype, const float* max,
                     const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
   detail::LaunchScope scope(stream);
-  vocab_partials_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
-      out, logits, max, targets, N, V, v_begin, v_total);
+  with_storage_type(dtype, "vocab_partials", [&](auto tag) {
+    using T = decltype(tag);
+    vocab_partials_kernel<T><<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
+        out, static_cast<const T*>(logits), max, targets, N, V, v_begin, v_total);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
-void vocab_loss_grad(void* stream, float* logits, float* losses, const float* max,
+void vocab_loss_grad(void* stream, void* logits, DType dtype, float* losses, const float* max,
                      const float* sumexp, const float* target_logit, const int32_t* targets,
                      int64_t N, int64_t V, int64_t v_begin, int64_t v_total, float dloss,
                      bool compute_grad, const float* dloss_scale) {
   detail::LaunchScope scope(stream);
-  vocab_loss_grad_kernel<<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
-      logits, losses, max, sumexp, target_logit, targets, N, V, v_begin, v_total, dloss,
-      compute_grad, dloss_scale);
+  with_storage_type(dtype, "vocab_loss_grad", [&](auto tag) {
+    using T = decltype(tag);
+    vocab_loss_grad_kernel<T><<<row_blocks(N), kClassifierBlock, 0, scope.stream()>>>(
+        static_cast<T*>(logits), losses, max, sumexp, target_logit, targets, N, V, v_begin, v_total, dloss,
+        compute_grad, dloss_scale);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
-
-using zt::detail::dispatch_norm_types;  // kernels/storage_types.h
 
 void layernorm_forward(void* stream, void* out, float* mean, float* rstd, const void* in, DType act,
                        const void* weight, const void* bias, DType wt, int64_t N, int64_t C, float eps) {
@@ -623,6 +639,12 @@ void classifier_forward_backward(void* stream, void* logits, DType dtype, float*
 namespace detail {
 void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C) {
   launch_column_sums<false, float>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+}
+void add_column_sums(cudaStream_t stream, float* dbias, const Half* dout, int64_t N, int64_t C) {
+  launch_column_sums<false, Half>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+}
+void add_column_sums(cudaStream_t stream, float* dbias, const BFloat16* dout, int64_t N, int64_t C) {
+  launch_column_sums<false, BFloat16>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
 }
 }  // namespace detail
 

@@ -1,5 +1,6 @@
 // Helpers of the op test binaries (test_kernels, test_tp_ops): Philox inputs, float64 comparisons
-// with dtype-aware tolerances, device tensors, the per-backend fixture, and the child-process runner
+// with dtype-aware tolerances (Host16: 16-bit rounding and bounds), device tensors, the per-backend
+// fixture, and the child-process runner
 // that checks results do not depend on the thread count. Tolerances: see tests/kernels/test_ops.cc.
 #pragma once
 
@@ -132,6 +133,44 @@ template <typename T>
              << "first difference at [" << i << "]: " << +got[i] << " vs " << +want[i];
   return ::testing::AssertionSuccess();
 }
+
+// The host side of a 16-bit dtype: core/dtype.h's rounding (the one every kernel reproduces) and
+// widening. Against float64 a 16-bit output may be off by half an ulp of itself (2^-8 relative in
+// bf16, 2^-11 in fp16) on top of the fp32 arithmetic's kTolElem.
+struct Host16 {
+  DType t;
+  uint16_t round(float v) const { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); }
+  float widen(uint16_t h) const { return t == DType::kBF16 ? bf16_bits_to_float(h) : half_bits_to_float(h); }
+  std::vector<uint16_t> round(const FVec& v) const {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = round(v[i]);
+    return out;
+  }
+  FVec widen(const std::vector<uint16_t>& v) const {
+    FVec out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
+    return out;
+  }
+  // close's bound with the relative half ulp added to kTolElem's rtol, and the dtype's
+  // half subnormal spacing (2^-25 in fp16, 2^-134 in bf16) added to its absolute term: near zero
+  // the relative bound does not hold.
+  ::testing::AssertionResult close(const FVec& got, const DVec& ref) const {
+    if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+    const double rtol = (t == DType::kBF16 ? 0x1p-8 : 0x1p-11) + kTolElem.rtol;
+    double sq = 0;
+    for (double r : ref) sq += r * r;
+    const double atol = kTolElem.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size())) +
+                        (t == DType::kBF16 ? 0x1p-134 : 0x1p-25);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(got[i] - ref[i]), bound = rtol * std::fabs(ref[i]) + atol;
+      if (!(err <= bound))  // NaN fails
+        return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want " << ref[i] << " (err "
+                                             << err << " > " << bound << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces (fp16), ~1.7e38 in bf16
 
 // ---- device tensors
 // --------------------------------------------------------------------------------

@@ -581,45 +581,8 @@ void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
 }
 
 // ---- 16-bit activations: fill, add, GELU, the encoder ------------------------------------------------
-// The host side of a 16-bit dtype: core/dtype.h's rounding (the one every kernel reproduces) and
-// widening. Against float64 a 16-bit output may be off by half an ulp of itself (2^-8 relative in
-// bf16, 2^-11 in fp16) on top of the fp32 arithmetic's kTolElem.
-struct Host16 {
-  DType t;
-  uint16_t round(float v) const { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); }
-  float widen(uint16_t h) const { return t == DType::kBF16 ? bf16_bits_to_float(h) : half_bits_to_float(h); }
-  std::vector<uint16_t> round(const FVec& v) const {
-    std::vector<uint16_t> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = round(v[i]);
-    return out;
-  }
-  FVec widen(const std::vector<uint16_t>& v) const {
-    FVec out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
-    return out;
-  }
-  // op_test::close's bound with the relative half ulp added to kTolElem's rtol, and the dtype's
-  // half subnormal spacing (2^-25 in fp16, 2^-134 in bf16) added to its absolute term: near zero
-  // the relative bound does not hold.
-  ::testing::AssertionResult close(const FVec& got, const DVec& ref) const {
-    if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
-    const double rtol = (t == DType::kBF16 ? 0x1p-8 : 0x1p-11) + kTolElem.rtol;
-    double sq = 0;
-    for (double r : ref) sq += r * r;
-    const double atol = kTolElem.rms_tol * std::sqrt(sq / std::max<size_t>(1, ref.size())) +
-                        (t == DType::kBF16 ? 0x1p-134 : 0x1p-25);
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double err = std::fabs(got[i] - ref[i]), bound = rtol * std::fabs(ref[i]) + atol;
-      if (!(err <= bound))  // NaN fails
-        return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want " << ref[i] << " (err "
-                                             << err << " > " << bound << ")";
-    }
-    return ::testing::AssertionSuccess();
-  }
-};
-constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces (fp16), ~1.7e38 in bf16
 
-TEST_P(FusedOpsTest, SixteenBitFillAddGeluRelu) {
+TEST_P(FusedOpsTest, SixteenBitFillAddGelu) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const Host16 h{t};
     for (int64_t n : kVecSizes) {
@@ -694,32 +657,6 @@ TEST_P(FusedOpsTest, SixteenBitFillAddGeluRelu) {
         ops::gelu_backward(s(), udin, ux, ug);
         EXPECT_TRUE(bitwise_equal(uout.download<uint16_t>(), got_out));
         EXPECT_TRUE(bitwise_equal(udin.download<uint16_t>(), got_din));
-
-        // ReLU forward (exact: a copy or zero) and backward (din += in fp32, rounded once) against
-        // float64 of the widened inputs, and the bits of the element functions on every backend
-        // (one comparison and one fp32 addition).
-        DevTensor rout = tensor16(poison), rdin = tensor16(d0);
-        ops::relu_forward(s(), at(rout, off, {n}), at(tx, off, {n}));
-        ops::relu_backward(s(), at(rdin, off, {n}), at(tx, off, {n}), at(tg, off, {n}));
-        DVec rr_out(n), rr_din = to_d(wd);
-        ref::relu_forward_ref(rr_out, to_d(wx));
-        ref::relu_backward_ref(rr_din, to_d(wx), to_d(wg));
-        const std::vector<uint16_t> got_rout = download_at<uint16_t>(rout, off, n),
-                                    got_rdin = download_at<uint16_t>(rdin, off, n);
-        EXPECT_TRUE(h.close(h.widen(got_rout), rr_out));
-        EXPECT_TRUE(h.close(h.widen(got_rdin), rr_din));
-        std::vector<uint16_t> want_rout(n), want_rdin(n);
-        for (int64_t i = 0; i < n; ++i) {
-          want_rout[i] = h.round(relu_forward_elem(wx[i]));
-          want_rdin[i] = h.round(wd[i] + relu_grad_elem(wx[i], wg[i]));
-        }
-        EXPECT_TRUE(bitwise_equal(got_rout, want_rout));
-        EXPECT_TRUE(bitwise_equal(got_rdin, want_rdin));
-        DevTensor vout = tensor16(slice(poison)), vdin = tensor16(slice(d0));
-        ops::relu_forward(s(), vout, ux);
-        ops::relu_backward(s(), vdin, ux, ug);
-        EXPECT_TRUE(bitwise_equal(vout.download<uint16_t>(), got_rout));
-        EXPECT_TRUE(bitwise_equal(vdin.download<uint16_t>(), got_rdin));
       }
     }
   }

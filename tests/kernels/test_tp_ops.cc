@@ -1,7 +1,8 @@
 // The ops tensor (model) parallelism uses on each tensor rank (kernels/ops.h): the encoder over a
 // vocabulary shard, position and bias ops, and the vocabulary-parallel cross-entropy chain, on every
 // backend against float64 references and against the single-device ops they split (classifier,
-// encoder, matmul_backward's dbias); plus thread-count independence and argument validation.
+// encoder, matmul_backward's dbias), in fp32 and over bf16/fp16 activations and logits; plus
+// thread-count independence and argument validation.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "op_test_util.h"
@@ -71,6 +73,12 @@ class TpOpsTest : public OpsFixture {
   ConstTensorView slice(const DevTensor& t, int64_t offset, int64_t n) {
     return ConstTensorView(static_cast<const float*>(t.view().data) + offset, DType::kF32, Shape{n},
                            dev_->index());
+  }
+  // A tensor of 16-bit values (bits as Host16 rounds them) of dtype t.
+  DevTensor tensor16(DType t, const std::vector<uint16_t>& host, Shape shape) {
+    DevTensor d(*dev_, s(), t, shape);
+    d.upload(host);
+    return d;
   }
 };
 
@@ -464,6 +472,231 @@ TEST_P(TpOpsTest, PaddedVocabularyColumnsTakeNoPart) {
     EXPECT_TRUE(within(losses0, full_losses.f(), 1e-6, 0.0)) << "losses vs classifier";
     EXPECT_TRUE(within(dlogits, full.f(), 1e-6, 1e-6 * dloss)) << "dlogits vs classifier";
   }
+}
+
+// ---- 16-bit activations (the tensor-parallel GPT's --precision bf16|fp16) ------------------------
+// x, dx, dout and logits of bf16/fp16, wpe and bias fp32 or of the activations' dtype, dwpe, dbias
+// and every statistic fp32 (ops.h). Where the op is one fp32 operation per element (position and
+// bias adds, ReLU, row maxima) every backend gives the bits of the host's widen-compute-round-once;
+// the sums against float64 of the widened inputs. The CPU 16-bit paths of the position, bias and
+// vocabulary ops are task tp16's (they throw until it lands); ReLU's are here.
+
+TEST_P(TpOpsTest, SixteenBitPositionOps) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const bool wide_wpe : {true, false}) {
+      for (const PositionCase& c : kPositionCases) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << (wide_wpe ? " fp32" : " 16-bit") << " wpe R=" << c.R
+                                          << " C=" << c.C << " row0=" << c.row0 << " T=" << c.T);
+        const std::vector<uint16_t> x = h.round(rng_.normal(c.R * c.C, 2.0f));
+        const FVec wpe32 = rng_.normal(c.maxT * c.C);
+        const std::vector<uint16_t> wpe16 = h.round(wpe32);
+        const FVec wpe = wide_wpe ? wpe32 : h.widen(wpe16);  // the values the op reads
+        DevTensor tx = tensor16(t, x, {c.R, c.C});
+        DevTensor twpe = wide_wpe ? tensor(wpe32, {c.maxT, c.C}) : tensor16(t, wpe16, {c.maxT, c.C});
+        ops::position_forward(s(), tx, twpe, c.row0, c.T);
+        std::vector<uint16_t> want(x.size());
+        DVec ref(x.size());
+        for (int64_t r = 0; r < c.R; ++r)
+          for (int64_t k = 0; k < c.C; ++k) {
+            const size_t i = static_cast<size_t>(r * c.C + k);
+            const float p = wpe[static_cast<size_t>(((c.row0 + r) % c.T) * c.C + k)];
+            want[i] = h.round(h.widen(x[i]) + p);
+            ref[i] = double{h.widen(x[i])} + p;
+          }
+        const std::vector<uint16_t> got = tx.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got, want));
+        EXPECT_TRUE(h.close(h.widen(got), ref));
+      }
+    }
+    for (const PositionCase& c : kPositionCases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " backward R=" << c.R << " C=" << c.C << " row0="
+                                        << c.row0 << " T=" << c.T);
+      const std::vector<uint16_t> dx = h.round(rng_.normal(c.R * c.C));
+      const FVec dwpe0 = rng_.normal(c.maxT * c.C);
+      DevTensor tdx = tensor16(t, dx, {c.R, c.C}), dwpe = tensor(dwpe0, {c.maxT, c.C});
+      ops::position_backward(s(), dwpe, tdx, c.row0, c.T);
+      // Rows in increasing order into fp32 (ops.h): the sequential loop's bits, and float64 within
+      // the reduction tolerance; rows of positions >= T keep theirs.
+      FVec seq = dwpe0;
+      DVec ref = to_d(dwpe0);
+      for (int64_t r = 0; r < c.R; ++r)
+        for (int64_t k = 0; k < c.C; ++k) {
+          const size_t p = static_cast<size_t>(((c.row0 + r) % c.T) * c.C + k);
+          const float d = h.widen(dx[static_cast<size_t>(r * c.C + k)]);
+          seq[p] += d;
+          ref[p] += d;
+        }
+      const FVec got = dwpe.f();
+      EXPECT_TRUE(bitwise_equal(got, seq));
+      EXPECT_TRUE(close(got, ref, kTolReduce));
+    }
+  }
+}
+
+TEST_P(TpOpsTest, SixteenBitBiasOps) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const BiasCase& c : kBiasCases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " N=" << c.N << " C=" << c.C);
+      const std::vector<uint16_t> x = h.round(rng_.normal(c.N * c.C, 2.0f));
+      const FVec bias32 = rng_.normal(c.C);
+      const std::vector<uint16_t> bias16 = h.round(bias32);
+      for (const bool wide_bias : {true, false}) {
+        const FVec bias = wide_bias ? bias32 : h.widen(bias16);
+        DevTensor tx = tensor16(t, x, {c.N, c.C});
+        DevTensor tbias = wide_bias ? tensor(bias32, {c.C}) : tensor16(t, bias16, {c.C});
+        ops::bias_forward(s(), tx, tbias);
+        std::vector<uint16_t> want(x.size());
+        DVec ref(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          const float b = bias[i % static_cast<size_t>(c.C)];
+          want[i] = h.round(h.widen(x[i]) + b);
+          ref[i] = double{h.widen(x[i])} + b;
+        }
+        const std::vector<uint16_t> got = tx.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got, want)) << (wide_bias ? "fp32 bias" : "16-bit bias");
+        EXPECT_TRUE(h.close(h.widen(got), ref)) << (wide_bias ? "fp32 bias" : "16-bit bias");
+      }
+
+      // dbias (fp32) += column sums of the widened dout, against float64; and matmul_backward's
+      // dbias for the same 16-bit dout: bitwise on the CPU (ops.h bias_backward), within the
+      // reduction tolerance where cuBLASLt's BGRADB epilogue sums it.
+      const std::vector<uint16_t> dout = h.round(rng_.normal(c.N * c.C, 2.0f));
+      const FVec dbias0 = rng_.normal(c.C);
+      DevTensor tdout = tensor16(t, dout, {c.N, c.C}), dbias = tensor(dbias0, {c.C});
+      ops::bias_backward(s(), dbias, tdout);
+      DVec ref_dbias = to_d(dbias0);
+      ref::bias_backward_ref(ref_dbias, to_d(h.widen(dout)), c.N, c.C);
+      EXPECT_TRUE(close(dbias.f(), ref_dbias, kTolReduce));
+      const int64_t K = 3;
+      DevTensor in = tensor16(t, h.round(rng_.normal(c.N * K)), {c.N, K}),
+                w = tensor16(t, h.round(rng_.normal(c.C * K)), {c.C, K}), dw = tensor(FVec(c.C * K), {c.C, K}),
+                mm_dbias = tensor(dbias0, {c.C});
+      ops::matmul_backward(s(), TensorView{}, dw, mm_dbias, tdout, in, w);
+      if (GetParam() == Backend::kCpu) {
+        EXPECT_TRUE(bitwise_equal(dbias.f(), mm_dbias.f()));
+      } else {
+        EXPECT_TRUE(close(mm_dbias.f(), ref_dbias, kTolReduce));
+      }
+    }
+  }
+}
+
+// The vocabulary-parallel chain's three ops over a 16-bit shard that reaches past the vocabulary
+// (padded: ids >= total take no part and get gradient 0), against float64 of the widened logits.
+TEST_P(TpOpsTest, SixteenBitVocabOps) {
+  const int64_t N = 19, V = 301, begin = 150, total = 400, real = total - begin;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<uint16_t> logits = h.round(rng_.normal(N * V, 3.0f));
+    for (int64_t r = 0; r < N; ++r)  // padding with large values: counted anywhere, they would dominate
+      for (int64_t j = real; j < V; ++j)
+        logits[static_cast<size_t>(r * V + j)] = h.round(9.0f + static_cast<float>(j % 7));
+    const FVec wide = h.widen(logits);
+    const FVec wide_real = columns(wide, N, V, 0, real);  // what the references see
+    IVec targets = rng_.ints(N, 0, static_cast<int32_t>(total));
+    targets[0] = -1;
+    targets[1] = static_cast<int32_t>(begin);
+    targets[2] = static_cast<int32_t>(total - 1);
+    targets[3] = static_cast<int32_t>(begin - 1);
+    const ops::VocabRange vocab{begin, total};
+    DevTensor tlogits = tensor16(t, logits, {N, V}), ttargets = tensor(targets, {N});
+
+    DevTensor mx = poisoned({N});
+    ops::row_max(s(), mx, tlogits, vocab);
+    DVec ref_max(N);
+    ref::row_max_ref(ref_max, to_d(wide_real), N, real);
+    EXPECT_TRUE(bitwise_equal(mx.f(), to_f(ref_max)));  // a max of widened values is exact
+
+    FVec gmax = mx.f();
+    for (int64_t r = 0; r < N; r += 2) gmax[r] += 1.5f;  // as another shard's larger maximum
+    DevTensor tgmax = tensor(gmax, {N}), partials = poisoned({2, N});
+    ops::vocab_partials(s(), partials, tlogits, tgmax, ttargets, vocab);
+    DVec ref_partials(2 * N);
+    ref::vocab_partials_ref(ref_partials, to_d(wide_real), to_d(gmax), targets, N, real, begin);
+    const FVec got_partials = partials.f();
+    EXPECT_TRUE(close(got_partials, ref_partials, kTolReduce));
+    // The target's logit is the widened value itself.
+    EXPECT_TRUE(bitwise_equal(FVec(got_partials.begin() + N, got_partials.end()),
+                              to_f(DVec(ref_partials.begin() + N, ref_partials.end()))));
+
+    const FVec sumexp = rng_.uniform(N, 1.0f, 50.0f), target_logit = rng_.normal(N, 3.0f);
+    DevTensor tsum = tensor(sumexp, {N}), ttl = tensor(target_logit, {N}), losses = poisoned({N});
+    const float dloss = 0.25f;
+    ops::vocab_loss_grad(s(), tlogits, losses, tgmax, tsum, ttl, ttargets, vocab, dloss, false);
+    DVec ref_losses(N), ref_dlogits(N * real);
+    ref::vocab_loss_grad_ref(ref_losses, ref_dlogits, to_d(wide_real), to_d(gmax), to_d(sumexp),
+                             to_d(target_logit), targets, N, real, begin, dloss);
+    EXPECT_TRUE(close(losses.f(), ref_losses, kTolElem));
+    EXPECT_TRUE(bitwise_equal(tlogits.download<uint16_t>(), logits)) << "untouched without compute_grad";
+    DevTensor losses2 = poisoned({N});
+    ops::vocab_loss_grad(s(), tlogits, losses2, tgmax, tsum, ttl, ttargets, vocab, dloss, true);
+    EXPECT_TRUE(close(losses2.f(), ref_losses, kTolElem));
+    const std::vector<uint16_t> grad = tlogits.download<uint16_t>();
+    EXPECT_TRUE(h.close(columns(h.widen(grad), N, V, 0, real), ref_dlogits));
+    // Padding and the ignored row: gradient exactly +0 (bits 0).
+    EXPECT_TRUE(bitwise_equal(columns(grad, N, V, real, V),
+                              std::vector<uint16_t>(static_cast<size_t>(N * (V - real)), 0)));
+    EXPECT_TRUE(bitwise_equal(std::vector<uint16_t>(grad.begin(), grad.begin() + V), std::vector<uint16_t>(V, 0)));
+  }
+}
+
+// ReLU over 16-bit activations at odd sizes and an unaligned start (CUDA's scalar path) and aligned
+// (its 128-bit path): one fp32 operation per element, so the host's bits on every backend.
+TEST_P(TpOpsTest, SixteenBitRelu) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (int64_t n : {1, 7, 8, 9, 1027, 100003}) {
+      for (int64_t off : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n << " offset=" << off);
+        const int64_t m = n + off;
+        const std::vector<uint16_t> x = h.round(rng_.normal(m, 2.0f)), g = h.round(rng_.normal(m)),
+                                    d0 = h.round(rng_.normal(m));
+        DevTensor tx = tensor16(t, x, {m}), tg = tensor16(t, g, {m}), tdin = tensor16(t, d0, {m}),
+                  tout = tensor16(t, std::vector<uint16_t>(m, kPoison16), {m});
+        auto view = [&](const DevTensor& d) {
+          return TensorView{static_cast<char*>(d.view().data) + off * 2, t, Shape{n}, dev_->index()};
+        };
+        ops::relu_forward(s(), view(tout), view(tx));
+        ops::relu_backward(s(), view(tdin), view(tx), view(tg));
+        std::vector<uint16_t> want_out(x), want_din(d0);  // the elements before the view keep theirs
+        std::fill(want_out.begin(), want_out.begin() + off, kPoison16);
+        DVec ref_out(n), ref_din(n);
+        for (int64_t i = off; i < m; ++i) {
+          const float xi = h.widen(x[i]), gi = h.widen(g[i]), di = h.widen(d0[i]);
+          want_out[i] = h.round(relu_forward_elem(xi));
+          want_din[i] = h.round(di + relu_grad_elem(xi, gi));
+          ref_out[i - off] = xi > 0 ? double{xi} : 0.0;
+          ref_din[i - off] = double{di} + (xi > 0 ? double{gi} : 0.0);
+        }
+        const std::vector<uint16_t> got_out = tout.download<uint16_t>(), got_din = tdin.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got_out, want_out));
+        EXPECT_TRUE(bitwise_equal(got_din, want_din));
+        EXPECT_TRUE(h.close(h.widen(std::vector<uint16_t>(got_din.begin() + off, got_din.end())), ref_din));
+        EXPECT_TRUE(h.close(h.widen(std::vector<uint16_t>(got_out.begin() + off, got_out.end())), ref_out));
+      }
+    }
+  }
+}
+
+// Mixed dtypes within a call are refused with one sentence naming the tensor.
+TEST_P(TpOpsTest, SixteenBitOpsRefuseMixedDtypes) {
+  const int64_t N = 4, C = 8;
+  DevTensor xb = empty({N, C}, DType::kBF16), xh = empty({N, C}, DType::kF16), bias_h = empty({C}, DType::kF16),
+            dbias_b = empty({C}, DType::kBF16), wpe_h = empty({N, C}, DType::kF16),
+            dwpe_b = empty({N, C}, DType::kBF16),
+            max_b = empty({N}, DType::kBF16), out = empty({N}), targets = empty({N}, DType::kI32);
+  EXPECT_THAT(error_of([&] { ops::bias_forward(s(), xb, bias_h); }).what(), ::testing::HasSubstr("bias"));
+  EXPECT_THAT(error_of([&] { ops::bias_backward(s(), dbias_b, xb); }).what(), ::testing::HasSubstr("dbias"));
+  EXPECT_THAT(error_of([&] { ops::position_forward(s(), xb, wpe_h, 0, N); }).what(), ::testing::HasSubstr("wpe"));
+  EXPECT_THAT(error_of([&] { ops::position_backward(s(), dwpe_b, xb, 0, N); }).what(), ::testing::HasSubstr("dwpe"));
+  EXPECT_THAT(error_of([&] { ops::relu_forward(s(), xh, xb); }).what(), ::testing::HasSubstr("out"));
+  EXPECT_THAT(error_of([&] { ops::relu_backward(s(), xb, xb, xh); }).what(), ::testing::HasSubstr("dout"));
+  EXPECT_THAT(error_of([&] { ops::vocab_partials(s(), out, xb, max_b, targets, ops::VocabRange{0, C}); }).what(),
+              ::testing::HasSubstr("max"));
+  sync();
 }
 
 TEST_P(TpOpsTest, EmptyRowsLaunchNothingAndTouchNothing) {
