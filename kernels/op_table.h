@@ -40,7 +40,9 @@ namespace zt {
 // residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
 // flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
 // {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward {activation
-// dtype: f32, f16 or bf16}; every other op {f32}.
+// dtype: f32, f16 or bf16}; position_forward, bias_forward {activation dtype,
+// parameter dtype}; position_backward, bias_backward {activation dtype}; row_max, vocab_partials,
+// vocab_loss_grad {logits}; every other op {f32}.
 #define ZT_OPS(X)                                              \
   X(kFill, fill)                                               \
   X(kScale, scale)                                             \
@@ -121,9 +123,10 @@ struct OpTable {
   void (*encoder_backward)(Stream&, float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
                            int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                            int64_t v_total) = nullptr;
-  void (*position_forward)(Stream&, float* x, const float* wpe, int64_t R, int64_t C, int64_t row0,
-                           int64_t T) = nullptr;
-  void (*position_backward)(Stream&, float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0,
+  // x, dx of `act` (f32, f16 or bf16); wpe of `wt` (f32 or `act`); dwpe fp32.
+  void (*position_forward)(Stream&, void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C,
+                           int64_t row0, int64_t T) = nullptr;
+  void (*position_backward)(Stream&, float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0,
                             int64_t T) = nullptr;
   // The layernorm family: in, out, dout, din of `act` (f32, f16 or bf16), weight and bias of `wt`
   // (f32 or `act`); mean, rstd, dweight, dbias fp32 (ops.h layernorm_forward/backward).
@@ -141,8 +144,9 @@ struct OpTable {
   void (*matmul_backward)(Stream&, void* din, float* dweight, float* dbias, const void* dout,
                           const void* in, const void* weight, MatmulTypes t, int64_t N, int64_t C,
                           int64_t OC, bool overwrite_din) = nullptr;
-  void (*bias_forward)(Stream&, float* x, const float* bias, int64_t N, int64_t C) = nullptr;
-  void (*bias_backward)(Stream&, float* dbias, const float* dout, int64_t N, int64_t C) = nullptr;
+  // x, dout of `act` (f32, f16 or bf16); bias of `wt` (f32 or `act`); dbias fp32.
+  void (*bias_forward)(Stream&, void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) = nullptr;
+  void (*bias_backward)(Stream&, float* dbias, const void* dout, DType act, int64_t N, int64_t C) = nullptr;
   void (*attention_forward)(Stream&, float* out, float* preatt, float* att, const float* qkv, int64_t B,
                             int64_t T, int64_t C, int64_t NH) = nullptr;
   void (*attention_backward)(Stream&, float* dqkv, float* dpreatt, float* datt, const float* dout,
@@ -168,11 +172,13 @@ struct OpTable {
   // Vocabulary-parallel cross-entropy over a shard logits [N, V] holding ids [v_begin, v_begin + V)
   // of v_total (> 0).
   // V: the shard's columns; columns at ids >= v_total (padding) take no part (vocab ops, ops.h).
-  void (*row_max)(Stream&, float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin,
+  // logits of `dtype` (f32, bf16 or f16; vocab_loss_grad writes the gradient in it, rounded once);
+  // out, max, sumexp, target_logit, losses fp32.
+  void (*row_max)(Stream&, float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin,
                   int64_t v_total) = nullptr;
-  void (*vocab_partials)(Stream&, float* out, const float* logits, const float* max, const int32_t* targets,
-                         int64_t N, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
-  void (*vocab_loss_grad)(Stream&, float* logits, float* losses, const float* max, const float* sumexp,
+  void (*vocab_partials)(Stream&, float* out, const void* logits, DType dtype, const float* max,
+                         const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) = nullptr;
+  void (*vocab_loss_grad)(Stream&, void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
                           const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
                           int64_t v_begin, int64_t v_total, float dloss, bool compute_grad,
                           const float* dloss_scale) = nullptr;

@@ -72,6 +72,8 @@ namespace {
 // The matmul family's rule for a 16-bit path's first tensor (defined with it below): f32, f16 or
 // bf16, on the stream's device. Its dtype is the call's activation dtype (ops.h).
 void check_in_type(Stream& s, const char* op, const char* name, const ConstTensorView& v);
+// A parameter beside activations of `in`'s dtype (bias, wpe): f32 or that dtype.
+void check_out_type(Stream& s, const char* op, const char* name, const ConstTensorView& v, DType in);
 }  // namespace
 
 void fill(Stream& s, TensorView x, float value) {
@@ -209,11 +211,16 @@ EncoderDims check_encoder(Stream& s, const char* op, const ConstTensorView& x, c
   return d;
 }
 
-// x [R, C] (rows of [..., C]) against wpe [maxT, C]; returns R.
+// x [R, C] (rows of [..., C]) of the activation dtype against wpe [maxT, C]: f32 or x's dtype
+// forward (a parameter), f32 backward (a parameter gradient, wpe_is_grad). Returns R.
 int64_t check_position(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
-                       const ConstTensorView& wpe, const char* wpe_name, int64_t row0, int64_t T) {
-  check_f32(s, op, x_name, x);
-  check_f32(s, op, wpe_name, wpe);
+                       const ConstTensorView& wpe, const char* wpe_name, int64_t row0, int64_t T,
+                       bool wpe_is_grad) {
+  check_in_type(s, op, x_name, x);
+  if (wpe_is_grad)
+    check_f32(s, op, wpe_name, wpe);
+  else
+    check_out_type(s, op, wpe_name, wpe, x.dtype);
   ZT_REQUIRE(wpe.shape.ndim() == 2 && x.shape.ndim() >= 1 && last_dim(x) == wpe.shape[1], op, ": ",
              x_name, " ", x.shape.str(), " and ", wpe_name, " ", wpe.shape.str(),
              " must be [..., C] and [maxT, C]");
@@ -246,16 +253,17 @@ void encoder_backward(Stream& s, TensorView dwte, TensorView dwpe, ConstTensorVi
 }
 
 void position_forward(Stream& s, TensorView x, ConstTensorView wpe, int64_t row0, int64_t T) {
-  const int64_t R = check_position(s, "position_forward", x, "x", wpe, "wpe", row0, T);
+  const int64_t R = check_position(s, "position_forward", x, "x", wpe, "wpe", row0, T, /*wpe_is_grad=*/false);
   if (x.numel() == 0) return;
-  f32_kernel(s, OpId::kPositionForward).position_forward(s, f32(x), f32(wpe), R, last_dim(x), row0, T);
+  require_kernel(s, OpId::kPositionForward, {x.dtype, wpe.dtype})
+      .position_forward(s, x.data, wpe.data, x.dtype, wpe.dtype, R, last_dim(x), row0, T);
 }
 
 void position_backward(Stream& s, TensorView dwpe, ConstTensorView dx, int64_t row0, int64_t T) {
-  const int64_t R = check_position(s, "position_backward", dx, "dx", dwpe, "dwpe", row0, T);
+  const int64_t R = check_position(s, "position_backward", dx, "dx", dwpe, "dwpe", row0, T, /*wpe_is_grad=*/true);
   if (dx.numel() == 0) return;
-  f32_kernel(s, OpId::kPositionBackward)
-      .position_backward(s, f32(dwpe), f32(dx), R, last_dim(dx), row0, T);
+  require_kernel(s, OpId::kPositionBackward, {dx.dtype})
+      .position_backward(s, f32(dwpe), dx.data, dx.dtype, R, last_dim(dx), row0, T);
 }
 
 // ---- layernorm
@@ -514,18 +522,22 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
   fill_k.fill(s, d32, DType::kF32, n, 0.0f);
   gelu.gelu_backward(s, d32, pre, dgrad, DType::kF32, n);
-  if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, N, C);
+  if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, DType::kF32, N, C);
   if (!wide_out) cast_k->cast(s, dpre.data, t.out, d32, DType::kF32, n);
 }
 
 // ---- bias --------------------------------------------------------------------------------------
 
 namespace {
-// x [..., C] against bias [C]; returns the row count.
+// x [..., C] of the activation dtype against bias [C]: f32 or x's dtype forward (a parameter), f32
+// backward (a parameter gradient, bias_is_grad). Returns the row count.
 int64_t check_bias(Stream& s, const char* op, const ConstTensorView& x, const char* x_name,
-                   const ConstTensorView& bias, const char* bias_name) {
-  check_f32(s, op, x_name, x);
-  check_f32(s, op, bias_name, bias);
+                   const ConstTensorView& bias, const char* bias_name, bool bias_is_grad) {
+  check_in_type(s, op, x_name, x);
+  if (bias_is_grad)
+    check_f32(s, op, bias_name, bias);
+  else
+    check_out_type(s, op, bias_name, bias, x.dtype);
   ZT_REQUIRE(x.shape.ndim() >= 1 && is_vector(bias, last_dim(x)), op, ": ", x_name, " ",
              x.shape.str(), " but ", bias_name, " ", bias.shape.str(), " (need [",
              x.shape.ndim() ? last_dim(x) : 0, "])");
@@ -534,15 +546,17 @@ int64_t check_bias(Stream& s, const char* op, const ConstTensorView& x, const ch
 }  // namespace
 
 void bias_forward(Stream& s, TensorView x, ConstTensorView bias) {
-  const int64_t N = check_bias(s, "bias_forward", x, "x", bias, "bias");
+  const int64_t N = check_bias(s, "bias_forward", x, "x", bias, "bias", /*bias_is_grad=*/false);
   if (x.numel() == 0) return;
-  f32_kernel(s, OpId::kBiasForward).bias_forward(s, f32(x), f32(bias), N, last_dim(x));
+  require_kernel(s, OpId::kBiasForward, {x.dtype, bias.dtype})
+      .bias_forward(s, x.data, bias.data, x.dtype, bias.dtype, N, last_dim(x));
 }
 
 void bias_backward(Stream& s, TensorView dbias, ConstTensorView dout) {
-  const int64_t N = check_bias(s, "bias_backward", dout, "dout", dbias, "dbias");
+  const int64_t N = check_bias(s, "bias_backward", dout, "dout", dbias, "dbias", /*bias_is_grad=*/true);
   if (dout.numel() == 0) return;
-  f32_kernel(s, OpId::kBiasBackward).bias_backward(s, f32(dbias), f32(dout), N, last_dim(dout));
+  require_kernel(s, OpId::kBiasBackward, {dout.dtype})
+      .bias_backward(s, f32(dbias), dout.data, dout.dtype, N, last_dim(dout));
 }
 
 // ---- attention
@@ -830,9 +844,9 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
 // ---- vocabulary-parallel cross-entropy ------------------------------------------------------------
 
 namespace {
-// logits [..., V], V > 0; returns N (rows).
+// logits [..., V], V > 0, f32 or 16-bit (the activation dtype); returns N (rows).
 int64_t check_logits(Stream& s, const char* op, const ConstTensorView& logits) {
-  check_f32(s, op, "logits", logits);
+  check_in_type(s, op, "logits", logits);
   ZT_REQUIRE(logits.shape.ndim() >= 1 && last_dim(logits) > 0, op, ": logits ", logits.shape.str(),
              " must be [..., V], V > 0");
   return rows(logits);
@@ -860,7 +874,8 @@ void row_max(Stream& s, TensorView out, ConstTensorView logits, VocabRange vocab
   check_rows(s, op, logits, N, {{"out", out}});
   const int64_t total = check_vocab(op, vocab, "logits", logits, V);
   if (N == 0) return;
-  f32_kernel(s, OpId::kRowMax).row_max(s, f32(out), f32(logits), N, V, vocab.begin, total);
+  require_kernel(s, OpId::kRowMax, {logits.dtype})
+      .row_max(s, f32(out), logits.data, logits.dtype, N, V, vocab.begin, total);
 }
 
 void vocab_partials(Stream& s, TensorView out, ConstTensorView logits, ConstTensorView max,
@@ -873,8 +888,8 @@ void vocab_partials(Stream& s, TensorView out, ConstTensorView logits, ConstTens
              " rows but out ", out.shape.str(), " (need [2, ", N, "])");
   const int64_t total = check_vocab(op, vocab, "logits", logits, V);
   if (N == 0) return;
-  f32_kernel(s, OpId::kVocabPartials)
-      .vocab_partials(s, f32(out), f32(logits), f32(max), i32(targets), N, V, vocab.begin, total);
+  require_kernel(s, OpId::kVocabPartials, {logits.dtype})
+      .vocab_partials(s, f32(out), logits.data, logits.dtype, f32(max), i32(targets), N, V, vocab.begin, total);
 }
 
 void vocab_loss_grad(Stream& s, TensorView logits, TensorView losses, ConstTensorView max,
@@ -887,8 +902,8 @@ void vocab_loss_grad(Stream& s, TensorView logits, TensorView losses, ConstTenso
              &targets);
   const int64_t total = check_vocab(op, vocab, "logits", logits, V);
   if (N == 0) return;
-  f32_kernel(s, OpId::kVocabLossGrad)
-      .vocab_loss_grad(s, f32(logits), f32(losses), f32(max), f32(sumexp), f32(target_logit),
+  require_kernel(s, OpId::kVocabLossGrad, {logits.dtype})
+      .vocab_loss_grad(s, logits.data, logits.dtype, f32(losses), f32(max), f32(sumexp), f32(target_logit),
                        i32(targets), N, V, vocab.begin, total, dloss, compute_grad, dloss_scale);
 }
 

@@ -45,6 +45,12 @@ bool aligned16(std::initializer_list<const void*> pointers) {
   return true;
 }
 
+// The position, bias and vocabulary-parallel ops have fp32 CUDA kernels only so far.
+void check(const char* op, std::initializer_list<DType> dtypes) {
+  for (DType d : dtypes)
+    ZT_REQUIRE(d == DType::kF32, op, ": the CUDA backend has no ", dtype_name(d), " kernel for this op yet");
+}
+
 OpTable make_cuda_table() {
   OpTable t;
   t.backend = Backend::kCuda;
@@ -118,13 +124,50 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, sgd_update);
   ZT_CUDA_ENTRY(optim::cuda_kernels, loss_scale_update);
   ZT_CUDA_ENTRY(optim::cuda_kernels, clip_factor);
-  ZT_CUDA_ENTRY(cuda_ops, position_forward);
-  ZT_CUDA_ENTRY(cuda_ops, position_backward);
-  ZT_CUDA_ENTRY(cuda_ops, bias_forward);
-  ZT_CUDA_ENTRY(cuda_ops, bias_backward);
-  ZT_CUDA_ENTRY(cuda_ops, row_max);
-  ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
-  ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
+  // fp32 kernels only so far (check): a 16-bit call is refused with one sentence.
+  t.position_forward = [](Stream& s, void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C,
+                          int64_t row0, int64_t T) {
+    check("position_forward", {act, wt});
+    const cuda::TaskSpan span(s, "position_forward");
+    cuda_ops::position_forward(span.native(), static_cast<float*>(x), static_cast<const float*>(wpe), R, C, row0, T);
+  };
+  t.position_backward = [](Stream& s, float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0,
+                           int64_t T) {
+    check("position_backward", {act});
+    const cuda::TaskSpan span(s, "position_backward");
+    cuda_ops::position_backward(span.native(), dwpe, static_cast<const float*>(dx), R, C, row0, T);
+  };
+  t.bias_forward = [](Stream& s, void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {
+    check("bias_forward", {act, wt});
+    const cuda::TaskSpan span(s, "bias_forward");
+    cuda_ops::bias_forward(span.native(), static_cast<float*>(x), static_cast<const float*>(bias), N, C);
+  };
+  t.bias_backward = [](Stream& s, float* dbias, const void* dout, DType act, int64_t N, int64_t C) {
+    check("bias_backward", {act});
+    const cuda::TaskSpan span(s, "bias_backward");
+    cuda_ops::bias_backward(span.native(), dbias, static_cast<const float*>(dout), N, C);
+  };
+  t.row_max = [](Stream& s, float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin,
+                 int64_t v_total) {
+    check("row_max", {dtype});
+    const cuda::TaskSpan span(s, "row_max");
+    cuda_ops::row_max(span.native(), out, static_cast<const float*>(logits), N, V, v_begin, v_total);
+  };
+  t.vocab_partials = [](Stream& s, float* out, const void* logits, DType dtype, const float* max,
+                        const int32_t* targets, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+    check("vocab_partials", {dtype});
+    const cuda::TaskSpan span(s, "vocab_partials");
+    cuda_ops::vocab_partials(span.native(), out, static_cast<const float*>(logits), max, targets, N, V, v_begin,
+                             v_total);
+  };
+  t.vocab_loss_grad = [](Stream& s, void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
+                         const float* target_logit, const int32_t* targets, int64_t N, int64_t V, int64_t v_begin,
+                         int64_t v_total, float dloss, bool compute_grad, const float* dloss_scale) {
+    check("vocab_loss_grad", {dtype});
+    const cuda::TaskSpan span(s, "vocab_loss_grad");
+    cuda_ops::vocab_loss_grad(span.native(), static_cast<float*>(logits), losses, max, sumexp, target_logit, targets,
+                              N, V, v_begin, v_total, dloss, compute_grad, dloss_scale);
+  };
   ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
   ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
 
