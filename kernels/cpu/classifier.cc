@@ -213,26 +213,41 @@ int64_t real_columns(int64_t V, int64_t v_begin, int64_t v_total) {
 }
 }  // namespace
 
-void row_max(float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
-  const int64_t real = real_columns(V, v_begin, v_total);
+namespace {
+// Row r of a shard's logits as fp32: the row itself for fp32, else its real columns widened
+// (exactly) into `buf` (real floats, the caller's per-chunk scratch).
+template <typename T>
+const float* wide_row(const T* x, int64_t real, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    buf.resize(static_cast<size_t>(real));
+    for (int64_t i = 0; i < real; ++i) buf[static_cast<size_t>(i)] = to_float(x[i]);
+    return buf.data();
+  }
+}
+
+template <typename T>
+void row_max_typed(float* out, const T* logits, int64_t N, int64_t V, int64_t real) {
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
+    std::vector<float> buf;
     for (int64_t r = r0; r < r1; ++r)
-      out[r] = real > 0 ? detail::max_of(logits + r * V, real) : -std::numeric_limits<float>::infinity();
+      out[r] = real > 0 ? detail::max_of(wide_row(logits + r * V, real, buf), real)
+                        : -std::numeric_limits<float>::infinity();
   });
 }
 
-namespace {
 void check_target(const char* op, int32_t target, int64_t row, int64_t v_total) {
   if (target >= v_total) [[unlikely]]
     ZT_THROW(ErrorKind::kInvalidArgument, op, ": target ", target, " of row ", row,
              " is outside the vocabulary [0, ", v_total, ") (negative targets mean 'ignore')");
 }
-}  // namespace
 
-void vocab_partials(float* out, const float* logits, const float* max, const int32_t* targets,
-                    int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
-  const int64_t real = real_columns(V, v_begin, v_total);
+template <typename T>
+void vocab_partials_typed(float* out, const T* logits, const float* max, const int32_t* targets, int64_t N,
+                          int64_t V, int64_t v_begin, int64_t v_total, int64_t real) {
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
+    std::vector<float> buf;
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t target = targets[r];
       check_target("vocab_partials", target, r, v_total);
@@ -241,35 +256,41 @@ void vocab_partials(float* out, const float* logits, const float* max, const int
         out[N + r] = 0.0f;
         continue;
       }
-      const float* x = logits + r * V;
-      out[r] = real > 0 ? static_cast<float>(exp_sum(x, real, max[r])) : 0.0f;
+      const T* x = logits + r * V;
+      out[r] = real > 0 ? static_cast<float>(exp_sum(wide_row(x, real, buf), real, max[r])) : 0.0f;
       const int64_t local = target - v_begin;
-      out[N + r] = local >= 0 && local < V ? x[local] : 0.0f;
+      out[N + r] = local >= 0 && local < V ? to_float(x[local]) : 0.0f;
     }
   });
 }
 
-void vocab_loss_grad(float* logits, float* losses, const float* max, const float* sumexp,
-                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
-                     int64_t v_begin, int64_t v_total, float dloss_arg, bool compute_grad,
-                     const float* dloss_scale) {
-  // Read here, when the stream runs the op: the scale is written by earlier work on the stream.
-  const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
-  const int64_t real = real_columns(V, v_begin, v_total);
+// 16-bit logits: the fp32 row's gradient computed on a widened copy, each element rounded once.
+template <typename T>
+void vocab_loss_grad_typed(T* logits, float* losses, const float* max, const float* sumexp,
+                           const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t v_begin, int64_t v_total, float dloss, bool compute_grad, int64_t real) {
   parallel_for(N, detail::row_grain(V), [=](int64_t r0, int64_t r1) {
+    std::vector<float> buf(std::is_same_v<T, float> ? 0 : static_cast<size_t>(real));
     for (int64_t r = r0; r < r1; ++r) {
-      float* x = logits + r * V;
+      T* xs = logits + r * V;
       const int32_t target = targets[r];
       check_target("vocab_loss_grad", target, r, v_total);
       if (target < 0) {
         losses[r] = 0.0f;
-        if (compute_grad) std::fill(x, x + V, 0.0f);
+        if (compute_grad) std::fill(xs, xs + V, from_float<T>(0.0f));
         continue;
       }
       const double sum = sumexp[r];
       const float mx = max[r];
       losses[r] = static_cast<float>(std::log(sum) - (double{target_logit[r]} - mx));
       if (!compute_grad) continue;
+      float* x;
+      if constexpr (std::is_same_v<T, float>) {
+        x = xs;
+      } else {
+        x = buf.data();
+        for (int64_t i = 0; i < real; ++i) x[i] = to_float(xs[i]);
+      }
       // As classifier_forward_backward: exp in place, one scale, the target element fixed up.
       const float inv_sum = static_cast<float>(1.0 / sum);
       exp_row(x, real, mx);
@@ -278,29 +299,41 @@ void vocab_loss_grad(float* logits, float* losses, const float* max, const float
       const float e_target = here ? x[local] : 0.0f;
       scale_row(x, real, inv_sum * dloss);
       if (here) x[local] = (e_target * inv_sum - 1.0f) * dloss;
-      std::fill(x + real, x + V, 0.0f);  // padding: no probability, no gradient
+      if constexpr (!std::is_same_v<T, float>)
+        for (int64_t i = 0; i < real; ++i) xs[i] = from_float<T>(x[i]);
+      std::fill(xs + real, xs + V, from_float<T>(0.0f));  // padding: no probability, no gradient
     }
   });
 }
+}  // namespace
 
-// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
-void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
-  ZT_CHECK(dtype == DType::kF32, "row_max: no CPU kernel for ", dtype_name(dtype), " logits");
-  row_max(out, static_cast<const float*>(logits), N, V, v_begin, v_total);
+void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin,
+             int64_t v_total) {
+  const int64_t real = real_columns(V, v_begin, v_total);
+  detail::with_storage_type(dtype, "row_max", [=](auto t) {
+    row_max_typed(out, static_cast<const decltype(t)*>(logits), N, V, real);
+  });
 }
 
-void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets, int64_t N,
-                    int64_t V, int64_t v_begin, int64_t v_total) {
-  ZT_CHECK(dtype == DType::kF32, "vocab_partials: no CPU kernel for ", dtype_name(dtype), " logits");
-  vocab_partials(out, static_cast<const float*>(logits), max, targets, N, V, v_begin, v_total);
+void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets,
+                    int64_t N, int64_t V, int64_t v_begin, int64_t v_total) {
+  const int64_t real = real_columns(V, v_begin, v_total);
+  detail::with_storage_type(dtype, "vocab_partials", [=](auto t) {
+    vocab_partials_typed(out, static_cast<const decltype(t)*>(logits), max, targets, N, V, v_begin, v_total, real);
+  });
 }
 
 void vocab_loss_grad(void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
-                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V, int64_t v_begin,
-                     int64_t v_total, float dloss, bool compute_grad, const float* dloss_scale) {
-  ZT_CHECK(dtype == DType::kF32, "vocab_loss_grad: no CPU kernel for ", dtype_name(dtype), " logits");
-  vocab_loss_grad(static_cast<float*>(logits), losses, max, sumexp, target_logit, targets, N, V, v_begin, v_total,
-                  dloss, compute_grad, dloss_scale);
+                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
+                     int64_t v_begin, int64_t v_total, float dloss_arg, bool compute_grad,
+                     const float* dloss_scale) {
+  // Read here, when the stream runs the op: the scale is written by earlier work on the stream.
+  const float dloss = dloss_scale != nullptr ? dloss_arg * *dloss_scale : dloss_arg;
+  const int64_t real = real_columns(V, v_begin, v_total);
+  detail::with_storage_type(dtype, "vocab_loss_grad", [=](auto t) {
+    vocab_loss_grad_typed(static_cast<decltype(t)*>(logits), losses, max, sumexp, target_logit, targets, N, V,
+                          v_begin, v_total, dloss, compute_grad, real);
+  });
 }
 
 }  // namespace zt::cpu_kernels

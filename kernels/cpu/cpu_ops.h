@@ -36,12 +36,10 @@ void encoder_forward(void* out, const int32_t* tokens, const void* wte, const vo
                      int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
 void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, const int32_t* tokens,
                       int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin, int64_t v_total);
-// x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order.
-void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T);
-void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0, int64_t T);
-// The op table's form: x, dx of `act`, wpe of `wt` (f32 or `act`). Only f32 has a kernel here yet:
-// the 16-bit paths are task tp16's (a 16-bit call throws).
-void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0, int64_t T);
+// x[r] += wpe[(row0 + r) % T] for x [R, C]; dwpe[(row0 + r) % T] += dx[r], rows in order. x, dx of
+// `act`; wpe of `wt` (f32 or act); dwpe fp32. 16-bit x: widened, added in fp32, rounded once.
+void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0,
+                      int64_t T);
 void position_backward(float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0, int64_t T);
 
 // ---- layernorm ----------------------------------------------------------------------------
@@ -72,11 +70,8 @@ void matmul_gelu_forward(void* out_gelu, void* pre_gelu, const void* in, const v
 void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const void* weight, const void* pre_gelu,
                            MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32 = false);
 
-// x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits).
-void bias_forward(float* x, const float* bias, int64_t N, int64_t C);
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
-// The op table's form: x, dout of `act`, bias of `wt` (f32 or `act`). Only f32 has a kernel here yet
-// (a 16-bit call throws).
+// x[N, C] += bias; dbias[C] += column sums of dout (matmul_backward's reduction, same bits). x, dout
+// of `act`; bias of `wt` (f32 or act); dbias fp32. 16-bit x: widened, added in fp32, rounded once.
 void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C);
 void bias_backward(float* dbias, const void* dout, DType act, int64_t N, int64_t C);
 
@@ -101,9 +96,7 @@ void gelu_forward(void* out, const void* in, DType dtype, int64_t n);
 void gelu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
 void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 void relu_forward(float* out, const float* in, int64_t n);
-void relu_forward(void* out, const void* in, DType dtype, int64_t n);
-void relu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
-void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
+void relu_backward(float* din, const float* in, const float* dout, int64_t n);
 
 // ---- classifier ---------------------------------------------------------------------------------
 // logits [N, ld] of `dtype` (f32, bf16, f16), columns [V, ld) padding. Throws zt::Error when a
@@ -120,25 +113,19 @@ void lm_head_backward(void* din, float* dwte, const void* dlogits, const void* i
                       int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N, V] of ids [v_begin, v_begin+V) --
+// logits of `dtype` (f32, bf16 or f16: widened exactly; vocab_loss_grad rounds each gradient once).
 // out[N] = row maxima.
-void row_max(float* out, const float* logits, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
+void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
 // out[0..N) = sum exp(logits - max) (double, fixed lane order, rounded to fp32); out[N..2N) = the
 // target's logit when this shard holds it, else 0; both 0 for ignored rows. Throws zt::Error when
 // a target is >= v_total.
-void vocab_partials(float* out, const float* logits, const float* max, const int32_t* targets,
+void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets,
                     int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
 // Losses and (compute_grad) dlogits in place, with classifier_forward_backward's arithmetic.
-void vocab_loss_grad(float* logits, float* losses, const float* max, const float* sumexp,
+void vocab_loss_grad(void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
                      const float* target_logit, const int32_t* targets, int64_t N, int64_t V,
                      int64_t v_begin, int64_t v_total, float dloss, bool compute_grad,
                      const float* dloss_scale);
-// The op table's form: logits of `dtype`. Only f32 has a kernel here yet (a 16-bit call throws).
-void row_max(float* out, const void* logits, DType dtype, int64_t N, int64_t V, int64_t v_begin, int64_t v_total);
-void vocab_partials(float* out, const void* logits, DType dtype, const float* max, const int32_t* targets, int64_t N,
-                    int64_t V, int64_t v_begin, int64_t v_total);
-void vocab_loss_grad(void* logits, DType dtype, float* losses, const float* max, const float* sumexp,
-                     const float* target_logit, const int32_t* targets, int64_t N, int64_t V, int64_t v_begin,
-                     int64_t v_total, float dloss, bool compute_grad, const float* dloss_scale);
 
 // ---- optimizers
 // -----------------------------------------------------------------------------------

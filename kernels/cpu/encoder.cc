@@ -2,6 +2,7 @@
 // shard; fp32 or 16-bit activations) and the position embedding alone (sequence-parallel rows),
 // forward and backward.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
@@ -99,39 +100,37 @@ void encoder_backward(float* dwte, float* dwpe, const void* dout, DType dtype, c
   });
 }
 
-void position_forward(float* x, const float* wpe, int64_t R, int64_t C, int64_t row0, int64_t T) {
-  parallel_for(R, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* p = wpe + ((row0 + r) % T) * C;
-      float* o = x + r * C;
-      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
-    }
+void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0,
+                      int64_t T) {
+  zt::detail::dispatch_norm_types("position_forward", act, wt, [=](auto* xs, auto* ws) {
+    using S = std::remove_pointer_t<decltype(xs)>;
+    using W = std::remove_pointer_t<decltype(ws)>;
+    S* xt = static_cast<S*>(x);
+    const W* wt_ = static_cast<const W*>(wpe);
+    parallel_for(R, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const W* p = wt_ + ((row0 + r) % T) * C;
+        S* o = xt + r * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = from_float<S>(to_float(o[c]) + to_float(p[c]));
+      }
+    });
   });
-}
-
-void position_backward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t row0,
-                       int64_t T) {
-  // Each column block adds its columns of every row in row order, so every dwpe element sums its
-  // rows in increasing i (the order encoder_backward uses), whatever the thread count.
-  for_column_blocks(C, [=](int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < R; ++r) {
-      const float* d = dx + r * C;
-      float* gp = dwpe + ((row0 + r) % T) * C;
-      for (int64_t c = c0; c < c1; ++c) gp[c] += d[c];
-    }
-  });
-}
-
-// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
-void position_forward(void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C, int64_t row0, int64_t T) {
-  ZT_CHECK(act == DType::kF32 && wt == DType::kF32, "position_forward: no CPU kernel for ", dtype_name(act),
-           " activations with ", dtype_name(wt), " wpe");
-  position_forward(static_cast<float*>(x), static_cast<const float*>(wpe), R, C, row0, T);
 }
 
 void position_backward(float* dwpe, const void* dx, DType act, int64_t R, int64_t C, int64_t row0, int64_t T) {
-  ZT_CHECK(act == DType::kF32, "position_backward: no CPU kernel for ", dtype_name(act), " dx");
-  position_backward(dwpe, static_cast<const float*>(dx), R, C, row0, T);
+  detail::with_storage_type(act, "position_backward", [=](auto tag) {
+    using S = decltype(tag);
+    const S* dxs = static_cast<const S*>(dx);
+    // Each column block adds its columns of every row in row order, so every dwpe element sums its
+    // rows in increasing i (the order encoder_backward uses), whatever the thread count.
+    for_column_blocks(C, [=](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < R; ++r) {
+        const S* d = dxs + r * C;
+        float* gp = dwpe + ((row0 + r) % T) * C;
+        for (int64_t c = c0; c < c1; ++c) gp[c] += to_float(d[c]);
+      }
+    });
+  });
 }
 
 }  // namespace zt::cpu_kernels

@@ -5,10 +5,10 @@
 // 16-bit inputs are widened exactly to fp32 copies, multiplied with fp32 accumulation, and a
 // 16-bit output is rounded once from the fp32 result: cuBLASLt's points with CUBLAS_COMPUTE_32F.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -158,30 +158,26 @@ void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const voi
   d.store(n);
 }
 
-void bias_forward(float* x, const float* bias, int64_t N, int64_t C) {
-  parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* row = x + r * C;
-      for (int64_t c = 0; c < C; ++c) row[c] += bias[c];
-    }
+void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {
+  zt::detail::dispatch_norm_types("bias_forward", act, wt, [=](auto* xs, auto* bs) {
+    using S = std::remove_pointer_t<decltype(xs)>;
+    using W = std::remove_pointer_t<decltype(bs)>;
+    S* xt = static_cast<S*>(x);
+    const W* b = static_cast<const W*>(bias);
+    parallel_for(N, detail::row_grain(C), [=](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        S* row = xt + r * C;
+        for (int64_t c = 0; c < C; ++c) row[c] = from_float<S>(to_float(row[c]) + to_float(b[c]));
+      }
+    });
   });
 }
 
-// The same column sums as matmul_backward's dbias: the bits must match (ops.h).
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
-  add_column_sums(dbias, dout, N, C);
-}
-
-// The op table's form. The 16-bit paths are task tp16's; until they land a 16-bit call is refused.
-void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {
-  ZT_CHECK(act == DType::kF32 && wt == DType::kF32, "bias_forward: no CPU kernel for ", dtype_name(act),
-           " activations with a ", dtype_name(wt), " bias");
-  bias_forward(static_cast<float*>(x), static_cast<const float*>(bias), N, C);
-}
-
+// The same column sums as matmul_backward's dbias, over the same (widened) dout: the bits must
+// match (ops.h).
 void bias_backward(float* dbias, const void* dout, DType act, int64_t N, int64_t C) {
-  ZT_CHECK(act == DType::kF32, "bias_backward: no CPU kernel for ", dtype_name(act), " dout");
-  bias_backward(dbias, static_cast<const float*>(dout), N, C);
+  const GemmInput d(dout, act, N * C, false);
+  add_column_sums(dbias, d.get(), N, C);
 }
 
 }  // namespace zt::cpu_kernels
