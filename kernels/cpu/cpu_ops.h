@@ -96,7 +96,9 @@ void gelu_forward(void* out, const void* in, DType dtype, int64_t n);
 void gelu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
 void gelu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 void relu_forward(float* out, const float* in, int64_t n);
-void relu_backward(float* din, const float* in, const float* dout, int64_t n);
+void relu_forward(void* out, const void* in, DType dtype, int64_t n);
+void relu_backward(float* din, const float* in, const float* dout, int64_t n);  // din +=
+void relu_backward(void* din, const void* in, const void* dout, DType dtype, int64_t n);
 
 // ---- classifier ---------------------------------------------------------------------------------
 // logits [N, ld] of `dtype` (f32, bf16, f16), columns [V, ld) padding. Throws zt::Error when a
