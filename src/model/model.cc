@@ -8,27 +8,27 @@ namespace zt {
 std::unique_ptr<Model> make_mlp(const ModelConfig& config);
 
 std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, DType activations);
-std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp);
+std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp, DType activations);
 
 // The MLP's activations are a few [B, hidden] rows: it keeps them under every recompute mode.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute, const TensorParallel& tp,
                                   DType activations) {
-  ZT_REQUIRE(activations == DType::kF32 || (config.kind == ModelKind::kGpt && tp.degree == 1),
-             "16-bit activations (", dtype_name(activations), ") are supported by the GPT without tensor "
-             "parallelism only; use fp32 activations for this model");
+  ZT_REQUIRE(activations == DType::kF32 || config.kind == ModelKind::kGpt, "16-bit activations (",
+             dtype_name(activations), ") are supported by the GPT only; use fp32 activations for this model");
   if (tp.degree > 1) {
     ZT_REQUIRE(config.kind == ModelKind::kGpt, "tensor parallelism splits GPT models only, not the MLP");
     ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
                " is not supported with tensor parallelism yet; use --recompute none");
-    return make_gpt_tp(config, tp);
+    return make_gpt_tp(config, tp, activations);
   }
   return config.kind == ModelKind::kGpt ? make_gpt(config, recompute, activations) : make_mlp(config);
 }
 
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree) {
   const bool sixteen = working == DType::kBF16 || working == DType::kF16;
-  (void)pipeline_degree;  // a pipeline stage computes as the one-device GPT does
-  return sixteen && config.kind == ModelKind::kGpt && tensor_degree <= 1 ? working : DType::kF32;
+  // Pipeline stages and the tensor-parallel GPT compute as the one-device GPT does.
+  (void)tensor_degree, (void)pipeline_degree;
+  return sixteen && config.kind == ModelKind::kGpt ? working : DType::kF32;
 }
 
 void Workspace::read_logits_row(Stream& s, int row, float* out) {
