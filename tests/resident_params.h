@@ -3,9 +3,13 @@
 // initialised as the trainer initialises them.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "core/dtype.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
 
@@ -54,6 +58,45 @@ class ResidentParams final : public ParamAccess {
 
  private:
   Device& d_;
+  std::vector<DeviceBuffer> p_, g_;
+};
+
+// Parameters held only in a 16-bit dtype (as the ZeRO engine's working buffers), fp32 gradients.
+// params() fails the test: a 16-bit model must read every parameter through param_data, so every
+// GEMM it issues takes its weight, and with it (one dtype per matmul) its input, in 16 bits.
+class Params16 final : public ParamAccess {
+ public:
+  Params16(Device& d, const ParamLayout& layout, DType dtype) : d_(d), dtype_(dtype) {
+    for (const auto& b : layout.blocks()) {
+      p_.emplace_back(d.memory(), b.numel * 2, d.compute(), "p16");
+      g_.emplace_back(d.memory(), b.numel * 4, d.compute(), "g");
+    }
+  }
+  // Block b's parameters rounded to the dtype (nearest even); returns them widened to fp32.
+  std::vector<float> set(int b, const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    std::vector<float> wide(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      bits[i] = dtype_ == DType::kBF16 ? float_to_bf16_bits(v[i]) : float_to_half_bits(v[i]);
+      wide[i] = dtype_ == DType::kBF16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+    }
+    d_.compute().copy(p_[static_cast<size_t>(b)].data(), bits.data(), bits.size() * 2);
+    d_.compute().memset(g_[static_cast<size_t>(b)].data(), 0, g_[static_cast<size_t>(b)].size());
+    d_.compute().synchronize();
+    return wide;
+  }
+  int device_index() const override { return d_.index(); }
+  float* params(int b) override {
+    ADD_FAILURE() << "a 16-bit model asked for fp32 parameters of block " << b;
+    return nullptr;
+  }
+  float* grads(int b) override { return g_[static_cast<size_t>(b)].as<float>(); }
+  DType param_dtype() const override { return dtype_; }
+  void* param_data(int b) override { return p_[static_cast<size_t>(b)].data(); }
+
+ private:
+  Device& d_;
+  DType dtype_;
   std::vector<DeviceBuffer> p_, g_;
 };
 

@@ -581,18 +581,16 @@ std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, 
 }
 
 std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,
-                                         const TensorParallel& tp);
+                                         const TensorParallel& tp, DType activations);
 
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute,
                                       const TensorParallel& tp, DType activations) {
   ZT_REQUIRE(config.kind == ModelKind::kGpt, "pipeline parallelism splits GPT models only, not the MLP");
   ZT_REQUIRE(!stage.chunks.empty(), "a pipeline stage runs at least one chunk");
   if (tp.degree > 1) {
-    ZT_REQUIRE(activations == DType::kF32, "16-bit activations (", dtype_name(activations),
-               ") are not supported by tensor-parallel pipeline stages; use fp32 activations for them");
     ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
                " is not supported with tensor parallelism yet; use --recompute none");
-    return make_gpt_tp_stage(config, stage, tp);
+    return make_gpt_tp_stage(config, stage, tp, activations);
   }
   // backward_weight reads the layer inputs a recompute would have overwritten by then.
   ZT_REQUIRE(!(stage.split_backward && recompute != Recompute::kNone), "--recompute ", recompute_name(recompute),

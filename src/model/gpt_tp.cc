@@ -74,15 +74,22 @@ int64_t padded_vocab(int64_t V, int degree) {
 // pipeline stage's chunk plans only its own layers, and the final layernorm, logits, losses and
 // the loss statistics only with the head). `encoded` is the chunk's input rows: the embedding's
 // output, or the activation received from the previous chunk.
+//
+// Offsets are in bytes. Activations, their gradients, the logits and every buffer a collective
+// moves between them (the row-parallel partial sums, gathered rows) take `act_bytes` each element
+// (4: fp32, 2: bf16/f16); layernorm statistics, lse, the cross-entropy statistics, losses, the
+// replicated gradients' sums and the attention scratch are fp32.
 struct TpPlan {
   int64_t B, T, C, NH, L, V, Vp, D;  // V real, Vp padded vocabulary; D = tensor degree; L = the chunk's layers
   bool sp, head, split;
   int64_t R;  // rows a rank's residual stream holds
+  int64_t act_bytes = 4;
   int64_t total = 0;
   int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0;
   // attn_scratch: flash_attention_backward's scratch, shared by every layer.
   int64_t full, full2, dresidual, dfch, dfch_gelu, datty, dqkv, attn_scratch, attn_scratch_numel;
   int64_t stat_max = 0, gmax = 0, stat_part = 0, gsum = 0, rep, row = 0;
+  int64_t row_wide = 0;  // 16-bit: the gathered logits row widened to fp32 (read_logits_row), [V]
   int64_t rep_numel;  // padded to a multiple of D
   // Where backward reads all B*T rows of the LM head's input and of the embedding's output gradient,
   // and where it sums ln_f's and the embeddings' replicated gradients: the shared scratch (`full`,
@@ -100,47 +107,51 @@ struct TpPlan {
   };
   std::vector<Layer> layers;
 
-  int64_t add(int64_t n) {
+  int64_t add_bytes(int64_t bytes) {
     const int64_t off = total;
-    total += (n + 63) / 64 * 64;
+    total += (bytes + 255) / 256 * 256;  // 256-byte alignment for every buffer
     return off;
   }
+  int64_t act(int64_t n) { return add_bytes(n * act_bytes); }  // n elements of the activation dtype
+  int64_t f32(int64_t n) { return add_bytes(n * 4); }          // n fp32 elements
 
   // rep_max: the largest replicated tail of any local block; rep_layer: of a layer block.
   TpPlan(const ModelConfig& c, int64_t B_, int64_t T_, int degree, bool sequence, int64_t rep_max, int64_t rep_layer,
-         int64_t layer_count, bool head_, bool embedding, bool split_)
+         int64_t layer_count, bool head_, bool embedding, bool split_, DType activations)
       : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), Vp(padded_vocab(c.vocab, degree)),
-        D(degree), sp(sequence), head(head_), split(split_) {
+        D(degree), sp(sequence), head(head_), split(split_),
+        act_bytes(static_cast<int64_t>(dtype_size(activations))) {
     const int64_t BT = B * T, Cl = C / D, NHl = NH / D;
     R = sp ? BT / D : BT;
     rep_numel = (rep_max + D - 1) / D * D;
-    encoded = add(R * C);
+    encoded = act(R * C);
     layers.resize(static_cast<size_t>(L));
     for (auto& l : layers) {
-      l.ln1 = add(R * C), l.ln1_mean = add(R), l.ln1_rstd = add(R), l.qkv = add(BT * 3 * Cl), l.atty = add(BT * Cl);
-      l.lse = add(B * NHl * T), l.residual2 = add(R * C), l.ln2 = add(R * C), l.ln2_mean = add(R), l.ln2_rstd = add(R);
-      l.fch = add(BT * 4 * Cl), l.fch_gelu = add(BT * 4 * Cl), l.residual3 = add(R * C);
+      l.ln1 = act(R * C), l.ln1_mean = f32(R), l.ln1_rstd = f32(R), l.qkv = act(BT * 3 * Cl), l.atty = act(BT * Cl);
+      l.lse = f32(B * NHl * T), l.residual2 = act(R * C), l.ln2 = act(R * C), l.ln2_mean = f32(R), l.ln2_rstd = f32(R);
+      l.fch = act(BT * 4 * Cl), l.fch_gelu = act(BT * 4 * Cl), l.residual3 = act(R * C);
     }
-    if (head) lnf = add(R * C), lnf_mean = add(R), lnf_rstd = add(R), logits = add(BT * (Vp / D)), losses = add(BT);
-    full = add(BT * C), full2 = add(BT * C), dresidual = add(R * C);
-    dfch = add(BT * 4 * Cl), dfch_gelu = add(BT * 4 * Cl), datty = add(BT * Cl), dqkv = add(BT * 3 * Cl);
+    if (head) lnf = act(R * C), lnf_mean = f32(R), lnf_rstd = f32(R), logits = act(BT * (Vp / D)), losses = f32(BT);
+    full = act(BT * C), full2 = act(BT * C), dresidual = act(R * C);
+    dfch = act(BT * 4 * Cl), dfch_gelu = act(BT * 4 * Cl), datty = act(BT * Cl), dqkv = act(BT * 3 * Cl);
     attn_scratch_numel = static_cast<int64_t>((ops::flash_attention_scratch_bytes(B, T, Cl, NHl) + 3) / 4);
-    attn_scratch = add(attn_scratch_numel);
-    if (head) stat_max = add(D * BT), gmax = add(BT), stat_part = add(D * 2 * BT), gsum = add(2 * BT);
-    rep = add(rep_numel);
-    if (head) row = add(Vp);
+    attn_scratch = f32(attn_scratch_numel);
+    if (head) stat_max = f32(D * BT), gmax = f32(BT), stat_part = f32(D * 2 * BT), gsum = f32(2 * BT);
+    rep = f32(rep_numel);
+    if (head) row = act(Vp);
+    if (head && act_bytes != 4) row_wide = f32(V);
     // A layernorm output's rows are all rows without sequence parallelism; a residual gradient
     // changes after its matmul, so a split backward keeps a copy.
-    auto all_rows = [&](int64_t own) { return !sp ? own : split ? add(BT * C) : full; };
+    auto all_rows = [&](int64_t own) { return !sp ? own : split ? act(BT * C) : full; };
     const int64_t dres_all = sp ? full : dresidual;
     for (auto& l : layers) {
       l.ln1_all = all_rows(l.ln1), l.ln2_all = all_rows(l.ln2);
-      l.dres3_all = split ? add(BT * C) : dres_all, l.dres2_all = split ? add(BT * C) : dres_all;
-      l.dfch = split ? add(BT * 4 * Cl) : dfch, l.dqkv = split ? add(BT * 3 * Cl) : dqkv;
-      l.rep = split ? add((rep_layer + D - 1) / D * D) : rep;
+      l.dres3_all = split ? act(BT * C) : dres_all, l.dres2_all = split ? act(BT * C) : dres_all;
+      l.dfch = split ? act(BT * 4 * Cl) : dfch, l.dqkv = split ? act(BT * 3 * Cl) : dqkv;
+      l.rep = split ? f32((rep_layer + D - 1) / D * D) : rep;
     }
-    if (head) lnf_all = all_rows(lnf), lnf_rep = split ? add(rep_numel) : rep;
-    if (embedding) demb_all = split ? add(BT * C) : dres_all, emb_rep = split ? add(rep_numel) : rep;
+    if (head) lnf_all = all_rows(lnf), lnf_rep = split ? f32(rep_numel) : rep;
+    if (embedding) demb_all = split ? act(BT * C) : dres_all, emb_rep = split ? f32(rep_numel) : rep;
   }
 };
 
@@ -181,12 +192,12 @@ class TpWorkspace final : public Workspace {
  public:
   TpWorkspace(const GptTp& model, TpPlan plan_, Device& d, int chunk_, bool embedding_)
       : plan(std::move(plan_)), model(model), chunk(chunk_), embedding(embedding_), device(d.index()),
-        buf(d.memory(), static_cast<size_t>(plan.total) * 4, d.compute(), "activations"),
+        buf(d.memory(), static_cast<size_t>(plan.total), d.compute(), "activations"),
         gathered(d.create_event()), reduced(d.create_event()) {}
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
-  TensorView losses() override { return plan.head ? view(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
-  // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree].
+  TensorView losses() override { return plan.head ? f32(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
+  // The rank's shard of the padded vocabulary's logits: [B*T, Vp / degree], in the activation dtype.
   TensorView logits() override {
     return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}) : TensorView{};
   }
@@ -200,7 +211,9 @@ class TpWorkspace final : public Workspace {
   }
   TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual_view(plan.dresidual); }
 
-  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<float>() + off, DType::kF32, s, device}; }
+  // An activation (the workspace's activation dtype) or an fp32 tensor at byte offset `off`.
+  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
+  TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
   TensorView residual_view(int64_t off) {
     return plan.sp ? view(off, Shape{plan.R, plan.C}) : view(off, Shape{plan.B, plan.T, plan.C});
   }
@@ -209,6 +222,9 @@ class TpWorkspace final : public Workspace {
   const GptTp& model;
   int chunk;
   bool embedding;
+  // The activations' dtype: f32, or for a 16-bit model the 16-bit type of the parameters of the
+  // last forward (GptTp::compute_dtype; bf16 and f16 take the same bytes).
+  DType dtype = DType::kF32;
   int device;
   DeviceBuffer buf;
   // Recorded on the comm stream right after a collective the compute stream waits for later.
@@ -218,7 +234,8 @@ class TpWorkspace final : public Workspace {
 
 TensorView rows_of(TensorView v, int64_t first_row, int64_t rows) {
   const int64_t width = v.shape.numel() / v.shape[0];
-  return TensorView{static_cast<float*>(v.data) + first_row * width, v.dtype, Shape{rows, width}, v.device};
+  return TensorView{static_cast<char*>(v.data) + first_row * width * static_cast<int64_t>(dtype_size(v.dtype)),
+                    v.dtype, Shape{rows, width}, v.device};
 }
 
 class GptTp final : public Model {
@@ -226,8 +243,10 @@ class GptTp final : public Model {
   // The whole model (spec null: one chunk, local blocks mirror the logical blocks), or a pipeline
   // stage (make_gpt_stage): its layout holds the rank's shards of the logical blocks it runs, in
   // the one-device stage's order.
-  GptTp(const ModelConfig& c, const TensorParallel& tp, const PipelineStageSpec* spec = nullptr)
-      : config_(c), tp_(tp), split_(spec && spec->split_backward), logical_(gpt_layout(c)) {
+  GptTp(const ModelConfig& c, const TensorParallel& tp, DType activations, const PipelineStageSpec* spec = nullptr)
+      : config_(c), tp_(tp), activations_(activations), split_(spec && spec->split_backward), logical_(gpt_layout(c)) {
+    ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
+             "GPT activations in ", dtype_name(activations));
     const int D = tp.degree;
     auto refuse = [&](const char* what, int value) {
       int best = 1;
@@ -262,6 +281,7 @@ class GptTp final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
+  DType activation_dtype() const override { return activations_; }
   const TensorMap* tensor_map() const override { return &map_; }
   int chunks() const override { return static_cast<int>(chunks_.size()); }
   // The logical block a local block holds the rank's shard of (every tensor of a local block comes
@@ -276,7 +296,7 @@ class GptTp final : public Model {
     return total;
   }
   size_t chunk_workspace_bytes(int B, int T, int chunk) const override {
-    return static_cast<size_t>(plan(B, T, chunk).total) * 4;
+    return static_cast<size_t>(plan(B, T, chunk).total);
   }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
     ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");
@@ -291,6 +311,7 @@ class GptTp final : public Model {
     ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
     auto ws = std::make_unique<TpWorkspace>(*this, plan(B, T, chunk), d, chunk,
                                             chunks_[static_cast<size_t>(chunk)].embedding);
+    ws->dtype = activations_;
     ws->rank = rank_of(d.index());
     return ws;
   }
@@ -313,10 +334,12 @@ class GptTp final : public Model {
     const TpPlan& P = ws.plan;
     const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     ZT_CHECK(batch.B == P.B && batch.T == P.T, "batch ", batch.B, "x", batch.T, " on a workspace for ", P.B, "x", P.T);
+    ws.dtype = compute_dtype(p);
     const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     TensorView full = act(P.full, Shape{BT, C});
 
     // Embedding: each rank looks up the tokens of its vocabulary shard (zeros elsewhere); the sum
@@ -329,7 +352,7 @@ class GptTp final : public Model {
       const TensorView wpe = param(p, K.emb_block, 1);
       ops::encoder_forward(s, act(P.full, Shape{P.B, P.T, C}), batch.inputs, wte, ConstTensorView{},
                            ops::VocabRange{tr.t * Vl, P.V});
-      s.copy(residual.data, leave(s, tr, ws, full, "tp embedding").data, static_cast<size_t>(P.R * C) * 4);
+      s.copy(residual.data, leave(s, tr, ws, full, "tp embedding").data, static_cast<size_t>(P.R * C * P.act_bytes));
       ops::position_forward(s, residual, wpe, row0(P, tr), P.T);
     }
 
@@ -343,7 +366,7 @@ class GptTp final : public Model {
 
     p.before_forward(K.lnf_block);
     TensorView lnf = act(P.lnf, Shape{P.R, C});
-    ops::layernorm_forward(s, lnf, act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}), residual,
+    ops::layernorm_forward(s, lnf, f32(P.lnf_mean, Shape{P.R}), f32(P.lnf_rstd, Shape{P.R}), residual,
                            param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     TensorView logits = act(P.logits, Shape{BT, Vl});
@@ -352,16 +375,16 @@ class GptTp final : public Model {
     // Vocabulary-parallel cross-entropy: the row maxima, then the sums of exponentials and the
     // target logits, each combined over the group in a fixed order.
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
-    TensorView stat_max = act(P.stat_max, Shape{P.D, BT});
-    ops::row_max(s, act(P.stat_max + tr.t * BT, Shape{BT}), logits, ops::VocabRange{tr.t * Vl, P.V});
-    tr.all_gather(s, act(P.stat_max, Shape{P.D * BT}), "tp logits max");
-    TensorView gmax = act(P.gmax, Shape{BT});
+    TensorView stat_max = f32(P.stat_max, Shape{P.D, BT});
+    ops::row_max(s, f32(P.stat_max + tr.t * BT * 4, Shape{BT}), logits, ops::VocabRange{tr.t * Vl, P.V});
+    tr.all_gather(s, f32(P.stat_max, Shape{P.D * BT}), "tp logits max");
+    TensorView gmax = f32(P.gmax, Shape{BT});
     ops::reduce_slices(s, gmax, stat_max, ops::SliceReduce::kMax);
     const ops::VocabRange vocab{tr.t * Vl, P.V};
-    ops::vocab_partials(s, act(P.stat_part + tr.t * 2 * BT, Shape{2, BT}), logits, gmax, targets, vocab);
-    tr.all_gather(s, act(P.stat_part, Shape{P.D * 2 * BT}), "tp logits sums");
-    ops::reduce_slices(s, act(P.gsum, Shape{2 * BT}), act(P.stat_part, Shape{P.D, 2 * BT}), ops::SliceReduce::kSum);
-    ops::vocab_loss_grad(s, logits, act(P.losses, Shape{BT}), gmax, act(P.gsum, Shape{BT}), act(P.gsum + BT, Shape{BT}),
+    ops::vocab_partials(s, f32(P.stat_part + tr.t * 2 * BT * 4, Shape{2, BT}), logits, gmax, targets, vocab);
+    tr.all_gather(s, f32(P.stat_part, Shape{P.D * 2 * BT}), "tp logits sums");
+    ops::reduce_slices(s, f32(P.gsum, Shape{2 * BT}), f32(P.stat_part, Shape{P.D, 2 * BT}), ops::SliceReduce::kSum);
+    ops::vocab_loss_grad(s, logits, f32(P.losses, Shape{BT}), gmax, f32(P.gsum, Shape{BT}), f32(P.gsum + BT * 4, Shape{BT}),
                          targets, vocab, dloss, train, batch.loss_scale);
   }
 
@@ -381,11 +404,18 @@ class GptTp final : public Model {
     const TpPlan& P = ws.plan;
     ZT_CHECK(P.head, "logits of a pipeline chunk without the LM head");
     const TpRank& tr = ws.rank;
-    const int64_t Vl = P.Vp / P.D;
-    s.copy(ws.buf.as<float>() + P.row + tr.t * Vl, ws.buf.as<float>() + P.logits + static_cast<int64_t>(row) * Vl,
-           static_cast<size_t>(Vl) * 4);
+    const int64_t Vl = P.Vp / P.D, bytes = P.act_bytes;
+    char* base = ws.buf.as<char>();
+    s.copy(base + P.row + tr.t * Vl * bytes, base + P.logits + static_cast<int64_t>(row) * Vl * bytes,
+           static_cast<size_t>(Vl * bytes));
     tr.all_gather(s, ws.view(P.row, Shape{P.Vp}), "tp logits row");
-    s.copy(out, ws.buf.as<float>() + P.row, static_cast<size_t>(P.V) * 4);
+    if (ws.dtype == DType::kF32) {
+      s.copy(out, base + P.row, static_cast<size_t>(P.V) * sizeof(float));
+      return;
+    }
+    // 16-bit logits: widened (exactly) on the device first, as the one-device GPT does.
+    ops::cast(s, ws.f32(P.row_wide, Shape{P.V}), ws.view(P.row, Shape{P.V}));
+    s.copy(out, base + P.row_wide, static_cast<size_t>(P.V) * sizeof(float));
   }
 
  private:
@@ -422,7 +452,8 @@ class GptTp final : public Model {
   TpPlan plan(int B, int T, int chunk) const {
     ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
     const GptChunk& k = chunks_[static_cast<size_t>(chunk)];
-    return TpPlan(config_, B, T, tp_.degree, tp_.sequence, rep_max_, rep_layer_, k.layers, k.head, k.embedding, split_);
+    return TpPlan(config_, B, T, tp_.degree, tp_.sequence, rep_max_, rep_layer_, k.layers, k.head, k.embedding, split_,
+                  activations_);
   }
 
   // One chunk's backward. kFused is backward(); kInput runs every collective and the chain of input
@@ -439,7 +470,10 @@ class GptTp final : public Model {
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
     const int L = static_cast<int>(P.L);
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
+    ZT_CHECK(ws.dtype == compute_dtype(p), "backward in ", dtype_name(compute_dtype(p)), " after a forward in ",
+             dtype_name(ws.dtype));
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     // Without a head the gradient of the chunk's output rows was received into dresidual.
     TensorView dresidual = act(P.dresidual, Shape{P.R, C});
 
@@ -460,7 +494,7 @@ class GptTp final : public Model {
         const TensorView last_res = L > 0 ? act(P.layers[static_cast<size_t>(L - 1)].residual3, Shape{P.R, C})
                                           : act(P.encoded, Shape{P.R, C});
         ops::layernorm_backward(s, dresidual, rg.at(0), rg.at(1), dlnf, last_res, param(p, K.lnf_block, 0),
-                                act(P.lnf_mean, Shape{P.R}), act(P.lnf_rstd, Shape{P.R}));
+                                f32(P.lnf_mean, Shape{P.R}), f32(P.lnf_rstd, Shape{P.R}));
         reduce_rep(s, tr, ws, K.lnf_block, P.lnf_rep);
       }
       if (weight) {
@@ -511,20 +545,20 @@ class GptTp final : public Model {
     RepGrads g;
     const ParamBlock& pb = layout_.block(block);
     const int64_t from = map_.replicated_from(block);
-    ops::fill(s, ws.view(rep, Shape{padded(pb.numel - from, ws.plan.D)}), 0.0f);
+    ops::fill(s, ws.f32(rep, Shape{padded(pb.numel - from, ws.plan.D)}), 0.0f);
     for (const ParamTensor& t : pb.tensors)
-      g.views.push_back(t.offset >= from ? ws.view(rep + t.offset - from, t.shape) : TensorView{});
+      g.views.push_back(t.offset >= from ? ws.f32(rep + (t.offset - from) * 4, t.shape) : TensorView{});
     return g;
   }
   void reduce_rep(Stream& s, const TpRank& tr, TpWorkspace& ws, int block, int64_t rep) const {
     if (!ws.plan.sp) return;  // every rank computed them from all rows
     const int64_t n = layout_.block(block).numel - map_.replicated_from(block);
-    tr.all_reduce(s, ws.view(rep, Shape{padded(n, ws.plan.D)}), "tp replicated grads");
+    tr.all_reduce(s, ws.f32(rep, Shape{padded(n, ws.plan.D)}), "tp replicated grads");
   }
   void add_rep(Stream& s, TpWorkspace& ws, ParamAccess& p, int block, int64_t rep) const {
     const int64_t from = map_.replicated_from(block), n = layout_.block(block).numel - from;
     ops::accumulate(s, TensorView{p.grads(block) + from, DType::kF32, Shape{n}, p.device_index()},
-                    ws.view(rep, Shape{n}));
+                    ws.f32(rep, Shape{n}));
   }
 
   static int64_t row0(const TpPlan& P, const TpRank& tr) { return P.sp ? tr.t * P.R : 0; }
@@ -538,10 +572,10 @@ class GptTp final : public Model {
     const TpPlan& P = ws.plan;
     TensorView all = ws.view(dst, Shape{P.B * P.T, P.C});
     if (!P.sp) {
-      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C * P.act_bytes));
       return all;
     }
-    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C * P.act_bytes));
     tr.all_gather(s, ws.view(dst, Shape{P.B * P.T * P.C}), tag);
     return all;
   }
@@ -552,10 +586,10 @@ class GptTp final : public Model {
     const TpPlan& P = ws.plan;
     TensorView all = ws.view(dst, Shape{P.B * P.T, P.C});
     if (!P.sp) {
-      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+      if (all.data != local.data) s.copy(all.data, local.data, static_cast<size_t>(P.R * P.C * P.act_bytes));
       return all;
     }
-    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C) * 4);
+    s.copy(rows_of(all, tr.t * P.R, P.R).data, local.data, static_cast<size_t>(P.R * P.C * P.act_bytes));
     tr.start(s, TpRank::Op::kAllGather, ws.view(dst, Shape{P.B * P.T * P.C}), tag, *ws.gathered);
     return all;
   }
@@ -600,7 +634,7 @@ class GptTp final : public Model {
 
   // leave(), started but not waited for (finish_leave waits and returns the rank's rows).
   void start_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
-    const TensorView flat{partial.data, DType::kF32, Shape{partial.shape.numel()}, partial.device};
+    const TensorView flat{partial.data, partial.dtype, Shape{partial.shape.numel()}, partial.device};
     tr.start(s, ws.plan.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat, tag, *ws.reduced);
   }
   TensorView finish_leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial) const {
@@ -612,7 +646,7 @@ class GptTp final : public Model {
   // sum on the rank's rows (reduce-scatter; an all-reduce without sequence parallelism).
   TensorView leave(Stream& s, const TpRank& tr, TpWorkspace& ws, TensorView partial, const char* tag) const {
     const TpPlan& P = ws.plan;
-    const TensorView flat{partial.data, DType::kF32, Shape{partial.shape.numel()}, partial.device};
+    const TensorView flat{partial.data, partial.dtype, Shape{partial.shape.numel()}, partial.device};
     if (!P.sp) {
       tr.all_reduce(s, flat, tag);
       return partial;
@@ -627,14 +661,15 @@ class GptTp final : public Model {
     const int64_t BT = P.B * P.T, C = P.C, Cl = C / P.D, R = P.R;
     const int NHl = static_cast<int>(P.NH / P.D);
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     const auto& A = P.layers[static_cast<size_t>(l)];
     TensorView full = act(P.full, Shape{BT, C});
 
     TensorView ln1 = act(A.ln1, Shape{R, C});
-    ops::layernorm_forward(s, ln1, act(A.ln1_mean, Shape{R}), act(A.ln1_rstd, Shape{R}), res_in, param(p, blk, 6),
+    ops::layernorm_forward(s, ln1, f32(A.ln1_mean, Shape{R}), f32(A.ln1_rstd, Shape{R}), res_in, param(p, blk, 6),
                            param(p, blk, 7), kLayerNormEps);
     column_matmul(s, tr, ws, act(A.qkv, Shape{BT, 3 * Cl}), ln1, param(p, blk, 0), param(p, blk, 1), "tp ln_1");
-    ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), act(A.lse, Shape{P.B, NHl, P.T}),
+    ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), f32(A.lse, Shape{P.B, NHl, P.T}),
                                  act(A.qkv, Shape{P.B, P.T, 3 * Cl}), NHl);
     ops::matmul_forward(s, full, act(A.atty, Shape{BT, Cl}), param(p, blk, 2), ConstTensorView{});
     TensorView attproj = leave(s, tr, ws, full, "tp attn.c_proj");
@@ -642,7 +677,7 @@ class GptTp final : public Model {
     TensorView res2 = act(A.residual2, Shape{R, C});
     TensorView ln2 = act(A.ln2, Shape{R, C});
     // The add and the layernorm in one pass (their bits; kernels/ops.h).
-    ops::residual_layernorm_forward(s, res2, ln2, act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}), res_in,
+    ops::residual_layernorm_forward(s, res2, ln2, f32(A.ln2_mean, Shape{R}), f32(A.ln2_rstd, Shape{R}), res_in,
                                     attproj, param(p, blk, 9), param(p, blk, 10), kLayerNormEps);
     TensorView fch = act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * Cl});
     column_matmul(s, tr, ws, fch, ln2, param(p, blk, 3), param(p, blk, 4), "tp ln_2");
@@ -663,6 +698,7 @@ class GptTp final : public Model {
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
     const TensorView none{};
     auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
+    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
     const auto& A = P.layers[static_cast<size_t>(l)];
     const TensorView res_in = l > 0 ? act(P.layers[static_cast<size_t>(l - 1)].residual3, Shape{R, C})
@@ -691,7 +727,7 @@ class GptTp final : public Model {
         column_backward(s, tr, ws, dfch, ln2_all, param(p, blk, 3), grad(p, blk, 3), grad(p, blk, 4), "tp d ln_2", pass);
     if (input)
       ops::layernorm_backward(s, dresidual, rg.at(9), rg.at(10), dln2, act(A.residual2, Shape{R, C}), param(p, blk, 9),
-                              act(A.ln2_mean, Shape{R}), act(A.ln2_rstd, Shape{R}));
+                              f32(A.ln2_mean, Shape{R}), f32(A.ln2_rstd, Shape{R}));
 
     // residual2 = residual + attproj(attention(qkv(ln1(residual)))) + bias
     TensorView dres2_all = act(A.dres2_all, Shape{BT, C});
@@ -707,24 +743,42 @@ class GptTp final : public Model {
       zero(dqkv);
       ops::flash_attention_backward(s, act(A.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.datty, Shape{P.B, P.T, Cl}),
                                     act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.atty, Shape{P.B, P.T, Cl}),
-                                    act(A.lse, Shape{P.B, NHl, P.T}), NHl, act(P.attn_scratch, Shape{P.attn_scratch_numel}));
+                                    f32(A.lse, Shape{P.B, NHl, P.T}), NHl, f32(P.attn_scratch, Shape{P.attn_scratch_numel}));
     }
     const TensorView dln1 =
         column_backward(s, tr, ws, dqkv, ln1_all, param(p, blk, 0), grad(p, blk, 0), grad(p, blk, 1), "tp d ln_1", pass);
     if (input)
-      ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), act(A.ln1_mean, Shape{R}),
-                              act(A.ln1_rstd, Shape{R}));
+      ops::layernorm_backward(s, dresidual, rg.at(6), rg.at(7), dln1, res_in, param(p, blk, 6), f32(A.ln1_mean, Shape{R}),
+                              f32(A.ln1_rstd, Shape{R}));
   }
 
-  TensorView tensor_at(float* base, int device, int block, int idx) const {
+  TensorView tensor_at(void* base, DType dtype, int device, int block, int idx) const {
     const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
-    return TensorView{base + t.offset, DType::kF32, t.shape, device};
+    return TensorView{static_cast<char*>(base) + t.offset * static_cast<int64_t>(dtype_size(dtype)), dtype, t.shape,
+                      device};
   }
-  TensorView param(ParamAccess& p, int block, int idx) const { return tensor_at(p.params(block), p.device_index(), block, idx); }
-  TensorView grad(ParamAccess& p, int block, int idx) const { return tensor_at(p.grads(block), p.device_index(), block, idx); }
+  // The dtype this model computes in on `p`: f32, or (16-bit model) the 16-bit type of its
+  // parameters, read as they are (no widened copy).
+  DType compute_dtype(ParamAccess& p) const {
+    if (activations_ == DType::kF32) return DType::kF32;
+    const DType d = p.param_dtype();
+    ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "a GPT computing in ", dtype_name(activations_),
+             " was given parameters in ", dtype_name(d), " (it reads 16-bit parameters as they are)");
+    return d;
+  }
+  // Parameters in the compute dtype; gradients are fp32.
+  TensorView param(ParamAccess& p, int block, int idx) const {
+    const DType d = compute_dtype(p);
+    return tensor_at(d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
+                     p.device_index(), block, idx);
+  }
+  TensorView grad(ParamAccess& p, int block, int idx) const {
+    return tensor_at(p.grads(block), DType::kF32, p.device_index(), block, idx);
+  }
 
   ModelConfig config_;
   TensorParallel tp_;
+  DType activations_ = DType::kF32;
   bool split_ = false;
   ParamLayout logical_, layout_;
   TensorMap map_;
@@ -738,13 +792,13 @@ void TpWorkspace::read_logits_row(Stream& s, int row, float* out) {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp) {
-  return std::make_unique<GptTp>(config, tp);
+std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp, DType activations) {
+  return std::make_unique<GptTp>(config, tp, activations);
 }
 
 std::unique_ptr<Model> make_gpt_tp_stage(const ModelConfig& config, const PipelineStageSpec& stage,
-                                         const TensorParallel& tp) {
-  return std::make_unique<GptTp>(config, tp, &stage);
+                                         const TensorParallel& tp, DType activations) {
+  return std::make_unique<GptTp>(config, tp, activations, &stage);
 }
 
 }  // namespace zt

@@ -8,27 +8,24 @@ namespace zt {
 std::unique_ptr<Model> make_mlp(const ModelConfig& config, DType activations);
 
 std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, DType activations);
-std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp);
+std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp, DType activations);
 
 // The MLP's activations are a few [B, hidden] rows: it keeps them under every recompute mode.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute, const TensorParallel& tp,
                                   DType activations) {
-  ZT_REQUIRE(activations == DType::kF32 || tp.degree == 1,
-             "16-bit activations (", dtype_name(activations), ") are not supported by the tensor-parallel GPT "
-             "yet; use fp32 activations for this model");
   if (tp.degree > 1) {
     ZT_REQUIRE(config.kind == ModelKind::kGpt, "tensor parallelism splits GPT models only, not the MLP");
     ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
                " is not supported with tensor parallelism yet; use --recompute none");
-    return make_gpt_tp(config, tp);
+    return make_gpt_tp(config, tp, activations);
   }
   return config.kind == ModelKind::kGpt ? make_gpt(config, recompute, activations) : make_mlp(config, activations);
 }
 
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree) {
   const bool sixteen = working == DType::kBF16 || working == DType::kF16;
-  (void)pipeline_degree;  // a pipeline stage computes as the one-device GPT does
-  return sixteen && tensor_degree <= 1 ? working : DType::kF32;
+  (void)tensor_degree, (void)pipeline_degree;  // every model computes in the working dtype
+  return sixteen ? working : DType::kF32;
 }
 
 void Workspace::read_logits_row(Stream& s, int row, float* out) {

@@ -160,17 +160,19 @@ struct TensorParallel {
 
 // `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
 // tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
-// activations: f32, or bf16/f16 for the GPT without tensor parallelism and the MLP (the
-// tensor-parallel GPT refuses it with one sentence): activations, saved tensors, activation gradients, logits and GEMM inputs
+// activations: f32, or bf16/f16 for the MLP and the GPT, with or without tensor parallelism:
+// activations, saved tensors, activation gradients, logits and GEMM inputs
 // in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
-// gradients in fp32 (the ops' rounding rules, kernels/ops.h). A 16-bit GPT computes in the 16-bit
+// gradients in fp32 (the ops' rounding rules, kernels/ops.h). With tensor parallelism the
+// collectives inside the layers (gathered layernorm outputs, the row-parallel partial sums, the
+// gathered logits row) move the 16-bit type too; their sums accumulate in fp32 and round once per
+// ring hop (comm/communicator.h), as Megatron sums them in bf16. A 16-bit GPT computes in the 16-bit
 // type its parameters come in (ParamAccess::param_dtype; bf16 and f16 take the same bytes), so an
 // engine switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
-// The activation dtype a training run's model computes in: the working dtype (bf16/f16) for the
-// MLP and a GPT without tensor parallelism (whole or a pipeline stage), else f32 (the
-// tensor-parallel GPT computes in fp32 on widened copies of its 16-bit parameters).
+// The activation dtype a training run's model computes in: the working dtype (bf16/f16) for every
+// model (the MLP, and the GPT whole, tensor-parallel or a pipeline stage), else f32.
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
@@ -194,9 +196,9 @@ DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_
 //  - backward_input runs every tensor-group collective of the backward, backward_weight none
 //    (only the rank's weight-gradient matmuls and additions), so a tensor group's collectives keep
 //    one order on every rank under zb-h1; split and fused backward add the same bits.
-// activations: f32, or bf16/f16 for a stage without tensor parallelism (refused with one sentence
-// otherwise); the stage then computes as make_model's 16-bit GPT does, and what crosses stages
-// (stage_input/stage_output/stage_gradient) is 16-bit.
+// activations: f32, or bf16/f16 (with or without tensor parallelism); the stage then computes as
+// make_model's 16-bit GPT does, and what crosses stages (stage_input/stage_output/stage_gradient)
+// is 16-bit.
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
                                       Recompute recompute = Recompute::kNone, const TensorParallel& tp = {},
                                       DType activations = DType::kF32);

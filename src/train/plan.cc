@@ -47,10 +47,12 @@ DType plan_activation_dtype(const ModelConfig& mc, const PlanInputs& in) {
 
 // The pool block the attention library's workspace holds on each device's compute stream:
 // flash_attention_library_bytes of the run's shape where the devices have the library path and
-// the activations are 16-bit, else 0 (fp32 activations never take it; kernels/ops.h).
+// the activations are 16-bit, else 0 (fp32 activations never take it; kernels/ops.h). With tensor
+// parallelism a rank attends over its heads only: C / degree channels in heads / degree heads.
 size_t plan_attention_bytes(const ModelConfig& mc, const PlanInputs& in) {
   if (!in.attention_library || mc.kind != ModelKind::kGpt) return 0;
-  return ops::flash_attention_library_bytes(in.micro_batch, in.seq_len, mc.embd, mc.heads,
+  const int tp = std::max(in.tensor, 1);
+  return ops::flash_attention_library_bytes(in.micro_batch, in.seq_len, mc.embd / tp, mc.heads / tp,
                                             plan_activation_dtype(mc, in));
 }
 
@@ -299,12 +301,15 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
       if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
     }
     if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
+    const size_t attention = plan_attention_bytes(mc, in);
+    if (attention) resident.push_back({attention, false});
     std::vector<std::vector<Alloc>> phases(2);
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
     phases[1].insert(phases[1].end(), eval.begin(), eval.end());
-    // Pipeline stages compute in fp32 (plan_activation_dtype): no attention library workspace.
-    DevicePlan dev = device_plan(eng, resident, phases, act, eval_ws, comm, batch, in.gemm_workspace, 0, &plan.work);
+    // A 16-bit stage's attention may take the library path: its workspace is resident as above.
+    DevicePlan dev =
+        device_plan(eng, resident, phases, act, eval_ws, comm, batch, in.gemm_workspace, attention, &plan.work);
     dev.stage = s;
     stages.push_back(dev);
   }

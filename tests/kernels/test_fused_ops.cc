@@ -735,6 +735,134 @@ TEST_P(FusedOpsTest, SixteenBitEncoder) {
   }
 }
 
+// The tensor-parallel GPT's bias and position ops over 16-bit activations (parameters fp32 or
+// the activations' dtype): each forward output the widened sum rounded once (one fp32 addition:
+// the same bits on every backend); backward sums the widened rows into fp32 in row order, within
+// the reduction tolerance of float64.
+TEST_P(FusedOpsTest, SixteenBitBiasAndPosition) {
+  struct Case {
+    int64_t R, C, row0, T;
+  };
+  const Case cases[] = {{1, 1, 0, 1}, {7, 13, 3, 5}, {33, 64, 16, 16}, {64, 768, 64, 32}};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const Case& c : cases) {
+      for (bool param16 : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " R=" << c.R << " C=" << c.C << " row0=" << c.row0
+                                          << (param16 ? " 16-bit parameters" : " fp32 parameters"));
+        const int64_t n = c.R * c.C;
+        const std::vector<uint16_t> x0 = h.round(rng_.normal(n));
+        FVec wpe = rng_.normal(c.T * c.C), bias = rng_.normal(c.C);
+        if (param16) wpe = h.widen(h.round(wpe)), bias = h.widen(h.round(bias));
+        DevTensor tx(*dev_, s(), t, {c.R, c.C}), twpe(*dev_, s(), param16 ? t : DType::kF32, {c.T, c.C}),
+            tbias(*dev_, s(), param16 ? t : DType::kF32, {c.C});
+        if (param16) {
+          twpe.upload(h.round(wpe)), tbias.upload(h.round(bias));
+        } else {
+          twpe.upload(wpe), tbias.upload(bias);
+        }
+        std::vector<uint16_t> want_p(n), want_b(n);
+        DVec ref_p(n), ref_b(n);
+        for (int64_t r = 0; r < c.R; ++r)
+          for (int64_t k = 0; k < c.C; ++k) {
+            const float x = h.widen(x0[r * c.C + k]), p = wpe[((c.row0 + r) % c.T) * c.C + k], b = bias[k];
+            want_p[r * c.C + k] = h.round(x + p), ref_p[r * c.C + k] = double{x} + p;
+            want_b[r * c.C + k] = h.round(x + b), ref_b[r * c.C + k] = double{x} + b;
+          }
+        tx.upload(x0);
+        ops::position_forward(s(), tx, twpe, c.row0, c.T);
+        const std::vector<uint16_t> got_p = tx.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got_p, want_p)) << "position_forward";
+        EXPECT_TRUE(h.close(h.widen(got_p), ref_p)) << "position_forward";
+        tx.upload(x0);
+        ops::bias_forward(s(), tx, tbias);
+        const std::vector<uint16_t> got_b = tx.download<uint16_t>();
+        EXPECT_TRUE(bitwise_equal(got_b, want_b)) << "bias_forward";
+        EXPECT_TRUE(h.close(h.widen(got_b), ref_b)) << "bias_forward";
+      }
+      // Backward: dwpe and dbias fp32 += the widened rows.
+      const std::vector<uint16_t> dx = h.round(rng_.normal(c.R * c.C));
+      DevTensor tdx(*dev_, s(), t, {c.R, c.C});
+      tdx.upload(dx);
+      const FVec dwpe0 = rng_.normal(c.T * c.C), dbias0 = rng_.normal(c.C);
+      DevTensor dwpe = tensor(dwpe0, {c.T, c.C}), dbias = tensor(dbias0, {c.C});
+      ops::position_backward(s(), dwpe, tdx, c.row0, c.T);
+      ops::bias_backward(s(), dbias, tdx);
+      DVec r_wpe = to_d(dwpe0), r_bias = to_d(dbias0);
+      ref::position_backward_ref(r_wpe, to_d(h.widen(dx)), c.R, c.C, c.row0, c.T);
+      ref::bias_backward_ref(r_bias, to_d(h.widen(dx)), c.R, c.C);
+      EXPECT_TRUE(close(dwpe.f(), r_wpe, kTolReduce)) << dtype_name(t) << " position_backward";
+      EXPECT_TRUE(close(dbias.f(), r_bias, kTolReduce)) << dtype_name(t) << " bias_backward";
+    }
+  }
+}
+
+// The vocabulary-parallel cross-entropy over a shard of 16-bit logits, the last shard partly
+// padding: row maxima exact (of the widened real columns), the partial sums and losses within the
+// fp32 tolerance of float64 on the widened logits, dlogits rounded once (the dtype's half ulp), the
+// padding columns' gradient 0.
+TEST_P(FusedOpsTest, SixteenBitVocabParallelCrossEntropy) {
+  struct Case {
+    int64_t N, Vl, begin, total;
+  };
+  // {7, 64, 64, 100}: a last shard of 36 real and 28 padding columns; {5, 128, 128, 128}: padding only.
+  const Case cases[] = {{1, 1, 0, 1}, {7, 64, 64, 100}, {9, 257, 0, 514}, {16, 1024, 1024, 2000}, {5, 128, 128, 128}};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Host16 h{t};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " N=" << c.N << " Vl=" << c.Vl << " begin=" << c.begin
+                                        << " total=" << c.total);
+      const int64_t real = std::clamp<int64_t>(c.total - c.begin, 0, c.Vl);
+      const ops::VocabRange vocab{c.begin, c.total};
+      FVec raw = rng_.normal(c.N * c.Vl);
+      for (float& v : raw) v *= 3.0f;
+      const std::vector<uint16_t> logits = h.round(raw);
+      const FVec wide = h.widen(logits);
+      IVec targets = rng_.ints(c.N, 0, static_cast<int32_t>(c.total));
+      for (int64_t r = 0; r < c.N; ++r)
+        if (r % 3 == 1) targets[r] = static_cast<int32_t>(c.begin + (r % std::max<int64_t>(real, 1)));  // here
+      if (c.N > 2) targets[2] = -1;  // ignored
+      DevTensor tl(*dev_, s(), t, {c.N, c.Vl}), ttg = tensor(targets, {c.N});
+      tl.upload(logits);
+      // Real columns only (widened) for the references, which know no padding.
+      DVec real_logits;
+      for (int64_t r = 0; r < c.N; ++r)
+        for (int64_t k = 0; k < real; ++k) real_logits.push_back(wide[r * c.Vl + k]);
+      DevTensor mx = tensor(FVec(c.N, NAN), {c.N});
+      ops::row_max(s(), mx, tl, vocab);
+      const FVec got_max = mx.f();
+      for (int64_t r = 0; r < c.N; ++r) {
+        float want = -INFINITY;
+        for (int64_t k = 0; k < real; ++k) want = std::max(want, wide[r * c.Vl + k]);
+        EXPECT_EQ(got_max[r], want) << "row " << r;
+      }
+      if (real == 0) continue;  // a shard of padding only: its maxima are the whole check
+      DevTensor part = tensor(FVec(2 * c.N, NAN), {2, c.N});
+      ops::vocab_partials(s(), part, tl, mx, ttg, vocab);
+      DVec r_part(2 * c.N);
+      ref::vocab_partials_ref(r_part, real_logits, to_d(got_max), targets, c.N, real, c.begin);
+      const FVec got_part = part.f();
+      EXPECT_TRUE(close(got_part, r_part, kTolReduce)) << "vocab_partials";
+      // One shard holds the whole real vocabulary here: its partials are the global sums.
+      const FVec sumexp(got_part.begin(), got_part.begin() + c.N), tlog(got_part.begin() + c.N, got_part.end());
+      DevTensor tsum = tensor(sumexp, {c.N}), ttl = tensor(tlog, {c.N}), losses = tensor(FVec(c.N, NAN), {c.N});
+      const float dloss = 0.25f;
+      ops::vocab_loss_grad(s(), tl, losses, mx, tsum, ttl, ttg, vocab, dloss, true);
+      DVec r_loss(c.N), r_grad(c.N * real);
+      ref::vocab_loss_grad_ref(r_loss, r_grad, real_logits, to_d(got_max), to_d(sumexp), to_d(tlog), targets, c.N,
+                               real, c.begin, dloss);
+      EXPECT_TRUE(close(losses.f(), r_loss, kTolReduce)) << "losses";
+      const FVec got = h.widen(tl.download<uint16_t>());
+      FVec got_real;
+      for (int64_t r = 0; r < c.N; ++r) {
+        for (int64_t k = 0; k < real; ++k) got_real.push_back(got[r * c.Vl + k]);
+        for (int64_t k = real; k < c.Vl; ++k) EXPECT_EQ(got[r * c.Vl + k], 0.0f) << "padding column " << k;
+      }
+      EXPECT_TRUE(h.close(got_real, r_grad)) << "dlogits";
+    }
+  }
+}
+
 TEST_P(FusedOpsTest, LmHeadBf16) { check_lm_head_16<BFloat16>(*dev_, s(), rng_, GetParam()); }
 TEST_P(FusedOpsTest, LmHeadFp16) { check_lm_head_16<Half>(*dev_, s(), rng_, GetParam()); }
 

@@ -82,6 +82,37 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     ASSERT_NEAR(got[i], want[i], tol * std::max(scale, 1e-3)) << what << " element " << i;
 }
 
+// The tensor-parallel model's gradients (local[t][b]: rank t's block b) at their logical places in
+// `logical` (the one-device layout): every logical element covered, replicated copies equal on
+// every rank, bit for bit (their sums are all-reduced).
+std::vector<std::vector<float>> logical_grads(const Model& model, const ParamLayout& logical,
+                                              const std::vector<std::vector<std::vector<float>>>& local) {
+  const TensorMap& map = *model.tensor_map();
+  std::vector<std::vector<float>> got(static_cast<size_t>(logical.num_blocks()));
+  std::vector<std::vector<int>> hits(got.size());
+  for (size_t b = 0; b < got.size(); ++b) {
+    got[b].assign(static_cast<size_t>(logical.block(static_cast<int>(b)).numel), 0.0f);
+    hits[b].assign(got[b].size(), 0);
+  }
+  for (size_t t = 0; t < local.size(); ++t)
+    for (int b = 0; b < model.layout().num_blocks(); ++b) {
+      const std::vector<float>& g = local[t][static_cast<size_t>(b)];
+      map.for_each_run(static_cast<int>(t), b, 0, model.layout().block(b).numel, [&](int lb, int64_t lo, int64_t li, int64_t n) {
+        for (int64_t k = 0; k < n; ++k) {
+          auto& slot = got[static_cast<size_t>(lb)][static_cast<size_t>(lo + k)];
+          if (hits[static_cast<size_t>(lb)][static_cast<size_t>(lo + k)]++ > 0) {
+            EXPECT_EQ(slot, g[static_cast<size_t>(li + k)]) << "replicated gradient differs between tensor ranks, block " << b;
+          }
+          slot = g[static_cast<size_t>(li + k)];
+        }
+      });
+    }
+  for (size_t b = 0; b < got.size(); ++b)
+    for (const ParamTensor& pt : logical.block(static_cast<int>(b)).tensors)
+      for (int64_t k = 0; k < pt.numel; ++k) EXPECT_GE(hits[b][static_cast<size_t>(pt.offset + k)], 1) << pt.name << " not covered";
+  return got;
+}
+
 void check_degree(int D, bool sequence, int vocab = 256) {
   const ModelConfig c = tiny_config(vocab);
   const Inputs in = make_inputs(c);
@@ -117,28 +148,12 @@ void check_degree(int D, bool sequence, int vocab = 256) {
 
   // Losses: every rank holds every position's loss.
   for (int t = 0; t < D; ++t) expect_close(results[static_cast<size_t>(t)].losses, ref.losses, 1e-5, "losses of rank " + std::to_string(t));
-  // Gradients: each local element back at its logical place; replicated copies must agree too.
-  std::vector<std::vector<float>> got(ref_grads.size());
-  std::vector<std::vector<int>> hits(ref_grads.size());
-  for (size_t b = 0; b < got.size(); ++b) got[b].assign(ref_grads[b].size(), 0.0f), hits[b].assign(ref_grads[b].size(), 0);
+  std::vector<std::vector<std::vector<float>>> local(static_cast<size_t>(D));
   for (int t = 0; t < D; ++t)
-    for (int b = 0; b < model->layout().num_blocks(); ++b) {
-      const std::vector<float> g = params[static_cast<size_t>(t)]->grad_host(b);
-      map.for_each_run(t, b, 0, model->layout().block(b).numel, [&](int lb, int64_t lo, int64_t li, int64_t n) {
-        for (int64_t k = 0; k < n; ++k) {
-          auto& slot = got[static_cast<size_t>(lb)][static_cast<size_t>(lo + k)];
-          if (hits[static_cast<size_t>(lb)][static_cast<size_t>(lo + k)]++ > 0) {
-            ASSERT_EQ(slot, g[static_cast<size_t>(li + k)]) << "replicated gradient differs between tensor ranks, block " << b;
-          }
-          slot = g[static_cast<size_t>(li + k)];
-        }
-      });
-    }
-  for (size_t b = 0; b < got.size(); ++b) {
-    for (const ParamTensor& pt : ref_model->layout().block(static_cast<int>(b)).tensors)
-      for (int64_t k = 0; k < pt.numel; ++k) ASSERT_GE(hits[b][static_cast<size_t>(pt.offset + k)], 1) << pt.name << " not covered";
+    for (int b = 0; b < model->layout().num_blocks(); ++b) local[static_cast<size_t>(t)].push_back(params[static_cast<size_t>(t)]->grad_host(b));
+  const std::vector<std::vector<float>> got = logical_grads(*model, ref_model->layout(), local);
+  for (size_t b = 0; b < got.size(); ++b)
     expect_close(got[b], ref_grads[b], 2e-5, "gradient of block " + ref_model->layout().block(static_cast<int>(b)).name);
-  }
 }
 
 TEST(GptTensorParallel, MatchesOneDeviceWithSequenceParallelism) {
@@ -157,6 +172,129 @@ TEST(GptTensorParallel, MatchesOneDeviceWithAPaddedVocabulary) {
   check_degree(2, true, 250);
   check_degree(4, true, 250);
   check_degree(4, false, 250);
+}
+
+// Relative L2 error of each logical tensor's gradient against `want`.
+void expect_tensors_close(const ParamLayout& L, const std::vector<std::vector<float>>& got,
+                          const std::vector<std::vector<float>>& want, double tol, const std::string& what) {
+  for (int b = 0; b < L.num_blocks(); ++b)
+    for (const ParamTensor& t : L.block(b).tensors) {
+      double err = 0, norm = 0;
+      for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+        const double a = got[static_cast<size_t>(b)][static_cast<size_t>(i)];
+        const double e = want[static_cast<size_t>(b)][static_cast<size_t>(i)];
+        err += (a - e) * (a - e), norm += e * e;
+      }
+      ASSERT_GT(norm, 0) << what << ": " << t.name;
+      EXPECT_LE(std::sqrt(err / norm), tol) << what << ": " << t.name;
+    }
+}
+
+double mean(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m += x;
+  return m / static_cast<double>(v.size());
+}
+
+// The tensor-parallel GPT in bf16/fp16 (parameters read in 16 bits, activations and the tensor
+// collectives' data 16-bit) against the fp32 tensor-parallel run of the same 16-bit-representable
+// parameters, and against the one-device 16-bit GPT. Bounds as Gpt16's (test_model.cc): the
+// loss within 4u relative, every gradient tensor within 16u relative L2 (u: bf16 2^-8, fp16
+// 2^-11); the one-device 16-bit GPT rounds at the same points but sums in another order, so the
+// two 16-bit runs differ by at most the sum of their distances to fp32 (32u). The 16-bit run
+// must not be the fp32 run's bits (a model that secretly widened would be).
+void check_degree_16(int D, bool sequence, DType dt, int vocab) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", degree " + std::to_string(D) + (sequence ? "" : ", no SP") +
+               ", vocab " + std::to_string(vocab));
+  const double u = dt == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
+  const ModelConfig c = tiny_config(vocab);
+  const Inputs in = make_inputs(c);
+  // Logical parameters, norms and biases moved off 1/0 (so their 16-bit paths matter), rounded to dt.
+  auto rt1 = Runtime::create_cpu(1);
+  Device& d1 = rt1->device(0);
+  auto one16 = make_model(c, Recompute::kNone, {}, dt);
+  const ParamLayout& L = one16->layout();
+  std::vector<std::vector<float>> host = init_blocks(L, 7);
+  Params16 one_p(d1, L, dt);
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    for (const ParamTensor& t : L.block(b).tensors)
+      if (t.init != ParamInit::kNormal)
+        for (int64_t i = 0; i < t.numel; ++i)
+          host[static_cast<size_t>(b)][static_cast<size_t>(t.offset + i)] += 0.1f * static_cast<float>(((i * 7 + b) % 13) - 6) / 6;
+    host[static_cast<size_t>(b)] = one_p.set(b, host[static_cast<size_t>(b)]);
+  }
+  const Result one = run_model(*one16, d1, one_p, in);
+  std::vector<std::vector<float>> one_grads;
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    one_grads.emplace_back(static_cast<size_t>(L.block(b).numel));
+    d1.compute().copy(one_grads.back().data(), one_p.grads(b), one_grads.back().size() * 4);
+  }
+  d1.compute().synchronize();
+
+  auto rt = Runtime::create_cpu(D);
+  std::vector<Device*> devs;
+  for (int r = 0; r < D; ++r) devs.push_back(&rt->device(r));
+  Communicator comm(devs);
+  const Mesh mesh(MeshShape{.tensor = D}, D);
+  std::vector<const float*> logical;
+  for (const auto& b : host) logical.push_back(b.data());
+  // Rank t's losses and local gradients of one micro-batch of `model` in `dtype`.
+  auto run_tp = [&](const Model& model, DType dtype, std::vector<std::vector<std::vector<float>>>& grads) {
+    const TensorMap& map = *model.tensor_map();
+    std::vector<std::unique_ptr<ParamAccess>> params;
+    std::vector<Result> results(static_cast<size_t>(D));
+    for (int t = 0; t < D; ++t) {
+      std::vector<std::vector<float>> local;
+      for (int b = 0; b < model.layout().num_blocks(); ++b) local.push_back(map.local_block(t, b, logical));
+      if (dtype == DType::kF32) {
+        params.push_back(std::make_unique<Params>(*devs[static_cast<size_t>(t)], model.layout(), local));
+      } else {
+        auto p16 = std::make_unique<Params16>(*devs[static_cast<size_t>(t)], model.layout(), dtype);
+        for (int b = 0; b < model.layout().num_blocks(); ++b) {
+          const std::vector<float> wide = p16->set(b, local[static_cast<size_t>(b)]);
+          EXPECT_EQ(wide, local[static_cast<size_t>(b)]) << "parameters are representable in 16 bits";
+        }
+        params.push_back(std::move(p16));
+      }
+    }
+    std::vector<std::thread> threads;
+    for (int t = 0; t < D; ++t)
+      threads.emplace_back([&, t] {
+        results[static_cast<size_t>(t)] = run_model(model, *devs[static_cast<size_t>(t)], *params[static_cast<size_t>(t)], in);
+      });
+    for (auto& th : threads) th.join();
+    grads.assign(static_cast<size_t>(D), {});
+    for (int t = 0; t < D; ++t) {
+      Device& dv = *devs[static_cast<size_t>(t)];
+      for (int b = 0; b < model.layout().num_blocks(); ++b) {
+        grads[static_cast<size_t>(t)].emplace_back(static_cast<size_t>(model.layout().block(b).numel));
+        dv.compute().copy(grads[static_cast<size_t>(t)].back().data(), params[static_cast<size_t>(t)]->grads(b),
+                          grads[static_cast<size_t>(t)].back().size() * 4);
+      }
+      dv.compute().synchronize();
+    }
+    for (int t = 1; t < D; ++t) EXPECT_EQ(results[static_cast<size_t>(t)].losses, results[0].losses) << "rank " << t;
+    return results[0];
+  };
+  auto m16 = make_model(c, Recompute::kNone, TensorParallel{D, sequence, &comm, &mesh}, dt);
+  auto m32 = make_model(c, Recompute::kNone, TensorParallel{D, sequence, &comm, &mesh});
+  EXPECT_EQ(m16->activation_dtype(), dt);
+  std::vector<std::vector<std::vector<float>>> g16, g32;
+  const Result r16 = run_tp(*m16, dt, g16), r32 = run_tp(*m32, DType::kF32, g32);
+  const auto tp16 = logical_grads(*m16, L, g16), tp32 = logical_grads(*m32, L, g32);
+  EXPECT_NEAR(mean(r16.losses), mean(r32.losses), 4 * u * mean(r32.losses));
+  EXPECT_NEAR(mean(r16.losses), mean(one.losses), 8 * u * mean(r32.losses));
+  expect_tensors_close(L, tp16, tp32, 16 * u, "16-bit TP vs fp32 TP");
+  expect_tensors_close(L, tp16, one_grads, 32 * u, "16-bit TP vs 16-bit one device");
+  EXPECT_NE(tp16, tp32) << "the 16-bit model computed the fp32 bits";
+}
+
+TEST(GptTensorParallel, SixteenBitTracksFp32AndTheOneDevice16BitGpt) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    check_degree_16(2, true, dt, 256);
+    check_degree_16(2, false, dt, 256);
+  }
+  check_degree_16(4, true, DType::kBF16, 250);  // a padded vocabulary, a shard partly padding
 }
 
 TEST(GptTensorParallel, MapTilesEveryLogicalTensorOncePerSplit) {

@@ -15,6 +15,7 @@
 #include "kernels/ref/ops_ref.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
+#include "resident_params.h"
 #include "runtime/runtime.h"
 #include "train/sampler.h"
 
@@ -470,45 +471,6 @@ TEST(Gpt, PaddedVocabularyIsMaskedAndNeverSampled) {
 
 // ---- 16-bit activations (make_model(..., DType::kBF16)) ----------------------------------------
 
-// Parameters held only in a 16-bit dtype (as the ZeRO engine's working buffers), fp32 gradients.
-// params() fails the test: a 16-bit model must read every parameter through param_data, so every
-// GEMM it issues takes its weight, and with it (one dtype per matmul) its input, in 16 bits.
-class Params16 final : public ParamAccess {
- public:
-  Params16(Device& d, const ParamLayout& layout, DType dtype) : d_(d), dtype_(dtype) {
-    for (const auto& b : layout.blocks()) {
-      p_.emplace_back(d.memory(), b.numel * 2, d.compute(), "p16");
-      g_.emplace_back(d.memory(), b.numel * 4, d.compute(), "g");
-    }
-  }
-  // Block b's parameters rounded to the dtype (nearest even); returns them widened to fp32.
-  std::vector<float> set(int b, const std::vector<float>& v) {
-    std::vector<uint16_t> bits(v.size());
-    std::vector<float> wide(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      bits[i] = dtype_ == DType::kBF16 ? float_to_bf16_bits(v[i]) : float_to_half_bits(v[i]);
-      wide[i] = dtype_ == DType::kBF16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
-    }
-    d_.compute().copy(p_[b].data(), bits.data(), bits.size() * 2);
-    d_.compute().memset(g_[b].data(), 0, g_[b].size());
-    d_.compute().synchronize();
-    return wide;
-  }
-  int device_index() const override { return d_.index(); }
-  float* params(int b) override {
-    ADD_FAILURE() << "a 16-bit model asked for fp32 parameters of block " << b;
-    return nullptr;
-  }
-  float* grads(int b) override { return g_[b].as<float>(); }
-  DType param_dtype() const override { return dtype_; }
-  void* param_data(int b) override { return p_[b].data(); }
-
- private:
-  Device& d_;
-  DType dtype_;
-  std::vector<DeviceBuffer> p_, g_;
-};
-
 struct GptRun {
   double loss = 0;
   std::vector<std::vector<float>> grads;  // per block
@@ -609,10 +571,18 @@ TEST(Gpt16, Bf16WorkspaceIsHalfLogitsAreBf16AndRecomputeKeepsTheBits) {
                      static_cast<double>(make_model(g)->workspace_bytes(4, 1024));
   EXPECT_GT(big, 0.5);
   EXPECT_LT(big, 0.53);
-  // Not (yet) the tensor-parallel GPT.
-  TensorParallel tp;
-  tp.degree = 2;
-  EXPECT_THROW(make_model(g, Recompute::kNone, tp, DType::kBF16), Error);
+  // The tensor-parallel GPT too (degree 2, with and without sequence parallelism): the fp32
+  // remainder there also holds the replicated gradients' sums and the cross-entropy statistics.
+  for (bool sequence : {true, false}) {
+    TensorParallel tp;
+    tp.degree = 2, tp.sequence = sequence;
+    const double tp_ratio =
+        static_cast<double>(make_model(g, Recompute::kNone, tp, DType::kBF16)->workspace_bytes(4, 1024)) /
+        static_cast<double>(make_model(g, Recompute::kNone, tp)->workspace_bytes(4, 1024));
+    EXPECT_GT(tp_ratio, 0.5) << sequence;
+    EXPECT_LT(tp_ratio, 0.53) << sequence;
+    EXPECT_EQ(make_model(g, Recompute::kNone, tp, DType::kBF16)->activation_dtype(), DType::kBF16);
+  }
 
   auto rt = Runtime::create_cpu(1);
   Device& d = rt->device(0);
