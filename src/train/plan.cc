@@ -61,7 +61,8 @@ std::unique_ptr<Model> plan_model(const ModelConfig& mc, const PlanInputs& in) {
   return make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}, plan_activation_dtype(mc, in));
 }
 
-// "fp32", or "bf16 + fp32 master, bf16 activations" (the 16-bit GPT) / ", fp32 activations".
+// "fp32", or "bf16 + fp32 master, bf16 activations" (every model computes in the working dtype)
+// / ", fp32 activations" (a model made with fp32 activations on 16-bit parameters).
 std::string precision_label(ModelKind kind, const PlanInputs& in) {
   if (in.working == DType::kF32) return "fp32";
   ModelConfig mc;

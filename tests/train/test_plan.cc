@@ -4,10 +4,12 @@
 // a run that cannot fit refused before training with the cheapest fix, and that fix followed fits.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "comm/communicator.h"
 #include "core/status.h"
+#include "data/image_data.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "model/model.h"
@@ -117,6 +119,37 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
           EXPECT_GE(p.total, p.peak_allocated);
         }
       }
+    }
+  }
+}
+
+// The bf16 MLP computes in 16 bits: the plan counts the bf16 model's workspace (smaller than
+// fp32's, and what the run allocates), names its activations in the printed plan, and predicts the
+// measured pool peak within 5% at every stage.
+TEST(Plan, CountsTheSixteenBitMlp) {
+  if (!std::filesystem::exists(kFashionMnistDir)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const ModelConfig mc = make_model_config("mlp");
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TrainConfig c = short_run("mlp", {}, 2, stage);
+    c.data = "fashion-mnist";
+    c.sample_tokens = 0;
+    c.precision = Precision::kBf16;
+    const MemoryPlan plan = plan_memory(mc, inputs_of(c, 2));
+    PlanInputs fp32_in = inputs_of(c, 2);
+    fp32_in.working = DType::kF32;
+    const MemoryPlan fp32 = plan_memory(mc, fp32_in);
+    ASSERT_TRUE(plan.fits);
+    const DevicePlan& p = plan.per_device[0];
+    EXPECT_EQ(p.activations, make_model(mc, Recompute::kNone, {}, DType::kBF16)->workspace_bytes(c.micro_batch_size, 1));
+    EXPECT_LT(p.activations, fp32.per_device[0].activations);
+    EXPECT_NE(format_plan(mc, plan).find("bf16 + fp32 master, bf16 activations"), std::string::npos)
+        << format_plan(mc, plan);
+    const TrainResult r = train(c);
+    for (int d = 0; d < 2; ++d) {
+      const double measured = static_cast<double>(r.peak_bytes_per_device[static_cast<size_t>(d)]);
+      EXPECT_NEAR(static_cast<double>(plan.per_device[static_cast<size_t>(d)].peak_allocated) / measured, 1.0, 0.05);
+      EXPECT_EQ(r.activation_bytes_per_device[static_cast<size_t>(d)], p.activations);
     }
   }
 }

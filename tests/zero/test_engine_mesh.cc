@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -93,11 +94,17 @@ struct Poke {
 };
 
 // An engine on its own simulated devices, driven the way the trainer drives it: one host thread
-// per rank, every micro-batch's forward and backward, the gradient check, then the update.
+// per rank, every micro-batch's forward and backward, the gradient check, then the update. The
+// model computes in the dtype a training run's would (run_activation_dtype: 16 bits with 16-bit
+// working parameters, reading them as the engine holds them).
 class EngineRun {
  public:
-  EngineRun(const ModelConfig& mc, int devices, const ZeroOptions& opt, CommPath path = CommPath::kAuto)
-      : mc_(mc), model_(make_model(mc)), rt_(Runtime::create_cpu(devices)), mesh_({.data = devices / opt.tensor, .tensor = opt.tensor}, devices) {
+  // activations: the model's activation dtype, if not the run's.
+  EngineRun(const ModelConfig& mc, int devices, const ZeroOptions& opt, CommPath path = CommPath::kAuto,
+            std::optional<DType> activations = std::nullopt)
+      : mc_(mc),
+        model_(make_model(mc, Recompute::kNone, {}, activations.value_or(run_activation_dtype(mc, opt.working, 1, 1)))),
+        rt_(Runtime::create_cpu(devices)), mesh_({.data = devices / opt.tensor, .tensor = opt.tensor}, devices) {
     for (int r = 0; r < devices; ++r) devs_.push_back(&rt_->device(r));
     comm_ = std::make_unique<Communicator>(devs_, Communicator::kDefaultChunkBytes, path);
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, opt);
@@ -343,6 +350,49 @@ TEST(ZeroMesh, EachTensorCoordinateMatchesItsOwnDataParallelEngineAtEveryStage) 
     }
 }
 
+// The bf16 MLP computes in 16 bits (reading the engine's bf16 working parameters) and gives the
+// same bits at every ZeRO stage: each step's losses, the master weights and working parameters at
+// the end; and they are not the bits of the same engine run with fp32 activations (the widened
+// parameters of before), so the 16-bit path really ran.
+TEST(ZeroMesh, Bf16MlpStagesAgreeBitForBit) {
+  const ModelConfig mc = mlp_config();
+  const int devices = 2, steps = kSanitizer ? 2 : 3;
+  const float dloss = 1.0f / static_cast<float>(kRows * kMicro * devices);
+  struct Bits {
+    std::vector<float> losses;
+    std::vector<std::vector<float>> master, working;
+  };
+  auto run = [&](int stage, bool sixteen) {
+    Case c;
+    c.mc = mc, c.stage = stage, c.working = DType::kBF16;
+    EngineRun e(mc, devices, options(c, 1), CommPath::kAuto,
+                sixteen ? std::nullopt : std::optional<DType>(DType::kF32));
+    EXPECT_EQ(e.model().activation_dtype(), sixteen ? DType::kBF16 : DType::kF32);
+    e.load([&](int) { return make_params(e.model(), 0); });
+    Bits out;
+    for (int step = 0; step < steps; ++step) {
+      const auto got = e.step(step, [&](int r, int m) { return make_batch(mc, 0, r, step, m); }, {}, false, dloss);
+      for (const RankStep& g : got) out.losses.insert(out.losses.end(), g.losses.begin(), g.losses.end());
+    }
+    for (int b = 0; b < e.model().layout().num_blocks(); ++b) {
+      out.master.push_back(e.engine().master_to_host(b));
+      out.working.push_back(e.engine().block_to_host(b));
+    }
+    return out;
+  };
+  const Bits s0 = run(0, true);
+  for (int stage = 1; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Bits s = run(stage, true);
+    EXPECT_TRUE(same_bits(s.losses, s0.losses));
+    for (size_t b = 0; b < s0.master.size(); ++b) {
+      EXPECT_TRUE(same_bits(s.master[b], s0.master[b])) << "master weights, block " << b;
+      EXPECT_TRUE(same_bits(s.working[b], s0.working[b])) << "working parameters, block " << b;
+    }
+  }
+  EXPECT_FALSE(same_bits(run(0, false).losses, s0.losses)) << "the bf16 MLP computed the fp32 bits";
+}
+
 TEST(ZeroMesh, TinyGptMatchesAtEveryStage) {
   for (auto [stage, w] : {std::pair{0, DType::kF32}, std::pair{1, DType::kBF16}, std::pair{2, DType::kF32},
                           std::pair{3, DType::kBF16}}) {
@@ -478,7 +528,8 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
     for (int r = 0; r < 4; ++r) run.device(r).memory().reset_peak_stats();  // not the load's staging
     const float dloss = 1.0f / static_cast<float>(kRows * kMicro * 2 * mc.seq_len);
     run.step(0, [&](int r, int m) { return make_batch(mc, r % 2, r / 2, 0, m); }, {}, false, dloss);
-    const EngineMemoryPlan plan = ZeroEngine::plan_memory(*model, 4, options(c, 2));
+    // The plan of the model the run drives (in bf16 a 16-bit model: no fp32 parameter copies).
+    const EngineMemoryPlan plan = ZeroEngine::plan_memory(run.model(), 4, options(c, 2));
     for (int r = 0; r < 4; ++r) {
       size_t predicted = run.extra_resident(r);
       for (size_t b : plan.resident) predicted += pool_rounded_size(b);
