@@ -13,7 +13,7 @@
 //  - Transient buffers (gradient buckets, stage 3 gathered blocks, mixed-precision fp32 copies) are
 //    placed and released only by executing the micro-batch's VisitPlan (zero/visit_plan.h), the
 //    list the memory plan walks, at the offsets the plan assigned them in the rank's one transient
-//    arena (allocated from the pool with the rank): the same addresses every micro-batch of a
+//    arena (allocated from the pool at its first micro-batch): the same addresses every micro-batch of a
 //    run, so CUDA graphs of the work between the hooks replay (train/graph_step.h). The plan
 //    reuses a range only where stream order already protects it, and for a reduce-scattered
 //    bucket where compute waits for the bucket's `reduced` event (see VisitPlan). A pipeline
@@ -168,7 +168,8 @@ class ZeroRank final : public ParamAccess {
   std::unique_ptr<HostArena> arena_;
   std::vector<Block> blocks;
   DeviceBuffer scaler, flags;  // see Impl::reset_scaler
-  // The transient arena (VisitPlan): every buffer a micro-batch's plan allocates lies in it. Null
+  // The transient arena (VisitPlan): every buffer a micro-batch's plan allocates lies in it; from
+  // the first micro-batch on, kept for the engine's lifetime (the addresses must not change). Null
   // for a pipeline stage's engine.
   DeviceBuffer transients_;
 
@@ -390,10 +391,6 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
   }
   scaler = DeviceBuffer(d.memory(), sizeof(optim::LossScaleState), compute_, "loss scale");
   flags = DeviceBuffer(d.memory(), static_cast<size_t>(e_.world()) * sizeof(float), compute_, "loss scale");
-  if (e_.arena_bytes > 0) {
-    transients_ = DeviceBuffer(d.memory(), e_.arena_bytes, compute_, "transient arena");
-    d.memory().record_stream(transients_.data(), comm_);  // gathers and reductions use it too
-  }
   reset_scaler();
 }
 
@@ -623,6 +620,12 @@ void ZeroRank::open_compute_span(int b, bool backward) {
 }
 
 void ZeroRank::begin_micro(int micro, bool forward_only) {
+  if (!transients_.data() && e_.arena_bytes > 0) {
+    // At the first micro-batch, not with the engine: loading the parameters stages them through
+    // the pool first, as the memory plan expects (its phases hold the arena, the load does not).
+    transients_ = DeviceBuffer(d_.memory(), e_.arena_bytes, compute_, "transient arena");
+    d_.memory().record_stream(transients_.data(), comm_);  // gathers and reductions use it too
+  }
   micro_ = micro;
   plan_ = forward_only ? &e_.forward_plan : &e_.train_plan;
   step_ = 0;

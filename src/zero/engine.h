@@ -141,8 +141,8 @@ struct ModelStateBytes {
 struct PlannedBuffer {
   size_t bytes = 0;
   bool comm_stream = false;  // allocated for the comm stream (stage-3 gathers), else compute
-  // The rank's transient arena (VisitPlan): one block allocated with the engine and never freed,
-  // so it leaves no freed segments for other transients to split.
+  // The rank's transient arena (VisitPlan): one block allocated at the first micro-batch and
+  // never freed, so it leaves no freed segments for other transients to split.
   bool arena = false;
 };
 
