@@ -184,7 +184,7 @@ void place_in_arena(VisitPlan& plan) {
       continue;
     }
     const auto id = static_cast<uint32_t>(bufs.size());
-    bufs.push_back({i, r});
+    bufs.push_back(Buffer{i, r, 0, false, {}});
     for (const auto& [s, other] : live) {
       bufs[id].overlaps.push_back(other);
       bufs[other].overlaps.push_back(id);
