@@ -605,8 +605,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
+DeviceBuffer DeviceBuffer::borrow(void* p, size_t bytes) {
+  DeviceBuffer b;
+  b.ptr_ = p;
+  b.bytes_ = bytes;
+  return b;
+}
+
 void DeviceBuffer::reset() {
-  if (ptr_ != nullptr) pool_->free(ptr_);
+  if (ptr_ != nullptr && pool_ != nullptr) pool_->free(ptr_);
   pool_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;

@@ -76,11 +76,14 @@ class CachingAllocator {
   std::unique_ptr<Impl> impl_;
 };
 
-// Owning handle to pool memory; frees on destruction (on the allocation stream's terms).
+// Owning handle to pool memory; frees on destruction (on the allocation stream's terms). A
+// borrow()ed one views memory another buffer owns and frees nothing.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(CachingAllocator& pool, size_t bytes, Stream& stream, const char* tag = "buffer");
+  // A view of `bytes` at `p`, memory another buffer owns (an arena's range): reset forgets it.
+  static DeviceBuffer borrow(void* p, size_t bytes);
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;

@@ -11,19 +11,17 @@
 // Addresses: a piece's graph bakes in every address its work used. The batch, workspace and loss
 // scale are the key (a new one captures again). The engine's buffers are whatever params(b),
 // param_data(b) and grads(b) returned while the piece was issued; at ZeRO 2-3 and in 16-bit runs
-// these are transient (gradient buckets, gathered parameters, widened fp32 copies) allocated by
-// the hook before the piece, and the pool's stream-ordered reuse (a block freed for another
-// stream returns when that stream's event has completed, polled at each allocation) may place
-// them elsewhere next micro-batch. So each piece keeps the addresses of its capture, and a replay
-// launches a piece only after the hook before it ran and the engine returns exactly those
-// addresses: the graph then touches the buffers the eager issue would touch, which the engine
-// made safe for this stream. A piece keeps up to kMaxVariants graphs (the pool often alternates
-// between a few blocks); when none matches, the micro-batch continues from that piece by issuing
-// the model again (see issue()), capturing the piece anew (counted: recaptures()); `auto` goes
-// eager when that happens for more than a quarter of the replayed pieces (kJudgeAfter). In the
-// CPU backend's two-device test runs about a third of the pieces (stage 2) and three quarters
-// (stage 3) are captured again: a pool that reused cross-stream frees in stream order rather than
-// when polled would make the addresses repeat.
+// these are transient (gradient buckets, gathered parameters, widened fp32 copies) placed by the
+// hook before the piece at the offsets the micro-batch's visit plan assigned them in the rank's
+// transient arena (zero/visit_plan.h), so they repeat every micro-batch of a run and every piece
+// replays after the first micro-batch captured it. The check stays: each piece keeps the
+// addresses of its capture, and a replay launches a piece only after the hook before it ran and
+// the engine returns exactly those addresses (the graph then touches the buffers the eager issue
+// would touch, which the engine made safe for this stream). A ParamAccess whose buffers do move
+// is still served: a piece keeps up to kMaxVariants graphs; when none matches, the micro-batch
+// continues from that piece by issuing the model again (see issue()), capturing the piece anew
+// (counted: recaptures()); `auto` goes eager when that happens for more than a quarter of the
+// replayed pieces (kJudgeAfter).
 //
 // Issuing from piece k: the model issues the whole micro-batch again; the pieces before k, whose
 // work already ran, are captured and discarded, their params/grads answered from the addresses

@@ -77,7 +77,7 @@ constexpr int kMaxCpuPlanDevices = 64;
 struct Alloc {
   size_t bytes;
   bool comm_stream;
-  bool engine_transient = false;  // a stage 2/3 bucket or gathered block (freed and re-allocated)
+  bool engine_transient = false;  // a pipeline stage's step buffer (freed and re-allocated each step)
 };
 
 // Small-pool segments for these blocks of one stream: first-fit decreasing into segments of
@@ -137,9 +137,10 @@ size_t reserved_bytes(const std::vector<Alloc>& resident, const std::vector<std:
       if (a.engine_transient && !pool_is_small(pool_rounded_size(a.bytes)))
         largest = std::max(largest, pool_large_segment_bytes(pool_rounded_size(a.bytes)));
   }
-  // Freed transients' cached segments get split by smaller transients (a layer gathered into the
-  // embedding's freed segment), so re-allocating the largest one may need a fresh segment while the
-  // split ones are still partly live: one more segment of the largest large transient.
+  // Freed transients' cached segments get split by smaller transients (a pipeline stage's step
+  // buffers; the ZeRO engine's transient arena is one block that is never freed), so re-allocating
+  // the largest one may need a fresh segment while the split ones are still partly live: one more
+  // segment of the largest large transient.
   return large + best_small + best_large + largest;
 }
 
@@ -372,7 +373,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   std::vector<std::vector<Alloc>> phases;
   auto phase_allocs = [](const std::vector<PlannedBuffer>& transients, size_t extra_ws) {
     std::vector<Alloc> v;
-    for (const auto& t : transients) v.push_back({t.bytes, t.comm_stream, true});
+    for (const auto& t : transients) v.push_back({t.bytes, t.comm_stream, !t.arena});
     if (extra_ws) v.push_back({extra_ws, false});
     return v;
   };

@@ -11,9 +11,13 @@
 //    comm stream wait for it (producer = compute). Everything compute reads that comm wrote is
 //    guarded by an event recorded on the comm stream right after the collective was enqueued.
 //  - Transient buffers (gradient buckets, stage 3 gathered blocks, mixed-precision fp32 copies) are
-//    allocated and freed only by executing the micro-batch's VisitPlan (zero/visit_plan.h), the
-//    list the memory plan walks; a free carries record_stream on every stream that touched the
-//    buffer, so the pool never hands it out early.
+//    placed and released only by executing the micro-batch's VisitPlan (zero/visit_plan.h), the
+//    list the memory plan walks, at the offsets the plan assigned them in the rank's one transient
+//    arena (allocated from the pool at its first micro-batch): the same addresses every micro-batch of a
+//    run, so CUDA graphs of the work between the hooks replay (train/graph_step.h). The plan
+//    reuses a range only where stream order already protects it, and for a reduce-scattered
+//    bucket where compute waits for the bucket's `reduced` event (see VisitPlan). A pipeline
+//    stage's engine has no per-micro-batch plan: its step buffers come from the pool.
 #include "zero/engine.h"
 
 #include <algorithm>
@@ -68,6 +72,9 @@ struct Block {
   DeviceBuffer params, full_grad_bucket, grad_shard_accum, master, m, v;
   DeviceBuffer gathered, compute, compute_grad;
   std::unique_ptr<Event> gathered_ready;
+  // Recorded on comm after the block's gradient bucket was reduce-scattered (stages 2-3): compute
+  // waits for it before the plan hands the bucket's arena range to another buffer.
+  std::unique_ptr<Event> reduced;
   // Offload: the first `off` elements of the rank's shard keep master and moments on the host
   // (h_master, h_m, h_v); h_grad receives their final gradient, h_work (mixed precision) their new
   // working parameters, which always equal the device's (an overflowed step copies them back
@@ -161,6 +168,10 @@ class ZeroRank final : public ParamAccess {
   std::unique_ptr<HostArena> arena_;
   std::vector<Block> blocks;
   DeviceBuffer scaler, flags;  // see Impl::reset_scaler
+  // The transient arena (VisitPlan): every buffer a micro-batch's plan allocates lies in it; from
+  // the first micro-batch on, kept for the engine's lifetime (the addresses must not change). Null
+  // for a pipeline stage's engine.
+  DeviceBuffer transients_;
 
  private:
   int idx() const { return d_.index(); }
@@ -168,6 +179,8 @@ class ZeroRank final : public ParamAccess {
   void visit(int b, bool backward);
   const VisitStep& next_step(VisitStep::Kind kind, int b);
   void allocate(Block& blk, BufferRole role, size_t bytes, Stream& s, const char* label);
+  // A transient buffer at its offset in the arena (op: the plan's allocation).
+  void place(Block& blk, const BufferOp& op);
   void allocate_transient(const BufferOp& op, const VisitStep& step);
   void free_transient(const BufferOp& op);
   void gather(const BufferOp& op, bool prefetch);
@@ -250,6 +263,8 @@ struct ZeroEngine::Impl {
     const auto fwd = model.forward_order(), bwd = model.backward_order();
     train_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), widen(), false);
     forward_plan = make_visit_plan(fwd, bwd, sizes, policy, mixed(), widen(), true);
+    // Training and forward-only micro-batches share it (each begins after the other's work).
+    arena_bytes = opt.pipeline ? 0 : std::max(train_plan.arena_bytes, forward_plan.arena_bytes);
   }
 
   bool mixed() const { return opt.working != DType::kF32; }
@@ -314,6 +329,7 @@ struct ZeroEngine::Impl {
   const ShardingPolicy policy;
   const Mesh mesh;  // {data = N / tensor, tensor}
   VisitPlan train_plan, forward_plan;  // what each micro-batch's hooks allocate and free
+  size_t arena_bytes = 0;              // each rank's transient arena
   std::vector<std::unique_ptr<ZeroRank>> ranks;
 };
 
@@ -370,6 +386,7 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
       if (e_.mixed()) blk.h_work = HostBuffer(*arena_, k * w, "offloaded working parameters");
     }
     blk.gathered_ready = d.create_event();
+    blk.reduced = d.create_event();
     blocks.push_back(std::move(blk));
   }
   scaler = DeviceBuffer(d.memory(), sizeof(optim::LossScaleState), compute_, "loss scale");
@@ -381,6 +398,14 @@ void ZeroRank::allocate(Block& blk, BufferRole role, size_t bytes, Stream& s, co
   DeviceBuffer& buf = blk.buffer(role);
   ZT_CHECK(!buf.data(), "block buffer ", buffer_role_label(role), " allocated twice");
   buf = DeviceBuffer(d_.memory(), bytes, s, label);
+}
+
+void ZeroRank::place(Block& blk, const BufferOp& op) {
+  DeviceBuffer& buf = blk.buffer(op.role);
+  ZT_CHECK(!buf.data(), "block buffer ", buffer_role_label(op.role), " placed twice");
+  ZT_CHECK(op.offset + op.bytes <= transients_.size(), "the visit plan places ", buffer_role_label(op.role),
+           " outside the transient arena");
+  buf = DeviceBuffer::borrow(static_cast<char*>(transients_.data()) + op.offset, op.bytes);
 }
 
 const std::string& ZeroRank::block_name(int b) const { return e_.model.layout().block(b).name; }
@@ -457,17 +482,17 @@ void ZeroRank::allocate_transient(const BufferOp& op, const VisitStep& st) {
       return;
     case BufferRole::kComputeParams: {
       // The block runs in fp32 on its 16-bit parameters, widened exactly.
-      allocate(blk, op.role, op.bytes, compute_, "compute parameters");
+      place(blk, op);
       void* src = policy_.shard_params ? blk.gathered.data() : blk.params.data();
       ops::cast(compute_, f32(blk.compute.as<float>(), n, idx()), typed(src, e_.opt.working, n, idx()));
       return;
     }
     case BufferRole::kComputeGrad:
-      allocate(blk, op.role, op.bytes, compute_, "gradient bucket");
+      place(blk, op);
       ops::fill(compute_, f32(blk.compute_grad.as<float>(), n, idx()), 0.0f);
       return;
     case BufferRole::kFullGradBucket:
-      allocate(blk, op.role, op.bytes, compute_, "gradient bucket");
+      place(blk, op);
       // In fp32 the model accumulates into it; in mixed precision the rounded gradient fills it.
       if (st.kind == VisitStep::kBackward) ops::fill(compute_, f32(blk.full_grad_bucket.as<float>(), n, idx()), 0.0f);
       return;
@@ -477,11 +502,13 @@ void ZeroRank::allocate_transient(const BufferOp& op, const VisitStep& st) {
 }
 
 void ZeroRank::free_transient(const BufferOp& op) {
-  DeviceBuffer& buf = block(op.block).buffer(op.role);
+  Block& blk = block(op.block);
+  DeviceBuffer& buf = blk.buffer(op.role);
   ZT_CHECK(buf.data(), "visit plan frees ", buffer_role_label(op.role), " of block ", op.block, ", which is not live");
-  // Gathered blocks were marked for compute when gathered; the rest were last used on these.
-  if (op.role == BufferRole::kComputeGrad) d_.memory().record_stream(buf.data(), compute_);
-  if (op.role == BufferRole::kFullGradBucket) d_.memory().record_stream(buf.data(), comm_);
+  // The plan may hand the range to a buffer compute writes next; a bucket is freed after its
+  // reduce-scatter, which comm may still run (VisitPlan). Everything else was last used by
+  // compute, or is reused by a gather that waits for compute.
+  if (op.role == BufferRole::kFullGradBucket) compute_.wait(*blk.reduced);
   buf.reset();
 }
 
@@ -491,7 +518,7 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
   Block& blk = block(b);
   OptionalNvtxRange range;
   if (ranges_enabled()) range.open(NvtxCategory::kGather, (prefetch ? "prefetch " : "gather ") + block_name(b), idx());
-  allocate(blk, BufferRole::kGathered, op.bytes, comm_, "gathered parameters");
+  place(blk, op);
   // The shard was last written by the optimizer on the compute stream.
   compute_.record(*compute_done_);
   comm_.wait(*compute_done_);
@@ -501,7 +528,6 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
   data_all_gather(typed(blk.gathered.data(), W, blk.shard.padded_numel, idx()), nullptr, block_name(b));
   if (start) e_.close_span(comm_, start, TraceSpan::kGather, r_, b);
   comm_.record(*blk.gathered_ready);
-  d_.memory().record_stream(blk.gathered.data(), compute_);
 }
 
 // Every gradient of block b is issued: round it into the bucket (mixed precision), reduce-scatter
@@ -531,6 +557,7 @@ void ZeroRank::after_backward(int b) {
   for (const BufferOp* op = ops_begin; op != ops_end; ++op)
     if (!op->alloc && op->role == BufferRole::kComputeGrad) free_transient(*op);
   reduce_gradient(b);
+  if (policy_.shard_grads) comm_.record(*blk.reduced);
   for (const BufferOp* op = ops_begin; op != ops_end; ++op)
     if (!op->alloc && op->role != BufferRole::kComputeGrad) free_transient(*op);
   block_range_.close();  // the backward range covers issuing this block's reduce-scatter
@@ -593,6 +620,12 @@ void ZeroRank::open_compute_span(int b, bool backward) {
 }
 
 void ZeroRank::begin_micro(int micro, bool forward_only) {
+  if (!transients_.data() && e_.arena_bytes > 0) {
+    // At the first micro-batch, not with the engine: loading the parameters stages them through
+    // the pool first, as the memory plan expects (its phases hold the arena, the load does not).
+    transients_ = DeviceBuffer(d_.memory(), e_.arena_bytes, compute_, "transient arena");
+    d_.memory().record_stream(transients_.data(), comm_);  // gathers and reductions use it too
+  }
   micro_ = micro;
   plan_ = forward_only ? &e_.forward_plan : &e_.train_plan;
   step_ = 0;
@@ -655,10 +688,12 @@ void ZeroRank::reduce_pipeline_gradients(const ZeroEngine::GradientHook& before_
 void ZeroRank::end_micro() {
   close_compute_span();
   block_range_.close();
-  // What the last visits kept (stage 3 gathered blocks, fp32 compute copies) goes now.
+  // What the last visits kept (stage 3 gathered blocks, fp32 compute copies, buckets still in
+  // reduction) goes now: the next micro-batch's compute waits for comm first (begin_micro).
   for (auto& blk : blocks) {
     blk.gathered.reset();
     blk.compute.reset();
+    if (!e_.opt.pipeline && policy_.shard_grads) blk.full_grad_bucket.reset();
   }
   const size_t done = step_, expect = plan_ ? plan_->steps.size() : 0;
   plan_ = nullptr;
@@ -1339,19 +1374,21 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
     return plan;
   }
   const auto fwd = model.forward_order(), bwd = model.backward_order();
+  size_t arena = 0;  // as Impl::make_plans sizes it
   for (bool forward_only : {false, true}) {
     const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, p, mixed, widen, forward_only);
-    const TransientPeak peak = transient_peak(vp, L.num_blocks());
-    auto& out = forward_only ? plan.forward_peak : plan.train_peak;
-    for (const BufferOp& op : peak.live) out.push_back({op.bytes, buffer_role_on_comm(op.role)});
-    plan.work += vp.work + peak.work;
+    arena = std::max(arena, vp.arena_bytes);
+    plan.work += vp.work;
   }
+  if (arena > 0) plan.train_peak = plan.forward_peak = {PlannedBuffer{arena, false, true}};
   return plan;
 }
 
 ModelStateBytes ZeroEngine::planned_model_state_bytes(const Model& model, int world, const ZeroOptions& opt) {
   return plan_memory(model, world, opt).state;
 }
+
+size_t ZeroEngine::transient_arena_bytes() const { return impl_->arena_bytes; }
 
 void ZeroEngine::set_tracing(bool on) { impl_->tracing = on; }
 

@@ -141,6 +141,9 @@ struct ModelStateBytes {
 struct PlannedBuffer {
   size_t bytes = 0;
   bool comm_stream = false;  // allocated for the comm stream (stage-3 gathers), else compute
+  // The rank's transient arena (VisitPlan): one block allocated at the first micro-batch and
+  // never freed, so it leaves no freed segments for other transients to split.
+  bool arena = false;
 };
 
 // Per-rank memory of an engine, predicted without devices.
@@ -148,7 +151,8 @@ struct EngineMemoryPlan {
   std::vector<size_t> resident;  // every resident buffer, in allocation order (bytes)
   ModelStateBytes state;         // their sum by kind: what model_state_bytes(r) reports
   // Transient buffers live at once at the peak (pool blocks, pool_rounded_size) of a training
-  // micro-batch and of a forward-only pass (evaluation, sampling).
+  // micro-batch and of a forward-only pass (evaluation, sampling): the rank's transient arena,
+  // which both share (a pipeline stage's engine: its step's buffers, from the pool).
   std::vector<PlannedBuffer> train_peak, forward_peak;
   size_t host = 0;  // offload: the rank's host-arena bytes (what host_peak_bytes(r) reports)
   size_t work = 0;  // loop iterations the plan took (tests check it is linear in the layers)
@@ -269,6 +273,9 @@ class ZeroEngine {
   std::vector<float> master_to_host(int block, int tensor = 0);
 
   ModelStateBytes model_state_bytes(int rank) const;
+  // Bytes of each rank's transient arena (VisitPlan; 0 when nothing is transient, and for a
+  // pipeline stage's engine, whose step buffers come from the pool).
+  size_t transient_arena_bytes() const;
   // Offload: the peak of rank's host-arena bytes (0 without offload).
   size_t host_peak_bytes(int rank) const;
   // Pinned host bytes rank's state export and import hold (runtime/host_staging.h): 0 until the
@@ -284,8 +291,8 @@ class ZeroEngine {
   static BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions& opt,
                                              DType activations = DType::kF32);
   // What an engine of this model on `world` devices allocates per rank: the resident buffers
-  // (resident_buffers) and the transient ones live at the peak, from walking the visit plans the
-  // engine's hooks execute (make_visit_plan). Linear in the model's visits.
+  // (resident_buffers) and the transient arena the visit plans the engine's hooks execute
+  // (make_visit_plan) are laid out in. Linear in the model's visits.
   static EngineMemoryPlan plan_memory(const Model& model, int world, const ZeroOptions& opt);
   static ModelStateBytes planned_model_state_bytes(const Model& model, int world, const ZeroOptions& opt);
 

@@ -4,7 +4,10 @@
 #include "zero/visit_plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "core/status.h"
 #include "memory/caching_allocator.h"
@@ -150,6 +153,71 @@ std::vector<Visit> make_visits(const std::vector<int>& fwd, const std::vector<in
 
 }  // namespace
 
+namespace {
+
+// Assigns each allocation its arena offset (see VisitPlan), as compilers' buffer assignment does
+// (TFLite's greedy by size): the largest buffers first, each at the smallest gap between the
+// already placed buffers whose lifetimes overlap its own that fits it (else above them). Placing
+// in plan order instead fragments: GPT's tied embedding, gathered again at the backward's end,
+// finds its first range split by the layers' buffers. The overlapping pairs are found by walking
+// the operations: a buffer overlaps exactly the buffers live when it is allocated and those
+// allocated while it is live. The live set is a few buffers (a block's transients, the prefetched
+// block, the buckets in reduction, the tied embedding's), so the pairs, and the work, stay linear
+// in the visits (plus sorting the buffers by size).
+void place_in_arena(VisitPlan& plan) {
+  struct Buffer {
+    size_t op, size;
+    size_t begin = 0;
+    bool placed = false;
+    std::vector<uint32_t> overlaps;
+  };
+  std::vector<Buffer> bufs;
+  std::vector<std::pair<size_t, uint32_t>> live;  // (block * kNumBufferRoles + role, buffer)
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const BufferOp& op = plan.ops[i];
+    const size_t slot = static_cast<size_t>(op.block) * kNumBufferRoles + static_cast<size_t>(op.role);
+    const size_t r = pool_rounded_size(op.bytes);
+    plan.work += 1 + live.size();
+    if (r == 0) continue;
+    if (!op.alloc) {
+      std::erase_if(live, [&](const std::pair<size_t, uint32_t>& x) { return x.first == slot; });
+      continue;
+    }
+    const auto id = static_cast<uint32_t>(bufs.size());
+    bufs.push_back(Buffer{i, r, 0, false, {}});
+    for (const auto& [s, other] : live) {
+      bufs[id].overlaps.push_back(other);
+      bufs[other].overlaps.push_back(id);
+    }
+    live.emplace_back(slot, id);
+  }
+  std::vector<uint32_t> order(bufs.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return bufs[a].size > bufs[b].size; });
+  plan.work += order.size() * (1 + static_cast<size_t>(std::log2(static_cast<double>(order.size()) + 1)));
+  std::vector<std::pair<size_t, size_t>> taken;  // the placed overlapping buffers' ranges
+  for (uint32_t id : order) {
+    Buffer& b = bufs[id];
+    taken.clear();
+    for (uint32_t o : b.overlaps)
+      if (bufs[o].placed) taken.emplace_back(bufs[o].begin, bufs[o].begin + bufs[o].size);
+    std::sort(taken.begin(), taken.end());
+    plan.work += 1 + b.overlaps.size();
+    size_t at = 0, best = SIZE_MAX, below = 0;
+    for (const auto& [lo, hi] : taken) {
+      if (lo >= below && lo - below >= b.size && lo - below < best) best = lo - below, at = below;
+      below = std::max(below, hi);
+    }
+    if (best == SIZE_MAX) at = below;
+    b.begin = at;
+    b.placed = true;
+    plan.ops[b.op].offset = at;
+    plan.arena_bytes = std::max(plan.arena_bytes, at + b.size);
+  }
+}
+
+}  // namespace
+
 VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& bwd,
                           const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& p, bool mixed,
                           bool widen, bool forward_only) {
@@ -158,10 +226,18 @@ VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& b
   const std::vector<Visit> S = make_visits(fwd, bwd, sizes.size(), &plan.work);
   const size_t limit = forward_only ? fwd.size() : S.size();
   StepBuilder sb(plan, sizes);
+  // Reduce-scattered buckets not yet freed, with the backward visits left until they are (see
+  // VisitPlan: the comm stream may still read them).
+  std::vector<std::pair<int, int>> reducing;
   for (size_t pos = 0; pos < limit; ++pos) {
     const Visit& v = S[pos];
     const int b = v.block;
     sb.begin(v.backward ? VisitStep::kBackward : VisitStep::kForward, b);
+    if (v.backward) {
+      for (auto& [block, left] : reducing)
+        if (--left == 0) sb.free_if_live(BufferRole::kFullGradBucket, block);
+      std::erase_if(reducing, [](const std::pair<int, int>& r) { return r.second == 0; });
+    }
     if (pos > 0 && S[pos - 1].block != b && !S[pos - 1].keep) {
       sb.free_if_live(BufferRole::kGathered, S[pos - 1].block);
       sb.free_if_live(BufferRole::kComputeParams, S[pos - 1].block);
@@ -180,11 +256,12 @@ VisitPlan make_visit_plan(const std::vector<int>& fwd, const std::vector<int>& b
       sb.begin(VisitStep::kAfterBackward, b);
       if (mixed && p.shard_grads) sb.alloc(BufferRole::kFullGradBucket, b);
       if (mixed) sb.free_if_live(BufferRole::kComputeGrad, b);
-      if (p.shard_grads) sb.free_if_live(BufferRole::kFullGradBucket, b);
+      if (p.shard_grads) reducing.emplace_back(b, kBucketReuseLag);
       sb.end();
     }
   }
   plan.work += limit;
+  place_in_arena(plan);
   return plan;
 }
 

@@ -29,8 +29,6 @@ constexpr int kNumBufferRoles = 9;
 
 // The pool label a role's allocations carry (memory summaries group by it).
 const char* buffer_role_label(BufferRole role);
-// Allocated for the comm stream (stage-3 gathers) rather than the compute stream.
-inline bool buffer_role_on_comm(BufferRole role) { return role == BufferRole::kGathered; }
 
 // What each buffer of one block takes on one rank (bytes; 0 = never allocated). Equal on every
 // rank (shards are padded).
@@ -81,6 +79,8 @@ struct BufferOp {
   BufferRole role;
   int block;
   size_t bytes;
+  // An allocation: where the buffer lies in the rank's transient arena (see VisitPlan).
+  size_t offset = 0;
 };
 
 // One hook call of a micro-batch, with the buffer operations the engine performs in it.
@@ -91,24 +91,44 @@ struct VisitStep {
   uint32_t first_op = 0, num_ops = 0;  // into VisitPlan::ops
 };
 
+// The transient arena: every allocation of a plan gets a fixed offset in one per-rank block of
+// arena_bytes, so a buffer's address is a function of the plan alone (a captured CUDA graph of the
+// work between two hooks sees the same addresses every micro-batch; train/graph_step.h). Offsets
+// are assigned as compilers assign buffers: a buffer lives from its allocation to its free (or the
+// end of the micro-batch), buffers whose lifetimes overlap get disjoint pool-rounded ranges, the
+// largest placed first, each in the smallest gap that fits it. A range is so reused in host issue
+// order, which is stream order for every reuse the engine performs:
+//  - by the compute stream after compute (in order), or after a stage-3 gather (compute waited for
+//    the gather's event before reading the block, and frees it only later);
+//  - by a gather on the comm stream: each gather makes comm wait for everything compute was given;
+//  - by compute after a gradient bucket the comm stream reduce-scattered: the one cross-stream
+//    case. The plan frees such a bucket not at its after_backward but at the start of the second
+//    backward visit after it (kBucketReuseLag), where the engine makes compute wait for the event
+//    recorded after the bucket's reduction: comm has one block's backward to finish it before
+//    compute may stall. Buckets the micro-batch's last visits leave live are released by
+//    end_micro_batch; the next micro-batch's compute waits for comm before any work.
 struct VisitPlan {
   std::vector<VisitStep> steps;
   std::vector<BufferOp> ops;
+  size_t arena_bytes = 0;  // the end of the highest range any allocation takes
   size_t work = 0;  // loop iterations spent building it (tests: linear in the visits)
 };
+// Backward visits between a reduce-scattered bucket's after_backward and the visit that frees it.
+inline constexpr int kBucketReuseLag = 2;
 
 // The steps of one micro-batch from the model's declared visit order: forward then backward
 // (forward_only: the forward alone, as evaluation and sampling run it). A block visited again later
 // in the forward (a tied embedding) stays gathered until then; a block's after_backward directly
 // follows its last backward visit. Stage 3 prefetches the next visit's block. mixed: 16-bit working
 // parameters (fp32 compute gradients); widen: fp32 compute copies of the parameters too
-// (widens_params).
+// (widens_params). Assigns every allocation its arena offset (see VisitPlan).
 VisitPlan make_visit_plan(const std::vector<int>& forward_order, const std::vector<int>& backward_order,
                           const std::vector<BlockBufferBytes>& sizes, const ShardingPolicy& policy, bool mixed,
                           bool widen, bool forward_only);
 
 // The transient buffers live at once at the plan's peak of pool bytes (each rounded as the pool
-// rounds it), from walking the steps' operations in order.
+// rounds it), from walking the steps' operations in order: what separate pool blocks would take at
+// most, the lower bound of the plan's arena_bytes.
 struct TransientPeak {
   std::vector<BufferOp> live;  // the allocations live at the peak
   size_t pool_bytes = 0;

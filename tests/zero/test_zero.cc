@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "memory/caching_allocator.h"
 #include "model/model.h"
 #include "runtime/runtime.h"
 #include "train/trainer.h"
@@ -297,7 +298,8 @@ TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
         EXPECT_EQ(visits, expect);
         EXPECT_EQ(after.size(), forward_only ? 0u : static_cast<size_t>(nb));
         // Live bytes never go negative; every free matches a live allocation of that role; what
-        // is left at the end is only what end_micro_batch releases (gathered and fp32 copies).
+        // is left at the end is only what end_micro_batch releases (gathered and fp32 copies, and
+        // the last blocks' reduce-scattered buckets, freed kBucketReuseLag visits later).
         std::vector<int> live(static_cast<size_t>(nb) * kNumBufferRoles, 0);
         for (const BufferOp& op : vp.ops) {
           int& l = live[static_cast<size_t>(op.block) * kNumBufferRoles + static_cast<int>(op.role)];
@@ -309,7 +311,9 @@ TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
         for (size_t i = 0; i < live.size(); ++i) {
           const auto role = static_cast<BufferRole>(i % kNumBufferRoles);
           if (live[i]) {
-            EXPECT_TRUE(role == BufferRole::kGathered || role == BufferRole::kComputeParams) << i;
+            EXPECT_TRUE(role == BufferRole::kGathered || role == BufferRole::kComputeParams ||
+                        (role == BufferRole::kFullGradBucket && stage >= 2))
+                << i;
           }
         }
         // Stage 3 keeps at most the running block, the prefetched one and the tied embedding
@@ -325,6 +329,93 @@ TEST(Zero, PolicyAndVisitPlanFollowTheStage) {
           EXPECT_EQ(copies, 0);
         }
       }
+}
+
+// The transient arena (VisitPlan): checked pairwise against every other allocation, any two
+// buffers whose lifetimes overlap in the plan get disjoint pool-rounded ranges, all inside
+// arena_bytes, which some buffer reaches and which is at least the plan's peak of live bytes; a
+// reduce-scattered bucket's range stays reserved until the kBucketReuseLag-th backward visit after
+// its after_backward (the comm stream may still read it), or to the end of the micro-batch.
+TEST(Zero, TransientArenaGivesOverlappingLifetimesDisjointRanges) {
+  for (const char* preset : {"gpt-tiny", "mlp"}) {
+    const auto model = make_model(make_model_config(preset));
+    const int nb = model->layout().num_blocks();
+    const auto fwd = model->forward_order(), bwd = model->backward_order();
+    for (int stage = 0; stage <= 3; ++stage)
+      for (DType w : {DType::kF32, DType::kBF16})
+        for (bool forward_only : {false, true}) {
+          const std::string what = std::string(preset) + ", stage " + std::to_string(stage) + ", " + dtype_name(w) +
+                                   (forward_only ? ", forward only" : "");
+          ZeroOptions o;
+          o.stage = stage;
+          o.working = w;
+          std::vector<BlockBufferBytes> sizes;
+          for (int b = 0; b < nb; ++b) sizes.push_back(block_buffer_bytes(model->layout().block(b).numel, 4, o));
+          const VisitPlan vp =
+              make_visit_plan(fwd, bwd, sizes, policy_for_stage(stage), w != DType::kF32, w != DType::kF32, forward_only);
+          // Each allocation's lifetime in operation indices: [its op, its free's op), or to the end.
+          struct Life {
+            size_t from, to, begin, end;
+            BufferRole role;
+            int block;
+          };
+          std::vector<Life> lives;
+          for (size_t i = 0; i < vp.ops.size(); ++i) {
+            const BufferOp& op = vp.ops[i];
+            if (op.alloc) {
+              lives.push_back({i, vp.ops.size(), op.offset, op.offset + pool_rounded_size(op.bytes), op.role, op.block});
+              continue;
+            }
+            for (Life& l : lives)
+              if (l.role == op.role && l.block == op.block && l.to == vp.ops.size()) l.to = i;
+          }
+          size_t top = 0;
+          for (size_t a = 0; a < lives.size(); ++a) {
+            EXPECT_EQ(lives[a].begin % 512, 0u) << what;
+            top = std::max(top, lives[a].end);
+            for (size_t b = a + 1; b < lives.size(); ++b) {
+              const bool together = lives[a].from < lives[b].to && lives[b].from < lives[a].to;
+              const bool apart = lives[a].end <= lives[b].begin || lives[b].end <= lives[a].begin;
+              EXPECT_TRUE(!together || apart) << what << ": ops " << lives[a].from << " and " << lives[b].from;
+            }
+          }
+          EXPECT_EQ(vp.arena_bytes, top) << what;
+          EXPECT_GE(vp.arena_bytes, transient_peak(vp, nb).pool_bytes) << what;
+          EXPECT_EQ(vp.arena_bytes == 0, lives.empty()) << what;
+          EXPECT_EQ(lives.empty(), w == DType::kF32 && (stage <= 1 || (stage == 2 && forward_only))) << what;
+          // A reduce-scattered bucket is freed only at the start of a backward visit, after
+          // kBucketReuseLag backward visits since its after_backward.
+          std::vector<int> backward_since(static_cast<size_t>(nb), -1);
+          for (const VisitStep& st : vp.steps) {
+            for (int& n : backward_since)
+              if (n >= 0 && st.kind == VisitStep::kBackward) ++n;
+            for (uint32_t k = 0; k < st.num_ops; ++k) {
+              const BufferOp& op = vp.ops[st.first_op + k];
+              if (op.alloc || op.role != BufferRole::kFullGradBucket) continue;
+              EXPECT_EQ(st.kind, VisitStep::kBackward) << what;
+              EXPECT_EQ(backward_since[static_cast<size_t>(op.block)], kBucketReuseLag) << what;
+            }
+            if (st.kind == VisitStep::kAfterBackward && stage >= 2) backward_since[static_cast<size_t>(st.block)] = 0;
+          }
+        }
+  }
+  // The engine's arena is the memory plan's transient, for training and forward-only passes alike.
+  const auto model = make_model(make_model_config("gpt-tiny"));
+  auto rt = Runtime::create_cpu(2);
+  std::vector<Device*> devs = {&rt->device(0), &rt->device(1)};
+  Communicator comm(devs);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (DType w : {DType::kF32, DType::kBF16}) {
+      ZeroOptions o;
+      o.stage = stage;
+      o.working = w;
+      const ZeroEngine e(*model, devs, comm, o);
+      const EngineMemoryPlan p = ZeroEngine::plan_memory(*model, 2, o);
+      const size_t planned = p.train_peak.empty() ? 0 : p.train_peak[0].bytes;
+      EXPECT_EQ(e.transient_arena_bytes(), planned) << "stage " << stage << ", " << dtype_name(w);
+      EXPECT_EQ(p.train_peak.size(), planned ? 1u : 0u);
+      EXPECT_EQ(p.forward_peak.size(), p.train_peak.size());
+    }
 }
 
 // A model computing in 16 bits reads the engine's working buffers as they are: no fp32 copy of
