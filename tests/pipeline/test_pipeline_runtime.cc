@@ -272,9 +272,11 @@ TEST(PipelineRuntime, Bf16StagesHandSixteenBitTensors) {
     EXPECT_EQ(stage_activation_bytes(*model, kB, kT, sched, s), slots * model->chunk_workspace_bytes(kB, kT, 0) + grads)
         << slots << " slots of " << model->chunk_workspace_bytes(kB, kT, 0);
   }
-  // Tensor-parallel stages compute in fp32: refused with one sentence.
-  EXPECT_THROW(make_gpt_stage(c, specs[0], Recompute::kNone, TensorParallel{2, false, nullptr, nullptr}, DType::kBF16),
-               Error);
+  // Tensor-parallel stages compute in 16 bits too, in about half of fp32's workspace.
+  const auto tp16 = make_gpt_stage(c, specs[0], Recompute::kNone, TensorParallel{2, false, nullptr, nullptr}, DType::kBF16);
+  const auto tp32 = make_gpt_stage(c, specs[0], Recompute::kNone, TensorParallel{2, false, nullptr, nullptr});
+  EXPECT_EQ(tp16->activation_dtype(), DType::kBF16);
+  EXPECT_LT(tp16->chunk_workspace_bytes(kB, kT, 0), tp32->chunk_workspace_bytes(kB, kT, 0));
 }
 
 // Delays of up to 1.5 ms before random actions, on the compute or the comm stream, or on the host.

@@ -260,13 +260,14 @@ TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
   EXPECT_EQ(summaries[0]["peak_kind"], "tf32") << r.output;
 }
 
-// The summary's peak follows the format the GEMMs run in: bf16 for the 16-bit GPT, fp32 for a
-// tensor-parallel GPT under --precision bf16 (it computes in fp32 on widened parameters).
+// The summary's peak follows the format the GEMMs run in: bf16 for a model computing in 16 bits
+// (every model under --precision bf16, the tensor-parallel GPT too), fp32 for an fp32 run.
 TEST(Binary, PeakKindFollowsTheModelsComputeDtype) {
   const std::string base = "train --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --eval-every 0 "
-                           "--precision bf16 --log-format json";
-  for (const auto& [flags, kind] : {std::pair<std::string, std::string>{" --devices cpu:2", "bf16"},
-                                    {" --devices cpu:2 --tensor-parallel 2", "fp32"}}) {
+                           "--log-format json --devices cpu:2";
+  for (const auto& [flags, kind] : {std::pair<std::string, std::string>{" --precision bf16", "bf16"},
+                                    {" --precision bf16 --tensor-parallel 2", "bf16"},
+                                    {" --precision fp32 --tensor-parallel 2", "fp32"}}) {
     const RunResult r = run(base + flags, /*with_stderr=*/false);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::vector<nlohmann::json> summaries = summary_records(r.output);
