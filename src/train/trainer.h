@@ -160,6 +160,9 @@ struct TrainConfig {
   std::string profile_steps;  // --profile-steps A:B: cudaProfilerStart before step A, Stop after B (1-based)
   bool quiet = false;        // no progress line (tests)
   LogFormat log_format = LogFormat::kText;
+  // Tests: false reads every step's scalars before the next step is enqueued (the eager order);
+  // true reads them one step late where train/step.h allows it. Same numbers either way.
+  bool read_scalars_late = true;
   bool keep_final_params = false;  // tests: return the full parameters of every block
   bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
   // Sweeps (src/sweep/): evaluations at these 1-based steps besides eval_every's (the rungs), a
