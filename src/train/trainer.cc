@@ -780,6 +780,8 @@ void Trainer::finish(World& w) {
     log_.line(buf);
     log_.line(result_.sample);
   }
+  if (cfg_.keep_final_params)  // AdamW's step count as the devices hold it (OptimizerStep::step_on_device)
+    for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).update_count(w.engine_rank(r)));
   // Tests' hook (the logical blocks); not for pipeline stages, whose blocks no one engine holds.
   const bool keep = cfg_.keep_final_params && !w.pipelined();
   if (keep) {

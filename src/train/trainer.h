@@ -214,6 +214,7 @@ struct TrainResult {
   std::vector<std::vector<float>> final_params;  // with keep_final_params: the fp32 master weights
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
+  std::vector<int64_t> final_update_counts;       // with keep_final_params: each rank's device update counter
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
   // --pipeline-parallel: the bubble fraction measured over the steps and the schedule's closed form.
   double measured_bubble = 0, theoretical_bubble = 0;
