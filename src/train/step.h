@@ -19,8 +19,8 @@
 // scalars are read already); and every step of a run whose loss is scaled (fp16) or that pokes
 // gradients (tests): a skipped step's diagnosis (first_nonfinite_gradient) reads its gradients,
 // which the next step overwrites, and a collapse of the loss scale switches the next step to bf16.
-// A run that reads late and meets a skipped step goes on flushing every step from there (its
-// first skip is diagnosed from the gradients of the step after it, see the trainer).
+// A run that reads late and meets a skipped step logs it without naming its first non-finite
+// tensor (the step after it overwrote the gradients) and flushes every step from there.
 #pragma once
 
 #include <cstdint>
