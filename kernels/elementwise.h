@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/dtype.h"
 #include "core/host_device.h"
@@ -88,9 +89,19 @@ ZT_HOST_DEVICE ZT_FORCEINLINE void sgd_elem(float& p, float g, float& buf, float
   p -= lr * (nesterov ? gp + momentum * buf : buf);
 }
 
-// 1 - beta^step, computed once on the host (in double) and passed to both backends' kernels.
-inline float adamw_bias_correction(float beta, int step) {
-  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), step));
+// 1 - beta^step in double, rounded once to float. beta^step by binary exponentiation (only
+// double multiplications, each correctly rounded on the host and on CUDA, never contracted into
+// an FMA), so the host and a kernel that reads the step from device memory (the optimizers' update
+// counter, optim::StepScalars::update_count) compute the same bits. The float result equals the
+// earlier float(1 - std::pow(double(beta), step)) for beta 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999
+// and 0.9999 at every step up to 2,000,000 (test_optimizers checks the common betas).
+ZT_HOST_DEVICE ZT_FORCEINLINE float adamw_bias_correction(float beta, uint64_t step) {
+  double power = 1.0, base = static_cast<double>(beta);
+  for (; step != 0; step >>= 1) {
+    if ((step & 1u) != 0) power *= base;
+    base *= base;
+  }
+  return static_cast<float>(1.0 - power);
 }
 
 }  // namespace zt

@@ -92,7 +92,7 @@ void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtyp
                  const AdamWConfig& hp, const StepScalars& sc) {
   constexpr const char* op = "adamw_multi";
   const int64_t chunks = check_update(s, op, segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/true);
-  if (chunks == 0) return;
+  if (chunks == 0 && sc.update_count == nullptr) return;
   const AdamWArgs a{hp.lr,
                     hp.beta1,
                     hp.beta2,
@@ -108,14 +108,16 @@ void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype,
                const SgdConfig& hp, const StepScalars& sc) {
   constexpr const char* op = "sgd_multi";
   const int64_t chunks = check_update(s, op, segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false);
-  if (chunks == 0) return;
+  if (chunks == 0 && sc.update_count == nullptr) return;
   require_kernel(s, OpId::kSgdMulti, {param_dtype, grad_dtype})
       .sgd_multi(s, segs.host.data(), segs.host.size(), segs.device, chunks, param_dtype, grad_dtype, hp, sc);
 }
 
 void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const AdamWConfig& hp,
                 const StepScalars& sc) {
-  if (check_host_update("adamw_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/true) == 0) return;
+  if (check_host_update("adamw_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/true) == 0 &&
+      sc.update_count == nullptr)
+    return;
   const AdamWArgs a{hp.lr,
                     hp.beta1,
                     hp.beta2,
@@ -127,7 +129,9 @@ void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType
 
 void sgd_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const SgdConfig& hp,
               const StepScalars& sc) {
-  if (check_host_update("sgd_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false) == 0) return;
+  if (check_host_update("sgd_host", segs, param_dtype, grad_dtype, hp.step, /*needs_v=*/false) == 0 &&
+      sc.update_count == nullptr)
+    return;
   cpu_kernels::sgd_multi(segs, param_dtype, grad_dtype, hp, sc);
 }
 

@@ -56,6 +56,13 @@ struct StepScalars {
   const float* clip = nullptr;            // gradient clipping factor (clip_factor writes it)
   Rounding rounding = Rounding::kNearest;  // of the 16-bit working copy
   uint64_t seed = 0;                       // stochastic rounding: Philox key; counter = (step, rng_offset + i)
+  // The rank's count of updates made so far, in device memory (nullptr: the config's step). When
+  // set, the op's step is *update_count + 1, read when the op runs (AdamW's bias correction,
+  // computed then with zt::adamw_bias_correction: the host's bits; stochastic rounding's Philox
+  // counter; SGD's update itself does not use it), and an update that is not skipped adds 1 after
+  // its last read. So the host enqueues step after step without knowing whether the previous
+  // ones were skipped. The host ops (adamw_host / sgd_host) read and count a host copy.
+  uint32_t* update_count = nullptr;
 };
 
 // Per element, in fp32: g = grad * inv_loss_scale * clip; the AdamW (adamw_elem, decoupled decay)
@@ -70,7 +77,8 @@ struct StepScalars {
 // (optimizers/multi_tensor_elem.h): reproducible, independent of threads and chunking.
 // Validation (zt::Error naming the op): dtypes f32/bf16/f16; for every segment with n > 0 non-null
 // param, grad, master, m (and v for AdamW; SGD ignores v, which may be null); a 16-bit param must
-// not be the master's memory; on CUDA `segs.device` must be set. Empty lists launch nothing.
+// not be the master's memory; on CUDA `segs.device` must be set. Empty lists launch nothing
+// (but still count the update when `sc.update_count` is set).
 void adamw_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
                  const AdamWConfig& hp, const StepScalars& sc);
 void sgd_multi(Stream& s, SegmentList<OptimizerSegment> segs, DType param_dtype, DType grad_dtype,

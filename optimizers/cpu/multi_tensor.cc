@@ -200,8 +200,15 @@ void unscale_check_typed(std::span<const GradSegment> segs, float inv, float* no
 }  // namespace
 
 void adamw_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
-                 const AdamWArgs& a, const StepScalars& sc, uint64_t step) {
+                 const AdamWArgs& config_args, const StepScalars& sc, uint64_t config_step) {
   if (skip_step(sc)) return;
+  // The step from the device counter: the bias corrections as the host computes them.
+  const uint64_t step = sc.update_count != nullptr ? uint64_t{*sc.update_count} + 1 : config_step;
+  AdamWArgs a = config_args;
+  if (sc.update_count != nullptr) {
+    a.bias_correction1 = adamw_bias_correction(a.beta1, step);
+    a.bias_correction2 = adamw_bias_correction(a.beta2, step);
+  }
   const float grad_scale = grad_factor(sc);
   const bool stochastic = sc.rounding == Rounding::kStochastic;
   const AdamWRangeFn write_fn = pick<PickAdamW>(param_dtype, grad_dtype, true, stochastic);
@@ -213,6 +220,7 @@ void adamw_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DTyp
     (writes_param(seg, param_dtype) ? write_fn : master_fn)(seg.param, seg.grad, seg.master, seg.m,
                                                             seg.v, b, e, r);
   });
+  if (sc.update_count != nullptr) ++*sc.update_count;  // after every read of it (parallel_for joined)
 }
 
 void sgd_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype,
@@ -223,7 +231,7 @@ void sgd_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DType 
   const SgdRangeFn write_fn = pick<PickSgd>(param_dtype, grad_dtype, true, stochastic);
   const SgdRangeFn master_fn = pick<PickSgd>(param_dtype, grad_dtype, false, stochastic);
   const std::vector<int64_t> prefix = chunk_prefix(segs);
-  const uint64_t step = static_cast<uint64_t>(hp.step);
+  const uint64_t step = sc.update_count != nullptr ? uint64_t{*sc.update_count} + 1 : static_cast<uint64_t>(hp.step);
   for_each_chunk(segs, prefix, [&](size_t s, int64_t, int64_t b, int64_t e) {
     const OptimizerSegment& seg = segs[s];
     const SgdRange r{hp.lr,   hp.momentum, seg.weight_decay, grad_scale, hp.nesterov,
@@ -231,6 +239,7 @@ void sgd_multi(std::span<const OptimizerSegment> segs, DType param_dtype, DType 
     (writes_param(seg, param_dtype) ? write_fn : master_fn)(seg.param, seg.grad, seg.master, seg.m,
                                                             b, e, r);
   });
+  if (sc.update_count != nullptr) ++*sc.update_count;
 }
 
 void unscale_check(std::span<const GradSegment> segs, DType grad_dtype, const float* inv_loss_scale,

@@ -70,8 +70,15 @@ template <typename P, typename G, bool kAdamW, bool kStochastic>
 __global__ void __launch_bounds__(kBlock)
     multi_update_kernel(const OptimizerSegment* __restrict__ segs,
                         const int64_t* __restrict__ prefix, int64_t num_segs, AdamWArgs adam,
-                        SgdArgs sgd, StepScalars sc, uint64_t step) {
+                        SgdArgs sgd, StepScalars sc, uint64_t config_step) {
   if (sc.found_inf != nullptr && *sc.found_inf != 0.0f) return;  // skipped step: write nothing
+  // The step from the device counter (count_update_kernel adds 1 after this kernel): the bias
+  // corrections with the host's function, so the bits are the host's.
+  const uint64_t step = sc.update_count != nullptr ? uint64_t{*sc.update_count} + 1 : config_step;
+  if (kAdamW && sc.update_count != nullptr) {
+    adam.bias_correction1 = adamw_bias_correction(adam.beta1, step);
+    adam.bias_correction2 = adamw_bias_correction(adam.beta2, step);
+  }
   const float grad_scale =
       (sc.inv_loss_scale != nullptr ? *sc.inv_loss_scale : 1.0f) * (sc.clip != nullptr ? *sc.clip : 1.0f);
   const int64_t c = blockIdx.x;
@@ -103,6 +110,11 @@ __global__ void __launch_bounds__(kBlock)
     if (write_param)
       param[i] = working_from_master<P, kStochastic>(p, sc.seed, step, seg.rng_offset + static_cast<uint64_t>(i));
   }
+}
+
+// The update counter (StepScalars::update_count): one thread, after the update kernel read it.
+__global__ void count_update_kernel(uint32_t* __restrict__ count, const float* __restrict__ found_inf) {
+  if (found_inf == nullptr || *found_inf == 0.0f) ++*count;
 }
 
 template <bool kAdamW, bool kStochastic, typename P, typename G>
@@ -161,11 +173,17 @@ void launch_update(const char* op, void* stream, const OptimizerSegment* segs, i
                    int64_t total_chunks, DType param_dtype, DType grad_dtype, const AdamWArgs& adam,
                    const SgdArgs& sgd, const StepScalars& sc, uint64_t step, void* workspace,
                    size_t workspace_bytes) {
-  ZT_CHECK(num_segs > 0 && total_chunks > 0 && total_chunks <= INT32_MAX, op, ": ", num_segs,
-           " segments, ", total_chunks, " chunks");
+  ZT_CHECK((num_segs > 0 && total_chunks > 0 && total_chunks <= INT32_MAX) ||
+               (total_chunks == 0 && sc.update_count != nullptr),
+           op, ": ", num_segs, " segments, ", total_chunks, " chunks");
+  cuda_ops::detail::LaunchScope scope(stream);
+  if (total_chunks == 0) {  // nothing to update, only the update to count
+    count_update_kernel<<<1, 1, 0, scope.stream()>>>(sc.update_count, sc.found_inf);
+    ZT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   ZT_CHECK(workspace != nullptr && workspace_bytes >= update_workspace_bytes(num_segs), op,
            ": workspace of ", workspace_bytes, " bytes, need ", update_workspace_bytes(num_segs));
-  cuda_ops::detail::LaunchScope scope(stream);
   auto* prefix = static_cast<int64_t*>(workspace);
   chunk_prefix_kernel<<<1, kBlock, 0, scope.stream()>>>(segs, num_segs, prefix);
   ZT_CUDA_CHECK(cudaGetLastError());
@@ -177,6 +195,10 @@ void launch_update(const char* op, void* stream, const OptimizerSegment* segs, i
                                        num_segs, total_chunks, adam, sgd, sc, step);
   }
   ZT_CUDA_CHECK(cudaGetLastError());
+  if (sc.update_count != nullptr) {
+    count_update_kernel<<<1, 1, 0, scope.stream()>>>(sc.update_count, sc.found_inf);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 // ---- unscale_check -----------------------------------------------------------------------------

@@ -63,8 +63,10 @@ struct PhaseTimes {
 };
 
 // Measures PhaseTimes once per step, without host synchronisations of its own: the step's wall
-// time on the host clock (begin_step .. end_step), split by timing events on each rank's compute
-// stream (train/step.cc records them):
+// time on the host clock (begin_step .. end_step: the trainer begins it when the previous step
+// was handled and ends it when this step was read, one step late: the next step's enqueue falls
+// inside it), split by timing events on each rank's compute stream (train/step.cc records them,
+// one set per step slot, read with the step):
 //   step_begin .. compute_done : compute (the slowest rank): forward/backward of every micro-batch,
 //        including any collective the compute stream had to wait for mid-step (a stage-3 gather
 //        not hidden by prefetch, the previous step's parameter all-gather).
@@ -74,9 +76,8 @@ struct PhaseTimes {
 //   opt_begin .. opt_end : the update on the compute stream (stage 0 includes its gradient
 //        all-gather; stages 1-2's parameter all-gather runs on the comm stream afterwards and, if
 //        not hidden, shows up in the next step's compute), plus the host's time issuing it
-//        (optimizer_begin .. optimizer_done). The update is not waited for: its events are read
-//        after the next step's synchronisation and counted in that step (settle_step_timing counts
-//        the last one), whose wall time is when the host waited for it.
+//        (optimizer_begin .. optimizer_done, the host span issued during the frame). The update is
+//        read with its own step (read_step waits for its opt_end, enqueued before the next step).
 //   the remainder of the wall time : other.
 // A rank whose events cannot time (nullopt) counts its whole host wait as compute. It is an
 // approximation: overlapped work is attributed to one phase.

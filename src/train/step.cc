@@ -38,8 +38,8 @@ float* clip_device(RankState& R) { return reinterpret_cast<float*>(R.step_out.as
 // Rank r's share of the step's global scalars, all on the device: its row into the gathered rows,
 // the all-gather over every rank, optim::clip_factor (which also marks a non-finite loss as an
 // overflow), then an asynchronous copy of the result and the loss-scale state into pinned host
-// memory, marked by grads_ready. The host reads them after the update is enqueued (train_step).
-void device_step_scalars(World& world, const RunContext& run, int r) {
+// memory (the step slot's), marked by its grads_ready. The host reads them later (read_step).
+void device_step_scalars(World& world, const RunContext& run, int r, int slot) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
   Stream& s = d.compute();
@@ -60,27 +60,20 @@ void device_step_scalars(World& world, const RunContext& run, int r) {
   world.comm().wait_done(r, s);
   optim::clip_factor(s, rows, R.step_include.as<float>(), N, static_cast<int>(row), run.cfg.grad_clip,
                      R.step_out.as<double>(), clip_device(R), engine.overflow_flag_device(r));
-  auto* host = static_cast<char*>(R.step_host.data());
+  auto* host = static_cast<char*>(R.step_host[static_cast<size_t>(slot)].data());
   s.copy(host, R.step_out.data(), 3 * sizeof(double));
   s.copy(host + 3 * sizeof(double), engine.loss_scale_state_device(r), sizeof(optim::LossScaleState));
-  s.record(*R.grads_ready);
+  s.record(*R.events[static_cast<size_t>(slot)].grads_ready);
 }
 
-// After grads_ready completed: the step's phases and the previous update's time. The previous
-// update ran on this stream before step_begin, so its events are complete: prev_opt_* once this
-// step's update is enqueued (update_enqueued; train_step moved them there), opt_* before.
-void read_rank_timing(World& world, int r, StepPhaseTimer& timer, bool update_enqueued) {
+// After the step's update completed (opt_end of its slot): its phases and its update's time.
+void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
   RankState& R = world.rank(r);
-  timer.rank_phases(r, R.compute_done->seconds_since(*R.step_begin), R.grads_ready->seconds_since(*R.compute_done));
+  const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
+  timer.rank_phases(r, ev.compute_done->seconds_since(*ev.step_begin), ev.grads_ready->seconds_since(*ev.compute_done));
   if (R.ws) timer.rank_recompute(r, R.ws->take_recompute_seconds());
-  const double host_seconds = world.engine_of(r).host_update_seconds(world.engine_rank(r));
-  if (R.prev_opt_pending) {
-    timer.rank_optimizer(r, R.prev_opt_end->seconds_since(*R.prev_opt_begin), host_seconds);
-    R.prev_opt_pending = false;
-  } else if (R.opt_pending && !update_enqueued) {
-    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin), host_seconds);
-    R.opt_pending = false;
-  }
+  timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin),
+                       world.engine_of(r).host_update_seconds(world.engine_rank(r)));
 }
 
 // Forward/backward of every micro-batch of the step on rank r, then its gradient check and its
@@ -90,7 +83,7 @@ void read_rank_timing(World& world, int r, StepPhaseTimer& timer, bool update_en
 // With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
 // after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
 // loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
-void rank_step(World& world, const RunContext& run, int step, int r, float dloss, StepPhaseTimer& timer) {
+void rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
   Stream& s = d.compute();
@@ -105,9 +98,11 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   const TensorView micro_loss{norms + partials + 1, DType::kF32, Shape{1}, d.index()};
   const ConstTensorView losses{R.ws->losses().data, DType::kF32, Shape{static_cast<int64_t>(R.losses.size())},
                                d.index()};
-  s.record(*R.step_begin);
+  const int slot = step % kStepSlots;
+  const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
+  s.record(*ev.step_begin);
   for (int m = 0; m < accum; ++m) {
-    HostBatch& staged = R.staged[static_cast<size_t>(m)];
+    HostBatch& staged = R.staged[static_cast<size_t>(slot * accum + m)];
     {
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
       staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);  // reuses staged's capacity
@@ -125,23 +120,22 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
     ops::sum(s, m == 0 ? step_loss : micro_loss, losses);
     if (m > 0) ops::add(s, step_loss, step_loss, micro_loss);
   }
-  s.record(*R.compute_done);
+  s.record(*ev.compute_done);
   for (const GradientFault& f : run.cfg.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
   engine.check_gradients(r, norms);
   if (run.processes) {
-    // Several processes: the host sums every process's partials (train_step) and sends the clip
+    // Several processes: the host sums every process's partials (enqueue_step) and sends the clip
     // factor back; this rank's scalars are read with one synchronisation.
     s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
     s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
     s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
-    s.record(*R.grads_ready);
+    s.record(*ev.grads_ready);
     s.synchronize();  // the step's one host synchronisation on this rank
     R.loss_sum = R.norm_host.back();
-    read_rank_timing(world, r, timer, false);
     return;
   }
-  device_step_scalars(world, run, r);
+  device_step_scalars(world, run, r, slot);
 }
 
 // Rank r's step as a pipeline stage: its data rank's micro-batches uploaded and handed to the
@@ -149,7 +143,7 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
 // the neighbour posted the send, nothing else waits), then the stage's gradients reduced once over
 // its data ranks — the embeddings' and the head copy's summed first between the first and the last
 // stage (Megatron's tied-embedding all-reduce) — and checked; one synchronisation reads it all.
-void pipeline_rank_step(World& world, const RunContext& run, int step, int r, float dloss, StepPhaseTimer& timer) {
+void pipeline_rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
   Stream& s = d.compute();
@@ -160,9 +154,11 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   ModelStageWork& work = *pp.work[ri];
   const int accum = world.split().accum;
   const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), d.index());
-  s.record(*R.step_begin);
+  const int slot = step % kStepSlots;
+  const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
+  s.record(*ev.step_begin);
   for (int m = 0; m < accum; ++m) {
-    HostBatch& staged = R.staged[static_cast<size_t>(m)];
+    HostBatch& staged = R.staged[static_cast<size_t>(slot * accum + m)];
     {
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
       staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
@@ -179,7 +175,7 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   StageRunOptions opt;
   if (world.mesh().index(MeshAxis::kData, r) == 0 || pp.all_spans) opt.spans = &spans;
   run_pipeline_stage(pp.schedule, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
-  s.record(*R.compute_done);
+  s.record(*ev.compute_done);
   const int tied = (stage == 0 || stage == P - 1) ? tied_embedding_block(world.model_of(r)) : -1;
   const MeshCoord me = world.mesh().coord(r);  // the partner: same data and tensor coordinates
   const int partner = world.mesh().rank_at({.data = me.data, .tensor = me.tensor, .pipeline = stage == 0 ? P - 1 : 0});
@@ -196,7 +192,7 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   s.copy(R.norm_host.data(), norms, (R.norm_host.size() - 1) * 4);
   s.copy(&R.found_inf, engine.found_inf_device(local), sizeof(float));
   s.copy(&R.scale, engine.loss_scale_state_device(local), sizeof R.scale);
-  s.record(*R.grads_ready);
+  s.record(*ev.grads_ready);
   s.synchronize();  // the step's one host synchronisation on this rank
   R.loss_sum = work.loss_sum();  // the head stage's; 0 elsewhere
   if (stage == P - 1 && P > 1 && tied >= 0) {
@@ -204,7 +200,6 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
     const size_t nb = (R.norm_host.size() - 1) / 2;
     R.norm_host[static_cast<size_t>(tied)] = R.norm_host[nb + static_cast<size_t>(tied)] = 0;
   }
-  read_rank_timing(world, r, timer, false);
 }
 
 // The host path of the step's scalars (several processes, pipeline stages), after every rank's
@@ -277,40 +272,31 @@ void host_step_scalars(World& world, const RunContext& run, double positions, St
 
 }  // namespace
 
-void settle_step_timing(World& world, StepPhaseTimer& timer) {
-  for (int r = 0; r < world.size(); ++r) {
-    RankState& R = world.rank(r);
-    if (!R.opt_pending) continue;
-    R.opt_end->synchronize();
-    timer.rank_optimizer(r, R.opt_end->seconds_since(*R.opt_begin),
-                         world.engine_of(r).host_update_seconds(world.engine_rank(r)));
-    R.opt_pending = false;
-  }
-}
-
-StepStats train_step(World& world, const RunContext& run, int step, float lr, int64_t updates, StepPhaseTimer& timer) {
+PendingStep enqueue_step(World& world, const RunContext& run, int step, float lr, int64_t updates,
+                         StepPhaseTimer& timer) {
   const TrainConfig& cfg = run.cfg;
-  const int N = world.size();
   // Every real position weighs the same in the step's objective, however the rows are split.
   const double positions = static_cast<double>(world.split().batch) * run.T;
   const float dloss = 1.0f / static_cast<float>(static_cast<int64_t>(world.split().batch) * run.T);
+  PendingStep p;
+  p.step = step;
+  p.slot = step % kStepSlots;
   // One process without pipeline stages: the global norm, the skip decision and the clip factor
-  // are computed on the devices (device_step_scalars) and the host reads them only after the
-  // update is enqueued. Pipeline stages (the head's losses are summed on the host) and several
-  // processes (the partials travel through the host) keep the host sum and one synchronisation
-  // per rank before the update.
-  const bool on_device = !world.pipelined() && !run.processes;
-  timer.begin_step();
+  // are computed on the devices (device_step_scalars) and the host reads them when the step is
+  // read. Pipeline stages (the head's losses are summed on the host) and several processes (the
+  // partials travel through the host) keep the host sum and one synchronisation per rank before
+  // the update: their scalars are known when this returns.
+  p.on_device = !world.pipelined() && !run.processes;
   world.for_ranks([&](int r) {
     if (world.pipelined())
-      pipeline_rank_step(world, run, step, r, dloss, timer);
+      pipeline_rank_step(world, run, step, r, dloss);
     else
-      rank_step(world, run, step, r, dloss, timer);
+      rank_step(world, run, step, r, dloss);
   });
 
-  StepStats st;
+  StepStats& st = p.stats;
   st.lr = lr;
-  if (!on_device) host_step_scalars(world, run, positions, st);
+  if (!p.on_device) host_step_scalars(world, run, positions, st);
   OptimizerStep os;
   os.adamw = cfg.optimizer == OptimizerKind::kAdamW;
   os.lr = lr;
@@ -319,50 +305,56 @@ StepStats train_step(World& world, const RunContext& run, int step, float lr, in
   os.eps = cfg.adam_eps;
   os.weight_decay = cfg.weight_decay;
   os.momentum = cfg.momentum;
-  os.step = static_cast<int>(updates) + 1;  // a skipped step makes no update
+  // AdamW's step is the rank's device update counter + 1 (a skipped step makes no update, and the
+  // update itself counts it): the host's count, one step late, only keeps the op's validation honest.
+  os.step = static_cast<int>(updates) + 1;
+  os.step_on_device = true;
   timer.optimizer_begin();
-  // No wait: the update's time comes from its events, read after the next step's scalars (or
-  // settle_step_timing after the last step).
+  // No wait: the update's time comes from its events, read with the step (read_step).
   world.for_ranks([&](int r) {
     const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), world.device(r).index());
     RankState& R = world.rank(r);
-    Device& d = world.device(r);
-    Stream& s = d.compute();
-    if (!on_device) s.copy(clip_device(R), &R.clip_host, sizeof(float));
-    if (R.opt_pending) {
-      // The previous update's events are read after this step's scalars: keep them apart.
-      if (!R.prev_opt_begin) R.prev_opt_begin = d.create_timing_event(), R.prev_opt_end = d.create_timing_event();
-      std::swap(R.opt_begin, R.prev_opt_begin);
-      std::swap(R.opt_end, R.prev_opt_end);
-      R.prev_opt_pending = true;
-    }
-    s.record(*R.opt_begin);
+    Stream& s = world.device(r).compute();
+    const RankState::StepEvents& ev = R.events[static_cast<size_t>(p.slot)];
+    if (!p.on_device) s.copy(clip_device(R), &R.clip_host, sizeof(float));
+    s.record(*ev.opt_begin);
     OptimizerStep mine = os;
     mine.grad_scale = clip_device(R);
     world.engine_of(r).optimizer_step(world.engine_rank(r), mine);
-    s.record(*R.opt_end);
-    R.opt_pending = true;
+    s.record(*ev.opt_end);
   });
   timer.optimizer_done();
-  if (on_device) {
-    // The step's scalars: complete once the device reached grads_ready (before the update runs).
-    world.for_ranks([&](int r) {
-      RankState& R = world.rank(r);
-      R.grads_ready->synchronize();
-      (void)world.device(r).compute().query();  // a device error of the step surfaces here (and names it)
-      read_rank_timing(world, r, timer, true);
-    });
-    const auto* host = static_cast<const char*>(world.rank(0).step_host.data());
+  p.positions = positions;
+  return p;
+}
+
+StepStats read_step(World& world, const PendingStep& p, StepPhaseTimer& timer) {
+  StepStats st = p.stats;
+  // The step's scalars are complete at grads_ready, its update's time at opt_end: work enqueued
+  // before any later step, which the devices keep running meanwhile.
+  world.for_ranks([&](int r) {
+    RankState& R = world.rank(r);
+    const RankState::StepEvents& ev = R.events[static_cast<size_t>(p.slot)];
+    ev.grads_ready->synchronize();
+    (void)world.device(r).compute().query();  // a device error of the step surfaces here (and names it)
+    ev.opt_end->synchronize();
+    read_rank_timing(world, r, p.slot, timer);
+  });
+  if (p.on_device) {
+    const auto* host = static_cast<const char*>(world.rank(0).step_host[static_cast<size_t>(p.slot)].data());
     double out[3];
     std::memcpy(out, host, sizeof out);
     optim::LossScaleState scale{};
     std::memcpy(&scale, host + sizeof out, sizeof scale);
     st.grad_norm = out[0];
-    st.loss = out[1] / positions;
+    st.loss = out[1] / p.positions;
     st.skipped = out[2] != 0.0;
     st.loss_scale = scale.scale;
+    st.scale_state = scale;
+  } else {
+    st.scale_state = world.rank(0).scale;
   }
-  for (int r = 0; r < N; ++r)
+  for (int r = 0; r < world.size(); ++r)
     if (const auto& g = world.rank(r).graph) {
       st.graphs = st.graphs || g->replays() > 0;
       if (std::string n = g->take_note(); !n.empty() && st.note.empty()) st.note = std::move(n);

@@ -1,6 +1,6 @@
 // The training loop (llm.c's main is the shape): resolve the run, build a World on the devices,
-// then per step: train_step, log, evaluate, sample, checkpoint. Each side activity is one call that
-// owns its state (train/evaluator.h, sampler.h, logger.h, checkpointer.h, recovery.h); when a
+// then per step: enqueue it, read the previous one (one step late, train/step.h), log, evaluate,
+// sample, checkpoint. Each side activity is one call that owns its state (train/evaluator.h, sampler.h, logger.h, checkpointer.h, recovery.h); when a
 // device is lost, the World is rebuilt on the survivors from the newest host snapshot.
 #include "train/trainer.h"
 
@@ -151,11 +151,15 @@ class Trainer {
 
  private:
   bool train_world(World& w);
+  bool must_flush(World& w, int step) const;
+  bool fault_due(int step) const;
+  bool read_pending(World& w, std::optional<PendingStep>& pending, bool latest);
+  bool finish_step(World& w, int step, const StepStats& st, double dt, bool latest);
   void start_world(World& w, int index);
   void print_header(World& w, const std::string& resumed_from);
   void inject_faults(World& w, int step);
   void after_step(World& w, int step, const StepStats& st, double dt);
-  void on_skipped(World& w, int step, const StepStats& st);
+  void on_skipped(World& w, int step, const StepStats& st, bool latest);
   EvalAction evaluate_at(World& w, int step);
   void save_at(World& w, int step);
   bool recover(World& w, const Error& e, int step);
@@ -181,6 +185,9 @@ class Trainer {
   DType working_ = DType::kF32;
   ZeroOptions::Scaling scaling_ = ZeroOptions::Scaling::kNone;
   int consecutive_skips_ = 0;
+  // Read every step before the next is enqueued from now on (a skipped step was read late).
+  bool eager_ = false;
+  Clock::time_point mark_;  // where the wall time of the step read next began (read_pending)
   int world_start_ = 0;  // the step the current world started from
   double train_time_ = 0;
   Clock::time_point t0_;
@@ -277,6 +284,8 @@ void Trainer::start_world(World& w, int index) {
     std::erase_if(result_.val_losses, [&](const auto& v) { return v.first > counters_.step; });
   }
   result_.skipped_steps = counters_.skipped_steps;
+  // AdamW's step count lives on the devices (OptimizerStep::step_on_device): from the state loaded.
+  w.for_ranks([&](int r) { w.engine_of(r).set_update_count(w.engine_rank(r), counters_.updates); });
   result_.devices = w.size() * (run_.processes ? run_.processes->size() : 1);
   result_.zero_stage = cfg_.zero_stage;
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
@@ -352,96 +361,92 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (!resumed_from.empty()) log_.line("resumed from " + resumed_from);
 }
 
+// Whether step `step`, just enqueued, must be read before the next one is (step.h says which host
+// decisions may come one step late): the last step, a side activity after it (evaluation, sample,
+// snapshot, checkpoint), a pending stop signal, the host path (pipeline stages, several processes:
+// read already), and runs whose skipped steps need the eager order (a scaled loss, poked gradients).
+bool Trainer::must_flush(World& w, int step) const {
+  const int n = step + 1;
+  const bool last = n == cfg_.steps;
+  if (last || !cfg_.read_scalars_late || eager_ || w.pipelined() || run_.processes) return true;
+  if (scaling_ != ZeroOptions::Scaling::kNone || !cfg_.gradient_faults.empty()) return true;
+  if ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) ||
+      std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), n) != cfg_.eval_steps.end())
+    return true;
+  if (run_.is_gpt && cfg_.sample_every > 0 && n % cfg_.sample_every == 0 && log_.text()) return true;
+  if (cfg_.snapshot_every > 0 && n % cfg_.snapshot_every == 0) return true;
+  if (checkpointer_->enabled() && cfg_.save_every > 0 && n % cfg_.save_every == 0) return true;
+  return StopSignals::pending() != 0;
+}
+
+// An --inject-fault that fires when step `step` (0-based) starts.
+bool Trainer::fault_due(int step) const {
+  for (size_t i = 0; i < cfg_.inject_faults.size(); ++i)
+    if (!faults_done_[i] && cfg_.inject_faults[i].step == step + 1) return true;
+  return false;
+}
+
+// Reads the pending step and handles it (finish_step). latest: no later step is enqueued (a flush).
+// Its wall time runs from the end of the previous step's handling (or from its own enqueue when
+// none was pending): the host's time per step, without logging and side activities.
+bool Trainer::read_pending(World& w, std::optional<PendingStep>& pending, bool latest) {
+  const PendingStep p = std::move(*pending);
+  pending.reset();
+  const StepStats st = read_step(w, p, *timer_);
+  timer_->end_step();
+  const bool stop = finish_step(w, p.step, st, seconds_since(mark_), latest);
+  mark_ = Clock::now();
+  timer_->begin_step();
+  return stop;
+}
+
 // The loop. Returns true when the run is over (all steps done, or stopped by a signal), false
-// when a device was lost and the run goes on in a new World (survivors_ is set).
+// when a device was lost and the run goes on in a new World (survivors_ is set). Step k + 1 is
+// enqueued before step k is read (one step late) unless must_flush(k) says otherwise.
 bool Trainer::train_world(World& w) {
   const LrConfig lrc{cfg_.lr, cfg_.min_lr, cfg_.warmup_steps, cfg_.steps, cfg_.schedule};
   const bool on_cuda = w.runtime().backend() == Backend::kCuda;
   // 1-based, inclusive; {0, 0} = no profiler capture.
   const std::pair<int, int> profile =
       cfg_.profile_steps.empty() ? std::pair<int, int>{0, 0} : parse_step_range(cfg_.profile_steps, cfg_.steps);
+  std::optional<PendingStep> pending;
   for (int step = counters_.step; step < cfg_.steps; ++step) {
+    int at = step;  // the step an error belongs to: the one being read or enqueued
     try {
+      if (pending && fault_due(step)) {
+        // The fault hits step `step` as when every step is read at once: the earlier one first.
+        at = pending->step;
+        if (read_pending(w, pending, true)) return true;  // a stop signal came meanwhile
+        at = step;
+      }
       inject_faults(w, step);
-      const auto ts = Clock::now();
-      // nsys --capture-range=cudaProfilerApi records steps profile.first..second.
-      if (on_cuda && step + 1 == profile.first) profiler_start();
-      const ScopeExit stop_profiler{[&] {
-        if (on_cuda && step + 1 == profile.second) profiler_stop();
-      }};
-      const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
-      if (tracer_ && w.pipelined()) w.pipeline().all_spans = true;
-      const StepStats st = train_step(w, run_, step, learning_rate(lrc, step), counters_.updates, *timer_);
-      result_.cuda_graphs = result_.cuda_graphs || st.graphs;
-      if (!st.note.empty()) log_.line("note: " + st.note);
-      if (tracer_ && w.pipelined()) trace_pipeline(w);
-      result_.loss_scales.push_back(st.loss_scale);
-      if (st.skipped) {
-        on_skipped(w, step, st);
-      } else {
-        consecutive_skips_ = 0;
-        ++counters_.updates;
+      if (!pending) {
+        mark_ = Clock::now();
+        timer_->begin_step();
       }
-      if (step + 1 == cfg_.steps) settle_step_timing(w, *timer_);  // the last update's time
-      timer_->end_step();
-      after_step(w, step, st, seconds_since(ts));
-      const bool last = step + 1 == cfg_.steps;
-      if (last) {
-        // The training steps' traffic, read before the final evaluation's gathers add to it.
-        result_.comm_bytes_per_step_per_device.clear();
-        result_.tensor_bytes_per_step_per_device.clear();
-        const uint64_t steps = static_cast<uint64_t>(cfg_.steps - world_start_);
-        for (int r = 0; r < w.size(); ++r) {
-          result_.comm_bytes_per_step_per_device.push_back(
-              (w.bytes_sent(r) - side_bytes_[static_cast<size_t>(r)]) / steps);
-          result_.tensor_bytes_per_step_per_device.push_back(
-              (w.tensor_bytes_sent(r) - side_tensor_bytes_[static_cast<size_t>(r)]) / steps);
+      {
+        // nsys --capture-range=cudaProfilerApi records steps profile.first..second.
+        if (on_cuda && step + 1 == profile.first) profiler_start();
+        const ScopeExit stop_profiler{[&] {
+          if (on_cuda && step + 1 == profile.second) profiler_stop();
+        }};
+        const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
+        if (tracer_ && w.pipelined()) w.pipeline().all_spans = true;
+        PendingStep next = enqueue_step(w, run_, step, learning_rate(lrc, step), counters_.updates, *timer_);
+        if (pending) {
+          at = pending->step;
+          read_pending(w, pending, false);  // one step late: the devices run `step` meanwhile
+          at = step;
         }
-        // Every device's sent bytes count its hops to other processes too; the rest stayed inside.
-        uint64_t sent = 0;
-        for (uint64_t b : result_.comm_bytes_per_step_per_device) sent += b;
-        result_.across_bytes_per_step = (w.bytes_sent_across() - side_across_) / steps;
-        result_.inside_bytes_per_step = sent - std::min(sent, result_.across_bytes_per_step);
+        pending = std::move(next);
       }
-      EvalAction action = EvalAction::kContinue;
-      if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
-          std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), step + 1) != cfg_.eval_steps.end())
-        action = evaluate_at(w, step);
-      if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
-        log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
-        std::string text;
-        side_comm(w, [&] { text = sample_text(w, run_, cfg_.sample_tokens, static_cast<uint64_t>(step)); });
-        log_.line(text);
-      }
-      counters_.step = step + 1;
-      counters_.skipped_steps = result_.skipped_steps;
-      if (cfg_.snapshot_every > 0 && (step + 1) % cfg_.snapshot_every == 0 && !last) {
-        const auto ts0 = Clock::now();
-        snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
-        if (run_.processes) checkpointer_->replicate(*snapshot_);
-        log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
-                   {"stall_ms", seconds_since(ts0) * 1e3}});
-      }
-      if (checkpointer_->enabled() &&
-          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || last || action != EvalAction::kContinue))
-        save_at(w, step);
-      if (action == EvalAction::kStop && !last) {
-        checkpointer_->wait();
-        result_.stopped_at = step + 1;
-        return true;
-      }
-      checkpointer_->poll();
-      for (const std::string& m : checkpointer_->take_messages()) log_.line(m);
-      if (const int sig = StopSignals::pending(); sig != 0 && !last) {
-        stop_for_signal(w, step, sig);
-        return true;
-      }
+      if (must_flush(w, step) && read_pending(w, pending, true)) return true;
     } catch (const Error& e) {
       // Several processes: a lost one stops every survivor (one sentence with the step).
-      if (run_.processes) lost_process(w, e, step);
+      if (run_.processes) lost_process(w, e, at);
       // A device failed (an error at a synchronisation, or the watchdog gave up on it): with
       // --snapshot-every, drop it and go on from the last snapshot on the others.
-      if (!recover(w, e, step)) throw;
+      if (!recover(w, e, at)) throw;
       checkpointer_->wait();
       return false;
     }
@@ -453,6 +458,79 @@ bool Trainer::train_world(World& w) {
   }
   checkpointer_->wait();
   return true;
+}
+
+// Step `step` read: its records, then (latest: no later step is enqueued) what follows it —
+// evaluation, sample, snapshot, checkpoint, a stop. must_flush made every step that needs one of
+// those the latest when read. Returns true when the run stops here.
+bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bool latest) {
+  result_.cuda_graphs = result_.cuda_graphs || st.graphs;
+  if (!st.note.empty()) log_.line("note: " + st.note);
+  if (tracer_ && w.pipelined()) trace_pipeline(w);
+  result_.loss_scales.push_back(st.loss_scale);
+  if (st.skipped) {
+    on_skipped(w, step, st, latest);
+    // Read late, a skipped step's gradients were gone: read every step from here (a run of skips
+    // is diagnosed and limited in the eager order).
+    eager_ = true;
+  } else {
+    consecutive_skips_ = 0;
+    ++counters_.updates;
+  }
+  after_step(w, step, st, dt);
+  counters_.step = step + 1;
+  counters_.skipped_steps = result_.skipped_steps;
+  checkpointer_->poll();
+  for (const std::string& m : checkpointer_->take_messages()) log_.line(m);
+  if (!latest) return false;
+  const bool last = step + 1 == cfg_.steps;
+  if (last) {
+    // The training steps' traffic, read before the final evaluation's gathers add to it.
+    result_.comm_bytes_per_step_per_device.clear();
+    result_.tensor_bytes_per_step_per_device.clear();
+    const uint64_t steps = static_cast<uint64_t>(cfg_.steps - world_start_);
+    for (int r = 0; r < w.size(); ++r) {
+      result_.comm_bytes_per_step_per_device.push_back(
+          (w.bytes_sent(r) - side_bytes_[static_cast<size_t>(r)]) / steps);
+      result_.tensor_bytes_per_step_per_device.push_back(
+          (w.tensor_bytes_sent(r) - side_tensor_bytes_[static_cast<size_t>(r)]) / steps);
+    }
+    // Every device's sent bytes count its hops to other processes too; the rest stayed inside.
+    uint64_t sent = 0;
+    for (uint64_t b : result_.comm_bytes_per_step_per_device) sent += b;
+    result_.across_bytes_per_step = (w.bytes_sent_across() - side_across_) / steps;
+    result_.inside_bytes_per_step = sent - std::min(sent, result_.across_bytes_per_step);
+  }
+  EvalAction action = EvalAction::kContinue;
+  if ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last ||
+      std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), step + 1) != cfg_.eval_steps.end())
+    action = evaluate_at(w, step);
+  if (run_.is_gpt && cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0 && !last && log_.text()) {
+    log_.line("--- sample at step " + std::to_string(step + 1) + " ---");
+    std::string text;
+    side_comm(w, [&] { text = sample_text(w, run_, cfg_.sample_tokens, static_cast<uint64_t>(step)); });
+    log_.line(text);
+  }
+  if (cfg_.snapshot_every > 0 && (step + 1) % cfg_.snapshot_every == 0 && !last) {
+    const auto ts0 = Clock::now();
+    snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
+    if (run_.processes) checkpointer_->replicate(*snapshot_);
+    log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
+               {"stall_ms", seconds_since(ts0) * 1e3}});
+  }
+  if (checkpointer_->enabled() &&
+      ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || last || action != EvalAction::kContinue))
+    save_at(w, step);
+  if (action == EvalAction::kStop && !last) {
+    checkpointer_->wait();
+    result_.stopped_at = step + 1;
+    return true;
+  }
+  if (const int sig = StopSignals::pending(); sig != 0 && !last) {
+    stop_for_signal(w, step, sig);
+    return true;
+  }
+  return false;
 }
 
 // --inject-fault device=D,step=S: D is a position in the current world's device list; each fault
@@ -475,12 +553,14 @@ void Trainer::inject_faults(World& w, int step) {
   }
 }
 
-void Trainer::on_skipped(World& w, int step, const StepStats& st) {
+void Trainer::on_skipped(World& w, int step, const StepStats& st, bool latest) {
   ZeroEngine& engine = w.engine_of(0);
   result_.skipped_steps.push_back(step + 1);
   ++consecutive_skips_;
   std::string where;
-  if (consecutive_skips_ == 1 && !run_.processes) {  // several processes: no one holds every gradient
+  // Several processes: no one holds every gradient. Read late (not latest): the step after it
+  // overwrote them, so it is not named (only an unscaled run without poked gradients reads late).
+  if (consecutive_skips_ == 1 && !run_.processes && latest) {
     // Lazily, only when a run of skips starts; a pipeline's stages in order.
     const int stages = w.mesh().shape().pipeline;
     for (int p = 0; p < stages && where.empty(); ++p)
@@ -700,6 +780,8 @@ void Trainer::finish(World& w) {
     log_.line(buf);
     log_.line(result_.sample);
   }
+  if (cfg_.keep_final_params)  // AdamW's step count as the devices hold it (OptimizerStep::step_on_device)
+    for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).update_count(w.engine_rank(r)));
   // Tests' hook (the logical blocks); not for pipeline stages, whose blocks no one engine holds.
   const bool keep = cfg_.keep_final_params && !w.pipelined();
   if (keep) {

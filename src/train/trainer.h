@@ -160,6 +160,9 @@ struct TrainConfig {
   std::string profile_steps;  // --profile-steps A:B: cudaProfilerStart before step A, Stop after B (1-based)
   bool quiet = false;        // no progress line (tests)
   LogFormat log_format = LogFormat::kText;
+  // Tests: false reads every step's scalars before the next step is enqueued (the eager order);
+  // true reads them one step late where train/step.h allows it. Same numbers either way.
+  bool read_scalars_late = true;
   bool keep_final_params = false;  // tests: return the full parameters of every block
   bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
   // Sweeps (src/sweep/): evaluations at these 1-based steps besides eval_every's (the rungs), a
@@ -211,6 +214,7 @@ struct TrainResult {
   std::vector<std::vector<float>> final_params;  // with keep_final_params: the fp32 master weights
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
+  std::vector<int64_t> final_update_counts;       // with keep_final_params: each rank's device update counter
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
   // --pipeline-parallel: the bubble fraction measured over the steps and the schedule's closed form.
   double measured_bubble = 0, theoretical_bubble = 0;

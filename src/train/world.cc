@@ -190,10 +190,13 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.step_rows = DeviceBuffer(d.memory(), rows, s, "step scalars");
     R.step_include = DeviceBuffer(d.memory(), rows, s, "step scalars");
     R.step_out = DeviceBuffer(d.memory(), kStepOutBytes, s, "step scalars");
-    R.step_host = d.alloc_host_pinned(kStepHostBytes);
-    R.staged.resize(static_cast<size_t>(split.accum));
-    for (auto* e : {&R.step_begin, &R.compute_done, &R.grads_ready, &R.opt_begin, &R.opt_end})
-      *e = d.create_timing_event();
+    R.staged.resize(static_cast<size_t>(kStepSlots * split.accum));
+    for (int slot = 0; slot < kStepSlots; ++slot) {
+      R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(kStepHostBytes);
+      RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
+      for (auto* e : {&ev.step_begin, &ev.compute_done, &ev.grads_ready, &ev.opt_begin, &ev.opt_end})
+        *e = d.create_timing_event();
+    }
     R.batch.B = B;
     R.batch.T = T;
     R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}

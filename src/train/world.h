@@ -4,6 +4,8 @@
 // a World away and builds the next one on the survivors.
 #pragma once
 
+#include <array>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -67,6 +69,8 @@ constexpr int kLossSlots = 2;
 // (a float in a double's slot); step_host: step_out's doubles, then the loss-scale state.
 constexpr size_t kStepOutBytes = 4 * sizeof(double);
 constexpr size_t kStepHostBytes = 3 * sizeof(double) + 6 * sizeof(float);
+// Steps in flight on a rank at most: the one enqueued and the one read one step late (step.h).
+constexpr int kStepSlots = 2;
 
 // One rank's buffers and host scratch.
 struct RankState {
@@ -77,8 +81,9 @@ struct RankState {
   Batch batch;
   std::unique_ptr<Prefetcher<HostBatch>> prefetch;
   // The step's own copies of its micro-batches: a stream copy reads its host source when it runs,
-  // and the prefetcher recycles a batch at the next get(); these stay untouched until the step's
-  // one synchronisation, so no micro-batch needs a host wait.
+  // and the prefetcher recycles a batch at the next get(); these stay untouched until the step was
+  // read, so no micro-batch needs a host wait. Two steps' worth (kStepSlots * accum, the step's
+  // slot first): the next step is staged while this one may still be uploading.
   std::vector<HostBatch> staged;
   std::vector<float> losses, norm_host;  // norm_host: norms' 2 * blocks partials, then the loss sum
   double loss_sum = 0;
@@ -91,20 +96,21 @@ struct RankState {
   // by the optimizer on the device and copied with the loss-scale state into step_host (pinned).
   DeviceBuffer step_rows, step_include, step_out;
   std::vector<float> step_include_host;
-  PinnedHostBuffer step_host;
+  // One per step slot (a step's slot: its index % kStepSlots): the host reads step k's while
+  // step k + 1 is enqueued, which writes the other.
+  std::array<PinnedHostBuffer, kStepSlots> step_host;
   // Elsewhere (several processes, pipeline stages) the host computes the clip factor and copies it
   // from clip_host into step_out's clip (a member: the copy reads it when the stream runs it).
   float clip_host = 1.0f;
   // Bytes the step scalars' all-gathers sent from this rank on the world communicator (not
   // tensor-axis traffic where the tensor group is the world group: World::tensor_bytes_sent).
   uint64_t scalar_bytes = 0;
-  // Timing events on the compute stream (train/step.cc): the step's start, its last backward, its
-  // gradients checked, and the optimizer's span, read after the next synchronisation.
-  std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
-  bool opt_pending = false;  // opt_begin/opt_end hold an update not yet counted by the timer
-  // The previous update's events while the step's own are recorded before its scalars are read.
-  std::unique_ptr<Event> prev_opt_begin, prev_opt_end;
-  bool prev_opt_pending = false;
+  // Timing events on the compute stream (train/step.cc), per step slot: the step's start, its
+  // last backward, its gradients checked, and the update's span, read when the step is read.
+  struct StepEvents {
+    std::unique_ptr<Event> step_begin, compute_done, grads_ready, opt_begin, opt_end;
+  };
+  std::array<StepEvents, kStepSlots> events;
   // --cuda-graphs: the rank's captured micro-batch (train/graph_step.h); null while eager.
   std::shared_ptr<MicroBatchGraph> graph;
 };

@@ -140,6 +140,9 @@ class ZeroRank final : public ParamAccess {
   void reallocate_working(const ZeroOptions& o);
   void reset_scaler();
   void set_loss_scale_state(const optim::LossScaleState& st);
+  uint32_t* update_count_device();  // after the LossScaleState in `scaler` (kScalerBytes)
+  void set_update_count(int64_t updates);
+  int64_t update_count();
   optim::LossScaleState loss_scale_state();
   void mark_overflow() { ops::fill(compute_, f32(flags.as<float>(), 1, idx()), 1.0f); }
   ModelStateBytes model_state_bytes() const;
@@ -217,7 +220,7 @@ class ZeroRank final : public ParamAccess {
   float segs_weight_decay_ = -1;
   // Offload: the host update's list (host memory) and scalars.
   std::vector<optim::OptimizerSegment> host_segs_;
-  HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale, [2] clip factor
+  HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale, [2] clip factor, [3] update count
   std::atomic<double> host_seconds_{0.0};
   // The micro-batch being issued: its plan and the next step of it.
   int micro_ = 0;
@@ -389,8 +392,10 @@ ZeroRank::ZeroRank(ZeroEngine::Impl& e, int r, Device& d)
     blk.reduced = d.create_event();
     blocks.push_back(std::move(blk));
   }
-  scaler = DeviceBuffer(d.memory(), sizeof(optim::LossScaleState), compute_, "loss scale");
+  static_assert(kScalerBytes >= sizeof(optim::LossScaleState) + sizeof(uint32_t));
+  scaler = DeviceBuffer(d.memory(), kScalerBytes, compute_, "loss scale");
   flags = DeviceBuffer(d.memory(), static_cast<size_t>(e_.world()) * sizeof(float), compute_, "loss scale");
+  set_update_count(0);  // reset_scaler keeps it: a switch of the working dtype goes on counting
   reset_scaler();
 }
 
@@ -712,6 +717,24 @@ void ZeroRank::reset_scaler() {
   compute_.synchronize();  // st lives on this stack frame
 }
 
+uint32_t* ZeroRank::update_count_device() {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(scaler.data()) + sizeof(optim::LossScaleState));
+}
+
+void ZeroRank::set_update_count(int64_t updates) {
+  ZT_REQUIRE(updates >= 0 && updates < int64_t{UINT32_MAX}, "the update count ", updates, " is out of range");
+  const auto n = static_cast<uint32_t>(updates);
+  compute_.copy(update_count_device(), &n, sizeof n);
+  compute_.synchronize();  // n lives on this stack frame
+}
+
+int64_t ZeroRank::update_count() {
+  uint32_t n = 0;
+  compute_.copy(&n, update_count_device(), sizeof n);
+  compute_.synchronize();
+  return n;
+}
+
 void ZeroRank::set_loss_scale_state(const optim::LossScaleState& st) {
   compute_.copy(scaler.data(), &st, sizeof st);
   compute_.synchronize();
@@ -853,6 +876,7 @@ void ZeroRank::optimizer_step(const OptimizerStep& st) {
   sc.clip = st.grad_scale;
   sc.rounding = e_.opt.rounding;
   sc.seed = e_.opt.seed;
+  if (st.step_on_device) sc.update_count = update_count_device();
   const optim::SegmentList<optim::OptimizerSegment> segs{opt_segs_, opt_segs_dev_.as<optim::OptimizerSegment>()};
   if (arena_) offload_step(st, sc);
   if (st.adamw)
@@ -885,10 +909,13 @@ void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& s
   compute_.copy(hs, flags.data(), sizeof(float));
   if (sc.inv_loss_scale) compute_.copy(hs + 1, sc.inv_loss_scale, sizeof(float));
   if (sc.clip) compute_.copy(hs + 2, sc.clip, sizeof(float));
+  // The count before the device update (enqueued after this) adds to it; the host update counts its copy.
+  if (sc.update_count) compute_.copy(hs + 3, sc.update_count, sizeof(uint32_t));
   optim::StepScalars hsc = sc;
   hsc.found_inf = hs;
   hsc.inv_loss_scale = sc.inv_loss_scale ? hs + 1 : nullptr;
   hsc.clip = sc.clip ? hs + 2 : nullptr;
+  hsc.update_count = sc.update_count ? reinterpret_cast<uint32_t*>(hs + 3) : nullptr;
   std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(compute_, issued_++) : nullptr;
   // The compute stream waits for this function: its duration is the optimizer time the device
   // cannot hide (the clip factor and the flag exist only after the whole backward).
@@ -1163,6 +1190,8 @@ void ZeroEngine::set_loss_scale_state(int rank, const optim::LossScaleState& st)
   impl_->rank(rank).set_loss_scale_state(st);
 }
 optim::LossScaleState ZeroEngine::loss_scale_state(int rank) { return impl_->rank(rank).loss_scale_state(); }
+void ZeroEngine::set_update_count(int rank, int64_t updates) { impl_->rank(rank).set_update_count(updates); }
+int64_t ZeroEngine::update_count(int rank) { return impl_->rank(rank).update_count(); }
 ModelStateBytes ZeroEngine::model_state_bytes(int rank) const { return impl_->rank(rank).model_state_bytes(); }
 size_t ZeroEngine::host_peak_bytes(int rank) const { return impl_->rank(rank).host_peak_bytes(); }
 size_t ZeroEngine::host_staging_bytes(int rank) const { return impl_->rank(rank).host_staging_bytes(); }
@@ -1352,7 +1381,7 @@ EngineMemoryPlan ZeroEngine::plan_memory(const Model& model, int world, const Ze
   plan.work += static_cast<size_t>(L.num_blocks());
   // Per rank: the loss-scale state, the overflow flags, and the multi-tensor lists.
   const size_t opt_segs = planned_optimizer_segments(L, data_parallel_size(world, opt), p, &plan.work);
-  plan.resident.push_back(sizeof(optim::LossScaleState));
+  plan.resident.push_back(kScalerBytes);
   plan.resident.push_back(static_cast<size_t>(world) * sizeof(float));
   plan.resident.push_back(std::max<size_t>(1, opt_segs) * sizeof(optim::OptimizerSegment));
   plan.resident.push_back(static_cast<size_t>(std::max(1, L.num_blocks())) * sizeof(optim::GradSegment));

@@ -126,6 +126,10 @@ struct OptimizerStep {
   bool adamw = true;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, momentum = 0.9f;
   int step = 1;           // 1-based
+  // The step from the rank's device update counter instead (update_count + 1, see
+  // set_update_count), which the update increments unless the step is skipped: the host needs no
+  // earlier step's skip decision to enqueue this one. `step` is then not used.
+  bool step_on_device = false;
   // Device float of the rank's device: the clipping factor (applied after unscaling), read when the
   // update runs (optim::clip_factor writes it; nullptr = 1). One pointer per rank: set it per call.
   const float* grad_scale = nullptr;
@@ -267,6 +271,10 @@ class ZeroEngine {
   void load_state(int rank, int block, const float* master_full, const float* m, const float* v,
                   const void* working_full);
   void set_loss_scale_state(int rank, const optim::LossScaleState& st);
+  // The rank's device count of updates made (OptimizerStep::step_on_device; 0 when the engine is
+  // built): set from the host's count on resume and after a recovery; read (synchronizes) by tests.
+  void set_update_count(int rank, int64_t updates);
+  int64_t update_count(int rank);
 
   // The fp32 master weights of block b of tensor coordinate `tensor` over the whole block, assembled
   // from that coordinate's ranks' shards (equals block_to_host in fp32). Synchronizes every device.

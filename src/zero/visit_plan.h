@@ -62,9 +62,12 @@ inline bool widens_params(DType working, DType activations) {
 // (0 without offload). Throws kInvalidArgument with one sentence for stage 0 or a fraction
 // outside (0, 1].
 int64_t offloaded_elements(int64_t shard_numel, const ZeroOptions& opt);
-// Host bytes a rank's arena holds besides the blocks' (the overflow flag, inverse loss scale and
-// clip factor the host update reads).
-inline constexpr size_t kOffloadScalarBytes = 3 * sizeof(float);
+// Host bytes a rank's arena holds besides the blocks' (the overflow flag, inverse loss scale,
+// clip factor and update count the host update reads).
+inline constexpr size_t kOffloadScalarBytes = 4 * sizeof(float);
+// Device bytes of a rank's loss-scale buffer: the LossScaleState, then the update counter
+// (uint32, OptimizerStep::step_on_device) and 4 bytes of padding.
+inline constexpr size_t kScalerBytes = 6 * sizeof(float) + 2 * sizeof(uint32_t);
 
 // The resident buffers of a block, in the order the engine allocates them.
 struct ResidentBuffer {

@@ -27,6 +27,7 @@
 #include "core/philox.h"
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/elementwise.h"
 #include "kernels/op_test_util.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
@@ -566,6 +567,73 @@ TEST_P(OptimTest, SkippedStepWritesNothing) {
         }
       }
     }
+  }
+}
+
+// ---- the device update counter (StepScalars::update_count)
+// ---------------------------------------------------------
+
+// The step read from the device counter gives the bits of the host's step (updates + 1) through a
+// run of updates and skips, the bias corrections included; a skipped update does not count, an
+// empty list still does.
+TEST_P(OptimTest, UpdateCounterGivesTheHostStep) {
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    const std::vector<HostSeg> hs = make_segs(rng_, {1, 300, kMultiTensorChunk + 1}, DType::kBF16, 1.0f);
+    DevSegs counted = upload(hs, ParamMode::kBF16, DType::kBF16, adamw);
+    DevSegs given = upload(hs, ParamMode::kBF16, DType::kBF16, adamw);
+    DevSegs empty = upload({}, ParamMode::kBF16, DType::kBF16, adamw);
+    DeviceBuffer skip = scalar(0.0f);
+    const uint32_t resumed = 3;  // updates made before (a resumed run)
+    DeviceBuffer count = alloc(sizeof(uint32_t)), empty_count = alloc(sizeof(uint32_t));
+    put(count.data(), &resumed, sizeof resumed);
+    put(empty_count.data(), &resumed, sizeof resumed);
+    int64_t updates = resumed;
+    for (const float flag : {0.0f, 1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f}) {
+      put(skip.data(), &flag, sizeof flag);
+      StepScalars sc;
+      sc.found_inf = static_cast<const float*>(skip.data());
+      sc.rounding = Rounding::kStochastic;
+      sc.seed = 11;
+      auto run = [&](DevSegs& d, int step, uint32_t* counter) {
+        StepScalars c = sc;
+        c.update_count = counter;
+        AdamWConfig a{1e-2f};
+        a.step = step;
+        SgdConfig g{1e-2f};
+        g.step = step;
+        if (adamw) optim::adamw_multi(s(), d.segs(), d.param_dtype, DType::kBF16, a, c);
+        else optim::sgd_multi(s(), d.segs(), d.param_dtype, DType::kBF16, g, c);
+      };
+      run(counted, 1, static_cast<uint32_t*>(count.data()));  // the config's step is not used
+      run(given, static_cast<int>(updates) + 1, nullptr);
+      run(empty, 1, static_cast<uint32_t*>(empty_count.data()));
+      s().synchronize();
+      if (flag == 0.0f) ++updates;
+      for (size_t i = 0; i < hs.size(); ++i) {
+        const SegOut a = download(counted, i), b = download(given, i);
+        EXPECT_TRUE(same_bytes(a.master, b.master) && same_bytes(a.m, b.m) && same_bytes(a.v, b.v) &&
+                    same_bytes(a.param, b.param))
+            << "segment " << i << " after " << updates << " updates";
+      }
+      uint32_t n = 0, ne = 0;
+      std::memcpy(&n, get(count.data(), sizeof n).data(), sizeof n);
+      std::memcpy(&ne, get(empty_count.data(), sizeof ne).data(), sizeof ne);
+      EXPECT_EQ(n, updates);
+      EXPECT_EQ(ne, updates);
+    }
+  }
+}
+
+// The bias correction 1 - beta^step by binary exponentiation equals the float of std::pow's in
+// double (what the host computed before the step moved to the device) for the common betas.
+TEST(BiasCorrection, EqualsTheDoublePowRounded) {
+  for (const float beta : {0.9f, 0.95f, 0.98f, 0.99f, 0.999f}) {
+    int differ = 0;
+    for (int step = 1; step <= 300000; ++step)
+      differ += adamw_bias_correction(beta, static_cast<uint64_t>(step)) !=
+                static_cast<float>(1.0 - std::pow(static_cast<double>(beta), step));
+    EXPECT_EQ(differ, 0) << "beta " << beta;
   }
 }
 

@@ -117,6 +117,25 @@ TEST_F(Resume, FromOtherDeviceCountsAndStagesGathersTheSameStateAndContinues) {
   }
 }
 
+// AdamW's step count lives on the devices (one counter per rank): a resume onto another device
+// count and stage sets every new rank's counter from the checkpoint's update count (a skipped
+// step before the checkpoint makes it differ from the step), and the run counts on from there.
+TEST_F(Resume, TheDevicesUpdateCountFollowsAReshardedResume) {
+  TrainConfig a = tiny(4, 2, 4, Precision::kFp32);
+  a.checkpoint_dir = dir("count");
+  a.gradient_faults.push_back({2, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  a.keep_final_params = true;
+  const TrainResult saved = train(a);
+  ASSERT_EQ(saved.skipped_steps, std::vector<int>{2});
+  EXPECT_EQ(saved.final_update_counts, std::vector<int64_t>(4, 3));
+  TrainConfig b = tiny(2, 3, 6, Precision::kFp32);
+  b.resume = saved.checkpoints.at(0);
+  b.keep_final_params = true;
+  const TrainResult moved = train(b);
+  ASSERT_EQ(moved.start_step, 4);
+  EXPECT_EQ(moved.final_update_counts, std::vector<int64_t>(2, 5)) << "3 updates before the checkpoint, 2 after";
+}
+
 TEST_F(Resume, ReshardedLoadRestoresMasterAndMomentsBitwise) {
   // Save on 4 devices at stage 1; resume elsewhere for one step that an injected NaN skips, so the
   // final state is exactly what was loaded.

@@ -3,6 +3,8 @@
 // samples in its own alphabet, the MLP reaches 85% on Fashion-MNIST, LR schedules are exact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -107,26 +109,87 @@ TEST(Train, Tf32StaysCloseToFp32) {
 // step's scalars by waiting on an event recorded before the update (not counted: it drains
 // nothing). Before, it was one per rank and step (the read of the norm partials before the clip
 // factor could be formed on the host); before that 12 per step here.
+// Event waits of the host, by how much work their stream held after the event's record
+// (cpu::set_event_wait_probe): those with fewer than g_threshold tasks behind.
+std::atomic<uint64_t> g_waits{0}, g_near{0}, g_threshold{0};
+void count_wait(uint64_t behind, uint64_t) {
+  ++g_waits;
+  if (behind < g_threshold.load()) ++g_near;
+}
+
 TEST(Train, NoHostSynchronisationInsideAStep) {
-  auto run = [](int steps, uint64_t* syncs) {
+  struct Waits {
+    uint64_t syncs = 0, waits = 0, near = 0;  // near: waits with under the threshold behind
+  };
+  auto run = [](int steps, bool late, uint64_t threshold, Waits* w) {
     TrainConfig c = small_gpt(steps);
     c.devices = "cpu:2";
     c.batch_size = 8;
     c.micro_batch_size = 1;  // 4 micro-batches per rank
     c.grad_clip = 0.05f;     // clipping active: the factor comes from the device
+    c.read_scalars_late = late;
     const uint64_t before = cpu::host_synchronizations();
+    g_waits = g_near = 0;
+    g_threshold = threshold;
+    cpu::set_event_wait_probe(&count_wait);
     TrainResult r = train(c);
-    *syncs = cpu::host_synchronizations() - before;
+    cpu::set_event_wait_probe(nullptr);
+    w->syncs = cpu::host_synchronizations() - before;
+    w->waits = g_waits.load();
+    w->near = g_near.load();
     return r;
   };
-  uint64_t short_run = 0, long_run = 0;
-  run(3, &short_run);
-  const TrainResult r = run(7, &long_run);
-  EXPECT_EQ(long_run - short_run, 0u) << "4 more steps on 2 ranks synchronised the host";
+  // A wait with nothing queued behind its event drains the stream: the host waited on the last
+  // work it gave, i.e. on the step just enqueued. One step late, step k + 1 is queued behind every
+  // event of step k the host waits on; only the final step, the evaluation and the teardown drain.
+  const uint64_t threshold = 1;
+  Waits short_run, long_run;
+  run(3, true, threshold, &short_run);
+  const TrainResult r = run(7, true, threshold, &long_run);
+  EXPECT_EQ(long_run.syncs - short_run.syncs, 0u) << "4 more steps on 2 ranks synchronised the host";
+  EXPECT_EQ(long_run.near, short_run.near)
+      << "4 more steps waited on the step just enqueued before enqueueing the next (not one step late)";
+  // The eager order (every step read before the next is enqueued) is what the probe catches.
+  Waits eager_short, eager_long;
+  run(3, false, threshold, &eager_short);
+  run(7, false, threshold, &eager_long);
+  EXPECT_GE(eager_long.near, eager_short.near + 4 * 2) << "the eager order waits on each step's own events";
   // The phases still come out of the events: the update and the micro-batches took time.
   EXPECT_GT(r.time_split.compute, 0);
   EXPECT_GT(r.time_split.optimizer, 0);
   EXPECT_GE(r.time_split.comm, 0);
+}
+
+// Reading the scalars one step late changes nothing but the host's timing: the per-step losses,
+// norms (through the clip factor and so the parameters), skips, loss scales and the final
+// parameters and moments are the bits of the eager order, with accumulation, two ranks, clipping
+// and AdamW's bias correction counted on the devices; also with a checkpoint and an evaluation
+// mid-run (flushes) and for bf16 (stochastic rounding keyed by the devices' update count).
+TEST(Train, ScalarsReadOneStepLateGiveTheEagerBits) {
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    TrainConfig c = small_gpt(9);
+    c.devices = "cpu:2";
+    c.batch_size = 8;
+    c.micro_batch_size = 2;
+    c.grad_clip = 0.05f;
+    c.eval_every = 4;
+    c.precision = precision;
+    c.stochastic_rounding = precision == Precision::kBf16;
+    c.keep_final_params = true;
+    c.read_scalars_late = false;
+    const TrainResult eager = train(c);
+    c.read_scalars_late = true;
+    const TrainResult late = train(c);
+    ASSERT_EQ(late.losses.size(), 9u);
+    for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(late.losses[i], eager.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(late.loss_scales, eager.loss_scales);
+    EXPECT_EQ(late.skipped_steps, eager.skipped_steps);
+    EXPECT_EQ(late.val_losses, eager.val_losses);
+    EXPECT_EQ(late.final_params, eager.final_params);
+    EXPECT_EQ(late.final_working, eager.final_working);
+    EXPECT_EQ(late.final_moments, eager.final_moments);
+  }
 }
 
 TEST(Train, TextFileTrainsAndSamplesItsAlphabet) {

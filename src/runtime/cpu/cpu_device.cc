@@ -18,6 +18,12 @@ void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 
 uint64_t host_synchronizations() { return g_host_syncs.load(std::memory_order_relaxed); }
 
+namespace {
+std::atomic<EventWaitProbe> g_wait_probe{nullptr};
+}  // namespace
+
+void set_event_wait_probe(EventWaitProbe probe) { g_wait_probe.store(probe); }
+
 void Marker::signal() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -66,7 +72,10 @@ bool CpuEvent::query() {
 }
 
 void CpuEvent::synchronize() {
-  if (auto m = current()) m->wait();
+  auto m = current();
+  if (!m) return;
+  if (const EventWaitProbe probe = g_wait_probe.load()) probe(m->tasks_behind(), m->tasks_total());
+  m->wait();
 }
 
 std::optional<double> CpuEvent::seconds_since(const Event& start) const {
@@ -108,20 +117,23 @@ CpuStream::~CpuStream() {
 
 Device& CpuStream::device() { return device_; }
 
-void CpuStream::push(std::function<void()> fn, bool control, const char* name) {
+uint64_t CpuStream::push(std::function<void()> fn, bool control, const char* name) {
   if (capturing()) {
     std::lock_guard<std::mutex> lock(capture_mu_);
     if (capturing_.load(std::memory_order_relaxed)) {
       if (capture_error_.empty()) captured_.push_back(Task{std::move(fn), control, name});
-      return;
+      return 0;
     }
   }
+  uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(Task{std::move(fn), control, name});
-    ++submitted_;
+    seq = ++submitted_;
+    tasks_->store(seq);
   }
   cv_work_.notify_one();
+  return seq;
 }
 
 void CpuStream::run() {
@@ -213,7 +225,8 @@ void CpuStream::record(Event& event) {
   }
   auto marker = std::make_shared<Marker>();
   as_cpu_event(event).set_current(marker);
-  push([marker] { marker->signal(); }, /*control=*/true);
+  const uint64_t seq = push([marker] { marker->signal(); }, /*control=*/true);
+  marker->set_place(tasks_, seq);  // read only by the host thread that waits on it later
 }
 
 void CpuStream::wait(const Event& event) {
@@ -324,6 +337,7 @@ void CpuStream::enqueue_all(const std::vector<Task>& tasks) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Task& t : tasks) queue_.push_back(t);
     submitted_ += tasks.size();
+    tasks_->store(submitted_);
   }
   cv_work_.notify_one();
 }

@@ -41,6 +41,13 @@ class CpuDevice;
 // Device::synchronize), process-wide since start: the host synchronisations of a training step.
 // Event waits are not counted (the pool's teardown waits on a timing-dependent number of them).
 uint64_t host_synchronizations();
+// Tests: called on every host wait for a CPU event (Event::synchronize) with the number of tasks
+// its stream had been given after the event's record when the wait began (0: the wait drains the
+// stream as a synchronize would) and the stream's tasks so far. Lets a test tell a wait on the
+// work just enqueued from one on an earlier step's, behind which the next step is queued.
+// nullptr: none. Set it only while no device runs.
+using EventWaitProbe = void (*)(uint64_t tasks_behind, uint64_t tasks_total);
+void set_event_wait_probe(EventWaitProbe probe);
 
 // Enqueues `fn` on `s`, which must be a CPU stream (the checked downcast of the CPU backend:
 // another backend's stream is a zt::Error(kInternal) naming the task and the stream's device).
@@ -60,12 +67,23 @@ class Marker {
   std::optional<std::chrono::steady_clock::time_point> done_at();
   // Makes blocked wait()s re-check their waiter's abandonment.
   void wake();
+  // The recording stream's task count (shared, outlives the stream) and this record's place in
+  // it, for the event-wait probe.
+  void set_place(std::shared_ptr<const std::atomic<uint64_t>> tasks, uint64_t seq) {
+    tasks_ = std::move(tasks);
+    seq_ = seq;
+  }
+  // Tasks the recording stream was given after this record (0 when not known).
+  uint64_t tasks_behind() const { return tasks_ ? tasks_->load() - seq_ : 0; }
+  uint64_t tasks_total() const { return tasks_ ? tasks_->load() : 0; }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::chrono::steady_clock::time_point done_at_{};
+  std::shared_ptr<const std::atomic<uint64_t>> tasks_;
+  uint64_t seq_ = 0;
 };
 
 class CpuEvent final : public Event {
@@ -127,7 +145,8 @@ class CpuStream final : public Stream {
  private:
   // Fails the capture with `why` and throws it (a call CUDA refuses during capture).
   [[noreturn]] void refuse_in_capture(const std::string& why);
-  void push(std::function<void()> fn, bool control, const char* name = "control");
+  // Returns the stream's task count with this one (0 when captured).
+  uint64_t push(std::function<void()> fn, bool control, const char* name = "control");
   void run();
 
   CpuDevice& device_;
@@ -137,6 +156,8 @@ class CpuStream final : public Stream {
   std::condition_variable cv_done_;
   std::deque<Task> queue_;
   uint64_t submitted_ = 0;  // guarded by mu_
+  // submitted_, readable without mu_ by the event-wait probe (set_event_wait_probe).
+  std::shared_ptr<std::atomic<uint64_t>> tasks_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t completed_ = 0;  // guarded by mu_
   bool stop_ = false;
   // The marker this stream's worker is blocked on in a wait task, for release_wait().
