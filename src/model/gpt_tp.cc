@@ -752,29 +752,11 @@ class GptTp final : public Model {
                               f32(A.ln1_rstd, Shape{R}));
   }
 
-  TensorView tensor_at(void* base, DType dtype, int device, int block, int idx) const {
-    const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
-    return TensorView{static_cast<char*>(base) + t.offset * static_cast<int64_t>(dtype_size(dtype)), dtype, t.shape,
-                      device};
-  }
-  // The dtype this model computes in on `p`: f32, or (16-bit model) the 16-bit type of its
-  // parameters, read as they are (no widened copy).
-  DType compute_dtype(ParamAccess& p) const {
-    if (activations_ == DType::kF32) return DType::kF32;
-    const DType d = p.param_dtype();
-    ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "a GPT computing in ", dtype_name(activations_),
-             " was given parameters in ", dtype_name(d), " (it reads 16-bit parameters as they are)");
-    return d;
-  }
+  // The dtype this model computes in on `p` (param_compute_dtype).
+  DType compute_dtype(ParamAccess& p) const { return param_compute_dtype(activations_, p); }
   // Parameters in the compute dtype; gradients are fp32.
-  TensorView param(ParamAccess& p, int block, int idx) const {
-    const DType d = compute_dtype(p);
-    return tensor_at(d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
-                     p.device_index(), block, idx);
-  }
-  TensorView grad(ParamAccess& p, int block, int idx) const {
-    return tensor_at(p.grads(block), DType::kF32, p.device_index(), block, idx);
-  }
+  TensorView param(ParamAccess& p, int block, int idx) const { return block_param(layout_, activations_, p, block, idx); }
+  TensorView grad(ParamAccess& p, int block, int idx) const { return block_grad(layout_, p, block, idx); }
 
   ModelConfig config_;
   TensorParallel tp_;

@@ -169,28 +169,12 @@ class Mlp final : public Model {
     if (convert) ops::cast(s, x, batch.inputs);
     return x;
   }
+  // The dtype this model computes in on `p` (param_compute_dtype).
+  DType compute_dtype(ParamAccess& p) const { return param_compute_dtype(activations_, p); }
   // Parameters in the compute dtype (a 16-bit MLP reads the engine's 16-bit working parameters as
   // they are); gradients are fp32.
-  // The dtype this model computes in on `p`: f32, or (16-bit model) the 16-bit type of its
-  // parameters (bf16 and f16 take the same workspace bytes).
-  DType compute_dtype(ParamAccess& p) const {
-    if (activations_ == DType::kF32) return DType::kF32;
-    const DType d = p.param_dtype();
-    ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "an MLP computing in ", dtype_name(activations_),
-             " was given parameters in ", dtype_name(d), " (it reads 16-bit parameters as they are)");
-    return d;
-  }
-  TensorView param(ParamAccess& p, int block, int idx) const {
-    const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
-    const DType d = compute_dtype(p);
-    if (d == DType::kF32) return TensorView{p.params(block) + t.offset, DType::kF32, t.shape, p.device_index()};
-    return TensorView{static_cast<char*>(p.param_data(block)) + t.offset * static_cast<int64_t>(dtype_size(d)), d,
-                      t.shape, p.device_index()};
-  }
-  TensorView grad(ParamAccess& p, int block, int idx) const {
-    const ParamTensor& t = layout_.block(block).tensors[static_cast<size_t>(idx)];
-    return TensorView{p.grads(block) + t.offset, DType::kF32, t.shape, p.device_index()};
-  }
+  TensorView param(ParamAccess& p, int block, int idx) const { return block_param(layout_, activations_, p, block, idx); }
+  TensorView grad(ParamAccess& p, int block, int idx) const { return block_grad(layout_, p, block, idx); }
 
   ModelConfig config_;
   DType activations_;

@@ -28,6 +28,32 @@ DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_
   return sixteen ? working : DType::kF32;
 }
 
+DType param_compute_dtype(DType activations, const ParamAccess& p) {
+  if (activations == DType::kF32) return DType::kF32;
+  const DType d = p.param_dtype();
+  ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "a model computing in ", dtype_name(activations),
+           " was given parameters in ", dtype_name(d), " (it reads 16-bit parameters as they are)");
+  return d;
+}
+
+namespace {
+TensorView block_tensor(const ParamLayout& layout, void* base, DType dtype, int device, int block, int idx) {
+  const ParamTensor& t = layout.block(block).tensors[static_cast<size_t>(idx)];
+  return TensorView{static_cast<char*>(base) + t.offset * static_cast<int64_t>(dtype_size(dtype)), dtype, t.shape,
+                    device};
+}
+}  // namespace
+
+TensorView block_param(const ParamLayout& layout, DType activations, ParamAccess& p, int block, int idx) {
+  const DType d = param_compute_dtype(activations, p);
+  return block_tensor(layout, d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
+                      p.device_index(), block, idx);
+}
+
+TensorView block_grad(const ParamLayout& layout, ParamAccess& p, int block, int idx) {
+  return block_tensor(layout, p.grads(block), DType::kF32, p.device_index(), block, idx);
+}
+
 void Workspace::read_logits_row(Stream& s, int row, float* out) {
   const TensorView l = logits();
   ZT_CHECK(l.dtype == DType::kF32, "read_logits_row of ", dtype_name(l.dtype), " logits without a widening override");

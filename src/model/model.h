@@ -37,6 +37,16 @@ class ParamAccess {
   virtual void after_backward(int block) {}
 };
 
+// The dtype a model whose Model::activation_dtype() is `activations` computes in on `p`: f32, or
+// for a 16-bit model the 16-bit type of p's parameters, read as they are (bf16 and f16 take the
+// same workspace bytes, so an engine switching its working dtype, --on-scale-collapse bf16,
+// carries the activations with it). A 16-bit model handed fp32 parameters is an internal error.
+DType param_compute_dtype(DType activations, const ParamAccess& p);
+// Tensor `idx` of block `block` of `layout`: its parameters in the compute dtype
+// (param_compute_dtype: params() or param_data()), its gradient in fp32 (grads()).
+TensorView block_param(const ParamLayout& layout, DType activations, ParamAccess& p, int block, int idx);
+TensorView block_grad(const ParamLayout& layout, ParamAccess& p, int block, int idx);
+
 // One micro-batch on the device. GPT: inputs [B,T] int32 tokens, targets [B,T] int32.
 // MLP: inputs [B,input_dim] fp32, targets [B] int32 labels (T = 1).
 struct Batch {
