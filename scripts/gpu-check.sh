@@ -426,7 +426,10 @@ def losses(name):
     with open(os.path.join(out, name)) as f:
         return [json.loads(l).get("loss") for l in f if '"loss"' in l and '"event"' not in l]
 bad = 0
-for p, tol in (("bf16", 3e-2), ("fp16", 5e-3)):
+# fp16: the bound tests/README.md derives ("End-to-end"): (1 + r) * D16 with r = 2 vendor roundings
+# and D16 the CPU backend's bf16-vs-fp32 sensitivity (4.54e-2, the step-12 batch) scaled to fp16's
+# unit roundoff (x 1/8): 1.7e-2. The first GPU run measured 5.5e-3 (the old 5e-3 was a guess).
+for p, tol in (("bf16", 3e-2), ("fp16", 1.7e-2)):
     try:
         g, c = losses(f"train-cuda-{p}.jsonl"), losses(f"train-cpu-{p}.jsonl")
     except OSError as e:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -17,6 +18,7 @@
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "op_test_util.h"
+#include "tolerance.h"
 
 namespace zt {
 namespace {
@@ -221,7 +223,8 @@ TEST_P(ClassifierTest, RefusesBadVocabularyRanges) {
 
 // Forward writes the V real columns and leaves the padding alone; backward reads only the real
 // columns (NaN padding would spread into both gradients otherwise). With Vp == V the op is
-// matmul_forward/backward bit for bit.
+// matmul_forward/backward bit for bit on the CPU backend; on CUDA these are two cuBLAS call shapes,
+// each held to the derived bound of float64 instead (tests/README.md).
 TEST_P(ClassifierTest, LmHeadWritesAndReadsOnlyTheRealColumns) {
   const int64_t N = 37, C = 24, V = 300, Vp = ops::padded_vocab(V);
   const FVec in = rng_.normal(N * C), wte = rng_.normal(V * C, 0.2f), din0 = rng_.normal(N * C),
@@ -259,15 +262,34 @@ TEST_P(ClassifierTest, LmHeadWritesAndReadsOnlyTheRealColumns) {
   DevTensor a = poisoned({N, V}), b = poisoned({N, V});
   ops::lm_head_forward(s(), a, tin, twte);
   ops::matmul_forward(s(), b, tin, twte, ConstTensorView{});
-  EXPECT_TRUE(bitwise_equal(a.f(), b.f()));
+  const bool own_kernels = GetParam() == Backend::kCpu;
+  if (own_kernels) {
+    EXPECT_TRUE(bitwise_equal(a.f(), b.f()));
+  }
+  const DVec logits_bound = tolerance::matmul_forward_bound(DType::kF32, to_d(in), to_d(wte), {}, N, C, V);
+  EXPECT_TRUE(tolerance::within(a.f(), r_logits, logits_bound)) << "lm_head_forward";
+  EXPECT_TRUE(tolerance::within(b.f(), r_logits, logits_bound)) << "matmul_forward";
   const FVec g = rng_.normal(N * V, 0.1f);
   DevTensor tg = tensor(g, {N, V});
   DevTensor din_a = tensor(din0, {N, C}), dwte_a = tensor(dwte0, {V, C});
   DevTensor din_b = tensor(din0, {N, C}), dwte_b = tensor(dwte0, {V, C});
   ops::lm_head_backward(s(), din_a, dwte_a, tg, tin, twte);
   ops::matmul_backward(s(), din_b, dwte_b, TensorView{}, tg, tin, twte);
-  EXPECT_TRUE(bitwise_equal(din_a.f(), din_b.f()));
-  EXPECT_TRUE(bitwise_equal(dwte_a.f(), dwte_b.f()));
+  if (own_kernels) {
+    EXPECT_TRUE(bitwise_equal(din_a.f(), din_b.f()));
+  }
+  if (own_kernels) {
+    EXPECT_TRUE(bitwise_equal(dwte_a.f(), dwte_b.f()));
+  }
+  DVec r_din_g = to_d(din0), r_dwte_g = to_d(dwte0);
+  ref::matmul_backward_ref(r_din_g, r_dwte_g, {}, to_d(g), to_d(in), to_d(wte), N, C, V);
+  const tolerance::MatmulBackwardBounds gb =
+      tolerance::matmul_backward_bounds(DType::kF32, to_d(g), to_d(in), to_d(wte), to_d(din0), to_d(dwte0), {}, N, C, V);
+  for (const auto& [name, din_x, dwte_x] : {std::tuple<const char*, DevTensor*, DevTensor*>{"lm_head", &din_a, &dwte_a},
+                                            {"matmul", &din_b, &dwte_b}}) {
+    EXPECT_TRUE(tolerance::within(din_x->f(), r_din_g, gb.din)) << name << " din";
+    EXPECT_TRUE(tolerance::within(dwte_x->f(), r_dwte_g, gb.dweight)) << name << " dwte";
+  }
 }
 
 // A backend without the LM head entries: unpadded rows fall back to matmul (same bits), padded

@@ -3,7 +3,10 @@
 // attention_forward/backward, bits independent of the thread count, no pool allocation; 16-bit
 // activations (f16, bf16) against float64, and on a GPU the fused (cuDNN) path against the tiled
 // CUDA kernel and the CPU backend. Tolerances: kTolReduce, as test_ops.cc explains (fp32 sums over
-// up to T * hs terms); 16-bit outputs add one rounding to the dtype (kTol16).
+// up to T * hs terms); 16-bit outputs add one rounding to the dtype (kTol16) on the CPU backend, and
+// on every backend they are within tests/tolerance.h's attention bound of float64 (cuDNN rounds P
+// and dS to 16 bits where our kernels do not: tests/README.md). Fused and tiled results are each
+// compared with float64, never with each other.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +28,7 @@
 #include "memory/caching_allocator.h"
 #include "op_test_util.h"
 #include "runtime/runtime.h"
+#include "tolerance.h"
 
 namespace zt {
 namespace {
@@ -240,6 +244,18 @@ void backward_given_out_ref(DVec& dqkv, const FVec& dout, const FVec& qkv, const
       }
 }
 
+// A run's out, dqkv += and dqkv = against float64 within tests/tolerance.h's attention bound (the
+// backward's bound given the out that run stored, as backward_given_out_ref).
+void expect_within_attention_bounds(const Run16& got, const DVec& r_out, const DVec& r_acc, const DVec& r_over, DType t,
+                                    const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B, int64_t T,
+                                    int64_t C, int64_t NH) {
+  const tolerance::AttentionBounds ab = tolerance::attention_bounds(t, to_d(qkv), to_d(dout), to_d(got.out), B, T, C, NH);
+  EXPECT_TRUE(tolerance::within(got.out, r_out, tolerance::stored_bounds(t, ab.out, ab.out_mag))) << "out";
+  EXPECT_TRUE(tolerance::within(got.dqkv_acc, r_acc, tolerance::stored_bounds(t, ab.dqkv, ab.dqkv_mag, to_d(dqkv0))))
+      << "dqkv +=";
+  EXPECT_TRUE(tolerance::within(got.dqkv_over, r_over, tolerance::stored_bounds(t, ab.dqkv, ab.dqkv_mag))) << "dqkv =";
+}
+
 // The T values (partial tiles at 7 and 257) at small C so that ASan on 2 cores stays fast.
 const Case kCases16[] = {{2, 1, 32, 2}, {2, 7, 32, 2}, {1, 64, 32, 2}, {1, 257, 32, 2}, {1, 1024, 16, 2}};
 
@@ -258,11 +274,14 @@ TEST_P(FlashAttentionTest, SixteenBitMatchesReference) {
       DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
       backward_given_out_ref(r_acc, dout, qkv, got.out, B, T, C, NH);
       backward_given_out_ref(r_over, dout, qkv, got.out, B, T, C, NH);
-      EXPECT_TRUE(close(got.out, r_out, tol16(t))) << "out vs float64";
+      if (GetParam() == Backend::kCpu) {  // ZeroTrain's own kernels: one rounding to the dtype
+        EXPECT_TRUE(close(got.out, r_out, tol16(t))) << "out vs float64";
+        EXPECT_TRUE(close(got.dqkv_acc, r_acc, tol16(t))) << "dqkv += vs float64";
+        EXPECT_TRUE(close(got.dqkv_over, r_over, tol16(t))) << "dqkv = vs float64";
+      }
       // lse is fp32 from exactly widened inputs: the fp32 tolerance.
       EXPECT_TRUE(close(got.lse, reference_lse(r_pre, B * NH, T), kTolReduce)) << "lse vs float64";
-      EXPECT_TRUE(close(got.dqkv_acc, r_acc, tol16(t))) << "dqkv += vs float64";
-      EXPECT_TRUE(close(got.dqkv_over, r_over, tol16(t))) << "dqkv = vs float64";
+      expect_within_attention_bounds(got, r_out, r_acc, r_over, t, qkv, dout, dqkv0, B, T, C, NH);
     }
   }
 }
@@ -372,16 +391,25 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
       }
       const Run16 host = run16(cpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
 #if defined(ZT_WITH_CUDNN)
-      EXPECT_EQ(g_cuda_served.load() - before, 3) << "cuDNN is built but did not serve forward and both backwards";
+      // cuDNN's SDPA backward does not take s_q = s_kv = 1 (the first GPU run): at T = 1 only the
+      // forward is served and the tiled kernel runs both backwards.
+      EXPECT_EQ(g_cuda_served.load() - before, T == 1 ? 1 : 3)
+          << "cuDNN is built but did not serve forward and both backwards";
 #else
       (void)before;
 #endif
-      for (const auto& [name, other] : {std::pair<const char*, const Run16*>{"tiled CUDA", &fallback},
-                                        {"CPU backend", &host}}) {
-        EXPECT_TRUE(close(fused.out, to_d(other->out), tol16(t))) << "out vs " << name;
-        EXPECT_TRUE(close(fused.lse, to_d(other->lse), kTolReduce)) << "lse vs " << name;
-        EXPECT_TRUE(close(fused.dqkv_acc, to_d(other->dqkv_acc), tol16(t))) << "dqkv += vs " << name;
-        EXPECT_TRUE(close(fused.dqkv_over, to_d(other->dqkv_over), tol16(t))) << "dqkv = vs " << name;
+      DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+      ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+      const DVec r_lse = reference_lse(r_pre, B * NH, T);
+      for (const auto& [name, run] : {std::pair<const char*, const Run16*>{"fused", &fused},
+                                      {"tiled CUDA", &fallback},
+                                      {"CPU backend", &host}}) {
+        SCOPED_TRACE(name);
+        DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+        backward_given_out_ref(r_acc, dout, qkv, run->out, B, T, C, NH);
+        backward_given_out_ref(r_over, dout, qkv, run->out, B, T, C, NH);
+        EXPECT_TRUE(close(run->lse, r_lse, kTolReduce)) << "lse vs float64";
+        expect_within_attention_bounds(*run, r_out, r_acc, r_over, t, qkv, dout, dqkv0, B, T, C, NH);
       }
     }
   }

@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "op_test_util.h"
+#include "tolerance.h"
 
 namespace zt {
 namespace {
@@ -550,7 +551,15 @@ void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
       for (int64_t j = 0; j < V; ++j) dl_real[r * V + j] = to_float(dl[r * Vp + j]);
     DVec r_din = to_d(widen(din0)), r_dwte = to_d(dwte0);
     ref::matmul_backward_ref(r_din, r_dwte, {}, dl_real, to_d(widen(in)), to_d(widen(wte)), N, C, V);
-    EXPECT_TRUE(close16(widen(din.download<T>()), r_din, act, kTolReduce));
+    // din += dl @ wte in 16 bits: cuBLAS may round the product before adding din0 (tests/README.md),
+    // so on CUDA the derived bound; the CPU backend (one rounding) also half an ulp.
+    if (backend == Backend::kCpu) {
+      EXPECT_TRUE(close16(widen(din.download<T>()), r_din, act, kTolReduce));
+    }
+    EXPECT_TRUE(tolerance::within(widen(din.download<T>()), r_din,
+                                  tolerance::matmul_backward_bounds(act, dl_real, to_d(widen(in)), to_d(widen(wte)),
+                                                                    to_d(widen(din0)), to_d(dwte0), {}, N, C, V)
+                                      .din));
     EXPECT_TRUE(close(dwte.f(), r_dwte, kTolReduce));
 
     // Either gradient alone: the same values as together.
