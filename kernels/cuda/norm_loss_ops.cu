@@ -361,7 +361,7 @@ void launch_layernorm_backward(cudaStream_t stream, T* din, float* dweight, floa
   }
 }
 
-// ---- column sums in two stages: the bias gradient (kLayernorm: a double-precision layernorm form) -
+// ---- column sums in two stages: the bias gradient -----------------------------------------------
 // Stage 1: block (32, kColumnSumRows) covers 32 columns of one chunk of rows; each thread sums its
 // row stripe of the chunk in row order, the stripes combine by detail::column_tree_sum. Stage 2:
 // one thread per column adds the chunk partials in chunk order. The chunking depends only on
@@ -373,88 +373,64 @@ constexpr int64_t kMaxColumnChunks = 64;   // x ceil(C/32) blocks: 1536 blocks a
 struct ColumnChunks {
   int64_t count, rows;
 };
-// `outputs` gradients of C columns, partials in double: they must fit the stream's workspace.
-ColumnChunks column_chunks(int64_t N, int64_t C, int outputs) {
-  const int64_t fit = static_cast<int64_t>(detail::kMinStreamWorkspace / (sizeof(double) * outputs)) / C;
+// C columns, partials in double: they must fit the stream's workspace.
+ColumnChunks column_chunks(int64_t N, int64_t C) {
+  const int64_t fit = static_cast<int64_t>(detail::kMinStreamWorkspace / sizeof(double)) / C;
   const int64_t want = std::clamp<int64_t>((N + kColumnChunkRows - 1) / kColumnChunkRows, 1,
                                            std::max<int64_t>(1, std::min(kMaxColumnChunks, fit)));
   const int64_t rows = (N + want - 1) / want;
   return {N == 0 ? 1 : (N + rows - 1) / rows, std::max<int64_t>(rows, 1)};
 }
 
-// kLayernorm: out0 = dbias (sum dout), out1 = dweight (sum norm * dout, norm from in/mean/rstd);
-// else out0 = dbias of a bias. Either output may be nullptr. partials: [2][chunks][C] doubles.
-// dout and in of T, widened where read.
-template <bool kLayernorm, typename T>
+// dbias += sum over rows of dout (T, widened where read). partials: [chunks][C] doubles.
+template <typename T>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    column_partials_kernel(float* __restrict__ out0, float* __restrict__ out1, double* __restrict__ partials,
-                           const T* __restrict__ dout, const T* __restrict__ in,
-                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int64_t C,
-                           int64_t chunk_rows) {
+    column_partials_kernel(float* __restrict__ dbias, double* __restrict__ partials, const T* __restrict__ dout,
+                           int64_t N, int64_t C, int64_t chunk_rows) {
   __shared__ detail::ColumnTile tile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
   const int64_t r1 = min(N, r0 + chunk_rows);
-  double acc0 = 0.0;
-  double acc1 = 0.0;
-  if (col < C) {
-    for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) {
-      const float dy = to_float(dout[row * C + col]);
-      if constexpr (kLayernorm) {
-        const float norm = (to_float(in[row * C + col]) - mean[row]) * rstd[row];
-        acc1 += double{norm} * dy;
-      }
-      acc0 += dy;
-    }
-  }
-  const int64_t chunks = gridDim.y;
-  double total1 = 0.0;
-  if constexpr (kLayernorm) total1 = detail::column_tree_sum(acc1, tile);
-  const double total0 = detail::column_tree_sum(acc0, tile);
+  double acc = 0.0;
+  if (col < C)
+    for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) acc += to_float(dout[row * C + col]);
+  const double total = detail::column_tree_sum(acc, tile);
   if (threadIdx.y != 0 || col >= C) return;
-  if (chunks == 1) {
-    if (out0 != nullptr) out0[col] += static_cast<float>(total0);
-    if (kLayernorm && out1 != nullptr) out1[col] += static_cast<float>(total1);
+  if (gridDim.y == 1) {
+    dbias[col] += static_cast<float>(total);
   } else {
-    partials[blockIdx.y * C + col] = total0;
-    if (kLayernorm) partials[(chunks + blockIdx.y) * C + col] = total1;
+    partials[blockIdx.y * C + col] = total;
   }
 }
 
-__global__ void column_finish_kernel(float* __restrict__ out0, float* __restrict__ out1,
-                                     const double* __restrict__ partials, int64_t C, int64_t chunks) {
+__global__ void column_finish_kernel(float* __restrict__ dbias, const double* __restrict__ partials, int64_t C,
+                                     int64_t chunks) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < C; col += stride) {
-    for (int o = 0; o < 2; ++o) {
-      float* out = o == 0 ? out0 : out1;
-      if (out == nullptr) continue;
-      const double* p = partials + o * chunks * C + col;
-      double total = p[0];
-      for (int64_t k = 1; k < chunks; ++k) total += p[k * C];
-      out[col] += static_cast<float>(total);
-    }
+    const double* p = partials + col;
+    double total = p[0];
+    for (int64_t k = 1; k < chunks; ++k) total += p[k * C];
+    dbias[col] += static_cast<float>(total);
   }
 }
 
-template <bool kLayernorm, typename T>
-void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const T* dout, const T* in,
-                        const float* mean, const float* rstd, int64_t N, int64_t C) {
-  if (C == 0 || (out0 == nullptr && out1 == nullptr)) return;
-  const ColumnChunks ch = column_chunks(N, C, kLayernorm ? 2 : 1);
+template <typename T>
+void launch_column_sums(cudaStream_t stream, float* dbias, const T* dout, int64_t N, int64_t C) {
+  if (C == 0 || dbias == nullptr) return;
+  const ColumnChunks ch = column_chunks(N, C);
   double* partials = nullptr;
   if (ch.count > 1) {
     size_t bytes = 0;
     partials = static_cast<double*>(detail::stream_workspace(stream, &bytes));
-    ZT_CHECK(static_cast<size_t>(ch.count * C) * sizeof(double) * (kLayernorm ? 2 : 1) <= bytes,
-             "column sums: ", ch.count, " chunks of ", C, " columns exceed the stream workspace of ", bytes, " bytes");
+    ZT_CHECK(static_cast<size_t>(ch.count * C) * sizeof(double) <= bytes, "column sums: ", ch.count, " chunks of ",
+             C, " columns exceed the stream workspace of ", bytes, " bytes");
   }
   const dim3 grid(static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(ch.count));
-  column_partials_kernel<kLayernorm, T><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(
-      out0, out1, partials, dout, in, mean, rstd, N, C, ch.rows);
+  column_partials_kernel<T><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(dbias, partials, dout, N, C,
+                                                                                   ch.rows);
   ZT_CUDA_CHECK(cudaGetLastError());
   if (ch.count > 1) {
-    column_finish_kernel<<<detail::grid_for(C), detail::kElementwiseBlock, 0, stream>>>(
-        out0, kLayernorm ? out1 : nullptr, partials, C, ch.count);
+    column_finish_kernel<<<detail::grid_for(C), detail::kElementwiseBlock, 0, stream>>>(dbias, partials, C, ch.count);
     ZT_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -786,13 +762,13 @@ void classifier_forward_backward(void* stream, void* logits, DType dtype, float*
 
 namespace detail {
 void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, float>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<float>(stream, dbias, dout, N, C);
 }
 void add_column_sums(cudaStream_t stream, float* dbias, const Half* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, Half>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<Half>(stream, dbias, dout, N, C);
 }
 void add_column_sums(cudaStream_t stream, float* dbias, const BFloat16* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, BFloat16>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<BFloat16>(stream, dbias, dout, N, C);
 }
 }  // namespace detail
 
