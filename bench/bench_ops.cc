@@ -7,6 +7,8 @@
 // synchronize, so the figure is the kernels', not the host round trip's.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -220,6 +222,47 @@ void BM_LayernormBackward(benchmark::State& state, Backend backend) {
   run(state, t,
       [&] { zt::ops::layernorm_backward(t.s(), din, dw, db, dout, in, w, mean, rstd); });
   bytes(state, t, 4 * N * C * 4);  // dout, in, din read + write
+}
+
+// ---- the fixed-order backward kernels of issue #28 at GPT-2 124M's shapes, bf16 activations ------
+// layernorm_backward: bytes = dout + in + din (read + write), 16 bits each. encoder_backward
+// (B = 16, T = 1024, C = 768, the padded vocabulary of 50,304 rows): ids log-uniform over the
+// vocabulary (id = floor(V^u) - 1, so id 0 takes ~6% of the positions, as the commonest tokens of
+// text do: long buckets); bytes = dout read + the dwpe and touched dwte rows read and written,
+// counted as dout + 2 dwpe.
+void BM_LayernormBackwardBF16(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t N = state.range(0), C = state.range(1);
+  Tensor in(t, {N, C}, DType::kBF16), w(t, {C}), b(t, {C}), out(t, {N, C}, DType::kBF16), mean(t, {N}),
+      rstd(t, {N});
+  zt::ops::layernorm_forward(t.s(), out, mean, rstd, in, w, b, 1e-5f);
+  Tensor dout(t, {N, C}, DType::kBF16, 2), din(t, {N, C}, DType::kBF16, 3), dw(t, {C}), db(t, {C});
+  run(state, t, [&] { zt::ops::layernorm_backward(t.s(), din, dw, db, dout, in, w, mean, rstd); });
+  bytes(state, t, 4 * N * C * 2);
+}
+
+void encoder_backward_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "C", "V"});
+  b->Args({16, 1024, 768, 50304})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+void BM_EncoderBackwardBF16(benchmark::State& state, Backend backend) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const int64_t B = state.range(0), T = state.range(1), C = state.range(2), V = state.range(3);
+  Tensor dout(t, {B, T, C}, DType::kBF16), dwte(t, {V, C}), dwpe(t, {T, C});
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const double u = zt::philox_uniform(7, 0, i);
+    ids[i] = static_cast<int32_t>(std::min<double>(static_cast<double>(V) - 1, std::floor(std::pow(double(V), u)) - 1));
+  }
+  zt::DeviceBuffer tok_buf(t.device->memory(), ids.size() * sizeof(int32_t), t.s(), "bench");
+  t.s().copy(tok_buf.data(), ids.data(), ids.size() * sizeof(int32_t));
+  t.s().synchronize();
+  const zt::TensorView tokens{tok_buf.data(), DType::kI32, Shape{B, T}, t.device->index()};
+  run(state, t, [&] { zt::ops::encoder_backward(t.s(), dwte, dwpe, dout, tokens); });
+  bytes(state, t, B * T * C * 2 + 2 * T * C * 4);
 }
 
 // ---- residual add + layernorm: fused, and the add followed by the layernorm it replaces. Bytes
@@ -491,6 +534,8 @@ const int kRegistered = [] {
   register_on_backends("BM_MatmulBackwardDgelu", BM_MatmulBackwardDgelu, mlp_shapes);
   register_on_backends("BM_LayernormForward", BM_LayernormForward, layernorm_shapes);
   register_on_backends("BM_LayernormBackward", BM_LayernormBackward, layernorm_shapes);
+  register_on_backends("BM_LayernormBackwardBF16", BM_LayernormBackwardBF16, layernorm_shapes);
+  register_on_backends("BM_EncoderBackwardBF16", BM_EncoderBackwardBF16, encoder_backward_shapes);
   register_on_backends("BM_ResidualLayernormFused", BM_ResidualLayernormFused, layernorm_shapes);
   register_on_backends("BM_ResidualLayernormUnfused", BM_ResidualLayernormUnfused, layernorm_shapes);
   register_on_backends("BM_AttentionForwardBackward", BM_AttentionForwardBackward,

@@ -10,16 +10,9 @@
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/layernorm_order.h"
 
 namespace zt::cpu_kernels {
-
-namespace {
-
-// dweight/dbias are summed over fixed blocks of rows (partials in double), and the partials are
-// added in block order: one pass over the inputs, and the same bits for any thread count.
-constexpr int64_t kLayernormRowBlock = 64;
-
-}  // namespace
 
 namespace {
 
@@ -81,6 +74,8 @@ void residual_layernorm_typed(void* residual_out, void* ln_out, float* mean, flo
 }
 
 // din of T: read, the fp32 term added, rounded once (fp32: din += term, the same bits).
+// dweight/dbias: fp32 sums in the order of kernels/layernorm_order.h (the CUDA kernel's), each
+// block of rows summed by one work item, so the bits do not depend on the thread count.
 template <typename T, typename W>
 void layernorm_backward_typed(void* din_v, float* dweight, float* dbias, const void* dout_v, const void* in_v,
                               const void* weight_v, const float* mean, const float* rstd, int64_t N, int64_t C) {
@@ -88,16 +83,20 @@ void layernorm_backward_typed(void* din_v, float* dweight, float* dbias, const v
   const auto* dout = static_cast<const T*>(dout_v);
   const auto* in = static_cast<const T*>(in_v);
   const auto* weight = static_cast<const W*>(weight_v);
-  const int64_t num_blocks = (N + kLayernormRowBlock - 1) / kLayernormRowBlock;
+  const zt::detail::LayernormBackwardOrder order = zt::detail::layernorm_backward_order(N, C);
+  const int warps = order.warps;
   // partial[blk] = {dweight partial [C], dbias partial [C]}
-  std::vector<double> partial(static_cast<size_t>(num_blocks * 2 * C));
-  double* partial_data = partial.data();
-  parallel_for(num_blocks, 1, [=](int64_t blk0, int64_t blk1) {
+  std::vector<float> partial(static_cast<size_t>(order.blocks * 2 * C));
+  float* partial_data = partial.data();
+  parallel_for(order.blocks, 1, [=](int64_t blk0, int64_t blk1) {
+    std::vector<float> sums(static_cast<size_t>(warps * 2 * C));  // [warp] = {dweight [C], dbias [C]}
     for (int64_t blk = blk0; blk < blk1; ++blk) {
-      double* pw = partial_data + blk * 2 * C;
-      double* pb = pw + C;
-      const int64_t row_end = std::min(N, (blk + 1) * kLayernormRowBlock);
-      for (int64_t r = blk * kLayernormRowBlock; r < row_end; ++r) {
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      const int64_t row_begin = blk * order.rows_per_block;
+      const int64_t row_end = std::min(N, row_begin + order.rows_per_block);
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        float* sw = sums.data() + ((r - row_begin) % warps) * 2 * C;
+        float* sb = sw + C;
         const T* x = in + r * C;
         const T* dy = dout + r * C;
         const float m = mean[r], s = rstd[r];
@@ -116,21 +115,45 @@ void layernorm_backward_typed(void* din_v, float* dweight, float* dbias, const v
           const float dyi = to_float(dy[i]);
           const float norm = (to_float(x[i]) - m) * s;
           dx[i] = from_float<T>(to_float(dx[i]) + (to_float(weight[i]) * dyi - a - norm * b) * s);
-          pw[i] += double{norm} * dyi;
-          pb[i] += dyi;
+          // The product rounded to fp32, then added (no FMA: the CUDA kernel's __fmul_rn).
+          const float term = norm * dyi;
+          sw[i] += term;
+          sb[i] += dyi;
         }
+      }
+      // The block's partial: the warps' sums left to right.
+      float* p = partial_data + blk * 2 * C;
+      std::copy(sums.begin(), sums.begin() + 2 * C, p);
+      for (int w = 1; w < warps; ++w) {
+        const float* sw = sums.data() + w * 2 * C;
+        for (int64_t i = 0; i < 2 * C; ++i) p[i] += sw[i];
       }
     }
   });
-  // Block partials are combined in block order, in double; the float gradient is rounded once.
-  for (int64_t blk = 1; blk < num_blocks; ++blk) {
-    const double* pw = partial_data + blk * 2 * C;
-    for (int64_t i = 0; i < 2 * C; ++i) partial_data[i] += pw[i];
+  if (order.blocks == 1) {
+    for (int64_t i = 0; i < C; ++i) {
+      dweight[i] += partial_data[i];
+      dbias[i] += partial_data[C + i];
+    }
+    return;
   }
-  for (int64_t i = 0; i < C; ++i) {
-    dweight[i] += static_cast<float>(partial_data[i]);
-    dbias[i] += static_cast<float>(partial_data[C + i]);
-  }
+  // Stripes of partials, then a fixed tree over the stripes (the CUDA finish kernel's order).
+  constexpr int kStripes = zt::detail::LayernormBackwardOrder::kStripes;
+  const int64_t blocks = order.blocks;
+  parallel_for(2 * C, 64, [=](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float stripe[kStripes];
+      for (int st = 0; st < kStripes; ++st) {
+        float acc = 0.0f;
+        for (int64_t k = st; k < blocks; k += kStripes) acc += partial_data[k * 2 * C + c];
+        stripe[st] = acc;
+      }
+      for (int h = kStripes / 2; h > 0; h /= 2)
+        for (int st = 0; st < h; ++st) stripe[st] += stripe[st + h];
+      float* out = c < C ? dweight + c : dbias + (c - C);
+      *out += stripe[0];
+    }
+  });
 }
 
 }  // namespace

@@ -46,8 +46,9 @@ void encoder_forward(void* stream, void* out, const int32_t* tokens, const void*
                      DType dtype, int64_t B, int64_t T, int64_t C, int64_t V, int64_t v_begin,
                      int64_t v_total);
 // dwte[tokens[b,t] - v_begin] += dout[b,t] for the shard's tokens; dwpe[t] += dout[b,t] (skipped
-// when dwpe == nullptr). Repeated tokens accumulate in a fixed order (deterministic: e.g. sort
-// (token, position) pairs, or one thread per (token row, c)). dout of `dtype`, dwte/dwpe fp32.
+// when dwpe == nullptr). Repeated tokens accumulate in position order, dwpe's rows in batch order
+// (encoder_backward.cu: the bits of the CPU kernel's sequential loop). dout of `dtype`, dwte/dwpe
+// fp32. Uses the stream's workspace (cublas_handle.h) for the sort.
 void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, DType dtype,
                       const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                       int64_t v_begin, int64_t v_total);

@@ -1,5 +1,6 @@
-// CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder (optionally
-// over one vocabulary shard) and the position embedding alone, the optimizer updates, sum_squares
+// CUDA elementwise ops (fill, scale, add, accumulate, GELU, ReLU), the GPT-2 encoder's forward
+// (optionally over one vocabulary shard; its backward is encoder_backward.cu) and the position
+// embedding alone, the optimizer updates, sum_squares
 // and reduce_slices. Per-element math comes from kernels/elementwise.h, shared with the CPU
 // loops; the streaming maps move 128 bits per access where their pointers are aligned. fill, add,
 // GELU, ReLU, the encoder and the position embedding are templated on the activations' storage
@@ -225,50 +226,6 @@ __global__ void encoder_forward_kernel(S* __restrict__ out, const int32_t* __res
   }
 }
 
-// dwpe[t,c] += dout[0,t,c] + dout[1,t,c] + ...: one thread per (t, c), batch rows in order.
-template <typename S>
-__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe, const S* __restrict__ dout, int64_t B,
-                                            int64_t T, int64_t C) {
-  const int64_t n = T * C;
-  ZT_GRID_STRIDE_LOOP(i, n) {
-    float acc = dwpe[i];
-    for (int64_t b = 0; b < B; ++b) acc += to_float(dout[b * n + i]);
-    dwpe[i] = acc;
-  }
-}
-
-// dwte[v,c] += dout[p,c] for every position p (in increasing order) with tokens[p] == begin + v.
-// Deterministic without atomics or sorting: thread (chunk, c) owns the rows [v0, v1) of channel
-// c, scans all positions in order (tokens staged through shared memory, one broadcast read per
-// warp) and accumulates into its own rows only. The chunking changes how much scanning is done,
-// never the order of additions into any element, so the result is also exactly that of the
-// sequential loop.
-constexpr int kEncoderBwdBlock = 128;   // channels per block
-constexpr int kEncoderTokenTile = 2048;  // token ids staged per shared-memory tile
-constexpr int64_t kEncoderTargetBlocks = 1024;
-
-template <typename S>
-__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte, const S* __restrict__ dout,
-                                            const int32_t* __restrict__ tokens, int64_t BT,
-                                            int64_t C, int64_t V, int64_t begin,
-                                            int64_t rows_per_chunk) {
-  __shared__ int32_t tile[kEncoderTokenTile];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kEncoderBwdBlock + threadIdx.x;
-  const int64_t v0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t v1 = min(V, v0 + rows_per_chunk);
-  for (int64_t base = 0; base < BT; base += kEncoderTokenTile) {
-    const int64_t count = min(static_cast<int64_t>(kEncoderTokenTile), BT - base);
-    __syncthreads();  // the previous tile is no longer read
-    for (int64_t j = threadIdx.x; j < count; j += kEncoderBwdBlock) tile[j] = tokens[base + j];
-    __syncthreads();
-    if (c >= C) continue;
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t tok = tile[j] - begin;  // the shard's row; other shards' tokens miss [v0, v1)
-      if (tok >= v0 && tok < v1) dwte[tok * C + c] += to_float(dout[(base + j) * C + c]);
-    }
-  }
-}
-
 // x[r, c] += wpe[(row0 + r) % T, c] for x [R, C] of S, wpe of W (float or S): the widened sum,
 // rounded to S once.
 template <typename S, typename W>
@@ -438,31 +395,6 @@ void encoder_forward(void* stream, void* out, const int32_t* tokens, const void*
         v_total);
   });
   ZT_CUDA_CHECK(cudaGetLastError());
-}
-
-void encoder_backward(void* stream, float* dwte, float* dwpe, const void* dout, DType dtype,
-                      const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
-                      int64_t v_begin, int64_t /*v_total*/) {
-  detail::LaunchScope scope(stream);
-  with_storage_type(dtype, "encoder_backward", [&](auto tag) {
-    using S = decltype(tag);
-    const auto* d = static_cast<const S*>(dout);
-    if (dwpe != nullptr) {
-      encoder_backward_wpe_kernel<S><<<grid_for(T * C), kElementwiseBlock, 0, scope.stream()>>>(dwpe, d, B, T, C);
-      ZT_CUDA_CHECK(cudaGetLastError());
-    }
-    if (dwte != nullptr) {
-      const int64_t channel_blocks = (C + kEncoderBwdBlock - 1) / kEncoderBwdBlock;
-      const int64_t chunks = std::clamp<int64_t>(
-          (kEncoderTargetBlocks + channel_blocks - 1) / channel_blocks, 1, std::min<int64_t>(V, 65535));
-      const int64_t rows_per_chunk = (V + chunks - 1) / chunks;
-      const dim3 grid(static_cast<unsigned>(channel_blocks),
-                      static_cast<unsigned>((V + rows_per_chunk - 1) / rows_per_chunk));
-      encoder_backward_wte_kernel<S><<<grid, kEncoderBwdBlock, 0, scope.stream()>>>(dwte, d, tokens, B * T, C, V,
-                                                                                    v_begin, rows_per_chunk);
-      ZT_CUDA_CHECK(cudaGetLastError());
-    }
-  });
 }
 
 void position_forward(void* stream, void* x, const void* wpe, DType act, DType wt, int64_t R, int64_t C,

@@ -2,8 +2,8 @@
 // cross-entropy classifier and its vocabulary-parallel form (row_max, vocab_partials,
 // vocab_loss_grad; fp32 or 16-bit logits): one warp (layernorm, 128-bit accesses where aligned) or
 // one block (classifier) per row, sums accumulated in double like the CPU kernels and combined in a fixed order. The
-// layernorm parameter gradients and the bias gradient are two-stage column sums (row-stripe tree
-// per chunk of rows, then the chunks in order): no float atomics anywhere, so every result is
+// bias gradient is a two-stage column sum, layernorm's dweight/dbias fp32 sums in the order of
+// kernels/layernorm_order.h (the CPU kernel's bits): no float atomics anywhere, so every result is
 // run-to-run deterministic and the same on every GPU.
 #include <cub/block/block_reduce.cuh>
 #include <cuda/std/functional>
@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/layernorm_order.h"
 #include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
@@ -171,43 +172,196 @@ void launch_layernorm_rows(cudaStream_t stream, T* out, float* mean, float* rstd
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- layernorm backward: din and the partials of dweight/dbias in one kernel ---------------------
 // din[row] += rstd (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout, with
-// din, dout, in of T and weight of W widened where read; a 16-bit din is rounded once.
-template <typename T, typename W>
-__global__ void layernorm_backward_input_kernel(T* __restrict__ din, const T* __restrict__ dout,
-                                                const T* __restrict__ in, const W* __restrict__ weight,
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd, int64_t N,
-                                                int64_t C) {
+// din, dout, in of T and weight of W widened where read; a 16-bit din is rounded once. One warp per
+// row: a lane owns the chunks lane, lane + 32, ... of kN elements (128-bit accesses when `vec`), the
+// row's two sums in double (warp_sum; the chunking, not `vec`, fixes their order), then din.
+// dweight/dbias follow kernels/layernorm_order.h: the block's rows go to its warps round robin,
+// each warp sums its rows' terms into its own fp32 column sums (shared memory; kShared false: one
+// warp per block, the sums in the block's partial row in global memory), and the block adds its
+// warps' sums in warp order into its partial (or, as the only block, into dweight/dbias).
+// Shared sums are stored chunk-major (element k of chunk j at k * chunks + j), so the 32 lanes of a
+// warp touch 32 consecutive floats: no bank conflicts.
+// kCached: the lane's chunks (at most kBwdCachedLaneChunks) stay in registers between the passes.
+constexpr int kBwdCachedLaneChunks = 4;
+// f(slot, j) over the lane's chunks j in order; slot is a constant after unrolling (kCached), so
+// the cached values stay in registers.
+template <bool kCached, typename F>
+__device__ __forceinline__ void for_bwd_chunks(int lane, int64_t chunks, F&& f) {
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kBwdCachedLaneChunks; ++i) {
+      const int64_t j = lane + int64_t{i} * kWarpSize;
+      if (j < chunks) f(i, j);
+    }
+  } else {
+    for (int64_t j = lane; j < chunks; j += kWarpSize) f(0, j);
+  }
+}
+
+template <typename T, typename W, bool kCached, bool kShared>
+__global__ void __launch_bounds__(zt::detail::LayernormBackwardOrder::kMaxWarps * kWarpSize)
+    layernorm_backward_kernel(T* __restrict__ din, float* __restrict__ partials, float* __restrict__ dweight,
+                              float* __restrict__ dbias, const T* __restrict__ dout, const T* __restrict__ in,
+                              const W* __restrict__ weight, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, int64_t N, int64_t C, int64_t rows_per_block,
+                              bool single_block, bool vec) {
+  constexpr int kN = detail::Pack<T>::kN;
+  extern __shared__ float shared_sums[];
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-       row < N; row += warps_total) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t chunks = (C + kN - 1) / kN;
+  const int64_t half = kShared ? chunks * kN : C;  // one of the two column sums, padded
+  float* sums = kShared ? shared_sums + int64_t{warp} * 2 * half : partials + int64_t{blockIdx.x} * 2 * C;
+  auto at = [chunks](int64_t j, int k) { return kShared ? k * chunks + j : j * kN + k; };
+  for (int64_t i = lane; i < 2 * half; i += kWarpSize) sums[i] = 0.0f;
+  __syncwarp();
+
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(N, r0 + rows_per_block);
+  auto count_of = [C](int64_t c0) { return static_cast<int>(C - c0 < kN ? C - c0 : kN); };
+  constexpr int kSlots = kCached ? kBwdCachedLaneChunks : 1;
+  for (int64_t row = r0 + warp; row < r1; row += warps) {
     const T* x = in + row * C;
     const T* dy = dout + row * C;
     const float m = mean[row];
     const float r = rstd[row];
-    double sum_dnorm = 0.0;
-    double sum_dnorm_norm = 0.0;
-    for (int64_t c = lane; c < C; c += kWarpSize) {
-      const float norm = (to_float(x[c]) - m) * r;
-      const double dnorm = double{to_float(weight[c])} * to_float(dy[c]);
-      sum_dnorm += dnorm;
-      sum_dnorm_norm += dnorm * norm;
-    }
+    float xs[kSlots][kN], ds[kSlots][kN];
+    double sum_dnorm = 0.0, sum_dnorm_norm = 0.0;
+    for_bwd_chunks<kCached>(lane, chunks, [&](int slot, int64_t j) {
+      const int64_t c0 = j * kN;
+      const int count = count_of(c0);
+      float(&xv)[kN] = xs[slot];
+      float(&dv)[kN] = ds[slot];
+      load_chunk<T>(xv, x, c0, count, vec);
+      load_chunk<T>(dv, dy, c0, count, vec);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (k < count) {
+          const float norm = (xv[k] - m) * r;
+          const double dnorm = double{to_float(weight[c0 + k])} * dv[k];
+          sum_dnorm += dnorm;
+          sum_dnorm_norm += dnorm * norm;
+          // The product rounded, then added: no FMA, the CPU kernel's bits.
+          sums[at(j, k)] = __fadd_rn(sums[at(j, k)], __fmul_rn(norm, dv[k]));
+          sums[half + at(j, k)] = __fadd_rn(sums[half + at(j, k)], dv[k]);
+        }
+      }
+    });
     const float dnorm_mean = static_cast<float>(detail::warp_sum(sum_dnorm) / static_cast<double>(C));
-    const float dnorm_norm_mean =
-        static_cast<float>(detail::warp_sum(sum_dnorm_norm) / static_cast<double>(C));
+    const float dnorm_norm_mean = static_cast<float>(detail::warp_sum(sum_dnorm_norm) / static_cast<double>(C));
     T* dx = din + row * C;
+    for_bwd_chunks<kCached>(lane, chunks, [&](int slot, int64_t j) {
+      const int64_t c0 = j * kN;
+      const int count = count_of(c0);
+      float(&xv)[kN] = xs[slot];
+      float(&dv)[kN] = ds[slot];
+      if constexpr (!kCached) {
+        load_chunk<T>(xv, x, c0, count, vec);
+        load_chunk<T>(dv, dy, c0, count, vec);
+      }
+      float g[kN];
+      load_chunk<T>(g, dx, c0, count, vec);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (k < count) {
+          const float norm = (xv[k] - m) * r;
+          const float dnorm = to_float(weight[c0 + k]) * dv[k];
+          g[k] = g[k] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+        }
+      }
+      store_chunk<T>(dx, g, c0, count, vec);
+    });
+  }
+
+  // The block's partial: its warps' sums in warp order.
+  if constexpr (kShared) {
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < 2 * half; i += blockDim.x) {
+      const int64_t h = i / half, rem = i - h * half;
+      const int64_t c = (rem % chunks) * kN + rem / chunks;  // rem = k * chunks + j
+      if (c >= C) continue;
+      float p = shared_sums[i];
+      for (int w = 1; w < warps; ++w) p = __fadd_rn(p, shared_sums[int64_t{w} * 2 * half + i]);
+      if (single_block) {
+        float* out = h == 0 ? dweight : dbias;
+        out[c] = __fadd_rn(out[c], p);
+      } else {
+        partials[int64_t{blockIdx.x} * 2 * C + h * C + c] = p;
+      }
+    }
+  } else if (single_block) {
+    __syncwarp();  // the lanes' sums, written by other lanes, are read below
     for (int64_t c = lane; c < C; c += kWarpSize) {
-      const float norm = (to_float(x[c]) - m) * r;
-      const float dnorm = to_float(weight[c]) * to_float(dy[c]);
-      dx[c] = from_float<T>(to_float(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
+      dweight[c] = __fadd_rn(dweight[c], sums[c]);
+      dbias[c] = __fadd_rn(dbias[c], sums[C + c]);
     }
   }
 }
 
-// ---- column sums in two stages: the bias gradient and layernorm's dweight/dbias ---------------
+// dweight/dbias += the blocks' partials [blocks][2C], striped and tree-combined as
+// kernels/layernorm_order.h says: block (32 columns, kStripes stripes).
+constexpr int kLnStripes = zt::detail::LayernormBackwardOrder::kStripes;
+__global__ void __launch_bounds__(kWarpSize * kLnStripes)
+    layernorm_backward_finish_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+                                     const float* __restrict__ partials, int64_t C, int64_t blocks) {
+  __shared__ float tile[kLnStripes][kWarpSize + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  float acc = 0.0f;
+  if (col < 2 * C)
+    for (int64_t k = threadIdx.y; k < blocks; k += kLnStripes) acc = __fadd_rn(acc, partials[k * 2 * C + col]);
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = kLnStripes / 2; h > 0; h /= 2) {
+    if (threadIdx.y < h) tile[threadIdx.y][threadIdx.x] = __fadd_rn(tile[threadIdx.y][threadIdx.x], tile[threadIdx.y + h][threadIdx.x]);
+    __syncthreads();
+  }
+  if (threadIdx.y != 0 || col >= 2 * C) return;
+  float* out = col < C ? dweight + col : dbias + (col - C);
+  *out = __fadd_rn(*out, tile[0][threadIdx.x]);
+}
+
+template <typename T, typename W>
+void launch_layernorm_backward(cudaStream_t stream, T* din, float* dweight, float* dbias, const T* dout, const T* in,
+                               const W* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  static_assert(zt::detail::LayernormBackwardOrder::kScratchBytes <= static_cast<int64_t>(detail::kMinStreamWorkspace),
+                "the partials must fit every stream's workspace");
+  constexpr int kN = detail::Pack<T>::kN;
+  const zt::detail::LayernormBackwardOrder o = zt::detail::layernorm_backward_order(N, C);
+  const bool single = o.blocks == 1;
+  float* partials = nullptr;
+  if (!single || !o.shared_sums) {
+    size_t bytes = 0;
+    partials = static_cast<float*>(detail::stream_workspace(stream, &bytes));
+    ZT_CHECK(static_cast<size_t>(o.blocks * 2 * C) * sizeof(float) <= bytes, "layernorm_backward: ", o.blocks,
+             " partials of ", C, " columns exceed the stream workspace of ", bytes, " bytes");
+  }
+  const int64_t chunks = (C + kN - 1) / kN;
+  const bool vec = C % kN == 0 && detail::is_aligned16(din) && detail::is_aligned16(dout) && detail::is_aligned16(in);
+  const bool cached = chunks <= int64_t{kBwdCachedLaneChunks} * kWarpSize;
+  const size_t shared = o.shared_sums ? static_cast<size_t>(o.warps) * 2 * chunks * kN * sizeof(float) : 0;
+  const dim3 grid(static_cast<unsigned>(o.blocks)), block(static_cast<unsigned>(o.warps * kWarpSize));
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, block, shared, stream>>>(din, partials, dweight, dbias, dout, in, weight, mean, rstd, N, C,
+                                            o.rows_per_block, single, vec);
+  };
+  if (o.shared_sums) {
+    if (cached) launch(layernorm_backward_kernel<T, W, true, true>);
+    else launch(layernorm_backward_kernel<T, W, false, true>);
+  } else {
+    launch(layernorm_backward_kernel<T, W, false, false>);
+  }
+  ZT_CUDA_CHECK(cudaGetLastError());
+  if (!single) {
+    const dim3 fgrid(static_cast<unsigned>((2 * C + kWarpSize - 1) / kWarpSize)), fblock(kWarpSize, kLnStripes);
+    layernorm_backward_finish_kernel<<<fgrid, fblock, 0, stream>>>(dweight, dbias, partials, C, o.blocks);
+    ZT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// ---- column sums in two stages: the bias gradient -----------------------------------------------
 // Stage 1: block (32, kColumnSumRows) covers 32 columns of one chunk of rows; each thread sums its
 // row stripe of the chunk in row order, the stripes combine by detail::column_tree_sum. Stage 2:
 // one thread per column adds the chunk partials in chunk order. The chunking depends only on
@@ -219,88 +373,64 @@ constexpr int64_t kMaxColumnChunks = 64;   // x ceil(C/32) blocks: 1536 blocks a
 struct ColumnChunks {
   int64_t count, rows;
 };
-// `outputs` gradients of C columns, partials in double: they must fit the stream's workspace.
-ColumnChunks column_chunks(int64_t N, int64_t C, int outputs) {
-  const int64_t fit = static_cast<int64_t>(detail::kMinStreamWorkspace / (sizeof(double) * outputs)) / C;
+// C columns, partials in double: they must fit the stream's workspace.
+ColumnChunks column_chunks(int64_t N, int64_t C) {
+  const int64_t fit = static_cast<int64_t>(detail::kMinStreamWorkspace / sizeof(double)) / C;
   const int64_t want = std::clamp<int64_t>((N + kColumnChunkRows - 1) / kColumnChunkRows, 1,
                                            std::max<int64_t>(1, std::min(kMaxColumnChunks, fit)));
   const int64_t rows = (N + want - 1) / want;
   return {N == 0 ? 1 : (N + rows - 1) / rows, std::max<int64_t>(rows, 1)};
 }
 
-// kLayernorm: out0 = dbias (sum dout), out1 = dweight (sum norm * dout, norm from in/mean/rstd);
-// else out0 = dbias of a bias. Either output may be nullptr. partials: [2][chunks][C] doubles.
-// dout and in of T, widened where read.
-template <bool kLayernorm, typename T>
+// dbias += sum over rows of dout (T, widened where read). partials: [chunks][C] doubles.
+template <typename T>
 __global__ void __launch_bounds__(kWarpSize * kColumnSumRows)
-    column_partials_kernel(float* __restrict__ out0, float* __restrict__ out1, double* __restrict__ partials,
-                           const T* __restrict__ dout, const T* __restrict__ in,
-                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int64_t C,
-                           int64_t chunk_rows) {
+    column_partials_kernel(float* __restrict__ dbias, double* __restrict__ partials, const T* __restrict__ dout,
+                           int64_t N, int64_t C, int64_t chunk_rows) {
   __shared__ detail::ColumnTile tile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
   const int64_t r1 = min(N, r0 + chunk_rows);
-  double acc0 = 0.0;
-  double acc1 = 0.0;
-  if (col < C) {
-    for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) {
-      const float dy = to_float(dout[row * C + col]);
-      if constexpr (kLayernorm) {
-        const float norm = (to_float(in[row * C + col]) - mean[row]) * rstd[row];
-        acc1 += double{norm} * dy;
-      }
-      acc0 += dy;
-    }
-  }
-  const int64_t chunks = gridDim.y;
-  double total1 = 0.0;
-  if constexpr (kLayernorm) total1 = detail::column_tree_sum(acc1, tile);
-  const double total0 = detail::column_tree_sum(acc0, tile);
+  double acc = 0.0;
+  if (col < C)
+    for (int64_t row = r0 + threadIdx.y; row < r1; row += kColumnSumRows) acc += to_float(dout[row * C + col]);
+  const double total = detail::column_tree_sum(acc, tile);
   if (threadIdx.y != 0 || col >= C) return;
-  if (chunks == 1) {
-    if (out0 != nullptr) out0[col] += static_cast<float>(total0);
-    if (kLayernorm && out1 != nullptr) out1[col] += static_cast<float>(total1);
+  if (gridDim.y == 1) {
+    dbias[col] += static_cast<float>(total);
   } else {
-    partials[blockIdx.y * C + col] = total0;
-    if (kLayernorm) partials[(chunks + blockIdx.y) * C + col] = total1;
+    partials[blockIdx.y * C + col] = total;
   }
 }
 
-__global__ void column_finish_kernel(float* __restrict__ out0, float* __restrict__ out1,
-                                     const double* __restrict__ partials, int64_t C, int64_t chunks) {
+__global__ void column_finish_kernel(float* __restrict__ dbias, const double* __restrict__ partials, int64_t C,
+                                     int64_t chunks) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < C; col += stride) {
-    for (int o = 0; o < 2; ++o) {
-      float* out = o == 0 ? out0 : out1;
-      if (out == nullptr) continue;
-      const double* p = partials + o * chunks * C + col;
-      double total = p[0];
-      for (int64_t k = 1; k < chunks; ++k) total += p[k * C];
-      out[col] += static_cast<float>(total);
-    }
+    const double* p = partials + col;
+    double total = p[0];
+    for (int64_t k = 1; k < chunks; ++k) total += p[k * C];
+    dbias[col] += static_cast<float>(total);
   }
 }
 
-template <bool kLayernorm, typename T>
-void launch_column_sums(cudaStream_t stream, float* out0, float* out1, const T* dout, const T* in,
-                        const float* mean, const float* rstd, int64_t N, int64_t C) {
-  if (C == 0 || (out0 == nullptr && out1 == nullptr)) return;
-  const ColumnChunks ch = column_chunks(N, C, kLayernorm ? 2 : 1);
+template <typename T>
+void launch_column_sums(cudaStream_t stream, float* dbias, const T* dout, int64_t N, int64_t C) {
+  if (C == 0 || dbias == nullptr) return;
+  const ColumnChunks ch = column_chunks(N, C);
   double* partials = nullptr;
   if (ch.count > 1) {
     size_t bytes = 0;
     partials = static_cast<double*>(detail::stream_workspace(stream, &bytes));
-    ZT_CHECK(static_cast<size_t>(ch.count * C) * sizeof(double) * (kLayernorm ? 2 : 1) <= bytes,
-             "column sums: ", ch.count, " chunks of ", C, " columns exceed the stream workspace of ", bytes, " bytes");
+    ZT_CHECK(static_cast<size_t>(ch.count * C) * sizeof(double) <= bytes, "column sums: ", ch.count, " chunks of ",
+             C, " columns exceed the stream workspace of ", bytes, " bytes");
   }
   const dim3 grid(static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize), static_cast<unsigned>(ch.count));
-  column_partials_kernel<kLayernorm, T><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(
-      out0, out1, partials, dout, in, mean, rstd, N, C, ch.rows);
+  column_partials_kernel<T><<<grid, dim3(kWarpSize, kColumnSumRows), 0, stream>>>(dbias, partials, dout, N, C,
+                                                                                   ch.rows);
   ZT_CUDA_CHECK(cudaGetLastError());
   if (ch.count > 1) {
-    column_finish_kernel<<<detail::grid_for(C), detail::kElementwiseBlock, 0, stream>>>(
-        out0, kLayernorm ? out1 : nullptr, partials, C, ch.count);
+    column_finish_kernel<<<detail::grid_for(C), detail::kElementwiseBlock, 0, stream>>>(dbias, partials, C, ch.count);
     ZT_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -599,14 +729,8 @@ void layernorm_backward(void* stream, void* din, float* dweight, float* dbias, c
   dispatch_norm_types("layernorm_backward", act, wt, [&](auto* t, auto* w) {
     using T = std::remove_pointer_t<decltype(t)>;
     using W = std::remove_pointer_t<decltype(w)>;
-    if (din != nullptr) {
-      layernorm_backward_input_kernel<T, W><<<row_grid(N), kRowBlock, 0, scope.stream()>>>(
-          static_cast<T*>(din), static_cast<const T*>(dout), static_cast<const T*>(in),
-          static_cast<const W*>(weight), mean, rstd, N, C);
-      ZT_CUDA_CHECK(cudaGetLastError());
-    }
-    launch_column_sums<true, T>(scope.stream(), dbias, dweight, static_cast<const T*>(dout),
-                                static_cast<const T*>(in), mean, rstd, N, C);
+    launch_layernorm_backward<T, W>(scope.stream(), static_cast<T*>(din), dweight, dbias, static_cast<const T*>(dout),
+                                    static_cast<const T*>(in), static_cast<const W*>(weight), mean, rstd, N, C);
   });
 }
 
@@ -638,13 +762,13 @@ void classifier_forward_backward(void* stream, void* logits, DType dtype, float*
 
 namespace detail {
 void add_column_sums(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, float>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<float>(stream, dbias, dout, N, C);
 }
 void add_column_sums(cudaStream_t stream, float* dbias, const Half* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, Half>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<Half>(stream, dbias, dout, N, C);
 }
 void add_column_sums(cudaStream_t stream, float* dbias, const BFloat16* dout, int64_t N, int64_t C) {
-  launch_column_sums<false, BFloat16>(stream, dbias, nullptr, dout, nullptr, nullptr, nullptr, N, C);
+  launch_column_sums<BFloat16>(stream, dbias, dout, N, C);
 }
 }  // namespace detail
 
