@@ -380,7 +380,8 @@ if ((built && gpu_ok)); then
       --output-junit "$LOGS/cuda-tests-junit.xml"
     (($? != 0)) && failed=1
     cuda_tests="$(grep -E 'tests passed|tests failed' "$LOGS/cuda-tests.log" | tail -1)"
-    [[ -n $cuda_tests ]] && notes+=("CUDA test cases: $cuda_tests (failures listed at the end of cuda-tests.log)")
+    skipped="$(grep -c '(Skipped)$' "$LOGS/cuda-tests.log" || true)"
+    [[ -n $cuda_tests ]] && notes+=("CUDA test cases: $cuda_tests, ${skipped:-0} skipped (a skip means no usable GPU or library; failures listed at the end of cuda-tests.log)")
   else
     run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
       -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|OptimTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
