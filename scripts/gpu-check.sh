@@ -217,6 +217,7 @@ if [[ -n $PACK ]]; then
   [[ -f $manifest ]] || { echo "gpu-check.sh: $PACK is not a gpu-pack archive (no .pack/manifest)" >&2; exit 2; }
   mget() { sed -n "s/^$1=//p" "$manifest" | head -1; }
   pack_root="$(mget root)" pack_commit="$(mget commit)" pack_created="$(mget created)" pack_archs="$(mget cuda_archs)"
+  pack_archs+=" with nvcc $(mget nvcc)"
   BUILD="$PACK_DIR/$(mget build)"
   if [[ -n $pack_root && $pack_root != "$PACK_DIR" ]]; then
     find "$BUILD" \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) -print0 |
