@@ -238,9 +238,10 @@ if [[ -n $PACK ]]; then
     [[ -e $f ]] || continue
     grep -qxF "$(basename "$f")" <<<"$known" || ln -sf "../lib/$(basename "$f")" "$PACK_DIR/.pack/ld/"
   done
-  # The CUDA libraries: the toolkit first (it matches the nvcc that built nothing here, but its
-  # cudart/cuBLAS/nvrtc are what CUDA 13 programs expect), then the wheels (cuDNN and NCCL usually
-  # live only there). One folder per library family: the first that has it.
+  # The CUDA libraries: the toolkit first (its cudart, cuBLAS and nvrtc belong together and to the
+  # machine's CUDA install), then the wheels (where cuDNN and NCCL usually are the only copies). One
+  # folder per library family: the first that has it; sub-libraries (libcudnn_*, nvrtc-builtins,
+  # nvJitLink) sit beside them.
   cuda_home="${ZT_CUDA_HOME:-${CUDA_HOME:-/usr/local/cuda}}"
   cands=("$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib")
   if [[ -n ${ZT_SITE_PACKAGES+x} ]]; then
