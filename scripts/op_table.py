@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Per-op device time per training step from a `zerotrain train --trace` JSON (src/train/trace.h).
+
+Prints a Markdown table: for each op name on one device's stream tracks, milliseconds and calls per
+step averaged over the chosen steps, its share of the op time, and the budget of issue 28 where the
+op has one (lm_head_forward <= 2.5 ms, lm_head_backward <= 5 ms, encoder_backward <= 0.5 ms,
+layernorm_backward over all its calls <= 1.0 ms). Standard library only (the GPU machine has no
+packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST] [--top N] [--marker OP]
+Steps are the device's (each ends with the optimizer's launch), not the host's ranges: the host runs
+a step ahead. Exit status: 0 when the table was printed (budgets missed or not), 2 for an unreadable
+trace or bad arguments, 3 when the trace has no steps or no stream slices to attribute (e.g. a
+--cuda-graphs run, whose replays record no per-op slices).
+"""
+import argparse
+import json
+import sys
+
+# Issue 28's budgets, device milliseconds per step (all calls of the op in a step together).
+BUDGETS_MS = {
+    "lm_head_forward": 2.5,
+    "lm_head_backward": 5.0,
+    "encoder_backward": 0.5,
+    "layernorm_backward": 1.0,
+}
+
+
+def training_steps(events):
+    """The number of training steps the trace holds: its distinct "step N" host ranges."""
+    names = {e.get("name") for e in events if e.get("ph") == "X" and e.get("cat") == "step"}
+    return len([n for n in names if str(n).startswith("step ")])
+
+
+def device_steps(slices, steps, marker):
+    """[(start_us, end_us)] of each step's work on the device, in order.
+
+    The host runs a step ahead of the device (it reads a step's loss late), so the host's "step N"
+    ranges do not bound that step's device work. The device's own order does: every step ends with
+    the optimizer's one launch (adamw_multi, sgd_multi), so step k is what ran after the (k-1)-th
+    marker ended up to the end of the k-th. Without a named optimizer op the marker is the op with
+    exactly one call per step whose first call comes last. Work after the last marker (eval) counts
+    for no step.
+    """
+    counts, first = {}, {}
+    for e in slices:
+        counts[e["name"]] = counts.get(e["name"], 0) + 1
+        first[e["name"]] = min(first.get(e["name"], e["ts"]), e["ts"])
+    if marker is None:
+        named = [m for m in ("adamw_multi", "sgd_multi") if m in counts]
+        once = sorted((n for n, c in counts.items() if c == steps), key=lambda n: first[n])
+        marker = named[0] if named else (once[-1] if once else None)
+    if marker is None:
+        return None, []
+    ends = sorted(e["ts"] + e.get("dur", 0.0) for e in slices if e["name"] == marker)
+    bounds, lo = [], float("-inf")
+    for end in ends:
+        bounds.append((lo, end))
+        lo = end
+    return marker, bounds
+
+
+def parse_steps(text):
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps '{text}' must be FIRST:LAST, two step numbers such as 3:8")
+    if a < 1 or b < a:
+        raise argparse.ArgumentTypeError(f"--steps {text} must satisfy 1 <= FIRST <= LAST")
+    return a, b
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--device", type=int, default=0, help="device index (the trace's pid), default 0")
+    ap.add_argument("--steps", type=parse_steps, default=None,
+                    help="FIRST:LAST steps to average (default: all but the first two, warm-up)")
+    ap.add_argument("--marker", default=None,
+                    help="the op whose one launch per step ends a step (default: adamw_multi or sgd_multi)")
+    ap.add_argument("--top", type=int, default=0, help="list only the N costliest ops (0: all)")
+    ap.add_argument("--title", default="", help="a heading line above the table")
+    args = ap.parse_args(argv)
+    try:
+        with open(args.trace) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"op_table: cannot read a trace-event JSON from {args.trace}: {e}", file=sys.stderr)
+        return 2
+
+    slices = [e for e in events if e.get("ph") == "X" and e.get("cat") == "stream" and e.get("pid") == args.device]
+    steps = training_steps(events)
+    if not slices or not steps:
+        print(f"op_table: {args.trace} has no stream slices on device {args.device} or no 'step N' ranges "
+              "(a --cuda-graphs replay records no per-op slices)", file=sys.stderr)
+        return 3
+    marker, bounds = device_steps(slices, steps, args.marker)
+    if not bounds:
+        print(f"op_table: no op of {args.trace} marks the end of a step (none runs once per step)", file=sys.stderr)
+        return 3
+    numbered = list(range(1, len(bounds) + 1))
+    if args.steps:
+        chosen = [n for n in numbered if args.steps[0] <= n <= args.steps[1]]
+    else:
+        chosen = numbered[2:] if len(numbered) > 2 else numbered
+    if not chosen:
+        print(f"op_table: the trace has device steps 1..{numbered[-1]}, none in the requested range", file=sys.stderr)
+        return 2
+
+    per_op = {}  # name -> [total us, calls]
+    lo, hi = bounds[chosen[0] - 1][0], bounds[chosen[-1] - 1][1]
+    for e in slices:
+        end = e["ts"] + e.get("dur", 0.0)
+        if lo < end <= hi:
+            acc = per_op.setdefault(e["name"], [0.0, 0])
+            acc[0] += e.get("dur", 0.0)
+            acc[1] += 1
+
+    k = len(chosen)
+    total_ms = sum(v[0] for v in per_op.values()) / 1e3 / k
+    # Wall time per step on the device: from the marker before the first chosen step to the last's.
+    wall_ms = (hi - lo) / 1e3 / k if lo != float("-inf") else None
+    rows = sorted(per_op.items(), key=lambda kv: -kv[1][0])
+    if args.top > 0:
+        shown = rows[:args.top]
+        # Budgeted ops are always listed.
+        shown += [r for r in rows[args.top:] if r[0] in BUDGETS_MS]
+    else:
+        shown = rows
+    if args.title:
+        print(args.title)
+        print()
+    span = f"steps {chosen[0]}-{chosen[-1]}" if k > 1 else f"step {chosen[0]}"
+    wall = f", {wall_ms:.1f} ms/step on the device's clock" if wall_ms else ""
+    print(f"Device {args.device}, {span} of {steps} ({k} averaged; a step ends with {marker}): "
+          f"{total_ms:.2f} ms/step of op time{wall}.")
+    print()
+    print("| op | ms/step | calls/step | share | budget (issue 28) |")
+    print("|---|---|---|---|---|")
+    missed = []
+    for name, (us, calls) in shown:
+        ms = us / 1e3 / k
+        budget = BUDGETS_MS.get(name)
+        verdict = ""
+        if budget is not None:
+            ok = ms <= budget
+            verdict = f"<= {budget:g} ms: {'ok' if ok else 'MISSED'}"
+            if not ok:
+                missed.append(name)
+        print(f"| {name} | {ms:.3f} | {calls / k:g} | {100 * ms / total_ms:.1f}% | {verdict} |")
+    for name, budget in BUDGETS_MS.items():
+        if name not in per_op:
+            print(f"| {name} | - | 0 | - | <= {budget:g} ms: not in the trace |")
+    if args.top > 0 and len(rows) > len(shown):
+        rest = sum(v[0] for n, v in rows if n not in dict(shown)) / 1e3 / k
+        print(f"| (the other {len(rows) - len(shown)} ops) | {rest:.3f} | | {100 * rest / total_ms:.1f}% | |")
+    print()
+    print(f"Budgets missed: {', '.join(missed) if missed else 'none'}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

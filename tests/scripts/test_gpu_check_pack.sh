@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# CI test of `scripts/gpu-check.sh --pack` without a GPU: a tiny fake pack (a real ELF "zerotrain"
+# that needs libcudart.so.13 and a carried library) and a fake toolkit + wheel tree. Checks the
+# unpacking (ctest's files rewritten to the unpack folder), the library discovery (the exact
+# LD_LIBRARY_PATH: toolkit first, then <site>/nvidia/*/lib, carried libraries only where the system
+# lacks them), ldd's "not found" check, the missing-GPU and old-driver sentences and exit codes, and
+# the per-op table and sanitizer summary scripts on synthetic inputs. Usage: test_gpu_check_pack.sh
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+CHECK="$ROOT/scripts/gpu-check.sh"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+fails=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+expect() {  # expect NAME WANT GOT
+  if [[ "$3" == "$2" ]]; then ok "$1"; else bad "$1: want '$2', got '$3'"; fi
+}
+contains() {  # contains NAME NEEDLE FILE
+  if grep -qF -- "$2" "$3"; then ok "$1"; else bad "$1: '$2' not in $3:"; sed 's/^/    /' "$3"; fi
+}
+CC="${CC:-cc}"
+command -v "$CC" >/dev/null || CC=gcc
+
+# ---- the fake pack ---------------------------------------------------------------------------------
+S="$T/stage"
+FAKE_ROOT="/nonexistent-zt-build-root-$$/zt"
+mkdir -p "$S/.pack/lib" "$S/build/release/apps" "$S/build/release/tests" "$T/so"
+echo 'int zt_fake_cudart(void) { return 13; }' >"$T/so/cudart.c"
+echo 'int zt_fake_carried(void) { return 7; }' >"$T/so/carried.c"
+printf 'int zt_fake_cudart(void); int zt_fake_carried(void);\nint main(void) { return zt_fake_cudart() + zt_fake_carried() == 20 ? 0 : 1; }\n' >"$T/so/main.c"
+"$CC" -shared -fPIC -o "$T/so/libcudart.so.13" -Wl,-soname,libcudart.so.13 "$T/so/cudart.c" &&
+  "$CC" -shared -fPIC -o "$S/.pack/lib/libzt_fake_carried.so.7" -Wl,-soname,libzt_fake_carried.so.7 "$T/so/carried.c" &&
+  "$CC" -o "$S/build/release/apps/zerotrain" "$T/so/main.c" "$T/so/libcudart.so.13" \
+    "$S/.pack/lib/libzt_fake_carried.so.7" || { echo "FAIL: cannot compile the fake binaries with $CC"; exit 1; }
+# A library every Linux has: carried, but not put on the path (the system's copy serves).
+libc_name="$(ldd "$S/build/release/apps/zerotrain" | awk '/libc\.so/ { print $1 }')"
+echo "not a real library" >"$S/.pack/lib/$libc_name"
+cat >"$S/.pack/manifest" <<M
+root=$FAKE_ROOT
+build=build/release
+commit=abc1234
+created=2026-12-04 00:00:00 UTC
+cuda_archs=80;90
+M
+# ctest's files as gtest_discover_tests (PRE_TEST) writes them: the include file rediscovers (with
+# a CMake module only the build machine has) unless the list is no older than it and the binary.
+B="$FAKE_ROOT/build/release"
+printf 'subdirs("tests")\n' >"$S/build/release/CTestTestfile.cmake"
+cp "$S/build/release/apps/zerotrain" "$S/build/release/tests/test_x"
+cat >"$S/build/release/tests/test_x[1]_include.cmake" <<C
+if(EXISTS "$B/tests/test_x")
+  if(NOT EXISTS "$B/tests/test_x[1]_tests.cmake" OR
+     NOT "$B/tests/test_x[1]_tests.cmake" IS_NEWER_THAN "$B/tests/test_x" OR
+     NOT "$B/tests/test_x[1]_tests.cmake" IS_NEWER_THAN "\${CMAKE_CURRENT_LIST_FILE}")
+    include("/nonexistent-build-machine-cmake/GoogleTestAddTests.cmake")
+  endif()
+  include("$B/tests/test_x[1]_tests.cmake")
+else()
+  add_test(test_x_NOT_BUILT test_x_NOT_BUILT)
+endif()
+C
+printf 'include("%s")\n' "$B/tests/test_x[1]_include.cmake" >"$S/build/release/tests/CTestTestfile.cmake"
+sleep 1  # the list newer than the binary and the include file, as after `ctest -N`
+echo "add_test(t \"$B/tests/test_x\" WORKING_DIRECTORY \"$B/tests\")" >"$S/build/release/tests/test_x[1]_tests.cmake"
+tar -cJf "$T/pack.tar.xz" -C "$S" .
+
+# ---- the fake toolkit (cudart only) and wheels (the rest; cudart too, which the toolkit wins) --------
+mkdir -p "$T/cuda/lib64" "$T/site/nvidia/cu13/lib" "$T/site/nvidia/cudnn/lib" "$T/site/nvidia/nccl/lib" \
+  "$T/site/nvidia/unrelated/lib"
+cp "$T/so/libcudart.so.13" "$T/cuda/lib64/"
+cp "$T/so/libcudart.so.13" "$T/site/nvidia/cu13/lib/"
+for f in libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13; do touch "$T/site/nvidia/cu13/lib/$f"; done
+touch "$T/site/nvidia/cudnn/lib/libcudnn.so.9" "$T/site/nvidia/cudnn/lib/libcudnn_graph.so.9" \
+  "$T/site/nvidia/nccl/lib/libnccl.so.2" "$T/site/nvidia/unrelated/lib/libother.so.1"
+
+run() {  # run NAME ARGS...: gpu-check with the fakes; output in $T/NAME.out, status in $T/NAME.rc
+  local name=$1
+  shift
+  env -u LD_LIBRARY_PATH OUT="$T/out-$name" ZT_GPU_LOGS="$T/logs-$name" ZT_CUDA_HOME="$T/cuda" \
+    ZT_SITE_PACKAGES="$T/site" ZT_NVIDIA_SMI="$T/no-nvidia-smi" "$@" >"$T/$name.out" 2>&1
+  echo $? >"$T/$name.rc"
+}
+
+# 1. --discover-only: unpack, discovery, ldd.
+U="$T/unpacked dir"
+run discover "$CHECK" --pack "$T/pack.tar.xz" --pack-dir "$U" --discover-only
+expect "discover-only exits 0" 0 "$(cat "$T/discover.rc")"
+contains "the LD_LIBRARY_PATH: carried, toolkit, then one folder per wheel" \
+  "LD_LIBRARY_PATH=$U/.pack/ld:$T/cuda/lib64:$T/site/nvidia/cu13/lib:$T/site/nvidia/cudnn/lib:$T/site/nvidia/nccl/lib" \
+  "$T/discover.out"
+contains "every family named with its folder" "libcudart: $T/cuda/lib64, libcublas: $T/site/nvidia/cu13/lib" "$T/discover.out"
+contains "ldd check passes" "ldd zerotrain: every library found" "$T/discover.out"
+[[ -L "$U/.pack/ld/libzt_fake_carried.so.7" ]] && ok "a carried library the system lacks is on the path" ||
+  bad "libzt_fake_carried.so.7 not linked into .pack/ld"
+[[ ! -e "$U/.pack/ld/$libc_name" ]] && ok "a carried library the system has ($libc_name) is not" ||
+  bad "$libc_name shadows the system's"
+contains "ctest's files name the unpack folder" "include(\"$U/build/release/tests/test_x[1]_include.cmake\")" \
+  "$U/build/release/tests/CTestTestfile.cmake"
+contains "discovery files too" "WORKING_DIRECTORY \"$U/build/release/tests\"" "$U/build/release/tests/test_x[1]_tests.cmake"
+if command -v ctest >/dev/null; then
+  (cd "$T" && ctest --test-dir "$U/build/release" -N >"$T/ctest-n.out" 2>&1)
+  expect "ctest lists the unpacked tests without rediscovering" 0 "$?"
+  contains "the listed test" "Test #1: t" "$T/ctest-n.out"
+fi
+LD_LIBRARY_PATH="$(sed -n 's/^LD_LIBRARY_PATH=//p' "$T/discover.out")" "$U/build/release/apps/zerotrain" &&
+  ok "the fake zerotrain runs under that path" || bad "the fake zerotrain does not run under that path"
+
+# 2. A library found nowhere (a pack without its carried library): the sentence and exit 4.
+rm "$S/.pack/lib/libzt_fake_carried.so.7" "$T/cuda/lib64/libcudart.so.13"
+tar -cJf "$T/pack2.tar.xz" -C "$S" .
+run missing "$CHECK" --pack "$T/pack2.tar.xz" --pack-dir "$U" --discover-only
+expect "a missing library exits 4" 4 "$(cat "$T/missing.rc")"
+contains "its sentence" "zerotrain cannot load: libzt_fake_carried.so.7 not found" "$T/missing.out"
+contains "cudart from the wheels once the toolkit lacks it" "libcudart: $T/site/nvidia/cu13/lib," "$T/missing.out"
+rm "$T/site/nvidia/nccl/lib/libnccl.so.2"
+run missing2 "$CHECK" --pack "$T/pack2.tar.xz" --pack-dir "$U" --discover-only
+contains "a family found nowhere is named" "libnccl: NOT FOUND" "$T/missing2.out"
+
+# 3. No GPU driver: the sentence and exit 3, before unpacking.
+run nogpu "$CHECK" --pack "$T/pack.tar.xz" --pack-dir "$T/never"
+expect "no nvidia-smi exits 3" 3 "$(cat "$T/nogpu.rc")"
+contains "its sentence" "gpu-check.sh: no usable GPU: nvidia-smi is missing or lists no GPU (no NVIDIA driver on this machine)" \
+  "$T/nogpu.out"
+[[ ! -e "$T/never" ]] && ok "nothing unpacked without a GPU" || bad "unpacked without a GPU"
+contains "results.md says so" "| driver/runtime | no usable GPU |" "$T/out-nogpu/results.md"
+printf '#!/bin/sh\ncase "$*" in *name,driver*) echo "NVIDIA H200, 570.10, 143771 MiB, 9.0";; *driver_version*) echo 570.10;; esac\n' \
+  >"$T/old-smi"
+chmod +x "$T/old-smi"
+run oldgpu env ZT_NVIDIA_SMI="$T/old-smi" "$CHECK" --pack "$T/pack.tar.xz" --pack-dir "$T/never"
+expect "an old driver exits 3" 3 "$(cat "$T/oldgpu.rc")"
+contains "its sentence" "no usable GPU: driver 570.10 is older than CUDA 13 needs (>= 580)" "$T/oldgpu.out"
+
+# 4. Bad input.
+run nofile "$CHECK" --pack "$T/no-such.tar.xz"
+expect "a missing pack exits 2" 2 "$(cat "$T/nofile.rc")"
+contains "its sentence" "--pack $T/no-such.tar.xz: no such file" "$T/nofile.out"
+run badarg "$CHECK" --bogus
+expect "an unknown argument exits 2" 2 "$(cat "$T/badarg.rc")"
+mkdir -p "$T/precious" && touch "$T/precious/keep"
+run precious "$CHECK" --pack "$T/pack.tar.xz" --pack-dir "$T/precious" --discover-only
+expect "a non-empty --pack-dir that is no earlier unpack exits 2" 2 "$(cat "$T/precious.rc")"
+[[ -e "$T/precious/keep" ]] && ok "and is left alone" || bad "a foreign --pack-dir was emptied"
+
+# 5. The per-op table: 4 device steps, each ending with adamw_multi; the host runs one step ahead.
+python3 - "$T/trace.json" <<'PY'
+import json, sys
+ev, t = [], 0.0
+for step in range(1, 5):
+    ev.append({"ph": "X", "cat": "step", "name": f"step {step}", "pid": 1000, "tid": 100, "ts": t, "dur": 10})
+    for name, dur, calls in (("lm_head_forward", 2000 + 1000 * step, 1), ("layernorm_backward", 50, 25),
+                             ("adamw_multi", 100, 1)):
+        for _ in range(calls):
+            ev.append({"ph": "X", "cat": "stream", "name": name, "pid": 0, "tid": 0, "ts": t + 500, "dur": dur})
+            t += dur
+    t += 10
+ev.append({"ph": "X", "cat": "step", "name": "eval", "pid": 1000, "tid": 100, "ts": t, "dur": 10})
+ev.append({"ph": "X", "cat": "stream", "name": "lm_head_forward", "pid": 0, "tid": 0, "ts": t + 1, "dur": 99999})
+json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
+PY
+python3 "$ROOT/scripts/op_table.py" "$T/trace.json" >"$T/ops.md" 2>&1
+expect "op_table exits 0" 0 "$?"
+# Steps 3-4: lm_head_forward (5000 + 6000) / 2 us = 5.5 ms (missed), layernorm_backward 25 x 50 us = 1.25 ms.
+contains "lm_head_forward per step, eval left out" "| lm_head_forward | 5.500 | 1 |" "$T/ops.md"
+contains "its budget" "<= 2.5 ms: MISSED" "$T/ops.md"
+contains "all calls of layernorm_backward" "| layernorm_backward | 1.250 | 25 |" "$T/ops.md"
+contains "unmeasured budgets named" "| encoder_backward | - | 0 | - | <= 0.5 ms: not in the trace |" "$T/ops.md"
+python3 "$ROOT/scripts/op_table.py" "$T/trace.json" --steps 1:1 >"$T/ops1.md" 2>&1
+contains "--steps 1:1" "| lm_head_forward | 3.000 | 1 |" "$T/ops1.md"
+
+# 6. The sanitizer summary: one hazard in a ZeroTrain kernel, one in cuDNN's, apart.
+cat >"$T/race.txt" <<'LOG'
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0_0+0x1a30 in unknown and Read access at cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0_0+0x1b00 [1024 hazards]
+=========
+========= Error: Race reported between Write access at void zt::cuda_ops::(anonymous namespace)::ln_kernel<float>(float *)+0x220 in /w/norm_loss_ops.cu:312
+=========     and Read access at void zt::cuda_ops::(anonymous namespace)::ln_kernel<float>(float *)+0x300 in /w/norm_loss_ops.cu:330 [4 hazards]
+=========
+========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)
+LOG
+python3 "$ROOT/scripts/sanitizer_summary.py" "$T/race.txt" --tool racecheck >"$T/race.out" 2>&1
+expect "a finding in ours exits 1" 1 "$?"
+contains "counted apart" "racecheck: 1 finding(s) in ZeroTrain's kernels, 1 in library kernels (cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0_0 x1), 0 API error(s)" "$T/race.out"
+sed -i '/zt::/d' "$T/race.txt"
+python3 "$ROOT/scripts/sanitizer_summary.py" "$T/race.txt" --tool racecheck >"$T/race2.out" 2>&1
+expect "library findings alone exit 0" 0 "$?"
+
+if ((fails)); then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
