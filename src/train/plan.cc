@@ -32,6 +32,7 @@
 #include "pipeline/model_stage.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "runtime/cuda/gemm_workspace.h"
 #include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "zero/engine.h"
@@ -895,6 +896,18 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   }
   in.staged_comm = !Communicator::reduces_directly(devices);
   in.max_devices = available_devices(rt);
+  return plan_memory(model, in);
+}
+
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, int devices, size_t memory) {
+  PlanInputs in = partial;
+  in.devices = devices;
+  in.device_memory = {memory};
+  in.gemm_workspace = cuda::recommended_gemm_workspace_bytes(9);
+  in.attention_library = true;
+  in.attention_workspace = nullptr;  // the formula
+  in.staged_comm = false;
+  in.max_devices = devices;
   return plan_memory(model, in);
 }
 

@@ -171,6 +171,12 @@ class Runtime;
 // The plan of a resolved training run on rt's devices (their total_memory()); train() calls it
 // before allocating anything and refuses a run that does not fit.
 MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& in_without_devices);
+// The plan of `devices` CUDA devices this machine does not have (`zerotrain plan --devices cuda:...
+// --device-memory SIZE` without a usable GPU), `memory` bytes each: assumed Hopper or newer (cuBLAS's
+// 32 MiB workspace), built with cuDNN (its attention workspace by formula: nothing to ask) and with
+// every reduction direct (logical devices of one GPU, or GPUs with peer access).
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& in_without_devices, int devices,
+                            size_t memory);
 // Devices that could be used for the "more devices" suggestion on rt's backend.
 int available_devices(Runtime& rt);
 

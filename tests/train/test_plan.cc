@@ -16,6 +16,7 @@
 #include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
+#include "test_util.h"
 #include "train/trainer.h"
 
 namespace zt {
@@ -363,6 +364,37 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
   EXPECT_FALSE(plan_memory_only(mc, in).fits);
   in.deterministic_attention = false;
   EXPECT_TRUE(plan_memory_only(mc, in).fits);
+}
+
+// `zerotrain plan` for GPUs this machine does not have: with --device-memory it plans them (cuBLAS's
+// Hopper workspace, cuDNN's attention workspace by formula, saying so); without, one sentence.
+TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
+  if (cuda_availability().usable) GTEST_SKIP() << "this machine has a GPU: plan asks it instead";
+  const std::string run = "plan --devices cuda:0 --model gpt2-124m --precision bf16 --batch-size 16 --train-seq-len 1024";
+  for (const bool deterministic : {true, false}) {
+    const auto r = test_util::run_binary(
+        ZEROTRAIN_BIN, run + " --device-memory 141GiB --deterministic-attention " + (deterministic ? "on" : "off"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("no usable GPU here: planned as 1 GPU of"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("GEMM library workspace (cuBLAS and cuBLASLt share it, compute stream, from the pool): " +
+                            format_plan_bytes(size_t{32} << 20)),
+              std::string::npos)
+        << r.output;
+    const size_t formula = deterministic ? 403439616u : 51118080u;
+    EXPECT_NE(r.output.find(format_plan_bytes(formula) + " workspace of cuDNN's " +
+                            (deterministic ? "deterministic" : "non-deterministic") +
+                            " backward (formula; measured on a GPU when run there)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("verdict: fits"), std::string::npos) << r.output;
+  }
+  const auto refused = test_util::run_binary(ZEROTRAIN_BIN, run);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("no usable GPU"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("--device-memory"), std::string::npos) << refused.output;
+  const auto every = test_util::run_binary(ZEROTRAIN_BIN, "plan --devices cuda --device-memory 80GiB");
+  EXPECT_EQ(every.exit_code, 2) << every.output;
+  EXPECT_NE(every.output.find("name them"), std::string::npos) << every.output;
 }
 
 // On a GPU the plan counts what the library asked for (PlanInputs::attention_workspace, which
