@@ -44,16 +44,35 @@ int PlanCommand::run() {
     ZT_REQUIRE(!family.empty(), "no GPT-2 shape has a head count --tensor-parallel ", tc.tensor_parallel, " divides");
   }
   const ModelConfig mc = largest_ ? family.front() : make_model_config(tc.model, tc.overrides);
-  auto rt = Runtime::create(parse_device_spec(tc.devices), CpuDeviceOptions{tc.device_memory});
-  const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
-  MemoryPlan plan = plan_run(mc, *rt, shape.plan);
-  if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
-    PlanInputs in = plan.inputs;
-    in.device_memory.assign(static_cast<size_t>(rt->size()), tc.device_memory);
-    plan = plan_memory(mc, in);
+  const DeviceSpec spec = parse_device_spec(tc.devices);
+  MemoryPlan plan;
+  if (spec.kind == DeviceSpec::Kind::kCuda && !cuda_availability().usable) {
+    // GPUs this machine does not have: planned from --device-memory, the library workspaces by
+    // their GPU rules (train/plan.h plan_absent_gpus).
+    const CudaAvailability cuda = cuda_availability();
+    ZT_REQUIRE(tc.device_memory > 0, "--devices ", spec.text, " asks for GPUs, but no usable GPU was found (",
+               cuda.reason, "); to plan for GPUs this machine does not have, give their memory with --device-memory "
+               "(e.g. 141GiB for an H200), or use --devices cpu:N for simulated devices");
+    ZT_REQUIRE(!spec.cuda_ordinals.empty(), "--devices ", spec.text,
+               " means every GPU, and this machine has none to count; name them, e.g. --devices cuda:0,1 or cuda:0x4");
+    const int n = static_cast<int>(spec.cuda_ordinals.size());
+    const RunShape shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
+    plan = plan_absent_gpus(mc, shape.plan, n, tc.device_memory);
+    std::printf("devices: %s (cuda backend; no usable GPU here: planned as %d GPU%s of %s, Hopper or newer, with "
+                "cuDNN)\n",
+                tc.devices.c_str(), n, n == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str());
+  } else {
+    auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
+    const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
+    plan = plan_run(mc, *rt, shape.plan);
+    if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
+      PlanInputs in = plan.inputs;
+      in.device_memory.assign(static_cast<size_t>(rt->size()), tc.device_memory);
+      plan = plan_memory(mc, in);
+    }
+    std::printf("devices: %s (%s backend)\n", tc.devices.c_str(), backend_name(rt->backend()));
+    if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
   }
-  std::printf("devices: %s (%s backend)\n", tc.devices.c_str(), backend_name(rt->backend()));
-  if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
   if (largest_) {
     std::printf("%s", format_largest(plan_largest(family, plan.inputs)).c_str());
     return 0;

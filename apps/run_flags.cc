@@ -47,6 +47,7 @@ TrainConfig RunFlags::to_config() const {
   tc.comm_topology = comm_topology == "hierarchical" ? CommTopology::kHierarchical : CommTopology::kFlat;
   tc.comm = comm == "nccl" ? CommEngine::kNccl : CommEngine::kRing;
   tc.cuda_graphs = cuda_graphs == "on" ? CudaGraphs::kOn : cuda_graphs == "off" ? CudaGraphs::kOff : CudaGraphs::kAuto;
+  tc.deterministic_attention = deterministic_attention != "off";
   return tc;
 }
 
@@ -169,6 +170,11 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "hooks: auto (CUDA devices, without tensor or pipeline parallelism), on (also simulated on CPU "
                  "devices; refused when it cannot be), off")
       ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
+  sub.add_option("--deterministic-attention", f.deterministic_attention,
+                 "on: cuDNN's deterministic attention backward (bitwise reproducible; its workspace grows with T^2, "
+                 "which the plan counts); off: its faster non-deterministic one. The CPU backend is deterministic "
+                 "either way")
+      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
   sub.add_option("--offload", f.offload,
                  "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
                  "after the backward; gradient shards stream to the host during it (none = on the devices)")

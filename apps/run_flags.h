@@ -17,7 +17,7 @@ struct RunFlags {
   TrainConfig config;
   std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot, precision = "auto",
               on_collapse = "stop", recompute = "none", offload = "none", comm_topology = "flat",
-              comm = "ring", cuda_graphs = "auto";
+              comm = "ring", cuda_graphs = "auto", deterministic_attention = "on";
   std::vector<std::string> inject_faults;  // --inject-fault, may repeat
 
   // The TrainConfig with the string-valued flags converted (--inject-fault included). Throws

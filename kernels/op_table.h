@@ -229,6 +229,11 @@ struct OpTable {
   bool (*fused_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv, const void* out,
                                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                    bool accumulate) = nullptr;
+  // Not an op (no OpId): what the library's fused attention asks for at a shape, its plans built
+  // now for the device's later calls (ops.h fused_attention_workspace): false when the library is
+  // absent or cannot start; else each direction's workspace bytes, -1 where it declines.
+  bool (*fused_attention_workspace)(Stream&, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                    bool deterministic, int64_t* forward, int64_t* backward) = nullptr;
   // The LM head over a padded vocabulary (ops.h lm_head_forward/backward): logits/dlogits rows of
   // ld >= V elements, only the first V columns written or read. logits, dlogits, in, wte, din of
   // `act` (f32, f16 or bf16); dwte fp32; din or dwte may be nullptr.

@@ -4,6 +4,7 @@
 // for the work, and nothing here knows a backend's types.
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <utility>
 
@@ -624,12 +625,38 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t /*C*/, int64_
   return static_cast<size_t>(B * NH * T) * sizeof(float);
 }
 
-size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype) {
-  if (dtype != DType::kF16 && dtype != DType::kBF16) return 0;
-  // A fused backward's workspace: an fp32 dQ accumulator [B, T, C] and a few fp32 rows per
-  // (b, h, t), plus slack; the staging buffer is one dqkv [B, T, 3C] of the dtype.
-  const auto workspace = static_cast<size_t>(4 * B * T * C + 16 * B * NH * T) + (size_t{1} << 20);
-  return workspace + static_cast<size_t>(B * T * 3 * C) * dtype_size(dtype);
+size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic) {
+  const auto rows = static_cast<size_t>(B * NH);
+  if (deterministic) {
+    const auto t64 = static_cast<size_t>((T + 63) / 64 * 64);
+    return rows * (2 * t64 * t64 + 4 * static_cast<size_t>(T));
+  }
+  return rows * static_cast<size_t>(T) * static_cast<size_t>(C / NH + 1) * 4;
+}
+
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, DType dtype, const AttentionWorkspace& ws) {
+  if ((dtype != DType::kF16 && dtype != DType::kBF16) || !ws.any()) return 0;
+  const auto workspace = static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0}));
+  const size_t staging = static_cast<size_t>(B * T * 3 * C) * dtype_size(dtype);
+  return ((workspace + 255) & ~size_t{255}) + staging;
+}
+
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic) {
+  const AttentionWorkspace ws{0, static_cast<int64_t>(cudnn_attention_workspace_formula(B, T, C, NH, deterministic))};
+  return flash_attention_library_bytes(B, T, C, dtype, ws);
+}
+
+std::optional<AttentionWorkspace> fused_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                                            DType dtype, bool deterministic) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return std::nullopt;
+  ZT_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0, "fused_attention_workspace: B=", B, " T=", T, " C=", C,
+             " heads=", NH, " is not an attention shape");
+  const OpTable* t = op_table(s.device().backend());
+  if (t == nullptr || t->fused_attention_workspace == nullptr) return std::nullopt;
+  AttentionWorkspace ws;
+  if (!t->fused_attention_workspace(s, B, T, C, NH, dtype, deterministic, &ws.forward, &ws.backward))
+    return std::nullopt;
+  return ws;
 }
 
 namespace {

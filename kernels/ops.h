@@ -23,6 +23,8 @@
 //    across rows (dbias, dweight of layernorm, norms) use a fixed blocking and order.
 #pragma once
 
+#include <optional>
+
 #include "core/tensor.h"
 #include "runtime/stream.h"
 
@@ -174,17 +176,44 @@ enum class GradWrite { kAccumulate, kOverwrite };
 // least flash_attention_scratch_bytes(B, T, C, NH) bytes of fp32 (any shape), overwritten. The
 // tiled kernel allocates nothing else from the device pool; a library's fused attention keeps its
 // workspace (and, with kAccumulate and 16-bit dqkv, a dqkv-sized staging buffer) in one pool block
-// per stream, flash_attention_library_bytes(B, T, C, NH, dtype) bytes, held until the stream is
-// destroyed.
+// per stream, flash_attention_library_bytes of the shape's workspaces (below), held until the
+// stream is destroyed. The device's MathMode::deterministic_attention picks the library's
+// backward algorithm (CUDA: cuDNN's deterministic one by default).
 void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
                               ConstTensorView qkv, ConstTensorView out, ConstTensorView lse,
                               int num_heads, TensorView scratch,
                               GradWrite write = GradWrite::kAccumulate);
-// The pool block a library's fused attention holds per stream for this shape (taken at the
-// stream's first library call, freed with the stream): 0 for f32 (no library path), else its
-// workspace bound plus the staging buffer; a graph needing more is not used (the tiled kernel
-// runs). The memory plan counts it on each device's compute stream.
-size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
+// The workspace (bytes) cuDNN's fused attention asks for at (B, T, C, NH) in 16 bits, by formula,
+// for the plan where no GPU can be asked (kernels/cuda/cudnn_attention.cc asks cuDNN itself):
+//  - deterministic backward (cuDNN 9 on Hopper: the dP-workspace decomposition, which the frontend
+//    forces for a deterministic backward): a 16-bit dP of B x NH x T64 x T64 (T64: T rounded up to
+//    64) plus the frontend's fp32 softmax sums, B x NH x T: B*NH*(2*T64^2 + 4*T). Measured at B=16,
+//    T=1024, 12 heads of 64 on an H200: 403,439,872 bytes, this plus 256 (at T = 16 x head size
+//    it equals the B*NH*T*(8*hs + 1)*4; it grows with T^2, not T);
+//  - non-deterministic backward: the frontend's fp32 dQ accumulator and softmax sums,
+//    B*NH*T*(hs + 1)*4 (assumed: the backend engine itself adds nothing; not yet measured);
+//  - the forward asks for much less (assumed at most the backward's).
+size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic);
+// What a library's fused attention asks for at one shape (its graphs built now, before any CUDA
+// graph capture, and kept for the run): each direction's workspace in bytes, -1 where the library
+// declines that direction (the tiled kernel serves it).
+struct AttentionWorkspace {
+  int64_t forward = -1, backward = -1;
+  bool any() const { return forward >= 0 || backward >= 0; }
+};
+// Asks s's backend: nullopt where it has no library attention (the CPU backend, a build without
+// cuDNN, f32) or the library cannot start on the device; a GPU query takes a fraction of a second
+// per new shape.
+std::optional<AttentionWorkspace> fused_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                                            DType dtype, bool deterministic);
+// The pool block a library's fused attention holds per stream for a shape whose directions ask
+// for `ws` (taken at the shape's first library call, freed with the stream): 0 for f32 or when
+// the library declines both directions, else the larger workspace rounded up to 256 bytes, then
+// the backward's staging dqkv [B, T, 3C] of `dtype` (for GradWrite::kAccumulate). The memory plan
+// counts it on each device's compute stream.
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, DType dtype, const AttentionWorkspace& ws);
+// The same block by the formula (forward 0, backward cudnn_attention_workspace_formula).
+size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic);
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
 

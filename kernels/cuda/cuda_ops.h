@@ -136,20 +136,29 @@ void flash_attention_backward(void* stream, void* dqkv, const void* dout, const 
                               int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate);
 
 // Fused causal attention through cuDNN's SDPA graphs (kernels/cuda/cudnn_attention.cc), f16/bf16,
-// the flash_attention_* contract (accumulate false overwrites dqkv). available(): whether cuDNN
-// serves this call on `native`'s GPU, building and caching the graph on first use (no launch);
-// false for fp32, without cuDNN (in this build or at run time), for a shape cuDNN does not
-// support or whose workspace exceeds ops::flash_attention_library_bytes, with one note per
-// reason. The launchers run only after available() said yes; `native` is s's cudaStream_t, and
-// the workspace (and the backward's staging dqkv for +=) live in one block of s's device pool
-// that the stream holds until it is destroyed (flash_attention_library_bytes of the largest
-// shape it served; taken at its first call, so later calls allocate nothing).
-bool cudnn_attention_available(void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype);
+// the flash_attention_* contract (accumulate false overwrites dqkv); `deterministic` picks cuDNN's
+// deterministic backward (MathMode::deterministic_attention). available(): whether cuDNN serves
+// this call on s's GPU (`native`: s's cudaStream_t), building and caching the shape's forward and
+// backward graphs on first use and taking the stream's block for them (no launch); false for fp32,
+// without cuDNN (in this build or at run time), for a shape cuDNN does not support or whose
+// workspace the device's pool cannot hold, with one line per run saying what the fallback costs
+// (T >= 256). The launchers run only after available() said yes: the workspace (and the
+// backward's staging dqkv for +=) live in one block of s's device pool that the stream holds until
+// it is destroyed (ops::flash_attention_library_bytes of the workspaces cuDNN asked for, of the
+// largest shape it served; taken by available(), so a launch allocates nothing and a captured
+// graph replays it).
+bool cudnn_attention_available(Stream& s, void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType dtype, bool deterministic);
+// What cuDNN asks for at this shape (ops::fused_attention_workspace): false when cuDNN cannot start
+// on s's GPU (or is absent); else each direction's workspace, -1 where cuDNN declines it. The
+// graphs stay built for later calls.
+bool cudnn_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                               bool deterministic, int64_t* forward, int64_t* backward);
 void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, const void* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, DType dtype);
+                             int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic);
 void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                              int64_t NH, DType dtype, bool accumulate);
+                              int64_t NH, DType dtype, bool accumulate, bool deterministic);
 
 // ---- activations over n elements (n may be 0) -----------------------------------------------
 // Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.

@@ -3,17 +3,23 @@
 // Whatever they decline (fp32, a shape cuDNN does not support, no cuDNN) the tiled kernels serve.
 //
 // Rules:
-//  - Graphs are keyed by (GPU, B, T, C, NH, dtype, direction); a key that failed to build is
-//    remembered as declined, with one note per reason on stderr, so no call retries it.
+//  - A shape is (GPU, B, T, C, NH, dtype, deterministic backward); its forward and backward graphs
+//    are built together at its first use (or when the memory plan asks what they need), before any
+//    CUDA graph capture: the first micro-batch of a shape runs eagerly (train/graph_step.h). A
+//    direction that failed to build is remembered as declined, so no call retries it; at T >= 256
+//    the first decline of the run prints one line with what the tiled kernel costs instead.
 //  - One cuDNN handle per GPU for the process (never destroyed: it outlives every stream); calls
 //    on it are serialized by a mutex, and each call binds it to the launching stream first.
+//  - The workspace is what cuDNN asks for (get_workspace_size), whatever it is: the deterministic
+//    backward's is quadratic in T (ops.h cudnn_attention_workspace_formula), and the memory plan
+//    counts the same bytes (measured through cudnn_attention_workspace on a GPU).
 //  - The workspace and the backward's staging buffer share one pool block per stream (a
-//    StreamResource, like the cuBLAS workspace): ops::flash_attention_library_bytes of the first
-//    call's shape, taken on that call, grown (once per larger shape) only when a later call's
-//    bound is larger, freed with the stream. A call allocates nothing else, so a captured graph
-//    replays it, and the memory plan counts the block (its cuDNN attention workspace line).
-//    Workspace at the block's start, the backward's staging dqkv at the end of the call's bound
-//    (staging_offset); a graph whose workspace would not end before it is declined.
+//    StreamResource, like the cuBLAS workspace): ops::flash_attention_library_bytes of the shape's
+//    two workspaces, taken by available() at the shape's first call, grown (once per larger shape)
+//    only when a later shape needs more, freed with the stream. A launch allocates nothing, so a
+//    captured graph replays it. Workspace at the block's start, the backward's staging dqkv after
+//    the larger workspace (rounded up to 256 bytes: cuDNN's and the accumulate kernel's alignment).
+//    A block the pool cannot give declines the shape (the tiled kernels need no workspace).
 //  - lse is cuDNN's softmax statistics (log-sum-exp of the scaled scores, fp32 [B, NH, T]), the
 //    tiled kernels' lse, so a forward of one and a backward of the other pair up.
 #include "kernels/cuda/cuda_ops.h"
@@ -25,6 +31,7 @@
 #include <cudnn.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cudnn_frontend.h>
@@ -50,17 +57,25 @@ namespace fe = cudnn_frontend;
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
+// What the tiled kernel costs instead of cuDNN's, per layer, measured on an H200 at GPT-2 124M's
+// shape (B=16, T=1024, 12 heads of 64, bf16; ../shared/gpu/2026-12-04): backward 46.5 ms against
+// 0.33 ms; forward (fp32 tiled, 14.7 ms) against 0.12 ms.
+constexpr int kTiledBackwardSlowdown = 140;
+constexpr int kTiledForwardSlowdown = 120;
+// Below this T the tiled kernel's cost is small enough not to announce a fallback.
+constexpr int64_t kAnnounceFallbackFromT = 256;
+
 struct Key {
   int device;
   int64_t B, T, C, NH;
   DType dtype;
-  bool backward;
+  bool deterministic;  // the backward's algorithm (the forward is deterministic either way)
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<int>()(k.device);
-    for (int64_t v : {k.B, k.T, k.C, k.NH, static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.backward)})
+    for (int64_t v : {k.B, k.T, k.C, k.NH, static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.deterministic)})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
@@ -68,14 +83,24 @@ struct KeyHash {
 
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: declined
-  int64_t workspace = 0;
+  int64_t workspace = -1;                   // bytes cuDNN asked for; -1: declined
+};
+
+// Both directions of one shape and where they live in the stream's block.
+struct Shape {
+  Plan forward, backward;
+  size_t block = 0;           // ops::flash_attention_library_bytes of the two workspaces
+  size_t staging_offset = 0;  // the backward's staging dqkv: after the larger workspace
+  bool usable = true;         // false: the pool could not give the block (both directions decline)
+  const Plan& plan(bool backward) const { return backward ? this->backward : forward; }
 };
 
 struct State {
   std::mutex mu;
-  std::unordered_map<Key, Plan, KeyHash> plans;
+  std::unordered_map<Key, Shape, KeyHash> shapes;
   std::unordered_map<int, cudnnHandle_t> handles;  // nullptr: cuDNN unusable on that GPU
   std::set<std::string> noted;
+  bool announced_fallback = false;  // the run's one line about the tiled kernel serving instead
 };
 // Leaked on purpose: handles and graphs must not be torn down after the CUDA runtime at exit.
 State& state() {
@@ -87,6 +112,19 @@ State& state() {
 void note_once(State& st, const std::string& key, const std::string& why) {
   if (st.noted.insert(key).second)
     std::fprintf(stderr, "note: %s; the tiled attention kernel runs instead\n", why.c_str());
+}
+
+// The run's one line when cuDNN declines a direction at T >= 256, with what the fallback costs.
+void announce_fallback(State& st, const Key& k, bool backward, const std::string& why) {
+  if (k.T < kAnnounceFallbackFromT || st.announced_fallback) return;
+  st.announced_fallback = true;
+  std::fprintf(stderr,
+               "attention: cuDNN declined the %s%s at B=%lld T=%lld heads=%lldx%lld %s (%s); the tiled kernel runs "
+               "instead, ~%dx slower per layer\n",
+               backward && k.deterministic ? "deterministic " : "", backward ? "backward" : "forward",
+               static_cast<long long>(k.B), static_cast<long long>(k.T), static_cast<long long>(k.NH),
+               static_cast<long long>(k.C / k.NH), dtype_name(k.dtype), why.c_str(),
+               backward ? kTiledBackwardSlowdown : kTiledForwardSlowdown);
 }
 
 // The handle of GPU `device` (current: the caller's DeviceGuard), or nullptr.
@@ -109,16 +147,8 @@ cudnnHandle_t handle_for(State& st, int device) {
 std::vector<int64_t> qkv_stride(const Key& k) { return {k.T * 3 * k.C, k.C / k.NH, 3 * k.C, 1}; }
 std::vector<int64_t> out_stride(const Key& k) { return {k.T * k.C, k.C / k.NH, k.C, 1}; }
 
-// The backward's staging dqkv in the stream's block: at bound - staging rounded down to 256
-// bytes (cuDNN's and the accumulate kernel's alignment), ending within the bound; the workspace
-// must end at or before it.
-size_t staging_offset(const Key& k) {
-  const size_t staging = static_cast<size_t>(k.B * k.T * 3 * k.C) * dtype_size(k.dtype);
-  return (ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype) - staging) & ~size_t{255};
-}
-
-// Builds the graph of `k`; on failure returns the reason (plan.graph stays null).
-std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
+// Builds the graph of one direction of `k`; on failure returns the reason (plan.graph stays null).
+std::string build(const Key& k, bool backward, cudnnHandle_t handle, Plan* plan) {
   const int64_t hs = k.C / k.NH;
   const std::vector<int64_t> dims{k.B, k.NH, k.T, hs}, sdims{k.B, k.NH, k.T, 1},
       sstride{k.NH * k.T, k.T, 1, 1};
@@ -131,7 +161,7 @@ std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
     return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(stride));
   };
   auto Q = input("Q", kQ, qkv_stride(k)), K = input("K", kK, qkv_stride(k)), V = input("V", kV, qkv_stride(k));
-  if (!k.backward) {
+  if (!backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_forward")
                     .set_generate_stats(true)
@@ -148,12 +178,13 @@ std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
                                .set_dim(sdims)
                                .set_stride(sstride)
                                .set_data_type(fe::DataType_t::FLOAT));
-    // Deterministic: the ops' results must not change from run to run (cuda_ops.h contract).
+    // Deterministic (the default, --deterministic-attention on): bitwise the same run to run, as
+    // every op of ZeroTrain's own; off: cuDNN's faster backward with fp32 atomics in dQ.
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_backward")
                     .set_causal_mask(true)
                     .set_attn_scale(scale)
-                    .set_deterministic_algorithm(true);
+                    .set_deterministic_algorithm(k.deterministic);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, opts);
     dQ->set_output(true).set_uid(kdQ).set_dim(dims).set_stride(qkv_stride(k));
     dK->set_output(true).set_uid(kdK).set_dim(dims).set_stride(qkv_stride(k));
@@ -171,40 +202,39 @@ std::string build(const Key& k, cudnnHandle_t handle, Plan* plan) {
   }
   int64_t workspace = 0;
   if (auto status = g->get_workspace_size(workspace); !status.is_good()) return status.get_message();
-  const size_t cap =
-      k.backward ? staging_offset(k) : ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype);
-  if (static_cast<size_t>(workspace) > cap)
-    return "workspace of " + std::to_string(workspace) + " bytes exceeds the planned " + std::to_string(cap);
   plan->graph = std::move(g);
   plan->workspace = workspace;
   return {};
 }
 
-// The plan of `k` (built on first use), or nullptr when cuDNN declines it. Caller holds st.mu.
-const Plan* plan_for(State& st, const Key& k) {
-  auto it = st.plans.find(k);
-  if (it != st.plans.end()) return it->second.graph ? &it->second : nullptr;
+// One direction of `k` built, or declined with its reason (announced). Caller holds st.mu.
+Plan build_direction(State& st, const Key& k, bool backward, cudnnHandle_t h) {
   Plan plan;
-  if (cudnnHandle_t h = handle_for(st, k.device)) {
-    std::string why;
-    try {
-      why = build(k, h, &plan);
-    } catch (const std::exception& e) {  // the frontend throws on some backend errors
-      why = e.what();
-    }
-    if (!why.empty()) {
-      plan = Plan{};
-      // One note per direction, dtype and head size: a shape class, not every T.
-      const std::string what = std::string("cuDNN attention ") + (k.backward ? "backward" : "forward") +
-                               " declines " + dtype_name(k.dtype) + " head size " + std::to_string(k.C / k.NH);
-      note_once(st, what,
-                what + " (first at B=" + std::to_string(k.B) + " T=" + std::to_string(k.T) +
-                    " heads=" + std::to_string(k.NH) + "): " + why);
-    }
+  std::string why;
+  try {
+    why = build(k, backward, h, &plan);
+  } catch (const std::exception& e) {  // the frontend throws on some backend errors
+    why = e.what();
   }
-  auto [pos, inserted] = st.plans.emplace(k, std::move(plan));
-  (void)inserted;
-  return pos->second.graph ? &pos->second : nullptr;
+  if (why.empty()) return plan;
+  announce_fallback(st, k, backward, why);
+  return Plan{};
+}
+
+// The shape of `k` (both directions built on first use), or nullptr when cuDNN cannot start on
+// the GPU. Caller holds st.mu.
+Shape* shape_for(State& st, const Key& k) {
+  auto it = st.shapes.find(k);
+  if (it != st.shapes.end()) return &it->second;
+  cudnnHandle_t h = handle_for(st, k.device);
+  if (h == nullptr) return nullptr;
+  Shape shape;
+  shape.forward = build_direction(st, k, false, h);
+  shape.backward = build_direction(st, k, true, h);
+  const ops::AttentionWorkspace ws{shape.forward.workspace, shape.backward.workspace};
+  shape.block = ops::flash_attention_library_bytes(k.B, k.T, k.C, k.dtype, ws);
+  shape.staging_offset = (static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0})) + 255) & ~size_t{255};
+  return &st.shapes.emplace(k, std::move(shape)).first->second;
 }
 
 // The stream's attention block (see the rules above). Used under State::mu only.
@@ -217,7 +247,8 @@ class CudnnWorkspace final : public cuda::StreamResource {
   CudnnWorkspace& operator=(const CudnnWorkspace&) = delete;
 
   // At least `bytes` bytes for work on `s`, this resource's stream. A larger request frees the
-  // block (stream-ordered: work already issued keeps it) and takes one of `bytes`.
+  // block (stream-ordered: work already issued keeps it) and takes one of `bytes`; throws the
+  // pool's zt::Error(kOutOfMemory) when it cannot (the old block is gone then).
   void* reserve(Stream& s, size_t bytes) {
     if (bytes <= bytes_) return block_;
     release();
@@ -247,10 +278,10 @@ std::unique_ptr<cuda::StreamResource> make_workspace(Stream& stream) {
   return std::make_unique<CudnnWorkspace>(stream);
 }
 
-// The stream's block, holding at least ops::flash_attention_library_bytes of the call's shape.
-char* workspace_block(Stream& s, void* native, const Key& k) {
+// The stream's block, holding at least the shape's block bytes (available() took it).
+char* workspace_block(Stream& s, void* native, const Shape& shape) {
   auto& r = static_cast<CudnnWorkspace&>(cuda::stream_resource(native, cuda::kCudnnResource, &make_workspace));
-  return static_cast<char*>(r.reserve(s, ops::flash_attention_library_bytes(k.B, k.T, k.C, k.NH, k.dtype)));
+  return static_cast<char*>(r.reserve(s, shape.block));
 }
 
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).
@@ -285,54 +316,82 @@ void* mut(const void* p) { return const_cast<void*>(p); }  // the variant pack t
 
 }  // namespace
 
-bool cudnn_attention_available(void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH,
-                               DType dtype) {
+bool cudnn_attention_available(Stream& s, void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType dtype, bool deterministic) {
   if (dtype != DType::kF16 && dtype != DType::kBF16) return false;
   const int device = stream_device(native);
   const cuda::DeviceGuard guard(device);
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mu);
-  return plan_for(st, Key{device, B, T, C, NH, dtype, backward}) != nullptr;
+  const Key key{device, B, T, C, NH, dtype, deterministic};
+  Shape* shape = shape_for(st, key);
+  if (shape == nullptr || !shape->usable || !shape->plan(backward).graph) return false;
+  try {
+    workspace_block(s, native, *shape);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kOutOfMemory) throw;
+    shape->usable = false;
+    announce_fallback(st, key, backward,
+                      "its workspace block of " + std::to_string(shape->block) + " bytes does not fit in the pool");
+    return false;
+  }
+  return true;
+}
+
+bool cudnn_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                               bool deterministic, int64_t* forward, int64_t* backward) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return false;
+  const int device = stream_device(s.native_handle());
+  const cuda::DeviceGuard guard(device);
+  State& st = state();
+  const std::lock_guard<std::mutex> lock(st.mu);
+  const Shape* shape = shape_for(st, Key{device, B, T, C, NH, dtype, deterministic});
+  if (shape == nullptr) return false;
+  *forward = shape->forward.workspace;
+  *backward = shape->backward.workspace;
+  return true;
 }
 
 void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
-                             int64_t C, int64_t NH, DType dtype) {
+                             int64_t C, int64_t NH, DType dtype, bool deterministic) {
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mu);
   const int device = stream_device(native);
   const cuda::DeviceGuard guard(device);
-  const Key key{device, B, T, C, NH, dtype, false};
-  const Plan* plan = plan_for(st, key);
-  ZT_CHECK(plan != nullptr, "cudnn_attention_forward called for a shape cuDNN declined");
-  char* block = workspace_block(s, native, key);
+  auto it = st.shapes.find(Key{device, B, T, C, NH, dtype, deterministic});
+  ZT_CHECK(it != st.shapes.end() && it->second.usable && it->second.forward.graph,
+           "cudnn_attention_forward called for a shape cuDNN declined");
+  const Shape* shape = &it->second;
+  char* block = workspace_block(s, native, *shape);
   std::unordered_map<int64_t, void*> pack{{kQ, mut(qkv)},
                                           {kK, byte(mut(qkv), C, dtype)},
                                           {kV, byte(mut(qkv), 2 * C, dtype)},
                                           {kO, out},
                                           {kStats, lse}};
-  execute(st, *plan, device, native, block, pack);
+  execute(st, shape->forward, device, native, block, pack);
 }
 
 void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
-                              DType dtype, bool accumulate) {
+                              DType dtype, bool accumulate, bool deterministic) {
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mu);
   const int device = stream_device(native);
   const cuda::DeviceGuard guard(device);
-  const Key key{device, B, T, C, NH, dtype, true};
-  const Plan* plan = plan_for(st, key);
-  ZT_CHECK(plan != nullptr, "cudnn_attention_backward called for a shape cuDNN declined");
+  auto it = st.shapes.find(Key{device, B, T, C, NH, dtype, deterministic});
+  ZT_CHECK(it != st.shapes.end() && it->second.usable && it->second.backward.graph,
+           "cudnn_attention_backward called for a shape cuDNN declined");
+  const Shape& shape = it->second;
   // cuDNN writes gradients; `+=` goes through a staging dqkv in the block's tail (every column is
   // some head's q, k or v, so all of it is written) and accumulate, which rounds the sum once more.
-  char* block = workspace_block(s, native, key);
+  char* block = workspace_block(s, native, shape);
   const int64_t n = B * T * 3 * C;
-  void* target = accumulate ? block + staging_offset(key) : dqkv;
+  void* target = accumulate ? block + shape.staging_offset : dqkv;
   std::unordered_map<int64_t, void*> pack{
       {kQ, mut(qkv)},   {kK, byte(mut(qkv), C, dtype)}, {kV, byte(mut(qkv), 2 * C, dtype)},
       {kO, mut(out)},   {kdO, mut(dout)},               {kStats, mut(lse)},
       {kdQ, target},    {kdK, byte(target, C, dtype)},  {kdV, byte(target, 2 * C, dtype)}};
-  execute(st, *plan, device, native, block, pack);
+  execute(st, shape.backward, device, native, block, pack);
   if (accumulate) cuda_ops::accumulate(native, dqkv, target, dtype, n);
 }
 
@@ -341,13 +400,16 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
 #else  // no cuDNN in this build: every call declines, the tiled kernels serve
 
 namespace zt::cuda_ops {
-bool cudnn_attention_available(void*, bool, int64_t, int64_t, int64_t, int64_t, DType) { return false; }
+bool cudnn_attention_available(Stream&, void*, bool, int64_t, int64_t, int64_t, int64_t, DType, bool) { return false; }
+bool cudnn_attention_workspace(Stream&, int64_t, int64_t, int64_t, int64_t, DType, bool, int64_t*, int64_t*) {
+  return false;
+}
 void cudnn_attention_forward(Stream&, void*, void*, float*, const void*, int64_t, int64_t, int64_t, int64_t,
-                             DType) {
+                             DType, bool) {
   ZT_CHECK(false, "cudnn_attention_forward: this build has no cuDNN");
 }
 void cudnn_attention_backward(Stream&, void*, void*, const void*, const void*, const void*, const float*, int64_t,
-                              int64_t, int64_t, int64_t, DType, bool) {
+                              int64_t, int64_t, int64_t, DType, bool, bool) {
   ZT_CHECK(false, "cudnn_attention_backward: this build has no cuDNN");
 }
 }  // namespace zt::cuda_ops

@@ -133,24 +133,27 @@ OpTable make_cuda_table() {
   // aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
   t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
                                  int64_t C, int64_t NH, DType dtype) {
+    const bool det = s.device().math_mode().deterministic_attention;
     if (!aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
-        !cuda_ops::cudnn_attention_available(s.native_handle(), false, B, T, C, NH, dtype))
+        !cuda_ops::cudnn_attention_available(s, s.native_handle(), false, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_forward");
-    cuda_ops::cudnn_attention_forward(s, span.native(), out, lse, qkv, B, T, C, NH, dtype);
+    cuda_ops::cudnn_attention_forward(s, span.native(), out, lse, qkv, B, T, C, NH, dtype, det);
     return true;
   };
   t.fused_attention_backward = [](Stream& s, void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                   bool accumulate) {
+    const bool det = s.device().math_mode().deterministic_attention;
     if (!aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
-        !cuda_ops::cudnn_attention_available(s.native_handle(), true, B, T, C, NH, dtype))
+        !cuda_ops::cudnn_attention_available(s, s.native_handle(), true, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_backward");
     cuda_ops::cudnn_attention_backward(s, span.native(), dqkv, dout, qkv, out, lse, B, T, C, NH, dtype,
-                                       accumulate);
+                                       accumulate, det);
     return true;
   };
+  t.fused_attention_workspace = &cuda_ops::cudnn_attention_workspace;
 
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");

@@ -34,6 +34,11 @@ struct MathMode {
   // mantissa, round to nearest even) and accumulate in fp32: tensor cores on CUDA
   // (CUBLAS_COMPUTE_32F_FAST_TF32), the same rounding point before OpenBLAS on the CPU backend.
   bool tf32 = false;
+  // --deterministic-attention: a library's fused attention backward (cuDNN's SDPA on CUDA) uses its
+  // deterministic algorithm, bitwise reproducible run to run, at the price of a larger workspace
+  // (kernels/ops.h cudnn_attention_workspace_formula). Off: its faster non-deterministic one (fp32
+  // atomics in dQ). ZeroTrain's own kernels are deterministic either way.
+  bool deterministic_attention = true;
 };
 
 enum class FaultKind {
@@ -85,8 +90,13 @@ class Device {
   // True once an operation on this device has failed; the device stays failed (sticky).
   virtual bool failed() const = 0;
 
-  MathMode math_mode() const { return MathMode{tf32_.load(std::memory_order_relaxed)}; }
-  void set_math_mode(const MathMode& mode) { tf32_.store(mode.tf32, std::memory_order_relaxed); }
+  MathMode math_mode() const {
+    return MathMode{tf32_.load(std::memory_order_relaxed), deterministic_attention_.load(std::memory_order_relaxed)};
+  }
+  void set_math_mode(const MathMode& mode) {
+    tf32_.store(mode.tf32, std::memory_order_relaxed);
+    deterministic_attention_.store(mode.deterministic_attention, std::memory_order_relaxed);
+  }
 
   // Where this device reports its stream work (nullptr: nowhere; then tracing costs one atomic
   // load per task). Runtime::set_observer sets it on every device; call it while the device is
@@ -124,6 +134,7 @@ class Device {
 
  private:
   std::atomic<bool> tf32_{false};
+  std::atomic<bool> deterministic_attention_{true};
 };
 
 }  // namespace zt

@@ -59,6 +59,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
                                                             : world.model().layout())},
       {"tensor_parallel", cfg.tensor_parallel},
       {"pipeline_parallel", cfg.pipeline_parallel},
+      {"deterministic_attention", cfg.deterministic_attention},
       {"updates", counters.updates},
       {"skipped_steps", counters.skipped_steps},
       {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps},

@@ -32,6 +32,7 @@
 #include "pipeline/model_stage.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "runtime/cuda/gemm_workspace.h"
 #include "runtime/host_staging.h"
 #include "runtime/runtime.h"
 #include "zero/engine.h"
@@ -46,14 +47,32 @@ DType plan_activation_dtype(const ModelConfig& mc, const PlanInputs& in) {
 }
 
 // The pool block the attention library's workspace holds on each device's compute stream:
-// flash_attention_library_bytes of the run's shape where the devices have the library path and
-// the activations are 16-bit, else 0 (fp32 activations never take it; kernels/ops.h). With tensor
-// parallelism a rank attends over its heads only: C / degree channels in heads / degree heads.
-size_t plan_attention_bytes(const ModelConfig& mc, const PlanInputs& in) {
-  if (!in.attention_library || mc.kind != ModelKind::kGpt) return 0;
+// ops::flash_attention_library_bytes of the run's shape where the devices have the library path
+// and the activations are 16-bit, else none (fp32 activations never take it; kernels/ops.h). The
+// workspace is what the library asks for where the plan can ask it (a GPU: in.attention_workspace),
+// else cuDNN's by formula. With tensor parallelism a rank attends over its heads only: C / degree
+// channels in heads / degree heads.
+struct AttentionBlock {
+  size_t block = 0, workspace = 0;
+  bool measured = false;
+};
+AttentionBlock plan_attention(const ModelConfig& mc, const PlanInputs& in) {
+  AttentionBlock a;
+  const DType act = plan_activation_dtype(mc, in);
+  if (!in.attention_library || mc.kind != ModelKind::kGpt || (act != DType::kF16 && act != DType::kBF16)) return a;
   const int tp = std::max(in.tensor, 1);
-  return ops::flash_attention_library_bytes(in.micro_batch, in.seq_len, mc.embd / tp, mc.heads / tp,
-                                            plan_activation_dtype(mc, in));
+  const int64_t B = in.micro_batch, T = in.seq_len, C = mc.embd / tp, NH = mc.heads / tp;
+  ops::AttentionWorkspace ws{0, static_cast<int64_t>(ops::cudnn_attention_workspace_formula(
+                                    B, T, C, NH, in.deterministic_attention))};
+  if (in.attention_workspace) {
+    const std::optional<ops::AttentionWorkspace> asked = in.attention_workspace(B, T, C, NH, act, in.deterministic_attention);
+    if (!asked) return a;
+    ws = *asked;
+    a.measured = true;
+  }
+  a.block = ops::flash_attention_library_bytes(B, T, C, act, ws);
+  a.workspace = a.block ? static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0})) : 0;
+  return a;
 }
 
 // The model a run of these inputs builds (a pipeline's stages aside: plan_pipeline).
@@ -205,7 +224,7 @@ namespace {
 // phase with the most pool bytes in blocks.
 DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& resident,
                        const std::vector<std::vector<Alloc>>& phases, size_t ws, size_t extra_ws, size_t comm,
-                       size_t batch, size_t library, size_t attention, size_t* work) {
+                       size_t batch, size_t library, const AttentionBlock& attention, size_t* work) {
   DevicePlan dev;
   for (size_t p = 0; p < phases.size(); ++p) {
     std::vector<Alloc> live = resident;
@@ -225,7 +244,9 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   dev.comm = comm;
   dev.batch = batch;
   dev.library = library;
-  dev.attention = attention;
+  dev.attention = attention.block;
+  dev.attention_workspace = attention.workspace;
+  dev.attention_measured = attention.measured;
   dev.total = reserved_bytes(resident, phases, work);
   const size_t requested = dev.params + dev.grads + dev.optimizer + dev.activations + dev.comm + dev.transient +
                            dev.batch + dev.library + dev.attention;
@@ -303,8 +324,8 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
       if (slot) resident.push_back({slot / Communicator::kRecvSlots, true});
     }
     if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
-    const size_t attention = plan_attention_bytes(mc, in);
-    if (attention) resident.push_back({attention, false});
+    const AttentionBlock attention = plan_attention(mc, in);
+    if (attention.block) resident.push_back({attention.block, false});
     std::vector<std::vector<Alloc>> phases(2);
     for (const auto& t : eng.train_peak) phases[0].push_back({t.bytes, t.comm_stream, true});
     for (const auto& t : eng.forward_peak) phases[1].push_back({t.bytes, t.comm_stream, true});
@@ -364,8 +385,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
-  const size_t attention = plan_attention_bytes(mc, in);
-  if (attention) resident.push_back({attention, false});
+  const AttentionBlock attention = plan_attention(mc, in);
+  if (attention.block) resident.push_back({attention.block, false});
   work += resident.size();
 
   // Two phases: a training micro-batch, and (GPT) the end-of-run sample's forward with its own
@@ -680,11 +701,15 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
     os << line;
   }
   if (in.gemm_workspace)
-    os << "GEMM library workspace (cuBLAS, compute stream, from the pool): " << F(in.gemm_workspace)
-       << " per device, in each total\n";
-  if (const size_t a = plan.per_device[0].attention)
-    os << "attention library workspace (cuDNN, compute stream, from the pool): " << F(a)
-       << " per device, in each total\n";
+    os << "GEMM library workspace (cuBLAS and cuBLASLt share it, compute stream, from the pool): "
+       << F(in.gemm_workspace) << " per device, in each total\n";
+  if (const DevicePlan& d = plan.per_device[0]; d.attention)
+    os << "attention library workspace (cuDNN, compute stream, from the pool): " << F(d.attention)
+       << " per device, in each total: " << F(d.attention_workspace) << " workspace of cuDNN's "
+       << (in.deterministic_attention ? "deterministic" : "non-deterministic") << " backward ("
+       << (d.attention_measured ? "measured: what cuDNN asked for on this GPU"
+                                : "formula; measured on a GPU when run there")
+       << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
   if (in.offload)
@@ -855,6 +880,14 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   in.device_memory.clear();
   in.gemm_workspace = 0;
   in.attention_library = rt.backend() == Backend::kCuda;
+  // On GPUs the plan counts what cuDNN asks for (building the graphs the run then uses, before any
+  // capture); the devices share one kind of GPU, so device 0 answers for all.
+  if (in.attention_library) {
+    Stream& s = rt.device(0).compute();
+    in.attention_workspace = [&s](int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic) {
+      return ops::fused_attention_workspace(s, B, T, C, NH, dtype, deterministic);
+    };
+  }
   std::vector<Device*> devices;
   for (int r = 0; r < rt.size(); ++r) {
     in.device_memory.push_back(rt.device(r).total_memory());
@@ -863,6 +896,18 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   }
   in.staged_comm = !Communicator::reduces_directly(devices);
   in.max_devices = available_devices(rt);
+  return plan_memory(model, in);
+}
+
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, int devices, size_t memory) {
+  PlanInputs in = partial;
+  in.devices = devices;
+  in.device_memory = {memory};
+  in.gemm_workspace = cuda::recommended_gemm_workspace_bytes(9);
+  in.attention_library = true;
+  in.attention_workspace = nullptr;  // the formula
+  in.staged_comm = false;
+  in.max_devices = devices;
   return plan_memory(model, in);
 }
 

@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/ops.h"
 #include "model/config.h"
 
 namespace zt {
@@ -42,10 +44,20 @@ struct PlanInputs {
   // (cuBLAS on CUDA; 0 on the CPU backend).
   size_t gemm_workspace = 0;
   // The devices run a 16-bit model's attention through a library (cuDNN on CUDA; false on the CPU
-  // backend): its compute stream then holds one pool block of flash_attention_library_bytes for
-  // the run's (B, T) from its first attention on (kernels/ops.h), counted when the activations
+  // backend): its compute stream then holds one pool block of ops::flash_attention_library_bytes
+  // for the run's (B, T) from its first attention on (kernels/ops.h), counted when the activations
   // are 16-bit. plan_run sets it from the backend.
   bool attention_library = false;
+  // --deterministic-attention: the library's backward algorithm (the deterministic one's workspace
+  // is far larger: kernels/ops.h cudnn_attention_workspace_formula).
+  bool deterministic_attention = true;
+  // What the devices' library asks for at a shape (B, T, C, NH, dtype, deterministic): plan_run
+  // on CUDA asks cuDNN itself (ops::fused_attention_workspace, which also builds the graphs the run
+  // then uses); empty: the formula (ops::cudnn_attention_workspace_formula), all a plan without a
+  // GPU has. nullopt from it: no library path on these devices.
+  std::function<std::optional<ops::AttentionWorkspace>(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                                       bool deterministic)>
+      attention_workspace;
   // Some device cannot access another's memory (or the backend lacks a peer accumulate): the
   // ring's reductions stage through receive buffers (comm/communicator.h), which the plan then
   // counts. False: every reduction takes the direct path and allocates none (the CPU backend;
@@ -63,7 +75,9 @@ struct DevicePlan {
   size_t transient = 0;    // peak live stage 2/3 gradient buckets and stage 3 gathered blocks
   size_t batch = 0;        // inputs, targets, per-block norm partials
   size_t library = 0;      // GEMM library workspace (PlanInputs::gemm_workspace)
-  size_t attention = 0;    // attention library workspace (PlanInputs::attention_library)
+  size_t attention = 0;    // attention library block (PlanInputs::attention_library): workspace + staging
+  size_t attention_workspace = 0;  // the library's workspace in it (the larger of its two directions)
+  bool attention_measured = false; // attention_workspace is what the library asked for (else the formula)
   size_t pool_overhead = 0;  // reserved minus requested: block rounding and segment granularity
   size_t peak_allocated = 0;  // predicted pool peak in blocks (MemoryStats::peak_allocated_bytes)
   size_t total = 0;        // predicted peak reserved bytes: what must fit in the device's memory
@@ -157,6 +171,12 @@ class Runtime;
 // The plan of a resolved training run on rt's devices (their total_memory()); train() calls it
 // before allocating anything and refuses a run that does not fit.
 MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& in_without_devices);
+// The plan of `devices` CUDA devices this machine does not have (`zerotrain plan --devices cuda:...
+// --device-memory SIZE` without a usable GPU), `memory` bytes each: assumed Hopper or newer (cuBLAS's
+// 32 MiB workspace), built with cuDNN (its attention workspace by formula: nothing to ask) and with
+// every reduction direct (logical devices of one GPU, or GPUs with peer access).
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& in_without_devices, int devices,
+                            size_t memory);
 // Devices that could be used for the "more devices" suggestion on rt's backend.
 int available_devices(Runtime& rt);
 

@@ -84,6 +84,16 @@ std::optional<double> total_peak_flops(const std::vector<std::string>& device_na
   return total;
 }
 
+int warmup_steps_excluded(int timed_steps) { return std::clamp(timed_steps - 1, 0, 2); }
+
+double steady_tokens_per_s(const std::vector<double>& step_seconds, double tokens_per_step) {
+  const int n = static_cast<int>(step_seconds.size());
+  const int skip = warmup_steps_excluded(n);
+  double seconds = 0;
+  for (int i = skip; i < n; ++i) seconds += step_seconds[static_cast<size_t>(i)];
+  return (n - skip) * tokens_per_step / std::max(seconds, 1e-9);
+}
+
 std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
                                               std::optional<double> peak_flops) {
   if (!peak_flops || *peak_flops <= 0) return std::nullopt;
@@ -184,7 +194,13 @@ std::string format_summary(const RunReport& r) {
 
   const char* unit = r.per_example ? "example" : "token";
   out += "  throughput   " + si(r.tokens_per_s, (std::string(unit) + "s/s").c_str()) + ", model " +
-         si(r.flops_per_token * r.tokens_per_s, "FLOP/s") + " (" + si(r.flops_per_token, "FLOP") + "/" + unit + ")\n";
+         si(r.flops_per_token * r.tokens_per_s, "FLOP/s") + " (" + si(r.flops_per_token, "FLOP") + "/" + unit + ")";
+  out += r.warmup_steps_excluded == 0 ? std::string(", every step timed")
+                                      : ", after warm-up (the first " +
+                                            (r.warmup_steps_excluded == 1 ? std::string("step")
+                                                                          : std::to_string(r.warmup_steps_excluded) + " steps") +
+                                            " left out)";
+  out += "\n";
   out += "  MFU          ";
   if (r.mfu)
     out += fmt("%.1f%%", *r.mfu * 100) + " of " + fmt("%.4g", *r.peak_flops / 1e12) + " TFLOP/s " + peak_kind_label(r.peak_kind) +
@@ -250,6 +266,8 @@ nlohmann::json report_json(const RunReport& r) {
   j["peak_flops"] = r.peak_flops ? nlohmann::json(*r.peak_flops) : nlohmann::json(nullptr);
   j["peak_kind"] = peak_kind_name(r.peak_kind);
   j["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
+  j["warmup_steps_excluded"] = r.warmup_steps_excluded;
+  j["warmup_rule"] = kWarmupRule;
   j["time_split"] = {{"compute_s", r.phases.compute},
                      {"comm_s", r.phases.comm},
                      {"optimizer_s", r.phases.optimizer},

@@ -42,6 +42,15 @@ std::optional<double> peak_flops(const std::string& device_name, PeakKind kind);
 // Sum over the distinct physical GPUs behind the devices (logical devices sharing one GPU count
 // once); nullopt when any device's peak is unknown.
 std::optional<double> total_peak_flops(const std::vector<std::string>& device_names, PeakKind kind);
+// Throughput is measured after warm-up: the first steps of a run build library plans (cuDNN
+// graphs, cuBLASLt heuristics), take pool memory and capture CUDA graphs, and would understate the
+// steady state. Of a run's n timed steps the summary leaves out warmup_steps_excluded(n): the
+// first 2, or 1 of a 2-step run, none of a 1-step run (kWarmupRule says so in the JSON).
+int warmup_steps_excluded(int timed_steps);
+inline constexpr const char* kWarmupRule = "the first 2 steps (1 of a 2-step run, none of a 1-step run)";
+// Tokens (or examples) per second over the steps after warm-up: the steps' count x
+// tokens_per_step over their summed seconds (`step_seconds`: each timed step's, in order).
+double steady_tokens_per_s(const std::vector<double>& step_seconds, double tokens_per_step);
 // Achieved model FLOP/s over the peak; nullopt when the peak is unknown.
 std::optional<double> model_flops_utilization(double flops_per_token, double tokens_per_s,
                                               std::optional<double> peak_flops);
@@ -148,7 +157,8 @@ struct RunReport {
   double final_loss = 0, val_loss = 0;
   std::optional<double> entropy_floor, accuracy;
   bool per_example = false;  // MLP: throughput is examples/s
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;   // after warm-up (steady_tokens_per_s)
+  int warmup_steps_excluded = 0;  // the steps tokens_per_s (and so the MFU) leaves out
   double flops_per_token = 0;
   std::optional<double> peak_flops;  // all devices together, of peak_kind
   PeakKind peak_kind = PeakKind::kFp32;
@@ -165,6 +175,7 @@ struct RunReport {
 // and per-device memory/communication.
 std::string format_summary(const RunReport& r);
 // Fields added to the JSON summary record: flops_per_token, peak_flops (null), peak_kind ("tf32"), mfu (null),
+// warmup_steps_excluded and warmup_rule (kWarmupRule: what tokens_per_s and mfu leave out),
 // time_split {compute_s, comm_s, optimizer_s, other_s, recompute_s, host_optimizer_s},
 // traffic {processes, local_devices, topology, inside_bytes_per_step, across_bytes_per_step}, and with a
 // pipeline: pipeline {schedule, stages, virtual_stages, micro_batches, measured_bubble, theoretical_bubble}.

@@ -233,6 +233,7 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   s.plan.pp_schedule = cfg.pp_schedule;
   s.plan.virtual_stages = cfg.virtual_stages;
   s.plan.pp_layout = cfg.pp_layout;
+  s.plan.deterministic_attention = cfg.deterministic_attention;
   // A pipeline's sample runs one-row chunk workspaces: the evaluation's (always run at the end)
   // are larger, and the per-stage plan holds those.
   if (PP > 1) s.plan.sampling = false;

@@ -190,6 +190,7 @@ class Trainer {
   Clock::time_point mark_;  // where the wall time of the step read next began (read_pending)
   int world_start_ = 0;  // the step the current world started from
   double train_time_ = 0;
+  std::vector<double> step_seconds_;  // each timed step of the current world (the summary's throughput)
   Clock::time_point t0_;
   std::unique_ptr<StepPhaseTimer> timer_;
   std::vector<uint64_t> side_bytes_, side_tensor_bytes_;
@@ -295,6 +296,7 @@ void Trainer::start_world(World& w, int index) {
   w.reset_comm_counters();
   t0_ = Clock::now();
   train_time_ = 0;
+  step_seconds_.clear();
   world_start_ = counters_.step;
   if (cfg_.snapshot_every > 0) {
     // A snapshot now, so that a failure before the first periodic one loses only the steps since the start.
@@ -315,8 +317,9 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   log_.line("data: " + (run_.is_gpt ? run_.lang->describe() : run_.images->describe()));
   std::string names;
   for (const std::string& n : w.device_names()) names += (names.empty() ? "" : ", ") + n;
-  std::snprintf(buf, sizeof buf, "devices: %s (ZeRO stage %d, %s%s%s)", names.c_str(), cfg_.zero_stage,
+  std::snprintf(buf, sizeof buf, "devices: %s (ZeRO stage %d, %s%s%s%s)", names.c_str(), cfg_.zero_stage,
                 precision_name(run_.precision), cfg_.tf32 ? ", TF32 matmuls" : "",
+                cfg_.deterministic_attention ? "" : ", non-deterministic attention backward",
                 scaling_ == ZeroOptions::Scaling::kDynamic ? ", dynamic loss scaling"
                 : scaling_ == ZeroOptions::Scaling::kFixed ? ", fixed loss scale"
                                                             : "");
@@ -604,6 +607,7 @@ void Trainer::on_skipped(World& w, int step, const StepStats& st, bool latest) {
 // Records the step, emits its metrics and redraws the progress line.
 void Trainer::after_step(World& w, int step, const StepStats& st, double dt) {
   train_time_ += dt;
+  step_seconds_.push_back(dt);
   result_.losses.push_back(st.loss);
   result_.final_loss = st.loss;
   const size_t mem = max_allocated_bytes(w.devices());
@@ -769,8 +773,8 @@ void Trainer::finish(World& w) {
   result_.checkpoints = checkpointer_->paths();
   result_.steps = counters_.step - result_.start_step;  // counters_.step < --steps when on_eval stopped the run
   result_.seconds = seconds_since(t0_);
-  result_.tokens_per_s = static_cast<double>(counters_.step - world_start_) * cfg_.batch_size * run_.T /
-                         std::max(train_time_, 1e-9);
+  // After warm-up (report.h): the first steps build library plans and capture graphs.
+  result_.tokens_per_s = steady_tokens_per_s(step_seconds_, static_cast<double>(cfg_.batch_size) * run_.T);
   if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
   if (run_.is_gpt && cfg_.sample_tokens > 0) {
     result_.sample = sample_text(w, run_, cfg_.sample_tokens, 0xfeed);
@@ -828,6 +832,7 @@ void Trainer::finish(World& w) {
   report.accuracy = result_.accuracy;
   report.per_example = !run_.is_gpt;
   report.tokens_per_s = result_.tokens_per_s;
+  report.warmup_steps_excluded = warmup_steps_excluded(static_cast<int>(step_seconds_.size()));
   report.flops_per_token = result_.flops_per_token =
       training_flops_per_token(run_.mc, run_.mc.num_parameters(), run_.T);
   // A 16-bit model's GEMMs run in the working dtype at the end of the run (an fp16 run that switched
@@ -890,6 +895,7 @@ void Trainer::finish(World& w) {
                             {"tensor_parallel", cfg_.tensor_parallel},
                             {"zero_stage", cfg_.zero_stage},
                             {"tf32", cfg_.tf32},
+                            {"deterministic_attention", cfg_.deterministic_attention},
                             {"cuda_graphs", result_.cuda_graphs}};
   if (result_.entropy_floor) summary["entropy_floor"] = *result_.entropy_floor;
   if (result_.accuracy) summary["accuracy"] = *result_.accuracy;

@@ -102,6 +102,10 @@ struct TrainConfig {
   // --tf32: fp32 matrix products round their inputs to TF32 (tensor cores on CUDA; the same
   // rounding on the CPU backend). Any --precision: the model computes in fp32 today.
   bool tf32 = false;
+  // --deterministic-attention on|off: cuDNN's deterministic SDPA backward (bitwise reproducible,
+  // a workspace quadratic in T) or its faster non-deterministic one; the CPU backend's attention
+  // is deterministic either way (runtime/device.h MathMode).
+  bool deterministic_attention = true;
   // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
   std::string loss_scale = "auto";
   Recompute recompute = Recompute::kNone;  // --recompute (model/config.h)

@@ -116,7 +116,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
   for (int r = 0; r < rt_->size(); ++r) {
     devs_.push_back(&rt_->device(r));
-    devs_.back()->set_math_mode(MathMode{.tf32 = run.cfg.tf32});  // before any op is enqueued
+    // Before any op is enqueued.
+    devs_.back()->set_math_mode(
+        MathMode{.tf32 = run.cfg.tf32, .deterministic_attention = run.cfg.deterministic_attention});
   }
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);

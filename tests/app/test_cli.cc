@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,27 @@ TEST_F(Cli, InfoSucceeds) {
   const RunResult r = run("info --devices cpu:3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("cpu:2"), std::string::npos) << r.output;
+}
+
+// --deterministic-attention on|off: a bad value is one sentence and exit 2 wherever run flags are
+// taken (train, plan, sweep); the value is recorded in the summary and in the checkpoint's meta.
+TEST_F(Cli, DeterministicAttentionIsValidatedAndRecorded) {
+  for (const char* sub : {"train", "plan", "sweep --space lr=1e-3,2e-3"})
+    expect_usage_error(std::string(sub) + " --deterministic-attention maybe", "--deterministic-attention");
+  const std::string ckpt = path("ckpt");
+  const RunResult r = run("train --devices cpu:1 --steps 1 --layers 1 --embd 32 --heads 2 --sample-tokens 0 "
+                          "--eval-every 0 --log-format json --deterministic-attention off --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"deterministic_attention\":false"), std::string::npos) << r.output;
+  int manifests = 0;
+  for (const auto& e : fs::recursive_directory_iterator(ckpt)) {
+    if (e.path().filename() != "manifest.json") continue;
+    ++manifests;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"deterministic_attention\": false"), std::string::npos) << text.substr(0, 2000);
+  }
+  EXPECT_EQ(manifests, 1);
 }
 
 TEST_F(Cli, BadFlagsAndNumbers) {

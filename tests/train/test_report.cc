@@ -245,6 +245,64 @@ std::vector<nlohmann::json> summary_records(const std::string& output) {
   return out;
 }
 
+// The summary's throughput leaves out warm-up: tokens over the steps after the first 2 divided by
+// their time, both read back from the per-step records (step_ms and tokens_per_s: tokens per step
+// = tokens_per_s x step_ms); the JSON names how many steps it left out and the rule.
+TEST(Binary, ThroughputLeavesOutTheWarmUpSteps) {
+  for (const int steps : {5, 2}) {
+    const RunResult r = run("train --devices cpu:1 --steps " + std::to_string(steps) +
+                                " --layers 1 --embd 32 --heads 2 --batch-size 2 --train-seq-len 16 --sample-tokens 0 "
+                                "--eval-every 0 --log-format json",
+                            /*with_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::vector<double> seconds, tokens;
+    nlohmann::json summary;
+    std::istringstream in(r.output);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "summary") summary = j;
+      if (j.contains("event") || !j.contains("step_ms")) continue;
+      seconds.push_back(j["step_ms"].get<double>() / 1e3);
+      tokens.push_back(j["tokens_per_s"].get<double>() * seconds.back());
+    }
+    ASSERT_EQ(seconds.size(), static_cast<size_t>(steps)) << r.output;
+    const size_t skip = steps == 5 ? 2 : 1;
+    double t = 0, n = 0;
+    for (size_t i = skip; i < seconds.size(); ++i) t += seconds[i], n += tokens[i];
+    EXPECT_NEAR(n, 32.0 * static_cast<double>(steps - skip), 1e-6);  // batch 2 x 16 tokens
+    ASSERT_TRUE(summary.is_object()) << r.output;
+    EXPECT_EQ(summary["warmup_steps_excluded"], skip);
+    EXPECT_EQ(summary["warmup_rule"], zt::kWarmupRule);
+    EXPECT_NEAR(summary["tokens_per_s"].get<double>(), n / t, 1e-9 * n / t);
+  }
+}
+
+// The rule itself, and the summary table saying what it left out.
+TEST(Report, WarmUpRuleAndSummaryLine) {
+  EXPECT_EQ(zt::warmup_steps_excluded(0), 0);
+  EXPECT_EQ(zt::warmup_steps_excluded(1), 0);
+  EXPECT_EQ(zt::warmup_steps_excluded(2), 1);
+  EXPECT_EQ(zt::warmup_steps_excluded(3), 2);
+  EXPECT_EQ(zt::warmup_steps_excluded(100), 2);
+  // Slow first steps do not count: 3 steps of 0.5 s after two of 10 s, 1000 tokens each.
+  EXPECT_DOUBLE_EQ(zt::steady_tokens_per_s({10, 10, 0.5, 0.5, 0.5}, 1000), 2000);
+  EXPECT_DOUBLE_EQ(zt::steady_tokens_per_s({10, 0.25}, 1000), 4000);
+  EXPECT_DOUBLE_EQ(zt::steady_tokens_per_s({0.5}, 1000), 2000);
+  zt::RunReport r;
+  r.steps = 5;
+  r.tokens_per_s = 2000;
+  r.warmup_steps_excluded = 2;
+  EXPECT_NE(zt::format_summary(r).find("2.00 ktokens/s"), std::string::npos) << zt::format_summary(r);
+  EXPECT_NE(zt::format_summary(r).find("after warm-up (the first 2 steps left out)"), std::string::npos)
+      << zt::format_summary(r);
+  r.warmup_steps_excluded = 1;
+  EXPECT_NE(zt::format_summary(r).find("after warm-up (the first step left out)"), std::string::npos);
+  r.warmup_steps_excluded = 0;
+  EXPECT_NE(zt::format_summary(r).find("every step timed"), std::string::npos);
+  EXPECT_EQ(zt::report_json(r)["warmup_steps_excluded"], 0);
+}
+
 // --tf32 is shown in the header and the JSON summary, and the MFU line names the TF32 peak.
 TEST(Binary, Tf32FlagIsShownInHeaderAndSummary) {
   const std::string args = "train --devices cpu:1 --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0 --tf32";

@@ -66,6 +66,7 @@
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/gemm_workspace.h"
 
 namespace zt::cuda {
 namespace {
@@ -544,9 +545,7 @@ class CudaDevice final : public Device {
 
   // cuBLAS's recommended workspace: 32 MiB on Hopper and newer, 4 MiB before. One per stream keeps
   // GEMMs on different streams from sharing one (cuBLAS's reproducibility rule).
-  size_t gemm_workspace_bytes() const override {
-    return gpu_.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
-  }
+  size_t gemm_workspace_bytes() const override { return recommended_gemm_workspace_bytes(gpu_.major); }
 
   PinnedHostBuffer alloc_host_pinned(size_t bytes) override {
     if (bytes == 0) return {};
