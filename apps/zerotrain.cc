@@ -21,6 +21,8 @@
 #include "plan_command.h"
 #include "run_flags.h"
 #include "sweep_command.h"
+#include "tokenize_cmd.h"
+#include "tokenizer/bpe.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
 #include "train/processes.h"
@@ -196,12 +198,13 @@ int main(int argc, char** argv) {
 
   zt::PlanCommand plan(app);
   zt::SweepCommand sweep(app);
+  zt::TokenizeCommand tokenize(app);
   std::string export_checkpoint, export_out;
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
   exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
   exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
-  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep"};
+  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
@@ -243,6 +246,7 @@ int main(int argc, char** argv) {
     if (info->parsed()) return run_info(devices, info_tensor, info_pipeline, info_processes, info_model, info_stage);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
+    if (tokenize.parsed()) return tokenize.run();
     if (exp->parsed()) {
       const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
       std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,
@@ -254,6 +258,10 @@ int main(int argc, char** argv) {
       zt::TrainConfig tc = run_flags.to_config();
       
       const std::string& plot_path = run_flags.plot;
+      // Token shards with their tokenizer beside them (zerotrain tokenize): the model's vocabulary is
+      // the tokenizer's unless --vocab says otherwise.
+      if (tc.overrides.vocab == 0)
+        if (const auto v = zt::tokenizer_vocab_beside(tc.data)) tc.overrides.vocab = *v;
       // Every data-independent check (and the defaults, e.g. a batch that splits over the
       // devices) before train() opens the data or creates a device.
       const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
