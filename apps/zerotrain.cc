@@ -22,6 +22,7 @@
 #include "run_flags.h"
 #include "sweep_command.h"
 #include "tokenize_cmd.h"
+#include "generate_cmd.h"
 #include "tokenizer/bpe.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
@@ -199,12 +200,14 @@ int main(int argc, char** argv) {
   zt::PlanCommand plan(app);
   zt::SweepCommand sweep(app);
   zt::TokenizeCommand tokenize(app);
+  zt::GenerateCommand generate(app);
+  zt::EvalCommand eval(app);
   std::string export_checkpoint, export_out;
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
   exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
   exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
-  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize"};
+  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize", "generate", "eval"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
@@ -247,6 +250,8 @@ int main(int argc, char** argv) {
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
     if (tokenize.parsed()) return tokenize.run();
+    if (generate.parsed()) return generate.run();
+    if (eval.parsed()) return eval.run();
     if (exp->parsed()) {
       const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
       std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,

@@ -31,6 +31,8 @@ std::vector<int64_t> dims(const Shape& s) {
   return d;
 }
 
+}  // namespace
+
 std::string resolve_checkpoint_dir(const std::string& spec) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(spec) / kManifestFileName)) return spec;
@@ -57,8 +59,6 @@ ModelConfig config_from_meta(const nlohmann::json& meta, const std::string& wher
     ZT_THROW(ErrorKind::kInvalidArgument, where, " has a malformed model description: ", e.what());
   }
 }
-
-}  // namespace
 
 ModelConfig checkpoint_model_config(const std::string& checkpoint_dir) {
   const CheckpointReader r = CheckpointReader::open(checkpoint_dir, CheckpointReader::Verify::kSizesOnly);

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "model/config.h"
@@ -22,6 +24,11 @@ struct ExportReport {
 // spec: a checkpoint directory, or a checkpoint root (its newest complete checkpoint). Throws
 // kInvalidArgument for a missing/corrupt checkpoint (naming the file) or an unwritable output.
 ExportReport export_safetensors(const std::string& spec, const std::string& out_path);
+
+// A checkpoint directory, or a checkpoint root's newest complete checkpoint; throws kInvalidArgument.
+std::string resolve_checkpoint_dir(const std::string& spec);
+// The model configuration in a checkpoint's meta (`where` names it in errors).
+ModelConfig config_from_meta(const nlohmann::json& meta, const std::string& where);
 
 // The model configuration a checkpoint was saved with (from its manifest).
 ModelConfig checkpoint_model_config(const std::string& checkpoint_dir);
