@@ -56,6 +56,8 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
       ->check(zt_cli::whole(0));
   sub_->add_option("--seed", seed_, "Sampling seed")->capture_default_str()->check(zt_cli::seed());
   add_log_format(sub_, log_format_);
+  sub_->add_option("--dump-logits", dump_logits_, "Also write the prompt positions' logits to FILE (float32, "
+                   "[prompt tokens, vocab], row-major; peer tests)")->check(zt_cli::non_empty());
 }
 
 int GenerateCommand::run() {
@@ -69,6 +71,15 @@ int GenerateCommand::run() {
     for (char c : prompt_) prompt.push_back(static_cast<uint8_t>(c));
   }
   if (prompt.empty()) prompt.push_back('\n');
+  if (!dump_logits_.empty()) {
+    ZT_REQUIRE(static_cast<int>(prompt.size()) <= m.mc.seq_len, "--dump-logits: the prompt has ", prompt.size(),
+               " tokens, more than the model's context of ", m.mc.seq_len);
+    KvCache cache(m.mc);
+    std::vector<float> logits(prompt.size() * static_cast<size_t>(m.mc.vocab));
+    gpt_forward(m, cache, prompt.data(), static_cast<int>(prompt.size()), logits.data(), true);
+    write_file_atomic(dump_logits_, std::string_view(reinterpret_cast<const char*>(logits.data()), logits.size() * 4),
+                      "--dump-logits file");
+  }
   GenerateOptions o;
   o.max_new_tokens = max_new_tokens_;
   o.temperature = temperature_;

@@ -18,7 +18,7 @@ class GenerateCommand {
 
  private:
   CLI::App* sub_;
-  std::string checkpoint_, prompt_, tokenizer_, log_format_ = "text";
+  std::string checkpoint_, prompt_, tokenizer_, log_format_ = "text", dump_logits_;
   int max_new_tokens_ = 100, top_k_ = 40;
   float temperature_ = 0.8f;
   uint64_t seed_ = 1337;

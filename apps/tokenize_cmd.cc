@@ -127,6 +127,9 @@ int TokenizeCommand::run() {
               texts.size() == 1 ? "" : "s", format_bytes(static_cast<double>(in_bytes)).c_str(),
               static_cast<unsigned long long>(total), seconds > 0 ? static_cast<double>(in_bytes) / seconds / 1e6 : 0.0,
               tok->vocab_size(), tok->num_merges(), tok->end_of_text() ? ", <|endoftext|> before each file" : "");
+  if (train_merges_ > tok->num_merges())
+    std::printf("note: learned %d of the %d merges asked for: no pair of tokens occurs twice more in the inputs\n",
+                tok->num_merges(), train_merges_);
   std::printf("wrote %s/train_*.bin (%zu shard%s, %llu tokens), %s/val_000000.bin (%llu tokens), %s/vocab.json, "
               "%s/merges.txt\n", out_.c_str(), train_shards, train_shards == 1 ? "" : "s",
               static_cast<unsigned long long>(n_train), out_.c_str(), static_cast<unsigned long long>(n_val),

@@ -206,7 +206,14 @@ int main(int argc, char** argv) {
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
   exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
-  exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
+  exp->add_option("--out", export_out, "The .safetensors file to write (atomically); with --format hf, a directory")
+      ->required();
+  std::string export_format = "safetensors", export_tokenizer;
+  exp->add_option("--format", export_format, "safetensors (one file), or hf: config.json + model.safetensors (+ the "
+                  "tokenizer) that transformers' GPT2LMHeadModel.from_pretrained loads")
+      ->capture_default_str()->check(CLI::IsMember({"safetensors", "hf"}));
+  exp->add_option("--tokenizer", export_tokenizer, "--format hf: the tokenizer directory to include (default: the one "
+                  "beside the run's token shards, if any)");
   const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize", "generate", "eval"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
@@ -252,6 +259,15 @@ int main(int argc, char** argv) {
     if (tokenize.parsed()) return tokenize.run();
     if (generate.parsed()) return generate.run();
     if (eval.parsed()) return eval.run();
+    if (exp->parsed() && export_format == "hf") {
+      const zt::HfExportReport rep = zt::export_hf(export_checkpoint, export_out, export_tokenizer);
+      std::string files;
+      for (const auto& f : rep.files) files += (files.empty() ? "" : ", ") + f;
+      std::printf("exported step %lld of %s for Hugging Face transformers (GPT2LMHeadModel) to %s: %s\n",
+                  static_cast<long long>(rep.weights.step), rep.weights.checkpoint.c_str(), export_out.c_str(),
+                  files.c_str());
+      return 0;
+    }
     if (exp->parsed()) {
       const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
       std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,

@@ -32,14 +32,22 @@ class TextToModel : public ::testing::Test {
   zt::test_util::TempDir dir_{"text_to_model"};
 };
 
-// ~60 KB of prose: contractions, digits, punctuation, non-ASCII.
+// ~80 KB of prose: 400 made-up words (enough distinct pairs for 512 merges), contractions, digits,
+// punctuation, non-ASCII.
 std::string book() {
-  static const char* kWords[] = {"The", "the", "cat", "sat", "on", "mat", "and", "it's", "don't", "we'll",
-                                 "1984", "3.14", "naïve", "café", "東京", "dog", "ran", "away", ",", "."};
+  static const char* kSyllables[] = {"ka", "lo", "mi", "ne", "tu", "ra", "so", "vi", "de", "po", "an", "el", "or",
+                                     "ün", "ça", "東", "京"};
+  static const char* kWords[] = {"The", "it's", "don't", "we'll", "1984", "3.14", ",", "."};
   std::mt19937 rng(5);
+  std::vector<std::string> words(kWords, kWords + 8);
+  while (words.size() < 400) {
+    std::string w;
+    for (int k = 0, n = 2 + static_cast<int>(rng() % 3); k < n; ++k) w += kSyllables[rng() % 17];
+    words.push_back(w);
+  }
   std::string s;
   for (int i = 0; i < 12000; ++i) {
-    s += kWords[rng() % (sizeof kWords / sizeof *kWords)];
+    s += words[rng() % words.size()];
     s += rng() % 9 ? " " : "\n";
   }
   return s;
@@ -89,6 +97,31 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
   r = run("eval --checkpoint ck --data 'tok/*val*.bin'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+
+  // transformers' layout (bench/peer_hf_export.py loads it and compares logits).
+  r = run("export --checkpoint ck --format hf --out hf/");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"hf/config.json", "hf/model.safetensors", "hf/vocab.json", "hf/merges.txt", "hf/tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(path(f))) << f;
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(path("hf/config.json")));
+  EXPECT_EQ(cfg["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(cfg["activation_function"], "gelu_new");
+  // The tokenizer's vocabulary: bytes, merges, <|endoftext|>.
+  const auto vocab = static_cast<int>(nlohmann::json::parse(std::ifstream(path("tok/vocab.json"))).size());
+  EXPECT_EQ(vocab, 256 + 512 + 1);
+  EXPECT_EQ(cfg["vocab_size"], vocab);
+  EXPECT_EQ(cfg["eos_token_id"], vocab - 1);
+  // safetensors: an 8-byte little-endian header length, then the JSON header.
+  std::ifstream st(path("hf/model.safetensors"), std::ios::binary);
+  uint64_t n = 0;
+  st.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  st.read(header.data(), static_cast<std::streamsize>(n));
+  const nlohmann::json h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["wte.weight"]["shape"], nlohmann::json::array({vocab, cfg["n_embd"].get<int>()}));
+  const int C = cfg["n_embd"].get<int>();
+  EXPECT_EQ(h["h.0.attn.c_attn.weight"]["shape"], nlohmann::json::array({C, 3 * C}));  // Conv1D: [in, out]
+  EXPECT_FALSE(h.contains("lm_head.weight"));  // tied to wte
 }
 
 // vocab.json of the 256 byte symbols (id = byte) plus `extra` entries ("\"tok\":id").
