@@ -98,7 +98,9 @@ int GenerateCommand::run() {
                               {"completion", text(fresh)}, {"prompt_tokens", prompt}, {"tokens", fresh}};
     write_stdout_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
-    write_stdout_line(prompt_ + text(fresh));
+    std::string line = prompt_;
+    line += text(fresh);
+    write_stdout_line(line);
   }
   return 0;
 }
