@@ -124,6 +124,28 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
   EXPECT_FALSE(h.contains("lm_head.weight"));  // tied to wte
 }
 
+// Checkpoints of tensor- and pipeline-parallel runs hold the one-device tensors: eval reads them and
+// reports each run's last evaluation (rows = data ranks x micro-batch, as the run evaluated).
+TEST_F(TextToModel, EvalReadsTensorAndPipelineParallelCheckpoints) {
+  write("book.txt", book());
+  ASSERT_EQ(run("tokenize book.txt --train-merges 64 --out tok").exit_code, 0);
+  for (const std::string layout : {"--tensor-parallel 2", "--pipeline-parallel 2 --micro-batch-size 2"}) {
+    SCOPED_TRACE(layout);
+    fs::remove_all(path("ck"));
+    RunResult r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:2 --steps 3 --eval-every 0 "
+                      "--eval-batches 1 --sample-tokens 0 --log-format json " + layout, false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    double run_val_loss = NAN;
+    for (const auto& j : json_lines(r.output))
+      if (j.value("event", "") == "eval") run_val_loss = j["val_loss"].get<double>();
+    r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NEAR(nlohmann::json::parse(r.output)["val_loss"].get<double>(), run_val_loss, 1e-5 * run_val_loss);
+    r = run("generate --checkpoint ck --prompt \"The \" --max-new-tokens 5 --temperature 0");
+    EXPECT_EQ(r.exit_code, 0) << r.output;  // the tokenizer beside the run's data
+  }
+}
+
 // vocab.json of the 256 byte symbols (id = byte) plus `extra` entries ("\"tok\":id").
 std::string byte_vocab(const std::string& extra) {
   std::string j = "{";
