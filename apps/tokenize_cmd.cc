@@ -50,7 +50,7 @@ TokenizeCommand::TokenizeCommand(CLI::App& app) {
   sub_->add_option("--train-merges", train_merges_, "Learn this many merges from the inputs instead of loading a tokenizer")
       ->check(zt_cli::whole(0, kMaxShardVocab - 257));
   sub_->add_option("--val-fraction", val_fraction_, "Fraction of the tokens (the last ones) for validation; at least "
-                                                    "65536 tokens, or a tenth of a smaller corpus")
+                                                    "65536 tokens, or a tenth of a smaller corpus; 0: no val shard")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
   sub_->add_option("--shard-tokens", shard_tokens_, "Tokens per training shard (llm.c: 100M)")
       ->capture_default_str()->check(zt_cli::whole(1, INT32_MAX));
@@ -94,8 +94,7 @@ int TokenizeCommand::run() {
   const uint64_t total = ids.size();
   ZT_REQUIRE(total >= 2, "the inputs hold no text to tokenize");
   uint64_t n_val = static_cast<uint64_t>(std::llround(val_fraction_ * static_cast<double>(total)));
-  n_val = std::max(n_val, std::min(kMinValTokens, total / 10));
-  if (val_fraction_ > 0) n_val = std::max<uint64_t>(n_val, 1);
+  if (val_fraction_ > 0) n_val = std::max({n_val, std::min(kMinValTokens, total / 10), uint64_t{1}});
   const uint64_t n_train = total - n_val;
   ZT_REQUIRE(n_train >= 1, "the inputs are too short to leave training tokens after the validation split");
 
@@ -130,9 +129,9 @@ int TokenizeCommand::run() {
   if (train_merges_ > tok->num_merges())
     std::printf("note: learned %d of the %d merges asked for: no pair of tokens occurs twice more in the inputs\n",
                 tok->num_merges(), train_merges_);
-  std::printf("wrote %s/train_*.bin (%zu shard%s, %llu tokens), %s/val_000000.bin (%llu tokens), %s/vocab.json, "
-              "%s/merges.txt\n", out_.c_str(), train_shards, train_shards == 1 ? "" : "s",
-              static_cast<unsigned long long>(n_train), out_.c_str(), static_cast<unsigned long long>(n_val),
+  const std::string val = n_val ? ", " + out_ + "/val_000000.bin (" + std::to_string(n_val) + " tokens)" : "";
+  std::printf("wrote %s/train_*.bin (%zu shard%s, %llu tokens)%s, %s/vocab.json, %s/merges.txt\n", out_.c_str(),
+              train_shards, train_shards == 1 ? "" : "s", static_cast<unsigned long long>(n_train), val.c_str(),
               out_.c_str(), out_.c_str());
   std::printf("train on them with: zerotrain train --data '%s/*.bin' (the model's vocabulary becomes %d)\n",
               out_.c_str(), tok->vocab_size());
