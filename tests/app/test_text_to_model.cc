@@ -125,18 +125,28 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
 }
 
 // Checkpoints of tensor- and pipeline-parallel runs hold the one-device tensors: eval reads them and
-// reports each run's last evaluation (rows = data ranks x micro-batch, as the run evaluated).
+// reports each run's last evaluation (rows = data ranks x micro-batch, as the run evaluated); the
+// runs' samples (both sampler paths) print as text.
 TEST_F(TextToModel, EvalReadsTensorAndPipelineParallelCheckpoints) {
   write("book.txt", book());
   ASSERT_EQ(run("tokenize book.txt --train-merges 64 --out tok").exit_code, 0);
   for (const std::string layout : {"--tensor-parallel 2", "--pipeline-parallel 2 --micro-batch-size 2"}) {
     SCOPED_TRACE(layout);
     fs::remove_all(path("ck"));
+    fs::remove(path("m.jsonl"));
     RunResult r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:2 --steps 3 --eval-every 0 "
-                      "--eval-batches 1 --sample-tokens 0 --log-format json " + layout, false);
+                      "--eval-batches 1 --sample-tokens 12 --metrics m.jsonl " + layout, false);
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The run's sample is decoded through the tokenizer beside the shards: text, not token ids.
+    const size_t at = r.output.find("--- sample (12 tokens");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t from = r.output.find('\n', at) + 1;
+    const std::string sample = r.output.substr(from, r.output.find("\nsummary:", from) - from);
+    EXPECT_NE(sample.find_first_not_of("0123456789 \n"), std::string::npos) << sample;
+    std::ostringstream metrics;
+    metrics << std::ifstream(path("m.jsonl")).rdbuf();
     double run_val_loss = NAN;
-    for (const auto& j : json_lines(r.output))
+    for (const auto& j : json_lines(metrics.str()))
       if (j.value("event", "") == "eval") run_val_loss = j["val_loss"].get<double>();
     r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
     ASSERT_EQ(r.exit_code, 0) << r.output;
