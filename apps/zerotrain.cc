@@ -21,6 +21,9 @@
 #include "plan_command.h"
 #include "run_flags.h"
 #include "sweep_command.h"
+#include "tokenize_cmd.h"
+#include "generate_cmd.h"
+#include "tokenizer/bpe.h"
 #include "runtime/runtime.h"
 #include "train/plot.h"
 #include "train/processes.h"
@@ -196,12 +199,22 @@ int main(int argc, char** argv) {
 
   zt::PlanCommand plan(app);
   zt::SweepCommand sweep(app);
+  zt::TokenizeCommand tokenize(app);
+  zt::GenerateCommand generate(app);
+  zt::EvalCommand eval(app);
   std::string export_checkpoint, export_out;
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
   exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
-  exp->add_option("--out", export_out, "The .safetensors file to write (atomically)")->required();
-  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep"};
+  exp->add_option("--out", export_out, "The .safetensors file to write (atomically); with --format hf, a directory")
+      ->required();
+  std::string export_format = "safetensors", export_tokenizer;
+  exp->add_option("--format", export_format, "safetensors (one file), or hf: config.json + model.safetensors (+ the "
+                  "tokenizer) that transformers' GPT2LMHeadModel.from_pretrained loads")
+      ->capture_default_str()->check(CLI::IsMember({"safetensors", "hf"}));
+  exp->add_option("--tokenizer", export_tokenizer, "--format hf: the tokenizer directory to include (default: the one "
+                  "beside the run's token shards, if any)");
+  const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize", "generate", "eval"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
     std::string names;
@@ -243,6 +256,18 @@ int main(int argc, char** argv) {
     if (info->parsed()) return run_info(devices, info_tensor, info_pipeline, info_processes, info_model, info_stage);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
+    if (tokenize.parsed()) return tokenize.run();
+    if (generate.parsed()) return generate.run();
+    if (eval.parsed()) return eval.run();
+    if (exp->parsed() && export_format == "hf") {
+      const zt::HfExportReport rep = zt::export_hf(export_checkpoint, export_out, export_tokenizer);
+      std::string files;
+      for (const auto& f : rep.files) files += (files.empty() ? "" : ", ") + f;
+      std::printf("exported step %lld of %s for Hugging Face transformers (GPT2LMHeadModel) to %s: %s\n",
+                  static_cast<long long>(rep.weights.step), rep.weights.checkpoint.c_str(), export_out.c_str(),
+                  files.c_str());
+      return 0;
+    }
     if (exp->parsed()) {
       const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
       std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,
@@ -254,6 +279,10 @@ int main(int argc, char** argv) {
       zt::TrainConfig tc = run_flags.to_config();
       
       const std::string& plot_path = run_flags.plot;
+      // Token shards with their tokenizer beside them (zerotrain tokenize): the model's vocabulary is
+      // the tokenizer's unless --vocab says otherwise.
+      if (tc.overrides.vocab == 0)
+        if (const auto v = zt::tokenizer_vocab_beside(tc.data)) tc.overrides.vocab = *v;
       // Every data-independent check (and the defaults, e.g. a batch that splits over the
       // devices) before train() opens the data or creates a device.
       const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);

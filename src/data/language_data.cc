@@ -85,7 +85,7 @@ uint64_t TokenWindows::num_windows(Split split, int T) const {
 void TokenWindows::validate(int T) const {
   ZT_REQUIRE(T >= 1, "the sequence length must be at least 1 (got ", T, ")");
   for (Split split : {Split::kTrain, Split::kValidation}) {
-    if (num_windows(split, T) > 0) continue;
+    if (num_windows(split, T) > 0 || (validation_only_ && split == Split::kTrain)) continue;
     uint64_t longest = 0;
     for (const TokenSegment& s : segments(split)) longest = std::max(longest, s.size);
     const int i = static_cast<int>(split);

@@ -97,6 +97,8 @@ class TokenWindows : public LanguageData {
   std::vector<TokenSegment> segments_[2];
   // How each split was formed, for error messages: "last 10% of the file".
   std::string split_what_[2];
+  // A dataset opened for evaluation alone (no training split): validate() checks validation only.
+  bool validation_only_ = false;
 
  private:
   // Cumulative window counts per segment (validates T first); ends.back() is W.

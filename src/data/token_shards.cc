@@ -101,7 +101,7 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
   f.commit();
 }
 
-TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size)
+TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size, bool validation_only)
     : TokenWindows(seed, vocab_size, pattern), pattern_(pattern) {
   ZT_REQUIRE(vocab_size > 0 && vocab_size <= 65536, "token shards hold uint16 ids, so the vocabulary "
              "size must be in [1, 65536] (got ", vocab_size, ")");
@@ -137,7 +137,8 @@ TokenShardData::TokenShardData(const std::string& pattern, uint64_t seed, int vo
       files_[split].push_back(paths[k]);
       segments_[split].push_back(TokenSegment{nullptr, nullptr, shards[k].count, shards[k].file, kShardHeaderBytes});
     }
-    ZT_REQUIRE(!files_[0].empty(), pattern, ": every matching shard is a validation shard (its name "
+    validation_only_ = files_[0].empty() && validation_only;
+    ZT_REQUIRE(!files_[0].empty() || validation_only, pattern, ": every matching shard is a validation shard (its name "
                "contains 'val'); the pattern must also match training shards");
     split_what_[0] = "shards without 'val' in the name";
     split_what_[1] = "shards with 'val' in the name";

@@ -38,7 +38,9 @@ class TokenShardData : public TokenWindows {
   // pattern: a single path (a path that exists is that file, even with '*', '?' or '[' in its
   // name) or else a glob(3) pattern. Throws kInvalidArgument, naming the file and the
   // problem, for no match, a short or oversized file, a wrong magic or version, or a token >= vocab.
-  TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size);
+  // validation_only: shards that all have "val" in their names are accepted as a validation split
+  // with no training split (`zerotrain eval --data 'tok/*val*.bin'`).
+  TokenShardData(const std::string& pattern, uint64_t seed, int vocab_size, bool validation_only = false);
   ~TokenShardData() override;
 
   std::string describe() const override;

@@ -52,6 +52,9 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
       {"sampler", {{"data", cfg.data}, {"seed", cfg.seed}, {"next_batch", steps_done}, {"batch_size", cfg.batch_size},
                    {"seq_len", run.T}}},
       {"rng", {{"seed", cfg.seed}, {"philox_counter", "step"}}},
+      // What an evaluation reads (train/evaluator.h): batch e is sequences 0..rows-1 of validation
+      // step e, e < batches; `zerotrain eval` reads the same.
+      {"eval", {{"batches", cfg.eval_batches}, {"rows", world.data_ranks() * world.split().micro}, {"seq_len", run.T}}},
       {"optimizer", cfg.optimizer == OptimizerKind::kAdamW ? "adamw" : "sgd"},
       // The logical (one-device) tensors, whatever the tensor degree: the arrays hold those.
       {"tensors", tensor_table(world.pipelined()                  ? gpt_layout(mc)

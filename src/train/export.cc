@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -12,6 +13,7 @@
 #include "core/files.h"
 #include "core/status.h"
 #include "model/model.h"
+#include "tokenizer/bpe.h"
 
 namespace zt {
 
@@ -30,6 +32,8 @@ std::vector<int64_t> dims(const Shape& s) {
   for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
   return d;
 }
+
+}  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& spec) {
   namespace fs = std::filesystem;
@@ -58,8 +62,6 @@ ModelConfig config_from_meta(const nlohmann::json& meta, const std::string& wher
   }
 }
 
-}  // namespace
-
 ModelConfig checkpoint_model_config(const std::string& checkpoint_dir) {
   const CheckpointReader r = CheckpointReader::open(checkpoint_dir, CheckpointReader::Verify::kSizesOnly);
   return config_from_meta(r.meta(), checkpoint_dir);
@@ -79,6 +81,7 @@ ExportReport export_safetensors(const std::string& spec, const std::string& out_
     for (const auto& t : b.tensors) {
       std::vector<int64_t> shape = dims(t.shape);
       if (is_conv1d(mc, t.name)) std::swap(shape[0], shape[1]);
+      if (t.name == "wte.weight") shape[0] = mc.vocab;  // exactly V rows, whatever padding the layout has
       specs.push_back({t.name, StorageDType::kF32, shape});
     }
   const std::map<std::string, std::string> meta = {{"format", "pt"},
@@ -93,8 +96,9 @@ ExportReport export_safetensors(const std::string& spec, const std::string& out_
     ZT_REQUIRE(reader.has_array(array) && reader.array(array).numel == static_cast<uint64_t>(b.numel), dir,
                " does not hold this model's '", array, "'");
     for (const auto& t : b.tensors) {
-      std::vector<float> v(static_cast<size_t>(t.numel));
-      reader.read(array, static_cast<uint64_t>(t.offset), static_cast<uint64_t>(t.numel), v.data());
+      const int64_t numel = t.name == "wte.weight" && mc.kind == ModelKind::kGpt ? int64_t{mc.vocab} * mc.embd : t.numel;
+      std::vector<float> v(static_cast<size_t>(numel));
+      reader.read(array, static_cast<uint64_t>(t.offset), static_cast<uint64_t>(numel), v.data());
       if (is_conv1d(mc, t.name)) {
         const int64_t out = t.shape[0], in = t.shape[1];
         std::vector<float> tr(v.size());
@@ -161,6 +165,55 @@ std::vector<std::vector<float>> read_safetensors_weights(const std::string& path
     for (const auto& e : f.tensors())
       if (std::find(used.begin(), used.end(), e.name) == used.end()) ignored->push_back(e.name);
   return blocks;
+}
+
+HfExportReport export_hf(const std::string& spec, const std::string& out_dir, const std::string& tokenizer_dir) {
+  namespace fs = std::filesystem;
+  const std::string dir = resolve_checkpoint_dir(spec);
+  const ModelConfig mc = checkpoint_model_config(dir);
+  ZT_REQUIRE(mc.kind == ModelKind::kGpt, dir, " holds a ", mc.preset, " classifier; --format hf exports GPT models");
+  std::error_code ec;
+  ZT_REQUIRE(!fs::exists(out_dir, ec) || fs::is_directory(out_dir, ec), "--out ", out_dir, " exists and is not a directory");
+  std::optional<BpeTokenizer> tok;
+  std::string tokenizer_from = tokenizer_dir;
+  if (tokenizer_from.empty()) {  // the tokenizer beside the token shards the run trained on, if any
+    const nlohmann::json meta = CheckpointReader::open(dir, CheckpointReader::Verify::kSizesOnly).meta();
+    const std::string data = meta.contains("sampler") ? meta["sampler"].value("data", std::string()) : "";
+    if (!data.empty() && tokenizer_vocab_beside(data)) tokenizer_from = data_directory(data);
+  }
+  if (!tokenizer_from.empty()) {
+    tok = load_tokenizer_if_present(tokenizer_from, 0);
+    ZT_REQUIRE(tok.has_value(), "--tokenizer ", tokenizer_from, " holds no vocab.json and merges.txt");
+    ZT_REQUIRE(tok->vocab_size() <= mc.vocab, "the tokenizer in ", tokenizer_from, " has ", tok->vocab_size(),
+               " tokens, more than the model's vocabulary of ", mc.vocab);
+  }
+  fs::create_directories(out_dir, ec);
+  ZT_REQUIRE(!ec, "cannot create --out directory ", out_dir, ": ", ec.message());
+  HfExportReport rep;
+  rep.weights = export_safetensors(dir, out_dir + "/model.safetensors");
+  // transformers' GPT2Config: our GPT is GPT-2's architecture without dropout.
+  nlohmann::ordered_json cfg = {
+      {"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", mc.vocab},
+      {"n_positions", mc.seq_len}, {"n_ctx", mc.seq_len}, {"n_embd", mc.embd}, {"n_layer", mc.layers},
+      {"n_head", mc.heads}, {"n_inner", nullptr}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"initializer_range", 0.02},
+      {"scale_attn_weights", true}, {"tie_word_embeddings", true}, {"use_cache", true}, {"torch_dtype", "float32"}};
+  if (tok && tok->end_of_text()) {
+    cfg["bos_token_id"] = *tok->end_of_text();
+    cfg["eos_token_id"] = *tok->end_of_text();
+  }
+  write_file_atomic(out_dir + "/config.json", cfg.dump(2) + "\n", "config.json");
+  rep.files = {"config.json", "model.safetensors"};
+  if (tok) {
+    tok->save(out_dir);
+    nlohmann::ordered_json tc = {{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", mc.seq_len},
+                                 {"add_prefix_space", false}};
+    if (tok->end_of_text())
+      for (const char* k : {"bos_token", "eos_token", "unk_token"}) tc[k] = kEndOfText;
+    write_file_atomic(out_dir + "/tokenizer_config.json", tc.dump(2) + "\n", "tokenizer_config.json");
+    rep.files.insert(rep.files.end(), {"vocab.json", "merges.txt", "tokenizer_config.json"});
+  }
+  return rep;
 }
 
 }  // namespace zt

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "model/config.h"
@@ -22,6 +24,22 @@ struct ExportReport {
 // spec: a checkpoint directory, or a checkpoint root (its newest complete checkpoint). Throws
 // kInvalidArgument for a missing/corrupt checkpoint (naming the file) or an unwritable output.
 ExportReport export_safetensors(const std::string& spec, const std::string& out_path);
+
+// A checkpoint directory, or a checkpoint root's newest complete checkpoint; throws kInvalidArgument.
+std::string resolve_checkpoint_dir(const std::string& spec);
+// The model configuration in a checkpoint's meta (`where` names it in errors).
+ModelConfig config_from_meta(const nlohmann::json& meta, const std::string& where);
+
+// `zerotrain export --format hf`: a directory transformers' GPT2LMHeadModel.from_pretrained loads:
+// config.json (GPT2Config), model.safetensors (export_safetensors: GPT-2's names, Conv1D weights
+// [in, out], wte exactly V rows, lm_head tied), and the tokenizer's vocab.json, merges.txt and a
+// tokenizer_config.json (GPT2Tokenizer) from `tokenizer_dir`, or when empty from beside the token
+// shards the run trained on, when there is one.
+struct HfExportReport {
+  ExportReport weights;
+  std::vector<std::string> files;  // written into the directory
+};
+HfExportReport export_hf(const std::string& spec, const std::string& out_dir, const std::string& tokenizer_dir);
 
 // The model configuration a checkpoint was saved with (from its manifest).
 ModelConfig checkpoint_model_config(const std::string& checkpoint_dir);

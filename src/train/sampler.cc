@@ -7,6 +7,7 @@
 
 #include "core/nvtx.h"
 #include "core/philox.h"
+#include "tokenizer/bpe.h"
 
 namespace zt {
 
@@ -43,6 +44,12 @@ void append_token(std::string& out, int pick, int V) {
   }
 }
 
+// The context a sample starts from: the tokenizer's <|endoftext|>, GPT-2's, or a newline byte.
+int32_t start_token(const RunContext& run) {
+  if (run.tokenizer && run.tokenizer->end_of_text()) return *run.tokenizer->end_of_text();
+  return run.mc.vocab >= 50257 ? 50256 : '\n';
+}
+
 // Pipeline stages: per token, the context flows forward through the virtual stages in order (as
 // an evaluation batch of one row), the last stage draws the token from its logits and sends it
 // back to the first stage, the only one that reads tokens. Every data rank samples the same text.
@@ -64,7 +71,7 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
     DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
     DeviceBuffer token(d.memory(), 4, s, "sample token");
     const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
-    std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
+    std::vector<int32_t> ctx = {start_token(run)};
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
     std::vector<float> row(static_cast<size_t>(V));
     Batch sb;
@@ -75,6 +82,7 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
     s.copy(targets.data(), tg.data(), tg.size() * 4);
     engine.begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
     std::string& out = texts[static_cast<size_t>(r)];
+    std::vector<int32_t> picks;
     int32_t pick = 0;
     for (int k = 0; k < n_tokens; ++k) {
       const int len = std::min<int>(static_cast<int>(ctx.size()), T);
@@ -101,7 +109,9 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
       }
       ctx.push_back(pick);
       append_token(out, pick, V);
+      picks.push_back(pick);
     }
+    if (run.tokenizer) out = run.tokenizer->decode_text(picks);
   });
   return texts[0];
 }
@@ -120,7 +130,7 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
     ZeroEngine& engine = world.engine();
     const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
     if (!R.sample_ws) R.sample_ws = world.model().make_workspace(d, 1, T);
-    std::vector<int32_t> ctx = {V >= 50257 ? 50256 : '\n'};
+    std::vector<int32_t> ctx = {start_token(run)};
     std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
     std::vector<float> row(static_cast<size_t>(V));
     Batch sb;
@@ -129,6 +139,7 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
     sb.inputs = ConstTensorView{R.inputs.data(), DType::kI32, Shape{1, T}, d.index()};
     sb.targets = ConstTensorView{R.targets.data(), DType::kI32, Shape{1, T}, d.index()};
     std::string& out = texts[static_cast<size_t>(r)];
+    std::vector<int32_t> picks;
     for (int k = 0; k < n_tokens; ++k) {
       const int len = std::min<int>(static_cast<int>(ctx.size()), T);
       std::fill(in.begin(), in.end(), 0);
@@ -144,7 +155,9 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
                                     philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
       ctx.push_back(pick);
       append_token(out, pick, V);
+      picks.push_back(pick);
     }
+    if (run.tokenizer) out = run.tokenizer->decode_text(picks);
   });
   return texts[0];
 }

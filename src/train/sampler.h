@@ -16,7 +16,7 @@ namespace zt {
 int sample_top_k(const std::vector<float>& logits, int top_k, float temperature, double u);
 
 // `n_tokens` tokens after a start token ('\n', or GPT-2's <|endoftext|>); byte vocabularies are
-// shown as text, others as token ids. `salt` separates the draws of different samples.
+// shown as text, others decoded through run.tokenizer when there is one, else as token ids. `salt` separates the draws of different samples.
 std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt);
 
 }  // namespace zt

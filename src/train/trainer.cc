@@ -28,6 +28,7 @@
 #include "train/recovery.h"
 #include "train/run_shape.h"
 #include "train/sampler.h"
+#include "tokenizer/bpe.h"
 #include "train/signals.h"
 #include "train/state_io.h"
 #include "train/step.h"
@@ -120,6 +121,8 @@ void open_data(RunContext& run) {
     ZT_REQUIRE(run.lang->vocab_size() <= mc.vocab, "the data has token ids up to ", run.lang->vocab_size() - 1,
                " but the model's vocabulary is ", mc.vocab, "; use --vocab ", run.lang->vocab_size(), " or more");
     run.lang->validate(run.T);
+    if (const auto v = tokenizer_vocab_beside(cfg.data); v && *v <= mc.vocab)
+      run.tokenizer = std::make_shared<const BpeTokenizer>(BpeTokenizer::load_dir(data_directory(cfg.data), 0));
     return;
   }
   run.images = cfg.image_data ? cfg.image_data

@@ -34,6 +34,8 @@
 
 namespace zt {
 
+class BpeTokenizer;
+
 class StateSource;
 class Processes;
 class MicroBatchGraph;  // train/graph_step.h
@@ -54,6 +56,9 @@ struct RunContext {
   std::shared_ptr<const ImageData> images;
   // Multi-process runs (train/processes.h): this process's place; null in a plain launch.
   Processes* processes = nullptr;
+  // The BPE tokenizer beside token shards (zerotrain tokenize's vocab.json + merges.txt): samples
+  // are decoded through it. Null for other data.
+  std::shared_ptr<const BpeTokenizer> tokenizer;
 };
 
 // Host-side rows of one micro-batch: what the data layer fills and the prefetcher double-buffers.

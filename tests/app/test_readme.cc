@@ -410,6 +410,8 @@ TEST(Readme, EveryExampleCommandRuns) {
     }
     const std::vector<std::string> args = fast_form(ex.args);
     for (const std::string& data : flag_values(args, "--data")) create_data(dir.root(), data);
+    if (args[0] == "tokenize")  // its inputs: the words before the first flag
+      for (size_t i = 1; i < args.size() && args[i].rfind("-", 0) != 0; ++i) create_data(dir.root(), args[i]);
     const std::string shown = "zerotrain " + join(args);
     SCOPED_TRACE("ran: " + shown + (ex.wrapper.empty() ? "" : " (without " + ex.wrapper + ")"));
     const auto t0 = std::chrono::steady_clock::now();

@@ -1,0 +1,39 @@
+// `zerotrain generate --checkpoint DIR --prompt TEXT` (text from a trained GPT, KV cache) and
+// `zerotrain eval --checkpoint DIR --data GLOB` (its loss and perplexity over the batches the run's
+// evaluation reads). Both run on the host in fp32 (train/generate.h), from a checkpoint of any
+// device count, ZeRO stage or tensor/pipeline layout.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace zt {
+
+class GenerateCommand {
+ public:
+  explicit GenerateCommand(CLI::App& app);
+  bool parsed() const { return sub_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* sub_;
+  std::string checkpoint_, prompt_, tokenizer_, log_format_ = "text", dump_logits_;
+  int max_new_tokens_ = 100, top_k_ = 40;
+  float temperature_ = 0.8f;
+  uint64_t seed_ = 1337;
+};
+
+class EvalCommand {
+ public:
+  explicit EvalCommand(CLI::App& app);
+  bool parsed() const { return sub_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* sub_;
+  std::string checkpoint_, data_, log_format_ = "text";
+  int batches_ = 0, rows_ = 0;
+};
+
+}  // namespace zt

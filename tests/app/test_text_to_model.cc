@@ -1,0 +1,192 @@
+// A new user's path through the binary, with the spellings the README gives: tokenize a book with
+// learned merges, train on the shards, generate text, evaluate the checkpoint (the loss its run's
+// last evaluation reported, same batches), export it for Hugging Face; and bad tokenizer files
+// refused with one sentence, exit code 2 and nothing written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tokenizer/byte_level.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zt::test_util::RunResult;
+
+class TextToModel : public ::testing::Test {
+ protected:
+  // zerotrain run inside the test's directory, so relative paths read as a user types them.
+  RunResult run(const std::string& args, bool with_stderr = true) {
+    return zt::test_util::run_binary("cd '" + dir_.path("") + "' && " ZEROTRAIN_BIN, args, with_stderr);
+  }
+  std::string path(const std::string& name) const { return dir_.path(name); }
+  void write(const std::string& name, const std::string& text) { std::ofstream(path(name), std::ios::binary) << text; }
+  zt::test_util::TempDir dir_{"text_to_model"};
+};
+
+// ~80 KB of prose: 400 made-up words (enough distinct pairs for 512 merges), contractions, digits,
+// punctuation, non-ASCII.
+std::string book() {
+  static const char* kSyllables[] = {"ka", "lo", "mi", "ne", "tu", "ra", "so", "vi", "de", "po", "an", "el", "or",
+                                     "ün", "ça", "東", "京"};
+  static const char* kWords[] = {"The", "it's", "don't", "we'll", "1984", "3.14", ",", "."};
+  std::mt19937 rng(5);
+  std::vector<std::string> words(kWords, kWords + 8);
+  while (words.size() < 400) {
+    std::string w;
+    for (int k = 0, n = 2 + static_cast<int>(rng() % 3); k < n; ++k) w += kSyllables[rng() % 17];
+    words.push_back(w);
+  }
+  std::string s;
+  for (int i = 0; i < 12000; ++i) {
+    s += words[rng() % words.size()];
+    s += rng() % 9 ? " " : "\n";
+  }
+  return s;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream is(out);
+  for (std::string line; std::getline(is, line);)
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
+  write("book.txt", book());
+  RunResult r = run("tokenize book.txt --train-merges 512 --out tok/");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"tok/vocab.json", "tok/merges.txt", "tok/train_000000.bin", "tok/val_000000.bin"})
+    EXPECT_TRUE(fs::exists(path(f))) << f;
+
+  // The model's vocabulary comes from the tokenizer beside the shards.
+  r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:2 --steps 6 --eval-every 3 --eval-batches 2 "
+          "--sample-tokens 0 --log-format json", /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double run_val_loss = NAN;
+  for (const auto& j : json_lines(r.output))
+    if (j.value("event", "") == "eval") run_val_loss = j["val_loss"].get<double>();
+  ASSERT_TRUE(std::isfinite(run_val_loss)) << r.output;
+
+  r = run("generate --checkpoint ck --tokenizer tok --prompt \"The \" --max-new-tokens 40");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("The ", 0), 0u) << r.output;
+  EXPECT_GT(r.output.size(), 10u) << r.output;
+  r = run("generate --checkpoint ck --tokenizer tok --prompt \"The \" --max-new-tokens 40 --log-format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json g = nlohmann::json::parse(r.output);
+  EXPECT_EQ(g["tokens"].size(), 40u);
+  EXPECT_EQ(g["step"], 6);
+
+  r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json e = nlohmann::json::parse(r.output);
+  // The device forward (CPU backend, 2 devices) and the host forward sum in other orders.
+  EXPECT_NEAR(e["val_loss"].get<double>(), run_val_loss, 1e-5 * run_val_loss) << r.output;
+  EXPECT_EQ(e["batches"], 2);
+  EXPECT_NEAR(e["perplexity"].get<double>(), std::exp(run_val_loss), 1e-4 * std::exp(run_val_loss));
+  r = run("eval --checkpoint ck --data 'tok/*val*.bin'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+
+  // transformers' layout (bench/peer_hf_export.py loads it and compares logits).
+  r = run("export --checkpoint ck --format hf --out hf/");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"hf/config.json", "hf/model.safetensors", "hf/vocab.json", "hf/merges.txt", "hf/tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(path(f))) << f;
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(path("hf/config.json")));
+  EXPECT_EQ(cfg["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(cfg["activation_function"], "gelu_new");
+  // The tokenizer's vocabulary: bytes, merges, <|endoftext|>.
+  const auto vocab = static_cast<int>(nlohmann::json::parse(std::ifstream(path("tok/vocab.json"))).size());
+  EXPECT_EQ(vocab, 256 + 512 + 1);
+  EXPECT_EQ(cfg["vocab_size"], vocab);
+  EXPECT_EQ(cfg["eos_token_id"], vocab - 1);
+  // safetensors: an 8-byte little-endian header length, then the JSON header.
+  std::ifstream st(path("hf/model.safetensors"), std::ios::binary);
+  uint64_t n = 0;
+  st.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  st.read(header.data(), static_cast<std::streamsize>(n));
+  const nlohmann::json h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["wte.weight"]["shape"], nlohmann::json::array({vocab, cfg["n_embd"].get<int>()}));
+  const int C = cfg["n_embd"].get<int>();
+  EXPECT_EQ(h["h.0.attn.c_attn.weight"]["shape"], nlohmann::json::array({C, 3 * C}));  // Conv1D: [in, out]
+  EXPECT_FALSE(h.contains("lm_head.weight"));  // tied to wte
+}
+
+// Checkpoints of tensor- and pipeline-parallel runs hold the one-device tensors: eval reads them and
+// reports each run's last evaluation (rows = data ranks x micro-batch, as the run evaluated); the
+// runs' samples (both sampler paths) print as text.
+TEST_F(TextToModel, EvalReadsTensorAndPipelineParallelCheckpoints) {
+  write("book.txt", book());
+  ASSERT_EQ(run("tokenize book.txt --train-merges 64 --out tok").exit_code, 0);
+  for (const std::string layout : {"--tensor-parallel 2", "--pipeline-parallel 2 --micro-batch-size 2"}) {
+    SCOPED_TRACE(layout);
+    fs::remove_all(path("ck"));
+    fs::remove(path("m.jsonl"));
+    RunResult r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:2 --steps 3 --eval-every 0 "
+                      "--eval-batches 1 --sample-tokens 12 --metrics m.jsonl " + layout, false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The run's sample is decoded through the tokenizer beside the shards: text, not token ids.
+    const size_t at = r.output.find("--- sample (12 tokens");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t from = r.output.find('\n', at) + 1;
+    const std::string sample = r.output.substr(from, r.output.find("\nsummary:", from) - from);
+    EXPECT_NE(sample.find_first_not_of("0123456789 \n"), std::string::npos) << sample;
+    std::ostringstream metrics;
+    metrics << std::ifstream(path("m.jsonl")).rdbuf();
+    double run_val_loss = NAN;
+    for (const auto& j : json_lines(metrics.str()))
+      if (j.value("event", "") == "eval") run_val_loss = j["val_loss"].get<double>();
+    r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NEAR(nlohmann::json::parse(r.output)["val_loss"].get<double>(), run_val_loss, 1e-5 * run_val_loss);
+    r = run("generate --checkpoint ck --prompt \"The \" --max-new-tokens 5 --temperature 0");
+    EXPECT_EQ(r.exit_code, 0) << r.output;  // the tokenizer beside the run's data
+  }
+}
+
+// vocab.json of the 256 byte symbols (id = byte) plus `extra` entries ("\"tok\":id").
+std::string byte_vocab(const std::string& extra) {
+  std::string j = "{";
+  for (int b = 0; b < 256; ++b) {
+    std::string sym = zt::byte_symbol(static_cast<uint8_t>(b));
+    if (sym == "\"" || sym == "\\") sym = "\\" + sym;
+    j += (b ? "," : "") + std::string("\"") + sym + "\":" + std::to_string(b);
+  }
+  return j + extra + "}";
+}
+
+TEST_F(TextToModel, BadTokenizerFilesAreRefusedAndNothingIsWritten) {
+  write("book.txt", "some text to tokenize\n");
+  struct Case {
+    std::string vocab, merges, expect;
+  };
+  const Case cases[] = {
+      {byte_vocab(",\"ab\":256,\"abc\":257"), "#version: 0.2\na b\nab", "is not two symbols separated by one space"},
+      {byte_vocab(",\"ab\":256,\"abc\":257"), "#version: 0.2\na b\n", "merges.txt looks truncated"},
+      {byte_vocab(",\"a\xe4\xb8\x80\":256"), "", "which is no byte's symbol"},
+      {byte_vocab(",\"<|big|>\":70000"), "", "more than the 65536 a uint16 token shard can hold"},
+  };
+  for (const Case& c : cases) {
+    write("vocab.json", c.vocab);
+    write("merges.txt", c.merges);
+    const RunResult r = run("tokenize book.txt --vocab vocab.json --merges merges.txt --out out/");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one sentence: " << r.output;
+    EXPECT_FALSE(fs::exists(path("out"))) << "written despite the refusal: " << c.expect;
+  }
+}
+
+}  // namespace
