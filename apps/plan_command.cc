@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "flag_rules.h"
 #include "model/config.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
@@ -46,6 +47,7 @@ int PlanCommand::run() {
   const ModelConfig mc = largest_ ? family.front() : make_model_config(tc.model, tc.overrides);
   auto rt = Runtime::create(parse_device_spec(tc.devices), CpuDeviceOptions{tc.device_memory});
   const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
+  refuse_given(*sub_, inapplicable_run_flags(shape, mc));
   MemoryPlan plan = plan_run(mc, *rt, shape.plan);
   if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
     PlanInputs in = plan.inputs;
