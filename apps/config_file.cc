@@ -46,8 +46,8 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::string s;
-  std::vector<Value> items;                          // kList
-  std::vector<std::pair<std::string, Value>> table;  // kTable, in file order
+  std::vector<Value> items;        // kList: the items; kTable: the values of `keys`, in file order
+  std::vector<std::string> keys;  // kTable
 };
 
 const char* type_words(Value::Type t) {
@@ -66,7 +66,7 @@ Value from_toml(const toml::node& n) {
   Value v;
   if (const auto* t = n.as_table()) {
     v.type = Value::Type::kTable;
-    for (const auto& [k, child] : *t) v.table.emplace_back(std::string(k.str()), from_toml(child));
+    for (const auto& [k, child] : *t) v.keys.emplace_back(k.str()), v.items.push_back(from_toml(child));
   } else if (const auto* a = n.as_array()) {
     v.type = Value::Type::kList;
     for (const auto& child : *a) v.items.push_back(from_toml(child));
@@ -89,7 +89,7 @@ Value from_json(const nlohmann::json& j, const std::string& path) {
   Value v;
   if (j.is_object()) {
     v.type = Value::Type::kTable;
-    for (const auto& [k, child] : j.items()) v.table.emplace_back(k, from_json(child, path));
+    for (const auto& [k, child] : j.items()) v.keys.push_back(k), v.items.push_back(from_json(child, path));
   } else if (j.is_array()) {
     v.type = Value::Type::kList;
     for (const auto& child : j) v.items.push_back(from_json(child, path));
@@ -213,12 +213,16 @@ std::vector<std::string> config_arguments(const CLI::App& sub, const std::string
       if (n != "help" && n != "config") names.push_back(n);
   // Flattened: top-level keys and those of one level of sections.
   std::vector<std::pair<std::string, const Value*>> entries;
-  for (const auto& [k, v] : root.table) {
+  for (size_t i = 0; i < root.keys.size(); ++i) {
+    const std::string& k = root.keys[i];
+    const Value& v = root.items[i];
     if (v.type != Value::Type::kTable) {
       entries.emplace_back(k, &v);
       continue;
     }
-    for (const auto& [k2, v2] : v.table) {
+    for (size_t i2 = 0; i2 < v.keys.size(); ++i2) {
+      const std::string& k2 = v.keys[i2];
+      const Value& v2 = v.items[i2];
       ZT_REQUIRE(v2.type != Value::Type::kTable, "--config ", path, ": [", k, ".", k2,
                  "] nests a table in a section; sections only group flags (one level)");
       entries.emplace_back(k2, &v2);

@@ -19,6 +19,7 @@
 #include "config_file.h"
 #include "flag_rules.h"
 #include "comm/mesh.h"
+#include "core/files.h"
 #include "core/status.h"
 #include "core/suggest.h"
 #include "memory/caching_allocator.h"
@@ -319,9 +320,9 @@ int main(int argc, char** argv) {
         if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
         if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
         tc.run_config = zt::format_config(*train, skip, resolved);
-        if (print_config) {
-          std::fwrite(tc.run_config.data(), 1, tc.run_config.size(), stdout);
-          return std::fflush(stdout) == 0 && !std::ferror(stdout) ? 0 : kExitRuntimeError;
+        if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
+          zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));
+          return 0;
         }
       }
       const zt::TrainResult result = zt::train(tc);

@@ -240,14 +240,17 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   }
   if (lease_)
     for (const std::string& n : lease_->notes()) log_.line("note: " + n);
-  // Process 0 holds the lease: the resolved flags of this run (a resumed run replaces its
-  // predecessor's, which described the same lineage).
-  if (lease_ && !cfg.run_config.empty())
-    write_file_atomic((std::filesystem::path(cfg.checkpoint_dir) / "config.toml").string(), cfg.run_config,
-                      "the run's config file");
+
   if (assembled_)
     log_.line("note: assembled " + *assembled_ + " from the parts of the snapshot the processes held when one was lost");
   saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep, team_.get());
+}
+
+void Checkpointer::write_run_config() {
+  // Process 0 holds the lease. A resumed run replaces its predecessor's file (the same lineage).
+  if (lease_ && !run_.cfg.run_config.empty())
+    write_file_atomic((std::filesystem::path(run_.cfg.checkpoint_dir) / "config.toml").string(), run_.cfg.run_config,
+                      "the run's config file");
 }
 
 Checkpointer::~Checkpointer() {

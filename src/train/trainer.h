@@ -135,7 +135,8 @@ struct TrainConfig {
   int save_every = 0;
   int keep = 3;
   // The resolved flags as TOML (apps: train --print-config); written to checkpoint_dir/config.toml
-  // once the run holds the directory, so `--config DIR/config.toml` reproduces the run. "" = none.
+  // before the first step (Checkpointer::write_run_config), so `--config DIR/config.toml` reproduces
+  // the run. "" = none.
   std::string run_config;
   std::string resume;  // "" (fresh), "auto" (newest complete checkpoint in checkpoint_dir) or a checkpoint path
   std::string init_from;  // safetensors weights (GPT-2 names) to start from instead of the seeded init

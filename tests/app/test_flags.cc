@@ -158,6 +158,14 @@ TEST_F(Flags, TheCommandLineOverridesAConfigFile) {
   EXPECT_EQ(steps_in(dir() / "b.jsonl"), 3);
 }
 
+// plan reads the same files (and sweep: the flags of apps/run_flags.h plus its own).
+TEST_F(Flags, PlanReadsAConfigFile) {
+  write("plan.toml", "model = 'gpt-tiny'\ndevices = 'cpu:4'\nzero-stage = 3\nbatch-size = 16\n");
+  const Out o = zerotrain(dir(), "plan --config plan.toml --zero-stage 1");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("4 devices, ZeRO stage 1"), std::string::npos) << o.out;
+}
+
 // Issue 32: --print-config, then --config of what it printed, reproduces the metrics bit for bit;
 // the file a run with --checkpoint-dir leaves there is the same, and printing it again gives it back.
 TEST_F(Flags, PrintConfigThenConfigReproducesTheRun) {
