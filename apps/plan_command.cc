@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "flag_rules.h"
 #include "model/config.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
@@ -57,6 +58,7 @@ int PlanCommand::run() {
                " means every GPU, and this machine has none to count; name them, e.g. --devices cuda:0,1 or cuda:0x4");
     const int n = static_cast<int>(spec.cuda_ordinals.size());
     const RunShape shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
+    refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_absent_gpus(mc, shape.plan, n, tc.device_memory);
     std::printf("devices: %s (cuda backend; no usable GPU here: planned as %d GPU%s of %s, Hopper or newer, with "
                 "cuDNN)\n",
@@ -64,6 +66,7 @@ int PlanCommand::run() {
   } else {
     auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
     const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
+    refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_run(mc, *rt, shape.plan);
     if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
       PlanInputs in = plan.inputs;

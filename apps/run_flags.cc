@@ -226,10 +226,10 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "fail at step S (testing recovery; may be given more than once)")
       ->check(non_empty());
   sub.add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
-      ->capture_default_str()->check(zt_cli::number(0, true));
+      ->capture_default_str()->check(zt_cli::seconds());
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
-      ->capture_default_str()->check(zt_cli::number(0, true));
+      ->capture_default_str()->check(zt_cli::seconds());
   sub.add_option("--comm-topology", f.comm_topology,
                  "Under mpirun: flat (one ring over every device, bitwise equal to one process) or hierarchical "
                  "(reduce inside each process first, across processes second: fewer, larger cross-process "

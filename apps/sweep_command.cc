@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "cli_checks.h"
 #include "core/status.h"
+#include "flag_rules.h"
 #include "model/config.h"
 #include "runtime/runtime.h"
 #include "sweep/runner.h"
@@ -31,6 +33,7 @@ std::vector<std::string> run_flag_names() {
   CLI::App app;
   RunFlags f;
   add_run_flags(app, f);
+  zt_cli::harden(app);
   std::vector<std::string> names;
   for (const CLI::Option* o : app.get_options())
     if (!o->get_lnames().empty() && o->get_lnames()[0] != "help") names.push_back(o->get_lnames()[0]);
@@ -52,6 +55,7 @@ TrainConfig parse_run(const std::vector<std::string>& base, const std::vector<st
   CLI::App app;
   RunFlags f;
   add_run_flags(app, f);
+  zt_cli::harden(app);  // as zerotrain's own parse: a repeated base flag's last value counts
   std::vector<std::string> args = base;
   for (const auto& [k, v] : extra) args.push_back("--" + k + "=" + v);
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
@@ -183,6 +187,37 @@ int SweepCommand::run(const std::vector<std::string>& args) {
   if (s.asha)
     ZT_REQUIRE(s.min_steps < s.max_steps, "--min-steps ", s.min_steps, " must be below --max-steps ", s.max_steps,
                " for ASHA to have a rung");
+  // Flags that do nothing: the scheduler's own without ASHA, and a run flag that no trial's
+  // combination uses (a swept value may make it count in some trials: then it stays).
+  if (!s.asha)
+    for (const char* flag : {"--min-steps", "--eta"})
+      ZT_REQUIRE(sub_->count(flag) == 0, flag, " does nothing in this sweep: it needs --scheduler asha; drop it or "
+                 "add that");
+  {
+    std::map<std::string, InapplicableFlag> everywhere;
+    bool first = true;
+    for (const TrainConfig& c : s.configs) {
+      std::map<std::string, InapplicableFlag> here;
+      try {
+        TrainConfig trial = c;
+        trial.steps = s.max_steps;
+        trial.checkpoint_dir = o.sweep_dir;  // the runner gives every trial a checkpoint directory
+        const ModelConfig mc = make_model_config(trial.model, trial.overrides);
+        for (const InapplicableFlag& f : inapplicable_run_flags(resolve_run_shape(trial, mc, o.devices_per_trial,
+                                                                                  pool.backend), mc))
+          here.emplace(f.flag, f);
+      } catch (const Error&) {
+        continue;  // the trial's own error is the runner's to report
+      }
+      if (first) everywhere = here;
+      else std::erase_if(everywhere, [&](const auto& kv) { return !here.count(kv.first); });
+      first = false;
+    }
+    std::vector<InapplicableFlag> refused;
+    for (const auto& [name, f] : everywhere)
+      if (!swept.count(name)) refused.push_back(f);
+    refuse_given(*sub_, refused);
+  }
   s.live = !base_cfg.quiet;
   const std::string& plot = f_->plot;
   if (!plot.empty()) check_plot_path(plot);

@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <set>
+#include <sstream>
 #include <cstdio>
 #include <vector>
 #include <cstdlib>
@@ -14,7 +16,10 @@
 #include <string>
 
 #include "cli_checks.h"
+#include "config_file.h"
+#include "flag_rules.h"
 #include "comm/mesh.h"
+#include "core/files.h"
 #include "core/status.h"
 #include "core/suggest.h"
 #include "memory/caching_allocator.h"
@@ -214,6 +219,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"safetensors", "hf"}));
   exp->add_option("--tokenizer", export_tokenizer, "--format hf: the tokenizer directory to include (default: the one "
                   "beside the run's token shards, if any)");
+  // --config FILE for the run-shaped subcommands; train --print-config writes the resolved flags.
+  for (CLI::App* sub : {train, app.get_subcommand("plan"), app.get_subcommand("sweep")}) zt::add_config_option(*sub);
+  bool print_config = false;
+  train->add_flag("--print-config", print_config,
+                  "Write this run's flags (the given ones, the defaults, and as comments the values the run "
+                  "resolves) as TOML to stdout and exit without training; --config of that file reproduces the run");
+  // After every option exists (also those other files add): the last value of a repeated flag counts.
+  zt_cli::harden(app);
   const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize", "generate", "eval"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
@@ -225,8 +238,29 @@ int main(int argc, char** argv) {
                  names.c_str());
     return kExitUsage;
   }
+  // The arguments CLI11 parses: the subcommand's --config file (as arguments) before the command
+  // line's own, so that a flag on the command line overrides the file.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (const std::string bad = zt_cli::empty_assignment(args); !bad.empty()) {
+    std::fprintf(stderr, "zerotrain: %s\n", bad.c_str());
+    return kExitUsage;
+  }
+  if (argc > 1 && (args[0] == "train" || args[0] == "plan" || args[0] == "sweep")) {
+    const std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (const std::string path = zt::config_path(rest); !path.empty()) try {
+        std::vector<std::string> merged = zt::config_arguments(*app.get_subcommand(args[0]), path, rest);
+        merged.insert(merged.begin(), args[0]);
+        merged.insert(merged.end(), rest.begin(), rest.end());
+        args = std::move(merged);
+      } catch (const zt::Error& e) {
+        std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());
+        return kExitUsage;
+      }
+  }
+  std::vector<const char*> parse_argv = {argv[0]};
+  for (const std::string& a : args) parse_argv.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(parse_argv.size()), parse_argv.data());
   } catch (const CLI::ExtrasError& e) {
     // "The following argument was not expected: --stpes" + the nearest flag of the subcommand.
     const CLI::App* sub = train;
@@ -255,7 +289,7 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return run_info(devices, info_tensor, info_pipeline, info_processes, info_model, info_stage);
     if (plan.parsed()) return plan.run();
-    if (sweep.parsed()) return sweep.run(std::vector<std::string>(argv + 2, argv + argc));
+    if (sweep.parsed()) return sweep.run(std::vector<std::string>(args.begin() + 1, args.end()));
     if (tokenize.parsed()) return tokenize.run();
     if (generate.parsed()) return generate.run();
     if (eval.parsed()) return eval.run();
@@ -288,9 +322,38 @@ int main(int argc, char** argv) {
       const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
       const zt::PlannedDevices devs = zt::planned_devices(zt::parse_device_spec(tc.devices));
       // Under mpirun every process drives as many devices: the run's shape counts all of them.
-      tc = zt::resolve_run_shape(tc, mc, devs.count * zt::launched_processes(), devs.backend).config;
+      const zt::RunShape shape = zt::resolve_run_shape(tc, mc, devs.count * zt::launched_processes(), devs.backend);
+      tc = shape.config;
+      const std::vector<zt::InapplicableFlag> inapplicable = zt::inapplicable_run_flags(shape, mc);
+      zt::refuse_given(*train, inapplicable);
       zt::check_run_paths(tc, plot_path);
       if (!plot_path.empty()) zt::check_plot_path(plot_path);
+      if (print_config || !tc.checkpoint_dir.empty()) {
+        std::set<std::string> skip;
+        for (const zt::InapplicableFlag& f : inapplicable) skip.insert(f.flag);
+        // The automatic defaults the run resolved (comments: the file leaves them automatic).
+        std::vector<std::string> resolved;
+        auto note = [&](const char* flag, auto value) {
+          if (train->count(std::string("--") + flag) != 0) return;
+          std::ostringstream os;
+          os.precision(9);
+          os << flag << " = " << value;
+          resolved.push_back(os.str());
+        };
+        if (tc.steps > 0) note("steps", tc.steps);
+        note("batch-size", tc.batch_size);
+        note("micro-batch-size", tc.micro_batch_size);
+        note("lr", tc.lr);
+        if (!skip.count("min-lr")) note("min-lr", tc.min_lr);
+        if (tc.warmup_steps >= 0) note("warmup-steps", tc.warmup_steps);
+        if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
+        if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
+        tc.run_config = zt::format_config(*train, skip, resolved);
+        if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
+          zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));
+          return 0;
+        }
+      }
       const zt::TrainResult result = zt::train(tc);
       if (!plot_path.empty()) {
         zt::LossCurve curve{result.losses, result.val_losses, result.entropy_floor, tc.model + " on " + tc.data};

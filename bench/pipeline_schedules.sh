@@ -15,9 +15,9 @@ common=(--model gpt2-124m --devices cpu:4 --train-seq-len "$SEQ" --steps "$STEPS
         --sample-tokens 0 --log-format json)
 "$BIN" train "${common[@]}" --zero-stage 3 --batch-size "$M" --micro-batch-size 1 > "$out/zero3.jsonl"
 for s in gpipe 1f1b interleaved zb-h1; do
-  v=1
-  [[ $s == interleaved ]] && v=2
-  "$BIN" train "${common[@]}" --zero-stage 1 --pipeline-parallel 4 --pp-schedule "$s" --virtual-stages "$v" \
+  v=()  # --virtual-stages counts only for the interleaved schedule (elsewhere it is refused)
+  [[ $s == interleaved ]] && v=(--virtual-stages 2)
+  "$BIN" train "${common[@]}" --zero-stage 1 --pipeline-parallel 4 --pp-schedule "$s" "${v[@]}" \
     --batch-size "$M" --micro-batch-size 1 > "$out/$s.jsonl"
 done
 python3 - "$out" "$STEPS" "$M" "$SEQ" <<'PY'

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "checkpoint/file_io.h"
+#include "core/files.h"
 #include "train/processes.h"
 
 #if ZT_WITH_MPI
@@ -243,9 +244,17 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   }
   if (lease_)
     for (const std::string& n : lease_->notes()) log_.line("note: " + n);
+
   if (assembled_)
     log_.line("note: assembled " + *assembled_ + " from the parts of the snapshot the processes held when one was lost");
   saver_ = std::make_unique<BackgroundSaver>(cfg.checkpoint_dir, cfg.keep, team_.get());
+}
+
+void Checkpointer::write_run_config() {
+  // Process 0 holds the lease. A resumed run replaces its predecessor's file (the same lineage).
+  if (lease_ && !run_.cfg.run_config.empty())
+    write_file_atomic((std::filesystem::path(run_.cfg.checkpoint_dir) / "config.toml").string(), run_.cfg.run_config,
+                      "the run's config file");
 }
 
 Checkpointer::~Checkpointer() {

@@ -47,6 +47,9 @@ class Checkpointer {
   Checkpointer(const RunContext& run, Logger& log);
   ~Checkpointer();
   bool enabled() const { return saver_ != nullptr; }
+  // Writes TrainConfig::run_config to DIR/config.toml (atomically), once every check of the run
+  // has passed (resume included), so that a refused run leaves the directory as it was.
+  void write_run_config();
   // Snapshot now (training stalls for the device-to-host copy), then write and commit in the
   // background; a failure of the previous background save is rethrown here.
   void save(HostSnapshot snap, double stall_s);

@@ -202,6 +202,8 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   ZT_REQUIRE(cfg.lr > 0, "--lr must be positive, got ", cfg.lr);
   require_float(cfg.min_lr, "--min-lr");
   if (cfg.min_lr < 0) cfg.min_lr = cfg.lr / 10;
+  ZT_REQUIRE(cfg.schedule == LrSchedule::kConstant || cfg.min_lr <= cfg.lr, "--min-lr ", cfg.min_lr,
+             " is above --lr ", cfg.lr, "; the schedule decays from --lr down to --min-lr");
   if (cfg.steps > 0) {
     if (cfg.warmup_steps < 0)
       cfg.warmup_steps = std::max(1, is_gpt && cfg.optimizer == OptimizerKind::kAdamW ? static_cast<int>(cfg.steps * 27LL / 200)
@@ -215,6 +217,13 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   ZT_REQUIRE(cfg.grad_clip >= 0, "--grad-clip must not be negative, got ", cfg.grad_clip);
   ZT_REQUIRE(cfg.top_k >= 0 && cfg.temperature > 0, "--top-k must be >= 0 and --temperature > 0");
   ZT_REQUIRE(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
+  // A fault that can never fire would make a recovery test pass without testing anything.
+  for (const FaultInjection& f : cfg.inject_faults) {
+    ZT_REQUIRE(f.device < N, "--inject-fault device=", f.device, " is not a device of this run (it has ", N,
+               " device", N == 1 ? "" : "s", ", numbered from 0)");
+    ZT_REQUIRE(cfg.steps < 0 || f.step <= cfg.steps, "--inject-fault step=", f.step, " is past the run's last step (",
+               cfg.steps, "), so it would never fire");
+  }
 
   s.plan.devices = N;
   s.plan.zero_stage = cfg.zero_stage;

@@ -281,6 +281,7 @@ void Trainer::start_world(World& w, int index) {
     result_.resume_notes = notes;
     result_.start_step = counters_.step;
     print_header(w, resumed_from);
+    checkpointer_->write_run_config();
   } else {
     // The steps after the snapshot are redone: drop what they reported.
     result_.losses.resize(static_cast<size_t>(counters_.step - result_.start_step));

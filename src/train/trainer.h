@@ -138,6 +138,10 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int save_every = 0;
   int keep = 3;
+  // The resolved flags as TOML (apps: train --print-config); written to checkpoint_dir/config.toml
+  // before the first step (Checkpointer::write_run_config), so `--config DIR/config.toml` reproduces
+  // the run. "" = none.
+  std::string run_config;
   std::string resume;  // "" (fresh), "auto" (newest complete checkpoint in checkpoint_dir) or a checkpoint path
   std::string init_from;  // safetensors weights (GPT-2 names) to start from instead of the seeded init
   // Fault tolerance: a host snapshot of every shard every snapshot_every steps; when a device

@@ -199,7 +199,8 @@ TEST_F(Cli, InitFromWithResumeAutoRefusedOnlyWhenACheckpointExists) {
                      "--resume auto finds a checkpoint in " + ckpt);
 }
 
-// Issue 11 item 7: plan accepts any train command line and prints the plan of its memory flags.
+// Issue 11 item 7: plan accepts any train command line and prints the plan of its memory flags
+// (and, as train does, refuses a flag that does nothing in the combination: apps/flag_rules.h).
 TEST_F(Cli, PlanAcceptsEveryTrainFlag) {
   const std::string memory = "--model gpt-tiny --batch-size 16 --micro-batch-size 4 --devices cpu:4";
   const RunResult alone = run("plan " + memory);
@@ -213,7 +214,7 @@ TEST_F(Cli, PlanAcceptsEveryTrainFlag) {
       " --lr-schedule linear --weight-decay 0.1 --grad-clip 0.5 --seed 7 --eval-every 4 --eval-batches 2" +
       " --sample-every 4 --sample-tokens 16 --temperature 0.9 --top-k 5 --metrics " + path("m.jsonl") +
       " --trace " + path("t.json") + " --profile-steps 2:3 --quiet --log-format json --plot " + path("p.svg") +
-      " --loss-scale none --scale-window 10 --stochastic-rounding --checkpoint-dir " + path("c") +
+      " --loss-scale dynamic --scale-window 10 --checkpoint-dir " + path("c") +
       " --save-every 2 --keep 1 --snapshot-every 2 --hang-timeout 60 --max-skipped-steps 5");
   EXPECT_EQ(all.exit_code, 0) << all.output;
   EXPECT_EQ(all.output, alone.output);
@@ -222,6 +223,7 @@ TEST_F(Cli, PlanAcceptsEveryTrainFlag) {
   expect_usage_error("plan --steps -5", "--steps: must be a whole number >= 1, got '-5'");
   expect_usage_error("plan --batch-size 8 --micro-batch-size 3", "not a multiple of --micro-batch-size 3");
   expect_usage_error("plan --model gpt-tiny --data fashion-mnist", "image dataset");
+  expect_usage_error("plan " + memory + " --loss-scale none --scale-window 10", "--scale-window does nothing");
 }
 
 }  // namespace

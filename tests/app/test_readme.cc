@@ -236,7 +236,12 @@ std::vector<std::string> fast_form(std::vector<std::string> a) {
   if (const size_t colon = profile.find(':'); colon != std::string::npos)
     steps = std::max(steps, std::atoi(profile.c_str() + colon + 1));
   const std::string model = flag_value(a, "--model", "gpt-tiny");
-  if (model == "mlp") set_flag(a, "--epochs", "1");
+  // --steps replaces --epochs (given both, train refuses --epochs as doing nothing).
+  for (size_t i = 0; i < a.size();) {
+    if (a[i].rfind("--epochs=", 0) == 0) a.erase(a.begin() + static_cast<std::ptrdiff_t>(i));
+    else if (a[i] == "--epochs") a.erase(a.begin() + static_cast<std::ptrdiff_t>(i), a.begin() + static_cast<std::ptrdiff_t>(std::min(a.size(), i + 2)));
+    else ++i;
+  }
   set_flag(a, "--steps", std::to_string(steps));
   set_flag(a, "--sample-tokens", "8");
   set_flag(a, "--eval-batches", "1");
@@ -376,7 +381,7 @@ TEST(ReadmeExtractor, FastFormShrinksTrainOnly) {
             (std::vector<std::string>{"train", "--steps", "2", "--sample-every", "500", "--sample-tokens", "8",
                                       "--eval-batches", "1"}));
   EXPECT_EQ(fast_form({"train", "--model=mlp", "--epochs", "3"}),
-            (std::vector<std::string>{"train", "--model=mlp", "--epochs", "1", "--steps", "2", "--sample-tokens", "8",
+            (std::vector<std::string>{"train", "--model=mlp", "--steps", "2", "--sample-tokens", "8",
                                       "--eval-batches", "1"}));
   const auto gpt2 = fast_form({"train", "--model", "gpt2-124m", "--batch-size", "32", "--embd", "768"});
   EXPECT_EQ(flag_value(gpt2, "--embd"), "64");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "run_flags.h"
@@ -32,6 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zt::RunFlags flags;
   CLI::App* train = app.add_subcommand("train", "");
   zt::add_run_flags(*train, flags);
+  zt_cli::harden(app);  // as zerotrain's main: a repeated flag's last value counts
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError&) {
