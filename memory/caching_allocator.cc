@@ -46,10 +46,15 @@
 //  - Statistics: allocated/requested/active count blocks the caller holds (a block pending on
 //    events is no longer allocated, but its segment is still reserved).
 //
-//  - Stream capture (runtime/stream.h): an allocation for a capturing stream is refused, and a
-//    free of a block of a capturing stream fails that capture: a graph bakes the addresses its
-//    work uses in, and the pool would hand the memory to someone else while the graph may still
-//    be launched. Allocate before capturing and keep the memory for the graph's lifetime.
+//  - Stream capture (runtime/stream.h, runtime/capture_rules.h): an allocation for a capturing
+//    stream is refused, and a free of a block of a capturing stream fails that capture: a graph
+//    bakes the addresses its work uses in, and the pool would hand the memory to someone else
+//    while the graph may still be launched. Allocate before capturing and keep the memory for the
+//    graph's lifetime. On a thread with a capture in progress (CUDA's thread-local capture mode),
+//    the pool serves other streams from its cache only: a new segment (cudaMalloc) or a released
+//    one (cudaFree) would fail the thread's captures, as CUDA does, and the pending cross-stream
+//    events are not polled there (cudaEventQuery is refused too; the next allocation on another
+//    thread, or after the capture, polls them).
 //
 //  - Threads: one mutex guards all state; it is never held while waiting for an event or a
 //    stream. A cache hit does not call malloc (Block objects and container nodes are recycled).
@@ -66,6 +71,7 @@
 
 #include "core/format.h"
 #include "core/status.h"
+#include "runtime/capture_rules.h"
 #include "runtime/device.h"
 #include "runtime/event.h"
 #include "runtime/stream.h"
@@ -285,6 +291,7 @@ struct CachingAllocator::Impl {
 
   // Frees the blocks whose cross-stream events have all completed. Never blocks.
   void process_events() {
+    if (this_thread_captures()) return;  // cudaEventQuery would fail the capture (design notes)
     for (size_t i = 0; i < pending.size();) {
       if (!pending[i].event->query()) {
         ++i;
@@ -313,6 +320,15 @@ struct CachingAllocator::Impl {
   // synchronized first, with the mutex released (cudaFree synchronizes the device for the same
   // reason; on the CPU backend a freed segment would otherwise be a use-after-free).
   void release_cached_segments(std::unique_lock<std::mutex>& lock) {
+    if (this_thread_captures()) [[unlikely]] {
+      for (const auto& [base, seg] : segments)
+        if (seg->head->state == BlockState::kFree && seg->head->next == nullptr) {
+          lock.unlock();
+          refuse_on_capturing_thread(CaptureRule::kRawFree, "the pool of " + device_name + " releasing its cached "
+                                                            "segments to '" + raw.name() + "'");
+        }
+      return;
+    }
     std::vector<std::unique_ptr<Segment>> doomed;
     for (auto it = segments.begin(); it != segments.end();) {
       Block* head = it->second->head;
@@ -402,6 +418,13 @@ struct CachingAllocator::Impl {
     if (Block* b = take_free_block(pool, stream, size)) return b;
 
     const size_t seg_size = segment_size_for(size);
+    if (this_thread_captures()) [[unlikely]] {
+      lock.unlock();
+      refuse_on_capturing_thread(CaptureRule::kRawAllocation,
+                                 "the pool of " + device_name + " needs a new segment of " + std::to_string(seg_size) +
+                                     " bytes from '" + raw.name() + "' for '" + tag + "' on stream " +
+                                     std::to_string(stream.id()) + "; allocate it before the capture");
+    }
     char* base = static_cast<char*>(raw.allocate(seg_size));
     if (!base && !pending.empty()) {
       synchronize_pending(lock);  // other threads may run meanwhile: look in the cache again
@@ -425,12 +448,12 @@ struct CachingAllocator::Impl {
 
   void* allocate(size_t bytes, Stream& stream, const char* tag) {
     if (stream.capturing()) [[unlikely]] {
-      const std::string why = "the pool of " + device_name + " was asked for " + std::to_string(bytes) +
-                              " bytes for '" + tag + "' on stream " + std::to_string(stream.id()) +
-                              " while it captures a graph (the address would be baked into the graph and the "
-                              "memory handed out again); allocate before the capture";
+      std::string why = capture_refusal(CaptureRule::kPoolForCapturingStream,
+                                        "the pool of " + device_name + " was asked for " + std::to_string(bytes) +
+                                            " bytes for '" + tag + "' on stream " + std::to_string(stream.id()) +
+                                            "; allocate before the capture");
       stream.invalidate_capture(why);
-      ZT_THROW(ErrorKind::kInvalidArgument, why);
+      throw CaptureError(CaptureRule::kPoolForCapturingStream, std::move(why));
     }
     std::unique_lock<std::mutex> lock(mu);
     process_events();
@@ -475,10 +498,10 @@ struct CachingAllocator::Impl {
       auto it = find_live_it(ptr, "free");
       b = it->second;
       if (b->stream->capturing()) [[unlikely]]
-        b->stream->invalidate_capture("the pool of " + device_name + " freed a block of '" + std::string(b->tag ? b->tag : "untagged") + "' of stream " +
-                                      std::to_string(b->stream->id()) +
-                                      " while that stream captures a graph (the graph may still use the memory "
-                                      "the pool would hand out again); free it after the capture");
+        b->stream->invalidate_capture(capture_refusal(
+            CaptureRule::kPoolForCapturingStream, "the pool of " + device_name + " freed a block of '" +
+                                                      std::string(b->tag ? b->tag : "untagged") + "' of stream " +
+                                                      std::to_string(b->stream->id()) + "; free it after the capture"));
       live_erase(it);
       stats.allocated_bytes -= b->size;
       stats.requested_bytes -= b->requested;

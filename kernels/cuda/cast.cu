@@ -88,10 +88,8 @@ void launch_cast(Stream& stream, void* dst, DType dst_type, const void* src, DTy
   ZT_CHECK(is_float(dst_type) && is_float(src_type), "launch_cast converts between f32, f16 and ",
            "bf16 only; asked for ", dtype_name(src_type), " -> ", dtype_name(dst_type));
   auto cuda_stream = static_cast<cudaStream_t>(stream.native_handle());
-  // A launch must target the stream's own device.
-  int ordinal = 0;
-  ZT_CUDA_CHECK(cudaStreamGetDevice(cuda_stream, &ordinal));
-  cuda::DeviceGuard guard(ordinal);
+  // A launch must target the stream's own device (from the registry: no CUDA call in a capture).
+  cuda::DeviceGuard guard(cuda::stream_ordinal(cuda_stream));
   switch (src_type) {
     case DType::kF32: return launch_from<float>(dst_type, cuda_stream, dst, src, n);
     case DType::kF16: return launch_from<Half>(dst_type, cuda_stream, dst, src, n);

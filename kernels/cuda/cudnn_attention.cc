@@ -285,11 +285,8 @@ char* workspace_block(Stream& s, void* native, const Shape& shape) {
 }
 
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).
-int stream_device(void* native) {
-  int device = 0;
-  ZT_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(native), &device));
-  return device;
-}
+// From the runtime's registry: CUDA refuses cudaStreamGetDevice on a capturing stream.
+int stream_device(void* native) { return cuda::stream_ordinal(native); }
 
 // Runs `plan` on the stream; `workspace`: the stream's block (at least plan.workspace bytes).
 void execute(State& st, const Plan& plan, int device, void* native, void* workspace,

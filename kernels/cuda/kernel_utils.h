@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace zt::cuda_ops::detail {
@@ -28,21 +29,17 @@ inline unsigned grid_for(int64_t n, int block = kElementwiseBlock,
 }
 
 // Every launcher starts with one of these: kernels and cuBLAS calls must target the stream's own
-// GPU, which need not be the calling thread's current device.
+// GPU, which need not be the calling thread's current device. The GPU comes from the runtime's
+// stream registry, not from cudaStreamGetDevice, which CUDA refuses while the stream captures a
+// graph (runtime/capture_rules.h; a source check keeps such calls out of kernels/cuda).
 class LaunchScope {
  public:
   explicit LaunchScope(void* stream)
-      : stream_(static_cast<cudaStream_t>(stream)), ordinal_(stream_device(stream_)),
-        guard_(ordinal_) {}
+      : stream_(static_cast<cudaStream_t>(stream)), ordinal_(cuda::stream_ordinal(stream)), guard_(ordinal_) {}
   cudaStream_t stream() const { return stream_; }
   int device() const { return ordinal_; }
 
  private:
-  static int stream_device(cudaStream_t s) {
-    int ordinal = 0;
-    ZT_CUDA_CHECK(cudaStreamGetDevice(s, &ordinal));
-    return ordinal;
-  }
   cudaStream_t stream_;
   int ordinal_;
   cuda::DeviceGuard guard_;

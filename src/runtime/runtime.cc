@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/status.h"
+#include "runtime/capture_rules.h"
 #include "runtime/cpu/cpu_device.h"
 #if ZT_WITH_CUDA
 #include "runtime/cuda/cuda_backend.h"
@@ -44,6 +45,9 @@ void Device::abandon(const std::string& /*why*/) {}
 
 PinnedHostBuffer Device::alloc_host_pinned(size_t bytes) {
   if (bytes == 0) return {};
+  // As the CUDA backend's cudaHostAlloc, refused on a thread with a capture in progress.
+  if (this_thread_captures()) [[unlikely]]
+    refuse_on_capturing_thread(CaptureRule::kHostPinnedAllocation, name() + ", " + std::to_string(bytes) + " bytes");
   // Shared by every CPU device's buffers; a buffer keeps it alive past the runtime.
   static const std::shared_ptr<RawAllocator> host = std::make_shared<HostRawAllocator>();
   void* p = host->allocate(bytes);

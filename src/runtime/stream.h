@@ -24,22 +24,29 @@ class Stream;
 // writes the same addresses with the same scalars, so whatever those addresses hold must stay
 // allocated, and the same, for as long as the graph may be launched.
 //
-// The rules are CUDA's (cudaStreamCaptureModeThreadLocal), on both backends:
+// The rules are CUDA's (cudaStreamCaptureModeThreadLocal) plus a few stricter ones of ours, on
+// both backends, from one table with the CUDA error each gives (runtime/capture_rules.h):
 //  - no synchronize(), synchronize_for() or query() of a capturing stream, and no
 //    Device::synchronize() of its device;
+//  - on the thread that began a capture still in progress, for any stream or device: no new
+//    memory from a raw allocator (the pool serves other streams from its cache only), no pool
+//    segment released, no alloc_host_pinned(), no Event::query() or synchronize(); other threads
+//    are unaffected (thread-local mode). end_capture() must come from that thread too;
 //  - no pool allocation for, and no pool free of a block of, a capturing stream (the address would
 //    be baked into the graph while the pool hands the memory out again): CachingAllocator refuses;
 //  - only single-stream captures: record() and wait() on a capturing stream fail the capture. CUDA
 //    could fork another stream into the capture through an event (and join it back); we do not,
 //    because every event our callers use either orders work against another stream (a fork or a
 //    join we would have to track) or is read by the host (which a captured record never
-//    completes). Work that must talk to another stream stays outside the capture: capture the
-//    pieces between such points (see train/graph_step.h);
+//    completes). A wait on an event recorded before the capture CUDA refuses as well
+//    (cudaErrorStreamCaptureIsolation). Work that must talk to another stream stays outside the
+//    capture: capture the pieces between such points (see train/graph_step.h);
 //  - copies, memsets, host functions and kernels are captured.
-// A violation fails the capture: the call that broke a rule throws zt::Error(kInvalidArgument)
-// naming it (the pool's refusal, synchronize, query) or, for record/wait, is dropped; either way
-// end_capture() throws zt::Error(kInvalidArgument) with the first reason, and the stream is out of
-// capture mode and usable again, with nothing of the failed capture run.
+// A violation fails the capture: the call that broke a rule throws CaptureError (a
+// zt::Error(kInvalidArgument) naming the rule and CUDA's error) or, for record/wait and a pool
+// free, fails it silently; from then on work submitted to the stream throws (CUDA's
+// cudaErrorStreamCaptureInvalidated), and end_capture() throws it with the first reason; the
+// stream is then out of capture mode and usable again, with nothing of the failed capture run.
 class StreamGraph {
  public:
   virtual ~StreamGraph() = default;

@@ -1,10 +1,13 @@
 // Stream capture with real ops on every backend (cuda instances skip without a GPU): a captured
 // chain of ops replayed equals the same ops run eagerly, bit for bit, on fresh inputs each time
 // (the graph holds addresses, not values), and a capture that breaks a rule fails with its reason
-// while the stream stays usable. scripts/gpu-check.sh runs the cuda instances among the first.
+// and CUDA's error (runtime/capture_rules.h) while the stream stays usable. The ops' launches
+// inside a capture ask CUDA for nothing it refuses there (the first GPU run's capture failed on a
+// cudaStreamGetDevice in every launch). scripts/gpu-check.sh runs the cuda instances among the first.
 #include <gtest/gtest.h>
 
 #include "kernels/ops.h"
+#include "runtime/capture_rules.h"
 #include "op_test_util.h"
 
 namespace zt {
@@ -78,14 +81,22 @@ TEST_P(GraphOpsTest, FailedCaptureNamesWhyAndLeavesTheStreamUsable) {
   try {
     s().synchronize();
     ADD_FAILURE() << "synchronize() inside a capture was accepted";
-  } catch (const Error& e) {
+  } catch (const CaptureError& e) {  // before CUDA sees the call, on both backends
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(e.cuda_error(), "cudaErrorStreamCaptureUnsupported");
+  }
+  try {
+    ops::scale(s(), x, 2.0f);  // work submitted to the failed capture
+    ADD_FAILURE() << "an op was captured into a failed capture";
+  } catch (const CaptureError& e) {
+    EXPECT_EQ(e.cuda_error(), "cudaErrorStreamCaptureInvalidated");
   }
   try {
     s().end_capture();
     ADD_FAILURE() << "the broken capture produced a graph";
-  } catch (const Error& e) {
+  } catch (const CaptureError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(e.cuda_error(), "cudaErrorStreamCaptureInvalidated");
     EXPECT_NE(e.message().find("synchronize() of a capturing stream"), std::string::npos) << e.message();
   }
   EXPECT_FALSE(s().capturing());

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/status.h"
+#include "runtime/capture_rules.h"
 
 namespace zt::cpu {
 
@@ -67,11 +68,15 @@ void CpuEvent::set_current(std::shared_ptr<Marker> m) {
 }
 
 bool CpuEvent::query() {
+  if (this_thread_captures()) [[unlikely]]
+    refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CPU event");
   auto m = current();
   return !m || m->done();
 }
 
 void CpuEvent::synchronize() {
+  if (this_thread_captures()) [[unlikely]]
+    refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CPU event");
   auto m = current();
   if (!m) return;
   if (const EventWaitProbe probe = g_wait_probe.load()) probe(m->tasks_behind(), m->tasks_total());
@@ -107,6 +112,7 @@ CpuStream::CpuStream(CpuDevice& device, int id, StreamPriority /*priority*/)
     : device_(device), id_(id), worker_([this] { run(); }) {}
 
 CpuStream::~CpuStream() {
+  note_capture_ended(this);  // a capture left open on this thread (the stream is going away)
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -119,11 +125,22 @@ Device& CpuStream::device() { return device_; }
 
 uint64_t CpuStream::push(std::function<void()> fn, bool control, const char* name) {
   if (capturing()) {
-    std::lock_guard<std::mutex> lock(capture_mu_);
-    if (capturing_.load(std::memory_order_relaxed)) {
-      if (capture_error_.empty()) captured_.push_back(Task{std::move(fn), control, name});
-      return 0;
+    std::string failed;
+    {
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      if (capturing_.load(std::memory_order_relaxed)) {
+        if (capture_error_.empty()) {
+          captured_.push_back(Task{std::move(fn), control, name});
+          return 0;
+        }
+        failed = capture_error_;
+      }
     }
+    // CUDA returns cudaErrorStreamCaptureInvalidated for work submitted to a failed capture
+    // (thrown outside the mutex: fn's state may free pool memory as it is destroyed).
+    if (!failed.empty())
+      throw CaptureError(CaptureRule::kUseAfterInvalidation, capture_refusal(CaptureRule::kUseAfterInvalidation, where()) +
+                                                                 "; the capture failed first because: " + failed);
   }
   uint64_t seq = 0;
   {
@@ -190,22 +207,24 @@ void CpuStream::release_wait() {
   if (marker) marker->wake();
 }
 
+std::string CpuStream::where() const { return device_.name() + " stream " + std::to_string(id_); }
+
 void CpuStream::synchronize() {
-  if (capturing()) refuse_in_capture("synchronize() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamSynchronize);
   count_host_sync();
   drain();
   device_.throw_if_failed();
 }
 
 bool CpuStream::synchronize_for(std::chrono::milliseconds timeout) {
-  if (capturing()) refuse_in_capture("synchronize_for() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamSynchronize);
   if (!drain_until(std::chrono::steady_clock::now() + timeout)) return false;
   device_.throw_if_failed();
   return true;
 }
 
 bool CpuStream::query() {
-  if (capturing()) refuse_in_capture("query() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamQuery);
   bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,10 +236,9 @@ bool CpuStream::query() {
 
 void CpuStream::record(Event& event) {
   if (capturing()) {
-    // Dropped, as CUDA drops the rest of an invalidated capture.
-    invalidate_capture("record() of an event on a capturing stream (only single-stream captures are supported: "
-                       "an event recorded inside a capture would fork another stream into it or be read by "
-                       "the host, and a captured record never completes for the host)");
+    // Fails the capture without throwing (the next work submitted to it throws), as the CUDA
+    // backend does: nothing is recorded.
+    invalidate_capture(capture_refusal(CaptureRule::kRecordInCapture, where()));
     return;
   }
   auto marker = std::make_shared<Marker>();
@@ -230,12 +248,15 @@ void CpuStream::record(Event& event) {
 }
 
 void CpuStream::wait(const Event& event) {
+  auto marker = as_cpu_event(event).current();
   if (capturing()) {
-    invalidate_capture("wait() on an event by a capturing stream (only single-stream captures are supported: "
-                       "the event orders the capture against another stream's work)");
+    // An event recorded before the capture is "a non-captured event": CUDA refuses the wait
+    // (cudaErrorStreamCaptureIsolation). A never-recorded one CUDA would ignore; we refuse any
+    // wait in a capture (single-stream captures).
+    invalidate_capture(capture_refusal(marker ? CaptureRule::kWaitOnUncapturedEvent : CaptureRule::kWaitInCapture,
+                                       where()));
     return;
   }
-  auto marker = as_cpu_event(event).current();
   if (!marker) return;  // never recorded: nothing to wait for (as cudaStreamWaitEvent)
   // Published in waiting_on_ so that abandoning this device releases the worker: the marker may
   // belong to another device that is hung. (Ordering against abandon(): it sets kAbandoned before
@@ -284,7 +305,9 @@ class CpuGraph final : public StreamGraph {
     auto* cs = s.backend() == Backend::kCpu ? dynamic_cast<CpuStream*>(&s) : nullptr;
     ZT_CHECK(cs != nullptr && &cs->device() == &device_, "a graph captured on ", device_.name(),
              " was launched on a stream of ", s.device().name());
-    ZT_REQUIRE(!cs->capturing(), "a graph of ", device_.name(), " was launched into a capture (not supported)");
+    if (cs->capturing())
+      throw CaptureError(CaptureRule::kLaunchIntoCapture,
+                         capture_refusal(CaptureRule::kLaunchIntoCapture, "a graph of " + device_.name()));
     cs->enqueue_all(tasks_);
   }
   size_t size() const override { return tasks_.size(); }
@@ -302,7 +325,9 @@ void CpuStream::begin_capture() {
              " is capturing already: end that capture first");
   captured_.clear();
   capture_error_.clear();
+  capture_thread_ = std::this_thread::get_id();
   capturing_.store(true, std::memory_order_release);
+  note_capture_begun(this);
 }
 
 std::unique_ptr<StreamGraph> CpuStream::end_capture() {
@@ -311,25 +336,30 @@ std::unique_ptr<StreamGraph> CpuStream::end_capture() {
   {
     std::lock_guard<std::mutex> lock(capture_mu_);
     ZT_REQUIRE(capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(), " is not capturing");
+    // Checked before anything changes: the capture stays open for the thread that began it.
+    if (capture_thread_ != std::this_thread::get_id())
+      throw CaptureError(CaptureRule::kEndOnOtherThread, capture_refusal(CaptureRule::kEndOnOtherThread, where()));
     capturing_.store(false, std::memory_order_release);
     tasks.swap(captured_);
     error.swap(capture_error_);
   }
-  ZT_REQUIRE(error.empty(), "the capture of ", device_.name(), " stream ", id_, " failed: ", error);
+  note_capture_ended(this);
+  if (!error.empty()) throw_invalidated_capture(where(), error);
   return std::make_unique<CpuGraph>(device_, std::move(tasks));
 }
 
 void CpuStream::invalidate_capture(const std::string& why) {
+  std::vector<Task> dropped;  // destroyed outside the mutex: a task's state may free pool memory
   std::lock_guard<std::mutex> lock(capture_mu_);
   if (!capturing_.load(std::memory_order_relaxed) || !capture_error_.empty()) return;
   capture_error_ = why;
-  captured_.clear();  // nothing of a failed capture can run
+  dropped.swap(captured_);  // nothing of a failed capture can run
 }
 
-void CpuStream::refuse_in_capture(const std::string& why) {
+void CpuStream::refuse_in_capture(CaptureRule rule) {
+  std::string why = capture_refusal(rule, where());
   invalidate_capture(why);
-  ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_,
-           ": CUDA refuses it during stream capture");
+  throw CaptureError(rule, std::move(why));
 }
 
 void CpuStream::enqueue_all(const std::vector<Task>& tasks) {
@@ -387,10 +417,11 @@ std::vector<CpuStream*> CpuDevice::stream_list() {
 void CpuDevice::refuse_while_capturing(const char* call) {
   for (auto* s : stream_list())
     if (s->capturing()) {
-      const std::string why = std::string(call) + " of " + name() + " while its stream " + std::to_string(s->id()) +
-                              " is capturing";
+      std::string why = capture_refusal(CaptureRule::kDeviceSynchronize,
+                                        std::string(call) + " of " + name() + ", stream " + std::to_string(s->id()) +
+                                            " capturing");
       s->invalidate_capture(why);
-      ZT_THROW(ErrorKind::kInvalidArgument, why, ": CUDA refuses it during stream capture");
+      throw CaptureError(CaptureRule::kDeviceSynchronize, std::move(why));
     }
 }
 

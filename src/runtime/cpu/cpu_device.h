@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "memory/caching_allocator.h"
+#include "runtime/capture_rules.h"
 #include "runtime/device.h"
 
 namespace zt::cpu {
@@ -143,8 +144,9 @@ class CpuStream final : public Stream {
   void release_wait();
 
  private:
-  // Fails the capture with `why` and throws it (a call CUDA refuses during capture).
-  [[noreturn]] void refuse_in_capture(const std::string& why);
+  // Fails the capture and throws the refusal (a call CUDA refuses during capture).
+  [[noreturn]] void refuse_in_capture(CaptureRule rule);
+  std::string where() const;  // "cpu:0 stream 1", for refusals
   // Returns the stream's task count with this one (0 when captured).
   uint64_t push(std::function<void()> fn, bool control, const char* name = "control");
   void run();
@@ -167,6 +169,7 @@ class CpuStream final : public Stream {
   mutable std::mutex capture_mu_;
   std::vector<Task> captured_;  // guarded by capture_mu_
   std::string capture_error_;   // guarded by capture_mu_: the first reason the capture failed
+  std::thread::id capture_thread_;  // guarded by capture_mu_: the thread that began the capture
   std::thread worker_;
 };
 

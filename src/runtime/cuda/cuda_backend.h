@@ -42,6 +42,12 @@ class TaskSpan {
   bool open_ = false;
 };
 
+// The GPU ordinal of the stream whose cudaStream_t is `native` (a stream of a live CUDA device),
+// from the registry its device filled when it created the stream: no CUDA call, so launchers may
+// ask it inside a stream capture (CUDA refuses cudaStreamGetDevice on a capturing stream,
+// runtime/capture_rules.h). A cudaStream_t of no CUDA device of this process is zt::Error(kInternal).
+int stream_ordinal(void* native);
+
 // A library's per-stream state (the cuBLAS handle with its workspace from the device pool, the
 // cuDNN attention workspace): made on first use, destroyed with its stream, before the device's
 // pool (it may hold pool memory), with the stream drained first, so its destructor may free pool

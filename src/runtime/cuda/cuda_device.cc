@@ -40,9 +40,12 @@
 //    it, so host times are exact up to that latency (microseconds). The anchor is renewed after a
 //    second, while the stream is idle, so float milliseconds never lose precision. Nested spans
 //    (a cast that is a copy) report only the outermost.
-//  - Stream capture (runtime/stream.h): our rules (single stream, no synchronisation, the pool's
-//    refusal) are checked before CUDA sees a call, so the reason is ours; a CUDA error inside a
-//    capture fails the capture, not the device (nothing ran). Host functions captured into a
+//  - Stream capture (runtime/stream.h, runtime/capture_rules.h): the rules, CUDA's and ours, are
+//    checked before CUDA sees a call, from one table shared with the CPU backend, so the reason
+//    and the CUDA error it names are the same on both; a CUDA error inside a capture fails the
+//    capture, not the device (nothing ran). Launchers find their stream's GPU through the
+//    registry (stream_ordinal), never by asking CUDA: cudaStreamGetDevice is refused on a
+//    capturing stream (what kept the first GPU run from capturing). Host functions captured into a
 //    graph are owned by the graph (every replay runs them), and no observer span is recorded
 //    while a stream captures (its events would never complete for the host).
 #include <algorithm>
@@ -64,6 +67,7 @@
 #include <cuda_profiler_api.h>
 
 #include "memory/caching_allocator.h"
+#include "runtime/capture_rules.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/gemm_workspace.h"
@@ -247,6 +251,8 @@ class CudaEvent final : public Event {
   }
 
   bool query() override {
+    if (this_thread_captures()) [[unlikely]]
+      refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CUDA event of GPU " + std::to_string(ordinal_));
     std::lock_guard<std::mutex> lock(mu_);
     const cudaError_t err = cudaEventQuery(event_);
     if (err == cudaErrorNotReady) {
@@ -258,8 +264,16 @@ class CudaEvent final : public Event {
   }
 
   void synchronize() override {
+    if (this_thread_captures()) [[unlikely]]
+      refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CUDA event of GPU " + std::to_string(ordinal_));
     std::lock_guard<std::mutex> lock(mu_);
     ZT_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+
+  // Recorded at least once (a wait on it inside a capture is then a wait on a non-captured event).
+  bool recorded() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recorded_;
   }
 
   std::optional<double> seconds_since(const Event& start) const override {
@@ -288,6 +302,7 @@ class CudaEvent final : public Event {
       create();
     }
     ZT_CUDA_CHECK(cudaEventRecord(event_, stream));
+    recorded_ = true;
   }
 
   void wait_on(cudaStream_t stream) const {
@@ -305,6 +320,7 @@ class CudaEvent final : public Event {
   mutable std::mutex mu_;
   int ordinal_;
   bool timing_ = false;
+  bool recorded_ = false;  // guarded by mu_
   cudaEvent_t event_ = nullptr;
 };
 
@@ -345,6 +361,12 @@ class CudaStream final : public Stream {
   std::unique_ptr<StreamGraph> end_capture() override;
   bool capturing() const override { return capturing_.load(std::memory_order_acquire); }
   void invalidate_capture(const std::string& why) override;
+  // Work submitted to a failed capture: CUDA returns cudaErrorStreamCaptureInvalidated for it
+  // (the CPU backend throws the same); called before every enqueue.
+  void refuse_if_invalidated();
+
+  int ordinal() const { return ordinal_; }
+  std::string where() const;  // "cuda:0 (...) stream 1", for refusals
 
   // Called from CUDA's host-function thread.
   void record_host_failure(const std::string& what);
@@ -374,8 +396,8 @@ class CudaStream final : public Stream {
   void check(cudaError_t err, const char* call, int line);
   void rethrow_host_failure();
   void copy_staged(void* dst, const void* src, size_t bytes);
-  // Fails the capture with `why` and throws it (a call CUDA refuses during capture).
-  [[noreturn]] void refuse_in_capture(const std::string& why);
+  // Fails the capture and throws the refusal (a call CUDA refuses during capture).
+  [[noreturn]] void refuse_in_capture(CaptureRule rule);
 
   CudaDevice& device_;
   int id_;
@@ -399,6 +421,7 @@ class CudaStream final : public Stream {
   std::atomic<bool> capturing_{false};
   std::mutex capture_mu_;
   std::string capture_error_;  // guarded by capture_mu_: the first reason the capture failed
+  std::thread::id capture_thread_;  // guarded by capture_mu_: the thread that began the capture
   std::vector<std::shared_ptr<HostFuncPayload>> capture_payloads_;  // guarded by capture_mu_
 };
 
@@ -549,6 +572,8 @@ class CudaDevice final : public Device {
 
   PinnedHostBuffer alloc_host_pinned(size_t bytes) override {
     if (bytes == 0) return {};
+    if (this_thread_captures()) [[unlikely]]
+      refuse_on_capturing_thread(CaptureRule::kHostPinnedAllocation, name_ + ", " + std::to_string(bytes) + " bytes");
     // One allocator for the process (cudaHostAlloc is portable to every GPU); buffers share it.
     static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator();
     void* p = pinned->allocate(bytes);
@@ -725,6 +750,7 @@ CudaStream::CudaStream(CudaDevice& device, int id, int priority)
 }
 
 CudaStream::~CudaStream() {
+  note_capture_ended(this);  // a capture left open on this thread (the stream is going away)
   if (stream_ == nullptr) return;
   stream_registry().remove(stream_);
   QuietDeviceGuard guard(ordinal_);
@@ -906,7 +932,8 @@ void CudaStream::check(cudaError_t err, const char* call, int line) {
     // CUDA refused a call of the capture (or had invalidated it): nothing ran, so the device is
     // fine; the capture fails with the reason and the stream is usable after end_capture().
     (void)cudaGetLastError();
-    const std::string why = std::string(call) + " failed inside the capture (" + cudaGetErrorString(err) + ")";
+    const std::string why = std::string(call) + " failed inside the capture (" + cudaGetErrorName(err) + ": " +
+                            cudaGetErrorString(err) + ")";
     invalidate_capture(why);
     ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_);
   }
@@ -934,9 +961,7 @@ void CudaStream::record(Event& event) {
   auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
   ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only record an event of a CUDA device");
   if (capturing()) {
-    invalidate_capture("record() of an event on a capturing stream (only single-stream captures are supported: "
-                       "an event recorded inside a capture would fork another stream into it or be read by "
-                       "the host, and a captured record never completes for the host)");
+    invalidate_capture(capture_refusal(CaptureRule::kRecordInCapture, where()));
     return;
   }
   DeviceGuard guard(ordinal_);
@@ -952,8 +977,10 @@ void CudaStream::wait(const Event& event) {
   const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
   ZT_CHECK(cuda_event != nullptr, "a CUDA stream can only wait on an event of a CUDA device");
   if (capturing()) {
-    invalidate_capture("wait() on an event by a capturing stream (only single-stream captures are supported: "
-                       "the event orders the capture against another stream's work)");
+    // Checked before CUDA sees it (as on the CPU backend): a recorded event is a non-captured
+    // one (records inside a capture are refused), which CUDA refuses to wait on.
+    invalidate_capture(capture_refusal(
+        cuda_event->recorded() ? CaptureRule::kWaitOnUncapturedEvent : CaptureRule::kWaitInCapture, where()));
     return;
   }
   DeviceGuard guard(ordinal_);
@@ -966,7 +993,7 @@ void CudaStream::wait(const Event& event) {
 }
 
 void CudaStream::synchronize() {
-  if (capturing()) refuse_in_capture("synchronize() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamSynchronize);
   // Never block on a device given up on: its GPU may be truly stuck.
   if (device_.abandoned()) device_.throw_if_faulted();
   {
@@ -979,7 +1006,7 @@ void CudaStream::synchronize() {
 }
 
 bool CudaStream::synchronize_for(std::chrono::milliseconds timeout) {
-  if (capturing()) refuse_in_capture("synchronize_for() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamSynchronize);
   return synchronize_until(std::chrono::steady_clock::now() + timeout);
 }
 
@@ -1002,7 +1029,7 @@ void CudaStream::park_on(const std::shared_ptr<HangGate>& gate) {
 }
 
 bool CudaStream::query() {
-  if (capturing()) refuse_in_capture("query() of a capturing stream");
+  if (capturing()) refuse_in_capture(CaptureRule::kStreamQuery);
   if (device_.abandoned()) device_.throw_if_faulted();
   bool done = true;
   {
@@ -1023,6 +1050,7 @@ bool CudaStream::query() {
 
 void CudaStream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  refuse_if_invalidated();
   InternalSpan span(*this, "copy");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
@@ -1033,6 +1061,7 @@ void CudaStream::copy_peer(Device& dst_device, void* dst, const void* src, size_
   ZT_CHECK(peer != nullptr, "copy_peer from ", device_.name(), " to ", dst_device.name(),
            ": the destination is not a CUDA device");
   if (bytes == 0) return;
+  refuse_if_invalidated();
   const int dst_ordinal = peer->ordinal();
   InternalSpan span(*this, "copy_peer");
 
@@ -1078,6 +1107,7 @@ void CudaStream::copy_staged(void* dst, const void* src, size_t bytes) {
 
 void CudaStream::memset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
+  refuse_if_invalidated();
   InternalSpan span(*this, "memset");
   DeviceGuard guard(ordinal_);
   ZT_CUDA_STREAM_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
@@ -1085,6 +1115,7 @@ void CudaStream::memset(void* dst, int value, size_t bytes) {
 
 void CudaStream::host_func(std::function<void()> fn) {
   ZT_CHECK(static_cast<bool>(fn), "host_func needs a callable");
+  refuse_if_invalidated();
   if (capturing()) {
     auto payload = std::make_shared<HostFuncPayload>(HostFuncPayload{std::move(fn), this});
     {
@@ -1122,7 +1153,9 @@ class CudaGraph final : public StreamGraph {
     auto* cs = s.backend() == Backend::kCuda ? dynamic_cast<CudaStream*>(&s) : nullptr;
     ZT_CHECK(cs != nullptr && &s.device() == &device_, "a graph captured on ", device_.name(),
              " was launched on a stream of ", s.device().name());
-    ZT_REQUIRE(!cs->capturing(), "a graph of ", device_.name(), " was launched into a capture (not supported)");
+    if (cs->capturing())
+      throw CaptureError(CaptureRule::kLaunchIntoCapture,
+                         capture_refusal(CaptureRule::kLaunchIntoCapture, "a graph of " + device_.name()));
     if (exec_ == nullptr) return;  // an empty capture
     DeviceGuard guard(ordinal_);
     last_stream_ = static_cast<cudaStream_t>(cs->native_handle());
@@ -1150,7 +1183,9 @@ void CudaStream::begin_capture() {
   ZT_CUDA_STREAM_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capture_error_.clear();
   capture_payloads_.clear();
+  capture_thread_ = std::this_thread::get_id();
   capturing_.store(true, std::memory_order_release);
+  note_capture_begun(this);
 }
 
 std::unique_ptr<StreamGraph> CudaStream::end_capture() {
@@ -1159,10 +1194,15 @@ std::unique_ptr<StreamGraph> CudaStream::end_capture() {
   {
     std::lock_guard<std::mutex> lock(capture_mu_);
     ZT_REQUIRE(capturing_.load(std::memory_order_relaxed), "stream ", id_, " of ", device_.name(), " is not capturing");
+    // Refused before CUDA sees it (cudaErrorStreamCaptureWrongThread): the capture stays open for
+    // the thread that began it.
+    if (capture_thread_ != std::this_thread::get_id())
+      throw CaptureError(CaptureRule::kEndOnOtherThread, capture_refusal(CaptureRule::kEndOnOtherThread, where()));
     capturing_.store(false, std::memory_order_release);
     error.swap(capture_error_);
     payloads.swap(capture_payloads_);
   }
+  note_capture_ended(this);
   DeviceGuard guard(ordinal_);
   cudaGraph_t graph = nullptr;
   // Ends the capture whatever happened inside, so the stream is usable again.
@@ -1170,8 +1210,9 @@ std::unique_ptr<StreamGraph> CudaStream::end_capture() {
   if (end != cudaSuccess || error.empty() == false) {
     (void)cudaGetLastError();  // capture errors are not sticky: clear them
     if (graph != nullptr) ignore_error(cudaGraphDestroy(graph));
-    ZT_THROW(ErrorKind::kInvalidArgument, "the capture of ", device_.name(), " stream ", id_, " failed: ",
-             !error.empty() ? error : std::string("CUDA refused a call inside it (") + cudaGetErrorString(end) + ")");
+    throw_invalidated_capture(where(), !error.empty() ? error
+                                                      : std::string("CUDA refused a call inside it (") +
+                                                            cudaGetErrorName(end) + ": " + cudaGetErrorString(end) + ")");
   }
   size_t nodes = 0;
   cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
@@ -1197,11 +1238,26 @@ void CudaStream::invalidate_capture(const std::string& why) {
   if (capturing_.load(std::memory_order_relaxed) && capture_error_.empty()) capture_error_ = why;
 }
 
-void CudaStream::refuse_in_capture(const std::string& why) {
+void CudaStream::refuse_in_capture(CaptureRule rule) {
+  std::string why = capture_refusal(rule, where());
   invalidate_capture(why);
-  ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_,
-           ": CUDA refuses it during stream capture");
+  throw CaptureError(rule, std::move(why));
 }
+
+void CudaStream::refuse_if_invalidated() {
+  if (!capturing()) [[likely]]
+    return;
+  std::string failed;
+  {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    if (capturing_.load(std::memory_order_relaxed)) failed = capture_error_;
+  }
+  if (!failed.empty())
+    throw CaptureError(CaptureRule::kUseAfterInvalidation, capture_refusal(CaptureRule::kUseAfterInvalidation, where()) +
+                                                               "; the capture failed first because: " + failed);
+}
+
+std::string CudaStream::where() const { return device_.name() + " stream " + std::to_string(id_); }
 
 #undef ZT_CUDA_STREAM_CHECK
 
@@ -1220,6 +1276,7 @@ CudaStream& as_cuda_stream(Stream& s, const char* what) {
 
 TaskSpan::TaskSpan(Stream& s, const char* name) {
   CudaStream& cs = as_cuda_stream(s, name);
+  cs.refuse_if_invalidated();
   stream_ = &cs;
   open_ = cs.begin_span(name);
 }
@@ -1229,6 +1286,12 @@ TaskSpan::~TaskSpan() {
 }
 
 void* TaskSpan::native() const { return static_cast<CudaStream*>(stream_)->native_handle(); }
+
+int stream_ordinal(void* native) {
+  CudaStream* s = stream_registry().find(static_cast<cudaStream_t>(native));
+  ZT_CHECK(s != nullptr, "a CUDA launcher ran on a stream that no CUDA device of this process owns");
+  return s->ordinal();
+}
 
 StreamResource& stream_resource(void* native, StreamResourceSlot slot, StreamResourceFactory make) {
   CudaStream* s = stream_registry().find(static_cast<cudaStream_t>(native));
