@@ -34,6 +34,11 @@ struct MathMode {
   // mantissa, round to nearest even) and accumulate in fp32: tensor cores on CUDA
   // (CUBLAS_COMPUTE_32F_FAST_TF32), the same rounding point before OpenBLAS on the CPU backend.
   bool tf32 = false;
+  // 16-bit matrix products must have every dimension a multiple of 8 and every operand 16-byte
+  // aligned (kernels/ops.h "GEMM tiles"): the shapes on which cuBLASLt runs tensor-core tiles with
+  // 16-byte loads. The ops refuse any other with one sentence naming the op and the shape, on every
+  // backend, so CI (no GPU) fails where a GPU would silently take a slow path.
+  bool gemm_tiles = false;
 };
 
 enum class FaultKind {
@@ -85,8 +90,13 @@ class Device {
   // True once an operation on this device has failed; the device stays failed (sticky).
   virtual bool failed() const = 0;
 
-  MathMode math_mode() const { return MathMode{tf32_.load(std::memory_order_relaxed)}; }
-  void set_math_mode(const MathMode& mode) { tf32_.store(mode.tf32, std::memory_order_relaxed); }
+  MathMode math_mode() const {
+    return MathMode{tf32_.load(std::memory_order_relaxed), gemm_tiles_.load(std::memory_order_relaxed)};
+  }
+  void set_math_mode(const MathMode& mode) {
+    tf32_.store(mode.tf32, std::memory_order_relaxed);
+    gemm_tiles_.store(mode.gemm_tiles, std::memory_order_relaxed);
+  }
 
   // Where this device reports its stream work (nullptr: nowhere; then tracing costs one atomic
   // load per task). Runtime::set_observer sets it on every device; call it while the device is
@@ -124,6 +134,7 @@ class Device {
 
  private:
   std::atomic<bool> tf32_{false};
+  std::atomic<bool> gemm_tiles_{false};
 };
 
 }  // namespace zt
