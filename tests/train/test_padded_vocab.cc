@@ -21,6 +21,7 @@
 #include "train/export.h"
 #include "train/trainer.h"
 #include "train_checks.h"
+#include "zero/engine.h"
 #include "zero/shard_plan.h"
 
 namespace zt {
@@ -77,6 +78,19 @@ TEST(PaddedVocab, WtePaddingStaysZeroUnderAdamWWithWeightDecayAtEveryStage) {
       EXPECT_EQ(std::memcmp(r.final_params[0].data(), r.final_local_params[0].data(), kV * kC * 4), 0);
     }
   }
+}
+
+// The memory plan counts what the engine holds: GPT-2's wte of 50,304 rows (47 x 768 more
+// parameters than the 124,439,808 real ones, each padded block rounded up to its shard alignment).
+TEST(PaddedVocab, ThePlanCountsThePaddedRows) {
+  const ModelConfig mc = make_model_config("gpt2-124m");
+  const auto model = make_model(mc);
+  ZeroOptions o;
+  o.stage = 0;
+  const ModelStateBytes planned = ZeroEngine::planned_model_state_bytes(*model, 1, o);
+  const int64_t padded = mc.num_parameters() + (50304 - 50257) * 768;
+  EXPECT_GE(planned.params, static_cast<size_t>(padded) * 4);
+  EXPECT_LE(planned.params, static_cast<size_t>(padded + 64 * model->layout().num_blocks()) * 4);
 }
 
 // Checkpoints hold the real vocabulary's rows (the arrays of a checkpoint written before the
