@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -203,6 +205,53 @@ TEST_P(PaddedHeadTest, GemmTilesRefuseTheUnpaddedOddVocabulary) {
   ops::lm_head_forward(s(), f_logits, f_in, f_w);
   set_gemm_tiles(false);
   sync();
+}
+
+// The CUDA LM head on cuBLASLt against its plain cuBLAS fallback (ZT_CUBLASLT=off, read when a
+// stream's handles are made), fp32 and bf16: the padded head (wte [Vp, C]) and the unpadded one
+// writing V columns of Vp-long logits rows (ldc != m), forward, din and dwte; each path is within
+// its dtype's bound of the exact product, so they are within twice that of each other.
+TEST_P(PaddedHeadTest, CublasFallbackMatchesCublasLtForTheHead) {
+  if (GetParam() != Backend::kCuda) GTEST_SKIP() << "the cuBLAS fallback exists on the CUDA backend only";
+  const int64_t N = 64, C = 64, V = 300, Vp = ops::padded_vocab(V);
+  for (const DType t : {DType::kF32, DType::kBF16}) {
+    for (const int64_t rows : {Vp, V}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << ", wte rows " << rows);
+      const FVec in = round_to(rng_.normal(N * C), t), wte = round_to(rng_.normal(rows * C, 0.3f), t);
+      const FVec dl = round_to(rng_.normal(N * Vp, 0.1f), t), din0 = round_to(rng_.normal(N * C), t);
+      struct Results {
+        FVec logits, din, dwte;
+      };
+      auto run = [&]() {
+        DevTensor tin = typed(in, {N, C}, t), tw = typed(wte, {rows, C}, t), tdl = typed(dl, {N, Vp}, t);
+        DevTensor logits = typed(FVec(static_cast<size_t>(N * Vp), 0.0f), {N, Vp}, t);
+        DevTensor din = typed(din0, {N, C}, t), dwte = tensor(FVec(static_cast<size_t>(rows * C), 0.0f), {rows, C});
+        ops::lm_head_forward(s(), logits, tin, tw);
+        ops::lm_head_backward(s(), din, dwte, tdl, tin, tw);
+        sync();
+        FVec l = values(logits), real;
+        for (int64_t r = 0; r < N; ++r) real.insert(real.end(), l.begin() + r * Vp, l.begin() + r * Vp + rows);
+        return Results{real, values(din), dwte.f()};
+      };
+      const Results lt = run();
+      // One runtime at a time: the fixture's streams (and their cuBLASLt handles) go first.
+      rt_.reset();
+      setenv("ZT_CUBLASLT", "off", 1);
+      std::string reason;
+      rt_ = make_runtime(Backend::kCuda, &reason);
+      ASSERT_TRUE(rt_) << reason;
+      dev_ = &rt_->device(0), s_ = &dev_->compute();
+      const Results plain = run();
+      unsetenv("ZT_CUBLASLT");
+      rt_ = make_runtime(Backend::kCuda, &reason);
+      ASSERT_TRUE(rt_) << reason;
+      dev_ = &rt_->device(0), s_ = &dev_->compute();
+      const Tol twice = t == DType::kF32 ? Tol{2e-4, 4e-5} : Tol{8e-3, 4e-5};  // 2x test_gemm's tol_for
+      EXPECT_TRUE(close(plain.logits, to_d(lt.logits), twice)) << "logits";
+      EXPECT_TRUE(close(plain.din, to_d(lt.din), twice)) << "din";
+      EXPECT_TRUE(close(plain.dwte, to_d(lt.dwte), Tol{2e-4, 4e-5})) << "dwte";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PaddedHeadTest, ::testing::Values(Backend::kCpu, Backend::kCuda),
