@@ -17,6 +17,7 @@
 #include "data/image_data.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "sanitizer.h"
 #include "test_util.h"
 #include "train/export.h"
 #include "train/trainer.h"
@@ -48,6 +49,7 @@ TrainConfig odd_vocab_run(int devices, int stage, int steps, Precision p) {
 }
 
 constexpr int64_t kV = 300, kVp = 384, kC = 16;
+constexpr bool kSanitized = test::kThreadSanitizer || test::kAddressSanitizer;
 
 // wte's padding rows [V, Vp) of block 0 (the local layout: wte first, [Vp, C]) are exactly zero.
 int64_t padding_not_zero(const std::vector<float>& block0) {
@@ -66,7 +68,9 @@ TEST(PaddedVocab, WtePaddingStaysZeroUnderAdamWWithWeightDecayAtEveryStage) {
   ASSERT_GT(last.begin, kV * kC);  // a shard boundary inside wte's padding rows
   ASSERT_LT(last.begin, kVp * kC);
   for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
-    for (int stage = 1; stage <= 3; ++stage) {
+    // Under a sanitizer stage 3 only (what it checks, the threads and memory of the shards, is the
+    // same at each stage).
+    for (int stage = kSanitized ? 3 : 1; stage <= 3; ++stage) {
       SCOPED_TRACE(::testing::Message() << "stage " << stage << (p == Precision::kBf16 ? ", bf16" : ", fp32"));
       const TrainResult r = train(odd_vocab_run(5, stage, 3, p));
       ASSERT_EQ(r.final_local_params.size(), r.final_params.size());
