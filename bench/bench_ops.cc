@@ -164,6 +164,81 @@ void BM_MatmulBackward(benchmark::State& state, Backend backend) {
   flops(state, t, 4.0 * N * C * OC);
 }
 
+// ---- GPT-2 small's GEMMs, each product apart (`bench_ops --gemm`): the layers' weights [OC, C] at
+// 768x2304 (c_attn), 768x768 (attn c_proj), 768x3072 (c_fc), 3072x768 (mlp c_proj) and the LM head
+// over the padded vocabulary (768x50304), forward (out = in W^T), input gradient (dX = dout W) and
+// weight gradient (dW += dout^T in), 2 N C OC FLOPs each. bf16 in, fp32 accumulation on CUDA at
+// N = 16,384 tokens (B 16 x T 1024); fp32 at N = 128 on the CPU backend, a smoke check of the same
+// calls. TFLOP/s is a user counter; items processed are the FLOPs.
+struct GemmShape {
+  const char* name;
+  int64_t C, OC;
+  bool lm_head;
+};
+constexpr GemmShape kGpt2Gemms[] = {{"c_attn_768x2304", 768, 2304, false},
+                                    {"attn_proj_768x768", 768, 768, false},
+                                    {"c_fc_768x3072", 768, 3072, false},
+                                    {"mlp_proj_3072x768", 3072, 768, false},
+                                    {"lm_head_768x50304", 768, 50304, true}};
+enum class GemmProduct { kForward, kDx, kDw };
+constexpr int64_t kGemmTokensCuda = 16384, kGemmTokensCpu = 128;
+
+void BM_Gemm(benchmark::State& state, Backend backend, GemmShape shape, GemmProduct product) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const bool cuda = backend == Backend::kCuda;
+  const DType d = cuda ? DType::kBF16 : DType::kF32;
+  const int64_t N = cuda ? kGemmTokensCuda : kGemmTokensCpu, C = shape.C, OC = shape.OC;
+  Tensor in(t, {N, C}, d), w(t, {OC, C}, d, 2), out(t, {N, OC}, d, 3), din(t, {N, C}, d, 4), dw(t, {OC, C});
+  const zt::TensorView none{};
+  switch (product) {
+    case GemmProduct::kForward:
+      run(state, t, [&] {
+        if (shape.lm_head)
+          zt::ops::lm_head_forward(t.s(), out, in, w);
+        else
+          zt::ops::matmul_forward(t.s(), out, in, w, zt::ConstTensorView{});
+      });
+      break;
+    case GemmProduct::kDx:
+      run(state, t, [&] {
+        if (shape.lm_head)
+          zt::ops::lm_head_backward(t.s(), din, none, out, in, w);
+        else
+          zt::ops::matmul_backward(t.s(), din, none, none, out, in, w, /*overwrite_din=*/true);
+      });
+      break;
+    case GemmProduct::kDw:
+      run(state, t, [&] {
+        if (shape.lm_head)
+          zt::ops::lm_head_backward(t.s(), none, dw, out, in, w);
+        else
+          zt::ops::matmul_backward(t.s(), none, dw, none, out, in, w);
+      });
+      break;
+  }
+  const double per_op = 2.0 * static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(OC);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(per_op * static_cast<double>(t.ops(state)) / 1e12, benchmark::Counter::kIsRate);
+  state.SetItemsProcessed(static_cast<int64_t>(per_op) * t.ops(state));
+  state.SetLabel(t.device->name() + " " + zt::dtype_name(d) + " N=" + std::to_string(N));
+}
+
+int register_gemms() {
+  const std::pair<GemmProduct, const char*> products[] = {
+      {GemmProduct::kForward, "forward"}, {GemmProduct::kDx, "dX"}, {GemmProduct::kDw, "dW"}};
+  for (Backend backend : {Backend::kCpu, Backend::kCuda})
+    for (const GemmShape& shape : kGpt2Gemms)
+      for (const auto& [product, pname] : products) {
+        const std::string name =
+            std::string("BM_Gemm/") + zt::backend_name(backend) + "/" + shape.name + "/" + pname;
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, backend, shape, product);
+        b->Unit(benchmark::kMillisecond)->UseRealTime();
+        if (backend == Backend::kCpu) b->Iterations(1);  // a smoke check: the calls, not the CPU's speed
+      }
+  return 0;
+}
+
 // ---- the MLP's fused GEMMs (cuBLASLt epilogues on CUDA) in fp32 (dtype 0) and bf16 (dtype 1:
 // bf16 in, weight and outputs, fp32 accumulation): c_fc + GELU forward, c_proj's input gradient
 // through the GELU with c_fc's bias gradient. GPT-2 small at B*T = N.
@@ -528,6 +603,7 @@ void BM_MemcpySameBytesAsUnscale(benchmark::State& state, Backend backend) {
 }
 
 const int kRegistered = [] {
+  register_gemms();
   register_on_backends("BM_MatmulForward", BM_MatmulForward, gemm_shapes);
   register_on_backends("BM_MatmulBackward", BM_MatmulBackward, gemm_shapes);
   register_on_backends("BM_MatmulGeluForward", BM_MatmulGeluForward, mlp_shapes);
@@ -555,3 +631,26 @@ const int kRegistered = [] {
 }();
 
 }  // namespace
+
+// `bench_ops --gemm`: only the BM_Gemm/* products (a --benchmark_filter given after it wins); every
+// other argument is Google Benchmark's.
+int main(int argc, char** argv) {
+  std::vector<char*> args;
+  std::string filter = "--benchmark_filter=^BM_Gemm/";
+  bool gemm = false;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--gemm") {
+      gemm = true;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  if (gemm) args.insert(args.begin() + 1, filter.data());
+  int n = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -5,7 +5,10 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <utility>
 
 #include "kernels/elementwise.h"
@@ -385,7 +388,33 @@ const OpTable& matmul_kernel(Stream& s, OpId op, MatmulTypes t) {
   return require_kernel(s, op, {t.in, t.out, t.bias});
 }
 
+std::atomic<uint64_t> g_gemm_tiles_checked{0};
+
+// MathMode::gemm_tiles (ops.h): a 16-bit GEMM's dimensions multiples of 8, its operands 16-byte
+// aligned. `dims` are the GEMM's M/N/K (and the LM head's logits row length), `operands` its
+// tensors (empty views skipped).
+void check_gemm_tiles(Stream& s, const char* op, DType in, std::initializer_list<std::pair<const char*, int64_t>> dims,
+                      std::initializer_list<std::pair<const char*, ConstTensorView>> operands) {
+  if (!is_16bit(in) || !s.device().math_mode().gemm_tiles) return;
+  std::string shape, odd;
+  for (const auto& [name, n] : dims) {
+    shape += std::string(shape.empty() ? "" : ", ") + name + " " + std::to_string(n);
+    if (n % kGemmTileMultiple != 0) odd += std::string(odd.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  }
+  ZT_REQUIRE(odd.empty(), op, ": a ", dtype_name(in), " GEMM of ", shape, " has ", odd,
+             ", not a multiple of ", kGemmTileMultiple, "; 16-bit GEMMs must run on whole tensor-core tiles "
+             "(pad the shape: the GPT pads its vocabulary to a multiple of 128, widths and token counts must be "
+             "multiples of 8)");
+  for (const auto& [name, v] : operands)
+    ZT_REQUIRE(v.data == nullptr || reinterpret_cast<uintptr_t>(v.data) % kGemmTileAlignBytes == 0, op, ": ", name, " ",
+               v.shape.str(), " of a ", dtype_name(in), " GEMM of ", shape, " starts at an address that is not ",
+               kGemmTileAlignBytes, "-byte aligned; 16-bit GEMMs must have aligned operands for tensor-core loads");
+  g_gemm_tiles_checked.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
+
+uint64_t gemm_tiles_checked() { return g_gemm_tiles_checked.load(std::memory_order_relaxed); }
 
 void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorView weight,
                     ConstTensorView bias) {
@@ -401,6 +430,8 @@ void matmul_forward(Stream& s, TensorView out, ConstTensorView in, ConstTensorVi
   ZT_REQUIRE(!present(bias) || is_vector(bias, d.OC), op, ": weight ", weight.shape.str(),
              " but bias ", bias.shape.str());
   if (d.N == 0 || d.OC == 0) return;
+  check_gemm_tiles(s, op, t.in, {{"N", d.N}, {"C", d.C}, {"OC", d.OC}},
+                   {{"in", in}, {"weight", weight}, {"out", out}, {"bias", bias}});
   matmul_kernel(s, OpId::kMatmulForward, t)
       .matmul_forward(s, out.data, in.data, weight.data, present(bias) ? bias.data : nullptr, t, d.N, d.C, d.OC);
 }
@@ -425,6 +456,8 @@ void matmul_backward(Stream& s, TensorView din, TensorView dweight, TensorView d
   ZT_REQUIRE(!present(dbias) || is_vector(dbias, d.OC), op, ": weight ", weight.shape.str(),
              " but dbias ", dbias.shape.str());
   if (d.N == 0 || d.OC == 0) return;
+  check_gemm_tiles(s, op, t.in, {{"N", d.N}, {"C", d.C}, {"OC", d.OC}},
+                   {{"din", din}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"in", in}, {"weight", weight}});
   matmul_kernel(s, OpId::kMatmulBackward, t)
       .matmul_backward(s, present(din) ? din.data : nullptr, present(dweight) ? f32(dweight) : nullptr,
                        present(dbias) ? f32(dbias) : nullptr, dout.data, in.data, weight.data, t, d.N, d.C, d.OC,
@@ -450,6 +483,8 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   ZT_REQUIRE(!present(bias) || is_vector(bias, d.OC), op, ": weight ", weight.shape.str(), " but bias ",
              bias.shape.str());
   if (d.N == 0 || d.OC == 0) return;
+  check_gemm_tiles(s, op, t.in, {{"N", d.N}, {"C", d.C}, {"OC", d.OC}},
+                   {{"in", in}, {"weight", weight}, {"pre_gelu", pre_gelu}, {"out_gelu", out_gelu}, {"bias", bias}});
   const void* b = present(bias) ? bias.data : nullptr;
   if (const OpTable* k = find_kernel(s, OpId::kMatmulGeluForward, {t.in, t.out, t.bias})) {
     k->matmul_gelu_forward(s, out_gelu.data, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
@@ -496,6 +531,8 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
              dbias.shape.str());
   const int64_t N = rows(dout);
   if (N == 0 || C == 0) return;
+  check_gemm_tiles(s, op, t.in, {{"N", N}, {"C", C}, {"OC", OC}},
+                   {{"dpre", dpre}, {"dbias", dbias}, {"dout", dout}, {"weight", weight}, {"pre_gelu", pre_gelu}});
   float* db = present(dbias) ? f32(dbias) : nullptr;
   if (const OpTable* k = find_kernel(s, OpId::kMatmulBackwardDgelu, {t.in, t.out, t.bias})) {
     k->matmul_backward_dgelu(s, dpre.data, db, dout.data, weight.data, pre_gelu.data, t, N, C, OC);
@@ -841,6 +878,8 @@ void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTens
   const HeadDims d = check_head(s, op, "logits", logits, in, wte);
   if (d.N == 0) return;
   const DType act = in.dtype;
+  check_gemm_tiles(s, op, act, {{"N", d.N}, {"C", d.C}, {"V", d.V}, {"Vp", d.ld}},
+                   {{"logits", logits}, {"in", in}, {"wte", wte}});
   if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {act})) {
     t->lm_head_forward(s, logits.data, in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
@@ -863,6 +902,8 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
     ZT_REQUIRE(dwte.shape == wte.shape, op, ": wte ", wte.shape.str(), " but dwte ", dwte.shape.str());
   }
   if (d.N == 0 || (!present(din) && !present(dwte))) return;
+  check_gemm_tiles(s, op, act, {{"N", d.N}, {"C", d.C}, {"V", d.V}, {"Vp", d.ld}},
+                   {{"din", din}, {"dwte", dwte}, {"dlogits", dlogits}, {"in", in}, {"wte", wte}});
   if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {act})) {
     t->lm_head_backward(s, present(din) ? din.data : nullptr, present(dwte) ? f32(dwte) : nullptr, dlogits.data,
                         in.data, wte.data, act, d.N, d.C, d.V, d.ld);

@@ -97,6 +97,17 @@ void layernorm_backward(Stream& s, TensorView din, TensorView dweight, TensorVie
                         ConstTensorView dout, ConstTensorView in, ConstTensorView weight,
                         ConstTensorView mean, ConstTensorView rstd);
 
+// ---- GEMM tiles (MathMode::gemm_tiles) ----------------------------------------------------------
+// While the stream's device has MathMode::gemm_tiles, every 16-bit GEMM of the matmul family and of
+// the LM head must have M, N and K (rows, input and output width; the LM head's vocabulary rows and
+// logits row length) multiples of kGemmTileMultiple and every operand 16-byte aligned: cuBLASLt's
+// tensor-core tiles with 16-byte loads. Any other is refused (zt::Error kInvalidArgument) with one
+// sentence naming the op and the shape, on every backend. fp32 GEMMs are not held to it.
+constexpr int64_t kGemmTileMultiple = 8;
+constexpr int64_t kGemmTileAlignBytes = 16;
+// 16-bit GEMM calls the check has passed, process-wide (tests: proof that a run was checked).
+uint64_t gemm_tiles_checked();
+
 // ---- matmul with bias: out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC] -----------
 // bias may be an empty view (data == nullptr): no bias. Matrix products use BLAS (CPU) / cuBLASLt
 // with cuBLAS as its fallback (CUDA).

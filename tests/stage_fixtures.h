@@ -69,16 +69,41 @@ struct StepResult {
   Blocks grads;     // logical blocks (a tied head copy's gradient added to block 0's)
 };
 
+// The local blocks of `m` (a GPT or a pipeline stage of it, whose wte is padded, model/gpt.cc; or
+// tensor rank t's shards) from logical blocks.
+inline Blocks to_local(const Model& m, const Blocks& logical, int t = 0) {
+  std::vector<const float*> ptrs;
+  for (const auto& b : logical) ptrs.push_back(b.data());
+  Blocks out;
+  for (int b = 0; b < m.layout().num_blocks(); ++b) out.push_back(m.tensor_map()->local_block(t, b, ptrs));
+  return out;
+}
+// Adds local block b of `m` (tensor rank t) at its logical places (padding maps nowhere).
+inline void add_logical(const Model& m, int b, const std::vector<float>& local, Blocks& logical, int t = 0) {
+  m.tensor_map()->for_each_run(t, b, 0, m.layout().block(b).numel, [&](int lb, int64_t lo, int64_t li, int64_t n) {
+    for (int64_t k = 0; k < n; ++k)
+      logical[static_cast<size_t>(lb)][static_cast<size_t>(lo + k)] += local[static_cast<size_t>(li + k)];
+  });
+}
+inline Blocks zero_logical(const ModelConfig& c) {
+  const ParamLayout whole = gpt_layout(c);
+  Blocks out;
+  for (const auto& b : whole.blocks()) out.emplace_back(static_cast<size_t>(b.numel), 0.0f);
+  return out;
+}
+
 // One device, the whole model, `micro` micro-batches accumulated in order: the reference; load()
-// sets new parameters (gradients zeroed) for the next step.
+// sets new parameters (gradients zeroed) for the next step. Parameters and gradients are logical
+// blocks (the model's padded wte mapped onto the real rows).
 class OneDeviceRig {
  public:
   OneDeviceRig(const ModelConfig& c, const Blocks& host, int micro)
-      : rt_(Runtime::create_cpu(1)), model_(make_model(c)), micro_(micro),
-        p_(rt_->device(0), model_->layout(), [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; }),
+      : rt_(Runtime::create_cpu(1)), model_(make_model(c)), micro_(micro), c_(c), local_(to_local(*model_, host)),
+        p_(rt_->device(0), model_->layout(), [&](int b) -> const std::vector<float>& { return local_[static_cast<size_t>(b)]; }),
         db_(c, rt_->device(0), micro), ws_(model_->make_workspace(rt_->device(0), kB, kT)) {}
   void load(const Blocks& host) {
-    p_.load([&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(b)]; });
+    local_ = to_local(*model_, host);
+    p_.load([&](int b) -> const std::vector<float>& { return local_[static_cast<size_t>(b)]; });
   }
   StepResult step() {
     Device& d = rt_->device(0);
@@ -91,7 +116,8 @@ class OneDeviceRig {
       d.compute().synchronize();
       for (float l : losses) r.loss += l;
     }
-    for (int b = 0; b < model_->layout().num_blocks(); ++b) r.grads.push_back(p_.grad_host(b));
+    r.grads = zero_logical(c_);
+    for (int b = 0; b < model_->layout().num_blocks(); ++b) add_logical(*model_, b, p_.grad_host(b), r.grads);
     return r;
   }
 
@@ -99,6 +125,8 @@ class OneDeviceRig {
   std::unique_ptr<Runtime> rt_;
   std::unique_ptr<Model> model_;
   int micro_;
+  ModelConfig c_;
+  Blocks local_;
   ResidentParams p_;
   DeviceBatches db_;
   std::unique_ptr<Workspace> ws_;

@@ -182,6 +182,12 @@ void lm_head_forward(void* stream, void* logits, const void* in, const void* wte
                      int64_t V, int64_t ld, bool tf32);
 void lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
                       DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
+// The same GEMMs on cuBLASLt (lt_matmul.cu): false, having launched nothing, where cuBLASLt
+// refuses one (op_table.cc then runs the plain path above).
+bool lt_lm_head_forward(void* stream, void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C,
+                        int64_t V, int64_t ld, bool tf32);
+bool lt_lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                         DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32);
 
 // ---- vocabulary-parallel cross-entropy over a shard logits [N,V] of ids [v_begin, v_begin+V) of
 // v_total; semantics of kernels/ops.h (a target >= v_total makes the row's sum/loss NaN); logits

@@ -16,6 +16,7 @@
 // column-major Y^T = B^T A^T, operands swapped.
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -131,6 +132,17 @@ const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
     int found = 0;
     cublasStatus_t status =
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    // The operands' alignments, told to the heuristic: it may then pick kernels with 16-byte
+    // (vectorised, tensor-core) loads, and never one that needs more than the pointers have. The
+    // key holds the same alignments, so a cached algorithm is reused only where it is valid.
+    const uint32_t align_a = static_cast<uint32_t>(alignment(g.A)), align_b = static_cast<uint32_t>(alignment(g.B)),
+                   align_d = static_cast<uint32_t>(alignment(g.D));
+    for (const auto& [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}})
+      if (status == CUBLAS_STATUS_SUCCESS)
+        status = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc.op_, desc.a_, desc.b_, desc.d_, desc.d_, pref, 1, &result,
                                               &found);
@@ -268,6 +280,47 @@ bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
   if (dbias != nullptr) add_into(scope.stream(), dbias, bias_scratch, C);
+  return true;
+}
+
+// The LM head over logits rows of ld >= V elements (ops.h lm_head_forward/backward): the matmul
+// GEMMs with the logits' leading dimension ld (the padded vocabulary; V == ld for the GPT, whose
+// wte holds the padded rows), no bias. din and dwte accumulate (beta 1).
+bool lt_lm_head_forward(void* stream, void* logits, const void* in, const void* wte, DType act, int64_t N, int64_t C,
+                        int64_t V, int64_t ld, bool tf32) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  const MatmulTypes t{act, act, act};
+  LtGemm g = forward_gemm(logits, in, wte, t, N, C, V, tf32);
+  g.ldd = ld;
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  if (algo == nullptr) return false;
+  run(ctx, scope.stream(), g, algo);
+  return true;
+}
+
+bool lt_lm_head_backward(void* stream, void* din, float* dwte, const void* dlogits, const void* in, const void* wte,
+                         DType act, int64_t N, int64_t C, int64_t V, int64_t ld, bool tf32) {
+  detail::LaunchScope scope(stream);
+  const GemmContext ctx = gemm_context(scope.stream());
+  if (ctx.lt == nullptr) return false;
+  const MatmulTypes t{act, act, act};
+  LtGemm gd = din_gemm(din, dlogits, wte, t, N, C, V, tf32, 1.0f);
+  gd.ldb = ld;
+  // dwte^T[C,V] += in^T[C,N] * dlogits[N,V] (dlogits^T stored with ld, op T)
+  LtGemm gw;
+  gw.tb = CUBLAS_OP_T;
+  gw.m = C, gw.n = V, gw.k = N;
+  gw.A = in, gw.lda = C, gw.B = dlogits, gw.ldb = ld, gw.D = dwte, gw.ldd = C;
+  gw.ab = cuda_type(act), gw.d = CUDA_R_32F, gw.beta = 1.0f, gw.tf32 = tf32;
+  // Both algorithms first: a refusal must come before anything is launched.
+  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, gd) : nullptr;
+  if (din != nullptr && ad == nullptr) return false;
+  const cublasLtMatmulAlgo_t* aw = dwte != nullptr ? find_algo(ctx, gw) : nullptr;
+  if (dwte != nullptr && aw == nullptr) return false;
+  if (din != nullptr) run(ctx, scope.stream(), gd, ad);
+  if (dwte != nullptr) run(ctx, scope.stream(), gw, aw);
   return true;
 }
 

@@ -96,14 +96,17 @@ OpTable make_cuda_table() {
                      cuda_ops::matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32, ws);
                    });
   };
-  // The LM head over padded logits rows: the GEMMs' compute type as matmul_forward/backward.
+  // The LM head over padded logits rows: cuBLASLt, the plain cuBLAS GEMMs where it refuses; the
+  // GEMMs' compute type as matmul_forward/backward.
   t.lm_head_forward = [](Stream& s, auto... a) {
     const cuda::TaskSpan span(s, "lm_head_forward");
-    cuda_ops::lm_head_forward(span.native(), a..., s.device().math_mode().tf32);
+    const bool tf32 = s.device().math_mode().tf32;
+    if (!cuda_ops::lt_lm_head_forward(span.native(), a..., tf32)) cuda_ops::lm_head_forward(span.native(), a..., tf32);
   };
   t.lm_head_backward = [](Stream& s, auto... a) {
     const cuda::TaskSpan span(s, "lm_head_backward");
-    cuda_ops::lm_head_backward(span.native(), a..., s.device().math_mode().tf32);
+    const bool tf32 = s.device().math_mode().tf32;
+    if (!cuda_ops::lt_lm_head_backward(span.native(), a..., tf32)) cuda_ops::lm_head_backward(span.native(), a..., tf32);
   };
   ZT_CUDA_ENTRY(cuda_ops, attention_forward);
   ZT_CUDA_ENTRY(cuda_ops, attention_backward);

@@ -3,6 +3,13 @@
 // written out op by op (as llm.c's train_gpt2.c), no autograd tape.
 // Blocks: 0 = embeddings (wte, wpe; wte is also the LM head), 1..L = transformer layers,
 // L+1 = final layernorm. Backward visits: head (block 0, partial), L+1, L..1, encoder (block 0).
+// The vocabulary is padded (llm.c's Vp): the model's local wte holds ops::padded_vocab(V) rows
+// (GPT-2: 50,304), rows >= V zero, so the LM head's GEMMs run over aligned tensor-core tiles. A
+// TensorMap of degree 1 (model/tensor_split.h) maps the padded layout onto gpt_layout's real rows:
+// checkpoints, exports, --init-from and initialisation speak the real vocabulary, as a
+// tensor-parallel GPT's do. The padding rows stay zero: initialised to zero, never looked up
+// (tokens < V), their logits left out of the softmax (dlogits 0), so their gradient is exactly
+// zero and AdamW (zero moments, decay of zero) never moves them.
 // Numerics: the whole model computes in fp32, or in 16 bits (make_model's activations): every
 // activation, saved tensor, activation gradient and the logits in bf16/f16, parameters read in
 // 16 bits, rounding points as the ops state them (kernels/ops.h); layernorm mean/rstd, lse,
@@ -89,13 +96,9 @@ constexpr float kLayerNormEps = 1e-5f;
 //  backward_weight.
 struct GptPlan {
   int64_t B, T, C, NH, L, V;
-  // The logits' row length: V padded to a multiple of 128 (ops::padded_vocab; GPT-2 50257 -> 50304)
-  // so every row is 512-byte aligned: the classifier's 128-bit loads, an aligned ldc for the GEMM
-  // (which still computes V columns: a ragged last tile of 47 columns in 50304, 0.1%).
-  // Only the logits are padded: wte stays [V, C] (the head's GEMM writes V columns with ldc = Vp,
-  // ops::lm_head_forward), so parameters, ZeRO shards, checkpoints, safetensors and the plan's
-  // parameter counts keep the real vocabulary; padding wte instead (llm.c, and gpt_tp.cc, whose
-  // shards must be equal) would need a tensor map from padded to real rows everywhere they are read.
+  // The logits' row length and the local wte's rows: V padded to a multiple of 128
+  // (ops::padded_vocab; GPT-2 50257 -> 50304), so every logits row is 512-byte aligned and the LM
+  // head's GEMMs have M/N/K multiples of 8 (aligned tensor-core tiles, no ragged last tile).
   int64_t Vp = 0;
   Recompute recompute;
   bool head, split;
@@ -250,35 +253,31 @@ class Gpt final : public Model {
  public:
   // The whole model: one chunk, local blocks = logical blocks.
   Gpt(const ModelConfig& c, Recompute r, DType activations)
-      : config_(c), recompute_(r), activations_(activations), layout_(gpt_layout(c)) {
+      : config_(c), recompute_(r), activations_(activations), whole_(gpt_layout(c)) {
     ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
              "GPT activations in ", dtype_name(activations));
+    init_map();
     GptChunk k;
     k.layers = c.layers, k.embedding = k.head = true;
     k.emb_block = k.head_block = 0, k.lnf_block = c.layers + 1;
     for (int l = 0; l < c.layers; ++l) k.layer_blocks.push_back(l + 1);
     chunks_.push_back(k);
-    for (int b = 0; b < layout_.num_blocks(); ++b) logical_.push_back(b);
+    for (int b = 0; b < whole_.num_blocks(); ++b) take(b);
   }
   // A pipeline stage (make_gpt_stage): its layout holds copies of the logical blocks it runs.
   Gpt(const ModelConfig& c, const PipelineStageSpec& spec, Recompute r, DType activations)
-      : config_(c), recompute_(r), activations_(activations), split_(spec.split_backward) {
+      : config_(c), recompute_(r), activations_(activations), split_(spec.split_backward), whole_(gpt_layout(c)) {
     ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
              "GPT activations in ", dtype_name(activations));
-    const ParamLayout whole = gpt_layout(c);
-    auto take = [&](int logical) {
-      const int b = layout_.add_block(whole.block(logical).name);
-      for (const ParamTensor& t : whole.block(logical).tensors)
-        layout_.add_tensor(b, t.name, t.shape, t.init, t.init_std, t.weight_decay);
-      logical_.push_back(logical);
-      return b;
-    };
-    chunks_ = gpt_stage_chunks(c, spec, take);
+    init_map();
+    chunks_ = gpt_stage_chunks(c, spec, [this](int logical) { return take(logical); });
   }
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
   DType activation_dtype() const override { return activations_; }
+  // Degree 1: the padded wte's real rows map onto gpt_layout's, its padding rows nowhere.
+  const TensorMap* tensor_map() const override { return &map_; }
   int chunks() const override { return static_cast<int>(chunks_.size()); }
   int logical_block(int block) const override { return logical_.at(static_cast<size_t>(block)); }
 
@@ -320,7 +319,7 @@ class Gpt final : public Model {
       p.before_forward(K.emb_block);
       const TensorView wte = param(p, K.emb_block, 0), wpe_full = param(p, K.emb_block, 1);
       const TensorView wpe{wpe_full.data, wpe_full.dtype, Shape{P.T, C}, wpe_full.device};
-      ops::encoder_forward(s, residual, batch.inputs, wte, wpe);
+      ops::encoder_forward(s, residual, batch.inputs, wte, wpe, ops::VocabRange{0, P.V});
     }
 
     for (int l = 0; l < L; ++l) {
@@ -476,7 +475,8 @@ class Gpt final : public Model {
     if (weight) {
       const TensorView dwpe_full = grad(p, K.emb_block, 1);
       const TensorView dwpe{dwpe_full.data, DType::kF32, Shape{P.T, C}, dwpe_full.device};
-      ops::encoder_backward(s, grad(p, K.emb_block, 0), dwpe, act(P.dresidual, Shape{P.B, P.T, C}), batch.inputs);
+      ops::encoder_backward(s, grad(p, K.emb_block, 0), dwpe, act(P.dresidual, Shape{P.B, P.T, C}), batch.inputs,
+                            ops::VocabRange{0, P.V});
       p.after_backward(K.emb_block);
     }
   }
@@ -547,11 +547,35 @@ class Gpt final : public Model {
     return views([&](int i) { return grad(p, block, i); });
   }
 
+  void init_map() {
+    map_.degree = 1;
+    map_.logical = &whole_;
+    map_.local = &layout_;
+  }
+  // A local copy of logical block `logical` (wte padded to Vp rows, the padding initialised to
+  // zero) and its map entries; returns its index.
+  int take(int logical) {
+    const int b = layout_.add_block(whole_.block(logical).name);
+    map_.places.resize(static_cast<size_t>(layout_.num_blocks()));
+    const auto& tensors = whole_.block(logical).tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const ParamTensor& t = tensors[i];
+      const bool wte = logical == 0 && i == 0;
+      const Shape shape = wte ? Shape{ops::padded_vocab(t.shape[0]), t.shape[1]} : t.shape;
+      layout_.add_tensor(b, t.name, shape, t.init, t.init_std, t.weight_decay, wte ? t.numel : -1);
+      map_.places.back().push_back({logical, static_cast<int>(i), wte ? TensorSplit::kRows : TensorSplit::kReplicated});
+    }
+    logical_.push_back(logical);
+    return b;
+  }
+
   ModelConfig config_;
   Recompute recompute_;
   DType activations_ = DType::kF32;
   bool split_ = false;
-  ParamLayout layout_;
+  ParamLayout whole_;   // gpt_layout: the real vocabulary (what checkpoints and exports hold)
+  ParamLayout layout_;  // the local blocks: wte padded
+  TensorMap map_;
   std::vector<GptChunk> chunks_;
   std::vector<int> logical_;  // logical block of each local block
 };

@@ -15,7 +15,7 @@ int ParamLayout::add_block(std::string name) {
 }
 
 void ParamLayout::add_tensor(int block, std::string name, Shape shape, ParamInit init,
-                             float init_std, bool weight_decay) {
+                             float init_std, bool weight_decay, int64_t init_numel) {
   ParamBlock& b = blocks_.at(static_cast<size_t>(block));
   ParamTensor t;
   t.name = std::move(name);
@@ -25,6 +25,8 @@ void ParamLayout::add_tensor(int block, std::string name, Shape shape, ParamInit
   t.init = init;
   t.init_std = init_std;
   t.weight_decay = weight_decay;
+  ZT_CHECK(init_numel >= -1 && init_numel <= t.numel, "tensor ", t.name, ": init_numel ", init_numel, " of ", t.numel);
+  t.init_numel = init_numel;
   b.numel = t.offset + t.numel;
   b.tensors.push_back(std::move(t));
 }
@@ -53,13 +55,14 @@ void init_block_host(const ParamBlock& block, uint64_t seed, float* out) {
   std::fill(out, out + block.numel, 0.0f);  // padding is zero
   for (const auto& t : block.tensors) {
     float* dst = out + t.offset;
+    const int64_t n = t.init_numel >= 0 ? t.init_numel : t.numel;  // padding rows stay zero
     switch (t.init) {
       case ParamInit::kZeros: break;
-      case ParamInit::kOnes: std::fill(dst, dst + t.numel, 1.0f); break;
+      case ParamInit::kOnes: std::fill(dst, dst + n, 1.0f); break;
       case ParamInit::kNormal: {
         const uint64_t stream = fnv1a(t.name);
         const float std = t.init_std;
-        parallel_for(t.numel, 1 << 14, [&](int64_t b, int64_t e) {
+        parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) dst[i] = std * philox_normal(seed, stream, static_cast<uint64_t>(i));
         });
         break;

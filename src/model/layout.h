@@ -21,6 +21,9 @@ struct ParamTensor {
   ParamInit init = ParamInit::kZeros;
   float init_std = 0;
   bool weight_decay = false;  // matrices and embeddings decay; biases and norms do not
+  // Elements `init` fills, from the start; the rest stay zero (a padded tensor's padding rows: the
+  // GPT's LM head/embedding table padded to a multiple of 128 rows). -1: all of them.
+  int64_t init_numel = -1;
 };
 
 struct ParamBlock {
@@ -35,8 +38,9 @@ class ParamLayout {
   static constexpr int64_t kAlign = 16;
 
   int add_block(std::string name);
+  // init_numel: ParamTensor::init_numel (-1: the whole tensor).
   void add_tensor(int block, std::string name, Shape shape, ParamInit init, float init_std,
-                  bool weight_decay);
+                  bool weight_decay, int64_t init_numel = -1);
 
   const std::vector<ParamBlock>& blocks() const { return blocks_; }
   int num_blocks() const { return static_cast<int>(blocks_.size()); }

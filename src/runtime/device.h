@@ -39,6 +39,11 @@ struct MathMode {
   // (kernels/ops.h cudnn_attention_workspace_formula). Off: its faster non-deterministic one (fp32
   // atomics in dQ). ZeroTrain's own kernels are deterministic either way.
   bool deterministic_attention = true;
+  // 16-bit matrix products must have every dimension a multiple of 8 and every operand 16-byte
+  // aligned (kernels/ops.h "GEMM tiles"): the shapes on which cuBLASLt runs tensor-core tiles with
+  // 16-byte loads. The ops refuse any other with one sentence naming the op and the shape, on every
+  // backend, so CI (no GPU) fails where a GPU would silently take a slow path.
+  bool gemm_tiles = false;
 };
 
 enum class FaultKind {
@@ -91,11 +96,13 @@ class Device {
   virtual bool failed() const = 0;
 
   MathMode math_mode() const {
-    return MathMode{tf32_.load(std::memory_order_relaxed), deterministic_attention_.load(std::memory_order_relaxed)};
+    return MathMode{tf32_.load(std::memory_order_relaxed), deterministic_attention_.load(std::memory_order_relaxed),
+                    gemm_tiles_.load(std::memory_order_relaxed)};
   }
   void set_math_mode(const MathMode& mode) {
     tf32_.store(mode.tf32, std::memory_order_relaxed);
     deterministic_attention_.store(mode.deterministic_attention, std::memory_order_relaxed);
+    gemm_tiles_.store(mode.gemm_tiles, std::memory_order_relaxed);
   }
 
   // Where this device reports its stream work (nullptr: nowhere; then tracing costs one atomic
@@ -135,6 +142,7 @@ class Device {
  private:
   std::atomic<bool> tf32_{false};
   std::atomic<bool> deterministic_attention_{true};
+  std::atomic<bool> gemm_tiles_{false};
 };
 
 }  // namespace zt

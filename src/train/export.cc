@@ -75,7 +75,8 @@ ExportReport export_safetensors(const std::string& spec, const std::string& out_
   const CheckpointReader reader = CheckpointReader::open(dir);
   const ModelConfig mc = config_from_meta(reader.meta(), dir);
   const auto model = make_model(mc);
-  const ParamLayout& L = model->layout();
+  // The checkpoint's arrays and the file hold the real vocabulary (the GPT's padded wte is local).
+  const ParamLayout& L = model->tensor_map() ? *model->tensor_map()->logical : model->layout();
   std::vector<SafetensorsWriter::Spec> specs;
   for (const auto& b : L.blocks())
     for (const auto& t : b.tensors) {

@@ -797,6 +797,11 @@ void Trainer::finish(World& w) {
     // The logical (one-device) blocks, whatever the tensor degree.
     result_.final_params = logical_parameters(engine, w.model(), true);
     result_.final_working = logical_parameters(engine, w.model(), false);
+    if (engine.tensor_size() == 1)
+      for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
+        result_.final_local_params.push_back(engine.master_to_host(b));
+        result_.final_local_working.push_back(engine.block_to_host(b));
+      }
   }
   if (keep && w.model().tensor_map()) {
     ZeroEngine& engine = w.engine();

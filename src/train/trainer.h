@@ -106,6 +106,12 @@ struct TrainConfig {
   // a workspace quadratic in T) or its faster non-deterministic one; the CPU backend's attention
   // is deterministic either way (runtime/device.h MathMode).
   bool deterministic_attention = true;
+  // MathMode::gemm_tiles on the run's devices (kernels/ops.h "GEMM tiles"): every 16-bit GEMM must
+  // have M, N, K multiples of 8 and 16-byte-aligned operands, or the run stops with one sentence
+  // naming the op and the shape. Off by default: small widths and token counts (a test's 16-wide
+  // model, an odd batch) are legal, only slower on a GPU. Tests of the models' layouts set it; the
+  // environment variable ZT_GEMM_TILES=on sets it for any run.
+  bool gemm_tiles = false;
   // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
   std::string loss_scale = "auto";
   Recompute recompute = Recompute::kNone;  // --recompute (model/config.h)
@@ -222,6 +228,9 @@ struct TrainResult {
   std::vector<std::vector<float>> final_params;  // with keep_final_params: the fp32 master weights
   std::vector<std::vector<float>> final_working;  // with keep_final_params: the working parameters, widened to fp32
   std::vector<std::vector<float>> final_moments;  // with keep_final_params: per block, all first moments then all second ones
+  // With keep_final_params, one engine and tensor degree 1: the model's local blocks as the devices
+  // hold them (the GPT's wte with its padding rows), master and working (widened); else empty.
+  std::vector<std::vector<float>> final_local_params, final_local_working;
   std::vector<int64_t> final_update_counts;       // with keep_final_params: each rank's device update counter
   std::vector<TraceSpan> trace;                  // with zero_trace (training steps only)
   // --pipeline-parallel: the bubble fraction measured over the steps and the schedule's closed form.

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
@@ -116,9 +118,11 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     : run_(run), split_(split), scaling_(scaling), rt_(std::move(rt)) {
   for (int r = 0; r < rt_->size(); ++r) {
     devs_.push_back(&rt_->device(r));
-    // Before any op is enqueued.
-    devs_.back()->set_math_mode(
-        MathMode{.tf32 = run.cfg.tf32, .deterministic_attention = run.cfg.deterministic_attention});
+    const char* tiles = std::getenv("ZT_GEMM_TILES");
+    const bool gemm_tiles = run.cfg.gemm_tiles || (tiles != nullptr && std::string(tiles) == "on");
+    devs_.back()->set_math_mode(MathMode{.tf32 = run.cfg.tf32,
+                                         .deterministic_attention = run.cfg.deterministic_attention,
+                                         .gemm_tiles = gemm_tiles});  // before any op is enqueued
   }
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);

@@ -762,9 +762,11 @@ void ZeroRank::build_segments(float weight_decay) {
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& blk = blocks[b];
     // The norm of a tensor-parallel block's replicated tail (model/tensor_split.h) goes to
-    // out[B + b], apart from the rest, so the host counts it once per tensor group.
+    // out[B + b], apart from the rest, so the host counts it once per tensor group (a map of
+    // degree 1, the one-device GPT's padded vocabulary, has no group: one partial per block).
     const TensorMap* map = e_.model.tensor_map();
-    const int64_t split_at = std::clamp(map ? map->replicated_from(static_cast<int>(b)) : blk.shard.end,
+    const bool split_tail = map != nullptr && map->degree > 1;
+    const int64_t split_at = std::clamp(split_tail ? map->replicated_from(static_cast<int>(b)) : blk.shard.end,
                                         blk.shard.begin, blk.shard.end);
     grad_segs_.push_back({accumulator(blk), split_at - blk.shard.begin, static_cast<int>(b)});
     if (split_at < blk.shard.end)

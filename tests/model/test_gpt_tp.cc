@@ -113,17 +113,29 @@ std::vector<std::vector<float>> logical_grads(const Model& model, const ParamLay
   return got;
 }
 
+// The one-device GPT's local blocks (its wte padded to a multiple of 128 rows, model/gpt.cc) from
+// logical blocks.
+std::vector<std::vector<float>> one_device_local(const Model& model, const std::vector<std::vector<float>>& host) {
+  std::vector<const float*> logical;
+  for (const auto& b : host) logical.push_back(b.data());
+  std::vector<std::vector<float>> local;
+  for (int b = 0; b < model.layout().num_blocks(); ++b) local.push_back(model.tensor_map()->local_block(0, b, logical));
+  return local;
+}
+
 void check_degree(int D, bool sequence, int vocab = 256) {
   const ModelConfig c = tiny_config(vocab);
   const Inputs in = make_inputs(c);
+  const ParamLayout L = gpt_layout(c);  // the logical blocks
   // One device: the reference.
   auto rt1 = Runtime::create_cpu(1);
   auto ref_model = make_model(c);
-  const auto host = init_blocks(ref_model->layout(), 7);
-  Params ref_p(rt1->device(0), ref_model->layout(), host);
+  const auto host = init_blocks(L, 7);
+  Params ref_p(rt1->device(0), ref_model->layout(), one_device_local(*ref_model, host));
   const Result ref = run_model(*ref_model, rt1->device(0), ref_p, in);
-  std::vector<std::vector<float>> ref_grads;
-  for (int b = 0; b < ref_model->layout().num_blocks(); ++b) ref_grads.push_back(ref_p.grad_host(b));
+  std::vector<std::vector<float>> ref_local;
+  for (int b = 0; b < ref_model->layout().num_blocks(); ++b) ref_local.push_back(ref_p.grad_host(b));
+  const std::vector<std::vector<float>> ref_grads = logical_grads(*ref_model, L, {ref_local});
 
   auto rt = Runtime::create_cpu(D);
   std::vector<Device*> devs;
@@ -151,9 +163,9 @@ void check_degree(int D, bool sequence, int vocab = 256) {
   std::vector<std::vector<std::vector<float>>> local(static_cast<size_t>(D));
   for (int t = 0; t < D; ++t)
     for (int b = 0; b < model->layout().num_blocks(); ++b) local[static_cast<size_t>(t)].push_back(params[static_cast<size_t>(t)]->grad_host(b));
-  const std::vector<std::vector<float>> got = logical_grads(*model, ref_model->layout(), local);
+  const std::vector<std::vector<float>> got = logical_grads(*model, L, local);
   for (size_t b = 0; b < got.size(); ++b)
-    expect_close(got[b], ref_grads[b], 2e-5, "gradient of block " + ref_model->layout().block(static_cast<int>(b)).name);
+    expect_close(got[b], ref_grads[b], 2e-5, "gradient of block " + L.block(static_cast<int>(b)).name);
 }
 
 TEST(GptTensorParallel, MatchesOneDeviceWithSequenceParallelism) {
@@ -213,23 +225,27 @@ void check_degree_16(int D, bool sequence, DType dt, int vocab) {
   auto rt1 = Runtime::create_cpu(1);
   Device& d1 = rt1->device(0);
   auto one16 = make_model(c, Recompute::kNone, {}, dt);
-  const ParamLayout& L = one16->layout();
+  const ParamLayout L = gpt_layout(c);  // the logical blocks (the one-device GPT pads wte locally)
   std::vector<std::vector<float>> host = init_blocks(L, 7);
-  Params16 one_p(d1, L, dt);
   for (int b = 0; b < L.num_blocks(); ++b) {
     for (const ParamTensor& t : L.block(b).tensors)
       if (t.init != ParamInit::kNormal)
         for (int64_t i = 0; i < t.numel; ++i)
           host[static_cast<size_t>(b)][static_cast<size_t>(t.offset + i)] += 0.1f * static_cast<float>(((i * 7 + b) % 13) - 6) / 6;
-    host[static_cast<size_t>(b)] = one_p.set(b, host[static_cast<size_t>(b)]);
+    for (float& x : host[static_cast<size_t>(b)])  // representable in dt
+      x = dt == DType::kBF16 ? bf16_bits_to_float(float_to_bf16_bits(x)) : half_bits_to_float(float_to_half_bits(x));
   }
+  const std::vector<std::vector<float>> one_local = one_device_local(*one16, host);
+  Params16 one_p(d1, one16->layout(), dt);
+  for (int b = 0; b < one16->layout().num_blocks(); ++b) EXPECT_EQ(one_p.set(b, one_local[static_cast<size_t>(b)]), one_local[static_cast<size_t>(b)]);
   const Result one = run_model(*one16, d1, one_p, in);
-  std::vector<std::vector<float>> one_grads;
-  for (int b = 0; b < L.num_blocks(); ++b) {
-    one_grads.emplace_back(static_cast<size_t>(L.block(b).numel));
-    d1.compute().copy(one_grads.back().data(), one_p.grads(b), one_grads.back().size() * 4);
+  std::vector<std::vector<float>> one_local_grads;
+  for (int b = 0; b < one16->layout().num_blocks(); ++b) {
+    one_local_grads.emplace_back(static_cast<size_t>(one16->layout().block(b).numel));
+    d1.compute().copy(one_local_grads.back().data(), one_p.grads(b), one_local_grads.back().size() * 4);
   }
   d1.compute().synchronize();
+  const std::vector<std::vector<float>> one_grads = logical_grads(*one16, L, {one_local_grads});
 
   auto rt = Runtime::create_cpu(D);
   std::vector<Device*> devs;

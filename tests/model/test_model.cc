@@ -29,10 +29,17 @@ TEST(ModelConfig, PresetParameterCountsMatchGpt2) {
   EXPECT_EQ(make_model_config("gpt2-350m").num_parameters(), 354'823'168);
   EXPECT_EQ(make_model_config("gpt2-774m").num_parameters(), 774'030'080);
   EXPECT_EQ(make_model_config("gpt2-1558m").num_parameters(), 1'557'611'200);
+  // The logical layout holds the real parameters; the GPT's local one also wte's padding rows
+  // (the vocabulary padded to a multiple of 128: 50257 -> 50304 rows for GPT-2).
   for (const auto& name : model_preset_names()) {
     const ModelConfig c = make_model_config(name);
-    EXPECT_EQ(make_model(c)->layout().total_parameters(), c.num_parameters()) << name;
+    const auto model = make_model(c);
+    const ParamLayout& logical = model->tensor_map() ? *model->tensor_map()->logical : model->layout();
+    EXPECT_EQ(logical.total_parameters(), c.num_parameters()) << name;
+    const int64_t padding = c.kind == ModelKind::kGpt ? (ops::padded_vocab(c.vocab) - c.vocab) * c.embd : 0;
+    EXPECT_EQ(model->layout().total_parameters(), c.num_parameters() + padding) << name;
   }
+  EXPECT_EQ(make_model(make_model_config("gpt2-124m"))->layout().block(0).tensors[0].shape, (Shape{50304, 768}));
 }
 
 TEST(ModelConfig, OverridesAndErrors) {

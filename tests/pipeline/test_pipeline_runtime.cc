@@ -58,8 +58,9 @@ class PipelineRig {
     for (int s = 0; s < pc.P; ++s) {
       models_.push_back(make_gpt_stage(c, specs[static_cast<size_t>(s)]));
       const Model& m = *models_.back();
-      params_.push_back(std::make_unique<Params>(rt_->device(s), m.layout(), [&](int b) -> const std::vector<float>& {
-        return host[static_cast<size_t>(m.logical_block(b))];
+      local_.push_back(to_local(m, host));  // the stage's blocks (wte padded)
+      params_.push_back(std::make_unique<Params>(rt_->device(s), m.layout(), [this, s](int b) -> const std::vector<float>& {
+        return local_[static_cast<size_t>(s)][static_cast<size_t>(b)];
       }));
       batches_.push_back(std::make_unique<DeviceBatches>(c, rt_->device(s), pc.m));
       work_.push_back(std::make_unique<ModelStageWork>(m, rt_->device(s), *params_.back(), kB, kT, sched_, s));
@@ -72,8 +73,9 @@ class PipelineRig {
   void load(const Blocks& host) {
     for (int s = 0; s < pc_.P; ++s) {
       const Model& m = *models_[static_cast<size_t>(s)];
+      local_[static_cast<size_t>(s)] = to_local(m, host);
       params_[static_cast<size_t>(s)]->load(
-          [&](int b) -> const std::vector<float>& { return host[static_cast<size_t>(m.logical_block(b))]; });
+          [&](int b) -> const std::vector<float>& { return local_[static_cast<size_t>(s)][static_cast<size_t>(b)]; });
     }
   }
   // One step; `jitter(stage)` (may be empty) delays streams. Gradients in logical blocks, the tied
@@ -104,9 +106,7 @@ class PipelineRig {
       const Model& m = *models_[static_cast<size_t>(s)];
       for (int b = 0; b < m.layout().num_blocks(); ++b) {
         const int lb = m.logical_block(b);
-        const std::vector<float> g = params_[static_cast<size_t>(s)]->grad_host(b);
-        auto& out = r.grads[static_cast<size_t>(lb)];
-        for (size_t i = 0; i < g.size(); ++i) out[i] += g[i];
+        add_logical(m, b, params_[static_cast<size_t>(s)]->grad_host(b), r.grads);
         ++seen[static_cast<size_t>(lb)];
       }
     }
@@ -123,6 +123,7 @@ class PipelineRig {
   std::unique_ptr<Runtime> rt_;
   std::vector<int> ranks_;
   std::unique_ptr<Communicator> comm_;
+  std::vector<Blocks> local_;  // each stage's local blocks
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Params>> params_;
   std::vector<std::unique_ptr<DeviceBatches>> batches_;
