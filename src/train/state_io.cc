@@ -64,6 +64,36 @@ HostSnapshot to_logical(const HostSnapshot& local, const TensorMap& map, const Z
   out.shards.assign(static_cast<size_t>(N), std::vector<HostShard>(static_cast<size_t>(L.num_blocks())));
   const bool mixed = local.working != DType::kF32;
   const size_t es = mixed ? dtype_size(local.working) : 0;
+  // A process of a multi-process run holds only its own ranks' shards (the others are empty). Then
+  // each rank keeps its own range, mapped onto the logical block: possible when the map sends a
+  // shard to one consecutive logical range (degree 1: the padded vocabulary's rows beyond V map
+  // nowhere), not for a tensor-parallel split.
+  const bool partial = std::any_of(local.shards.begin(), local.shards.end(), [](const auto& s) { return s.empty(); });
+  if (partial) {
+    for (int r = 0; r < N; ++r) {
+      if (local.shards[static_cast<size_t>(r)].empty()) continue;
+      const int t = tensor_coord(engine, r);
+      for (int b = 0; b < map.local->num_blocks(); ++b) {
+        const HostShard& h = local.shards[static_cast<size_t>(r)][static_cast<size_t>(b)];
+        map.for_each_run(t, b, h.begin, h.begin + static_cast<int64_t>(h.master.size()),
+                         [&](int to, int64_t lo, int64_t li, int64_t count) {
+                           HostShard& o = out.shards[static_cast<size_t>(r)][static_cast<size_t>(to)];
+                           if (o.master.empty()) o.begin = lo;
+                           ZT_REQUIRE(o.begin + static_cast<int64_t>(o.master.size()) == lo,
+                                      "a checkpoint of a tensor-parallel model across processes is not supported "
+                                      "yet: save it from one process (several devices), then resume anywhere");
+                           const size_t at = static_cast<size_t>(li - h.begin), k = static_cast<size_t>(count);
+                           o.master.insert(o.master.end(), h.master.begin() + at, h.master.begin() + at + k);
+                           o.m.insert(o.m.end(), h.m.begin() + at, h.m.begin() + at + k);
+                           if (local.adamw) o.v.insert(o.v.end(), h.v.begin() + at, h.v.begin() + at + k);
+                           if (mixed)
+                             o.working.insert(o.working.end(), h.working.begin() + at * es,
+                                              h.working.begin() + (at + k) * es);
+                         });
+      }
+    }
+    return out;
+  }
   for (int lb = 0; lb < L.num_blocks(); ++lb) {
     const size_t n = static_cast<size_t>(L.block(lb).numel);
     std::vector<float> master(n, 0.0f), m(n, 0.0f), v(local.adamw ? n : 0, 0.0f);
