@@ -176,6 +176,17 @@ constexpr uint16_t kPoison16 = 0x7e01;  // a NaN payload no conversion produces 
 // --------------------------------------------------------------------------------
 
 // Memory from the device pool; host <-> device through stream copies.
+// 16-bit storage: x rounded to bf16/f16 bits, and bits widened back (exact).
+inline uint16_t bits16(float x, DType t) { return t == DType::kBF16 ? float_to_bf16_bits(x) : float_to_half_bits(x); }
+inline float widen16(uint16_t b, DType t) { return t == DType::kBF16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
+// x rounded to t (identity for f32): the values a t tensor holds.
+inline FVec round_to(const FVec& x, DType t) {
+  if (t == DType::kF32) return x;
+  FVec r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = widen16(bits16(x[i], t), t);
+  return r;
+}
+
 class DevTensor {
  public:
   DevTensor(Device& dev, Stream& s, DType dtype, Shape shape)
@@ -254,6 +265,24 @@ class OpsFixture : public ::testing::TestWithParam<Backend> {
     return t;
   }
   DevTensor poisoned(Shape shape) { return tensor(nan_vec(shape.numel()), shape); }
+  // A tensor of type t (f32, bf16, f16) holding round_to(host, t).
+  DevTensor typed(const FVec& host, Shape shape, DType t) {
+    if (t == DType::kF32) return tensor(host, shape);
+    DevTensor d = empty(shape, t);
+    std::vector<uint16_t> bits(host.size());
+    for (size_t i = 0; i < host.size(); ++i) bits[i] = bits16(host[i], t);
+    d.upload(bits);
+    return d;
+  }
+  // The values of a tensor of any floating type, widened.
+  static FVec values(const DevTensor& d) {
+    const DType t = d.view().dtype;
+    if (t == DType::kF32) return d.f();
+    const std::vector<uint16_t> bits = d.download<uint16_t>();
+    FVec v(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) v[i] = widen16(bits[i], t);
+    return v;
+  }
 
   std::unique_ptr<Runtime> rt_;
   Device* dev_ = nullptr;

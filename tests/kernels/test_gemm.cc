@@ -40,17 +40,6 @@ using U16 = std::vector<uint16_t>;
 
 const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
-uint16_t to_bits(float x, DType t) { return t == DType::kBF16 ? float_to_bf16_bits(x) : float_to_half_bits(x); }
-float from_bits(uint16_t b, DType t) { return t == DType::kBF16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
-
-// x rounded to t (identity for f32): the values a t tensor holds.
-FVec round_to(const FVec& x, DType t) {
-  if (t == DType::kF32) return x;
-  FVec r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) r[i] = from_bits(to_bits(x[i], t), t);
-  return r;
-}
-
 Tol tol_for(DType out) {
   if (out == DType::kBF16) return Tol{4e-3, 2e-5};  // 2^-8 = 3.9e-3
   if (out == DType::kF16) return Tol{5e-4, 2e-5};   // 2^-11 = 4.9e-4
@@ -59,29 +48,11 @@ Tol tol_for(DType out) {
 
 class GemmTest : public OpsFixture {
  protected:
-  // A tensor of type t holding round_to(host, t).
-  DevTensor typed(const FVec& host, Shape shape, DType t) {
-    if (t == DType::kF32) return tensor(host, shape);
-    DevTensor d = empty(shape, t);
-    U16 bits(host.size());
-    for (size_t i = 0; i < host.size(); ++i) bits[i] = to_bits(host[i], t);
-    d.upload(bits);
-    return d;
-  }
   DevTensor poisoned_as(Shape shape, DType t) {
     if (t == DType::kF32) return poisoned(shape);
     DevTensor d = empty(shape, t);
     d.upload(U16(static_cast<size_t>(shape.numel()), 0x7fff));  // NaN in both 16-bit types
     return d;
-  }
-  // The values of a tensor of any floating type, widened.
-  static FVec values(const DevTensor& d) {
-    const DType t = d.view().dtype;
-    if (t == DType::kF32) return d.f();
-    const U16 bits = d.download<uint16_t>();
-    FVec v(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) v[i] = from_bits(bits[i], t);
-    return v;
   }
   // Bits of any floating tensor, for bitwise comparisons.
   static std::vector<uint32_t> bits_of(const DevTensor& d) {
@@ -351,7 +322,7 @@ TEST_P(GemmTest, CublasFallbackMatchesCublasLt) {
           d.upload(host);
         } else {
           U16 bits(host.size());
-          for (size_t i = 0; i < host.size(); ++i) bits[i] = to_bits(host[i], dt);
+          for (size_t i = 0; i < host.size(); ++i) bits[i] = bits16(host[i], dt);
           d.upload(bits);
         }
         return d;

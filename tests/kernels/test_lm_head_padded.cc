@@ -25,34 +25,8 @@ using namespace op_test;  // NOLINT(build/namespaces): the helpers shared by the
 using ::testing::HasSubstr;
 using U16 = std::vector<uint16_t>;
 
-uint16_t bits16(float v, DType t) { return t == DType::kBF16 ? float_to_bf16_bits(v) : float_to_half_bits(v); }
-float widen16(uint16_t b, DType t) { return t == DType::kBF16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
-FVec round_to(const FVec& x, DType t) {
-  if (t == DType::kF32) return x;
-  FVec r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) r[i] = widen16(bits16(x[i], t), t);
-  return r;
-}
-
 class PaddedHeadTest : public OpsFixture {
  protected:
-  // A tensor of type t holding round_to(host, t).
-  DevTensor typed(const FVec& host, Shape shape, DType t) {
-    if (t == DType::kF32) return tensor(host, shape);
-    DevTensor d = empty(shape, t);
-    U16 b(host.size());
-    for (size_t i = 0; i < host.size(); ++i) b[i] = bits16(host[i], t);
-    d.upload(b);
-    return d;
-  }
-  static FVec values(const DevTensor& d) {
-    const DType t = d.view().dtype;
-    if (t == DType::kF32) return d.f();
-    const U16 b = d.download<uint16_t>();
-    FVec v(b.size());
-    for (size_t i = 0; i < b.size(); ++i) v[i] = widen16(b[i], t);
-    return v;
-  }
   void set_gemm_tiles(bool on) {
     MathMode m = s().device().math_mode();
     m.gemm_tiles = on;
