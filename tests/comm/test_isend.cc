@@ -365,8 +365,10 @@ TEST(Isend, AbortReleasesABlockedRecvAndABlockedWaitSend) {
       kinds[0] = e.kind();
     }
   });
+  std::atomic<bool> issued{false};  // the isend itself must precede the abort (a loaded machine)
   std::thread sender([&] {
     const uint64_t t = comm.isend(2, 3, view_of(b, 2), &devs[2]->compute());  // rank 3 never receives
+    issued = true;
     try {
       comm.wait_send(2, t, devs[2]->compute());
     } catch (const Error& e) {
@@ -374,6 +376,7 @@ TEST(Isend, AbortReleasesABlockedRecvAndABlockedWaitSend) {
       kinds[1] = e.kind();
     }
   });
+  while (!issued) std::this_thread::yield();
   std::this_thread::sleep_for(30ms);
   comm.abort("rank 0 failed");
   receiver.join();
