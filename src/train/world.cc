@@ -138,10 +138,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   if (PP > 1) {
     build_pipeline(zo);
   } else {
-    // A GPT without tensor parallelism computes in the 16-bit working dtype (16-bit activations);
-    // the rest in fp32 on the engine's widened parameters.
+    // Every model computes in the working dtype (16-bit activations in a 16-bit run).
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                        run_activation_dtype(run.mc, working, TP, PP));
+                        run_activation_dtype(working));
     if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
       collectives_ = run.cfg.comm == CommEngine::kNccl
                          ? run.processes->connect_nccl(devs_)
@@ -152,7 +151,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
-    engine_->set_tracing(run.cfg.zero_trace);
+    engine_->set_tracing(run.cfg.test.zero_trace);
   }
 
   // Parameters: initialised once on the host (deterministic in the seed, independent of the
@@ -257,7 +256,7 @@ void World::build_pipeline(const ZeroOptions& zero) {
   const PipelineCosts costs = gpt_pipeline_costs(run_.mc, T);
   pp.partition = cfg.pp_layout.empty() ? partition_pipeline(costs, P, V)
                                        : partition_from_layout(costs, parse_pp_layout(cfg.pp_layout), P, V);
-  const PipeSchedule kind = parse_pipe_schedule(cfg.pp_schedule);
+  const PipeSchedule kind = cfg.pp_schedule;
   pp.schedule = make_schedule(kind, P, m, V);
   pp.note = schedule_note(kind, P, m);
   ZeroOptions zo = zero;
@@ -274,7 +273,7 @@ void World::build_pipeline(const ZeroOptions& zero) {
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
     pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
                                        TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                                       run_activation_dtype(run_.mc, zo.working, shape.tensor, P)));
+                                       run_activation_dtype(zo.working)));
     pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));
