@@ -508,6 +508,28 @@ class ModelsByRecompute {
 
 }  // namespace
 
+namespace {
+
+// Nothing fits: what even every lever at its most, with micro-batch 1, needs.
+PlanSuggestion nothing_fits(const PlanInputs& in, const std::vector<PlanInputs>& levers,
+                            const std::function<MemoryPlan(const PlanInputs&)>& plan_of, size_t* work) {
+  PlanInputs c = levers.empty() ? in : levers.back();  // every lever at its most
+  c.zero_stage = 3;
+  c.micro_batch = 1;
+  c.micro_batches = in.micro_batches * in.micro_batch;
+  const MemoryPlan p = plan_of(c);
+  if (work) *work += p.work;
+  std::string most = "ZeRO stage 3";
+  if (c.recompute != Recompute::kNone) most += std::string(" with --recompute ") + recompute_name(c.recompute);
+  if (c.offload) most += std::string(c.recompute != Recompute::kNone ? "," : " with") + " --offload optimizer";
+  return suggestion_for(PlanSuggestion::kNothing, c,
+                        "even " + most + " and micro-batch 1 needs " + format_plan_bytes(peak_total(p)) +
+                            " per device; use a smaller model or a shorter --train-seq-len, or devices with more "
+                            "memory");
+}
+
+}  // namespace
+
 PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan(const PlanInputs&)>& plan_of,
                             size_t* work) {
   auto fits = [&](const PlanInputs& c, MemoryPlan* out) {
@@ -601,18 +623,7 @@ PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan
   }
   for (const PlanInputs& lever : levers)
     if (auto s = more_devices(lever, PlanSuggestion::kCombined)) return *s;
-  PlanInputs c = levers.empty() ? in : levers.back();  // every lever at its most
-  c.zero_stage = 3;
-  c.micro_batch = 1;
-  c.micro_batches = in.micro_batches * in.micro_batch;
-  fits(c, &p);
-  std::string most = "ZeRO stage 3";
-  if (c.recompute != Recompute::kNone) most += std::string(" with --recompute ") + recompute_name(c.recompute);
-  if (c.offload) most += std::string(c.recompute != Recompute::kNone ? "," : " with") + " --offload optimizer";
-  return suggestion_for(PlanSuggestion::kNothing, c,
-                        "even " + most + " and micro-batch 1 needs " + format_plan_bytes(peak_total(p)) +
-                            " per device; use a smaller model or a shorter --train-seq-len, or devices with more "
-                            "memory");
+  return nothing_fits(in, levers, plan_of, work);
 }
 
 MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {

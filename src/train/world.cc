@@ -154,27 +154,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     engine_->set_tracing(run.cfg.test.zero_trace);
   }
 
-  // Parameters: initialised once on the host (deterministic in the seed, independent of the
-  // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
-  // from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
-  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
-  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
-  if (pipe_) whole = gpt_layout(run.mc);
-  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
-  std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
-  if (!run.cfg.init_from.empty()) {
-    std::vector<std::string> ignored;
-    host = read_safetensors_weights(run.cfg.init_from, run.mc, logical, &ignored);
-    init_note_ = "initialised from " + run.cfg.init_from;
-    if (!ignored.empty())
-      init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
-  } else {
-    for (int b = 0; b < logical.num_blocks(); ++b) {
-      host[static_cast<size_t>(b)].resize(static_cast<size_t>(logical.block(b).numel));
-      init_block_host(logical.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
-    }
-  }
-  load_initial_parameters(host);
+  init_parameters();
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
@@ -214,6 +194,30 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     // splits over the data axis.
     R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, data_rank(r)));
   }
+}
+
+// Parameters: initialised once on the host (deterministic in the seed, independent of the
+// device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
+// from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
+void World::init_parameters() {
+  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
+  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
+  if (pipe_) whole = gpt_layout(run_.mc);
+  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
+  std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
+  if (!run_.cfg.init_from.empty()) {
+    std::vector<std::string> ignored;
+    host = read_safetensors_weights(run_.cfg.init_from, run_.mc, logical, &ignored);
+    init_note_ = "initialised from " + run_.cfg.init_from;
+    if (!ignored.empty())
+      init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
+  } else {
+    for (int b = 0; b < logical.num_blocks(); ++b) {
+      host[static_cast<size_t>(b)].resize(static_cast<size_t>(logical.block(b).numel));
+      init_block_host(logical.block(b), run_.cfg.seed, host[static_cast<size_t>(b)].data());
+    }
+  }
+  load_initial_parameters(host);
 }
 
 void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {

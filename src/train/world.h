@@ -216,6 +216,7 @@ class World {
  private:
   void on_watchdog_timeout();
   void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  void init_parameters();  // the seeded (or --init-from) logical blocks onto every rank
   void load_initial_parameters(const std::vector<std::vector<float>>& host);
 
   const RunContext& run_;
