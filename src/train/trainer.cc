@@ -842,8 +842,8 @@ RunReport Trainer::run_report(World& w) {
       training_flops_per_token(run_.mc, run_.mc.num_parameters(), run_.T);
   // A 16-bit model's GEMMs run in the working dtype at the end of the run (an fp16 run that switched
   // to bf16 after a scale collapse: the peaks of the two are the same on every GPU of the table).
-  // Every pipeline stage computes in one dtype (run_activation_dtype): the first rank's stage says it.
-  const Model& model = w.pipelined() ? w.model_of(0) : w.model();
+  // Every pipeline stage computes in one dtype (run_activation_dtype): the first rank's model says it.
+  const Model& model = w.model_of(0);
   const DType act = model.activation_dtype() == DType::kF32 ? DType::kF32 : working_;
   report.peak_kind = gemm_peak_kind(act, cfg_.tf32);
   report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
