@@ -7,8 +7,8 @@
 
 namespace zt {
 
-std::vector<InapplicableFlag> inapplicable_run_flags(const RunShape& s, const ModelConfig& mc) {
-  const TrainConfig& c = s.config;
+std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const ModelConfig& mc) {
+  const TrainConfig& c = s.cfg;
   const bool gpt = mc.kind == ModelKind::kGpt;
   const bool dynamic = s.scaling == ZeroOptions::Scaling::kDynamic;
   const bool sampling = gpt && c.sample_tokens > 0;
@@ -17,7 +17,7 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunShape& s, const Mo
     if (!applies) out.push_back({flag, needs});
   };
   rule(c.pipeline_parallel > 1, "pp-schedule", "--pipeline-parallel 2 or more");
-  rule(c.pipeline_parallel > 1 && c.pp_schedule == "interleaved", "virtual-stages",
+  rule(c.pipeline_parallel > 1 && c.pp_schedule == PipeSchedule::kInterleaved, "virtual-stages",
        "--pp-schedule interleaved with --pipeline-parallel 2 or more");
   rule(c.pipeline_parallel > 1, "pp-layout", "--pipeline-parallel 2 or more");
   rule(c.offload_optimizer, "offload-fraction", "--offload optimizer");

@@ -18,7 +18,7 @@ struct InapplicableFlag {
 };
 
 // The run flags (apps/run_flags.h) that have no effect on a run of this resolved shape.
-std::vector<InapplicableFlag> inapplicable_run_flags(const RunShape& shape, const ModelConfig& mc);
+std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& shape, const ModelConfig& mc);
 
 // Throws zt::Error(kInvalidArgument) naming the first flag of `flags` that `sub` was given
 // (on the command line or by --config).

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
+#include "cli_choice.h"
 #include "core/files.h"
 #include "core/status.h"
 #include "data/language_data.h"
@@ -35,9 +36,9 @@ std::optional<BpeTokenizer> find_tokenizer(const HostGpt& m, const std::string& 
   return std::nullopt;
 }
 
-CLI::Option* add_log_format(CLI::App* sub, std::string& v) {
-  return sub->add_option("--log-format", v, "text, or json: one JSON object on stdout")
-      ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
+CLI::Option* add_log_format(CLI::App* sub, bool& json) {
+  return zt_cli::add_choice(*sub, "--log-format", json, zt_cli::Choices<bool>{{"text", false}, {"json", true}},
+                            "text, or json: one JSON object on stdout");
 }
 
 }  // namespace
@@ -55,7 +56,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   sub_->add_option("--top-k", top_k_, "Sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(zt_cli::whole(0));
   sub_->add_option("--seed", seed_, "Sampling seed")->capture_default_str()->check(zt_cli::seed());
-  add_log_format(sub_, log_format_);
+  add_log_format(sub_, json_);
   sub_->add_option("--dump-logits", dump_logits_, "Also write the prompt positions' logits to FILE (float32, "
                    "[prompt tokens, vocab], row-major; peer tests)")->check(zt_cli::non_empty());
 }
@@ -93,7 +94,7 @@ int GenerateCommand::run() {
     for (int32_t id : v) s.push_back(static_cast<char>(id));
     return s;
   };
-  if (log_format_ == "json") {
+  if (json_) {
     const nlohmann::json j = {{"checkpoint", m.checkpoint}, {"step", m.step}, {"prompt", prompt_},
                               {"completion", text(fresh)}, {"prompt_tokens", prompt}, {"tokens", fresh}};
     write_stdout_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -114,7 +115,7 @@ EvalCommand::EvalCommand(CLI::App& app) {
                                     "(default: the run's data)")->check(zt_cli::non_empty());
   sub_->add_option("--eval-batches", batches_, "Batches (default: the run's --eval-batches)")->check(zt_cli::whole(1));
   sub_->add_option("--rows", rows_, "Sequences per batch (default: the run's evaluation batch)")->check(zt_cli::whole(1));
-  add_log_format(sub_, log_format_);
+  add_log_format(sub_, json_);
 }
 
 int EvalCommand::run() {
@@ -131,7 +132,7 @@ int EvalCommand::run() {
   const std::unique_ptr<LanguageData> lang = open_eval_data(data, seed, m.mc.vocab);
   const EvalReport r = evaluate_host(m, *lang, batches, rows, T);
   const double ppl = std::exp(r.loss);
-  if (log_format_ == "json") {
+  if (json_) {
     const nlohmann::json j = {{"event", "eval"}, {"checkpoint", m.checkpoint}, {"step", m.step}, {"data", data},
                               {"batches", r.batches}, {"rows", r.rows}, {"seq_len", r.seq_len}, {"tokens", r.tokens},
                               {"val_loss", r.loss}, {"perplexity", ppl}};

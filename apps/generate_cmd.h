@@ -18,7 +18,8 @@ class GenerateCommand {
 
  private:
   CLI::App* sub_;
-  std::string checkpoint_, prompt_, tokenizer_, log_format_ = "text", dump_logits_;
+  std::string checkpoint_, prompt_, tokenizer_, dump_logits_;
+  bool json_ = false;  // --log-format json
   int max_new_tokens_ = 100, top_k_ = 40;
   float temperature_ = 0.8f;
   uint64_t seed_ = 1337;
@@ -32,7 +33,8 @@ class EvalCommand {
 
  private:
   CLI::App* sub_;
-  std::string checkpoint_, data_, log_format_ = "text";
+  std::string checkpoint_, data_;
+  bool json_ = false;  // --log-format json
   int batches_ = 0, rows_ = 0;
 };
 

@@ -57,7 +57,7 @@ int PlanCommand::run() {
     ZT_REQUIRE(!spec.cuda_ordinals.empty(), "--devices ", spec.text,
                " means every GPU, and this machine has none to count; name them, e.g. --devices cuda:0,1 or cuda:0x4");
     const int n = static_cast<int>(spec.cuda_ordinals.size());
-    const RunShape shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
+    const RunContext shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
     refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_absent_gpus(mc, shape.plan, n, tc.device_memory);
     std::printf("devices: %s (cuda backend; no usable GPU here: planned as %d GPU%s of %s, Hopper or newer, with "
@@ -65,7 +65,7 @@ int PlanCommand::run() {
                 tc.devices.c_str(), n, n == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str());
   } else {
     auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
-    const RunShape shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
+    const RunContext shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
     refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_run(mc, *rt, shape.plan);
     if (tc.device_memory) {  // also states (overrides) the memory of real GPUs

@@ -5,12 +5,18 @@
 #include <vector>
 
 #include "cli_checks.h"
+#include "cli_choice.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "train/plan.h"
 #include "train/schedule.h"
 
 namespace zt {
+
+using zt_cli::add_choice;
+using zt_cli::add_parsed;
+using zt_cli::Choices;
+using zt_cli::named;
 
 std::vector<int> parse_hidden(const std::string& hidden) {
   std::vector<int> out;
@@ -31,42 +37,21 @@ std::vector<int> parse_hidden(const std::string& hidden) {
 
 TrainConfig RunFlags::to_config() const {
   TrainConfig tc = config;
-  tc.schedule = parse_lr_schedule(schedule);
-  tc.optimizer = optimizer == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
   if (!hidden.empty()) tc.overrides.hidden = parse_hidden(hidden);
-  tc.log_format = log_format == "json" ? LogFormat::kJson : LogFormat::kText;
   for (const std::string& f : inject_faults) tc.inject_faults.push_back(parse_fault_injection(f));
-  // The flag's IsMember check admits only these (train.cc's parse_precision says the same).
-  tc.precision = precision == "fp32"   ? Precision::kFp32
-                 : precision == "bf16" ? Precision::kBf16
-                 : precision == "fp16" ? Precision::kFp16
-                                       : Precision::kAuto;
-  tc.on_scale_collapse_bf16 = on_collapse == "bf16";
-  tc.recompute = parse_recompute(recompute);
-  tc.offload_optimizer = offload == "optimizer";
-  tc.comm_topology = comm_topology == "hierarchical" ? CommTopology::kHierarchical : CommTopology::kFlat;
-  tc.comm = comm == "nccl" ? CommEngine::kNccl : CommEngine::kRing;
-  tc.cuda_graphs = cuda_graphs == "on" ? CudaGraphs::kOn : cuda_graphs == "off" ? CudaGraphs::kOff : CudaGraphs::kAuto;
-  tc.deterministic_attention = deterministic_attention != "off";
   return tc;
 }
 
 void add_device_memory_option(CLI::App& sub, size_t& bytes) {
-  sub.add_option_function<std::string>(
-         "--device-memory",
-         [&bytes](const std::string& s) {
-           try {
-             bytes = parse_memory_size(s);
-           } catch (const Error& e) {
-             throw CLI::ValidationError(e.message());
-           }
-         },
-         "Memory of each simulated CPU device (e.g. 16GiB, 512MiB); plan: also overrides a GPU's memory")
+  add_parsed(sub, "--device-memory", bytes, [](const std::string& text) { return parse_memory_size(text); },
+             "Memory of each simulated CPU device (e.g. 16GiB, 512MiB); plan: also overrides a GPU's memory")
       ->type_name("SIZE");
 }
 
-void add_run_flags(CLI::App& sub, RunFlags& f) {
-  TrainConfig& tc = f.config;
+namespace {
+
+// The flag groups, in the order --help and --print-config list them.
+void add_job_flags(CLI::App& sub, TrainConfig& tc) {
   using zt_cli::non_empty;
   std::string presets;
   for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
@@ -93,16 +78,21 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--min-lr", tc.min_lr, "Final learning rate (default lr/10)")->check(zt_cli::number(0, false));
   sub.add_option("--warmup-steps", tc.warmup_steps, "Linear warmup steps (default 13.5% of steps for GPT with AdamW, else 2%)")
       ->check(zt_cli::whole(0));
-  sub.add_option("--lr-schedule", f.schedule, "cosine, linear or constant")->capture_default_str()
-      ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+  add_choice(sub, "--lr-schedule", tc.schedule,
+             named({LrSchedule::kCosine, LrSchedule::kLinear, LrSchedule::kConstant}, lr_schedule_name),
+             "cosine, linear or constant");
   sub.add_option("--weight-decay", tc.weight_decay, "Decoupled weight decay (matrices and embeddings)")
       ->capture_default_str()->check(zt_cli::number(0, false));
   sub.add_option("--grad-clip", tc.grad_clip, "Clip the global gradient norm to this (0 = off)")
       ->capture_default_str()->check(zt_cli::number(0, false));
-  sub.add_option("--optimizer", f.optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()
-      ->check(CLI::IsMember({"adamw", "sgd"}));
+  add_choice(sub, "--optimizer", tc.optimizer, Choices<OptimizerKind>{{"adamw", OptimizerKind::kAdamW}, {"sgd", OptimizerKind::kSgd}},
+             "adamw or sgd (momentum 0.9)");
   sub.add_option("--seed", tc.seed, "Seed for initialisation, data order and sampling")->capture_default_str()
       ->check(zt_cli::seed());
+}
+
+void add_output_flags(CLI::App& sub, TrainConfig& tc) {
+  using zt_cli::non_empty;
   sub.add_option("--eval-every", tc.eval_every, "Evaluate every N steps (default 4 times a run)")
       ->check(zt_cli::whole(0));
   sub.add_option("--eval-batches", tc.eval_batches, "Validation batches per evaluation")->capture_default_str()
@@ -123,6 +113,11 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "A:B: CUDA profiler capture (cudaProfilerStart/Stop) around steps A..B, for nsys "
                  "--capture-range=cudaProfilerApi")
       ->check(non_empty());
+}
+
+void add_shape_flags(CLI::App& sub, RunFlags& f) {
+  TrainConfig& tc = f.config;
+  using zt_cli::non_empty;
   sub.add_option("--layers", tc.overrides.layers, "Override the preset's layer count")->check(zt_cli::whole(1));
   sub.add_option("--heads", tc.overrides.heads, "Override the preset's head count")->check(zt_cli::whole(1));
   sub.add_option("--embd", tc.overrides.embd, "Override the preset's width")->check(zt_cli::whole(1));
@@ -133,18 +128,22 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--hidden", f.hidden, "MLP hidden sizes, e.g. 256,128");
   sub.add_flag("--quiet", tc.quiet, "No progress output");
   add_device_memory_option(sub, tc.device_memory);
-  sub.add_option("--log-format", f.log_format, "text (progress line, summary table) or json (the --metrics records on stdout)")
-      ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
+  add_choice(sub, "--log-format", tc.log_format, Choices<LogFormat>{{"text", LogFormat::kText}, {"json", LogFormat::kJson}},
+             "text (progress line, summary table) or json (the --metrics records on stdout)");
   sub.add_option("--plot", f.plot, "Write the loss curve (train, eval, entropy floor) as an SVG file")->check(non_empty());
-  sub.add_option("--precision", f.precision,
-                 "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
-                 "master weights and moments stay fp32")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+}
+
+void add_precision_flags(CLI::App& sub, TrainConfig& tc) {
+  add_choice(sub, "--precision", tc.precision,
+             named({Precision::kAuto, Precision::kFp32, Precision::kBf16, Precision::kFp16}, precision_name),
+             "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
+             "master weights and moments stay fp32");
   sub.add_flag("--tf32", tc.tf32,
                "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation); "
                "the CPU backend rounds the same way");
-  sub.add_option("--loss-scale", tc.loss_scale, "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
-      ->capture_default_str();
+  add_parsed(sub, "--loss-scale", tc.loss_scale, parse_loss_scale,
+             "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
+      ->default_str("auto");
   sub.add_option("--initial-scale", tc.initial_scale, "Dynamic loss scaling: initial scale")->capture_default_str()
       ->check(zt_cli::number(0, true));
   sub.add_option("--scale-window", tc.scale_window, "Dynamic loss scaling: overflow-free steps before the scale doubles")
@@ -158,27 +157,28 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
       ->capture_default_str()->check(zt_cli::number(0, true));
   sub.add_flag("--stochastic-rounding", tc.stochastic_rounding,
                "Round the 16-bit parameters stochastically from the fp32 master (seeded by --seed)");
-  sub.add_option("--on-scale-collapse", f.on_collapse,
-                 "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16")
-      ->capture_default_str()->check(CLI::IsMember({"stop", "bf16"}));
-  sub.add_option("--recompute", f.recompute,
-                 "Activation recomputation: none, selective (GELU and layernorm outputs) "
-                 "or full (each block re-runs its forward in the backward); the results do not change")
-      ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
-  sub.add_option("--cuda-graphs", f.cuda_graphs,
-                 "Capture each device's micro-batch forward/backward once and replay it, piecewise around the ZeRO "
-                 "hooks: auto (CUDA devices, without tensor or pipeline parallelism), on (also simulated on CPU "
-                 "devices; refused when it cannot be), off")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
-  sub.add_option("--deterministic-attention", f.deterministic_attention,
-                 "on: cuDNN's deterministic attention backward (bitwise reproducible; its workspace grows with T^2, "
-                 "which the plan counts); off: its faster non-deterministic one. The CPU backend is deterministic "
-                 "either way")
-      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
-  sub.add_option("--offload", f.offload,
-                 "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
-                 "after the backward; gradient shards stream to the host during it (none = on the devices)")
-      ->capture_default_str()->check(CLI::IsMember({"none", "optimizer"}));
+  add_choice(sub, "--on-scale-collapse", tc.on_scale_collapse_bf16, Choices<bool>{{"stop", false}, {"bf16", true}},
+             "fp16: when the loss scale collapses, stop (exit code 3) or continue in bf16");
+}
+
+void add_memory_flags(CLI::App& sub, TrainConfig& tc) {
+  using zt_cli::non_empty;
+  add_choice(sub, "--recompute", tc.recompute,
+             named({Recompute::kNone, Recompute::kSelective, Recompute::kFull}, recompute_name),
+             "Activation recomputation: none, selective (GELU and layernorm outputs) "
+             "or full (each block re-runs its forward in the backward); the results do not change");
+  add_choice(sub, "--cuda-graphs", tc.cuda_graphs,
+             Choices<CudaGraphs>{{"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}},
+             "Capture each device's micro-batch forward/backward once and replay it, piecewise around the ZeRO "
+             "hooks: auto (CUDA devices, without tensor or pipeline parallelism), on (also simulated on CPU "
+             "devices; refused when it cannot be), off");
+  add_choice(sub, "--deterministic-attention", tc.deterministic_attention, Choices<bool>{{"on", true}, {"off", false}},
+             "on: cuDNN's deterministic attention backward (bitwise reproducible; its workspace grows with T^2, "
+             "which the plan counts); off: its faster non-deterministic one. The CPU backend is deterministic "
+             "either way");
+  add_choice(sub, "--offload", tc.offload_optimizer, Choices<bool>{{"none", false}, {"optimizer", true}},
+             "optimizer: fp32 master weights and moments in pinned host memory, updated by a host AdamW "
+             "after the backward; gradient shards stream to the host during it (none = on the devices)");
   sub.add_option("--offload-fraction", tc.offload_fraction,
                  "With --offload optimizer: the part of each device's optimizer shard kept on the host (0..1]")
       ->capture_default_str()->check(zt_cli::number(0, true))->check(CLI::Range(0.0f, 1.0f));
@@ -193,10 +193,11 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "Pipeline parallelism: split the GPT's layers into P stages on P device groups (the devices form "
                  "a (devices / P data) x (P pipeline) mesh); the step's micro-batches flow through the schedule")
       ->capture_default_str()->check(zt_cli::whole(1));
-  sub.add_option("--pp-schedule", tc.pp_schedule,
-                 "With --pipeline-parallel > 1: gpipe, 1f1b, interleaved (with --virtual-stages) or zb-h1 "
-                 "(zero-bubble: backward split into input and weight gradients)")
-      ->capture_default_str()->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+  add_choice(sub, "--pp-schedule", tc.pp_schedule,
+             named({PipeSchedule::kGpipe, PipeSchedule::k1F1B, PipeSchedule::kInterleaved, PipeSchedule::kZbH1},
+                   pipe_schedule_name),
+             "With --pipeline-parallel > 1: gpipe, 1f1b, interleaved (with --virtual-stages) or zb-h1 "
+             "(zero-bubble: backward split into input and weight gradients)");
   sub.add_option("--virtual-stages", tc.virtual_stages,
                  "With --pp-schedule interleaved: chunks of layers per device (the bubble shrinks by this factor)")
       ->capture_default_str()->check(zt_cli::whole(1));
@@ -204,6 +205,11 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "With --pipeline-parallel: transformer blocks per (virtual) stage, e.g. 4,4,3,1 (default: balanced "
                  "by predicted time, embedding on the first stage and the head on the last)")
       ->check(non_empty());
+}
+
+void add_checkpoint_flags(CLI::App& sub, RunFlags& f) {
+  TrainConfig& tc = f.config;
+  using zt_cli::non_empty;
   sub.add_option("--init-from", tc.init_from, "Start from these weights (safetensors, GPT-2 tensor names) instead of a seeded init")
       ->check(non_empty());
   sub.add_option("--checkpoint-dir", tc.checkpoint_dir,
@@ -213,9 +219,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
       ->capture_default_str()->check(zt_cli::whole(0));
   sub.add_option("--keep", tc.keep, "Complete checkpoints to keep (older ones are pruned after a save; 0 = all)")
       ->capture_default_str()->check(zt_cli::whole(0));
-  sub.add_option("--resume", tc.resume,
-                 "auto (the newest complete checkpoint in --checkpoint-dir, else start fresh) or a checkpoint "
-                 "directory; any device count and ZeRO stage")
+  add_parsed(sub, "--resume", tc.resume, ResumeFrom::parse,
+             "auto (the newest complete checkpoint in --checkpoint-dir, else start fresh) or a checkpoint "
+             "directory; any device count and ZeRO stage")
       ->check(non_empty());
   sub.add_option("--snapshot-every", tc.snapshot_every,
                  "Keep a host-memory snapshot of every shard every N steps; a failed device is then dropped and "
@@ -230,18 +236,28 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
       ->capture_default_str()->check(zt_cli::seconds());
-  sub.add_option("--comm-topology", f.comm_topology,
-                 "Under mpirun: flat (one ring over every device, bitwise equal to one process) or hierarchical "
-                 "(reduce inside each process first, across processes second: fewer, larger cross-process "
-                 "messages; equal to one process up to rounding); changes nothing in one process")
-      ->capture_default_str()->check(CLI::IsMember({"flat", "hierarchical"}));
-  sub.add_option("--comm", f.comm,
-                 "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
-                 "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)")
-      ->capture_default_str()->check(CLI::IsMember({"ring", "nccl"}));
+  add_choice(sub, "--comm-topology", tc.comm_topology,
+             Choices<CommTopology>{{"flat", CommTopology::kFlat}, {"hierarchical", CommTopology::kHierarchical}},
+             "Under mpirun: flat (one ring over every device, bitwise equal to one process) or hierarchical "
+             "(reduce inside each process first, across processes second: fewer, larger cross-process "
+             "messages; equal to one process up to rounding); changes nothing in one process");
+  add_choice(sub, "--comm", tc.comm, Choices<CommEngine>{{"ring", CommEngine::kRing}, {"nccl", CommEngine::kNccl}},
+             "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
+             "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)");
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));
+}
+
+}  // namespace
+
+void add_run_flags(CLI::App& sub, RunFlags& f) {
+  add_job_flags(sub, f.config);
+  add_output_flags(sub, f.config);
+  add_shape_flags(sub, f);
+  add_precision_flags(sub, f.config);
+  add_memory_flags(sub, f.config);
+  add_checkpoint_flags(sub, f);
 }
 
 }  // namespace zt
@@ -249,6 +265,7 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
 #include "runtime/runtime.h"
 
 namespace zt {
+
 
 PlannedDevices planned_devices(const DeviceSpec& spec) {
   if (spec.kind == DeviceSpec::Kind::kCpu)

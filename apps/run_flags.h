@@ -11,17 +11,15 @@
 
 namespace zt {
 
-// What the flags write: the TrainConfig, plus the values that are strings on the command line
-// and become enums or lists after parsing (to_config()).
+// What the flags write: the TrainConfig (every enumerated flag parsed into it as it is read), plus
+// the values that become lists after parsing (to_config()) and the app's --plot.
 struct RunFlags {
   TrainConfig config;
-  std::string schedule = "cosine", optimizer = "adamw", hidden, log_format = "text", plot, precision = "auto",
-              on_collapse = "stop", recompute = "none", offload = "none", comm_topology = "flat",
-              comm = "ring", cuda_graphs = "auto", deterministic_attention = "on";
+  std::string hidden, plot;
   std::vector<std::string> inject_faults;  // --inject-fault, may repeat
 
-  // The TrainConfig with the string-valued flags converted (--inject-fault included). Throws
-  // zt::Error(kInvalidArgument) for a bad --hidden.
+  // The TrainConfig with --hidden and --inject-fault converted. Throws zt::Error(kInvalidArgument)
+  // for a bad --hidden or --inject-fault.
   TrainConfig to_config() const;
 };
 

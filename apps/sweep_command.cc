@@ -176,7 +176,7 @@ int SweepCommand::run(const std::vector<std::string>& args) {
   s.max_steps = o.max_steps > 0 ? o.max_steps : base_cfg.steps;
   if (s.max_steps <= 0) {
     const ModelConfig mc = make_model_config(base_cfg.model, base_cfg.overrides);
-    s.max_steps = resolve_run_shape(base_cfg, mc, o.devices_per_trial, pool.backend).config.steps;
+    s.max_steps = resolve_run_shape(base_cfg, mc, o.devices_per_trial, pool.backend).cfg.steps;
   }
   // Default: as many rungs as successive halving of this many trials has (eta^K <= trials), so that
   // about one trial is promoted past the last rung.

@@ -13,9 +13,11 @@
 #include <vector>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "cli_checks.h"
+#include "cli_choice.h"
 #include "config_file.h"
 #include "flag_rules.h"
 #include "comm/mesh.h"
@@ -66,9 +68,104 @@ void print_traffic(int processes, int local, const std::string& model, int stage
   }
 }
 
-int run_info(const std::string& devices_flag, int tensor, int pipeline, int processes, const std::string& model,
-             int stage) {
-  const zt::DeviceSpec spec = zt::parse_device_spec(devices_flag);
+// Measured peer-copy bandwidth: a copy of kProbe bytes from row to column, timed on the host
+// around the source's comm stream (after one warm-up copy).
+void print_peer_bandwidth(zt::Runtime& rt) {
+  const size_t kProbe = rt.backend() == zt::Backend::kCuda ? (size_t{64} << 20) : (size_t{16} << 20);
+  std::vector<zt::DeviceBuffer> bufs;
+  for (int i = 0; i < rt.size(); ++i) {
+    zt::Device& d = rt.device(i);
+    bufs.emplace_back(d.memory(), kProbe, d.comm(), "bandwidth probe");
+    d.comm().memset(bufs.back().data(), 1, kProbe);
+    d.comm().synchronize();
+  }
+  std::printf("peer copy bandwidth, GB/s (%s copies, row -> column):\n     ", human_bytes(static_cast<double>(kProbe)).c_str());
+  for (int j = 0; j < rt.size(); ++j) std::printf("%8d", j);
+  std::printf("\n");
+  for (int i = 0; i < rt.size(); ++i) {
+    std::printf("  %2d ", i);
+    zt::Stream& s = rt.device(i).comm();
+    for (int j = 0; j < rt.size(); ++j) {
+      if (i == j) {
+        std::printf("%8s", "-");
+        continue;
+      }
+      s.copy_peer(rt.device(j), bufs[static_cast<size_t>(j)].data(), bufs[static_cast<size_t>(i)].data(), kProbe);
+      s.synchronize();
+      constexpr int kReps = 3;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < kReps; ++k)
+        s.copy_peer(rt.device(j), bufs[static_cast<size_t>(j)].data(), bufs[static_cast<size_t>(i)].data(), kProbe);
+      s.synchronize();
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%8.1f", static_cast<double>(kProbe) * kReps / sec / 1e9);
+    }
+    std::printf("\n");
+  }
+}
+
+// --tensor-parallel T / --pipeline-parallel P: the mesh a train run would form on these
+// devices, its groups, and whether each group's members reach each other directly (a pipeline
+// group's neighbours exchange activations; device r holds stage r / (devices / P)).
+void print_mesh(zt::Runtime& rt, int tensor, int pipeline) {
+  ZT_REQUIRE(rt.size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
+             tensor * pipeline, " does not divide the ", rt.size(), " devices");
+  const zt::Mesh mesh(
+      zt::MeshShape{.data = rt.size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt.size());
+  std::printf("mesh: %s\n", mesh.describe().c_str());
+  std::vector<zt::MeshAxis> axes;
+  if (tensor > 1) axes.push_back(zt::MeshAxis::kTensor);
+  if (pipeline > 1) axes.push_back(zt::MeshAxis::kPipeline);
+  axes.push_back(zt::MeshAxis::kData);
+  for (zt::MeshAxis axis : axes) {
+    std::printf("  %s groups:", zt::mesh_axis_name(axis));
+    for (const auto& g : mesh.groups(axis)) {
+      bool peer = true;
+      for (int a : g)
+        for (int b : g) peer = peer && (a == b || rt.device(a).can_access_peer(rt.device(b)));
+      std::string members;
+      for (int a : g) {
+        if (!members.empty()) members += ',';
+        members += std::to_string(a);
+      }
+      std::printf(" {%s}%s", members.c_str(), peer ? "" : " (no peer access)");
+    }
+    std::printf("\n");
+  }
+}
+
+// `zerotrain info`'s flags.
+struct InfoFlags {
+  std::string devices = "all";
+  int tensor = 1, pipeline = 1;
+  int processes = zt::launched_processes();
+  std::string model = "gpt-tiny";
+  int stage = 2;
+};
+
+CLI::App* add_info_command(CLI::App& app, InfoFlags& f) {
+  CLI::App* info = app.add_subcommand("info", "Show devices, peer access and build options");
+  info->add_option("--devices", f.devices, "Devices: all, cpu:N, cuda:0,1,3, cuda:0x4")
+      ->capture_default_str();
+  info->add_option("--tensor-parallel,--tp", f.tensor, "Show the (data x tensor) mesh --tensor-parallel T forms")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  info->add_option("--pipeline-parallel,--pp", f.pipeline,
+                   "Show the (data x pipeline) mesh --pipeline-parallel P forms")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  info->add_option("--processes", f.processes,
+                   "Predict the traffic per step of K processes (mpirun -np K) of these devices each (default: "
+                   "the processes of this launch)")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  info->add_option("--model", f.model, "The model whose traffic per step to predict")
+      ->capture_default_str()->check(CLI::IsMember(zt::model_preset_names()));
+  info->add_option("--zero-stage", f.stage, "The ZeRO stage whose traffic per step to predict")
+      ->capture_default_str()->check(CLI::Range(0, 3));
+  return info;
+}
+
+int run_info(const InfoFlags& f) {
+  const int tensor = f.tensor, pipeline = f.pipeline;
+  const zt::DeviceSpec spec = zt::parse_device_spec(f.devices);
   auto rt = zt::Runtime::create(spec);
 
   std::printf("ZeroTrain %s\n", ZT_VERSION_STR);
@@ -96,68 +193,9 @@ int run_info(const std::string& devices_flag, int tensor, int pipeline, int proc
       std::printf("%4s", i == j ? "-" : rt->device(i).can_access_peer(rt->device(j)) ? "Y" : "n");
     std::printf("\n");
   }
-  // Measured peer-copy bandwidth: a copy of kProbe bytes from row to column, timed on the host
-  // around the source's comm stream (after one warm-up copy).
-  if (rt->size() > 1) {
-    const size_t kProbe = rt->backend() == zt::Backend::kCuda ? (size_t{64} << 20) : (size_t{16} << 20);
-    std::vector<zt::DeviceBuffer> bufs;
-    for (int i = 0; i < rt->size(); ++i) {
-      zt::Device& d = rt->device(i);
-      bufs.emplace_back(d.memory(), kProbe, d.comm(), "bandwidth probe");
-      d.comm().memset(bufs.back().data(), 1, kProbe);
-      d.comm().synchronize();
-    }
-    std::printf("peer copy bandwidth, GB/s (%s copies, row -> column):\n     ", human_bytes(static_cast<double>(kProbe)).c_str());
-    for (int j = 0; j < rt->size(); ++j) std::printf("%8d", j);
-    std::printf("\n");
-    for (int i = 0; i < rt->size(); ++i) {
-      std::printf("  %2d ", i);
-      zt::Stream& s = rt->device(i).comm();
-      for (int j = 0; j < rt->size(); ++j) {
-        if (i == j) {
-          std::printf("%8s", "-");
-          continue;
-        }
-        s.copy_peer(rt->device(j), bufs[static_cast<size_t>(j)].data(), bufs[static_cast<size_t>(i)].data(), kProbe);
-        s.synchronize();
-        constexpr int kReps = 3;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int k = 0; k < kReps; ++k)
-          s.copy_peer(rt->device(j), bufs[static_cast<size_t>(j)].data(), bufs[static_cast<size_t>(i)].data(), kProbe);
-        s.synchronize();
-        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("%8.1f", static_cast<double>(kProbe) * kReps / sec / 1e9);
-      }
-      std::printf("\n");
-    }
-  }
-  // --tensor-parallel T / --pipeline-parallel P: the mesh a train run would form on these
-  // devices, its groups, and whether each group's members reach each other directly (a pipeline
-  // group's neighbours exchange activations; device r holds stage r / (devices / P)).
-  if (tensor > 1 || pipeline > 1) {
-    ZT_REQUIRE(rt->size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
-               tensor * pipeline, " does not divide the ", rt->size(), " devices");
-    const zt::Mesh mesh(
-        zt::MeshShape{.data = rt->size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt->size());
-    std::printf("mesh: %s\n", mesh.describe().c_str());
-    std::vector<zt::MeshAxis> axes;
-    if (tensor > 1) axes.push_back(zt::MeshAxis::kTensor);
-    if (pipeline > 1) axes.push_back(zt::MeshAxis::kPipeline);
-    axes.push_back(zt::MeshAxis::kData);
-    for (zt::MeshAxis axis : axes) {
-      std::printf("  %s groups:", zt::mesh_axis_name(axis));
-      for (const auto& g : mesh.groups(axis)) {
-        bool peer = true;
-        for (int a : g)
-          for (int b : g) peer = peer && (a == b || rt->device(a).can_access_peer(rt->device(b)));
-        std::string members;
-        for (int a : g) members += (members.empty() ? "" : ",") + std::to_string(a);
-        std::printf(" {%s}%s", members.c_str(), peer ? "" : " (no peer access)");
-      }
-      std::printf("\n");
-    }
-  }
-  print_traffic(processes, rt->size(), model, stage);
+  if (rt->size() > 1) print_peer_bandwidth(*rt);
+  if (tensor > 1 || pipeline > 1) print_mesh(*rt, tensor, pipeline);
+  print_traffic(f.processes, rt->size(), f.model, f.stage);
   const zt::MemoryStats st = rt->device(0).memory().stats();
   std::printf("pool: a caching allocator per device; requests rounded to %s, requests up to 1 MiB packed "
               "into %s segments, larger ones in their own segments rounded to 2 MiB; blocks are tied to their "
@@ -168,65 +206,102 @@ int run_info(const std::string& devices_flag, int tensor, int pipeline, int proc
   return 0;
 }
 
-}  // namespace
+// `zerotrain export`'s flags.
+struct ExportFlags {
+  std::string checkpoint, out, tokenizer;
+  bool hf = false;  // --format hf
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{"ZeroTrain: one process trains across every local GPU, ZeRO-style"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", ZT_VERSION_STR);
-
-  std::string devices = "all";
-  CLI::App* info = app.add_subcommand("info", "Show devices, peer access and build options");
-  info->add_option("--devices", devices, "Devices: all, cpu:N, cuda:0,1,3, cuda:0x4")
-      ->capture_default_str();
-  int info_tensor = 1;
-  info->add_option("--tensor-parallel,--tp", info_tensor, "Show the (data x tensor) mesh --tensor-parallel T forms")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  int info_pipeline = 1;
-  info->add_option("--pipeline-parallel,--pp", info_pipeline,
-                   "Show the (data x pipeline) mesh --pipeline-parallel P forms")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  int info_processes = zt::launched_processes();
-  info->add_option("--processes", info_processes,
-                   "Predict the traffic per step of K processes (mpirun -np K) of these devices each (default: "
-                   "the processes of this launch)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  std::string info_model = "gpt-tiny";
-  info->add_option("--model", info_model, "The model whose traffic per step to predict")
-      ->capture_default_str()->check(CLI::IsMember(zt::model_preset_names()));
-  int info_stage = 2;
-  info->add_option("--zero-stage", info_stage, "The ZeRO stage whose traffic per step to predict")
-      ->capture_default_str()->check(CLI::Range(0, 3));
-
-  zt::RunFlags run_flags;
-  CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
-  zt::add_run_flags(*train, run_flags);
-
-  zt::PlanCommand plan(app);
-  zt::SweepCommand sweep(app);
-  zt::TokenizeCommand tokenize(app);
-  zt::GenerateCommand generate(app);
-  zt::EvalCommand eval(app);
-  std::string export_checkpoint, export_out;
+CLI::App* add_export_command(CLI::App& app, ExportFlags& f) {
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file (GPT-2 tensor names)");
-  exp->add_option("--checkpoint", export_checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
+  exp->add_option("--checkpoint", f.checkpoint, "A checkpoint directory, or a --checkpoint-dir (its newest complete checkpoint)")
       ->required();
-  exp->add_option("--out", export_out, "The .safetensors file to write (atomically); with --format hf, a directory")
+  exp->add_option("--out", f.out, "The .safetensors file to write (atomically); with --format hf, a directory")
       ->required();
-  std::string export_format = "safetensors", export_tokenizer;
-  exp->add_option("--format", export_format, "safetensors (one file), or hf: config.json + model.safetensors (+ the "
-                  "tokenizer) that transformers' GPT2LMHeadModel.from_pretrained loads")
-      ->capture_default_str()->check(CLI::IsMember({"safetensors", "hf"}));
-  exp->add_option("--tokenizer", export_tokenizer, "--format hf: the tokenizer directory to include (default: the one "
+  zt_cli::add_choice(*exp, "--format", f.hf, zt_cli::Choices<bool>{{"safetensors", false}, {"hf", true}},
+                     "safetensors (one file), or hf: config.json + model.safetensors (+ the "
+                     "tokenizer) that transformers' GPT2LMHeadModel.from_pretrained loads");
+  exp->add_option("--tokenizer", f.tokenizer, "--format hf: the tokenizer directory to include (default: the one "
                   "beside the run's token shards, if any)");
-  // --config FILE for the run-shaped subcommands; train --print-config writes the resolved flags.
-  for (CLI::App* sub : {train, app.get_subcommand("plan"), app.get_subcommand("sweep")}) zt::add_config_option(*sub);
-  bool print_config = false;
-  train->add_flag("--print-config", print_config,
-                  "Write this run's flags (the given ones, the defaults, and as comments the values the run "
-                  "resolves) as TOML to stdout and exit without training; --config of that file reproduces the run");
-  // After every option exists (also those other files add): the last value of a repeated flag counts.
-  zt_cli::harden(app);
+  return exp;
+}
+
+int run_export(const ExportFlags& f) {
+  if (f.hf) {
+    const zt::HfExportReport rep = zt::export_hf(f.checkpoint, f.out, f.tokenizer);
+    std::string files;
+    for (const auto& name : rep.files) files += (files.empty() ? "" : ", ") + name;
+    std::printf("exported step %lld of %s for Hugging Face transformers (GPT2LMHeadModel) to %s: %s\n",
+                static_cast<long long>(rep.weights.step), rep.weights.checkpoint.c_str(), f.out.c_str(),
+                files.c_str());
+    return 0;
+  }
+  const zt::ExportReport rep = zt::export_safetensors(f.checkpoint, f.out);
+  std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,
+              zt::format_bytes(static_cast<double>(rep.bytes)).c_str(), static_cast<long long>(rep.step),
+              rep.checkpoint.c_str(), f.out.c_str());
+  return 0;
+}
+
+// `zerotrain train`: every data-independent check (and the defaults, e.g. a batch that splits over
+// the devices) before train() opens the data or creates a device; --print-config stops there.
+int run_train(CLI::App& train, const zt::RunFlags& run_flags, bool print_config) {
+  zt::TrainConfig tc = run_flags.to_config();
+  const std::string& plot_path = run_flags.plot;
+  // Token shards with their tokenizer beside them (zerotrain tokenize): the model's vocabulary is
+  // the tokenizer's unless --vocab says otherwise.
+  if (tc.overrides.vocab == 0)
+    if (const auto v = zt::tokenizer_vocab_beside(tc.data)) tc.overrides.vocab = *v;
+  const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
+  const zt::PlannedDevices devs = zt::planned_devices(zt::parse_device_spec(tc.devices));
+  // Under mpirun every process drives as many devices: the run's shape counts all of them.
+  const zt::RunContext shape = zt::resolve_run_shape(tc, mc, devs.count * zt::launched_processes(), devs.backend);
+  tc = shape.cfg;
+  const std::vector<zt::InapplicableFlag> inapplicable = zt::inapplicable_run_flags(shape, mc);
+  zt::refuse_given(train, inapplicable);
+  zt::check_run_paths(tc, plot_path);
+  if (!plot_path.empty()) zt::check_plot_path(plot_path);
+  if (print_config || !tc.checkpoint_dir.empty()) {
+    std::set<std::string> skip;
+    for (const zt::InapplicableFlag& f : inapplicable) skip.insert(f.flag);
+    // The automatic defaults the run resolved (comments: the file leaves them automatic).
+    std::vector<std::string> resolved;
+    auto note = [&](const char* flag, auto value) {
+      if (train.count(std::string("--") + flag) != 0) return;
+      std::ostringstream os;
+      os.precision(9);
+      os << flag << " = " << value;
+      resolved.push_back(os.str());
+    };
+    if (tc.steps > 0) note("steps", tc.steps);
+    note("batch-size", tc.batch_size);
+    note("micro-batch-size", tc.micro_batch_size);
+    note("lr", tc.lr);
+    if (!skip.count("min-lr")) note("min-lr", tc.min_lr);
+    if (tc.warmup_steps >= 0) note("warmup-steps", tc.warmup_steps);
+    if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
+    if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
+    tc.run_config = zt::format_config(train, skip, resolved);
+    if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
+      zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));
+      return 0;
+    }
+  }
+  const zt::TrainResult result = zt::train(tc);
+  if (!plot_path.empty()) {
+    zt::LossCurve curve{result.losses, result.val_losses, result.entropy_floor, tc.model + " on " + tc.data};
+    zt::write_loss_curve_svg(plot_path, curve);
+    if (tc.log_format == zt::LogFormat::kText && !tc.quiet) std::printf("loss curve: %s\n", plot_path.c_str());
+  }
+  // Stopped by the first SIGINT/SIGTERM after a whole step (and its checkpoint): 128 + signal.
+  return result.signal != 0 ? 128 + result.signal : 0;
+}
+
+// Parses the command line into `app` (a run-shaped subcommand's --config file first, so that the
+// command line's flags override it); `args` are the arguments parsed, without the program name.
+// Returns the exit code when the process ends here (--help, --version, a usage error).
+std::optional<int> parse_command_line(CLI::App& app, const CLI::App& train, int argc, char** argv,
+                                      std::vector<std::string>& args) {
   const std::vector<std::string> subcommands = {"train", "info", "plan", "export", "sweep", "tokenize", "generate", "eval"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(subcommands.begin(), subcommands.end(), argv[1]) == subcommands.end()) {
@@ -240,12 +315,13 @@ int main(int argc, char** argv) {
   }
   // The arguments CLI11 parses: the subcommand's --config file (as arguments) before the command
   // line's own, so that a flag on the command line overrides the file.
-  std::vector<std::string> args(argv + 1, argv + argc);
+  args.assign(argv + 1, argv + argc);
   if (const std::string bad = zt_cli::empty_assignment(args); !bad.empty()) {
     std::fprintf(stderr, "zerotrain: %s\n", bad.c_str());
     return kExitUsage;
   }
-  if (argc > 1 && (args[0] == "train" || args[0] == "plan" || args[0] == "sweep")) {
+  const std::set<std::string> run_shaped = {"train", "plan", "sweep"};  // the subcommands that take --config
+  if (argc > 1 && run_shaped.count(args[0])) {
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     if (const std::string path = zt::config_path(rest); !path.empty()) try {
         std::vector<std::string> merged = zt::config_arguments(*app.get_subcommand(args[0]), path, rest);
@@ -263,7 +339,7 @@ int main(int argc, char** argv) {
     app.parse(static_cast<int>(parse_argv.size()), parse_argv.data());
   } catch (const CLI::ExtrasError& e) {
     // "The following argument was not expected: --stpes" + the nearest flag of the subcommand.
-    const CLI::App* sub = train;
+    const CLI::App* sub = &train;
     if (argc > 1 && argv[1][0] != '-') sub = app.get_subcommand(argv[1]);  // validated above
     std::vector<std::string> flags;
     for (const CLI::Option* o : sub->get_options())
@@ -285,84 +361,50 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ZeroTrain: one process trains across every local GPU, ZeRO-style"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", ZT_VERSION_STR);
+
+  InfoFlags info_flags;
+  CLI::App* info = add_info_command(app, info_flags);
+
+  zt::RunFlags run_flags;
+  CLI::App* train = app.add_subcommand("train", "Train a model (default: gpt-tiny on the synthetic corpus)");
+  zt::add_run_flags(*train, run_flags);
+
+  zt::PlanCommand plan(app);
+  zt::SweepCommand sweep(app);
+  zt::TokenizeCommand tokenize(app);
+  zt::GenerateCommand generate(app);
+  zt::EvalCommand eval(app);
+  ExportFlags export_flags;
+  CLI::App* exp = add_export_command(app, export_flags);
+  // --config FILE for the run-shaped subcommands; train --print-config writes the resolved flags.
+  for (CLI::App* sub : {train, app.get_subcommand("plan"), app.get_subcommand("sweep")}) zt::add_config_option(*sub);
+  bool print_config = false;
+  train->add_flag("--print-config", print_config,
+                  "Write this run's flags (the given ones, the defaults, and as comments the values the run "
+                  "resolves) as TOML to stdout and exit without training; --config of that file reproduces the run");
+  // After every option exists (also those other files add): the last value of a repeated flag counts.
+  zt_cli::harden(app);
+  std::vector<std::string> args;
+  if (const std::optional<int> exit_code = parse_command_line(app, *train, argc, argv, args)) return *exit_code;
 
   try {
-    if (info->parsed()) return run_info(devices, info_tensor, info_pipeline, info_processes, info_model, info_stage);
+    if (info->parsed()) return run_info(info_flags);
     if (plan.parsed()) return plan.run();
     if (sweep.parsed()) return sweep.run(std::vector<std::string>(args.begin() + 1, args.end()));
     if (tokenize.parsed()) return tokenize.run();
     if (generate.parsed()) return generate.run();
     if (eval.parsed()) return eval.run();
-    if (exp->parsed() && export_format == "hf") {
-      const zt::HfExportReport rep = zt::export_hf(export_checkpoint, export_out, export_tokenizer);
-      std::string files;
-      for (const auto& f : rep.files) files += (files.empty() ? "" : ", ") + f;
-      std::printf("exported step %lld of %s for Hugging Face transformers (GPT2LMHeadModel) to %s: %s\n",
-                  static_cast<long long>(rep.weights.step), rep.weights.checkpoint.c_str(), export_out.c_str(),
-                  files.c_str());
-      return 0;
-    }
-    if (exp->parsed()) {
-      const zt::ExportReport rep = zt::export_safetensors(export_checkpoint, export_out);
-      std::printf("exported %zu tensors (%s, step %lld of %s) to %s\n", rep.tensors,
-                  zt::format_bytes(static_cast<double>(rep.bytes)).c_str(), static_cast<long long>(rep.step),
-                  rep.checkpoint.c_str(), export_out.c_str());
-      return 0;
-    }
-    if (train->parsed()) {
-      zt::TrainConfig tc = run_flags.to_config();
-      
-      const std::string& plot_path = run_flags.plot;
-      // Token shards with their tokenizer beside them (zerotrain tokenize): the model's vocabulary is
-      // the tokenizer's unless --vocab says otherwise.
-      if (tc.overrides.vocab == 0)
-        if (const auto v = zt::tokenizer_vocab_beside(tc.data)) tc.overrides.vocab = *v;
-      // Every data-independent check (and the defaults, e.g. a batch that splits over the
-      // devices) before train() opens the data or creates a device.
-      const zt::ModelConfig mc = zt::make_model_config(tc.model, tc.overrides);
-      const zt::PlannedDevices devs = zt::planned_devices(zt::parse_device_spec(tc.devices));
-      // Under mpirun every process drives as many devices: the run's shape counts all of them.
-      const zt::RunShape shape = zt::resolve_run_shape(tc, mc, devs.count * zt::launched_processes(), devs.backend);
-      tc = shape.config;
-      const std::vector<zt::InapplicableFlag> inapplicable = zt::inapplicable_run_flags(shape, mc);
-      zt::refuse_given(*train, inapplicable);
-      zt::check_run_paths(tc, plot_path);
-      if (!plot_path.empty()) zt::check_plot_path(plot_path);
-      if (print_config || !tc.checkpoint_dir.empty()) {
-        std::set<std::string> skip;
-        for (const zt::InapplicableFlag& f : inapplicable) skip.insert(f.flag);
-        // The automatic defaults the run resolved (comments: the file leaves them automatic).
-        std::vector<std::string> resolved;
-        auto note = [&](const char* flag, auto value) {
-          if (train->count(std::string("--") + flag) != 0) return;
-          std::ostringstream os;
-          os.precision(9);
-          os << flag << " = " << value;
-          resolved.push_back(os.str());
-        };
-        if (tc.steps > 0) note("steps", tc.steps);
-        note("batch-size", tc.batch_size);
-        note("micro-batch-size", tc.micro_batch_size);
-        note("lr", tc.lr);
-        if (!skip.count("min-lr")) note("min-lr", tc.min_lr);
-        if (tc.warmup_steps >= 0) note("warmup-steps", tc.warmup_steps);
-        if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
-        if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
-        tc.run_config = zt::format_config(*train, skip, resolved);
-        if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
-          zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));
-          return 0;
-        }
-      }
-      const zt::TrainResult result = zt::train(tc);
-      if (!plot_path.empty()) {
-        zt::LossCurve curve{result.losses, result.val_losses, result.entropy_floor, tc.model + " on " + tc.data};
-        zt::write_loss_curve_svg(plot_path, curve);
-        if (tc.log_format == zt::LogFormat::kText && !tc.quiet) std::printf("loss curve: %s\n", plot_path.c_str());
-      }
-      // Stopped by the first SIGINT/SIGTERM after a whole step (and its checkpoint): 128 + signal.
-      return result.signal != 0 ? 128 + result.signal : 0;
-    }
+    if (exp->parsed()) return run_export(export_flags);
+    if (train->parsed()) return run_train(*train, run_flags, print_config);
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "zerotrain: %s\n", e.message().c_str());
     if (e.kind() == zt::ErrorKind::kDiverged) return kExitDiverged;

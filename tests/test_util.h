@@ -104,7 +104,7 @@ inline TrainConfig tiny_train_config(int devices, int stage, int steps) {
   c.sample_tokens = 0;
   c.eval_every = 0;
   c.eval_batches = 1;
-  c.keep_final_params = true;
+  c.test.keep_final_params = true;
   return c;
 }
 

@@ -1036,10 +1036,25 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
 
 // ---- resume ----------------------------------------------------------------------------------
 
-std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const std::string& spec,
+ResumeFrom ResumeFrom::parse(const std::string& text) {
+  ZT_REQUIRE(!text.empty(), "--resume needs 'auto' or the path of a checkpoint directory");
+  return text == "auto" ? newest() : checkpoint(text);
+}
+
+std::string ResumeFrom::text() const {
+  switch (kind) {
+    case Kind::kFresh: return "";
+    case Kind::kNewest: return "auto";
+    case Kind::kCheckpoint: return path;
+  }
+  return "";
+}
+
+std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const ResumeFrom& from,
                                                  std::vector<std::string>* notes) {
-  ZT_REQUIRE(!spec.empty(), "--resume needs 'auto' or the path of a checkpoint directory");
-  if (spec != "auto") {
+  ZT_REQUIRE(!from.fresh(), "--resume needs 'auto' or the path of a checkpoint directory");
+  if (from.kind == ResumeFrom::Kind::kCheckpoint) {
+    const std::string& spec = from.path;
     struct stat st {};
     if (::stat(spec.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
       const fs::path p(spec);

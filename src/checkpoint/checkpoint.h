@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -227,14 +228,30 @@ struct ResolvedCheckpoint {
   CheckpointReader reader;  // already validated
 };
 
-// --resume. spec "auto": `root` is the checkpoint root; returns the highest-step checkpoint that
+// --resume, parsed once on the command line: a fresh run, `auto` (the newest complete checkpoint
+// under --checkpoint-dir, else a fresh start) or the path of one checkpoint directory.
+struct ResumeFrom {
+  enum class Kind { kFresh, kNewest, kCheckpoint };
+  Kind kind = Kind::kFresh;
+  std::string path;  // kCheckpoint
+
+  static ResumeFrom newest() { return {Kind::kNewest, {}}; }
+  static ResumeFrom checkpoint(std::string dir) { return {Kind::kCheckpoint, std::move(dir)}; }
+  // The flag's text: "auto" or a path; "" is kInvalidArgument.
+  static ResumeFrom parse(const std::string& text);
+  bool fresh() const { return kind == Kind::kFresh; }
+  bool newest_in_dir() const { return kind == Kind::kNewest; }
+  std::string text() const;  // as the flag would say it: "auto", the path, or "" (fresh)
+};
+
+// --resume. kNewest: `root` is the checkpoint root; returns the highest-step checkpoint that
 // validates, adding to *notes (may be null) one sentence per newer checkpoint refused ("checkpoint
 // step-00000200 is unusable: ...; falling back to step-00000100"). Returns nullopt when root has
 // no checkpoint at all (a fresh start); throws kInvalidArgument when checkpoints exist but none
-// validates (starting from scratch silently would discard the run). Any other spec is the path
-// of one checkpoint directory, opened and validated with no fallback (its errors are thrown).
-// A spec or root that is a file (such as ROOT/latest) is kInvalidArgument naming the fix.
-std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const std::string& spec,
+// validates (starting from scratch silently would discard the run). kCheckpoint: that checkpoint
+// directory, opened and validated with no fallback (its errors are thrown). A path or root that
+// is a file (such as ROOT/latest) is kInvalidArgument naming the fix; kFresh is kInvalidArgument.
+std::optional<ResolvedCheckpoint> resolve_resume(const std::string& root, const ResumeFrom& from,
                                                  std::vector<std::string>* notes);
 
 }  // namespace zt

@@ -22,9 +22,8 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute
   return config.kind == ModelKind::kGpt ? make_gpt(config, recompute, activations) : make_mlp(config, activations);
 }
 
-DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree) {
+DType run_activation_dtype(DType working) {
   const bool sixteen = working == DType::kBF16 || working == DType::kF16;
-  (void)tensor_degree, (void)pipeline_degree;  // every model computes in the working dtype
   return sixteen ? working : DType::kF32;
 }
 

@@ -183,7 +183,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
 // The activation dtype a training run's model computes in: the working dtype (bf16/f16) for every
 // model (the MLP, and the GPT whole, tensor-parallel or a pipeline stage), else f32.
-DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
+DType run_activation_dtype(DType working);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
 // tp.degree > 1: the stage of the tensor-parallel GPT (model/gpt_tp.cc), built once per stage and

@@ -342,8 +342,8 @@ void Runner::prepare() {
     cfg.steps = spec_.max_steps;
     try {
       const ModelConfig mc = make_model_config(cfg.model, cfg.overrides);
-      const RunShape shape = resolve_run_shape(cfg, mc, k, spec_.backend);
-      const BatchSplit split = even_split(shape.config.batch_size, k, shape.config.micro_batch_size);
+      const RunContext shape = resolve_run_shape(cfg, mc, k, spec_.backend);
+      const BatchSplit split = even_split(shape.cfg.batch_size, k, shape.cfg.micro_batch_size);
       PlanInputs in = shape.plan;
       in.micro_batch = split.micro;
       in.micro_batches = split.accum;
@@ -408,7 +408,7 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
     TrainConfig cfg = configs_[static_cast<size_t>(id)];
     cfg.devices = subset_spec(spec_, devs);
     cfg.checkpoint_dir = dir + "/ckpt";
-    cfg.resume = "auto";
+    cfg.resume = ResumeFrom::newest();
     cfg.metrics_path = dir + "/metrics.run.jsonl";
     cfg.quiet = true;
     cfg.log_format = LogFormat::kText;

@@ -39,7 +39,7 @@ std::string resolve_checkpoint_dir(const std::string& spec) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(spec) / kManifestFileName)) return spec;
   std::vector<std::string> notes;
-  auto got = resolve_resume(spec, "auto", &notes);
+  auto got = resolve_resume(spec, ResumeFrom::newest(), &notes);
   ZT_REQUIRE(got.has_value(), "'", spec, "' is neither a checkpoint directory nor a checkpoint root holding one");
   return got->path;
 }
@@ -62,10 +62,15 @@ ModelConfig config_from_meta(const nlohmann::json& meta, const std::string& wher
   }
 }
 
+namespace {
+
+// The model configuration a checkpoint was saved with (from its manifest).
 ModelConfig checkpoint_model_config(const std::string& checkpoint_dir) {
   const CheckpointReader r = CheckpointReader::open(checkpoint_dir, CheckpointReader::Verify::kSizesOnly);
   return config_from_meta(r.meta(), checkpoint_dir);
 }
+
+}  // namespace
 
 ExportReport export_safetensors(const std::string& spec, const std::string& out_path) {
   // Before reading gigabytes: a device node, FIFO, directory or link at --out is refused here, and

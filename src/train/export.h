@@ -41,9 +41,6 @@ struct HfExportReport {
 };
 HfExportReport export_hf(const std::string& spec, const std::string& out_dir, const std::string& tokenizer_dir);
 
-// The model configuration a checkpoint was saved with (from its manifest).
-ModelConfig checkpoint_model_config(const std::string& checkpoint_dir);
-
 // Reads every tensor of `layout` from a safetensors file (names as GPT-2's, optionally prefixed
 // "transformer."; f32, bf16 or f16), into one host vector per block (padding zero). Tensors of the
 // file the model does not have are listed in *ignored. Throws kInvalidArgument naming the file

@@ -41,11 +41,6 @@ namespace zt {
 
 namespace {
 
-// The activation dtype a run's model computes in (make_model's; run_activation_dtype).
-DType plan_activation_dtype(const ModelConfig& mc, const PlanInputs& in) {
-  return run_activation_dtype(mc, in.working, in.tensor, in.pipeline);
-}
-
 // The pool block the attention library's workspace holds on each device's compute stream:
 // ops::flash_attention_library_bytes of the run's shape where the devices have the library path
 // and the activations are 16-bit, else none (fp32 activations never take it; kernels/ops.h). The
@@ -58,7 +53,7 @@ struct AttentionBlock {
 };
 AttentionBlock plan_attention(const ModelConfig& mc, const PlanInputs& in) {
   AttentionBlock a;
-  const DType act = plan_activation_dtype(mc, in);
+  const DType act = run_activation_dtype(in.working);
   if (!in.attention_library || mc.kind != ModelKind::kGpt || (act != DType::kF16 && act != DType::kBF16)) return a;
   const int tp = std::max(in.tensor, 1);
   const int64_t B = in.micro_batch, T = in.seq_len, C = mc.embd / tp, NH = mc.heads / tp;
@@ -77,7 +72,7 @@ AttentionBlock plan_attention(const ModelConfig& mc, const PlanInputs& in) {
 
 // The model a run of these inputs builds (a pipeline's stages aside: plan_pipeline).
 std::unique_ptr<Model> plan_model(const ModelConfig& mc, const PlanInputs& in) {
-  return make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}, plan_activation_dtype(mc, in));
+  return make_model(mc, in.recompute, TensorParallel{in.tensor, in.sequence_parallel}, run_activation_dtype(in.working));
 }
 
 // "fp32", or "bf16 + fp32 master, bf16 activations" (every model computes in the working dtype)
@@ -86,7 +81,7 @@ std::string precision_label(ModelKind kind, const PlanInputs& in) {
   if (in.working == DType::kF32) return "fp32";
   ModelConfig mc;
   mc.kind = kind;
-  return std::string(dtype_name(in.working)) + " + fp32 master, " + dtype_name(plan_activation_dtype(mc, in)) +
+  return std::string(dtype_name(in.working)) + " + fp32 master, " + dtype_name(run_activation_dtype(in.working)) +
          " activations";
 }
 
@@ -271,7 +266,7 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   const PipelineCosts costs = gpt_pipeline_costs(mc, T);
   const PipelinePartition part = in.pp_layout.empty() ? partition_pipeline(costs, P, V)
                                                       : partition_from_layout(costs, parse_pp_layout(in.pp_layout), P, V);
-  const Schedule sched = make_schedule(parse_pipe_schedule(in.pp_schedule), P, m, V);
+  const Schedule sched = make_schedule(in.pp_schedule, P, m, V);
   const auto specs = pipeline_stage_specs(part, sched.splits_backward());
   ZeroOptions zo;
   zo.stage = in.zero_stage;
@@ -284,7 +279,7 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   std::vector<DevicePlan> stages;
   for (int s = 0; s < P; ++s) {
     const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute,
-                                      TensorParallel{TP, in.sequence_parallel}, plan_activation_dtype(mc, in));
+                                      TensorParallel{TP, in.sequence_parallel}, run_activation_dtype(in.working));
     const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, per_stage, zo);
     plan.work += eng.work;
     std::vector<Alloc> resident;
@@ -502,7 +497,7 @@ class ModelsByRecompute {
   explicit ModelsByRecompute(const ModelConfig& mc) : mc_(mc) {}
   MemoryPlan plan(const PlanInputs& in) {
     auto& m = models_[static_cast<int>(in.recompute)];
-    if (!m || m->activation_dtype() != plan_activation_dtype(mc_, in)) m = plan_model(mc_, in);
+    if (!m || m->activation_dtype() != run_activation_dtype(in.working)) m = plan_model(mc_, in);
     return plan_for(*m, mc_, in);
   }
 
@@ -510,6 +505,28 @@ class ModelsByRecompute {
   const ModelConfig& mc_;
   std::unique_ptr<Model> models_[3];
 };
+
+}  // namespace
+
+namespace {
+
+// Nothing fits: what even every lever at its most, with micro-batch 1, needs.
+PlanSuggestion nothing_fits(const PlanInputs& in, const std::vector<PlanInputs>& levers,
+                            const std::function<MemoryPlan(const PlanInputs&)>& plan_of, size_t* work) {
+  PlanInputs c = levers.empty() ? in : levers.back();  // every lever at its most
+  c.zero_stage = 3;
+  c.micro_batch = 1;
+  c.micro_batches = in.micro_batches * in.micro_batch;
+  const MemoryPlan p = plan_of(c);
+  if (work) *work += p.work;
+  std::string most = "ZeRO stage 3";
+  if (c.recompute != Recompute::kNone) most += std::string(" with --recompute ") + recompute_name(c.recompute);
+  if (c.offload) most += std::string(c.recompute != Recompute::kNone ? "," : " with") + " --offload optimizer";
+  return suggestion_for(PlanSuggestion::kNothing, c,
+                        "even " + most + " and micro-batch 1 needs " + format_plan_bytes(peak_total(p)) +
+                            " per device; use a smaller model or a shorter --train-seq-len, or devices with more "
+                            "memory");
+}
 
 }  // namespace
 
@@ -606,18 +623,7 @@ PlanSuggestion cheapest_fix(const PlanInputs& in, const std::function<MemoryPlan
   }
   for (const PlanInputs& lever : levers)
     if (auto s = more_devices(lever, PlanSuggestion::kCombined)) return *s;
-  PlanInputs c = levers.empty() ? in : levers.back();  // every lever at its most
-  c.zero_stage = 3;
-  c.micro_batch = 1;
-  c.micro_batches = in.micro_batches * in.micro_batch;
-  fits(c, &p);
-  std::string most = "ZeRO stage 3";
-  if (c.recompute != Recompute::kNone) most += std::string(" with --recompute ") + recompute_name(c.recompute);
-  if (c.offload) most += std::string(c.recompute != Recompute::kNone ? "," : " with") + " --offload optimizer";
-  return suggestion_for(PlanSuggestion::kNothing, c,
-                        "even " + most + " and micro-batch 1 needs " + format_plan_bytes(peak_total(p)) +
-                            " per device; use a smaller model or a shorter --train-seq-len, or devices with more "
-                            "memory");
+  return nothing_fits(in, levers, plan_of, work);
 }
 
 MemoryPlan plan_memory(const ModelConfig& mc, const PlanInputs& in) {
@@ -681,7 +687,7 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
     if (plan.per_device[r].total > plan.per_device[static_cast<size_t>(heaviest)].total) heaviest = static_cast<int>(r);
   if (in.pipeline > 1)
     os << "pipeline: " << in.pipeline << " stages (" << in.devices / in.pipeline << " devices each), schedule "
-       << in.pp_schedule << (in.virtual_stages > 1 ? " x " + std::to_string(in.virtual_stages) + " virtual stages" : "")
+       << pipe_schedule_name(in.pp_schedule) << (in.virtual_stages > 1 ? " x " + std::to_string(in.virtual_stages) + " virtual stages" : "")
        << "; device r holds stage r / " << in.devices / in.pipeline << "; heaviest: stage "
        << plan.per_device[static_cast<size_t>(heaviest)].stage << " ("
        << format_plan_bytes(plan.per_device[static_cast<size_t>(heaviest)].total) << ")\n";

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "pipeline/schedule.h"
 
 namespace zt {
 
@@ -36,7 +37,7 @@ struct PlanInputs {
   // --pipeline-parallel P: devices = data x pipeline; each device holds its stage's blocks, the
   // workspaces its schedule keeps live and one batch buffer per micro-batch (micro_batches = m).
   int pipeline = 1;
-  std::string pp_schedule = "1f1b";
+  PipeSchedule pp_schedule = PipeSchedule::k1F1B;
   int virtual_stages = 1;
   std::string pp_layout;  // "" = the balanced split
   // Device::gemm_workspace_bytes() of the devices: the GEMM library's workspace, a pool block each

@@ -25,9 +25,8 @@ class Device;
 // (layernorm, GELU, softmax, AdamW) are not counted. MLP: 6*N per example (no attention).
 double training_flops_per_token(const ModelConfig& mc, int64_t parameters, int seq_len);
 
-// The number format the GEMMs run in, which picks the peak MFU divides by. Today every GEMM is
-// fp32 whatever --precision says (16-bit parameters are widened before use): fp32 on CUDA cores,
-// or TF32 on tensor cores with --tf32. bf16/fp16 are listed for when 16-bit GEMMs land.
+// The number format the GEMMs run in, which picks the peak MFU divides by: the activation dtype
+// on tensor cores in 16-bit runs (bf16, fp16), else fp32 on CUDA cores, or TF32 with --tf32.
 enum class PeakKind { kFp32, kTf32, kBf16, kFp16 };
 const char* peak_kind_name(PeakKind kind);   // "fp32", "tf32", "bf16", "fp16" (JSON peak_kind)
 const char* peak_kind_label(PeakKind kind);  // "FP32", "TF32", "BF16", "FP16" (the summary line)

@@ -1,8 +1,9 @@
-// Run-shape resolution: a TrainConfig plus the device count and backend -> the run's resolved
-// shape (defaults filled, accumulation, precision, loss scaling, plan inputs), with every
-// flag-combination check that needs no data. `train`, `plan` and the CLI fuzzer share it.
+// Run resolution: a TrainConfig plus the device count and backend -> the RunContext every part of
+// a run reads (defaults filled, accumulation, precision, loss scaling, plan inputs), with every
+// flag-combination check that needs no data. `train`, `plan`, `sweep` and the CLI fuzzer share it.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,20 +23,38 @@ namespace zt {
 inline constexpr int64_t kMaxLayerActivation = int64_t{1} << 40;    // elements of one layer's activations
 inline constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 31;   // tokens in one micro-batch
 
-struct RunShape {
+class BpeTokenizer;
+class ImageData;
+class LanguageData;
+class Processes;
+
+// What the whole run shares, resolved once before the first world is built: resolve_run_shape
+// fills the shape (opening nothing), train() then the data and the process group.
+struct RunContext {
   // The input with every data-independent default filled: batch_size, micro_batch_size, lr,
   // min_lr, train_seq_len (GPT), and steps, warmup_steps, eval_every when the step count is known
-  // without the data (GPT, or --steps given; image data derives steps from its epochs).
-  TrainConfig config;
-  int devices = 1;
+  // without the data (GPT, or --steps given; image data derives steps from its epochs when train()
+  // opens it).
+  TrainConfig cfg;
+  ModelConfig mc;
+  bool is_gpt = true;
+  int devices = 1;  // every process's
   Backend backend = Backend::kCpu;
-  int accum = 1;    // micro-batches per step (gradient accumulation)
-  int seq_len = 1;  // T: tokens per training sequence (1 for the MLP)
+  int accum = 1;  // micro-batches per step (gradient accumulation)
+  int T = 1;      // tokens per training sequence (1 for images)
   Precision precision = Precision::kFp32;
   DType working = DType::kF32;  // parameters and gradients
   ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
   float initial_scale = 1.0f;
-  PlanInputs plan;  // for plan_run(mc, runtime, plan) / require_fits
+  PlanInputs plan;  // the memory plan's inputs (plan_run(mc, runtime, plan) / require_fits)
+  // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
+  std::shared_ptr<const LanguageData> lang;
+  std::shared_ptr<const ImageData> images;
+  // Multi-process runs (train/processes.h): this process's place; null in a plain launch.
+  Processes* processes = nullptr;
+  // The BPE tokenizer beside token shards (zerotrain tokenize's vocab.json + merges.txt): samples
+  // are decoded through it. Null for other data.
+  std::shared_ptr<const BpeTokenizer> tokenizer;
 };
 
 // The default global batch for `devices`: 8 sequences (128 MLP examples) per 2 devices, rounded
@@ -44,7 +63,7 @@ int default_batch_size(bool gpt, int devices);
 
 // Throws zt::Error(kInvalidArgument) with one sentence for any invalid value or combination.
 // Opens no file and allocates nothing.
-RunShape resolve_run_shape(const TrainConfig& cfg, const ModelConfig& mc, int devices, Backend backend);
+RunContext resolve_run_shape(const TrainConfig& cfg, const ModelConfig& mc, int devices, Backend backend);
 
 // The run's files: no output may be one of the inputs or another output (compared by inode when
 // both exist, else by canonical path). Inputs: --data (when it names a file), --init-from,

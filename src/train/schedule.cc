@@ -3,15 +3,16 @@
 
 #include <cmath>
 
-#include "core/status.h"
 
 namespace zt {
 
-LrSchedule parse_lr_schedule(const std::string& name) {
-  if (name == "cosine") return LrSchedule::kCosine;
-  if (name == "linear") return LrSchedule::kLinear;
-  if (name == "constant") return LrSchedule::kConstant;
-  ZT_THROW(ErrorKind::kInvalidArgument, "unknown --lr-schedule '", name, "'; choose cosine, linear or constant");
+const char* lr_schedule_name(LrSchedule schedule) {
+  switch (schedule) {
+    case LrSchedule::kCosine: return "cosine";
+    case LrSchedule::kLinear: return "linear";
+    case LrSchedule::kConstant: return "constant";
+  }
+  return "?";
 }
 
 float learning_rate(const LrConfig& c, int step) {

@@ -1,13 +1,11 @@
 // Learning-rate schedules: linear warmup, then cosine / linear decay to min_lr, or constant.
 #pragma once
 
-#include <string>
-
 namespace zt {
 
 enum class LrSchedule { kCosine, kLinear, kConstant };
 
-LrSchedule parse_lr_schedule(const std::string& name);
+const char* lr_schedule_name(LrSchedule schedule);  // "cosine", "linear", "constant"
 
 struct LrConfig {
   float lr = 1e-3f;

@@ -37,6 +37,4 @@ StopSignals::~StopSignals() {
 
 int StopSignals::pending() { return g_pending.load(); }
 
-void StopSignals::raise_for_test(int sig) { g_pending.store(sig); }
-
 }  // namespace zt

@@ -13,8 +13,6 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
   // The first signal received (SIGINT or SIGTERM), 0 if none.
   static int pending();
-  // Tests: behave as if `sig` had arrived.
-  static void raise_for_test(int sig);
 };
 
 }  // namespace zt

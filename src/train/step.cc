@@ -121,7 +121,7 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
     if (m > 0) ops::add(s, step_loss, step_loss, micro_loss);
   }
   s.record(*ev.compute_done);
-  for (const GradientFault& f : run.cfg.gradient_faults)
+  for (const GradientFault& f : run.cfg.test.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
   engine.check_gradients(r, norms);
   if (run.processes) {

@@ -100,12 +100,18 @@ FaultInjection parse_fault_injection(const std::string& spec) {
   return f;
 }
 
-Precision parse_precision(const std::string& s) {
-  if (s == "auto") return Precision::kAuto;
-  if (s == "fp32") return Precision::kFp32;
-  if (s == "bf16") return Precision::kBf16;
-  if (s == "fp16") return Precision::kFp16;
-  ZT_THROW(ErrorKind::kInvalidArgument, "--precision must be fp32, bf16, fp16 or auto, got '", s, "'");
+LossScale parse_loss_scale(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  LossScale ls;
+  if (text == "auto") ls.mode = LossScale::Mode::kAuto;
+  else if (text == "dynamic") ls.mode = LossScale::Mode::kDynamic;
+  else if (text == "none") ls.mode = LossScale::Mode::kNone;
+  else if (end && *end == 0 && !text.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38)
+    ls.mode = LossScale::Mode::kFixed, ls.fixed = static_cast<float>(v);
+  else
+    ZT_THROW(ErrorKind::kInvalidArgument, "--loss-scale must be dynamic, none or a positive number, got '", text, "'");
+  return ls;
 }
 
 namespace {
@@ -169,6 +175,9 @@ class Trainer {
   void lost_process(World& w, const Error& e, int step);
   void stop_for_signal(World& w, int step, int sig);
   void finish(World& w);
+  void keep_final_state(World& w);
+  RunReport run_report(World& w);
+  nlohmann::json memory_report(World& w, RunReport& report);
   void write_trace(World& w);
   void trace_pipeline(World& w);
   // Evaluation and sampling run collectives too (stage 3 gathers); keep them out of the per-step
@@ -237,8 +246,7 @@ void Trainer::start_world(World& w, int index) {
   std::vector<std::string> notes;
   if (index > 0) {
     counters_ = w.apply_state(*source_of(*snapshot_), snapshot_->meta);
-  } else if (!cfg_.resume.empty()) {
-    ZT_REQUIRE(cfg_.resume != "auto" || !cfg_.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
+  } else if (!cfg_.resume.fresh()) {
     std::optional<ResolvedCheckpoint> resolved;
     if (!run_.processes) {
       resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
@@ -375,8 +383,8 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
 bool Trainer::must_flush(World& w, int step) const {
   const int n = step + 1;
   const bool last = n == cfg_.steps;
-  if (last || !cfg_.read_scalars_late || eager_ || w.pipelined() || run_.processes) return true;
-  if (scaling_ != ZeroOptions::Scaling::kNone || !cfg_.gradient_faults.empty()) return true;
+  if (last || !cfg_.test.read_scalars_late || eager_ || w.pipelined() || run_.processes) return true;
+  if (scaling_ != ZeroOptions::Scaling::kNone || !cfg_.test.gradient_faults.empty()) return true;
   if ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) ||
       std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), n) != cfg_.eval_steps.end())
     return true;
@@ -658,7 +666,7 @@ void Trainer::side_comm(World& w, Fn fn) {
 }
 
 EvalAction Trainer::evaluate_at(World& w, int step) {
-  const bool trace = cfg_.zero_trace && !w.pipelined();
+  const bool trace = cfg_.test.zero_trace && !w.pipelined();
   if (trace) {
     auto spans = w.engine().take_trace();
     result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
@@ -772,39 +780,23 @@ namespace {
 
 // The end of the run: final sample, the report (throughput, MFU, time split, memory per device),
 // the summary record and the trace.
-void Trainer::finish(World& w) {
+// Tests' hook (TestHooks::keep_final_params): AdamW's step count as the devices hold it
+// (OptimizerStep::step_on_device), and the logical blocks' parameters and moments; not for
+// pipeline stages, whose blocks no one engine holds.
+void Trainer::keep_final_state(World& w) {
   const int N = w.size();
-  result_.checkpoints = checkpointer_->paths();
-  result_.steps = counters_.step - result_.start_step;  // counters_.step < --steps when on_eval stopped the run
-  result_.seconds = seconds_since(t0_);
-  // After warm-up (report.h): the first steps build library plans and capture graphs.
-  result_.tokens_per_s = steady_tokens_per_s(step_seconds_, static_cast<double>(cfg_.batch_size) * run_.T);
-  if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
-  if (run_.is_gpt && cfg_.sample_tokens > 0) {
-    result_.sample = sample_text(w, run_, cfg_.sample_tokens, 0xfeed);
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "--- sample (%d tokens, temperature %.2f, top-k %d) ---", cfg_.sample_tokens,
-                  cfg_.temperature, cfg_.top_k);
-    log_.line(buf);
-    log_.line(result_.sample);
-  }
-  if (cfg_.keep_final_params)  // AdamW's step count as the devices hold it (OptimizerStep::step_on_device)
-    for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).update_count(w.engine_rank(r)));
-  // Tests' hook (the logical blocks); not for pipeline stages, whose blocks no one engine holds.
-  const bool keep = cfg_.keep_final_params && !w.pipelined();
-  if (keep) {
-    ZeroEngine& engine = w.engine();
-    // The logical (one-device) blocks, whatever the tensor degree.
-    result_.final_params = logical_parameters(engine, w.model(), true);
-    result_.final_working = logical_parameters(engine, w.model(), false);
-    if (engine.tensor_size() == 1)
-      for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
-        result_.final_local_params.push_back(engine.master_to_host(b));
-        result_.final_local_working.push_back(engine.block_to_host(b));
-      }
-  }
-  if (keep && w.model().tensor_map()) {
-    ZeroEngine& engine = w.engine();
+  for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).update_count(w.engine_rank(r)));
+  if (w.pipelined()) return;
+  ZeroEngine& engine = w.engine();
+  // The logical (one-device) blocks, whatever the tensor degree.
+  result_.final_params = logical_parameters(engine, w.model(), true);
+  result_.final_working = logical_parameters(engine, w.model(), false);
+  if (engine.tensor_size() == 1)
+    for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
+      result_.final_local_params.push_back(engine.master_to_host(b));
+      result_.final_local_working.push_back(engine.block_to_host(b));
+    }
+  if (w.model().tensor_map()) {
     const bool adamw = cfg_.optimizer == OptimizerKind::kAdamW;
     const HostSnapshot snap =
         take_snapshot(engine, w.model(), adamw, counters_.step, [&](const std::function<void(int)>& fn) { w.for_ranks(fn); });
@@ -817,9 +809,8 @@ void Trainer::finish(World& w) {
       first.insert(first.end(), second.begin(), second.end());
       result_.final_moments.push_back(std::move(first));
     }
-  } else if (keep)
+  } else {
     for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
-      ZeroEngine& engine = w.engine();
       // The whole block's first moments, then its second ones (whatever the device count).
       std::vector<float> first, second;
       for (int r = 0; r < N; ++r) {
@@ -831,6 +822,11 @@ void Trainer::finish(World& w) {
       first.insert(first.end(), second.begin(), second.end());
       result_.final_moments.push_back(std::move(first));
     }
+  }
+}
+
+// The summary's figures: throughput, MFU, phases, traffic and the pipeline's bubble.
+RunReport Trainer::run_report(World& w) {
   RunReport report;
   report.steps = result_.steps;
   report.seconds = result_.seconds;
@@ -846,8 +842,8 @@ void Trainer::finish(World& w) {
       training_flops_per_token(run_.mc, run_.mc.num_parameters(), run_.T);
   // A 16-bit model's GEMMs run in the working dtype at the end of the run (an fp16 run that switched
   // to bf16 after a scale collapse: the peaks of the two are the same on every GPU of the table).
-  // Every pipeline stage computes in one dtype (run_activation_dtype): the first rank's stage says it.
-  const Model& model = w.pipelined() ? w.model_of(0) : w.model();
+  // Every pipeline stage computes in one dtype (run_activation_dtype): the first rank's model says it.
+  const Model& model = w.model_of(0);
   const DType act = model.activation_dtype() == DType::kF32 ? DType::kF32 : working_;
   report.peak_kind = gemm_peak_kind(act, cfg_.tf32);
   report.peak_flops = total_peak_flops(w.device_names(), report.peak_kind);
@@ -868,6 +864,13 @@ void Trainer::finish(World& w) {
     result_.theoretical_bubble = p.theoretical_bubble;
     report.pipeline = p;
   }
+  return report;
+}
+
+// Each device's memory and traffic, into the report, the result and the summary's
+// memory_per_device.
+nlohmann::json Trainer::memory_report(World& w, RunReport& report) {
+  const int N = w.size();
   nlohmann::json memory = nlohmann::json::array();
   for (int r = 0; r < N; ++r) {
     ZeroEngine& engine = w.engine_of(r);
@@ -888,6 +891,28 @@ void Trainer::finish(World& w) {
     memory.push_back({{"params", mb.params}, {"grads", mb.grads}, {"optimizer", mb.optimizer}, {"activations", act},
                       {"comm_buffers", w.comm_buffer_bytes(r)}, {"pool_peak", peak}, {"tensor_sent_per_step", tensor_sent}});
   }
+  return memory;
+}
+
+void Trainer::finish(World& w) {
+  const int N = w.size();
+  result_.checkpoints = checkpointer_->paths();
+  result_.steps = counters_.step - result_.start_step;  // counters_.step < --steps when on_eval stopped the run
+  result_.seconds = seconds_since(t0_);
+  // After warm-up (report.h): the first steps build library plans and capture graphs.
+  result_.tokens_per_s = steady_tokens_per_s(step_seconds_, static_cast<double>(cfg_.batch_size) * run_.T);
+  if (result_.comm_bytes_per_step_per_device.empty()) result_.comm_bytes_per_step_per_device.assign(static_cast<size_t>(N), 0);
+  if (run_.is_gpt && cfg_.sample_tokens > 0) {
+    result_.sample = sample_text(w, run_, cfg_.sample_tokens, 0xfeed);
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "--- sample (%d tokens, temperature %.2f, top-k %d) ---", cfg_.sample_tokens,
+                  cfg_.temperature, cfg_.top_k);
+    log_.line(buf);
+    log_.line(result_.sample);
+  }
+  if (cfg_.test.keep_final_params) keep_final_state(w);
+  RunReport report = run_report(w);
+  const nlohmann::json memory = memory_report(w, report);
   nlohmann::json summary = {{"event", "summary"},
                             {"steps", result_.steps},
                             {"final_loss", result_.final_loss},
@@ -947,10 +972,7 @@ TrainResult train(const TrainConfig& config) {
     procs = std::make_unique<Processes>(
         std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000)));
   }
-  RunContext run;
-  run.processes = procs.get();
-  run.mc = make_model_config(config.model, config.overrides);
-  run.is_gpt = run.mc.kind == ModelKind::kGpt;
+  const ModelConfig mc = make_model_config(config.model, config.overrides);
   const DeviceSpec spec = parse_device_spec(config.devices);
   // --trace: the recorder is the runtime's task observer, so it outlives the devices.
   std::unique_ptr<TraceRecorder> tracer;
@@ -961,14 +983,8 @@ TrainResult train(const TrainConfig& config) {
   auto rt = Runtime::create(spec, CpuDeviceOptions{config.device_memory}, tracer.get());
   // Every process's devices (the same count in each: the engine checks) shape the run.
   const int devices = rt->size() * (procs ? procs->size() : 1);
-  const RunShape shape = resolve_run_shape(config, run.mc, devices, rt->backend());
-  run.cfg = shape.config;
-  run.T = shape.seq_len;
-  run.precision = shape.precision;
-  run.working = shape.working;
-  run.scaling = shape.scaling;
-  run.initial_scale = shape.initial_scale;
-  run.plan = shape.plan;
+  RunContext run = resolve_run_shape(config, mc, devices, rt->backend());
+  run.processes = procs.get();
   const BatchSplit split = even_split(run.cfg.batch_size, devices / run.cfg.tensor_parallel / run.cfg.pipeline_parallel,
                                     run.cfg.micro_batch_size);
   check_fits(run, *rt, split);

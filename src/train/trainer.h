@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "model/config.h"
+#include "pipeline/schedule.h"
 #include "train/report.h"
 #include "train/schedule.h"
 #include "zero/engine.h"
@@ -43,7 +45,15 @@ enum class CudaGraphs { kAuto, kOn, kOff };
 // backend.
 enum class Precision { kAuto, kFp32, kBf16, kFp16 };
 const char* precision_name(Precision p);
-Precision parse_precision(const std::string& s);  // throws kInvalidArgument
+
+// --loss-scale, parsed once on the command line: auto (dynamic for fp16, none otherwise),
+// dynamic, none, or a fixed positive number.
+struct LossScale {
+  enum class Mode { kAuto, kDynamic, kNone, kFixed };
+  Mode mode = Mode::kAuto;
+  float fixed = 0;  // kFixed: the scale
+};
+LossScale parse_loss_scale(const std::string& text);  // throws kInvalidArgument with one sentence
 
 // Tests: overwrite one gradient element with `value` (inf, NaN, ...) before the overflow check.
 struct GradientFault {
@@ -61,6 +71,17 @@ struct FaultInjection {
   bool hang = false;
 };
 FaultInjection parse_fault_injection(const std::string& spec);  // throws kInvalidArgument
+
+// What only tests set: injected gradient faults, the order scalars are read in, and what a run
+// hands back for comparison.
+struct TestHooks {
+  std::vector<GradientFault> gradient_faults;
+  // false reads every step's scalars before the next step is enqueued (the eager order); true
+  // reads them one step late where train/step.h allows it. Same numbers either way.
+  bool read_scalars_late = true;
+  bool keep_final_params = false;  // return the full parameters of every block
+  bool zero_trace = false;         // record compute/comm spans (TrainResult::trace)
+};
 
 // One device lost and recovered from in-process.
 struct Recovery {
@@ -100,7 +121,7 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, momentum = 0.9f;
   Precision precision = Precision::kAuto;
   // --tf32: fp32 matrix products round their inputs to TF32 (tensor cores on CUDA; the same
-  // rounding on the CPU backend). Any --precision: the model computes in fp32 today.
+  // rounding on the CPU backend); 16-bit products are unaffected.
   bool tf32 = false;
   // --deterministic-attention on|off: cuDNN's deterministic SDPA backward (bitwise reproducible,
   // a workspace quadratic in T) or its faster non-deterministic one; the CPU backend's attention
@@ -112,8 +133,7 @@ struct TrainConfig {
   // model, an odd batch) are legal, only slower on a GPU. Tests of the models' layouts set it; the
   // environment variable ZT_GEMM_TILES=on sets it for any run.
   bool gemm_tiles = false;
-  // --loss-scale: "auto" (dynamic for fp16, none otherwise), "dynamic", "none" or a number (fixed).
-  std::string loss_scale = "auto";
+  LossScale loss_scale;  // --loss-scale
   Recompute recompute = Recompute::kNone;  // --recompute (model/config.h)
   // --offload optimizer: each rank's fp32 master shard and moments live in pinned host memory and
   // a host AdamW updates them; offload_fraction of each shard (the rest stays on the device).
@@ -127,7 +147,7 @@ struct TrainConfig {
   // --pipeline-parallel P: the GPT's layers split into P stages (src/pipeline/), each stage a ZeRO
   // engine over the devices / P data ranks; the step's micro-batches are the schedule's.
   int pipeline_parallel = 1;
-  std::string pp_schedule = "1f1b";  // --pp-schedule gpipe|1f1b|interleaved|zb-h1
+  PipeSchedule pp_schedule = PipeSchedule::k1F1B;  // --pp-schedule gpipe|1f1b|interleaved|zb-h1
   int virtual_stages = 1;            // --virtual-stages V (interleaved)
   std::string pp_layout;             // --pp-layout "4,4,3,1": blocks per virtual stage ("" = balanced)
   float initial_scale = 65536.0f;  // dynamic: 2^16
@@ -138,7 +158,6 @@ struct TrainConfig {
   bool stochastic_rounding = false;  // of the 16-bit parameters (seeded by --seed)
   bool on_scale_collapse_bf16 = false;  // --on-scale-collapse bf16: continue in bf16 (else stop)
   int max_skipped_steps = 20;      // consecutive skipped (overflowed) steps before giving up
-  std::vector<GradientFault> gradient_faults;  // tests
   // Checkpoints (src/checkpoint/, train/state_io.h): saved every save_every steps and at the end
   // when checkpoint_dir is set; keep: how many complete checkpoints stay (0 = all).
   std::string checkpoint_dir;
@@ -148,7 +167,7 @@ struct TrainConfig {
   // before the first step (Checkpointer::write_run_config), so `--config DIR/config.toml` reproduces
   // the run. "" = none.
   std::string run_config;
-  std::string resume;  // "" (fresh), "auto" (newest complete checkpoint in checkpoint_dir) or a checkpoint path
+  ResumeFrom resume;  // --resume: fresh, auto (the newest complete checkpoint in checkpoint_dir) or a checkpoint
   std::string init_from;  // safetensors weights (GPT-2 names) to start from instead of the seeded init
   // Fault tolerance: a host snapshot of every shard every snapshot_every steps; when a device
   // fails, the run drops it and continues from the snapshot on the others (0 = off: a failure ends
@@ -174,11 +193,7 @@ struct TrainConfig {
   std::string profile_steps;  // --profile-steps A:B: cudaProfilerStart before step A, Stop after B (1-based)
   bool quiet = false;        // no progress line (tests)
   LogFormat log_format = LogFormat::kText;
-  // Tests: false reads every step's scalars before the next step is enqueued (the eager order);
-  // true reads them one step late where train/step.h allows it. Same numbers either way.
-  bool read_scalars_late = true;
-  bool keep_final_params = false;  // tests: return the full parameters of every block
-  bool zero_trace = false;         // tests: record compute/comm spans (TrainResult::trace)
+  TestHooks test;
   // Sweeps (src/sweep/): evaluations at these 1-based steps besides eval_every's (the rungs), a
   // hook called after every evaluation with its step and validation loss, and a dataset opened
   // once for many runs (used in place of opening `data`; it must be what `data`, `seed` and the

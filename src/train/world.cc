@@ -138,10 +138,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   if (PP > 1) {
     build_pipeline(zo);
   } else {
-    // A GPT without tensor parallelism computes in the 16-bit working dtype (16-bit activations);
-    // the rest in fp32 on the engine's widened parameters.
+    // Every model computes in the working dtype (16-bit activations in a 16-bit run).
     model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                        run_activation_dtype(run.mc, working, TP, PP));
+                        run_activation_dtype(working));
     if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
       collectives_ = run.cfg.comm == CommEngine::kNccl
                          ? run.processes->connect_nccl(devs_)
@@ -152,30 +151,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       zo.processes = collectives_.get();
     }
     engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
-    engine_->set_tracing(run.cfg.zero_trace);
+    engine_->set_tracing(run.cfg.test.zero_trace);
   }
 
-  // Parameters: initialised once on the host (deterministic in the seed, independent of the
-  // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
-  // from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
-  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
-  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
-  if (pipe_) whole = gpt_layout(run.mc);
-  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
-  std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
-  if (!run.cfg.init_from.empty()) {
-    std::vector<std::string> ignored;
-    host = read_safetensors_weights(run.cfg.init_from, run.mc, logical, &ignored);
-    init_note_ = "initialised from " + run.cfg.init_from;
-    if (!ignored.empty())
-      init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
-  } else {
-    for (int b = 0; b < logical.num_blocks(); ++b) {
-      host[static_cast<size_t>(b)].resize(static_cast<size_t>(logical.block(b).numel));
-      init_block_host(logical.block(b), run.cfg.seed, host[static_cast<size_t>(b)].data());
-    }
-  }
-  load_initial_parameters(host);
+  init_parameters();
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
@@ -215,6 +194,30 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     // splits over the data axis.
     R.prefetch = std::make_unique<Prefetcher<HostBatch>>(rank_rows(run, split_, data_rank(r)));
   }
+}
+
+// Parameters: initialised once on the host (deterministic in the seed, independent of the
+// device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
+// from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
+void World::init_parameters() {
+  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
+  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
+  if (pipe_) whole = gpt_layout(run_.mc);
+  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
+  std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
+  if (!run_.cfg.init_from.empty()) {
+    std::vector<std::string> ignored;
+    host = read_safetensors_weights(run_.cfg.init_from, run_.mc, logical, &ignored);
+    init_note_ = "initialised from " + run_.cfg.init_from;
+    if (!ignored.empty())
+      init_note_ += " (" + std::to_string(ignored.size()) + " tensors the model does not use ignored, e.g. " + ignored[0] + ")";
+  } else {
+    for (int b = 0; b < logical.num_blocks(); ++b) {
+      host[static_cast<size_t>(b)].resize(static_cast<size_t>(logical.block(b).numel));
+      init_block_host(logical.block(b), run_.cfg.seed, host[static_cast<size_t>(b)].data());
+    }
+  }
+  load_initial_parameters(host);
 }
 
 void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {
@@ -257,7 +260,7 @@ void World::build_pipeline(const ZeroOptions& zero) {
   const PipelineCosts costs = gpt_pipeline_costs(run_.mc, T);
   pp.partition = cfg.pp_layout.empty() ? partition_pipeline(costs, P, V)
                                        : partition_from_layout(costs, parse_pp_layout(cfg.pp_layout), P, V);
-  const PipeSchedule kind = parse_pipe_schedule(cfg.pp_schedule);
+  const PipeSchedule kind = cfg.pp_schedule;
   pp.schedule = make_schedule(kind, P, m, V);
   pp.note = schedule_note(kind, P, m);
   ZeroOptions zo = zero;
@@ -274,7 +277,7 @@ void World::build_pipeline(const ZeroOptions& zero) {
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
     pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
                                        TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                                       run_activation_dtype(run_.mc, zo.working, shape.tensor, P)));
+                                       run_activation_dtype(zo.working)));
     pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));

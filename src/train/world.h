@@ -29,6 +29,7 @@
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
 #include "train/plan.h"
+#include "train/run_shape.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
 
@@ -40,26 +41,6 @@ class StateSource;
 class Processes;
 class MicroBatchGraph;  // train/graph_step.h
 
-// What the whole run shares, resolved once before the first world is built.
-struct RunContext {
-  TrainConfig cfg;  // every default filled in
-  ModelConfig mc;
-  bool is_gpt = true;
-  int T = 1;  // tokens per training sequence (1 for images)
-  Precision precision = Precision::kFp32;
-  DType working = DType::kF32;
-  ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
-  float initial_scale = 1.0f;
-  PlanInputs plan;  // the memory plan's inputs (micro-batch and accumulation follow the split)
-  // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
-  std::shared_ptr<const LanguageData> lang;
-  std::shared_ptr<const ImageData> images;
-  // Multi-process runs (train/processes.h): this process's place; null in a plain launch.
-  Processes* processes = nullptr;
-  // The BPE tokenizer beside token shards (zerotrain tokenize's vocab.json + merges.txt): samples
-  // are decoded through it. Null for other data.
-  std::shared_ptr<const BpeTokenizer> tokenizer;
-};
 
 // Host-side rows of one micro-batch: what the data layer fills and the prefetcher double-buffers.
 struct HostBatch {
@@ -235,6 +216,7 @@ class World {
  private:
   void on_watchdog_timeout();
   void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  void init_parameters();  // the seeded (or --init-from) logical blocks onto every rank
   void load_initial_parameters(const std::vector<std::vector<float>>& host);
 
   const RunContext& run_;

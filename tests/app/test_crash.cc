@@ -101,7 +101,7 @@ TEST(CrashSafety, SigkillDuringCheckpointWritesNeverLosesTheNewestCompleteOne) {
       EXPECT_NO_THROW(CheckpointReader::open(e.path)) << e.path;
     }
     std::vector<std::string> notes;
-    const auto got = resolve_resume(root.string(), "auto", &notes);
+    const auto got = resolve_resume(root.string(), ResumeFrom::newest(), &notes);
     EXPECT_TRUE(notes.empty()) << notes.front();
     if (!got) {
       EXPECT_TRUE(listed.empty());

@@ -477,7 +477,7 @@ TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNext
   write_file(dir.sub(".latest.tmp-99999"), std::string("step-0000000"));
 
   std::vector<std::string> notes;
-  auto resolved = resolve_resume(dir.str(), "auto", &notes);
+  auto resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 1);
   ASSERT_EQ(notes.size(), 1u);
@@ -529,7 +529,7 @@ TEST(Checkpoint, AnUncommittedWriterLeavesNothing) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
   EXPECT_EQ(names, std::vector<std::string>{".lock"});
-  EXPECT_EQ(resolve_resume(dir.str(), "auto", nullptr), std::nullopt);
+  EXPECT_EQ(resolve_resume(dir.str(), ResumeFrom::newest(), nullptr), std::nullopt);
 }
 
 TEST(Checkpoint, WriterMisuseIsRefused) {
@@ -583,12 +583,12 @@ void flip_bit(const std::string& path, uint64_t byte, int bit) {
 TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   TempDir dir;
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 3000, {}}, {"y", StorageDType::kBF16, 77, {}}};
-  EXPECT_EQ(resolve_resume(dir.sub("nothing-here"), "auto", nullptr), std::nullopt);
-  EXPECT_EQ(resolve_resume(dir.str(), "auto", nullptr), std::nullopt);
+  EXPECT_EQ(resolve_resume(dir.sub("nothing-here"), ResumeFrom::newest(), nullptr), std::nullopt);
+  EXPECT_EQ(resolve_resume(dir.str(), ResumeFrom::newest(), nullptr), std::nullopt);
   for (int64_t step : {100, 200, 300}) save(dir.str(), step, 3, arrays);
 
   std::vector<std::string> notes;
-  auto resolved = resolve_resume(dir.str(), "auto", &notes);
+  auto resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 300);
   EXPECT_EQ(resolved->path, dir.sub("step-00000300"));
@@ -596,7 +596,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   expect_arrays(resolved->reader, 300, arrays);
 
   flip_bit(dir.sub("step-00000300/rank-00001.bin"), 1234, 5);
-  resolved = resolve_resume(dir.str(), "auto", &notes);
+  resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 200);
   expect_arrays(resolved->reader, 200, arrays);
@@ -609,7 +609,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   notes.clear();
   const std::string m = manifest_text(dir.sub("step-00000200"));
   write_file(dir.sub("step-00000200/manifest.json"), m.substr(0, m.size() / 2));
-  resolved = resolve_resume(dir.str(), "auto", &notes);
+  resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 100);
   ASSERT_EQ(notes.size(), 2u);
@@ -618,7 +618,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
 
   // None usable: an error, not a silent fresh start.
   fs::remove(dir.sub("step-00000100/rank-00002.bin"));
-  expect_error([&] { resolve_resume(dir.str(), "auto", nullptr); }, ErrorKind::kInvalidArgument,
+  expect_error([&] { resolve_resume(dir.str(), ResumeFrom::newest(), nullptr); }, ErrorKind::kInvalidArgument,
                {"none is usable", "rank-00002.bin: the file is missing"});
 
   // A step directory renamed by hand is refused: the manifest says which step it holds.
@@ -627,7 +627,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   save(other.str(), 400, 1, arrays);
   fs::rename(other.sub("step-00000400"), other.sub("step-00000500"));
   notes.clear();
-  resolved = resolve_resume(other.str(), "auto", &notes);
+  resolved = resolve_resume(other.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 1);
   ASSERT_EQ(notes.size(), 1u);
@@ -639,16 +639,16 @@ TEST(Resume, ExplicitPathHasNoFallback) {
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 300, {}}};
   save(dir.str(), 1, 2, arrays);
   save(dir.str(), 2, 2, arrays);
-  auto resolved = resolve_resume("", dir.sub("step-00000001"), nullptr);
+  auto resolved = resolve_resume("", ResumeFrom::checkpoint(dir.sub("step-00000001")), nullptr);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 1);
   expect_arrays(resolved->reader, 1, arrays);
   flip_bit(dir.sub("step-00000002/rank-00000.bin"), 10, 0);
-  expect_error([&] { resolve_resume("", dir.sub("step-00000002"), nullptr); }, ErrorKind::kInvalidArgument,
+  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.sub("step-00000002")), nullptr); }, ErrorKind::kInvalidArgument,
                {"step-00000002: rank-00000.bin: checksum mismatch"});
-  expect_error([&] { resolve_resume("", dir.str(), nullptr); }, ErrorKind::kInvalidArgument, {"holds checkpoints but is not one"});
-  expect_error([&] { resolve_resume("", dir.sub("nope"), nullptr); }, ErrorKind::kInvalidArgument, {"does not exist"});
-  expect_error([&] { resolve_resume("", "", nullptr); }, ErrorKind::kInvalidArgument, {"--resume"});
+  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.str()), nullptr); }, ErrorKind::kInvalidArgument, {"holds checkpoints but is not one"});
+  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.sub("nope")), nullptr); }, ErrorKind::kInvalidArgument, {"does not exist"});
+  expect_error([&] { resolve_resume("", ResumeFrom{}, nullptr); }, ErrorKind::kInvalidArgument, {"--resume"});
 }
 
 // ---- damage: every file, truncated or bit-flipped, is refused naming the file ------------------
@@ -919,7 +919,7 @@ TEST(CheckpointCrash, SigkillAtRandomInstantsLeavesTheNewestCompleteCheckpointLo
       }
     std::vector<std::string> notes;
     std::optional<ResolvedCheckpoint> resolved;
-    ASSERT_NO_THROW(resolved = resolve_resume(root, "auto", &notes)) << "trial " << trial;
+    ASSERT_NO_THROW(resolved = resolve_resume(root, ResumeFrom::newest(), &notes)) << "trial " << trial;
     EXPECT_TRUE(notes.empty()) << "trial " << trial << ": " << notes.front();
     // Every directory named step-N is complete: none newer than the one chosen, none damaged.
     const auto entries = list_checkpoints(root);
@@ -1063,7 +1063,7 @@ TEST(SaveFaults, AFailureAtEveryPointLeavesTheEarlierCheckpointsIntactAndResumab
       for (const auto& e : fs::directory_iterator(root))
         EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "staging left behind: " << e.path();
       std::optional<ResolvedCheckpoint> resolved;
-      ASSERT_NO_THROW(resolved = resolve_resume(root, "auto", nullptr));
+      ASSERT_NO_THROW(resolved = resolve_resume(root, ResumeFrom::newest(), nullptr));
       ASSERT_TRUE(resolved);
       EXPECT_EQ(resolved->step, committed ? 3 : 2);
       expect_snapshot(resolved->path, resolved->step);
@@ -1268,11 +1268,11 @@ TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
   // The latest pointer instead of its directory, as --checkpoint-dir and as --resume.
   expect_error([&] { open_checkpoint_dir(root + "/latest", identity(1), false); }, ErrorKind::kInvalidArgument,
                {"'latest' pointer file", "--checkpoint-dir " + root + " instead"});
-  expect_error([&] { resolve_resume(root, root + "/latest", nullptr); }, ErrorKind::kInvalidArgument,
+  expect_error([&] { resolve_resume(root, ResumeFrom::checkpoint(root + "/latest"), nullptr); }, ErrorKind::kInvalidArgument,
                {"'latest' pointer file", "--resume " + root + "/step-00000010", "--resume auto"});
-  expect_error([&] { resolve_resume(root + "/latest", "auto", nullptr); }, ErrorKind::kInvalidArgument,
+  expect_error([&] { resolve_resume(root + "/latest", ResumeFrom::newest(), nullptr); }, ErrorKind::kInvalidArgument,
                {"'latest' pointer file"});
-  expect_error([&] { resolve_resume(root, root + "/step-00000010/manifest.json", nullptr); },
+  expect_error([&] { resolve_resume(root, ResumeFrom::checkpoint(root + "/step-00000010/manifest.json"), nullptr); },
                ErrorKind::kInvalidArgument, {"is a file, not a checkpoint directory"});
   expect_error([&] { open_checkpoint_dir(root + "/latest/sub", identity(1), false); }, ErrorKind::kInvalidArgument,
                {"part of its path is a file"});

@@ -50,14 +50,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (spec.kind == zt::DeviceSpec::Kind::kCuda && !spec.cuda_ordinals.empty())
       n = static_cast<int>(spec.cuda_ordinals.size());
     const zt::Backend backend = spec.kind == zt::DeviceSpec::Kind::kCuda ? zt::Backend::kCuda : zt::Backend::kCpu;
-    const zt::RunShape s = zt::resolve_run_shape(tc, mc, n, backend);
-    const zt::TrainConfig& c = s.config;
+    const zt::RunContext s = zt::resolve_run_shape(tc, mc, n, backend);
+    const zt::TrainConfig& c = s.cfg;
     if (mc.num_parameters() <= 0 || mc.num_parameters() > (int64_t{1} << 40)) __builtin_trap();
     if (c.batch_size < 1 || c.batch_size % n != 0 || c.micro_batch_size < 1) __builtin_trap();
     if (int64_t{s.accum} * c.micro_batch_size * n != c.batch_size) __builtin_trap();
     if (s.plan.micro_batches != s.accum || s.plan.micro_batch != c.micro_batch_size || s.plan.devices != n)
       __builtin_trap();
-    if (s.seq_len < 1 || (mc.kind == zt::ModelKind::kGpt && s.seq_len > mc.seq_len)) __builtin_trap();
+    if (s.T < 1 || (mc.kind == zt::ModelKind::kGpt && s.T > mc.seq_len)) __builtin_trap();
     if (!(c.lr > 0) || !(c.min_lr >= 0) || !std::isfinite(c.lr)) __builtin_trap();
   } catch (const zt::Error&) {
   }

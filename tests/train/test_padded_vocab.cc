@@ -118,7 +118,7 @@ TEST(PaddedVocab, CheckpointsAndExportsHoldTheRealVocabulary) {
   // --init-from starts from exactly those weights (a first step skipped by a NaN keeps them).
   TrainConfig c = odd_vocab_run(1, 1, 1, Precision::kFp32);
   c.init_from = out;
-  c.gradient_faults.push_back({1, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  c.test.gradient_faults.push_back({1, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
   const TrainResult r = train(c);
   EXPECT_TRUE(test::same_bits(r.final_params, saved.final_params));
   EXPECT_EQ(padding_not_zero(r.final_local_params[0]), 0);
@@ -126,7 +126,7 @@ TEST(PaddedVocab, CheckpointsAndExportsHoldTheRealVocabulary) {
   // Resuming the checkpoint continues the run.
   TrainConfig b = a;
   b.steps = 3;
-  b.resume = "auto";
+  b.resume = ResumeFrom::newest();
   const TrainResult resumed = train(b);
   EXPECT_EQ(resumed.start_step, 2);
   EXPECT_EQ(padding_not_zero(resumed.final_local_params[0]), 0);
@@ -160,7 +160,7 @@ TEST(PaddedVocab, GemmTilesHoldForEveryGptLayoutIn16Bits) {
     c.tensor_parallel = l.tensor;
     c.sequence_parallel = l.sequence;
     c.pipeline_parallel = l.pipeline;
-    c.keep_final_params = false;
+    c.test.keep_final_params = false;
     c.gemm_tiles = true;
     const uint64_t before = ops::gemm_tiles_checked();
     const TrainResult r = train(c);
@@ -178,7 +178,7 @@ TEST(PaddedVocab, GemmTilesRefuseTheMlpsTenClassOutput) {
   c.data = "fashion-mnist";
   c.batch_size = 16;
   c.precision = Precision::kBf16;
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.gemm_tiles = true;
   test::expect_train_error(c, ErrorKind::kInvalidArgument, "OC 10");
 }

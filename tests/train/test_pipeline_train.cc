@@ -32,7 +32,7 @@ constexpr bool kSanitized = test::kThreadSanitizer || test::kAddressSanitizer;
 TrainConfig pipe_run(int data, int pipeline, const char* schedule, int steps, int stage = 2, int tensor = 1) {
   TrainConfig c = test_util::tiny_train_config(data * tensor * pipeline, stage, steps);
   c.tensor_parallel = tensor;
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.overrides.layers = 8;
   c.overrides.embd = 32;
   c.overrides.heads = 4;
@@ -41,7 +41,7 @@ TrainConfig pipe_run(int data, int pipeline, const char* schedule, int steps, in
   c.batch_size = 8;
   c.micro_batch_size = 1;
   c.pipeline_parallel = pipeline;
-  c.pp_schedule = schedule;
+  c.pp_schedule = parse_pipe_schedule(schedule);
   c.virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1;
   return c;
 }
@@ -177,7 +177,7 @@ TEST(PipelineTrain, CheckpointsReshardAcrossPipelineDegrees) {
     TrainConfig c = pipe_run(data, pipeline, "1f1b", steps, 2, tensor);
     c.checkpoint_dir = dir.path(sub);
     c.save_every = 3;
-    c.resume = resume;
+    if (!resume.empty()) c.resume = ResumeFrom::checkpoint(resume);  // "" = a fresh run
     return train(c);
   };
   const TrainResult two = run(1, 2, "p2", "");
@@ -259,7 +259,7 @@ TEST(PipelineTrain, PlanPredictsEachStagesPoolPeakWithinFivePercent) {
     in.micro_batches = c.batch_size / k.data / c.micro_batch_size;
     in.working = k.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
     in.pipeline = k.pipeline;
-    in.pp_schedule = k.schedule;
+    in.pp_schedule = parse_pipe_schedule(k.schedule);
     in.virtual_stages = c.virtual_stages;
     in.pp_layout = k.layout;
     const MemoryPlan plan = plan_memory_only(make_model_config("gpt-tiny", c.overrides), in);

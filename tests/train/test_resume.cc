@@ -73,7 +73,7 @@ TEST_F(Resume, IsBitExactAtEveryDeviceCountStageAndPrecision) {
         const TrainResult full = train(whole);
         ASSERT_EQ(full.checkpoints.size(), 2u);  // step 3 and the end
         TrainConfig resumed = tiny(n, stage, kEnd, p);
-        resumed.resume = full.checkpoints[0];
+        resumed.resume = ResumeFrom::checkpoint(full.checkpoints[0]);
         const TrainResult rest = train(resumed);
         EXPECT_EQ(rest.start_step, kSave);
         ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kEnd - kSave));
@@ -104,10 +104,10 @@ TEST_F(Resume, FromOtherDeviceCountsAndStagesGathersTheSameStateAndContinues) {
     // restored weights, so the two agree up to the new device count's reduction order.
     TrainConfig b = tiny(k.to_n, k.to_stage, 6, Precision::kFp32);
     b.checkpoint_dir = root;
-    b.resume = "auto";
+    b.resume = ResumeFrom::newest();
     const TrainResult moved = train(b);
     TrainConfig same = tiny(k.from_n, k.from_stage, 6, Precision::kFp32);
-    same.resume = saved.checkpoints[0];
+    same.resume = ResumeFrom::checkpoint(saved.checkpoints[0]);
     const TrainResult stayed = train(same);
     ASSERT_EQ(moved.start_step, 4);
     ASSERT_EQ(moved.losses.size(), 2u);
@@ -123,14 +123,14 @@ TEST_F(Resume, FromOtherDeviceCountsAndStagesGathersTheSameStateAndContinues) {
 TEST_F(Resume, TheDevicesUpdateCountFollowsAReshardedResume) {
   TrainConfig a = tiny(4, 2, 4, Precision::kFp32);
   a.checkpoint_dir = dir("count");
-  a.gradient_faults.push_back({2, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
-  a.keep_final_params = true;
+  a.test.gradient_faults.push_back({2, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  a.test.keep_final_params = true;
   const TrainResult saved = train(a);
   ASSERT_EQ(saved.skipped_steps, std::vector<int>{2});
   EXPECT_EQ(saved.final_update_counts, std::vector<int64_t>(4, 3));
   TrainConfig b = tiny(2, 3, 6, Precision::kFp32);
-  b.resume = saved.checkpoints.at(0);
-  b.keep_final_params = true;
+  b.resume = ResumeFrom::checkpoint(saved.checkpoints.at(0));
+  b.test.keep_final_params = true;
   const TrainResult moved = train(b);
   ASSERT_EQ(moved.start_step, 4);
   EXPECT_EQ(moved.final_update_counts, std::vector<int64_t>(2, 5)) << "3 updates before the checkpoint, 2 after";
@@ -146,8 +146,8 @@ TEST_F(Resume, ReshardedLoadRestoresMasterAndMomentsBitwise) {
   for (auto [n, stage] : {std::pair{2, 3}, std::pair{3, 0}, std::pair{1, 2}}) {
     SCOPED_TRACE(std::to_string(n) + " devices, stage " + std::to_string(stage));
     TrainConfig b = tiny(n, stage, 4, Precision::kBf16);
-    b.resume = saved.checkpoints[0];
-    b.gradient_faults.push_back({4, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+    b.resume = ResumeFrom::checkpoint(saved.checkpoints[0]);
+    b.test.gradient_faults.push_back({4, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
     const TrainResult r = train(b);
     ASSERT_EQ(r.skipped_steps, std::vector<int>{4});
     // Nothing changed since the load: the gathered state equals what the 4 devices saved.
@@ -179,8 +179,8 @@ TEST_F(Resume, AutoFallsBackPastACorruptNewestCheckpointAndSaysSo) {
   }
   TrainConfig b = tiny(2, 2, 5, Precision::kFp32);
   b.checkpoint_dir = root;
-  b.resume = "auto";
-  b.keep_final_params = false;
+  b.resume = ResumeFrom::newest();
+  b.test.keep_final_params = false;
   const TrainResult r = train(b);
   EXPECT_EQ(r.start_step, 2);
   ASSERT_EQ(saved.losses.size(), 4u);
@@ -191,7 +191,7 @@ TEST_F(Resume, AutoFallsBackPastACorruptNewestCheckpointAndSaysSo) {
 
   // Named explicitly, the corrupt checkpoint is refused with the file's name, never loaded.
   TrainConfig c = b;
-  c.resume = saved.checkpoints[1];
+  c.resume = ResumeFrom::checkpoint(saved.checkpoints[1]);
   expect_train_error(c, ErrorKind::kInvalidArgument, "rank-00001.bin");
 }
 
@@ -199,12 +199,12 @@ TEST_F(Resume, ConvertingToAnotherDeviceCountAndStageRewritesEveryArrayBitwise) 
   // --steps equal to the checkpoint's step: load (resharded) and save again.
   TrainConfig a = tiny(2, 2, 3, Precision::kBf16);
   a.checkpoint_dir = dir("a");
-  a.keep_final_params = false;
+  a.test.keep_final_params = false;
   const TrainResult saved = train(a);
   TrainConfig b = tiny(3, 3, 3, Precision::kBf16);
-  b.resume = saved.checkpoints[0];
+  b.resume = ResumeFrom::checkpoint(saved.checkpoints[0]);
   b.checkpoint_dir = dir("b");
-  b.keep_final_params = false;
+  b.test.keep_final_params = false;
   const TrainResult conv = train(b);
   ASSERT_EQ(conv.checkpoints.size(), 1u);
   const CheckpointReader ra = CheckpointReader::open(saved.checkpoints[0]);
@@ -254,8 +254,8 @@ TEST_F(Resume, WithAndWithoutOffloadReshardedLoadsTheSameBits) {
     ASSERT_EQ(saved.checkpoints.size(), 1u);
     // One more step that an injected NaN skips: the final state is exactly what was loaded.
     TrainConfig b = with_offload(tiny(to.n, to.stage, 4, Precision::kBf16), to);
-    b.resume = saved.checkpoints[0];
-    b.gradient_faults.push_back({4, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+    b.resume = ResumeFrom::checkpoint(saved.checkpoints[0]);
+    b.test.gradient_faults.push_back({4, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
     const TrainResult r = train(b);
     ASSERT_EQ(r.skipped_steps, std::vector<int>{4});
     expect_same_state(r, saved, "loaded elsewhere vs saved");
@@ -279,7 +279,7 @@ TEST_F(Resume, WithOffloadIsBitExactAndContinuesAsTheDeviceOptimizer) {
         TrainConfig resumed = tiny(2, stage, kEnd, p);
         resumed.offload_optimizer = offload;
         resumed.offload_fraction = side.fraction;
-        resumed.resume = full.checkpoints[0];
+        resumed.resume = ResumeFrom::checkpoint(full.checkpoints[0]);
         const TrainResult rest = train(resumed);
         ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kEnd - kSave));
         for (int k = 0; k < kEnd - kSave; ++k)
@@ -292,7 +292,7 @@ TEST_F(Resume, WithOffloadIsBitExactAndContinuesAsTheDeviceOptimizer) {
 
 TEST(FaultTolerance, RecoveryWorksWithOffload) {
   TrainConfig c = tiny(4, 2, 14, Precision::kBf16);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.offload_optimizer = true;
   c.offload_fraction = 0.5f;
   const TrainResult clean = train(c);
@@ -312,7 +312,7 @@ TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers
   for (bool hang : {false, true}) {
     SCOPED_TRACE(hang ? "hang" : "error");
     TrainConfig c = tiny(4, 2, 30, Precision::kFp32);
-    c.keep_final_params = false;
+    c.test.keep_final_params = false;
     const TrainResult clean = train(c);
     c.snapshot_every = 5;
     c.inject_faults = {{2, 13, hang}};
@@ -344,7 +344,7 @@ TEST(FaultTolerance, SurvivorsThatDoNotDivideTheBatchSplitItUnevenly) {
   for (const Case& k : {Case{4, 4, {{1, 12, false}}, 3}, Case{8, 2, {{1, 8, false}, {4, 17, false}}, 6}}) {
     SCOPED_TRACE(std::to_string(k.devices) + " devices, " + std::to_string(k.faults.size()) + " faults");
     TrainConfig c = tiny(k.devices, 2, 30, Precision::kFp32);
-    c.keep_final_params = false;
+    c.test.keep_final_params = false;
     c.batch_size = 16;
     c.micro_batch_size = k.micro;
     const TrainResult clean = train(c);
@@ -366,7 +366,7 @@ TEST(FaultTolerance, SurvivorsThatDoNotDivideTheBatchSplitItUnevenly) {
 
 TEST(FaultTolerance, WithoutSnapshotsAFailedDeviceEndsTheRunWithItsError) {
   TrainConfig c = tiny(2, 1, 6, Precision::kFp32);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.inject_faults = {{1, 3, false}};
   expect_train_error(c, ErrorKind::kDevice, "cpu:1");
 }
@@ -400,7 +400,7 @@ TEST_F(Resume, ExportWritesGpt2SafetensorsAndInitFromReadsThemBack) {
   // --init-from starts from exactly those weights (a first step skipped by a NaN keeps them).
   TrainConfig c = tiny(4, 1, 1, Precision::kFp32);
   c.init_from = out;
-  c.gradient_faults.push_back({1, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  c.test.gradient_faults.push_back({1, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
   const TrainResult r = train(c);
   EXPECT_TRUE(same_bits(r.final_params, saved.final_params));
 

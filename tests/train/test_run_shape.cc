@@ -50,22 +50,22 @@ TEST(RunShape, DefaultBatchIsTheSmallestMultipleOfTheDevicesAtOrAbove8Per2) {
       EXPECT_LT(b - n, floor) << n;  // the smallest such multiple
       // And the whole run shape resolves with it.
       const ModelConfig mc = make_model_config(gpt ? "gpt-tiny" : "mlp");
-      EXPECT_EQ(resolve_run_shape(TrainConfig{}, mc, n, Backend::kCpu).config.batch_size, b) << n;
+      EXPECT_EQ(resolve_run_shape(TrainConfig{}, mc, n, Backend::kCpu).cfg.batch_size, b) << n;
     }
 }
 
 TEST(RunShape, DefaultsOfTheDefaultJob) {
-  const RunShape s = resolve_run_shape(TrainConfig{}, make_model_config("gpt-tiny"), 2, Backend::kCpu);
-  EXPECT_EQ(s.config.batch_size, 8);
-  EXPECT_EQ(s.config.micro_batch_size, 4);
+  const RunContext s = resolve_run_shape(TrainConfig{}, make_model_config("gpt-tiny"), 2, Backend::kCpu);
+  EXPECT_EQ(s.cfg.batch_size, 8);
+  EXPECT_EQ(s.cfg.micro_batch_size, 4);
   EXPECT_EQ(s.accum, 1);
-  EXPECT_EQ(s.seq_len, 64);
-  EXPECT_EQ(s.config.train_seq_len, 64);
-  EXPECT_EQ(s.config.steps, 1500);
-  EXPECT_EQ(s.config.warmup_steps, 202);  // the sweep's pick (README): 13.5% of 1500
-  EXPECT_EQ(s.config.eval_every, 375);
-  EXPECT_FLOAT_EQ(s.config.lr, 1.88e-3f);
-  EXPECT_FLOAT_EQ(s.config.min_lr, 1.88e-4f);
+  EXPECT_EQ(s.T, 64);
+  EXPECT_EQ(s.cfg.train_seq_len, 64);
+  EXPECT_EQ(s.cfg.steps, 1500);
+  EXPECT_EQ(s.cfg.warmup_steps, 202);  // the sweep's pick (README): 13.5% of 1500
+  EXPECT_EQ(s.cfg.eval_every, 375);
+  EXPECT_FLOAT_EQ(s.cfg.lr, 1.88e-3f);
+  EXPECT_FLOAT_EQ(s.cfg.min_lr, 1.88e-4f);
   EXPECT_EQ(s.precision, Precision::kFp32);
   EXPECT_EQ(s.working, DType::kF32);
   EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kNone);
@@ -86,13 +86,13 @@ TEST(RunShape, AccumulationPrecisionAndScaling) {
   c.optimizer = OptimizerKind::kSgd;
   c.sample_tokens = 0;
   const ModelConfig mc = make_model_config("gpt-tiny");
-  RunShape s = resolve_run_shape(c, mc, 4, Backend::kCuda);
+  RunContext s = resolve_run_shape(c, mc, 4, Backend::kCuda);
   EXPECT_EQ(s.accum, 48 / 4 / 2);
   EXPECT_EQ(s.plan.micro_batches, 6);
-  EXPECT_EQ(s.seq_len, 16);
+  EXPECT_EQ(s.T, 16);
   EXPECT_EQ(s.precision, Precision::kBf16);  // auto on GPUs
   EXPECT_EQ(s.working, DType::kBF16);
-  EXPECT_FLOAT_EQ(s.config.lr, 0.05f);  // SGD
+  EXPECT_FLOAT_EQ(s.cfg.lr, 0.05f);  // SGD
   EXPECT_FALSE(s.plan.sampling);
   EXPECT_TRUE(s.plan.sgd);
   c.precision = Precision::kFp16;
@@ -100,22 +100,22 @@ TEST(RunShape, AccumulationPrecisionAndScaling) {
   EXPECT_EQ(s.working, DType::kF16);
   EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kDynamic);
   EXPECT_FLOAT_EQ(s.initial_scale, 65536.0f);
-  c.loss_scale = "128";
+  c.loss_scale = parse_loss_scale("128");
   s = resolve_run_shape(c, mc, 4, Backend::kCpu);
   EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kFixed);
   EXPECT_FLOAT_EQ(s.initial_scale, 128.0f);
-  c.loss_scale = "none";
+  c.loss_scale = parse_loss_scale("none");
   EXPECT_EQ(resolve_run_shape(c, mc, 4, Backend::kCpu).scaling, ZeroOptions::Scaling::kNone);
 }
 
 TEST(RunShape, ImageDataLeavesTheStepsToTheData) {
-  const RunShape s = resolve_run_shape(TrainConfig{}, make_model_config("mlp"), 2, Backend::kCpu);
-  EXPECT_EQ(s.config.steps, -1);
-  EXPECT_EQ(s.config.warmup_steps, -1);
-  EXPECT_EQ(s.config.eval_every, -1);
-  EXPECT_EQ(s.seq_len, 1);
-  EXPECT_EQ(s.config.batch_size, 128);
-  EXPECT_FLOAT_EQ(s.config.lr, 1e-3f);
+  const RunContext s = resolve_run_shape(TrainConfig{}, make_model_config("mlp"), 2, Backend::kCpu);
+  EXPECT_EQ(s.cfg.steps, -1);
+  EXPECT_EQ(s.cfg.warmup_steps, -1);
+  EXPECT_EQ(s.cfg.eval_every, -1);
+  EXPECT_EQ(s.T, 1);
+  EXPECT_EQ(s.cfg.batch_size, 128);
+  EXPECT_FLOAT_EQ(s.cfg.lr, 1e-3f);
 }
 
 TEST(RunShape, EveryCheckSaysWhatIsWrong) {
@@ -136,14 +136,12 @@ TEST(RunShape, EveryCheckSaysWhatIsWrong) {
       {[](TrainConfig& c) { c.lr = INFINITY; }, 2, "--lr is out of range for a float"},
       {[](TrainConfig& c) { c.min_lr = INFINITY; }, 2, "--min-lr is out of range for a float"},
       {[](TrainConfig& c) { c.steps = 0; }, 2, "--steps must be at least 1"},
-      {[](TrainConfig& c) { c.loss_scale = "lots"; }, 2, "--loss-scale must be dynamic, none or a positive number"},
-      {[](TrainConfig& c) { c.loss_scale = ""; }, 2, "--loss-scale must be dynamic, none or a positive number"},
       {[](TrainConfig& c) { c.min_scale = 8, c.initial_scale = 4; }, 2, "0 < --min-scale <= --initial-scale"},
       {[](TrainConfig& c) { c.scale_window = 0; }, 2, "--scale-window must be at least 1"},
       {[](TrainConfig& c) { c.on_scale_collapse_bf16 = true; }, 2, "--precision fp16 runs only"},
       {[](TrainConfig& c) { c.weight_decay = -1; }, 2, "--weight-decay must not be negative"},
       {[](TrainConfig& c) { c.temperature = 0; }, 2, "--temperature > 0"},
-      {[](TrainConfig& c) { c.resume = "auto"; }, 2, "--resume auto needs --checkpoint-dir"},
+      {[](TrainConfig& c) { c.resume = ResumeFrom::newest(); }, 2, "--resume auto needs --checkpoint-dir"},
       {[](TrainConfig& c) { c.steps = 10, c.profile_steps = "5:11"; }, 2, "--profile-steps 5:11 must satisfy"},
       {[](TrainConfig& c) { c.batch_size = INT_MAX - 1; }, 2, "tokens, above the limit of 2147483648"},
       {[](TrainConfig& c) { c.batch_size = 8; }, 0, "at least one device"},
@@ -154,6 +152,21 @@ TEST(RunShape, EveryCheckSaysWhatIsWrong) {
     const std::string msg = error_of([&] { resolve_run_shape(c, tiny, k.devices, Backend::kCpu); });
     EXPECT_NE(msg.find(k.message), std::string::npos) << "expected '" << k.message << "', got '" << msg << "'";
   }
+}
+
+// --loss-scale is parsed once, where the flag is read: the words, a fixed positive number, and one
+// sentence for anything else.
+TEST(RunShape, LossScaleIsParsedOnceIntoAMode) {
+  EXPECT_EQ(parse_loss_scale("auto").mode, LossScale::Mode::kAuto);
+  EXPECT_EQ(parse_loss_scale("dynamic").mode, LossScale::Mode::kDynamic);
+  EXPECT_EQ(parse_loss_scale("none").mode, LossScale::Mode::kNone);
+  const LossScale fixed = parse_loss_scale("128");
+  EXPECT_EQ(fixed.mode, LossScale::Mode::kFixed);
+  EXPECT_EQ(fixed.fixed, 128.0f);
+  for (const char* bad : {"lots", "", "0", "-4", "inf", "nan", "1e39", "12x"})
+    EXPECT_NE(error_of([&] { parse_loss_scale(bad); }).find("--loss-scale must be dynamic, none or a positive number"),
+              std::string::npos)
+        << bad;
 }
 
 // --comm nccl: refused before any device wherever NCCL cannot run the data group, one sentence
@@ -209,7 +222,7 @@ TEST(RunShape, PipelineMistakesAreOneSentenceEach) {
     const char* message;
   };
   const auto pp = [](int p, const char* schedule = "1f1b") {
-    return [p, schedule](TrainConfig& c) { c.pipeline_parallel = p, c.pp_schedule = schedule, c.batch_size = 8; };
+    return [p, schedule](TrainConfig& c) { c.pipeline_parallel = p, c.pp_schedule = parse_pipe_schedule(schedule), c.batch_size = 8; };
   };
   const Case cases[] = {
       {pp(3), 4, "--pipeline-parallel 3 does not divide the 4 devices"},
@@ -253,8 +266,8 @@ TEST(RunShape, PipelineMistakesAreOneSentenceEach) {
     TrainConfig k;
     pp(d.pipeline, d.schedule)(k);
     k.batch_size = d.batch;
-    const RunShape rs = resolve_run_shape(k, tiny, d.devices, Backend::kCpu);
-    EXPECT_EQ(rs.config.micro_batch_size, d.micro) << d.devices << " devices, batch " << d.batch << ", " << d.schedule;
+    const RunContext rs = resolve_run_shape(k, tiny, d.devices, Backend::kCpu);
+    EXPECT_EQ(rs.cfg.micro_batch_size, d.micro) << d.devices << " devices, batch " << d.batch << ", " << d.schedule;
     EXPECT_EQ(rs.accum, d.accum) << d.devices << " devices, batch " << d.batch << ", " << d.schedule;
   }
 }
@@ -302,11 +315,11 @@ TEST(RunShape, OutputsNeverOverwriteInputsOrEachOther) {
   c.trace_path = dir.path("t.json");
   EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
   c.checkpoint_dir = dir.path("ckpt");
-  c.resume = dir.path("ckpt");  // resuming from the checkpoint directory is how --resume works
+  c.resume = ResumeFrom::checkpoint(dir.path("ckpt"));  // resuming from the checkpoint directory is how --resume works
   EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
   c.init_from = dir.path("w.safetensors");
   EXPECT_NE(error_of([&] { check_run_paths(c); }).find("--init-from only seeds a fresh run"), std::string::npos);
-  c.resume = "auto";  // nothing to resume in an empty --checkpoint-dir: --init-from seeds the run
+  c.resume = ResumeFrom::newest();  // nothing to resume in an empty --checkpoint-dir: --init-from seeds the run
   EXPECT_EQ(error_of([&] { check_run_paths(c); }), "");
 }
 

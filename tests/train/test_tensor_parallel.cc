@@ -133,7 +133,7 @@ TEST(TensorParallel, CheckpointsReshardAcrossTensorDegrees) {
     c.micro_batch_size = 8 / data;
     c.checkpoint_dir = dir.path("ckpt");
     c.keep = 0;
-    c.resume = saved.checkpoints[1];
+    c.resume = ResumeFrom::checkpoint(saved.checkpoints[1]);
     const TrainResult r = train(c);
     EXPECT_TRUE(test::same_bits(saved.final_params, r.final_params)) << "master weights differ";
     EXPECT_TRUE(test::same_bits(saved.final_moments, r.final_moments)) << "moments differ";
@@ -141,7 +141,7 @@ TEST(TensorParallel, CheckpointsReshardAcrossTensorDegrees) {
   TrainConfig on = small_mesh_run(1, 4, 2, 5);
   on.checkpoint_dir = dir.path("ckpt");
   on.keep = 0;
-  on.resume = saved.checkpoints[0];
+  on.resume = ResumeFrom::checkpoint(saved.checkpoints[0]);
   const TrainResult resumed = train(on);
   ASSERT_EQ(resumed.losses.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(resumed.losses[i] / saved.losses[i + 3], 1.0, 1e-5) << "step " << i + 4;
@@ -270,7 +270,7 @@ TEST(TensorParallel, TraceShowsTensorCollectivesOnTheirOwnTrack) {
 // (1 x 2) from the snapshot and ends near the uninterrupted run's loss.
 TEST(TensorParallel, LosingADeviceDropsItsTensorGroup) {
   TrainConfig c = small_mesh_run(2, 2, 2, 12);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   const TrainResult clean = train(c);
   c.snapshot_every = 4;
   c.inject_faults = {{1, 7, false}};

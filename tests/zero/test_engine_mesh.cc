@@ -103,7 +103,7 @@ class EngineRun {
   EngineRun(const ModelConfig& mc, int devices, const ZeroOptions& opt, CommPath path = CommPath::kAuto,
             std::optional<DType> activations = std::nullopt)
       : mc_(mc),
-        model_(make_model(mc, Recompute::kNone, {}, activations.value_or(run_activation_dtype(mc, opt.working, 1, 1)))),
+        model_(make_model(mc, Recompute::kNone, {}, activations.value_or(run_activation_dtype(opt.working)))),
         rt_(Runtime::create_cpu(devices)), mesh_({.data = devices / opt.tensor, .tensor = opt.tensor}, devices) {
     for (int r = 0; r < devices; ++r) devs_.push_back(&rt_->device(r));
     comm_ = std::make_unique<Communicator>(devs_, Communicator::kDefaultChunkBytes, path);

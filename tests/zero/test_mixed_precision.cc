@@ -62,7 +62,7 @@ TEST(MixedPrecision, OverflowOnOneDeviceSkipsTheStepEverywhereAndChangesNoBit) {
       TrainConfig faulty = base;
       faulty.steps = 4;
       // Rank 1 only, a block in the middle of the model, into its gradient shard.
-      faulty.gradient_faults.push_back({4, 1, 2, 3, value});
+      faulty.test.gradient_faults.push_back({4, 1, 2, 3, value});
       const TrainResult after = train(faulty);
       ASSERT_EQ(after.skipped_steps, std::vector<int>{4});
       expect_same_state(before, after, "state after the skipped step 4 vs after step 3");
@@ -81,7 +81,7 @@ TEST(MixedPrecision, SkippedStepInBf16WithoutScalingChangesNoBit) {
     const TrainResult before = train(base);
     TrainConfig faulty = base;
     faulty.steps = 3;
-    faulty.gradient_faults.push_back({3, 0, 1, 0, std::numeric_limits<float>::quiet_NaN()});
+    faulty.test.gradient_faults.push_back({3, 0, 1, 0, std::numeric_limits<float>::quiet_NaN()});
     const TrainResult after = train(faulty);
     ASSERT_EQ(after.skipped_steps, std::vector<int>{3}) << "stage " << stage;
     expect_same_state(before, after, "bf16 stage " + std::to_string(stage));
@@ -91,11 +91,11 @@ TEST(MixedPrecision, SkippedStepInBf16WithoutScalingChangesNoBit) {
 
 TEST(MixedPrecision, DynamicScaleFollowsBackoffAndGrowthExactly) {
   TrainConfig c = tiny(2, 2, 12, Precision::kFp16);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.initial_scale = 256;
   c.scale_window = 3;
   const float kInf = std::numeric_limits<float>::infinity();
-  for (int s : {2, 6, 7}) c.gradient_faults.push_back({s, s % 2, 0, 1, kInf});
+  for (int s : {2, 6, 7}) c.test.gradient_faults.push_back({s, s % 2, 0, 1, kInf});
   const TrainResult r = train(c);
   ASSERT_EQ(r.skipped_steps, (std::vector<int>{2, 6, 7}));
   // Scale used by each step, worked out by hand: halve after an overflow, double after 3 clean
@@ -114,7 +114,7 @@ TEST(MixedPrecision, DynamicScaleFollowsBackoffAndGrowthExactly) {
 TEST(MixedPrecision, ScaleCollapseStopsWithDivergedOrContinuesInBf16) {
   // A scale so large that fp16 gradients always overflow, and no room to back off.
   TrainConfig c = tiny(2, 2, 6, Precision::kFp16);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.initial_scale = c.min_scale = c.max_scale = 1e9f;
   expect_train_error(c, ErrorKind::kDiverged, "collapsed");
   c.on_scale_collapse_bf16 = true;
@@ -127,9 +127,9 @@ TEST(MixedPrecision, ScaleCollapseStopsWithDivergedOrContinuesInBf16) {
 
 TEST(MixedPrecision, TooManyConsecutiveSkippedStepsStop) {
   TrainConfig c = tiny(1, 0, 8, Precision::kBf16);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.max_skipped_steps = 2;
-  for (int s = 2; s <= 5; ++s) c.gradient_faults.push_back({s, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
+  for (int s = 2; s <= 5; ++s) c.test.gradient_faults.push_back({s, 0, 0, 0, std::numeric_limits<float>::quiet_NaN()});
   expect_train_error(c, ErrorKind::kDiverged, "3 consecutive steps");
 }
 
@@ -151,7 +151,7 @@ TEST(MixedPrecision, Bf16StagesAgreeBitForBit) {
 TEST(MixedPrecision, Bf16AndFp16LandWithinTwoPercentOfFp32) {
   if (kSanitized) GTEST_SKIP() << "a convergence run; too slow under sanitizers";
   TrainConfig c = tiny(2, 2, 400, Precision::kFp32);
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   c.schedule = LrSchedule::kCosine;
   c.lr = -1, c.warmup_steps = -1;  // the default job's learning rate and warmup
   auto tail = [](const TrainResult& r) {  // mean of the last 20 steps: one step's loss is noisy
@@ -186,7 +186,7 @@ TEST(MixedPrecision, Bf16MlpLandsWithinTwoPercentOfFp32) {
   c.model = "mlp";
   c.data = "fashion-mnist";
   c.lr = -1, c.warmup_steps = -1;  // the default job's learning rate and warmup
-  c.keep_final_params = false;
+  c.test.keep_final_params = false;
   auto tail = [](const TrainResult& r) {
     double s = 0;
     for (size_t i = r.losses.size() - 20; i < r.losses.size(); ++i) s += r.losses[i];

@@ -97,8 +97,8 @@ TEST(Offload, OverflowSkipsTheHostUpdateTooAndFp16DynamicScalingIsUnchanged) {
     TrainConfig c = tiny(2, stage, 5, Precision::kFp16);
     c.initial_scale = 256;
     c.scale_window = 2;  // the scale grows and backs off within the run
-    c.gradient_faults.push_back({3, 1, 2, 0, kInf});  // rank 1, offloaded element 0 of block 2
-    c.gradient_faults.push_back({4, 0, 1, 5, std::numeric_limits<float>::quiet_NaN()});
+    c.test.gradient_faults.push_back({3, 1, 2, 0, kInf});  // rank 1, offloaded element 0 of block 2
+    c.test.gradient_faults.push_back({4, 0, 1, 5, std::numeric_limits<float>::quiet_NaN()});
     TrainConfig probe = c;
     probe.offload_optimizer = true;
     const TrainResult r = train(probe);
@@ -129,7 +129,7 @@ TEST(Offload, SkippedStepLeavesTheOffloadedStateUnchanged) {
   c.offload_fraction = 0.5f;
   const TrainResult before = train(c);
   c.steps = 4;
-  c.gradient_faults.push_back({4, 0, 1, 0, std::numeric_limits<float>::quiet_NaN()});
+  c.test.gradient_faults.push_back({4, 0, 1, 0, std::numeric_limits<float>::quiet_NaN()});
   const TrainResult after = train(c);
   ASSERT_EQ(after.skipped_steps, std::vector<int>{4});
   expect_same_state(before, after, "after the skipped step vs before it");
@@ -187,7 +187,7 @@ TEST(Offload, DeviceOptimizerBytesDropAndTheHostArenaHoldsWhatThePlanSays) {
 TEST(Offload, TheTraceShowsTheHostOptimizerAndTheSummaryItsTime) {
   TrainConfig c = tiny(2, 2, 2, Precision::kBf16);
   c.offload_optimizer = true;
-  c.zero_trace = true;
+  c.test.zero_trace = true;
   const TrainResult r = train(c);
   int spans = 0;
   for (const TraceSpan& s : r.trace)

@@ -176,8 +176,8 @@ TEST(Zero, GradientReduceScatterOverlapsTheNextBlocksBackward) {
   TrainConfig c = tiny(2, 2, 4);
   c.overrides = ModelOverrides{};
   c.overrides.layers = 6;
-  c.keep_final_params = false;
-  c.zero_trace = true;
+  c.test.keep_final_params = false;
+  c.test.zero_trace = true;
   const TrainResult r = train(c);
   int checked = 0, started_before = 0;
   for (int rank = 0; rank < 2; ++rank) {
@@ -217,8 +217,8 @@ TEST(Zero, GradientReduceScatterOverlapsTheNextBlocksBackward) {
 TEST(Zero, Stage3PrefetchRunsAheadOfTheForwardThatNeedsIt) {
   TrainConfig c = tiny(2, 3, 3);
   c.overrides = ModelOverrides{};
-  c.keep_final_params = false;
-  c.zero_trace = true;
+  c.test.keep_final_params = false;
+  c.test.zero_trace = true;
   const TrainResult r = train(c);
   const int layers = make_model_config("gpt-tiny").layers;
   int pairs = 0, started_before = 0;
