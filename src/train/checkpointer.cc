@@ -225,14 +225,14 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   const RunIdentity id = run_identity(run.mc, cfg.seed, cfg.data);
   team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
   if (!team_) {
-    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty(), cfg.steps));
     if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
   } else {
     // Process 0 takes the directory for the launch; the others follow its verdict, so that a
     // refusal is one sentence from every process rather than a hang on process 0's absence.
     nlohmann::json verdict = nlohmann::json::object();
     if (team_->process() == 0) try {
-        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty()));
+        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.empty(), cfg.steps));
         // Before the others resolve --resume auto (they wait for this verdict).
         if (cfg.resume == "auto") assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
       } catch (const Error& e) {
