@@ -533,7 +533,8 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
     result_.stopped_at = step + 1;
     return true;
   }
-  if (const int sig = StopSignals::pending(); sig != 0 && !last) {
+  // Several processes: one stop, agreed by all at this boundary (signals.h).
+  if (const int sig = last ? 0 : agreed_stop_signal(run_.processes); sig != 0) {
     stop_for_signal(w, step, sig);
     return true;
   }
@@ -549,6 +550,13 @@ void Trainer::inject_faults(World& w, int step) {
     if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGKILL")) {
       int p = -1, s = -1;
       if (std::sscanf(spec, "%d,%d", &p, &s) == 2 && p == run_.processes->rank() && s == step + 1) std::raise(SIGKILL);
+    }
+    // ZEROTRAIN_TEST_SIGNAL="P,S,SIG": process P receives signal SIG when step S starts (a stop
+    // sent to one rank; the processes must agree on it at the step's end).
+    if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGNAL")) {
+      int p = -1, s = -1, sig = 0;
+      if (std::sscanf(spec, "%d,%d,%d", &p, &s, &sig) == 3 && p == run_.processes->rank() && s == step + 1)
+        std::raise(sig);
     }
   }
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {
