@@ -239,8 +239,12 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
         verdict = {{"error", e.message()}, {"kind", static_cast<int>(e.kind())}};
       }
     verdict = nlohmann::json::parse(team_->broadcast(verdict.dump()));
-    if (verdict.contains("error"))
+    if (verdict.contains("error")) {
+      // Every process throws this same verdict: the team leaves without an abort notice, which
+      // could reach a process still receiving the verdict first and replace its sentence.
+      team_.reset();
       throw Error(static_cast<ErrorKind>(verdict["kind"].get<int>()), verdict["error"].get<std::string>());
+    }
   }
   if (lease_)
     for (const std::string& n : lease_->notes()) log_.line("note: " + n);
