@@ -225,7 +225,9 @@ void add_run_flags(CLI::App& sub, RunFlags& f) {
                  "device=D,step=S[,kind=error|hang]: make device D (its position among the devices at that step) "
                  "fail at step S (testing recovery; may be given more than once)")
       ->check(non_empty());
-  sub.add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
+  sub.add_option("--hang-timeout", tc.hang_timeout_s,
+                 "Seconds without progress (no device op, sampled token or evaluation batch finishing) before the "
+                 "devices count as hung")
       ->capture_default_str()->check(zt_cli::seconds());
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")
