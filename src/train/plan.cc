@@ -752,7 +752,8 @@ int largest_with_plan(const std::vector<ModelConfig>& family, const PlanInputs& 
   ZT_REQUIRE(!family.empty(), "the model family to search is empty");
   auto plan_of = [&](int i) {
     const ModelConfig& m = family[static_cast<size_t>(i)];
-    MemoryPlan p = plan_for(*plan_model(m, in), m, in);
+    // The plan `plan` makes of that model: a pipeline's per-stage plan when there is one.
+    MemoryPlan p = plan_memory_only(m, in);
     if (plans) ++*plans;
     if (work) *work += p.work;
     return p;
@@ -778,7 +779,8 @@ int largest_fitting(const std::vector<ModelConfig>& family, const PlanInputs& in
   return largest_with_plan(family, in, nullptr, plans, work);
 }
 
-LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in) {
+LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in,
+                          const std::function<bool(const PlanInputs&)>& allowed) {
   LargestTable t;
   t.inputs = in;
   t.family = family;
@@ -791,6 +793,7 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
         c.zero_stage = st;
         c.recompute = rc;
         c.offload = off;
+        if (allowed && !allowed(c)) continue;
         LargestRow row;
         row.zero_stage = st;
         row.recompute = rc;
