@@ -20,8 +20,10 @@ std::vector<int> parse_hidden(const std::string& hidden) {
     const std::string item = hidden.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
-    ZT_REQUIRE(!item.empty() && *end == '\0' && v > 0 && v <= (1 << 20), "--hidden '", hidden,
+    ZT_REQUIRE(!item.empty() && *end == '\0' && v > 0, "--hidden '", hidden,
                "' must be positive sizes separated by commas, e.g. 256,128");
+    ZT_REQUIRE(v <= (1 << 20), "--hidden '", hidden, "': layer size ", item, " is above 1048576, the widest layer "
+               "an MLP may have");
     out.push_back(static_cast<int>(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;

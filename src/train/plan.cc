@@ -213,7 +213,9 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
   else if (u == "tb") mul = 1e12;
   else return bad();
   const double bytes = v * mul;
-  if (!(bytes >= 1) || bytes > 1e18) return bad();
+  ZT_REQUIRE(bytes >= 1, flag, " '", text, "' is less than one byte; give the device's memory, e.g. 16GiB");
+  ZT_REQUIRE(bytes <= 1e18, flag, " '", text, "' is above 1e18 bytes (about 888 PiB), the most a device's memory "
+             "may be (a byte count must stay far inside 64 bits for the plan's sums)");
   return static_cast<size_t>(bytes);
 }
 

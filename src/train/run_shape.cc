@@ -169,8 +169,10 @@ RunShape resolve_run_shape(const TrainConfig& cfg_in, const ModelConfig& mc, int
   } else if (cfg.loss_scale != "none") {
     char* end = nullptr;
     const double v = std::strtod(cfg.loss_scale.c_str(), &end);
-    ZT_REQUIRE(end && *end == 0 && !cfg.loss_scale.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38,
+    ZT_REQUIRE(end && *end == 0 && !cfg.loss_scale.empty() && std::isfinite(v) && v > 0,
                "--loss-scale must be dynamic, none or a positive number, got '", cfg.loss_scale, "'");
+    ZT_REQUIRE(v <= 3.4e38, "--loss-scale ", cfg.loss_scale, " is above 3.4e38, the largest fp32 number (the scale is "
+               "held as a float)");
     s.scaling = ZeroOptions::Scaling::kFixed, s.initial_scale = static_cast<float>(v);
   }
   require_float(cfg.initial_scale, "--initial-scale");

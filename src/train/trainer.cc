@@ -87,7 +87,8 @@ FaultInjection parse_fault_injection(const std::string& spec) {
     auto number = [&] {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != 0 || v < 0 || v > 1000000000) bad("has a bad number '" + value + "'");
+      if (value.empty() || *end != 0 || v < 0) bad("has a bad number '" + value + "'");
+      if (v > 1000000000) bad("has " + key + "=" + value + ", above 1000000000 (it is held in 32 bits)");
       return static_cast<int>(v);
     };
     if (key == "device") f.device = number();

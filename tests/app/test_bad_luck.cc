@@ -171,6 +171,12 @@ TEST_F(BadLuck, NumbersBeyondTheirTypeAreRefusedWithTheRealReason) {
   expect_refused(kTiny + "--steps 2 --hang-timeout 1e10", "at most 1e9 seconds");
   expect_refused(kTiny + "--steps 2 --comm-timeout 1e30", "at most 1e9 seconds");
   expect_refused(kTiny + "--steps 9223372036854775807", "at most 2147483647");
+  // Parsed by hand (not by a flag check): the same, with the reason rather than "a bad number".
+  expect_refused(kTiny + "--steps 2 --device-memory 99999999999999999999GiB", "is above 1e18 bytes");
+  expect_refused(kTiny + "--steps 2 --inject-fault device=0,step=99999999999", "above 1000000000");
+  expect_refused(kTiny + "--steps 2 --loss-scale 1e39", "above 3.4e38, the largest fp32 number");
+  expect_refused(kTiny + "--steps 2 --profile-steps 1:99999999999", "has a step above 2147483647");
+  expect_refused("train --model mlp --devices cpu:2 --quiet --steps 2 --hidden 99999999999", "is above 1048576");
 }
 
 // Reproduction 13: `plan --largest` lists only what `plan` (and so `train`) of that shape accepts:
