@@ -47,6 +47,8 @@ int PlanCommand::run() {
   const ModelConfig mc = largest_ ? family.front() : make_model_config(tc.model, tc.overrides);
   const DeviceSpec spec = parse_device_spec(tc.devices);
   MemoryPlan plan;
+  int devices = 0;
+  Backend backend = Backend::kCpu;
   if (spec.kind == DeviceSpec::Kind::kCuda && !cuda_availability().usable) {
     // GPUs this machine does not have: planned from --device-memory, the library workspaces by
     // their GPU rules (train/plan.h plan_absent_gpus).
@@ -57,6 +59,8 @@ int PlanCommand::run() {
     ZT_REQUIRE(!spec.cuda_ordinals.empty(), "--devices ", spec.text,
                " means every GPU, and this machine has none to count; name them, e.g. --devices cuda:0,1 or cuda:0x4");
     const int n = static_cast<int>(spec.cuda_ordinals.size());
+    devices = n;
+    backend = Backend::kCuda;
     const RunContext shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
     refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_absent_gpus(mc, shape.plan, n, tc.device_memory);
@@ -65,6 +69,8 @@ int PlanCommand::run() {
                 tc.devices.c_str(), n, n == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str());
   } else {
     auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
+    devices = rt->size();
+    backend = rt->backend();
     const RunContext shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
     refuse_given(*sub_, inapplicable_run_flags(shape, mc));
     plan = plan_run(mc, *rt, shape.plan);
@@ -77,7 +83,28 @@ int PlanCommand::run() {
     if (!rt->fallback_note().empty()) std::printf("note: %s\n", rt->fallback_note().c_str());
   }
   if (largest_) {
-    std::printf("%s", format_largest(plan_largest(family, plan.inputs)).c_str());
+    // The same rules as `plan` and `train` of each answer: a family member the run's shape refuses
+    // (fewer blocks than pipeline stages, ...) is no answer, and a row whose stage, recompute or
+    // offload the run refuses (ZeRO-3 or offload with --pipeline-parallel, ...) is not listed.
+    auto accepted = [&](const ModelConfig& m, const PlanInputs& c) {
+      TrainConfig t = tc;
+      t.zero_stage = c.zero_stage;
+      t.recompute = c.recompute;
+      t.offload_optimizer = c.offload;
+      try {
+        resolve_run_shape(t, m, devices, backend);
+        return true;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kInvalidArgument) throw;
+        return false;
+      }
+    };
+    std::erase_if(family, [&](const ModelConfig& m) { return !accepted(m, plan.inputs); });
+    ZT_REQUIRE(!family.empty(), "no GPT-2 shape can run with these flags (the smallest, ", mc.describe(),
+               ", is refused); check them with plan of that model");
+    std::printf("%s", format_largest(plan_largest(family, plan.inputs, [&](const PlanInputs& c) {
+                                       return accepted(family.front(), c);
+                                     })).c_str());
     return 0;
   }
   std::printf("%s", format_plan(mc, plan).c_str());

@@ -26,8 +26,10 @@ std::vector<int> parse_hidden(const std::string& hidden) {
     const std::string item = hidden.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
-    ZT_REQUIRE(!item.empty() && *end == '\0' && v > 0 && v <= (1 << 20), "--hidden '", hidden,
+    ZT_REQUIRE(!item.empty() && *end == '\0' && v > 0, "--hidden '", hidden,
                "' must be positive sizes separated by commas, e.g. 256,128");
+    ZT_REQUIRE(v <= (1 << 20), "--hidden '", hidden, "': layer size ", item, " is above 1048576, the widest layer "
+               "an MLP may have");
     out.push_back(static_cast<int>(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -231,7 +233,9 @@ void add_checkpoint_flags(CLI::App& sub, RunFlags& f) {
                  "device=D,step=S[,kind=error|hang]: make device D (its position among the devices at that step) "
                  "fail at step S (testing recovery; may be given more than once)")
       ->check(non_empty());
-  sub.add_option("--hang-timeout", tc.hang_timeout_s, "Seconds a step may take before its devices count as hung")
+  sub.add_option("--hang-timeout", tc.hang_timeout_s,
+                 "Seconds without progress (no device op, sampled token or evaluation batch finishing) before the "
+                 "devices count as hung")
       ->capture_default_str()->check(zt_cli::seconds());
   sub.add_option("--comm-timeout", tc.comm_timeout_s,
                  "Under mpirun: seconds a wait on another process may take before the run stops naming that rank")

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -153,8 +155,9 @@ std::optional<OwnerRecord> read_owner(const std::string& root) {
     return rec;
   } catch (const std::exception& e) {
     ZT_THROW(ErrorKind::kInvalidArgument, what, " is not a valid owner record (", e.what(),
-             "); if ", root, " holds only this run's checkpoints, delete it and rerun with --resume auto, "
-             "else choose another --checkpoint-dir");
+             "), so whose checkpoints ", root, " holds cannot be told; choose another --checkpoint-dir (to continue "
+             "a run of yours from there, resume one of its checkpoints into a new directory: --resume ", root,
+             "/step-N --checkpoint-dir NEW)");
   }
 }
 
@@ -865,11 +868,106 @@ std::string RunIdentity::describe() const {
          ", data " + data;
 }
 
+namespace {
+
+// The lease: who holds ROOT/.run.lock, written into it as one fixed-width JSON line (rewritten in
+// place, never truncated while held, so a reader on another host never sees an empty file) and
+// renewed every kLeaseRenewSeconds. The flock decides between runs of one host; between hosts that
+// share ROOT over a file system without working flock, a lease renewed within kLeaseStaleSeconds
+// is taken as live. A clean release empties the file; content found under a free lock is a stale
+// lease (a killed run's).
+constexpr int kLeaseRenewSeconds = 10;
+constexpr int kLeaseStaleSeconds = 60;
+constexpr size_t kLeaseBytes = 255;
+
+struct LeaseInfo {
+  int64_t pid = 0;
+  std::string host;
+  int64_t started = 0;  // seconds since the epoch
+  int64_t renewed = 0;
+};
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string lease_text(const LeaseInfo& l) {
+  std::string t = nlohmann::json{{"pid", l.pid}, {"host", l.host}, {"started", l.started}, {"renewed", l.renewed}}.dump();
+  if (t.size() < kLeaseBytes) t.append(kLeaseBytes - t.size(), ' ');
+  return t + "\n";
+}
+
+// nullopt for an empty file (released) or an unreadable one; the format before leases (a pid
+// alone) reads as a lease of this host with unknown times.
+std::optional<LeaseInfo> parse_lease(const std::string& text) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (j.is_number_integer()) return LeaseInfo{j.get<int64_t>(), host_name(), 0, 0};
+    return LeaseInfo{j.at("pid").get<int64_t>(), j.at("host").get<std::string>(), j.at("started").get<int64_t>(),
+                     j.at("renewed").get<int64_t>()};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string read_lease_text(int fd) {
+  char buf[1024] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string describe_lease(const LeaseInfo& l) {
+  std::string d = "process " + std::to_string(l.pid) + " on " + l.host;
+  if (l.started > 0) d += ", started " + std::to_string(std::max<int64_t>(0, unix_now() - l.started)) + " s ago";
+  if (l.renewed > 0) d += ", lease renewed " + std::to_string(std::max<int64_t>(0, unix_now() - l.renewed)) + " s ago";
+  return d;
+}
+
+}  // namespace
+
 struct CheckpointDirLease::State {
   std::string root;
   std::string run_id;
   std::vector<std::string> notes;
   UniqueFd lock;  // flock'd on ROOT/.run.lock while the lease lives
+  LeaseInfo lease;
+  // The renewal thread (started once the lease is ours) and what stops it.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread renewer;
+
+  void write_lease() {
+    lease.renewed = unix_now();
+    const std::string t = lease_text(lease);
+    [[maybe_unused]] const ssize_t w = ::pwrite(lock.get(), t.data(), t.size(), 0);  // best effort: the flock rules
+  }
+  void start_renewing() {
+    renewer = std::thread([this] {
+      std::unique_lock<std::mutex> l(mu);
+      while (!cv.wait_for(l, std::chrono::seconds(kLeaseRenewSeconds), [this] { return stopping; })) write_lease();
+    });
+  }
+  ~State() {
+    if (renewer.joinable()) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+      renewer.join();
+    }
+    // Released cleanly (also a refusal after the lease was written): an empty lease, so that the
+    // next run knows no one was killed holding it. A lease that is not ours is never touched.
+    if (lock && lease.pid != 0 && ::ftruncate(lock.get(), 0) != 0) {
+    }
+  }
 };
 
 CheckpointDirLease::CheckpointDirLease(std::unique_ptr<State> s) : s_(std::move(s)) {}
@@ -896,13 +994,79 @@ bool is_permission_errno(int err) { return err == EACCES || err == EPERM || err 
 
 }  // namespace
 
-CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdentity& id, bool resuming) {
+namespace {
+
+// Names a run's own bookkeeping may leave in ROOT before owner.json exists (a run killed between
+// taking the lock and writing the owner record, an interrupted save): a directory holding nothing
+// else is empty for ownership.
+bool is_bookkeeping_name(std::string_view n) {
+  return n == kRunLockFileName || n == kLockFileName || starts_with(n, ".probe-") || starts_with(n, kStagingPrefix) ||
+         starts_with(n, kTrashPrefix) || starts_with(n, ".latest.tmp-") || starts_with(n, ".owner.json.tmp-");
+}
+
+// The entries of ROOT other than bookkeeping (empty when ROOT does not exist).
+std::vector<std::string> foreign_entries(const std::string& root) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (n != "." && n != ".." && !is_bookkeeping_name(n)) out.emplace_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string canonical_or_empty(const std::string& p) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? std::string() : c.string();
+}
+
+// `/` and the home directory are never a run's own directory: checkpoints would land among the
+// user's files (and a later --keep prune or takeover would reason about all of them).
+void refuse_shared_roots(const std::string& root) {
+  const std::string c = canonical_or_empty(root);
+  if (c == "/")
+    ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is the file system's root; checkpoints need "
+             "a directory of their own, such as --checkpoint-dir ./checkpoints");
+  const char* home = std::getenv("HOME");
+  if (home && *home && !c.empty() && c == canonical_or_empty(home))
+    ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is the home directory; checkpoints need a "
+             "directory of their own, such as --checkpoint-dir ", root, "/checkpoints");
+}
+
+// A directory without an owner record is the run's only while it is empty: never adopted, whatever
+// it holds (checkpoints whose owner.json was lost included; a resume into a new directory keeps them).
+void refuse_unowned(const std::string& root, const std::vector<std::string>& foreign) {
+  if (foreign.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < foreign.size() && i < 3; ++i) names += (i ? ", " : "") + foreign[i];
+  if (foreign.size() > 3) names += ", ...";
+  ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is not empty (", names, ") and has no owner record (",
+           kOwnerFileName, "), so it is not this run's to write into; choose a new or empty --checkpoint-dir (to "
+           "continue a run whose owner record was lost, resume one of its checkpoints into a new directory: --resume ",
+           root, "/step-N --checkpoint-dir NEW)");
+}
+
+}  // namespace
+
+CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdentity& id, bool resuming,
+                                       int64_t last_step) {
   ZT_REQUIRE(!dir_in.empty(), "--checkpoint-dir is empty; name a directory");
   std::string root = dir_in;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
+  refuse_shared_roots(root);
   struct stat st {};
   if (::stat(root.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw_not_a_directory(root, "--checkpoint-dir");
+    // Before the lock file is created: a refused directory is left exactly as it was. (Checked
+    // again under the lock below, where it decides.)
+    if (::access((root + "/" + kOwnerFileName).c_str(), F_OK) != 0 && errno == ENOENT)
+      refuse_unowned(root, foreign_entries(root));
+    else
+      read_owner(root);  // a damaged record is refused here too
   } else {
     std::error_code ec;
     fs::create_directories(root, ec);
@@ -928,21 +1092,28 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
   while (::flock(s->lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) {
-      char buf[32] = {};
-      const ssize_t n = ::pread(s->lock.get(), buf, sizeof(buf) - 1, 0);
-      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      const std::optional<LeaseInfo> holder = parse_lease(read_lease_text(s->lock.get()));
       ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by another running training run",
-               holder.empty() ? std::string() : " (process " + holder + ")",
+               holder ? " (" + describe_lease(*holder) + ")" : std::string(),
                "; wait for it to finish or choose another --checkpoint-dir");
     }
     ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
   }
-  // Our pid, for the message a second run gets (best effort: the lock is what matters).
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(s->lock.get(), 0) == 0) {
-    [[maybe_unused]] const ssize_t w = ::pwrite(s->lock.get(), pid.data(), pid.size(), 0);
+  // The lock is free here. A lease left in the file is a run that did not release it: on this host
+  // it is dead (its flock would hold), on another host it may be alive on a file system whose locks
+  // do not reach across hosts, so a recently renewed one is refused.
+  const std::string me = host_name();
+  if (const std::optional<LeaseInfo> old = parse_lease(read_lease_text(s->lock.get()))) {
+    const int64_t age = unix_now() - old->renewed;
+    if (old->host != me && old->renewed > 0 && age < kLeaseStaleSeconds)
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by a training run on another host (",
+               describe_lease(*old), "); wait for it to finish (its lease goes stale ", kLeaseStaleSeconds,
+               " s after its last renewal) or choose another --checkpoint-dir");
+    s->notes.push_back("checkpoint directory " + root + ": a run that held it (" + describe_lease(*old) +
+                       ") ended without releasing it (killed or crashed); its stale lease is taken over");
   }
+  s->lease = LeaseInfo{static_cast<int64_t>(::getpid()), me, unix_now(), 0};
+  s->write_lease();
   // Writable? (The lock file may have existed, so creating a file is the real test; as root, only a
   // read-only file system says no, as it would at the first save.)
   {
@@ -958,16 +1129,9 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
   }
 
   std::vector<CheckpointEntry> entries = list_checkpoints(root);
-  std::vector<std::string> committed, stray;
-  for (const CheckpointEntry& e : entries) (e.has_manifest ? committed : stray).push_back(e.name);
-  if (!stray.empty()) {
-    std::string names;
-    for (const std::string& n : stray) names += (names.empty() ? "" : ", ") + n;
-    s->notes.push_back("checkpoint directory " + root + ": " + names + (stray.size() == 1 ? " has" : " have") +
-                       " no " + kManifestFileName + " and " + (stray.size() == 1 ? "was" : "were") +
-                       " not written by a save of this run; left alone (remove " + (stray.size() == 1 ? "it" : "them") +
-                       " yourself if unwanted)");
-  }
+  std::vector<std::string> committed;
+  for (const CheckpointEntry& e : entries)
+    if (e.has_manifest) committed.push_back(e.name);
 
   std::optional<OwnerRecord> owner = read_owner(root);
   OwnerRecord rec;
@@ -995,32 +1159,47 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
                "; this run: ", id.describe(), "); continue that run with --resume auto, or choose another "
                "--checkpoint-dir");
     }
-  } else if (committed.empty()) {
-    rec = OwnerRecord{new_run_id(), id, {}};
   } else {
-    // Checkpoints from before owner records: the newest one's manifest says whose they are.
-    RunIdentity theirs;
-    bool known = false;
-    try {
-      const std::string path = root + "/" + committed.back();
-      UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      const std::string what = path + "/" + kManifestFileName;
-      const Manifest m = parse_manifest(read_small_file(d.get(), kManifestFileName, kMaxManifestBytes, what), what);
-      const nlohmann::json& mm = m.meta.at("model");
-      for (const auto& [k, v] : id.model.items()) theirs.model[k] = mm.contains(k) ? mm.at(k) : nlohmann::json();
-      theirs.model_description = mm.value("describe", std::string());
-      theirs.seed = m.meta.at("sampler").at("seed").get<uint64_t>();
-      theirs.data = m.meta.at("sampler").at("data").get<std::string>();
-      known = true;
-    } catch (const std::exception&) {
+    refuse_unowned(root, foreign_entries(root));
+    rec = OwnerRecord{new_run_id(), id, {}};
+  }
+
+  // Every name a save of this run may write must be free or the lineage's own: a save replaces an
+  // existing step-N whole, so a user's folder (or another run's checkpoint) there would be lost.
+  // Step names beyond the run's last step are never written: left alone, and named once.
+  const std::set<std::string> adopted(rec.adopted.begin(), rec.adopted.end());
+  std::vector<std::string> outside;
+  for (const std::string& n : foreign_entries(root)) {
+    const std::optional<int64_t> step = parse_step_dir(n);
+    if (step) {
+      const std::string path = root + "/" + n;
+      struct stat est {};
+      const bool dir = ::lstat(path.c_str(), &est) == 0 && S_ISDIR(est.st_mode);
+      const bool ours = dir && (adopted.count(n) || (!rec.run_id.empty() && checkpoint_owner(path) == rec.run_id));
+      if (ours) continue;
+      if (last_step > 0 && *step > last_step) {
+        outside.push_back(n);
+        continue;
+      }
+      const bool has_manifest = dir && std::find(committed.begin(), committed.end(), n) != committed.end();
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", n, ", ",
+               !dir ? std::string("which is not a directory")
+               : has_manifest ? std::string("a checkpoint of another run")
+                              : "which has no " + std::string(kManifestFileName) + " (not a checkpoint of this run)",
+               ", and this run would write its step-", *step, " checkpoint there; move it out of the directory or "
+               "choose another --checkpoint-dir");
+    } else if (n == kLatestFileName || n == kOwnerFileName || n == "config.toml") {
+      struct stat est {};
+      if (::lstat((root + "/" + n).c_str(), &est) == 0 && !S_ISREG(est.st_mode))
+        ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", n, ", which is not a regular file, "
+                 "and this run would replace it; move it out of the directory or choose another --checkpoint-dir");
     }
-    if (!resuming && !(known && theirs.same_as(id))) {
-      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", committed.size(),
-               " checkpoint(s) of ", known ? "another run (" + theirs.describe() + "; this run: " + id.describe() + ")"
-                                           : std::string("an unknown run (no owner record)"),
-               "; continue that run with --resume auto, or choose another --checkpoint-dir");
-    }
-    rec = OwnerRecord{new_run_id(), id, committed};
+  }
+  if (!outside.empty()) {
+    std::string names;
+    for (const std::string& n : outside) names += (names.empty() ? "" : ", ") + n;
+    s->notes.push_back("checkpoint directory " + root + ": " + names + (outside.size() == 1 ? " is" : " are") +
+                       " not this run's and beyond its last step; left alone");
   }
   if (write) {
     try {
@@ -1031,6 +1210,7 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
     }
   }
   s->run_id = rec.run_id;
+  s->start_renewing();
   return CheckpointDirLease(std::move(s));
 }
 

@@ -177,20 +177,25 @@ class CheckpointDirLease {
 
  private:
   struct State;
-  friend CheckpointDirLease open_checkpoint_dir(const std::string&, const RunIdentity&, bool);
+  friend CheckpointDirLease open_checkpoint_dir(const std::string&, const RunIdentity&, bool, int64_t);
   explicit CheckpointDirLease(std::unique_ptr<State> s);
   std::unique_ptr<State> s_;
 };
 
-// Call before step 1 for --checkpoint-dir. Creates dir if needed and checks it is a writable
-// directory, takes ROOT/.run.lock for the lease's lifetime (a second concurrent run is refused),
-// then settles ownership: with no owner yet this run becomes the owner (owner.json written
-// atomically, with a new run id); the owner itself (same identity) or a resumed run (resuming =
-// --resume given) continues its lineage; another run is refused while the directory holds
-// committed checkpoints. Checkpoints that predate owner records are adopted when their
-// manifest's model/seed/data match (or when resuming), else refused. Every refusal is
-// kInvalidArgument with one sentence naming the fix (--resume, or another directory).
-CheckpointDirLease open_checkpoint_dir(const std::string& dir, const RunIdentity& id, bool resuming);
+// Call before step 1 for --checkpoint-dir. Refuses `/` and $HOME, creates dir if needed and checks
+// it is a writable directory, takes ROOT/.run.lock for the lease's lifetime (a second concurrent
+// run is refused; the lock file holds a lease — pid, host, start, renewed every 10 s — so that a
+// killed run's stale lock is told from a live run on another host), then settles ownership: with
+// no owner yet this run becomes the owner (owner.json written atomically, with a new run id) —
+// only while the directory is empty: a non-empty directory without a valid owner record is never
+// adopted; the owner itself (same identity) or a resumed run (resuming = --resume given) continues
+// its lineage; another run is refused while the directory holds committed checkpoints. Finally
+// every name a save may write (step-N for N <= last_step, any N when last_step is 0; latest,
+// owner.json, config.toml) must be free or the lineage's own. Every refusal is kInvalidArgument
+// with one sentence naming the fix, and leaves a directory that existed as it was (a lock file
+// aside).
+CheckpointDirLease open_checkpoint_dir(const std::string& dir, const RunIdentity& id, bool resuming,
+                                       int64_t last_step = 0);
 
 // A validated checkpoint, open for reading. Every check happens in open(): the manifest's schema
 // and checksum, plain file names opened with O_NOFOLLOW, every file's size, and (with

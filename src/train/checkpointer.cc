@@ -225,22 +225,26 @@ Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_
   const RunIdentity id = run_identity(run.mc, cfg.seed, cfg.data);
   team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
   if (!team_) {
-    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.fresh()));
+    lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.fresh(), cfg.steps));
     if (cfg.resume.newest_in_dir()) assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
   } else {
     // Process 0 takes the directory for the launch; the others follow its verdict, so that a
     // refusal is one sentence from every process rather than a hang on process 0's absence.
     nlohmann::json verdict = nlohmann::json::object();
     if (team_->process() == 0) try {
-        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.fresh()));
+        lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.fresh(), cfg.steps));
         // Before the others resolve --resume auto (they wait for this verdict).
         if (cfg.resume.newest_in_dir()) assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);
       } catch (const Error& e) {
         verdict = {{"error", e.message()}, {"kind", static_cast<int>(e.kind())}};
       }
     verdict = nlohmann::json::parse(team_->broadcast(verdict.dump()));
-    if (verdict.contains("error"))
+    if (verdict.contains("error")) {
+      // Every process throws this same verdict: the team leaves without an abort notice, which
+      // could reach a process still receiving the verdict first and replace its sentence.
+      team_.reset();
       throw Error(static_cast<ErrorKind>(verdict["kind"].get<int>()), verdict["error"].get<std::string>());
+    }
   }
   if (lease_)
     for (const std::string& n : lease_->notes()) log_.line("note: " + n);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/heartbeat.h"
 #include "core/nvtx.h"
 #include "train/processes.h"
 
@@ -31,6 +32,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
     const Batch& batch = pp.batches[static_cast<size_t>(r)][0];
     world.engine_of(r).begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
     for (int64_t e = 0; e < batches; ++e) {
+      heartbeat();  // a batch done: a long evaluation is not a hang (core/heartbeat.h)
       run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
                       hb.tokens.data(), hb.targets.data());
       // Into the rank's first micro-batch buffers, which the step will refill.
@@ -74,6 +76,7 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
     hb.targets.resize(static_cast<size_t>(B * T));
     std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * classes));
     for (int64_t e = 0; e < batches; ++e) {
+      heartbeat();  // a batch done: a long evaluation is not a hang (core/heartbeat.h)
       if (is_gpt)
         run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.data_rank(r) * B, B, T, hb.tokens.data(),
                         hb.targets.data());

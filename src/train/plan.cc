@@ -208,7 +208,9 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
   else if (u == "tb") mul = 1e12;
   else return bad();
   const double bytes = v * mul;
-  if (!(bytes >= 1) || bytes > 1e18) return bad();
+  ZT_REQUIRE(bytes >= 1, flag, " '", text, "' is less than one byte; give the device's memory, e.g. 16GiB");
+  ZT_REQUIRE(bytes <= 1e18, flag, " '", text, "' is above 1e18 bytes (about 888 PiB), the most a device's memory "
+             "may be (a byte count must stay far inside 64 bits for the plan's sums)");
   return static_cast<size_t>(bytes);
 }
 
@@ -758,7 +760,8 @@ int largest_with_plan(const std::vector<ModelConfig>& family, const PlanInputs& 
   ZT_REQUIRE(!family.empty(), "the model family to search is empty");
   auto plan_of = [&](int i) {
     const ModelConfig& m = family[static_cast<size_t>(i)];
-    MemoryPlan p = plan_for(*plan_model(m, in), m, in);
+    // The plan `plan` makes of that model: a pipeline's per-stage plan when there is one.
+    MemoryPlan p = plan_memory_only(m, in);
     if (plans) ++*plans;
     if (work) *work += p.work;
     return p;
@@ -784,7 +787,8 @@ int largest_fitting(const std::vector<ModelConfig>& family, const PlanInputs& in
   return largest_with_plan(family, in, nullptr, plans, work);
 }
 
-LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in) {
+LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in,
+                          const std::function<bool(const PlanInputs&)>& allowed) {
   LargestTable t;
   t.inputs = in;
   t.family = family;
@@ -797,6 +801,7 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
         c.zero_stage = st;
         c.recompute = rc;
         c.offload = off;
+        if (allowed && !allowed(c)) continue;
         LargestRow row;
         row.zero_stage = st;
         row.recompute = rc;

@@ -151,7 +151,11 @@ struct LargestTable {
 // what it returns fits and the next member does not (or it is the last).
 int largest_fitting(const std::vector<ModelConfig>& family, const PlanInputs& in, size_t* plans = nullptr,
                     size_t* work = nullptr);
-LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in);
+// allowed (optional): whether a run may use a row's stage, recompute and offload (the caller asks
+// the run's own rules, so that no row lists what `plan` and `train` refuse, e.g. ZeRO-3 or
+// offload with --pipeline-parallel); rows it refuses are left out.
+LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInputs& in,
+                          const std::function<bool(const PlanInputs&)>& allowed = {});
 // The table a person reads: stage, recompute, offload, largest model (layers x width), parameters,
 // device peak, host bytes; then how to read it.
 std::string format_largest(const LargestTable& table);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/heartbeat.h"
 #include "core/nvtx.h"
 #include "core/philox.h"
 #include "tokenizer/bpe.h"
@@ -85,6 +86,7 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
     std::vector<int32_t> picks;
     int32_t pick = 0;
     for (int k = 0; k < n_tokens; ++k) {
+      heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
       const int len = std::min<int>(static_cast<int>(ctx.size()), T);
       if (stage == 0) {
         std::fill(in.begin(), in.end(), 0);
@@ -141,6 +143,7 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
     std::string& out = texts[static_cast<size_t>(r)];
     std::vector<int32_t> picks;
     for (int k = 0; k < n_tokens; ++k) {
+      heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
       const int len = std::min<int>(static_cast<int>(ctx.size()), T);
       std::fill(in.begin(), in.end(), 0);
       std::copy(ctx.end() - len, ctx.end(), in.begin());

@@ -23,6 +23,15 @@ std::pair<int, int> parse_step_range(std::string_view text, int steps) {
     ok = !l.empty() && !r.empty() && pa.ec == std::errc{} && pa.ptr == l.data() + l.size() && pb.ec == std::errc{} &&
          pb.ptr == r.data() + r.size();
   }
+  if (!ok && colon != std::string_view::npos) {
+    // Digits only, yet unparsed: beyond int (steps are 32-bit counts), which is the real reason.
+    const std::string_view l = text.substr(0, colon), r = text.substr(colon + 1);
+    const auto digits = [](std::string_view v) {
+      return !v.empty() && v.find_first_not_of("0123456789") == std::string_view::npos;
+    };
+    ZT_REQUIRE(!(digits(l) && digits(r)), "--profile-steps '", text, "' has a step above 2147483647 (steps are "
+               "32-bit counts); give steps of the run, such as 10:12");
+  }
   ZT_REQUIRE(ok, "--profile-steps '", text, "' must be FIRST:LAST, two step numbers such as 10:12");
   ZT_REQUIRE(a >= 1 && a <= b && b <= steps, "--profile-steps ", a, ":", b, " must satisfy 1 <= FIRST <= LAST <= ",
              steps, " (the run's steps)");

@@ -87,7 +87,8 @@ FaultInjection parse_fault_injection(const std::string& spec) {
     auto number = [&] {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != 0 || v < 0 || v > 1000000000) bad("has a bad number '" + value + "'");
+      if (value.empty() || *end != 0 || v < 0) bad("has a bad number '" + value + "'");
+      if (v > 1000000000) bad("has " + key + "=" + value + ", above 1000000000 (it is held in 32 bits)");
       return static_cast<int>(v);
     };
     if (key == "device") f.device = number();
@@ -109,6 +110,9 @@ LossScale parse_loss_scale(const std::string& text) {
   else if (text == "none") ls.mode = LossScale::Mode::kNone;
   else if (end && *end == 0 && !text.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38)
     ls.mode = LossScale::Mode::kFixed, ls.fixed = static_cast<float>(v);
+  else if (end && *end == 0 && !text.empty() && v > 3.4e38)
+    ZT_THROW(ErrorKind::kInvalidArgument, "--loss-scale ", text,
+             " is above 3.4e38, the largest fp32 number (the scale is held as a float)");
   else
     ZT_THROW(ErrorKind::kInvalidArgument, "--loss-scale must be dynamic, none or a positive number, got '", text, "'");
   return ls;
@@ -541,7 +545,8 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
     result_.stopped_at = step + 1;
     return true;
   }
-  if (const int sig = StopSignals::pending(); sig != 0 && !last) {
+  // Several processes: one stop, agreed by all at this boundary (signals.h).
+  if (const int sig = last ? 0 : agreed_stop_signal(run_.processes); sig != 0) {
     stop_for_signal(w, step, sig);
     return true;
   }
@@ -557,6 +562,13 @@ void Trainer::inject_faults(World& w, int step) {
     if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGKILL")) {
       int p = -1, s = -1;
       if (std::sscanf(spec, "%d,%d", &p, &s) == 2 && p == run_.processes->rank() && s == step + 1) std::raise(SIGKILL);
+    }
+    // ZEROTRAIN_TEST_SIGNAL="P,S,SIG": process P receives signal SIG when step S starts (a stop
+    // sent to one rank; the processes must agree on it at the step's end).
+    if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGNAL")) {
+      int p = -1, s = -1, sig = 0;
+      if (std::sscanf(spec, "%d,%d,%d", &p, &s, &sig) == 3 && p == run_.processes->rank() && s == step + 1)
+        std::raise(sig);
     }
   }
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {

@@ -171,7 +171,7 @@ struct TrainConfig {
   std::string init_from;  // safetensors weights (GPT-2 names) to start from instead of the seeded init
   // Fault tolerance: a host snapshot of every shard every snapshot_every steps; when a device
   // fails, the run drops it and continues from the snapshot on the others (0 = off: a failure ends
-  // the run). hang_timeout_s: a step (or evaluation) not done after this long is a hang.
+  // the run). hang_timeout_s: this long without progress (core/heartbeat.h) is a hang.
   int snapshot_every = 0;
   std::vector<FaultInjection> inject_faults;  // each fires once; D is a position in the current device list
   double hang_timeout_s = 300;

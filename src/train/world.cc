@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "core/heartbeat.h"
 #include "core/status.h"
 #include "train/comm_engine.h"
 #include "train/export.h"
@@ -56,10 +57,23 @@ void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm, st
       cv.notify_all();
     });
   if (timeout.count() > 0) {
+    // A hang is no progress for `timeout` (core/heartbeat.h), not a call that takes longer: the
+    // counter is looked at a few times per timeout, and every change restarts the clock.
+    using Clock = std::chrono::steady_clock;
+    const auto look = std::max<Clock::duration>(timeout / 8, std::chrono::milliseconds(1));
     std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, timeout, [&] { return finished == n; })) {
-      lock.unlock();
-      on_timeout();
+    uint64_t seen = heartbeats();
+    Clock::time_point last = Clock::now();
+    while (!cv.wait_for(lock, std::min<Clock::duration>(look, last + timeout - Clock::now()),
+                        [&] { return finished == n; })) {
+      if (const uint64_t now = heartbeats(); now != seen) {
+        seen = now;
+        last = Clock::now();
+      } else if (Clock::now() - last >= timeout) {
+        lock.unlock();
+        on_timeout();
+        break;
+      }
     }
   }
   for (auto& t : threads) t.join();

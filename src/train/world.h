@@ -240,7 +240,8 @@ class World {
 // Runs fn(rank) on one host thread per rank (inline for one rank without a timeout) and rethrows
 // the first error. A rank that fails aborts the communicator, so the others stop waiting for it;
 // the error that happened first (the cause) is rethrown. When the ranks have not all returned
-// after `timeout` (0 = none), on_timeout() runs once to release them.
+// and nothing made progress (core/heartbeat.h) for `timeout` (0 = none), on_timeout() runs once to
+// release them.
 void run_ranks(int n, const std::function<void(int)>& fn, Communicator& comm, std::chrono::milliseconds timeout = {},
                const std::function<void()>& on_timeout = {});
 

@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -1196,34 +1197,117 @@ TEST(Ownership, AnOwnerThatLeftNoCheckpointIsTakenOverWithANote) {
   EXPECT_THAT(second.notes()[0], HasSubstr("takes it over"));
 }
 
-TEST(Ownership, CheckpointsFromBeforeOwnerRecordsAreAdoptedOnlyByTheirRun) {
+// Every entry under root with its bytes (directories as "dir"), to show a refusal changed nothing.
+std::map<std::string, std::string> tree_state(const std::string& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    const auto b = e.is_regular_file() ? read_file(e.path().string()) : std::vector<uint8_t>{};
+    out[e.path().string()] = e.is_directory() ? "dir" : std::string(b.begin(), b.end());
+  }
+  return out;
+}
+
+// #31 reproduction 2 and its class: a non-empty directory without a valid owner record is never
+// adopted — checkpoints whose owner.json was removed (the same identity, with or without --resume),
+// checkpoints from before owner records, a damaged record, a user's files — and the refusal leaves
+// the directory as it was (no lock file either).
+TEST(Ownership, ANonEmptyDirectoryWithoutAValidOwnerRecordIsNeverAdopted) {
   TempDir dir;
   const std::string root = dir.sub("ckpt");
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
-  const RunIdentity theirs = identity(7);
-  json meta = {{"model", theirs.model}, {"sampler", {{"seed", 7}, {"data", "synthetic"}}}};
-  meta["model"]["describe"] = theirs.model_description;
-  save(root, 1, 1, arrays, 0, 2, meta);
-  save(root, 2, 1, arrays, 0, 2, meta);
-  expect_error([&] { open_checkpoint_dir(root, identity(8), false); }, ErrorKind::kInvalidArgument,
-               {"2 checkpoint(s) of another run", "seed 7", "seed 8", "--resume auto"});
-  EXPECT_FALSE(fs::exists(root + "/" + kOwnerFileName)) << "a refused run writes nothing";
   {
-    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(7), false);
-    EXPECT_EQ(owner_json(root).at("adopted"), json::array({"step-00000001", "step-00000002"}));
-    // The lineage now includes them: keep 2 prunes the adopted step 1.
-    save(root, 3, 1, arrays, 2);
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(7), false, 10);
+    save(root, 1, 1, arrays);
   }
-  const auto entries = list_checkpoints(root);
-  ASSERT_EQ(entries.size(), 2u);
-  EXPECT_EQ(entries[0].step, 2);
-  EXPECT_EQ(entries[1].step, 3);
-  // Checkpoints whose manifest says nothing of their run: only --resume adopts them.
+  fs::remove(root + "/" + kOwnerFileName);
+  fs::remove(root + "/" + kRunLockFileName);
+  const auto before = tree_state(root);
+  for (const bool resuming : {false, true}) {
+    const std::string msg = expect_error([&] { open_checkpoint_dir(root, identity(7), resuming, 10); },
+                                         ErrorKind::kInvalidArgument,
+                                         {root, "not empty", "step-00000001", "no owner record", "--resume " + root +
+                                                                                                   "/step-N"});
+    EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 0);
+  }
+  EXPECT_EQ(tree_state(root), before) << "a refused run writes nothing, not even its lock file";
+  // Checkpoints from before owner records: the same.
   TempDir other;
   save(other.str(), 1, 1, arrays);
-  expect_error([&] { open_checkpoint_dir(other.str(), identity(1), false); }, ErrorKind::kInvalidArgument,
-               {"an unknown run", "--resume auto"});
-  EXPECT_NO_THROW(open_checkpoint_dir(other.str(), identity(1), true));
+  expect_error([&] { open_checkpoint_dir(other.str(), identity(1), true); }, ErrorKind::kInvalidArgument,
+               {"no owner record"});
+  // A user's own files.
+  TempDir mine;
+  write_file(mine.sub("notes.txt"), std::string("mine"));
+  expect_error([&] { open_checkpoint_dir(mine.str(), identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"notes.txt", "no owner record"});
+  // A damaged owner record.
+  write_file(root + "/" + kOwnerFileName, std::string("{\"format\": 1"));
+  const auto damaged = tree_state(root);
+  expect_error([&] { open_checkpoint_dir(root, identity(7), true); }, ErrorKind::kInvalidArgument,
+               {"not a valid owner record", "--resume " + root + "/step-N --checkpoint-dir NEW"});
+  EXPECT_EQ(tree_state(root), damaged);
+  // The fix the sentence names works: resuming into a new directory (only the lease is needed here).
+  EXPECT_NO_THROW(open_checkpoint_dir(dir.sub("new"), identity(7), true, 10));
+}
+
+// The file system's root and the home directory are nobody's checkpoint directory.
+TEST(Ownership, TheRootAndTheHomeDirectoryAreRefused) {
+  TempDir home;
+  const char* old = std::getenv("HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("HOME", home.str().c_str(), 1);
+  expect_error([&] { open_checkpoint_dir(home.str(), identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"home directory", "checkpoints"});
+  expect_error([&] { open_checkpoint_dir(home.str() + "/", identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"home directory"});
+  old ? ::setenv("HOME", saved.c_str(), 1) : ::unsetenv("HOME");
+  expect_error([&] { open_checkpoint_dir("/", identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"file system's root"});
+  expect_error([&] { open_checkpoint_dir("/tmp/..", identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"file system's root"});
+  EXPECT_TRUE(fs::is_empty(home.str()));
+}
+
+// The lease in .run.lock: released empty; a killed run's lease is stale and taken over with a note;
+// a lease of another host renewed within the last minute is a live run there and is refused.
+TEST(Ownership, AStaleLeaseIsToldApartFromALiveOne) {
+  TempDir dir;
+  const std::string root = dir.sub("ckpt");
+  const std::string lock = root + "/" + kRunLockFileName;
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+    const auto bytes = read_file(lock);
+    const json held = json::parse(std::string(bytes.begin(), bytes.end()));
+    EXPECT_EQ(held.at("pid"), ::getpid());
+    EXPECT_GT(held.at("renewed").get<int64_t>(), 0);
+  }
+  EXPECT_TRUE(read_file(lock).empty()) << "a clean release empties the lease";
+  EXPECT_TRUE(open_checkpoint_dir(root, identity(1), false).notes().empty());
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  auto leave = [&](const std::string& h, int64_t renewed) {
+    write_file(lock, json{{"pid", 4242}, {"host", h}, {"started", renewed - 100}, {"renewed", renewed}}.dump());
+  };
+  // Killed on this host (its flock is gone): stale whatever its age.
+  leave(host, now);
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+    ASSERT_EQ(lease.notes().size(), 1u);
+    EXPECT_THAT(lease.notes()[0], HasSubstr("process 4242"));
+    EXPECT_THAT(lease.notes()[0], HasSubstr("stale lease is taken over"));
+  }
+  // Another host, renewed just now: live there.
+  leave("zt-other-host", now);
+  expect_error([&] { open_checkpoint_dir(root, identity(1), false); }, ErrorKind::kInvalidArgument,
+               {"in use by a training run on another host", "zt-other-host", "process 4242"});
+  EXPECT_NE(read_file(lock).size(), 0u) << "a live lease of another host is left as it was";
+  // Another host, silent for ten minutes: stale.
+  leave("zt-other-host", now - 600);
+  const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
+  ASSERT_EQ(lease.notes().size(), 1u);
+  EXPECT_THAT(lease.notes()[0], HasSubstr("zt-other-host"));
 }
 
 TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOnce) {
@@ -1250,15 +1334,50 @@ TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOn
   EXPECT_EQ(lease.notes().size(), 0u);  // it appeared after the lease was taken
 }
 
-TEST(Ownership, StrayDirectoriesAreNamedInOneNote) {
-  TempDir dir;
+// #31 reproduction 1: a name a save of this run would write (step-N up to its last step) that is
+// not the lineage's own — a user's folder, a file, another run's checkpoint — is refused before
+// step 1 and left as it was; beyond the last step it is left alone and named once.
+TEST(Ownership, NamesTheRunWouldWriteMustBeFreeOrItsOwn) {
+  TempDir dir, elsewhere;
   const std::string root = dir.sub("ckpt");
-  fs::create_directories(root + "/step-00000003");
-  fs::create_directories(root + "/step-00000004");
-  const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
-  ASSERT_EQ(lease.notes().size(), 1u);
-  EXPECT_THAT(lease.notes()[0], HasSubstr("step-00000003, step-00000004 have no manifest.json"));
-  EXPECT_THAT(lease.notes()[0], HasSubstr("left alone"));
+  const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
+  std::string run_id;
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false, 2);
+    run_id = lease.run_id();
+    save(root, 2, 1, arrays);
+  }
+  {
+    const CheckpointDirLease other = open_checkpoint_dir(elsewhere.str(), identity(9), false);
+    save(elsewhere.str(), 3, 1, arrays);
+  }
+  fs::create_directories(root + "/step-00000001");
+  write_file(root + "/step-00000001/notes.txt", std::string("mine"));
+  const auto before = tree_state(root);
+  expect_error([&] { open_checkpoint_dir(root, identity(1), true, 2); }, ErrorKind::kInvalidArgument,
+               {"step-00000001", "no manifest.json", "step-1 checkpoint", "move it out"});
+  EXPECT_EQ(tree_state(root), before);
+  fs::rename(root + "/step-00000001", dir.sub("moved"));
+  // Its own step-2 is the lineage's: fine. Another run's checkpoint copied in at step 3: refused
+  // by a run that reaches step 3, named once by one that does not.
+  fs::copy(elsewhere.str() + "/step-00000003", root + "/step-00000003");
+  expect_error([&] { open_checkpoint_dir(root, identity(1), true, 5); }, ErrorKind::kInvalidArgument,
+               {"step-00000003, a checkpoint of another run"});
+  {
+    const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), true, 2);
+    EXPECT_EQ(lease.run_id(), run_id);
+    ASSERT_EQ(lease.notes().size(), 1u);
+    EXPECT_THAT(lease.notes()[0], HasSubstr("step-00000003 is not this run's and beyond its last step; left alone"));
+  }
+  fs::remove_all(root + "/step-00000003");
+  write_file(root + "/step-00000004", std::string("a file"));
+  expect_error([&] { open_checkpoint_dir(root, identity(1), true, 4); }, ErrorKind::kInvalidArgument,
+               {"step-00000004, which is not a directory"});
+  fs::remove(root + "/step-00000004");
+  fs::remove(root + "/latest");
+  fs::create_directories(root + "/latest");
+  expect_error([&] { open_checkpoint_dir(root, identity(1), true, 4); }, ErrorKind::kInvalidArgument,
+               {"latest, which is not a regular file"});
 }
 
 TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
@@ -1287,7 +1406,21 @@ TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
                  {"cannot be created"});
     ::chmod(ro.c_str(), 0755);
   } else if (fs::is_directory("/sys/kernel")) {
+    // sysfs refuses new files to everyone; a non-empty directory there is refused before that.
     expect_error([&] { open_checkpoint_dir("/sys/kernel", identity(1), false); }, ErrorKind::kInvalidArgument,
+                 {"not empty", "no owner record"});
+    std::string empty_sysfs;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/sys/kernel", ec)) {
+      struct statfs sfs {};
+      if (e.is_directory(ec) && fs::is_empty(e.path(), ec) && ::statfs(e.path().c_str(), &sfs) == 0 &&
+          sfs.f_type == 0x62656572 /* SYSFS_MAGIC */) {
+        empty_sysfs = e.path().string();
+        break;
+      }
+    }
+    if (!empty_sysfs.empty())
+      expect_error([&] { open_checkpoint_dir(empty_sysfs, identity(1), false); }, ErrorKind::kInvalidArgument,
                  {"not writable", "choose a directory"});
     expect_error([&] { open_checkpoint_dir("/sys/kernel/zt-checkpoints", identity(1), false); },
                  ErrorKind::kInvalidArgument, {"cannot be created"});

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "core/heartbeat.h"
 #include "core/status.h"
 #include "runtime/capture_rules.h"
 
@@ -176,6 +177,7 @@ void CpuStream::run() {
         device_.set_error(std::current_exception(), device_.name() + " stream " + std::to_string(id_));
       }
       if (observer) observer->on_task(device_.index(), id_, task.name, start, std::chrono::steady_clock::now());
+      if (!task.control) heartbeat();  // the hang watchdog's sign of progress
     }
     task.fn = nullptr;  // release captured state before reporting completion
     {
