@@ -67,7 +67,8 @@ struct ParsedJournal {
 // newline, or failing its checksum): it is reported, not an error. Any other damage (a bad
 // checksum before the end, a checksummed line that is not a record of ours, a trial id outside
 // the sweep) throws zt::Error(kInvalidArgument) with one sentence naming `what` and the line.
-ParsedJournal parse_journal(std::string_view text, int trials, const std::string& what);
+// verify = false skips the checksums (the fuzzer: so that mutations reach the record rules).
+ParsedJournal parse_journal(std::string_view text, int trials, const std::string& what, bool verify = true);
 
 // sweep.json: who owns the directory and what the sweep is. `identity` is compared whole by a
 // rerun (the resolved flag values and the trials' values); `command` is for people.
@@ -83,7 +84,8 @@ SweepRecord parse_sweep_record(std::string_view text, const std::string& what);
 // The identity: {"flags": ["name = value", ...] (sorted), "trials": [[["lr", "0.001"], ...], ...]}.
 nlohmann::json make_identity(std::vector<std::string> flags,
                              const std::vector<std::vector<std::pair<std::string, std::string>>>& trials);
-// The first difference between two identities, for a sentence: "--lr was 0.001 and is now 0.002".
+// The first difference between two identities, for a sentence: "--lr was 0.001 and is now 0.002";
+// empty when they are equal.
 std::string identity_difference(const nlohmann::json& was, const nlohmann::json& now);
 
 }  // namespace zt::sweep
