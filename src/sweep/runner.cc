@@ -555,7 +555,9 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
   t.values = spec_.trials[static_cast<size_t>(id)].values;
   t.devices = devs;
   int sig = 0;
-  bool environment = false;  // the sweep's own files failed: nothing is recorded, the sweep stops
+  // A failure of the machine or of the sweep's own files (kIo: a full disk, a failed fsync; the
+  // metrics merge) is not the trial's: nothing is recorded, the sweep stops, a rerun repairs it.
+  std::exception_ptr environment;
   try {
     fs::create_directories(dir);
     merge_run_metrics(dir, -1);  // what a killed run of this trial wrote
@@ -591,6 +593,7 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
     t.status = TrialStatus::kFinished;
     if (final_promotion) t.reason = "promoted at the end as the best at the highest rung reached";
   } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kIo) environment = std::current_exception();
     t.status = TrialStatus::kFailed;
     t.reason = (e.kind() == ErrorKind::kDiverged ? "diverged: "
                 : e.kind() == ErrorKind::kDevice ? "device failed: "
@@ -599,7 +602,7 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
     try {
       merge_run_metrics(dir, -1);
     } catch (const std::exception&) {
-      environment = true;
+      if (!environment) environment = std::current_exception();
     }
   } catch (const std::exception& e) {
     t.status = TrialStatus::kFailed;
@@ -609,21 +612,14 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
     try {
       fill_from_metrics(dir, t);
     } catch (const std::exception&) {
-      environment = true;
+      environment = std::current_exception();
     }
   }
   std::lock_guard lock(mu_);
   if (sig != 0) {
     signal_ = sig;  // not recorded: a rerun continues it from its checkpoint
   } else if (fatal_ || environment) {
-    // A failure of the sweep's files, not of the trial: a rerun repairs it (nothing recorded).
-    if (!fatal_) {
-      try {
-        fill_from_metrics(dir, t);
-      } catch (...) {
-        fatal_ = std::current_exception();
-      }
-    }
+    if (!fatal_) fatal_ = environment;  // not recorded: run() rethrows it once the others end
   } else {
     try {
       finish_trial(t);
