@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/status.h"
 #include "sweep/journal.h"
 #include "test_util.h"
 
@@ -34,6 +36,103 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+// ---- the records, as bytes (journal.h) --------------------------------------------------------
+
+sweep::JournalRecord report(int trial, int step, std::optional<double> loss, bool go) {
+  sweep::JournalRecord r;
+  r.kind = sweep::JournalRecord::Kind::kReport;
+  r.trial = trial;
+  r.step = step;
+  r.loss = loss;
+  r.go = go;
+  return r;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+    return e.message();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(SweepJournal, LinesRoundTripATornTailIsReportedDamageElsewhereIsOneSentence) {
+  sweep::JournalRecord result;
+  result.kind = sweep::JournalRecord::Kind::kResult;
+  result.trial = 1;
+  result.result.values = {{"lr", "1e-3"}, {"embd", "64"}};
+  result.result.status = sweep::TrialStatus::kStopped;
+  result.result.reason = "ASHA: \"quoted\" reason";
+  result.result.steps = 4;
+  result.result.final_loss = 5.25;
+  result.result.best_val = result.result.last_val = 0.1 + 0.2;  // not a short decimal: bits must survive
+  result.result.val_curve = {{2, 5.5}, {4, 0.1 + 0.2}};
+  const std::vector<sweep::JournalRecord> records = {report(0, 2, 5.125, false), report(1, 2, std::nullopt, true),
+                                                     result};
+  std::string text;
+  for (const auto& r : records) text += sweep::journal_line(r);
+  const sweep::ParsedJournal p = sweep::parse_journal(text, 2, "j");
+  ASSERT_EQ(p.records.size(), 3u);
+  EXPECT_FALSE(p.torn_tail);
+  EXPECT_EQ(p.valid_bytes, text.size());
+  EXPECT_EQ(p.records[0].loss, 5.125);
+  EXPECT_FALSE(p.records[1].loss.has_value());
+  EXPECT_TRUE(p.records[1].go);
+  const sweep::TrialOutcome& t = p.records[2].result;
+  EXPECT_EQ(t.values, result.result.values);
+  EXPECT_EQ(t.status, sweep::TrialStatus::kStopped);
+  EXPECT_EQ(t.reason, result.result.reason);
+  EXPECT_EQ(t.last_val, 0.1 + 0.2);
+  EXPECT_EQ(t.val_curve, result.result.val_curve);
+  // A kill inside the last append: without its newline, or with its bytes cut (checksum fails).
+  for (const std::string& tail : {sweep::journal_line(report(0, 4, 1.0, true)).substr(0, 30),
+                                  sweep::journal_line(report(0, 4, 1.0, true)).replace(40, 1, "9")}) {
+    const sweep::ParsedJournal torn = sweep::parse_journal(text + tail, 2, "j");
+    EXPECT_TRUE(torn.torn_tail);
+    EXPECT_EQ(torn.valid_bytes, text.size());
+    EXPECT_EQ(torn.records.size(), 3u);
+  }
+  // The same damage before the end, a trial outside the sweep, a foreign event: one sentence.
+  std::string flipped = text;
+  flipped[text.find('\n') + 25] ^= 1;
+  EXPECT_NE(error_of([&] { sweep::parse_journal(flipped, 2, "j"); }).find("damaged at line 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { sweep::parse_journal(text, 1, "j"); }).find("line 2 is not a record"), std::string::npos);
+  // Record rules behind a checksum (verify = false reaches them without computing one).
+  for (const auto& [body, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"event":"launch","trial":0})", "not one of start, report"},
+           {R"({"event":"report","trial":0,"step":"2","loss":1,"continue":true})", "\"step\" is not a whole number"},
+           {R"({"event":"report","trial":0,"step":2,"loss":1,"continue":1})", "not true or false"},
+           {R"({"event":"start","trial":-1})", "outside 0..1"},
+           {R"([1, 2])", "not a JSON object"}}) {
+    const std::string line = "0000000000000000 " + body + "\n";
+    EXPECT_NE(error_of([&] { sweep::parse_journal(line + line, 2, "j", false); }).find(why), std::string::npos)
+        << body;
+  }
+}
+
+TEST(SweepJournal, SweepRecordIsChecksummedAndIdentityDifferencesAreNamed) {
+  const json a = sweep::make_identity({"max-steps = 4", "batch-size = 8"}, {{{"lr", "1e-3"}}, {{"lr", "2e-3"}}});
+  const std::string text = sweep::format_sweep_record({a, "--space lr=1e-3,2e-3"});
+  const sweep::SweepRecord r = sweep::parse_sweep_record(text, "s");
+  EXPECT_EQ(r.identity, a);
+  EXPECT_EQ(r.command, "--space lr=1e-3,2e-3");
+  std::string edited = text;
+  edited.replace(edited.find("max-steps = 4"), 13, "max-steps = 5");
+  EXPECT_NE(error_of([&] { sweep::parse_sweep_record(edited, "s"); }).find("checksum"), std::string::npos);
+  EXPECT_NE(error_of([&] { sweep::parse_sweep_record(R"({"command": "x", "space": []})", "s"); }).find("older"),
+            std::string::npos);
+  EXPECT_EQ(sweep::identity_difference(a, a), "");
+  const json b = sweep::make_identity({"batch-size = 8", "max-steps = 5"}, {{{"lr", "1e-3"}}, {{"lr", "2e-3"}}});
+  EXPECT_EQ(sweep::identity_difference(a, b), "--max-steps was 4 and is now 5");
+  const json c = sweep::make_identity({"batch-size = 8", "max-steps = 4"}, {{{"lr", "1e-3"}}, {{"lr", "3e-3"}}});
+  EXPECT_NE(sweep::identity_difference(a, c).find("trial-001"), std::string::npos);
+}
+
+// ---- through the binary ------------------------------------------------------------------------
 
 struct Proc {
   int exit_code = -1;  // -1: killed by a signal (term_signal)
