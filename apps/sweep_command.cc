@@ -3,12 +3,14 @@
 #include "sweep_command.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
 
 #include "cli_checks.h"
+#include "config_file.h"
 #include "core/status.h"
 #include "flag_rules.h"
 #include "model/config.h"
@@ -16,6 +18,7 @@
 #include "sweep/runner.h"
 #include "sweep/space.h"
 #include "train/plot.h"
+#include "train/processes.h"
 #include "train/run_shape.h"
 
 namespace zt {
@@ -70,6 +73,67 @@ TrainConfig parse_run(const std::vector<std::string>& base, const std::vector<st
   }
 }
 
+// The identity a rerun of the sweep must match: every flag's resolved value (as --print-config
+// writes it, automatic defaults resolved, numbers normalised to float precision so that "1e-3",
+// "0.001" and the float the run uses agree) and every trial's values. Not the command line: the
+// order of the flags, and flags that change no result (--quiet, --log-format, --plot, the
+// timeouts), do not matter.
+nlohmann::json sweep_identity(const CLI::App& sub, const TrainConfig& base_cfg, int max_steps, int per_trial,
+                              Backend backend, const std::set<std::string>& swept,
+                              const std::vector<sweep::TrialValues>& trials) {
+  const auto normalized = [](std::string line) {
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos) return line;
+    const std::string value = line.substr(eq + 3);
+    if (value.find_first_not_of("0123456789") == std::string::npos) return line;  // integers (seeds) exactly
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v)) return line;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.7g", v);
+    return line.substr(0, eq + 3) + buf;
+  };
+  std::vector<std::string> flags;
+  std::set<std::string> named;
+  const std::set<std::string> skip = {"quiet", "log-format", "plot", "sweep-dir", "space", "space-file",
+                                      "hang-timeout", "comm-timeout", "sample-tokens"};
+  const std::string text = format_config(sub, skip, {});
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    if (line.empty() || line[0] == '#') continue;
+    flags.push_back(normalized(line));
+    named.insert(line.substr(0, line.find(" = ")));
+  }
+  try {
+    TrainConfig trial = base_cfg;
+    trial.steps = max_steps;
+    const ModelConfig mc = make_model_config(trial.model, trial.overrides);
+    const TrainConfig r = resolve_run_shape(trial, mc, per_trial, backend).config;
+    const auto note = [&](const std::string& flag, double value) {
+      if (named.count(flag) || swept.count(flag)) return;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.9g", value);
+      flags.push_back(normalized(flag + " = " + buf));
+    };
+    note("batch-size", r.batch_size);
+    note("micro-batch-size", r.micro_batch_size);
+    note("lr", r.lr);
+    note("min-lr", r.min_lr);
+    note("warmup-steps", r.warmup_steps);
+    note("eval-every", r.eval_every);
+    note("train-seq-len", r.train_seq_len);
+  } catch (const Error&) {
+    // The trials' own resolution reports it (a swept value may make the base valid).
+  }
+  std::vector<std::vector<std::pair<std::string, std::string>>> values;
+  for (const sweep::TrialValues& t : trials) values.push_back(t.values);
+  return sweep::make_identity(flags, values);
+}
+
 }  // namespace
 
 SweepCommand::SweepCommand(CLI::App& app) : f_(std::make_shared<RunFlags>()), o_(std::make_shared<Options>()) {
@@ -109,6 +173,11 @@ bool SweepCommand::parsed() const { return sub_->parsed(); }
 
 int SweepCommand::run(const std::vector<std::string>& args) {
   const Options& o = *o_;
+  // The runner drives every trial from this one process (each trial on its own devices); under a
+  // launcher every process would run the whole sweep into the same directory.
+  if (const int procs = launched_processes(); procs > 1)
+    ZT_THROW(ErrorKind::kInvalidArgument, "sweep runs all its trials from one process (each on its own subset of "
+             "--devices), but the launcher started ", procs, " processes; run `zerotrain sweep` without mpirun/srun");
   const std::vector<std::string> names = run_flag_names();
   for (const std::string& n : kSweepOwned)
     ZT_REQUIRE(sub_->get_option("--" + n)->count() == 0, "sweep sets --", n,
@@ -152,8 +221,6 @@ int SweepCommand::run(const std::vector<std::string>& args) {
   sweep::SweepSpec s;
   s.dir = o.sweep_dir;
   for (const std::string& a : args) s.command += (s.command.empty() ? "" : " ") + a;
-  s.space_specs = o.space;
-  if (!o.space_file.empty()) s.space_specs.push_back("file:" + o.space_file);
   s.trials = trials;
   for (const sweep::TrialValues& t : trials) {
     char who[32];
@@ -218,6 +285,7 @@ int SweepCommand::run(const std::vector<std::string>& args) {
       if (!swept.count(name)) refused.push_back(f);
     refuse_given(*sub_, refused);
   }
+  s.identity = sweep_identity(*sub_, base_cfg, s.max_steps, o.devices_per_trial, pool.backend, swept, trials);
   s.live = !base_cfg.quiet;
   const std::string& plot = f_->plot;
   if (!plot.empty()) check_plot_path(plot);

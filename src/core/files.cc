@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -305,6 +306,98 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
   AtomicFile f(path, what);
   f.write(bytes);
   f.commit();
+}
+
+AppendFile AppendFile::open(const std::string& path, const std::string& what) {
+  const std::string name = shown_name(what, path);
+  ZT_REQUIRE(!path.empty(), (what.empty() ? std::string("an output file") : what), " path is empty");
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY,
+                     0644));
+  if (!fd) {
+    const int err = errno;
+    if (err == ELOOP) refuse_output_type(name, S_IFLNK);
+    if (err == ENXIO) refuse_output_type(name, S_IFIFO);  // a FIFO without a reader
+    if (err == EISDIR) refuse_output_type(name, S_IFDIR);
+    if (err == EACCES || err == EROFS || err == ENOENT || err == ENOTDIR)
+      ZT_THROW(ErrorKind::kInvalidArgument, name, ": cannot open the file for appending (", errno_text(err),
+               "); check the path and its permissions");
+    ZT_THROW(ErrorKind::kIo, name, ": cannot open the file for appending (", errno_text(err), ")");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ZT_THROW(ErrorKind::kIo, name, ": cannot stat the file (", errno_text(errno), ")");
+  if (!S_ISREG(st.st_mode)) refuse_output_type(name, st.st_mode);
+  clear_nonblock(fd.get());
+  return AppendFile(std::move(fd), path, what);
+}
+
+void AppendFile::append(std::string_view bytes) {
+  ZT_CHECK(fd_, "append to a closed AppendFile ", path_);
+  const std::string name = shown_name(what_, path_);
+  write_all(fd_.get(), bytes.data(), bytes.size(), name);
+  fsync_fd(fd_.get(), name);
+}
+
+void AppendFile::truncate(uint64_t size) {
+  ZT_CHECK(fd_, "truncate of a closed AppendFile ", path_);
+  const std::string name = shown_name(what_, path_);
+  if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
+    ZT_THROW(ErrorKind::kIo, name, ": cannot truncate the file (", errno_text(errno), ")");
+  fsync_fd(fd_.get(), name);
+}
+
+void AppendFile::close() {
+  if (fd_) fd_.close_checked(shown_name(what_, path_));
+}
+
+void append_durable(const std::string& path, std::string_view bytes, const std::string& what) {
+  AppendFile f = AppendFile::open(path, what);
+  f.append(bytes);
+  f.close();
+}
+
+std::optional<std::string> read_small_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    ZT_THROW(ErrorKind::kInvalidArgument, shown_name(what, path), ": cannot check the file (", errno_text(errno), ")");
+  }
+  const InputFile f = InputFile::open_at(AT_FDCWD, path, shown_name(what, path), false);
+  const std::vector<uint8_t> bytes = f.read_all(max_bytes);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::optional<FileLock> FileLock::try_acquire(const std::string& path, const std::string& what, std::string* holder) {
+  const std::string name = shown_name(what, path);
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644));
+  if (!fd) {
+    const int err = errno;
+    if (err == ELOOP) refuse_output_type(name, S_IFLNK);
+    if (err == ENXIO) refuse_output_type(name, S_IFIFO);
+    if (err == EISDIR) refuse_output_type(name, S_IFDIR);
+    ZT_THROW(err == EACCES || err == EROFS || err == EPERM ? ErrorKind::kInvalidArgument : ErrorKind::kIo, name,
+             ": cannot create the lock file (", errno_text(err), "); choose a directory this user can write");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ZT_THROW(ErrorKind::kIo, name, ": cannot stat the file (", errno_text(errno), ")");
+  if (!S_ISREG(st.st_mode)) refuse_output_type(name, st.st_mode);
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) ZT_THROW(ErrorKind::kIo, name, ": cannot lock (", errno_text(errno), ")");
+    if (holder) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
+      std::string h = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+      while (!h.empty() && (h.back() == '\n' || h.back() == ' ')) h.pop_back();
+      *holder = h;
+    }
+    return std::nullopt;
+  }
+  // Our pid, for the message the next one gets (best effort: the lock is what matters).
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd.get(), 0) == 0) {
+    [[maybe_unused]] const ssize_t w = ::pwrite(fd.get(), pid.data(), pid.size(), 0);
+  }
+  return FileLock(std::move(fd));
 }
 
 void write_stdout_line(std::string_view line) {

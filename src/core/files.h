@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -155,6 +156,56 @@ class AtomicFile {
 
 // Replaces `path` with `bytes` through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what);
+
+// A file that only grows (journals, JSON-lines logs read back on a rerun): opened without following
+// a symbolic link and without blocking, refused with one sentence (kInvalidArgument) unless it is
+// a regular file, created when missing. append() is one write(2) with O_APPEND followed by fsync,
+// so a kill leaves every earlier append whole and at most the last one torn; truncate() cuts such
+// a torn tail off before the next append (the caller owns the file, e.g. under a FileLock).
+class AppendFile {
+ public:
+  static AppendFile open(const std::string& path, const std::string& what);
+  AppendFile(AppendFile&&) noexcept = default;
+  AppendFile& operator=(AppendFile&&) noexcept = default;
+
+  const std::string& path() const { return path_; }
+  void append(std::string_view bytes);
+  void truncate(uint64_t size);
+  void close();  // checked; idempotent
+
+ private:
+  AppendFile(UniqueFd fd, std::string path, std::string what)
+      : fd_(std::move(fd)), path_(std::move(path)), what_(std::move(what)) {}
+  UniqueFd fd_;
+  std::string path_;
+  std::string what_;
+};
+
+// AppendFile::open + append + close: one durable append to `path`.
+void append_durable(const std::string& path, std::string_view bytes, const std::string& what);
+
+// A small file read back whole: a regular file only (a FIFO, device or symbolic link in the last
+// component is refused with one sentence, kInvalidArgument), at most max_bytes. nullopt when the
+// file does not exist.
+std::optional<std::string> read_small_file(const std::string& path, const std::string& what,
+                                           uint64_t max_bytes = uint64_t{1} << 30);
+
+// An exclusive advisory lock (flock) on the regular file `path`, held while the object lives
+// (the kernel drops it when the process dies, SIGKILL included). The file is created when missing
+// (never through a symbolic link) and holds the holder's process id for messages.
+class FileLock {
+ public:
+  // nullopt when another process holds the lock; *holder (may be null) gets its process id text.
+  // Throws kInvalidArgument when `path` is not a regular file or cannot be created (permissions).
+  static std::optional<FileLock> try_acquire(const std::string& path, const std::string& what,
+                                             std::string* holder);
+  FileLock(FileLock&&) noexcept = default;
+  FileLock& operator=(FileLock&&) noexcept = default;
+
+ private:
+  explicit FileLock(UniqueFd fd) : fd_(std::move(fd)) {}
+  UniqueFd fd_;
+};
 
 // One line (plus '\n') to standard output, checked: stdio's buffer is flushed first (earlier text
 // output stays in order), then the line is written with write(2). A closed pipe (EPIPE, with

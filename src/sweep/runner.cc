@@ -1,24 +1,36 @@
 // The sweep runner (sweep/runner.h). One host thread per running trial calls train(); the caller's
 // thread hands out device subsets (DevicePacker) and reacts when a trial ends. Files in SWEEP_DIR:
-//   sweep.json      the command and space; a rerun with another command is refused
-//   results.jsonl   one line per finished trial (finished, stopped, failed, does not fit): never rerun
-//   rungs.jsonl     every ASHA report (trial, step, loss, decision) and promotion of a paused trial
-//                   (trial, step, "promote") in order: a rerun rebuilds Asha and the paused set from
-//                   it and gives a rung already reported its recorded decision
+//   sweep.json      the owner record: the sweep's identity (resolved flags and trials), checksummed;
+//                   a directory that is not empty and has none is not a sweep and is refused
+//   .sweep.lock     flock'd by the one sweep running in the directory
+//   sweep.journal   the sweep's state, append-only, one checksummed line per event: a trial
+//                   started (or was promoted), reported at a rung (with the decision), ended
+//                   (result). A rerun replays it: Asha's history, the paused set, the results.
+//   results.jsonl, rungs.jsonl   views of the journal for people and scripts (rebuilt from it on
+//                   every start, appended after it; never read back)
 //   trial-NNN/      ckpt/ (saved at every rung and at the end), metrics.jsonl (the trial's records
 //                   over all runs of the sweep), metrics.run.jsonl (the current run's, merged in after)
+// Every file goes through core/files.h: regular files only, no symbolic links, no FIFOs.
+//
+// Resume repairs, never freezes: a trial the journal shows in flight (started, no result) is run
+// again first, from its last complete checkpoint, before anything new starts (so a one-device
+// sweep reports in the same order as an uninterrupted one), unless it had paused at a rung with
+// its records complete (the rung's checkpoint and metrics present): then it waits paused as before.
 #include "sweep/runner.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "core/files.h"
 #include "core/philox.h"
 #include "core/status.h"
@@ -49,11 +62,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string trial_dir(const std::string& root, int id) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "trial-%03d", id);
-  return (fs::path(root) / buf).string();
-}
+constexpr uint64_t kMaxJournalBytes = uint64_t{1} << 30;
 
 std::string trial_name(int id) {
   char buf[32];
@@ -61,85 +70,61 @@ std::string trial_name(int id) {
   return buf;
 }
 
-// Lines that parse; a torn last line (a kill in the middle of a write) is skipped.
-std::vector<json> read_jsonl(const std::string& path) {
+std::string trial_dir(const std::string& root, int id) { return root + "/" + trial_name(id); }
+
+// The JSON objects of a JSON-lines file written by this process's code (a trial's metrics): a torn
+// last line (a kill in the middle of a write) is skipped. Regular files only (core/files.h).
+std::vector<json> read_jsonl(const std::string& path, const std::string& what) {
   std::vector<json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
+  const std::optional<std::string> text = read_small_file(path, what);
+  if (!text) return out;
+  size_t at = 0;
+  while (at < text->size()) {
+    size_t nl = text->find('\n', at);
+    if (nl == std::string::npos) nl = text->size();
+    if (nl > at) {
+      json j = json::parse(std::string_view(*text).substr(at, nl - at), nullptr, false);
+      if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
+    }
+    at = nl + 1;
   }
   return out;
 }
 
-// One write with O_APPEND, then fsync: a reader sees whole lines (the last one possibly torn by a kill).
-void append_line(const std::string& path, const std::string& line) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) ZT_THROW(ErrorKind::kIo, "cannot open ", path, " for appending: ", errno_text(errno));
-  const std::string text = line + "\n";
-  try {
-    write_all(fd, text.data(), text.size(), path);
-    fsync_fd(fd, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+std::optional<int> int_of(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  const int64_t v = it->get<int64_t>();
+  if (v < INT32_MIN || v > INT32_MAX) return std::nullopt;
+  return static_cast<int>(v);
 }
 
 std::optional<double> finite_number(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
-  return j[key].get<double>();
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  const double v = it->get<double>();
+  return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
 }
 
-json values_json(const std::vector<std::pair<std::string, std::string>>& values) {
-  json v = json::array();
-  for (const auto& [k, x] : values) v.push_back({k, x});
-  return v;
-}
-
-json outcome_json(const TrialOutcome& t) {
-  json curve = json::array();
-  for (const auto& [s, v] : t.val_curve) curve.push_back({s, v});
-  const auto opt = [](const std::optional<double>& v) { return v && std::isfinite(*v) ? json(*v) : json(nullptr); };
-  return {{"trial", t.id},        {"values", values_json(t.values)}, {"status", t.status},
-          {"reason", t.reason},   {"steps", t.steps},                {"final_loss", opt(t.final_loss)},
-          {"best_val_loss", opt(t.best_val)}, {"last_val_loss", opt(t.last_val)}, {"val_curve", curve}};
-}
-
-TrialOutcome outcome_from_json(const json& j) {
-  TrialOutcome t;
-  t.id = j.value("trial", -1);
-  for (const auto& p : j.value("values", json::array()))
-    if (p.is_array() && p.size() == 2) t.values.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
-  t.status = j.value("status", std::string());
-  t.reason = j.value("reason", std::string());
-  t.steps = j.value("steps", 0);
-  t.final_loss = finite_number(j, "final_loss");
-  t.best_val = finite_number(j, "best_val_loss");
-  t.last_val = finite_number(j, "last_val_loss");
-  for (const auto& p : j.value("val_curve", json::array()))
-    if (p.is_array() && p.size() == 2) t.val_curve.emplace_back(p[0].get<int>(), p[1].get<double>());
-  t.resumed = true;
-  return t;
+std::string event_of(const json& j) {
+  const auto it = j.find("event");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 // metrics.jsonl = its records up to step `cut` + every record of metrics.run.jsonl (cut < 0: just
 // before the run file's first step). A killed run's file is merged the same way before the next.
 void merge_run_metrics(const std::string& dir, int cut) {
   const std::string run_path = dir + "/metrics.run.jsonl", path = dir + "/metrics.jsonl";
-  if (!fs::exists(run_path)) return;
-  const std::vector<json> run = read_jsonl(run_path);
+  if (!read_small_file(run_path, "trial metrics file")) return;
+  const std::vector<json> run = read_jsonl(run_path, "trial metrics file");
   if (cut < 0) {
     cut = INT32_MAX;
     for (const json& r : run)
-      if (r.contains("step")) cut = std::min(cut, r["step"].get<int>() - 1);
+      if (const auto step = int_of(r, "step")) cut = std::min(cut, *step - 1);
   }
   std::string text;
-  for (const json& r : read_jsonl(path))
-    if (r.contains("step") && r["step"].get<int>() <= cut) text += r.dump() + "\n";
+  for (const json& r : read_jsonl(path, "trial metrics file"))
+    if (const auto step = int_of(r, "step"); step && *step <= cut) text += r.dump() + "\n";
   for (const json& r : run) text += r.dump() + "\n";
   write_file_atomic(path, text, "trial metrics file");
   fs::remove(run_path);
@@ -149,14 +134,14 @@ void merge_run_metrics(const std::string& dir, int cut) {
 void fill_from_metrics(const std::string& dir, TrialOutcome& t) {
   t.val_curve.clear();
   t.steps = 0;
-  for (const json& r : read_jsonl(dir + "/metrics.jsonl")) {
-    if (!r.contains("step")) continue;
-    const int step = r["step"].get<int>();
-    const std::string ev = r.value("event", std::string());
+  for (const json& r : read_jsonl(dir + "/metrics.jsonl", "trial metrics file")) {
+    const auto step = int_of(r, "step");
+    if (!step) continue;
+    const std::string ev = event_of(r);
     if (ev == "eval") {
-      if (const auto v = finite_number(r, "val_loss")) t.val_curve.emplace_back(step, *v);
+      if (const auto v = finite_number(r, "val_loss")) t.val_curve.emplace_back(*step, *v);
     } else if (ev.empty() && r.contains("loss")) {
-      t.steps = std::max(t.steps, step);
+      t.steps = std::max(t.steps, *step);
       t.final_loss = finite_number(r, "loss");
     }
   }
@@ -165,6 +150,13 @@ void fill_from_metrics(const std::string& dir, TrialOutcome& t) {
     t.best_val = t.last_val;
     for (const auto& e : t.val_curve) t.best_val = std::min(*t.best_val, e.second);
   }
+}
+
+// Whether the merged metrics hold the evaluation at `step` (a paused trial's rung).
+bool metrics_have_eval(const std::string& dir, int step) {
+  for (const json& r : read_jsonl(dir + "/metrics.jsonl", "trial metrics file"))
+    if (event_of(r) == "eval" && int_of(r, "step") == step) return true;
+  return false;
 }
 
 std::string plain_values(const std::vector<std::pair<std::string, std::string>>& values) {
@@ -176,6 +168,25 @@ std::string device_list(const std::vector<int>& devs) {
   std::string s;
   for (int d : devs) s += (s.empty() ? "" : ",") + std::to_string(d);
   return s;
+}
+
+// `path` (which the sweep reads or writes) must be absent or of `type` (S_IFREG, S_IFDIR), never
+// a symbolic link: one sentence otherwise.
+void require_type(const std::string& path, unsigned type) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    ZT_THROW(ErrorKind::kInvalidArgument, path, ": cannot check it (", errno_text(errno), ")");
+  }
+  if ((st.st_mode & S_IFMT) == type) return;
+  ZT_THROW(ErrorKind::kInvalidArgument, "the sweep's ", path, " is ", file_type_name(st.st_mode), ", not ",
+           type == S_IFDIR ? "a directory" : "a regular file",
+           "; the sweep only uses its own files, so move it away (or start a new --sweep-dir)");
+}
+
+json rung_view(const JournalRecord& r) {
+  if (r.kind == JournalRecord::Kind::kPromote) return {{"trial", r.trial}, {"step", r.step}, {"promote", true}};
+  return {{"trial", r.trial}, {"step", r.step}, {"loss", r.loss ? json(*r.loss) : json(nullptr)}, {"continue", r.go}};
 }
 
 }  // namespace
@@ -224,7 +235,11 @@ struct DataCache {
 
 class Runner {
  public:
-  explicit Runner(const SweepSpec& spec) : spec_(spec), asha_(spec.min_steps, spec.max_steps, spec.eta) {}
+  explicit Runner(const SweepSpec& spec) : spec_(spec), asha_(spec.min_steps, spec.max_steps, spec.eta) {
+    // Tests and bench/crash_sweeps.sh: SIGKILL this process right after its n-th journal append
+    // (before the append's view), to put a kill at an exact point of the sweep's protocol.
+    if (const char* v = std::getenv("ZT_TEST_SWEEP_KILL_AFTER")) kill_after_ = std::atoi(v);
+  }
   SweepResult run();
 
  private:
@@ -238,7 +253,11 @@ class Runner {
   std::pair<int, int> next_promotion() const;
   void finish_paused(int id);  // records a trial still paused at the end as stopped; caller holds mu_
   void live_eval(int id, int step, double loss);
-  void finish_trial(TrialOutcome t);  // records it (results.jsonl) and prints its line
+  void finish_trial(TrialOutcome t);  // records it (journal, results.jsonl) and prints its line
+  // Appends to the journal, then to the record's view; caller holds mu_ (or is alone). A failure
+  // is kept in fatal_ (the sweep stops launching, records nothing more and rethrows it) and thrown.
+  void record(const JournalRecord& r);
+  void launch(int id, const std::vector<int>& devs, const char* how);
   void live(const std::string& line);
 
   const SweepSpec& spec_;
@@ -246,14 +265,22 @@ class Runner {
   std::set<int> rungs_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::optional<FileLock> lock_;
+  std::optional<AppendFile> journal_;
   std::map<int, TrialOutcome> done_;                // finished trials (earlier runs and this one)
   std::map<std::pair<int, int>, bool> decisions_;   // (trial, rung step) -> continue
   std::vector<TrainConfig> configs_;                // ready to run (devices etc. set at launch)
   std::vector<std::string> unfit_;                  // per trial: the plan's verdict ("" fits)
   std::vector<int> ended_;                          // trial ids whose threads are done (to join)
   std::map<int, int> paused_;                       // ASHA: trial -> the rung step it waits at
+  std::vector<int> rerun_first_;                    // in flight when the last run ended: run first
+  std::map<int, std::thread> threads_;
+  std::map<int, std::vector<int>> held_;
+  std::map<int, int64_t> acquired_;
+  std::exception_ptr fatal_;
   int64_t seq_ = 0;
   int signal_ = 0;
+  int kill_after_ = 0, appended_ = 0;
 };
 
 void Runner::live(const std::string& line) {
@@ -262,46 +289,163 @@ void Runner::live(const std::string& line) {
   std::fflush(stdout);
 }
 
-void Runner::open_dir() {
-  fs::create_directories(spec_.dir);
-  const std::string path = spec_.dir + "/sweep.json";
-  json trials = json::array();
-  for (const TrialValues& t : spec_.trials) trials.push_back({{"trial", t.id}, {"values", values_json(t.values)}});
-  const json want = {{"command", spec_.command}, {"space", spec_.space_specs}, {"trials", trials}};
-  if (fs::exists(path)) {
-    std::ifstream f(path);
-    const json have = json::parse(f, nullptr, false);
-    ZT_REQUIRE(!have.is_discarded() && have.value("command", std::string()) == spec_.command, "--sweep-dir ",
-               spec_.dir, " holds a different sweep (",
-               have.is_discarded() ? std::string("unreadable sweep.json") : "command: " + have.value("command", std::string()),
-               "); rerun that exact command to continue it, or give a new --sweep-dir");
-    return;
+void Runner::record(const JournalRecord& r) {
+  try {
+    ZT_CHECK(journal_.has_value(), "the sweep journal is not open");
+    journal_->append(journal_line(r));
+    if (kill_after_ > 0 && ++appended_ == kill_after_) ::raise(SIGKILL);
+    if (r.kind == JournalRecord::Kind::kResult)
+      append_durable(spec_.dir + "/results.jsonl", outcome_json(r.result).dump() + "\n", "the sweep's results.jsonl");
+    else if (r.kind != JournalRecord::Kind::kStart)
+      append_durable(spec_.dir + "/rungs.jsonl", rung_view(r).dump() + "\n", "the sweep's rungs.jsonl");
+  } catch (...) {
+    if (!fatal_) fatal_ = std::current_exception();
+    throw;
   }
-  write_file_atomic(path, want.dump(2) + "\n", "sweep.json");
+}
+
+// Settles that SWEEP_DIR is this sweep's before anything is written into it: a new or empty
+// directory becomes the sweep's (sweep.json), one with this sweep's sweep.json continues it, and
+// everything else is refused with one sentence naming the fix. Then the lock, then the files'
+// types (a FIFO or a symbolic link where a sweep file belongs is refused, never opened).
+void Runner::open_dir() {
+  const std::string& dir = spec_.dir;
+  ZT_REQUIRE(!dir.empty(), "--sweep-dir is empty; name a directory");
+  {
+    std::error_code ec;
+    const fs::path canon = fs::weakly_canonical(dir, ec);
+    ZT_REQUIRE(ec || canon != fs::path("/"), "--sweep-dir ", dir, " is the root directory; give a directory of its "
+               "own for the sweep, e.g. --sweep-dir sweeps/lr");
+    const char* home = std::getenv("HOME");
+    if (!ec && home && *home) {
+      std::error_code ec2;
+      const fs::path h = fs::weakly_canonical(home, ec2);
+      ZT_REQUIRE(ec2 || canon != h, "--sweep-dir ", dir, " is your home directory; give a directory of its own for "
+                 "the sweep, e.g. --sweep-dir sweeps/lr");
+    }
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    ZT_REQUIRE(S_ISDIR(st.st_mode), "--sweep-dir ", dir, " is ", file_type_name(st.st_mode),
+               ", not a directory; give a new or empty directory (or a sweep's)");
+  } else {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    ZT_REQUIRE(!ec, "--sweep-dir ", dir, " cannot be created (", ec.message(), "); choose a directory this user can "
+               "write");
+  }
+  const std::string record_path = dir + "/" + kSweepFileName;
+  require_type(record_path, S_IFREG);
+  // Ownership before the lock file is made: a foreign directory gets nothing written into it.
+  bool ours = ::lstat(record_path.c_str(), &st) == 0;
+  if (!ours) {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      // What a sweep killed before its sweep.json was committed leaves behind.
+      if (name == kSweepLockFileName || name.rfind(std::string(".") + kSweepFileName + ".tmp-", 0) == 0) continue;
+      ZT_THROW(ErrorKind::kInvalidArgument, "--sweep-dir ", dir, " is not empty and holds no sweep (no ",
+               kSweepFileName, "; it has ", name, "); a sweep only continues its own directory, so give a new or "
+               "empty --sweep-dir");
+    }
+    ZT_REQUIRE(!ec, "--sweep-dir ", dir, " cannot be listed (", ec.message(), "); check its permissions");
+  }
+  std::string holder;
+  lock_ = FileLock::try_acquire(dir + "/" + kSweepLockFileName, "the sweep's lock file", &holder);
+  ZT_REQUIRE(lock_.has_value(), "--sweep-dir ", dir, " is in use by another running sweep",
+             holder.empty() ? std::string() : " (process " + holder + ")",
+             "; wait for it to finish (or stop it) before running this command, or give another --sweep-dir");
+
+  json identity = spec_.identity;
+  if (identity.is_null()) {
+    std::vector<std::vector<std::pair<std::string, std::string>>> values;
+    for (const TrialValues& t : spec_.trials) values.push_back(t.values);
+    identity = make_identity({"command = " + spec_.command}, values);
+  }
+  const std::string what = "--sweep-dir " + dir + "'s " + kSweepFileName;
+  if (const auto text = read_small_file(record_path, what, 64 << 20)) {
+    const SweepRecord have = parse_sweep_record(*text, what);
+    ZT_REQUIRE(have.identity == identity, "--sweep-dir ", dir, " holds a different sweep: ",
+               identity_difference(have.identity, identity),
+               "; run that sweep's command to continue it, or give a new --sweep-dir");
+  } else {
+    write_file_atomic(record_path, format_sweep_record({identity, spec_.command}), "the sweep's " +
+                      std::string(kSweepFileName));
+  }
+  for (const char* name : {kJournalFileName, "results.jsonl", "rungs.jsonl"}) require_type(dir + "/" + name, S_IFREG);
+  for (size_t i = 0; i < spec_.trials.size(); ++i) {
+    const std::string t = trial_dir(dir, static_cast<int>(i));
+    require_type(t, S_IFDIR);
+    require_type(t + "/ckpt", S_IFDIR);
+    require_type(t + "/metrics.jsonl", S_IFREG);
+    require_type(t + "/metrics.run.jsonl", S_IFREG);
+  }
 }
 
 void Runner::load_state() {
-  for (const json& j : read_jsonl(spec_.dir + "/results.jsonl")) {
-    TrialOutcome t = outcome_from_json(j);
-    if (t.id >= 0 && t.id < static_cast<int>(spec_.trials.size())) done_[t.id] = std::move(t);
-  }
-  // Asha's state is the sequence of its reports: replay them in their original order.
-  for (const json& j : read_jsonl(spec_.dir + "/rungs.jsonl")) {
-    const int trial = j.value("trial", -1), step = j.value("step", 0);
-    if (trial < 0) continue;
-    if (j.value("promote", false)) {
-      asha_.promote(trial, step);
-      decisions_[{trial, step}] = true;
-      paused_.erase(trial);
-      continue;
+  const std::string path = spec_.dir + "/" + kJournalFileName;
+  const std::string what = "--sweep-dir " + spec_.dir + "'s " + kJournalFileName;
+  const std::string text = read_small_file(path, what, kMaxJournalBytes).value_or(std::string());
+  const ParsedJournal parsed = parse_journal(text, static_cast<int>(spec_.trials.size()), what);
+  journal_ = AppendFile::open(path, what);
+  if (parsed.torn_tail) journal_->truncate(parsed.valid_bytes);  // the append a kill cut short
+
+  // Replay. A checksummed journal that Asha refuses (a report out of order) was edited: one sentence.
+  std::vector<int> in_flight;  // started or promoted, no result yet: in order of their start
+  std::map<int, int> stopped_at;  // trial -> rung step of its last "pause" decision (not promoted since)
+  try {
+    for (const JournalRecord& r : parsed.records) {
+      switch (r.kind) {
+        case JournalRecord::Kind::kStart:
+          std::erase(in_flight, r.trial);
+          in_flight.push_back(r.trial);
+          break;
+        case JournalRecord::Kind::kReport: {
+          if (decisions_.count({r.trial, r.step})) break;
+          const bool go = asha_.report(r.trial, r.step, r.loss.value_or(NAN));
+          decisions_[{r.trial, r.step}] = go;
+          if (!go) stopped_at[r.trial] = r.step;
+          break;
+        }
+        case JournalRecord::Kind::kPromote:
+          asha_.promote(r.trial, r.step);
+          decisions_[{r.trial, r.step}] = true;
+          stopped_at.erase(r.trial);
+          std::erase(in_flight, r.trial);
+          in_flight.push_back(r.trial);
+          break;
+        case JournalRecord::Kind::kResult:
+          done_[r.trial] = r.result;
+          std::erase(in_flight, r.trial);
+          stopped_at.erase(r.trial);
+          break;
+      }
     }
-    if (decisions_.count({trial, step})) continue;  // a report repeated by a resumed run
-    // A diverged trial's NaN loss is written as null.
-    const double loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
-    const bool go = asha_.report(trial, step, loss);
-    decisions_[{trial, step}] = go;
-    if (!go && !done_.count(trial)) paused_[trial] = step;
+  } catch (const Error& e) {
+    ZT_THROW(ErrorKind::kInvalidArgument, what, " is inconsistent (", e.message(), "); restore the sweep directory "
+             "from a copy or start a new --sweep-dir");
   }
+  // Paused trials wait for a promotion only with their records complete; anything else in flight
+  // runs again from its last complete checkpoint (its recorded decisions are given back to it).
+  for (int id : in_flight) {
+    const std::string dir = trial_dir(spec_.dir, id);
+    merge_run_metrics(dir, -1);  // what a killed run of it wrote
+    const auto it = stopped_at.find(id);
+    if (it != stopped_at.end() && fs::is_directory(dir + "/ckpt/" + format_step_dir(it->second)) &&
+        metrics_have_eval(dir, it->second)) {
+      paused_[id] = it->second;
+    } else {
+      rerun_first_.push_back(id);
+    }
+  }
+  // The views, rebuilt from the journal (a kill may have come between an append and its view's).
+  std::string results, rungs;
+  for (const JournalRecord& r : parsed.records) {
+    if (r.kind == JournalRecord::Kind::kResult) results += outcome_json(r.result).dump() + "\n";
+    else if (r.kind != JournalRecord::Kind::kStart) rungs += rung_view(r).dump() + "\n";
+  }
+  write_file_atomic(spec_.dir + "/results.jsonl", results, "the sweep's results.jsonl");
+  write_file_atomic(spec_.dir + "/rungs.jsonl", rungs, "the sweep's rungs.jsonl");
 }
 
 std::pair<int, int> Runner::next_promotion() const {
@@ -315,12 +459,9 @@ void Runner::finish_paused(int id) {
   TrialOutcome t;
   t.id = id;
   t.values = spec_.trials[static_cast<size_t>(id)].values;
-  t.status = "stopped";
+  t.status = TrialStatus::kStopped;
   t.reason = "ASHA: not in the top 1/eta at its rung";
-  try {
-    fill_from_metrics(trial_dir(spec_.dir, id), t);
-  } catch (const std::exception&) {
-  }
+  fill_from_metrics(trial_dir(spec_.dir, id), t);
   finish_trial(std::move(t));
 }
 
@@ -343,7 +484,9 @@ void Runner::prepare() {
     try {
       const ModelConfig mc = make_model_config(cfg.model, cfg.overrides);
       const RunContext shape = resolve_run_shape(cfg, mc, k, spec_.backend);
-      const BatchSplit split = even_split(shape.cfg.batch_size, k, shape.cfg.micro_batch_size);
+      // As train() splits it: over the data-parallel ranks (tensor and pipeline groups share a batch).
+      const int data_ranks = std::max(1, k / shape.cfg.tensor_parallel / shape.cfg.pipeline_parallel);
+      const BatchSplit split = even_split(shape.cfg.batch_size, data_ranks, shape.cfg.micro_batch_size);
       PlanInputs in = shape.plan;
       in.micro_batch = split.micro;
       in.micro_batches = split.accum;
@@ -374,20 +517,30 @@ EvalAction Runner::on_eval(int id, int step, double loss) {
   if (const auto it = decisions_.find({id, step}); it != decisions_.end()) {
     go = it->second;  // reported before a kill: the same decision again
   } else {
+    if (fatal_) std::rethrow_exception(fatal_);  // nothing more is recorded
     go = asha_.report(id, step, loss);
     decisions_[{id, step}] = go;
-    append_line(spec_.dir + "/rungs.jsonl",
-                json{{"trial", id}, {"step", step}, {"loss", loss}, {"continue", go}}.dump());
+    JournalRecord r;
+    r.kind = JournalRecord::Kind::kReport;
+    r.trial = id;
+    r.step = step;
+    if (std::isfinite(loss)) r.loss = loss;
+    r.go = go;
+    record(r);
   }
   return go ? EvalAction::kSave : EvalAction::kStop;
 }
 
 void Runner::finish_trial(TrialOutcome t) {
   // Caller holds mu_.
-  append_line(spec_.dir + "/results.jsonl", outcome_json(t).dump());
-  std::string what = t.status;
-  if (t.status == "stopped") what = "stopped at step " + std::to_string(t.steps);
-  if (!t.reason.empty() && t.status != "stopped") what += ": " + t.reason;
+  JournalRecord r;
+  r.kind = JournalRecord::Kind::kResult;
+  r.trial = t.id;
+  r.result = t;
+  record(r);
+  std::string what = status_name(t.status);
+  if (t.status == TrialStatus::kStopped) what = "stopped at step " + std::to_string(t.steps);
+  if (!t.reason.empty() && t.status != TrialStatus::kStopped) what += ": " + t.reason;
   char buf[96] = "";
   if (t.final_loss) std::snprintf(buf, sizeof buf, " | step %d | loss %.4f", t.steps, *t.final_loss);
   if (t.last_val) std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), " | val %.4f", *t.last_val);
@@ -402,6 +555,9 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
   t.values = spec_.trials[static_cast<size_t>(id)].values;
   t.devices = devs;
   int sig = 0;
+  // A failure of the machine or of the sweep's own files (kIo: a full disk, a failed fsync; the
+  // metrics merge) is not the trial's: nothing is recorded, the sweep stops, a rerun repairs it.
+  std::exception_ptr environment;
   try {
     fs::create_directories(dir);
     merge_run_metrics(dir, -1);  // what a killed run of this trial wrote
@@ -434,37 +590,56 @@ void Runner::run_trial(int id, std::vector<int> devs, bool final_promotion) {
       cv_.notify_all();
       return;
     }
-    t.status = "finished";
+    t.status = TrialStatus::kFinished;
     if (final_promotion) t.reason = "promoted at the end as the best at the highest rung reached";
   } catch (const Error& e) {
-    merge_run_metrics(dir, -1);
-    t.status = "failed";
+    if (e.kind() == ErrorKind::kIo) environment = std::current_exception();
+    t.status = TrialStatus::kFailed;
     t.reason = (e.kind() == ErrorKind::kDiverged ? "diverged: "
                 : e.kind() == ErrorKind::kDevice ? "device failed: "
                 : e.kind() == ErrorKind::kOutOfMemory ? "out of memory: "
                                                       : "") + e.message();
+    try {
+      merge_run_metrics(dir, -1);
+    } catch (const std::exception&) {
+      if (!environment) environment = std::current_exception();
+    }
   } catch (const std::exception& e) {
-    t.status = "failed";
+    t.status = TrialStatus::kFailed;
     t.reason = std::string("internal error: ") + e.what();
   }
-  try {
-    fill_from_metrics(dir, t);
-  } catch (const std::exception&) {
+  if (!environment) {
+    try {
+      fill_from_metrics(dir, t);
+    } catch (const std::exception&) {
+      environment = std::current_exception();
+    }
   }
   std::lock_guard lock(mu_);
   if (sig != 0) {
     signal_ = sig;  // not recorded: a rerun continues it from its checkpoint
+  } else if (fatal_ || environment) {
+    if (!fatal_) fatal_ = environment;  // not recorded: run() rethrows it once the others end
   } else {
     try {
       finish_trial(t);
-    } catch (const std::exception& e) {
-      live(trial_name(id) + " | results.jsonl not written: " + e.what());
+    } catch (const std::exception&) {
+      // fatal_ holds it: run() rethrows after the running trials end.
     }
   }
   if (done_.count(id)) done_[id].released_seq = seq_;
   ++seq_;
   ended_.push_back(id);
   cv_.notify_all();
+}
+
+// Caller holds mu_.
+void Runner::launch(int id, const std::vector<int>& devs, const char* how) {
+  held_[id] = devs;
+  acquired_[id] = seq_++;
+  live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) + " | " + how +
+       " on device" + (devs.size() == 1 ? " " : "s ") + device_list(devs));
+  threads_.emplace(id, std::thread([this, id, d = devs] { run_trial(id, d); }));
 }
 
 SweepResult Runner::run() {
@@ -481,40 +656,50 @@ SweepResult Runner::run() {
     for (size_t i = order.size(); i > 1; --i)
       std::swap(order[i - 1], order[philox_u32(spec_.order_seed, 0x5eed, i) % i]);
   for (int id : order)
-    if (!done_.count(id) && !paused_.count(id)) pending.push_back(id);  // paused ones wait for a promotion
+    if (!done_.count(id) && !paused_.count(id) &&
+        std::find(rerun_first_.begin(), rerun_first_.end(), id) == rerun_first_.end())
+      pending.push_back(id);  // paused ones wait for a promotion
   if (spec_.live) {
     std::printf("sweep: %zu trials (%zu done before), %d device%s, %d per trial, scheduler %s\n", spec_.trials.size(),
-                spec_.trials.size() - pending.size(), spec_.devices, spec_.devices == 1 ? "" : "s",
-                spec_.devices_per_trial, spec_.asha ? "asha" : "none");
+                done_.size(), spec_.devices, spec_.devices == 1 ? "" : "s", spec_.devices_per_trial,
+                spec_.asha ? "asha" : "none");
     std::fflush(stdout);
   }
-  std::map<int, std::thread> threads;
-  std::map<int, std::vector<int>> held;
-  std::map<int, int64_t> acquired;
   std::unique_lock lock(mu_);
-  size_t next = 0;
+  size_t next = 0, next_rerun = 0;
   while (true) {
     const int sig = StopSignals::pending();
     if (sig != 0 && signal_ == 0) signal_ = sig;
-    while (signal_ == 0) {
+    while (signal_ == 0 && !fatal_) {
+      // What was running when the last run of the sweep ended comes first, as it came first then.
+      if (next_rerun < rerun_first_.size()) {
+        auto devs = packer.acquire(spec_.devices_per_trial);
+        if (!devs) break;
+        launch(rerun_first_[next_rerun++], *devs, "continued");
+        continue;
+      }
       // ASHA's get_job: a promotion of a paused trial comes before a new trial.
       if (const auto [pid, pstep] = next_promotion(); pid >= 0) {
         // The paused run's thread ends right after its report: join it (below) before starting
         // the promoted run, whose thread takes the same key (a second std::thread emplaced under
         // a live key would be destroyed joinable: std::terminate).
-        if (threads.count(pid) != 0) break;
+        if (threads_.count(pid) != 0) break;
         auto devs = packer.acquire(spec_.devices_per_trial);
         if (!devs) break;
+        JournalRecord r;
+        r.kind = JournalRecord::Kind::kPromote;
+        r.trial = pid;
+        r.step = pstep;
+        try {
+          record(r);
+        } catch (const std::exception&) {
+          packer.release(*devs);
+          break;
+        }
         asha_.promote(pid, pstep);
         decisions_[{pid, pstep}] = true;
         paused_.erase(pid);
-        append_line(spec_.dir + "/rungs.jsonl", json{{"trial", pid}, {"step", pstep}, {"promote", true}}.dump());
-        held[pid] = *devs;
-        acquired[pid] = seq_++;
-        live(trial_name(pid) + " |" + format_values(spec_.trials[static_cast<size_t>(pid)].values) +
-             " | promoted at step " + std::to_string(pstep) + " on device" + (devs->size() == 1 ? " " : "s ") +
-             device_list(*devs));
-        threads.emplace(pid, std::thread([this, id = pid, d = *devs] { run_trial(id, d); }));
+        launch(pid, *devs, ("promoted at step " + std::to_string(pstep)).c_str());
         continue;
       }
       if (next >= pending.size()) break;
@@ -523,37 +708,48 @@ SweepResult Runner::run() {
         TrialOutcome t;
         t.id = id;
         t.values = spec_.trials[static_cast<size_t>(id)].values;
-        t.status = "does not fit";
+        t.status = TrialStatus::kDoesNotFit;
         t.reason = unfit_[static_cast<size_t>(id)];
-        finish_trial(std::move(t));
+        try {
+          finish_trial(std::move(t));
+        } catch (const std::exception&) {
+          break;
+        }
         ++next;
         continue;
       }
       auto devs = packer.acquire(spec_.devices_per_trial);
       if (!devs) break;
+      JournalRecord r;
+      r.kind = JournalRecord::Kind::kStart;
+      r.trial = id;
+      try {
+        record(r);
+      } catch (const std::exception&) {
+        packer.release(*devs);
+        break;
+      }
       ++next;
-      held[id] = *devs;
-      acquired[id] = seq_++;
-      live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) + " | started on device" +
-           (devs->size() == 1 ? " " : "s ") + device_list(*devs));
-      threads.emplace(id, std::thread([this, id, d = *devs] { run_trial(id, d); }));
+      launch(id, *devs, "started");
     }
     // Taken out under the lock: trials that end while this thread joins others land in ended_ again.
     std::vector<int> ended;
     ended.swap(ended_);
     for (int id : ended) {
       lock.unlock();
-      threads[id].join();
+      threads_[id].join();
       lock.lock();
-      threads.erase(id);
-      packer.release(held[id]);
-      held.erase(id);
-      if (done_.count(id)) done_[id].acquired_seq = acquired[id];
+      threads_.erase(id);
+      packer.release(held_[id]);
+      held_.erase(id);
+      if (done_.count(id)) done_[id].acquired_seq = acquired_[id];
     }
-    if (threads.empty() && signal_ == 0 && next_promotion().first >= 0) continue;  // the last report made one
-    if (threads.empty() && (next >= pending.size() || signal_ != 0)) break;
+    const bool stopping = signal_ != 0 || fatal_;
+    if (threads_.empty() && !stopping && next_promotion().first >= 0) continue;  // the last report made one
+    if (threads_.empty() && ((next >= pending.size() && next_rerun >= rerun_first_.size()) || stopping)) break;
     cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ended_.empty(); });
   }
+  if (fatal_) std::rethrow_exception(fatal_);
   // Out of work: the trials still paused stopped at their rungs.
   if (signal_ == 0) {
     std::vector<int> left;
@@ -563,13 +759,14 @@ SweepResult Runner::run() {
   }
   // With fewer trials than eta^(rungs) nobody may reach --max-steps; then the best trial at the
   // highest rung reached continues there from its rung checkpoint (without further reports), so
-  // that the sweep's pick has a full-length result.
+  // that the sweep's pick has a full-length result. Not journaled as a start: a rerun after a kill
+  // decides it again from the results, the same way.
   if (spec_.asha && signal_ == 0) {
     const TrialOutcome* best = nullptr;
     bool any_finished = false;
     for (const auto& [id, t] : done_) {
-      any_finished |= t.status == "finished";
-      if (t.status != "stopped" || !t.last_val) continue;
+      any_finished |= t.status == TrialStatus::kFinished;
+      if (t.status != TrialStatus::kStopped || !t.last_val) continue;
       if (!best || t.steps > best->steps || (t.steps == best->steps && *t.last_val < *best->last_val)) best = &t;
     }
     if (!any_finished && best) {
@@ -584,6 +781,7 @@ SweepResult Runner::run() {
       lock.lock();
       ended_.clear();
       packer.release(*devs);
+      if (fatal_) std::rethrow_exception(fatal_);
       if (done_.count(id)) done_[id].acquired_seq = at, done_[id].devices = *devs;
     }
   }
@@ -618,7 +816,7 @@ std::string format_leaderboard(const SweepResult& result) {
   std::vector<const TrialOutcome*> rows;
   for (const TrialOutcome& t : result.trials) rows.push_back(&t);
   const auto key = [](const TrialOutcome* t) {
-    const bool ran = t->status == "finished" || t->status == "stopped";
+    const bool ran = t->status == TrialStatus::kFinished || t->status == TrialStatus::kStopped;
     return std::make_tuple(ran && t->last_val ? 0 : 1, t->last_val.value_or(INFINITY), t->id);
   };
   std::stable_sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
@@ -637,8 +835,8 @@ std::string format_leaderboard(const SweepResult& result) {
       else std::snprintf(b, sizeof b, "-");
       return std::string(b);
     };
-    std::string status = t->status;
-    if (status == "stopped") status = "stopped at step " + std::to_string(t->steps);
+    std::string status = status_name(t->status);
+    if (t->status == TrialStatus::kStopped) status = "stopped at step " + std::to_string(t->steps);
     else if (!t->reason.empty()) status += ": " + t->reason;
     std::snprintf(buf, sizeof buf, "%4d  %-9s  %-*s  %6d  %10s  %8s  %8s  %s\n", ++rank, trial_name(t->id).c_str(),
                   static_cast<int>(wv), plain_values(t->values).c_str(), t->steps, num(t->final_loss).c_str(),

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "sweep/journal.h"
 #include "sweep/space.h"
 #include "train/trainer.h"
 
@@ -19,8 +20,10 @@ namespace zt::sweep {
 
 struct SweepSpec {
   std::string dir;      // SWEEP_DIR (created if missing)
-  std::string command;  // the sweep's flags as given; sweep.json records it, a rerun must match
-  std::vector<std::string> space_specs;  // recorded in sweep.json (informational)
+  std::string command;  // the sweep's flags as given, recorded in sweep.json for people
+  // What makes a rerun the same sweep (journal.h make_identity: the resolved flag values and every
+  // trial's values); null: made from `command` and the trials (tests).
+  nlohmann::json identity;
   std::vector<TrialValues> trials;
   // configs[i]: trial i's run, every flag applied and validated; devices, checkpoint_dir,
   // metrics_path, resume, quiet, steps and the hooks are set by the runner.
@@ -39,31 +42,15 @@ struct SweepSpec {
   uint64_t order_seed = 0;
 };
 
-// One trial's outcome, as results.jsonl records it.
-struct TrialOutcome {
-  int id = 0;
-  std::vector<std::pair<std::string, std::string>> values;
-  std::string status;  // "finished", "stopped", "failed", "does not fit"
-  std::string reason;  // why it stopped, failed or did not fit
-  int steps = 0;       // steps trained (the last step reached)
-  std::optional<double> final_loss;  // training loss of the last step
-  std::optional<double> best_val, last_val;
-  std::vector<std::pair<int, double>> val_curve;  // (step, validation loss) of every evaluation
-  std::vector<int> devices;  // pool indices it ran on (this run of the sweep; empty when not run)
-  // This process's order of events (a counter under the runner's lock): when it acquired and
-  // released its devices; tests check that no two trials held one device at once.
-  int64_t acquired_seq = -1, released_seq = -1;
-  bool resumed = false;  // loaded from results.jsonl, not run by this process
-};
-
 struct SweepResult {
   std::vector<TrialOutcome> trials;  // by id
   int64_t steps_trained = 0;         // over every trial (by this and earlier runs of the sweep)
   int signal = 0;                    // SIGINT/SIGTERM stopped the sweep (unfinished trials resume on a rerun)
 };
 
-// Runs (or continues) the sweep. Throws zt::Error(kInvalidArgument) with one sentence when
-// SWEEP_DIR holds a different sweep, before any trial starts.
+// Runs (or continues) the sweep. Throws zt::Error(kInvalidArgument) with one sentence, before any
+// trial starts, when SWEEP_DIR is not this sweep's: another sweep's (another identity), a
+// non-empty directory that is no sweep, / or $HOME, in use by a running sweep, or damaged.
 SweepResult run_sweep(const SweepSpec& spec);
 
 // A trial's --devices for the pool positions `devs`: "cpu:K" on the CPU backend (K fresh simulated

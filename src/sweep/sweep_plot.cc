@@ -28,8 +28,8 @@ std::string sweep_curves_svg(const SweepResult& r, const std::string& title) {
   const TrialOutcome* best = nullptr;
   for (const TrialOutcome& t : r.trials) {
     if (!t.last_val || t.val_curve.empty()) continue;
-    const bool fin = t.status == "finished";
-    const bool best_fin = best && best->status == "finished";
+    const bool fin = t.status == TrialStatus::kFinished;
+    const bool best_fin = best && best->status == TrialStatus::kFinished;
     if (!best || (fin && !best_fin) || (fin == best_fin && *t.last_val < *best->last_val)) best = &t;
   }
   int x_max = 1;
@@ -50,7 +50,7 @@ std::string sweep_curves_svg(const SweepResult& r, const std::string& title) {
     if (!t.val_curve.empty() && &t != best) order.push_back(&t);
   if (best) order.push_back(best);
   for (const TrialOutcome* t : order) {
-    const bool is_best = t == best, faded = t->status != "finished";
+    const bool is_best = t == best, faded = t->status != TrialStatus::kFinished;
     const std::string cls = is_best ? "best" : faded ? "stopped" : "trial";
     o += "<polyline class=\"" + cls + "\" data-trial=\"" + std::to_string(t->id) + "\" fill=\"none\" stroke=\"" +
          (is_best ? std::string("#d62728") : color_of(t->id)) + "\" stroke-width=\"" + (is_best ? "3" : "1.2") +

@@ -147,7 +147,7 @@ TEST(SweepRun, EachTrialEqualsTheSameRunAloneAndPackingIsDisjoint) {
   // 2 slots of 2 devices for 3 trials: the third ran on devices a finished trial released.
   int reused = 0;
   for (const TrialOutcome& t : r.trials) {
-    EXPECT_EQ(t.status, "finished") << t.reason;
+    EXPECT_EQ(t.status, sweep::TrialStatus::kFinished) << t.reason;
     EXPECT_EQ(t.devices.size(), 2u);
     EXPECT_EQ(t.steps, steps);
     for (const TrialOutcome& u : r.trials)
@@ -190,7 +190,7 @@ TEST(SweepRun, ManyShortConcurrentTrialsAllEnd) {
   ASSERT_EQ(r.trials.size(), 12u);
   expect_disjoint(r);
   for (const TrialOutcome& t : r.trials) {
-    EXPECT_EQ(t.status, "finished") << t.reason;
+    EXPECT_EQ(t.status, sweep::TrialStatus::kFinished) << t.reason;
     EXPECT_EQ(t.steps, 2);
     ASSERT_EQ(t.devices.size(), 1u);
     EXPECT_LT(t.devices[0], 4);
@@ -212,11 +212,11 @@ TEST(SweepRun, FailingTrialsLeaveTheOthersBitwiseEqual) {
       sweep::run_sweep(make_spec(tmp.path("mixed"), {good1, faulty, diverging, unfit, good2}, 2, 1, steps));
   ASSERT_EQ(mixed.trials.size(), 5u);
   expect_disjoint(mixed);
-  EXPECT_EQ(mixed.trials[1].status, "failed");
+  EXPECT_EQ(mixed.trials[1].status, sweep::TrialStatus::kFailed);
   EXPECT_NE(mixed.trials[1].reason.find("device failed"), std::string::npos) << mixed.trials[1].reason;
-  EXPECT_EQ(mixed.trials[2].status, "failed");
+  EXPECT_EQ(mixed.trials[2].status, sweep::TrialStatus::kFailed);
   EXPECT_NE(mixed.trials[2].reason.find("diverged"), std::string::npos) << mixed.trials[2].reason;
-  EXPECT_EQ(mixed.trials[3].status, "does not fit");
+  EXPECT_EQ(mixed.trials[3].status, sweep::TrialStatus::kDoesNotFit);
   EXPECT_TRUE(mixed.trials[3].devices.empty()) << "an unfit trial must never run";
   EXPECT_FALSE(fs::exists(tmp.path("mixed") + "/trial-003"));
   expect_same_records(read_records(trial_metrics(tmp.path("mixed"), 0)), read_records(trial_metrics(tmp.path("clean"), 0)),
@@ -253,7 +253,7 @@ TEST(SweepRun, AshaStoppedTrialsArePrefixesOfTheFullRun) {
     alone.metrics_path = tmp.path("alone" + std::to_string(t.id) + ".jsonl");
     train(alone);
     Records full = read_records(alone.metrics_path), part = read_records(trial_metrics(s.dir, t.id));
-    if (t.status == "stopped") {
+    if (t.status == sweep::TrialStatus::kStopped) {
       ++stopped;
       EXPECT_TRUE(t.steps == 3 || t.steps == 6) << t.steps;
       const auto prefix = [&](std::vector<std::pair<int, double>>& v) {
@@ -262,7 +262,7 @@ TEST(SweepRun, AshaStoppedTrialsArePrefixesOfTheFullRun) {
       prefix(full.loss), prefix(full.grad_norm), prefix(full.lr), prefix(full.val);
     } else {
       ++finished;
-      EXPECT_EQ(t.status, "finished") << t.reason;
+      EXPECT_EQ(t.status, sweep::TrialStatus::kFinished) << t.reason;
     }
     expect_same_records(part, full, "trial " + std::to_string(t.id));
   }
@@ -300,7 +300,7 @@ TEST(SweepRun, AshaLeavesNoPromotableTrialBehind) {
   EXPECT_EQ(replay.recorded(0), 9);
   EXPECT_GE(promotions, 1) << "with 9 trials arriving one at a time, some wait and are promoted later";
   int finished = 0;
-  for (const TrialOutcome& t : r.trials) finished += t.status == "finished";
+  for (const TrialOutcome& t : r.trials) finished += t.status == sweep::TrialStatus::kFinished;
   EXPECT_EQ(finished, 1) << "9 trials, eta 3: one reaches --max-steps through the rungs";
 }
 
