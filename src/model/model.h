@@ -168,8 +168,9 @@ struct TensorParallel {
   const Mesh* mesh = nullptr;
 };
 
-// `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
-// tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
+// `recompute` changes what the workspace keeps and what backward() re-runs, never the results
+// (with or without tensor parallelism). tp.degree > 1: GPT only (one GPT, model/gpt.cc: a plain
+// GPT is its tensor group of one).
 // activations: f32, or bf16/f16 for the MLP and the GPT, with or without tensor parallelism:
 // activations, saved tensors, activation gradients, logits and GEMM inputs
 // in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
@@ -186,10 +187,9 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
 // A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
-// tp.degree > 1: the stage of the tensor-parallel GPT (model/gpt_tp.cc), built once per stage and
-// run by every rank of the stage's tensor groups (each workspace finds its device's tensor group
-// in tp.comm/tp.mesh, so the mesh may have data and pipeline axes too); no recompute (refused with
-// one sentence), split_backward supported. Its contract with tensor parallelism:
+// tp.degree > 1: the stage of the tensor-parallel GPT, built once per stage and run by every rank
+// of the stage's tensor groups (each workspace finds its device's tensor group in tp.comm/tp.mesh,
+// so the mesh may have data and pipeline axes too). Its contract with tensor parallelism:
 //  - What crosses stages (stage_input/stage_output/stage_gradient) is the rank's part of the
 //    residual stream, sent to the rank of the same tensor coordinate on the neighbouring stage:
 //    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened
@@ -212,11 +212,8 @@ DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
                                       Recompute recompute = Recompute::kNone, const TensorParallel& tp = {},
                                       DType activations = DType::kF32);
-// GPT-2's logical parameter layout (the one-device model's), and the block visit orders of its
-// forward (blocks 0..L+1, then 0 again for the tied LM head) and backward (head, ln_f, L..1,
-// encoder), shared by the one-device and tensor-parallel GPT.
+// GPT-2's logical parameter layout (what checkpoints and exports hold): 0 embeddings (wte, wpe),
+// 1..L layers, L+1 ln_f; a model's forward visits 0..L+1 then 0 again (the tied LM head).
 ParamLayout gpt_layout(const ModelConfig& config);
-std::vector<int> gpt_forward_order(int layers);
-std::vector<int> gpt_backward_order(int layers);
 
 }  // namespace zt
