@@ -1,35 +1,28 @@
 // GPT-2 (token + learned position embeddings, pre-LayerNorm blocks of causal self-attention and a
-// 4x GELU MLP, final LayerNorm, LM head tied to wte), written op by op as llm.c's train_gpt2.c,
-// split over a tensor group of D ranks (Megatron-LM, Shoeybi et al. 2019); D = 1 is the plain GPT.
-// Logical blocks (gpt_layout): 0 = embeddings (wte, wpe; wte is also the LM head), 1..L = layers,
-// L+1 = ln_f. A rank's local block b holds its shard of logical block logical_block(b) (the
-// TensorMap, model/tensor_split.h, maps it back: checkpoints, exports and init speak gpt_layout).
-//  - D = 1: local blocks are the logical blocks, wte padded (llm.c's Vp) to ops::padded_vocab(V)
-//    rows so the LM head's GEMMs run over aligned tensor-core tiles; fused ops (bias and GELU
-//    epilogues, the LM head, the fused classifier, c_proj's input gradient through the GELU).
-//  - D > 1: column-parallel QKV and c_fc, row-parallel attention and MLP output projections, heads
-//    split, a vocabulary-parallel embedding and cross-entropy (no rank holds all logits). Each
-//    layer block's split tensors come first and its replicated ones (layernorms, row-parallel
-//    biases) last: one region whose gradients a scratch sums over the group before they are added
-//    (so a split backward adds the fused one's bits) and whose norm the engine counts once per
-//    group. With sequence parallelism (Korthikanti et al. 2022) a rank's residual stream is rows
-//    [t R, (t+1) R) of the flattened [B*T, C] activations (R = B*T/D): an all-gather enters each
-//    column-parallel matmul (redone in backward) and a reduce-scatter leaves each row-parallel one
-//    (all-reduces without it). Gathers overlap the rank's own rows' GEMM in forward and the ops
-//    before the weight gradient in backward; input-gradient reductions run under the weight GEMM.
-// Padding rows of wte are zero, never looked up, left out of the softmax: no gradient ever moves them.
-// Numerics: fp32, or 16 bits (make_model's activations): activations, saved tensors, activation
-// gradients, logits and what the collectives move in bf16/f16, parameters read in 16 bits;
-// layernorm statistics, lse, losses, scratch and parameter gradients fp32 (kernels/ops.h).
-// Pipeline stages (make_gpt_stage) run chunks of layers; a stage's layout holds its chunks' blocks
-// (the last stage's tied LM head a copy of block 0) and the rank's residual rows cross stages.
-// The split backward (zb-h1) runs every collective in backward_input; backward_weight only
-// multiplies and adds on the rank.
+// 4x GELU MLP, final LayerNorm, LM head tied to wte), op by op as llm.c's train_gpt2.c, split over a
+// tensor group of D ranks (Megatron-LM, Shoeybi et al. 2019); the plain GPT is the group of one.
+// A rank's local block b holds its shard of gpt_layout's block logical_block(b) (0 embeddings, 1..L
+// layers, L+1 ln_f); the TensorMap maps it back, so checkpoints, exports and init speak gpt_layout.
+//  - D = 1: wte padded (llm.c's Vp) to ops::padded_vocab(V) rows, so the LM head's GEMMs run on
+//    aligned tensor-core tiles; fused ops (bias and GELU epilogues, LM head, fused classifier).
+//  - D > 1: column-parallel QKV and c_fc, row-parallel output projections, heads split, a
+//    vocabulary-parallel embedding and cross-entropy. A layer block holds its split tensors first
+//    and its replicated ones (layernorms, row-parallel biases) last: one region whose gradients a
+//    scratch sums over the group before adding them (a split backward adds the fused bits), whose
+//    norm the engine counts once per group. With sequence parallelism (Korthikanti et al. 2022) a
+//    rank's residual stream is rows [t R, (t+1) R) of the [B*T, C] activations (R = B*T/D); an
+//    all-gather enters each column-parallel matmul, overlapping the rank's own rows' GEMM (redone in
+//    backward, under the ops before the weight gradient), and a reduce-scatter leaves each
+//    row-parallel one (all-reduces without it); input-gradient reductions run under weight GEMMs.
+// wte's padding rows are zero, never looked up, out of the softmax: no gradient ever moves them.
+// Numerics: fp32, or 16 bits (activations, saved tensors, their gradients, logits and what the
+// collectives move; parameters read in 16 bits); statistics, losses and parameter gradients fp32.
+// Pipeline stages (make_gpt_stage) run chunks of layers and send the rank's residual rows on; the
+// split backward (zb-h1) runs every collective in backward_input, backward_weight none.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <string>
 #include <utility>
 
@@ -44,30 +37,27 @@ namespace zt {
 
 ParamLayout gpt_layout(const ModelConfig& c) {
   ParamLayout layout;
-  const int64_t C = c.embd, V = c.vocab, T = c.seq_len, L = c.layers;
-  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
-  const int emb = layout.add_block("embeddings");
-  layout.add_tensor(emb, "wte.weight", Shape{V, C}, ParamInit::kNormal, std, true);
-  layout.add_tensor(emb, "wpe.weight", Shape{T, C}, ParamInit::kNormal, std, true);
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    const int b = layout.add_block("h." + std::to_string(l));
-    layout.add_tensor(b, p + "ln_1.weight", Shape{C}, ParamInit::kOnes, 0, false);
-    layout.add_tensor(b, p + "ln_1.bias", Shape{C}, ParamInit::kZeros, 0, false);
-    layout.add_tensor(b, p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::kNormal, std, true);
-    layout.add_tensor(b, p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::kZeros, 0, false);
-    layout.add_tensor(b, p + "attn.c_proj.weight", Shape{C, C}, ParamInit::kNormal, proj_std, true);
-    layout.add_tensor(b, p + "attn.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
-    layout.add_tensor(b, p + "ln_2.weight", Shape{C}, ParamInit::kOnes, 0, false);
-    layout.add_tensor(b, p + "ln_2.bias", Shape{C}, ParamInit::kZeros, 0, false);
-    layout.add_tensor(b, p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::kNormal, std, true);
-    layout.add_tensor(b, p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::kZeros, 0, false);
-    layout.add_tensor(b, p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::kNormal, proj_std, true);
-    layout.add_tensor(b, p + "mlp.c_proj.bias", Shape{C}, ParamInit::kZeros, 0, false);
+  const int64_t C = c.embd;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(c.layers));
+  int b = layout.add_block("embeddings");
+  layout.add_tensor(b, "wte.weight", Shape{c.vocab, C}, ParamInit::kNormal, std, true);
+  layout.add_tensor(b, "wpe.weight", Shape{c.seq_len, C}, ParamInit::kNormal, std, true);
+  std::string p;
+  auto norm = [&](const std::string& n) {
+    layout.add_tensor(b, p + n + ".weight", Shape{C}, ParamInit::kOnes, 0, false);
+    layout.add_tensor(b, p + n + ".bias", Shape{C}, ParamInit::kZeros, 0, false);
+  };
+  auto linear = [&](const std::string& n, int64_t out, int64_t in, float sd) {
+    layout.add_tensor(b, p + n + ".weight", Shape{out, in}, ParamInit::kNormal, sd, true);
+    layout.add_tensor(b, p + n + ".bias", Shape{out}, ParamInit::kZeros, 0, false);
+  };
+  for (int l = 0; l < c.layers; ++l) {
+    b = layout.add_block("h." + std::to_string(l)), p = "h." + std::to_string(l) + ".";
+    norm("ln_1"), linear("attn.c_attn", 3 * C, C, std), linear("attn.c_proj", C, C, proj_std);
+    norm("ln_2"), linear("mlp.c_fc", 4 * C, C, std), linear("mlp.c_proj", C, 4 * C, proj_std);
   }
-  const int lnf = layout.add_block("ln_f");
-  layout.add_tensor(lnf, "ln_f.weight", Shape{C}, ParamInit::kOnes, 0, false);
-  layout.add_tensor(lnf, "ln_f.bias", Shape{C}, ParamInit::kZeros, 0, false);
+  b = layout.add_block("ln_f"), p = "";
+  norm("ln_f");
   return layout;
 }
 
@@ -86,9 +76,7 @@ int64_t padded_vocab(int64_t V, int64_t D) { return D == 1 ? ops::padded_vocab(V
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // One chunk of a model (a whole model is one chunk with the embedding and the head) and its blocks.
-struct GptChunk {
-  int first_layer = 0, layers = 0;
-  bool embedding = false, head = false;
+struct GptChunk : PipelineChunk {
   int emb_block = -1;             // embedding chunks: the block of wte (or the rank's shard) and wpe
   std::vector<int> layer_blocks;  // the block of each of its layers
   int lnf_block = -1, head_block = -1;  // head chunks: ln_f, and the block whose wte is the LM head
@@ -99,20 +87,17 @@ enum class BackPass { kFused, kInput, kWeight };
 // What one call of layer_forward runs: the training/eval forward, or a backward's recompute.
 enum class BlockPass { kForward, kSelective, kFull };
 
-// One chunk's workspace arena. Offsets in bytes, each buffer 256-byte aligned; activations, their
-// gradients, the logits and what collectives move take act_bytes an element, layernorm statistics,
-// lse, cross-entropy statistics, losses, summed replicated gradients and scratch are fp32. A
-// residual-stream buffer holds the rank's R rows; the split matmuls' buffers all B*T rows of their
-// 1/D columns. Under recomputation fields of different layers share one slot (backward re-runs the
-// op that wrote it right before reading it):
-//  - selective: ln1, ln2 (outputs; mean/rstd stay per layer) and the GELU output share one slot,
-//    re-run from the kept residual and fch (attention output and lse stay: re-running attention
-//    costs its forward to save O(T) per row); D = 1 in 16 bits re-runs the GELU with c_fc's GEMM;
-//  - full: only residual3 (the next block's input) stays per layer; the block re-runs into one
-//    shared set (all but the output projection and add, whose results backward never reads).
+// One chunk's workspace arena, in bytes, each buffer 256-byte aligned: activations, their gradients,
+// logits and what collectives move in the activation dtype (act_bytes), the rest fp32. Residual-
+// stream buffers hold the rank's R rows, split matmuls' all B*T rows of 1/D of the columns. Under
+// recomputation, layers share slots that backward re-runs the writing op into right before reading:
+//  - selective: ln1, ln2 (outputs; mean/rstd stay) and the GELU output, re-run from the kept
+//    residual and fch (re-running attention would cost its forward to save O(T) a row);
+//  - full: all but residual3 (the next block's input); the block's output projection and add are
+//    not re-run (backward never reads them).
 // A split backward keeps per layer what backward_weight reads (D = 1: the matmuls' and layernorms'
-// output gradients; D > 1: all rows of every weight gradient's inputs and the summed replicated
-// gradients), which the fused backward takes from shared scratch.
+// output gradients; D > 1: all rows of the weight gradients' inputs, the summed replicated
+// gradients); the fused backward takes them from shared scratch.
 struct Plan {
   int64_t B, T, C, NH, L, V, Vp, D, R, Cl, NHl;  // L: the chunk's layers; Cl, NHl: a rank's width and heads
   Recompute recompute;
@@ -181,13 +166,15 @@ struct Plan {
     for (auto& l : layers) {
       l.dres3 = split ? act(BT * C) : dres_all, l.dres2 = split ? act(BT * C) : dres_all;
       l.dfch = split ? act(BT * 4 * Cl) : dfch, l.dqkv = split ? act(BT * 3 * Cl) : dqkv;
+      l.ln1_all = all_rows(l.ln1), l.ln2_all = all_rows(l.ln2);
       if (D == 1) l.dln2 = split ? act(RC) : dln, l.dln1 = split ? act(RC) : dln;
-      if (D > 1) l.ln1_all = all_rows(l.ln1), l.ln2_all = all_rows(l.ln2), l.rep = split ? f32(round_up(rep_layer, D)) : rep;
+      if (D > 1) l.rep = split ? f32(round_up(rep_layer, D)) : rep;
     }
     if (D == 1 && split) ln_scratch = f32(2 * C);
     if (head) dlnf = D == 1 && split ? act(RC) : dln;
     if (D > 1 && head) lnf_all = all_rows(lnf), lnf_rep = split ? f32(round_up(rep_max, D)) : rep;
-    if (D > 1 && embedding) demb_all = split ? act(BT * C) : dres_all, emb_rep = split ? f32(round_up(rep_max, D)) : rep;
+    if (embedding) demb_all = D > 1 && split ? act(BT * C) : dres_all;
+    if (D > 1 && embedding) emb_rep = split ? f32(round_up(rep_max, D)) : rep;
   }
 };
 
@@ -207,11 +194,8 @@ struct TpRank {
     if (op == Op::kAllGather) group.all_gather(rank, full, &s, tag);
     if (op == Op::kReduceScatter) group.reduce_scatter(rank, full, &s, tag);
     if (op == Op::kAllReduce) group.all_reduce(rank, full, &s, tag);
-    if (done) {
-      comm->device(rank).comm().record(*done);
-    } else {
-      comm->wait_done(rank, s);
-    }
+    if (done) comm->device(rank).comm().record(*done);
+    if (!done) comm->wait_done(rank, s);
   }
 };
 
@@ -232,9 +216,9 @@ class GptWorkspace final : public Workspace {
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return plan.head ? f32(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
-  // [B*T, Vp/D] (the rank's shard of the padded vocabulary) in the activation dtype: columns >= V
-  // are padding (never a logit; dlogits 0 after a train forward).
-  TensorView logits() override { return plan.head ? view(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}) : TensorView{}; }
+  // [B*T, Vp/D] (the rank's shard of the padded vocabulary): columns >= V are padding (never a
+  // logit; dlogits 0 after a train forward).
+  TensorView logits() override { return plan.head ? act(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}) : TensorView{}; }
   // The real vocabulary's V logits only (a padded id is never sampled), gathered over the group
   // (every rank calls it); 16-bit logits are widened exactly on the device first.
   void read_logits_row(Stream& s, int row_index, float* out) override {
@@ -243,34 +227,108 @@ class GptWorkspace final : public Workspace {
     int64_t src = plan.logits + static_cast<int64_t>(row_index) * Vl * bytes;
     if (plan.D > 1) {
       s.copy(buf.as<char>() + plan.row + rank.t * Vl * bytes, buf.as<char>() + src, static_cast<size_t>(Vl * bytes));
-      rank.run(s, TpRank::Op::kAllGather, view(plan.row, Shape{plan.Vp}), "tp logits row");
+      rank.run(s, TpRank::Op::kAllGather, act(plan.row, Shape{plan.Vp}), "tp logits row");
       src = plan.row;
     }
-    if (dtype != DType::kF32) ops::cast(s, f32(plan.row_wide, Shape{plan.V}), view(src, Shape{plan.V})), src = plan.row_wide;
+    if (dtype != DType::kF32) ops::cast(s, f32(plan.row_wide, Shape{plan.V}), act(src, Shape{plan.V})), src = plan.row_wide;
     s.copy(out, buf.as<char>() + src, static_cast<size_t>(plan.V) * sizeof(float));
   }
   // What crosses pipeline stages is the rank's residual stream (model.h): its rows [B*T/D, C] with
   // sequence parallelism, else all of them [B, T, C].
-  TensorView stage_input() override { return embedding ? TensorView{} : residual_view(plan.encoded); }
-  TensorView stage_output() override { return plan.head ? TensorView{} : residual_view(plan.layers.back().residual3); }
-  TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual_view(plan.dresidual); }
+  TensorView stage_input() override { return embedding ? TensorView{} : residual(plan.encoded); }
+  TensorView stage_output() override { return plan.head ? TensorView{} : residual(plan.layers.back().residual3); }
+  TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual(plan.dresidual); }
   size_t bytes() const override { return buf.size(); }
   double take_recompute_seconds() override { return recompute_s.exchange(0.0); }
-
   // Brackets a backward's recompute ops with stream callbacks, so that the time counted is when
   // the stream ran them (the host only enqueues them). Both callbacks run in stream order.
-  void recompute_begin(Stream& s) {
-    s.host_func([this] { recompute_start = now(); });
-  }
-  void recompute_end(Stream& s) {
-    s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); });
-  }
+  void recompute_begin(Stream& s) { s.host_func([this] { recompute_start = now(); }); }
+  void recompute_end(Stream& s) { s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); }); }
 
   // An activation (the workspace's activation dtype) or an fp32 tensor at byte offset `off`.
-  TensorView view(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
+  TensorView act(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
   TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
-  TensorView residual_view(int64_t off) {
-    return plan.sp ? view(off, Shape{plan.R, plan.C}) : view(off, Shape{plan.B, plan.T, plan.C});
+  TensorView residual(int64_t off) { return act(off, plan.sp ? Shape{plan.R, plan.C} : Shape{plan.B, plan.T, plan.C}); }
+  TensorView all_rows(int64_t off) { return act(off, Shape{plan.B * plan.T, plan.C}); }
+  int64_t row0() const { return plan.sp ? rank.t * plan.R : 0; }  // the first of the rank's rows
+
+  // ---- the tensor group's layers (D = 1: the plain ops, no collective) ----
+  // All B*T rows of the rank's rows `local` [R, C], at `dst`: an all-gather with sequence
+  // parallelism, started (the stream waits on `gathered` later) or waited for; without it the rows
+  // themselves, copied when `dst` is another place (a split backward keeping a gradient).
+  TensorView gather_rows(Stream& s, TensorView local, int64_t dst, const char* tag, bool wait = false) {
+    const TensorView all = all_rows(dst), mine = rows_of(all, row0(), plan.R);
+    if (mine.data != local.data) s.copy(mine.data, local.data, static_cast<size_t>(plan.R * plan.C * plan.act_bytes));
+    if (plan.sp) rank.run(s, TpRank::Op::kAllGather, flat(all), tag, wait ? nullptr : gathered.get());
+    return all;
+  }
+  // out [B*T, N] = (all rows of `local`) @ weight^T + bias: the rank's own rows while the gather
+  // runs, then the others.
+  void column_matmul(Stream& s, TensorView out, TensorView local, ConstTensorView weight, ConstTensorView bias,
+                     const char* tag) {
+    if (!plan.sp) return ops::matmul_forward(s, out, local, weight, bias);
+    const TensorView all = gather_rows(s, local, plan.full, tag);
+    const int64_t mine = row0(), R = plan.R, rest = plan.B * plan.T - mine - R;
+    ops::matmul_forward(s, rows_of(out, mine, R), rows_of(all, mine, R), weight, bias);
+    s.wait(*gathered);
+    if (mine > 0) ops::matmul_forward(s, rows_of(out, 0, mine), rows_of(all, 0, mine), weight, bias);
+    if (rest > 0) ops::matmul_forward(s, rows_of(out, mine + R, rest), rows_of(all, mine + R, rest), weight, bias);
+  }
+  // Backward of out = in_all @ weight^T + bias; returns the rank's rows of the input gradient
+  // (input passes). D = 1: one call, din at `din_slot`. D > 1, the input's gather started: the input
+  // gradient first (it does not read in_all), its reduction over the group started, then the weight
+  // and bias gradients under it.
+  TensorView column_backward(Stream& s, TensorView dout, TensorView in_all, TensorView weight, TensorView dweight,
+                             TensorView dbias, int64_t din_slot, const char* tag, BackPass pass) {
+    const bool input = pass != BackPass::kWeight, weights = pass != BackPass::kInput;
+    const TensorView none{}, din = plan.D == 1 ? act(din_slot, Shape{plan.R, plan.C}) : all_rows(plan.full2);
+    if (plan.D == 1 || !input) {
+      ops::matmul_backward(s, input ? din : none, weights ? dweight : none, weights ? dbias : none, dout, in_all, weight,
+                           /*overwrite_din=*/true);
+      return din;  // D = 1 kWeight: the slot kInput filled
+    }
+    ops::matmul_backward(s, din, none, none, dout, in_all, weight, /*overwrite_din=*/true);
+    rank.run(s, plan.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat(din), tag, reduced.get());
+    if (plan.sp) s.wait(*gathered);
+    if (weights) ops::matmul_backward(s, none, dweight, dbias, dout, in_all, weight);
+    s.wait(*reduced);
+    return plan.sp ? rows_of(din, row0(), plan.R) : din;
+  }
+  // Partial sums over all rows [B*T, C] (a row-parallel matmul's, the embedding's) -> their sum on
+  // the rank's rows: reduce-scatter (all-reduce without sequence parallelism).
+  TensorView leave(Stream& s, TensorView partial, const char* tag) {
+    rank.run(s, plan.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat(partial), tag);
+    return plan.sp ? rows_of(partial, row0(), plan.R) : partial;
+  }
+  // The rank's rows of a row-parallel matmul's output: D = 1 the matmul with its bias; D > 1 its
+  // partial sums, left (leave) before the replicated bias is added.
+  TensorView row_matmul(Stream& s, TensorView in, ConstTensorView weight, ConstTensorView bias, const char* tag) {
+    const TensorView full = all_rows(plan.full);
+    if (plan.D == 1) return ops::matmul_forward(s, full, in, weight, bias), full;
+    ops::matmul_forward(s, full, in, weight, ConstTensorView{});
+    const TensorView out = leave(s, full, tag);
+    ops::bias_forward(s, out, bias);
+    return out;
+  }
+  // All rows of the output gradient a row-parallel matmul's backward reads, at `slot` when a split
+  // backward keeps it; a tensor-parallel input pass first sums the replicated bias's gradient.
+  TensorView row_backward_out(Stream& s, int64_t slot, TensorView dbias, const char* tag, bool input) {
+    if (!input) return all_rows(slot);
+    const TensorView dresidual = act(plan.dresidual, Shape{plan.R, plan.C});
+    if (plan.D > 1) ops::bias_backward(s, dbias, dresidual);
+    return gather_rows(s, dresidual, slot, tag, true);
+  }
+  // A layernorm's backward from `dout` into dresidual. D > 1: input passes only (the weight
+  // gradients go to the replicated scratch). D = 1: kInput sends the weight gradients to a discarded
+  // scratch, kWeight the input gradient (the kernel's weight gradients do not depend on the input
+  // gradient, so the split adds the fused bits).
+  void ln_back(Stream& s, BackPass pass, TensorView dout, ConstTensorView in, ConstTensorView w, TensorView gw,
+               TensorView gb, ConstTensorView mean, ConstTensorView rstd) {
+    const bool input = pass != BackPass::kWeight, keep = pass != BackPass::kInput || plan.D > 1;
+    if (plan.D > 1 && !input) return;
+    ops::layernorm_backward(s, act(input ? plan.dresidual : plan.dln, Shape{plan.R, plan.C}),
+                            keep ? gw : f32(plan.ln_scratch, Shape{plan.C}),
+                            keep ? gb : f32(plan.ln_scratch + 4 * plan.C, Shape{plan.C}), dout, in, w, mean, rstd);
   }
 
   Plan plan;
@@ -286,16 +344,9 @@ class GptWorkspace final : public Workspace {
   TpRank rank;
 
  private:
-  static double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
   double recompute_start = 0;            // written and read only by this workspace's stream callbacks
   std::atomic<double> recompute_s{0.0};  // read by the host after synchronizing the stream
-};
-
-// Views of one layer block's tensors, by logical name.
-struct LayerParams {
-  TensorView ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
 
 class Gpt final : public Model {
@@ -308,16 +359,12 @@ class Gpt final : public Model {
     ZT_CHECK(activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kF16,
              "GPT activations in ", dtype_name(activations));
     const int D = tp.degree;
-    auto refuse = [&](const char* what, int value) {
+    for (const auto& [what, value] : {std::pair{"heads", c.heads}, {"width", c.embd}, {"MLP width", 4 * c.embd}}) {
       int best = 1;
-      for (int k = 1; k <= value && k <= D; ++k)
-        if (value % k == 0) best = k;
-      ZT_THROW(ErrorKind::kInvalidArgument, "--tensor-parallel ", D, " does not divide the model's ", what, " (", value,
-               "); the nearest valid degree is ", best);
-    };
-    if (c.heads % D != 0) refuse("heads", c.heads);
-    if (c.embd % D != 0) refuse("width", c.embd);
-    if ((4 * c.embd) % D != 0) refuse("MLP width", 4 * c.embd);
+      for (int k = 1; k <= value && k <= D; ++k) best = value % k == 0 ? k : best;
+      ZT_REQUIRE(value % D == 0, "--tensor-parallel ", D, " does not divide the model's ", what, " (", value,
+                 "); the nearest valid degree is ", best);
+    }
     map_.degree = D, map_.logical = &whole_, map_.local = &layout_;
     for (int k = 0; k < 12; ++k) slot_[D == 1 ? k : kTpOrder[k]] = k;
     const PipelineStageSpec whole{{PipelineChunk{0, c.layers, true, true}}};
@@ -342,9 +389,7 @@ class Gpt final : public Model {
     for (int c = 0; c < chunks(); ++c) total += chunk_workspace_bytes(B, T, c);
     return total;
   }
-  size_t chunk_workspace_bytes(int B, int T, int chunk) const override {
-    return static_cast<size_t>(plan(B, T, chunk).total);
-  }
+  size_t chunk_workspace_bytes(int B, int T, int chunk) const override { return static_cast<size_t>(plan(B, T, chunk).total); }
   std::unique_ptr<Workspace> make_workspace(Device& d, int B, int T) const override {
     ZT_CHECK(chunks_.size() == 1, "make_workspace on a ", chunks_.size(), "-chunk stage (use make_chunk_workspace)");
     return make_chunk_workspace(d, B, T, 0);
@@ -366,17 +411,13 @@ class Gpt final : public Model {
     for (const GptChunk& k : chunks_) {
       if (k.embedding) o.push_back(k.emb_block);
       o.insert(o.end(), k.layer_blocks.begin(), k.layer_blocks.end());
-      if (k.head) o.push_back(k.lnf_block), o.push_back(k.head_block);
+      if (k.head) o.insert(o.end(), {k.lnf_block, k.head_block});
     }
     return o;
   }
   std::vector<int> backward_order() const override {
-    std::vector<int> o;
-    for (auto k = chunks_.rbegin(); k != chunks_.rend(); ++k) {
-      if (k->head) o.push_back(k->head_block), o.push_back(k->lnf_block);
-      o.insert(o.end(), k->layer_blocks.rbegin(), k->layer_blocks.rend());
-      if (k->embedding) o.push_back(k->emb_block);
-    }
+    std::vector<int> o = forward_order();
+    std::reverse(o.begin(), o.end());
     return o;
   }
 
@@ -388,57 +429,55 @@ class Gpt final : public Model {
     ws.dtype = compute_dtype(p);
     const TpRank& tr = ws.rank;
     const int64_t BT = P.B * P.T, C = P.C, Vl = P.Vp / P.D;
-    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
-    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
+    const bool tp = P.D > 1;
+    const ops::VocabRange vocab{tr.t * Vl, P.V};  // the rank's vocabulary shard
 
     // Without the embedding the chunk's input rows were received into `encoded`.
-    TensorView residual = act(P.encoded, Shape{P.R, C});
+    TensorView residual = ws.act(P.encoded, Shape{P.R, C});
     if (K.embedding) {
       p.before_forward(K.emb_block);
       const TensorView wte = param(p, K.emb_block, 0), wpe = param(p, K.emb_block, 1);
-      if (P.D == 1) {
-        ops::encoder_forward(s, act(P.encoded, Shape{P.B, P.T, C}), batch.inputs, wte,
-                             TensorView{wpe.data, wpe.dtype, Shape{P.T, C}, wpe.device}, ops::VocabRange{0, P.V});
-      } else {  // each rank looks up its vocabulary shard (zeros elsewhere), summed over the group
-        const TensorView full = act(P.full, Shape{BT, C});
-        ops::encoder_forward(s, act(P.full, Shape{P.B, P.T, C}), batch.inputs, wte, ConstTensorView{},
-                             ops::VocabRange{tr.t * Vl, P.V});
-        s.copy(residual.data, leave(s, ws, full, "tp embedding").data, static_cast<size_t>(P.R * C * P.act_bytes));
-        ops::position_forward(s, residual, wpe, row0(P, tr), P.T);
+      // D > 1: each rank looks up its vocabulary shard (zeros elsewhere), summed over the group, and
+      // adds the positions of its rows.
+      ops::encoder_forward(s, ws.act(tp ? P.full : P.encoded, Shape{P.B, P.T, C}), batch.inputs, wte,
+                           tp ? TensorView{} : TensorView{wpe.data, wpe.dtype, Shape{P.T, C}, wpe.device}, vocab);
+      if (tp) {
+        s.copy(residual.data, ws.leave(s, ws.act(P.full, Shape{BT, C}), "tp embedding").data,
+               static_cast<size_t>(P.R * C * P.act_bytes));
+        ops::position_forward(s, residual, wpe, ws.row0(), P.T);
       }
     }
     for (int l = 0; l < K.layers; ++l) {
       const int b = K.layer_blocks[static_cast<size_t>(l)];
       p.before_forward(b);
-      layer_forward(s, ws, layer_params(p, b), l, BlockPass::kForward);
-      residual = act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.R, C});
+      layer_forward(s, ws, p, l, b, BlockPass::kForward);
+      residual = ws.act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.R, C});
     }
     if (!K.head) return;  // the pipeline sends stage_output() (the last residual rows) on
 
     p.before_forward(K.lnf_block);
-    TensorView lnf = act(P.lnf, Shape{P.R, C});
-    ops::layernorm_forward(s, lnf, f32(P.lnf_mean, Shape{P.R}), f32(P.lnf_rstd, Shape{P.R}), residual,
+    TensorView lnf = ws.act(P.lnf, Shape{P.R, C});
+    ops::layernorm_forward(s, lnf, ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}), residual,
                            param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
-    const TensorView logits = act(P.logits, Shape{BT, Vl});
+    const TensorView logits = ws.act(P.logits, Shape{BT, Vl});
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
-    const ops::VocabRange vocab{tr.t * Vl, P.V};
-    if (P.D == 1) {
+    if (!tp) {
       ops::lm_head_forward(s, logits, lnf, param(p, K.head_block, 0));
-      ops::classifier_forward_backward(s, logits, f32(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale, vocab);
+      ops::classifier_forward_backward(s, logits, ws.f32(P.losses, Shape{BT}), targets, dloss, train, batch.loss_scale, vocab);
       return;
     }
-    column_matmul(s, ws, logits, lnf, param(p, K.head_block, 0), ConstTensorView{}, "tp ln_f");
+    ws.column_matmul(s, logits, lnf, param(p, K.head_block, 0), ConstTensorView{}, "tp ln_f");
     // Vocabulary-parallel cross-entropy: the row maxima, then the sums of exponentials and the
     // target logits, each combined over the group in a fixed order.
-    ops::row_max(s, f32(P.stat_max + tr.t * BT * 4, Shape{BT}), logits, vocab);
-    tr.run(s, TpRank::Op::kAllGather, f32(P.stat_max, Shape{P.D * BT}), "tp logits max");
-    const TensorView gmax = f32(P.gmax, Shape{BT});
-    ops::reduce_slices(s, gmax, f32(P.stat_max, Shape{P.D, BT}), ops::SliceReduce::kMax);
-    ops::vocab_partials(s, f32(P.stat_part + tr.t * 2 * BT * 4, Shape{2, BT}), logits, gmax, targets, vocab);
-    tr.run(s, TpRank::Op::kAllGather, f32(P.stat_part, Shape{P.D * 2 * BT}), "tp logits sums");
-    ops::reduce_slices(s, f32(P.gsum, Shape{2 * BT}), f32(P.stat_part, Shape{P.D, 2 * BT}), ops::SliceReduce::kSum);
-    ops::vocab_loss_grad(s, logits, f32(P.losses, Shape{BT}), gmax, f32(P.gsum, Shape{BT}), f32(P.gsum + BT * 4, Shape{BT}),
+    ops::row_max(s, ws.f32(P.stat_max + tr.t * BT * 4, Shape{BT}), logits, vocab);
+    tr.run(s, TpRank::Op::kAllGather, ws.f32(P.stat_max, Shape{P.D * BT}), "tp logits max");
+    const TensorView gmax = ws.f32(P.gmax, Shape{BT});
+    ops::reduce_slices(s, gmax, ws.f32(P.stat_max, Shape{P.D, BT}), ops::SliceReduce::kMax);
+    ops::vocab_partials(s, ws.f32(P.stat_part + tr.t * 2 * BT * 4, Shape{2, BT}), logits, gmax, targets, vocab);
+    tr.run(s, TpRank::Op::kAllGather, ws.f32(P.stat_part, Shape{P.D * 2 * BT}), "tp logits sums");
+    ops::reduce_slices(s, ws.f32(P.gsum, Shape{2 * BT}), ws.f32(P.stat_part, Shape{P.D, 2 * BT}), ops::SliceReduce::kSum);
+    ops::vocab_loss_grad(s, logits, ws.f32(P.losses, Shape{BT}), gmax, ws.f32(P.gsum, Shape{BT}), ws.f32(P.gsum + BT * 4, Shape{BT}),
                          targets, vocab, dloss, train, batch.loss_scale);
   }
 
@@ -495,8 +534,7 @@ class Gpt final : public Model {
     for (const PipelineChunk& pc : spec.chunks) {
       ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= config_.layers,
                "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", config_.layers, "-layer model");
-      GptChunk k;
-      k.first_layer = pc.first_layer, k.layers = pc.layers, k.embedding = pc.embedding, k.head = pc.head;
+      GptChunk k{pc};
       k.emb_block = pc.embedding ? emb : -1;
       for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
       chunks.push_back(k);
@@ -540,35 +578,33 @@ class Gpt final : public Model {
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
     ZT_CHECK(ws.dtype == compute_dtype(p), "backward in ", dtype_name(compute_dtype(p)), " after a forward in ",
              dtype_name(ws.dtype));
-    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
-    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     const TensorView none{};
     // Without a head the gradient of the chunk's output rows was received into dresidual.
-    const TensorView dresidual = act(P.dresidual, Shape{P.R, C});
+    const TensorView dresidual = ws.act(P.dresidual, Shape{P.R, C});
 
     if (K.head) {  // LM head: logits = lnf @ wte^T (dlogits were left in the logits by the forward)
       if (input) {
         ops::fill(s, dresidual, 0.0f);
         p.before_backward(K.head_block);
       }
-      const TensorView dlogits = act(P.logits, Shape{BT, Vl});
-      TensorView dlnf = act(P.dlnf, Shape{BT, C});
+      const TensorView dlogits = ws.act(P.logits, Shape{BT, Vl});
+      TensorView dlnf = ws.act(P.dlnf, Shape{BT, C});
       if (P.D == 1) {
         if (input) ops::fill(s, dlnf, 0.0f);
         ops::lm_head_backward(s, input ? dlnf : none, weight ? grad(p, K.head_block, 0) : none, dlogits,
-                              act(P.lnf, Shape{BT, C}), param(p, K.head_block, 0));
+                              ws.act(P.lnf, Shape{BT, C}), param(p, K.head_block, 0));
       } else {  // dlnf: partial sums over the vocabulary shards
-        const TensorView lnf_all = input ? start_all_rows(s, ws, act(P.lnf, Shape{P.R, C}), P.lnf_all, "tp ln_f")
-                                         : act(P.lnf_all, Shape{BT, C});
-        dlnf = column_backward(s, ws, dlogits, lnf_all, param(p, K.head_block, 0), grad(p, K.head_block, 0), none, 0,
+        const TensorView lnf_all = input ? ws.gather_rows(s, ws.act(P.lnf, Shape{P.R, C}), P.lnf_all, "tp ln_f")
+                                         : ws.act(P.lnf_all, Shape{BT, C});
+        dlnf = ws.column_backward(s, dlogits, lnf_all, param(p, K.head_block, 0), grad(p, K.head_block, 0), none, 0,
                                "tp d ln_f", pass);
       }
       if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
       if (input) p.before_backward(K.lnf_block);
       const auto g = grads_of(s, ws, p, K.lnf_block, P.lnf_rep, input);
       const int64_t last_res = K.layers > 0 ? P.layers[static_cast<size_t>(K.layers - 1)].residual3 : P.encoded;
-      ln_back(s, ws, pass, dlnf, act(last_res, Shape{P.R, C}), param(p, K.lnf_block, 0), g[0], g[1],
-              f32(P.lnf_mean, Shape{P.R}), f32(P.lnf_rstd, Shape{P.R}));
+      ws.ln_back(s, pass, dlnf, ws.act(last_res, Shape{P.R, C}), param(p, K.lnf_block, 0), g[0], g[1],
+              ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}));
       block_done(s, ws, p, K.lnf_block, P.lnf_rep, pass);
     }
 
@@ -580,70 +616,60 @@ class Gpt final : public Model {
     }
 
     if (!K.embedding) return;  // dresidual now holds the gradient of the chunk's input rows
+    // D > 1: positions from the rank's rows (summed over the group), tokens of its shard from all rows.
     if (input) p.before_backward(K.emb_block);
-    if (P.D == 1) {
-      if (!weight) return;
-      const TensorView dwpe = grad(p, K.emb_block, 1);
-      ops::encoder_backward(s, grad(p, K.emb_block, 0), TensorView{dwpe.data, DType::kF32, Shape{P.T, C}, dwpe.device},
-                            act(P.dresidual, Shape{P.B, P.T, C}), batch.inputs, ops::VocabRange{0, P.V});
-      p.after_backward(K.emb_block);
-      return;
-    }
-    // Positions from the rank's rows (summed over the group), tokens of its shard from all rows.
-    if (input) {
-      ops::position_backward(s, grads_of(s, ws, p, K.emb_block, P.emb_rep, true)[1], dresidual, row0(P, tr), P.T);
-      reduce_rep(s, ws, K.emb_block, P.emb_rep);
-      all_rows(s, ws, dresidual, P.demb_all, "tp d embedding");
-    }
+    if (input && P.D > 1)
+      ops::position_backward(s, grads_of(s, ws, p, K.emb_block, P.emb_rep, true)[1], dresidual, ws.row0(), P.T);
+    if (input) ws.gather_rows(s, dresidual, P.demb_all, "tp d embedding", true);
     if (weight) {
-      add_rep(s, ws, p, K.emb_block, P.emb_rep);
-      ops::encoder_backward(s, grad(p, K.emb_block, 0), TensorView{}, act(P.demb_all, Shape{P.B, P.T, C}), batch.inputs,
-                            ops::VocabRange{tr.t * Vl, P.V});
-      p.after_backward(K.emb_block);
+      const TensorView dwpe = grad(p, K.emb_block, 1);
+      ops::encoder_backward(s, grad(p, K.emb_block, 0),
+                            P.D > 1 ? TensorView{} : TensorView{dwpe.data, DType::kF32, Shape{P.T, C}, dwpe.device},
+                            ws.act(P.demb_all, Shape{P.B, P.T, C}), batch.inputs, ops::VocabRange{tr.t * Vl, P.V});
     }
+    block_done(s, ws, p, K.emb_block, P.emb_rep, pass);
   }
 
   // Layer l of the workspace's chunk: its forward (kForward), or the subset a backward re-runs:
   // selective re-runs the ops whose outputs it did not keep (both layernorms, GELU) from kept
   // inputs; full re-runs everything backward reads. The same call writes the same bits each time.
-  void layer_forward(Stream& s, GptWorkspace& ws, const LayerParams& w, int l, BlockPass pass) const {
+  void layer_forward(Stream& s, GptWorkspace& ws, ParamAccess& p, int l, int blk, BlockPass pass) const {
+    auto w = [&](LayerTensor k) { return param(p, blk, slot_[k]); };
     const Plan& P = ws.plan;
     const int64_t BT = P.B * P.T, C = P.C, Cl = P.Cl, R = P.R;
     const bool fwd = pass == BlockPass::kForward, matmuls = pass != BlockPass::kSelective;
-    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
-    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const TensorView res_in = act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
-    const TensorView ln1 = act(A.ln1, Shape{R, C}), res2 = act(A.residual2, Shape{R, C}), ln2 = act(A.ln2, Shape{R, C});
-    const TensorView fch = act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = act(A.fch_gelu, Shape{BT, 4 * Cl});
-    ops::layernorm_forward(s, ln1, f32(A.ln1_mean, Shape{R}), f32(A.ln1_rstd, Shape{R}), res_in, w.ln1w, w.ln1b,
+    const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
+    const TensorView ln1 = ws.act(A.ln1, Shape{R, C}), res2 = ws.act(A.residual2, Shape{R, C}), ln2 = ws.act(A.ln2, Shape{R, C});
+    const TensorView fch = ws.act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = ws.act(A.fch_gelu, Shape{BT, 4 * Cl});
+    ops::layernorm_forward(s, ln1, ws.f32(A.ln1_mean, Shape{R}), ws.f32(A.ln1_rstd, Shape{R}), res_in, w(kLn1w), w(kLn1b),
                            kLayerNormEps);
     // residual2 = residual + attproj and ln2 = layernorm(residual2) in one pass (the bits of the add
     // and the layernorm); selective keeps qkv, the attention output, its lse and residual2. The
     // block's later add stays separate: the layernorm after it is the next block's, whose
     // parameters ZeRO stage 3 gathers only at that block's before_forward.
     if (matmuls) {
-      column_matmul(s, ws, act(A.qkv, Shape{BT, 3 * Cl}), ln1, w.qkvw, w.qkvb, "tp ln_1");
-      ops::flash_attention_forward(s, act(A.atty, Shape{P.B, P.T, Cl}), f32(A.lse, Shape{P.B, P.NHl, P.T}),
-                                   act(A.qkv, Shape{P.B, P.T, 3 * Cl}), static_cast<int>(P.NHl));
-      const TensorView attproj = row_matmul(s, ws, act(A.atty, Shape{BT, Cl}), w.attprojw, w.attprojb, "tp attn.c_proj");
-      ops::residual_layernorm_forward(s, res2, ln2, f32(A.ln2_mean, Shape{R}), f32(A.ln2_rstd, Shape{R}), res_in, attproj,
-                                      w.ln2w, w.ln2b, kLayerNormEps);
+      ws.column_matmul(s, ws.act(A.qkv, Shape{BT, 3 * Cl}), ln1, w(kQkvw), w(kQkvb), "tp ln_1");
+      ops::flash_attention_forward(s, ws.act(A.atty, Shape{P.B, P.T, Cl}), ws.f32(A.lse, Shape{P.B, P.NHl, P.T}),
+                                   ws.act(A.qkv, Shape{P.B, P.T, 3 * Cl}), static_cast<int>(P.NHl));
+      const TensorView attproj = ws.row_matmul(s, ws.act(A.atty, Shape{BT, Cl}), w(kAttprojw), w(kAttprojb), "tp attn.c_proj");
+      ops::residual_layernorm_forward(s, res2, ln2, ws.f32(A.ln2_mean, Shape{R}), ws.f32(A.ln2_rstd, Shape{R}), res_in, attproj,
+                                      w(kLn2w), w(kLn2b), kLayerNormEps);
     } else {
-      ops::layernorm_forward(s, ln2, f32(A.ln2_mean, Shape{R}), f32(A.ln2_rstd, Shape{R}), res2, w.ln2w, w.ln2b,
+      ops::layernorm_forward(s, ln2, ws.f32(A.ln2_mean, Shape{R}), ws.f32(A.ln2_rstd, Shape{R}), res2, w(kLn2w), w(kLn2b),
                              kLayerNormEps);
     }
     // D = 1: c_fc and its GELU in one op (a GEMM epilogue on GPUs). It takes the GELU of the fp32
     // sum, not of the rounded fch, so in 16 bits a selective recompute re-runs it (rewriting fch's
     // same bits); in fp32 the GELU alone has the fused op's bits on the CPU backend.
     if (P.D == 1 && (matmuls || ws.dtype != DType::kF32)) {
-      ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w.fcw, w.fcb);
+      ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w(kFcw), w(kFcb));
     } else {
-      if (matmuls) column_matmul(s, ws, fch, ln2, w.fcw, w.fcb, "tp ln_2");
+      if (matmuls) ws.column_matmul(s, fch, ln2, w(kFcw), w(kFcb), "tp ln_2");
       ops::gelu_forward(s, fch_gelu, fch);
     }
     if (!fwd) return;  // backward never reads the block's output projection or its sum
-    ops::add(s, act(A.residual3, Shape{R, C}), res2, row_matmul(s, ws, fch_gelu, w.fcprojw, w.fcprojb, "tp mlp.c_proj"));
+    ops::add(s, ws.act(A.residual3, Shape{R, C}), res2, ws.row_matmul(s, fch_gelu, w(kFcprojw), w(kFcprojb), "tp mlp.c_proj"));
   }
 
   // Layer l's backward (see backward_pass for the passes); a tensor-parallel layer's replicated
@@ -652,14 +678,13 @@ class Gpt final : public Model {
     const Plan& P = ws.plan;
     const int64_t BT = P.B * P.T, C = P.C, Cl = P.Cl, R = P.R;
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput, fused = pass == BackPass::kFused;
+    const bool tp = P.D > 1;
     const TensorView none{};
-    auto act = [&](int64_t off, Shape sh) { return ws.view(off, sh); };
-    auto f32 = [&](int64_t off, Shape sh) { return ws.f32(off, sh); };
     auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const TensorView res_in = act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
-    const TensorView dresidual = act(P.dresidual, Shape{R, C});
-    const LayerParams w = layer_params(p, blk);
+    const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
+    const TensorView dresidual = ws.act(P.dresidual, Shape{R, C});
+    auto w = [&](LayerTensor k) { return param(p, blk, slot_[k]); };
     // After before_backward: stage 3 has gathered this block again, so the recompute sees the
     // same parameters as the forward did. It writes activations only, never a gradient.
     if (input && P.recompute != Recompute::kNone) {
@@ -667,71 +692,52 @@ class Gpt final : public Model {
       const std::string name = "recompute h." + std::to_string(chunks_[static_cast<size_t>(ws.chunk)].first_layer + l);
       if (ranges_enabled()) range.open(NvtxCategory::kBackward, name, p.device_index());
       ws.recompute_begin(s);
-      layer_forward(s, ws, w, l, P.recompute == Recompute::kFull ? BlockPass::kFull : BlockPass::kSelective);
+      layer_forward(s, ws, p, l, blk, P.recompute == Recompute::kFull ? BlockPass::kFull : BlockPass::kSelective);
       ws.recompute_end(s);
     }
     const auto gv = grads_of(s, ws, p, blk, A.rep, input);
-    const LayerParams g = views([&](int i) { return gv[static_cast<size_t>(i)]; });
-    const TensorView dfch = act(A.dfch, Shape{BT, 4 * Cl}), datty = act(P.datty, Shape{BT, Cl});
-    const TensorView dqkv = act(A.dqkv, Shape{BT, 3 * Cl}), fch = act(A.fch, Shape{BT, 4 * Cl});
-    const TensorView fch_gelu = act(A.fch_gelu, Shape{BT, 4 * Cl});
+    auto g = [&](LayerTensor k) { return gv[static_cast<size_t>(slot_[k])]; };
+    const TensorView dfch = ws.act(A.dfch, Shape{BT, 4 * Cl}), datty = ws.act(P.datty, Shape{BT, Cl});
+    const TensorView dqkv = ws.act(A.dqkv, Shape{BT, 3 * Cl}), fch = ws.act(A.fch, Shape{BT, 4 * Cl});
+    const TensorView fch_gelu = ws.act(A.fch_gelu, Shape{BT, 4 * Cl});
 
     // residual3 = residual2 + c_proj(gelu(c_fc(ln2(residual2))))
-    const TensorView dres3 = row_backward_out(s, ws, dresidual, A.dres3, g.fcprojb, "tp d mlp.c_proj", input);
-    TensorView dln2 = act(A.dln2, Shape{BT, C});
-    if (P.D == 1) {
-      // c_proj's input gradient carried through the GELU in one op (a GEMM epilogue on GPUs), which
-      // also sums c_fc's bias gradient when this pass computes weight gradients too.
-      if (input) ops::matmul_backward_dgelu(s, dfch, fused ? g.fcb : none, dres3, w.fcprojw, fch);
-      if (weight) ops::matmul_backward(s, none, g.fcprojw, g.fcprojb, dres3, fch_gelu, w.fcprojw);
-      ops::matmul_backward(s, input ? dln2 : none, weight ? g.fcw : none, weight && !fused ? g.fcb : none, dfch,
-                           act(A.ln2, Shape{BT, C}), w.fcw, /*overwrite_din=*/true);
-    } else {
-      const TensorView dfch_gelu = act(P.dfch_gelu, Shape{BT, 4 * Cl});
-      if (input) zero(dfch_gelu);
-      ops::matmul_backward(s, input ? dfch_gelu : none, weight ? g.fcprojw : none, none, dres3, fch_gelu, w.fcprojw);
-      TensorView ln2_all = act(A.ln2_all, Shape{BT, C});
-      if (input) {
-        zero(dfch);
-        ln2_all = start_all_rows(s, ws, act(A.ln2, Shape{R, C}), A.ln2_all, "tp ln_2");
-        ops::gelu_backward(s, dfch, fch, dfch_gelu);
-      }
-      dln2 = column_backward(s, ws, dfch, ln2_all, w.fcw, g.fcw, g.fcb, 0, "tp d ln_2", pass);
+    const TensorView dres3 = ws.row_backward_out(s, A.dres3, g(kFcprojb), "tp d mlp.c_proj", input);
+    // D = 1: c_proj's input gradient carried through the GELU in one op (a GEMM epilogue on GPUs),
+    // which also sums c_fc's bias gradient when this pass computes weight gradients too.
+    const TensorView dfch_gelu = ws.act(P.dfch_gelu, Shape{BT, 4 * Cl});
+    if (input && tp) zero(dfch_gelu);
+    if (input && !tp) ops::matmul_backward_dgelu(s, dfch, fused ? g(kFcb) : none, dres3, w(kFcprojw), fch);
+    if (weight || tp)
+      ops::matmul_backward(s, input && tp ? dfch_gelu : none, weight ? g(kFcprojw) : none, weight && !tp ? g(kFcprojb) : none,
+                           dres3, fch_gelu, w(kFcprojw));
+    TensorView ln2_all = ws.act(A.ln2_all, Shape{BT, C});
+    if (input && tp) {
+      zero(dfch);
+      ln2_all = ws.gather_rows(s, ws.act(A.ln2, Shape{R, C}), A.ln2_all, "tp ln_2");
+      ops::gelu_backward(s, dfch, fch, dfch_gelu);
     }
-    ln_back(s, ws, pass, dln2, act(A.residual2, Shape{R, C}), w.ln2w, g.ln2w, g.ln2b, f32(A.ln2_mean, Shape{R}),
-            f32(A.ln2_rstd, Shape{R}));
+    const TensorView dln2 =
+        ws.column_backward(s, dfch, ln2_all, w(kFcw), g(kFcw), fused && !tp ? none : g(kFcb), A.dln2, "tp d ln_2", pass);
+    ws.ln_back(s, pass, dln2, ws.act(A.residual2, Shape{R, C}), w(kLn2w), g(kLn2w), g(kLn2b), ws.f32(A.ln2_mean, Shape{R}),
+            ws.f32(A.ln2_rstd, Shape{R}));
 
     // residual2 = residual + c_proj(attention(c_attn(ln1(residual))))
-    const TensorView dres2 = row_backward_out(s, ws, dresidual, A.dres2, g.attprojb, "tp d attn.c_proj", input);
+    const TensorView dres2 = ws.row_backward_out(s, A.dres2, g(kAttprojb), "tp d attn.c_proj", input);
     // datty, dqkv (D = 1) and dln1 have no earlier writer in this layer: overwritten, no zero fill.
-    ops::matmul_backward(s, input ? datty : none, weight ? g.attprojw : none, weight && P.D == 1 ? g.attprojb : none,
-                         dres2, act(A.atty, Shape{BT, Cl}), w.attprojw, /*overwrite_din=*/true);
-    TensorView ln1_all = act(P.D == 1 ? A.ln1 : A.ln1_all, Shape{BT, C});
+    ops::matmul_backward(s, input ? datty : none, weight ? g(kAttprojw) : none, weight && P.D == 1 ? g(kAttprojb) : none,
+                         dres2, ws.act(A.atty, Shape{BT, Cl}), w(kAttprojw), /*overwrite_din=*/true);
+    TensorView ln1_all = ws.act(A.ln1_all, Shape{BT, C});
     if (input) {
-      if (P.D > 1) ln1_all = start_all_rows(s, ws, act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1"), zero(dqkv);
-      ops::flash_attention_backward(s, act(A.dqkv, Shape{P.B, P.T, 3 * Cl}), act(P.datty, Shape{P.B, P.T, Cl}),
-                                    act(A.qkv, Shape{P.B, P.T, 3 * Cl}), act(A.atty, Shape{P.B, P.T, Cl}),
-                                    f32(A.lse, Shape{P.B, P.NHl, P.T}), static_cast<int>(P.NHl),
-                                    f32(P.attn_scratch, Shape{P.attn_scratch_numel}),
+      if (P.D > 1) ln1_all = ws.gather_rows(s, ws.act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1"), zero(dqkv);
+      ops::flash_attention_backward(s, ws.act(A.dqkv, Shape{P.B, P.T, 3 * Cl}), ws.act(P.datty, Shape{P.B, P.T, Cl}),
+                                    ws.act(A.qkv, Shape{P.B, P.T, 3 * Cl}), ws.act(A.atty, Shape{P.B, P.T, Cl}),
+                                    ws.f32(A.lse, Shape{P.B, P.NHl, P.T}), static_cast<int>(P.NHl),
+                                    ws.f32(P.attn_scratch, Shape{P.attn_scratch_numel}),
                                     P.D == 1 ? ops::GradWrite::kOverwrite : ops::GradWrite::kAccumulate);
     }
-    const TensorView dln1 = column_backward(s, ws, dqkv, ln1_all, w.qkvw, g.qkvw, g.qkvb, A.dln1, "tp d ln_1", pass);
-    ln_back(s, ws, pass, dln1, res_in, w.ln1w, g.ln1w, g.ln1b, f32(A.ln1_mean, Shape{R}), f32(A.ln1_rstd, Shape{R}));
-  }
-
-  // A layernorm's backward from `dout`. D > 1: input passes only (its weight gradients go to the
-  // replicated scratch). D = 1: kInput sends its weight gradients to a discarded scratch, kWeight
-  // its input gradient (the kernel's weight gradients do not depend on the input gradient, so the
-  // split adds the fused bits).
-  void ln_back(Stream& s, GptWorkspace& ws, BackPass pass, TensorView dout, ConstTensorView in, ConstTensorView w,
-               TensorView gw, TensorView gb, ConstTensorView mean, ConstTensorView rstd) const {
-    const Plan& P = ws.plan;
-    const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput;
-    if (P.D > 1 && !input) return;
-    const TensorView scratch = ws.f32(P.ln_scratch, Shape{P.C});
-    ops::layernorm_backward(s, input ? ws.view(P.dresidual, Shape{P.R, P.C}) : ws.view(P.dln, Shape{P.R, P.C}),
-                            weight || P.D > 1 ? gw : scratch,
-                            weight || P.D > 1 ? gb : ws.f32(P.ln_scratch + 4 * P.C, Shape{P.C}), dout, in, w, mean, rstd);
+    const TensorView dln1 = ws.column_backward(s, dqkv, ln1_all, w(kQkvw), g(kQkvw), g(kQkvb), A.dln1, "tp d ln_1", pass);
+    ws.ln_back(s, pass, dln1, res_in, w(kLn1w), g(kLn1w), g(kLn1b), ws.f32(A.ln1_mean, Shape{R}), ws.f32(A.ln1_rstd, Shape{R}));
   }
 
   // Gradient views of block `block`'s tensors: the parameter gradients, except a tensor-parallel
@@ -749,104 +755,15 @@ class Gpt final : public Model {
   }
   // A block's backward is over: its replicated gradients summed over the group (input passes) and
   // added to the parameter gradients (weight passes).
+  // Without sequence parallelism every rank computed them from all rows.
   void block_done(Stream& s, GptWorkspace& ws, ParamAccess& p, int block, int64_t rep, BackPass pass) const {
-    if (pass != BackPass::kWeight) reduce_rep(s, ws, block, rep);
-    if (pass == BackPass::kInput) return;
-    add_rep(s, ws, p, block, rep);
-    p.after_backward(block);
-  }
-  void reduce_rep(Stream& s, GptWorkspace& ws, int block, int64_t rep) const {
-    if (!ws.plan.sp) return;  // every rank computed them from all rows (or D = 1)
-    const int64_t n = layout_.block(block).numel - map_.replicated_from(block);
-    ws.rank.run(s, TpRank::Op::kAllReduce, ws.f32(rep, Shape{round_up(n, ws.plan.D)}), "tp replicated grads");
-  }
-  void add_rep(Stream& s, GptWorkspace& ws, ParamAccess& p, int block, int64_t rep) const {
-    if (ws.plan.D == 1) return;
     const int64_t from = map_.replicated_from(block), n = layout_.block(block).numel - from;
-    ops::accumulate(s, TensorView{p.grads(block) + from, DType::kF32, Shape{n}, p.device_index()}, ws.f32(rep, Shape{n}));
-  }
-
-  static int64_t row0(const Plan& P, const TpRank& tr) { return P.sp ? tr.t * P.R : 0; }
-
-  // All B*T rows of the rank's rows `local` [R, C], at `dst`: an all-gather with sequence
-  // parallelism, started (finish_enter waits) or waited for; without it the rows themselves,
-  // copied when `dst` is another place (a split backward keeping a gradient that changes later).
-  TensorView start_all_rows(Stream& s, GptWorkspace& ws, TensorView local, int64_t dst, const char* tag,
-                            bool wait = false) const {
-    const Plan& P = ws.plan;
-    const TensorView all = ws.view(dst, Shape{P.B * P.T, P.C});
-    const TensorView mine = rows_of(all, row0(P, ws.rank), P.R);
-    if (mine.data != local.data) s.copy(mine.data, local.data, static_cast<size_t>(P.R * P.C * P.act_bytes));
-    if (P.sp) ws.rank.run(s, TpRank::Op::kAllGather, flat(all), tag, wait ? nullptr : ws.gathered.get());
-    return all;
-  }
-  TensorView all_rows(Stream& s, GptWorkspace& ws, TensorView local, int64_t dst, const char* tag) const {
-    return start_all_rows(s, ws, local, dst, tag, true);
-  }
-  void finish_enter(Stream& s, GptWorkspace& ws) const {
-    if (ws.plan.sp) s.wait(*ws.gathered);
-  }
-  // out [B*T, N] = (all rows of `local`) @ weight^T + bias: the rank's own rows while the gather
-  // runs, then the others.
-  void column_matmul(Stream& s, GptWorkspace& ws, TensorView out, TensorView local, ConstTensorView weight,
-                     ConstTensorView bias, const char* tag) const {
-    const Plan& P = ws.plan;
-    if (!P.sp) return ops::matmul_forward(s, out, local, weight, bias);
-    const TensorView all = start_all_rows(s, ws, local, P.full, tag);
-    const int64_t mine = ws.rank.t * P.R, BT = P.B * P.T;
-    ops::matmul_forward(s, rows_of(out, mine, P.R), rows_of(all, mine, P.R), weight, bias);
-    finish_enter(s, ws);
-    if (mine > 0) ops::matmul_forward(s, rows_of(out, 0, mine), rows_of(all, 0, mine), weight, bias);
-    if (mine + P.R < BT)
-      ops::matmul_forward(s, rows_of(out, mine + P.R, BT - mine - P.R), rows_of(all, mine + P.R, BT - mine - P.R), weight, bias);
-  }
-  // Backward of out = in_all @ weight^T + bias; returns the rank's rows of the input gradient
-  // (input passes). D = 1: one call (din at `dln_slot`, or the shared dln). D > 1, the input's
-  // gather started (start_all_rows): the input gradient first (it does not read in_all), its
-  // reduction over the group started, then the weight and bias gradients under it.
-  TensorView column_backward(Stream& s, GptWorkspace& ws, TensorView dout, TensorView in_all, TensorView weight,
-                             TensorView dweight, TensorView dbias, int64_t dln_slot, const char* tag, BackPass pass) const {
-    const Plan& P = ws.plan;
-    const bool input = pass != BackPass::kWeight, weight_pass = pass != BackPass::kInput;
-    if (P.D == 1) {
-      const TensorView din = ws.view(dln_slot, Shape{P.R, P.C});
-      ops::matmul_backward(s, input ? din : TensorView{}, weight_pass ? dweight : TensorView{},
-                           weight_pass ? dbias : TensorView{}, dout, in_all, weight, /*overwrite_din=*/true);
-      return din;
-    }
-    if (!input) return ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight), TensorView{};
-    const TensorView din = ws.view(P.full2, Shape{P.B * P.T, P.C});
-    ops::matmul_backward(s, din, TensorView{}, TensorView{}, dout, in_all, weight, /*overwrite_din=*/true);
-    ws.rank.run(s, P.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat(din), tag, ws.reduced.get());
-    finish_enter(s, ws);
-    if (weight_pass) ops::matmul_backward(s, TensorView{}, dweight, dbias, dout, in_all, weight);
-    s.wait(*ws.reduced);
-    return P.sp ? rows_of(din, ws.rank.t * P.R, P.R) : din;
-  }
-  // The rank's rows of a row-parallel matmul's output (or the embedding's): D = 1 the matmul with
-  // its bias; D > 1 its partial sums over all rows, reduce-scattered (all-reduced without sequence
-  // parallelism) before the replicated bias is added.
-  TensorView row_matmul(Stream& s, GptWorkspace& ws, TensorView in, ConstTensorView weight, ConstTensorView bias,
-                        const char* tag) const {
-    const TensorView full = ws.view(ws.plan.full, Shape{ws.plan.B * ws.plan.T, ws.plan.C});
-    if (ws.plan.D == 1) return ops::matmul_forward(s, full, in, weight, bias), full;
-    ops::matmul_forward(s, full, in, weight, ConstTensorView{});
-    const TensorView out = leave(s, ws, full, tag);
-    ops::bias_forward(s, out, bias);
-    return out;
-  }
-  TensorView leave(Stream& s, GptWorkspace& ws, TensorView partial, const char* tag) const {
-    const Plan& P = ws.plan;
-    ws.rank.run(s, P.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat(partial), tag);
-    return P.sp ? rows_of(partial, ws.rank.t * P.R, P.R) : partial;
-  }
-  // The output gradient (all rows) a row-parallel matmul's backward reads, at `slot` when a split
-  // backward keeps it; a tensor-parallel input pass first sums the replicated bias's gradient.
-  TensorView row_backward_out(Stream& s, GptWorkspace& ws, TensorView dresidual, int64_t slot, TensorView dbias,
-                              const char* tag, bool input) const {
-    if (!input) return ws.view(slot, Shape{ws.plan.B * ws.plan.T, ws.plan.C});
-    if (ws.plan.D > 1) ops::bias_backward(s, dbias, dresidual);
-    return all_rows(s, ws, dresidual, slot, tag);
+    if (pass != BackPass::kWeight && ws.plan.sp)
+      ws.rank.run(s, TpRank::Op::kAllReduce, ws.f32(rep, Shape{round_up(n, ws.plan.D)}), "tp replicated grads");
+    if (pass == BackPass::kInput) return;
+    if (ws.plan.D > 1)
+      ops::accumulate(s, TensorView{p.grads(block) + from, DType::kF32, Shape{n}, p.device_index()}, ws.f32(rep, Shape{n}));
+    p.after_backward(block);
   }
 
   // The dtype this model computes in on `p` (param_compute_dtype).
@@ -854,15 +771,6 @@ class Gpt final : public Model {
   // Parameters in the compute dtype; gradients are fp32.
   TensorView param(ParamAccess& p, int block, int idx) const { return block_param(layout_, activations_, p, block, idx); }
   TensorView grad(ParamAccess& p, int block, int idx) const { return block_grad(layout_, p, block, idx); }
-  // A layer's tensors by logical index k, at(local index).
-  LayerParams views(const std::function<TensorView(int)>& at) const {
-    TensorView v[12];
-    for (int k = 0; k < 12; ++k) v[k] = at(slot_[k]);
-    return LayerParams{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
-  }
-  LayerParams layer_params(ParamAccess& p, int block) const {
-    return views([&](int i) { return param(p, block, i); });
-  }
 
   ModelConfig config_;
   Recompute recompute_;

@@ -168,47 +168,36 @@ struct TensorParallel {
   const Mesh* mesh = nullptr;
 };
 
-// `recompute` changes what the workspace keeps and what backward() re-runs, never the results
-// (with or without tensor parallelism). tp.degree > 1: GPT only (one GPT, model/gpt.cc: a plain
-// GPT is its tensor group of one).
-// activations: f32, or bf16/f16 for the MLP and the GPT, with or without tensor parallelism:
-// activations, saved tensors, activation gradients, logits and GEMM inputs
-// in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
-// gradients in fp32 (the ops' rounding rules, kernels/ops.h). With tensor parallelism the
-// collectives inside the layers (gathered layernorm outputs, the row-parallel partial sums, the
-// gathered logits row) move the 16-bit type too; their sums accumulate in fp32 and round once per
-// ring hop (comm/communicator.h), as Megatron sums them in bf16. A 16-bit GPT computes in the 16-bit
-// type its parameters come in (ParamAccess::param_dtype; bf16 and f16 take the same bytes), so an
-// engine switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
+// `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
+// tp.degree > 1: GPT only (model/gpt.cc: one GPT, a plain GPT being its tensor group of one).
+// activations: f32, or bf16/f16 (MLP and GPT): activations, saved tensors, activation gradients,
+// logits, GEMM inputs and what the tensor collectives move in 16 bits (their sums accumulate in
+// fp32 and round once per ring hop, comm/communicator.h, as Megatron sums in bf16); layernorm
+// statistics, lse, losses, reductions and parameter gradients fp32 (kernels/ops.h). A 16-bit model
+// computes in the 16-bit type its parameters come in (ParamAccess::param_dtype), so an engine
+// switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
 // The activation dtype a training run's model computes in: the working dtype (bf16/f16) for every
 // model (the MLP, and the GPT whole, tensor-parallel or a pipeline stage), else f32.
 DType run_activation_dtype(const ModelConfig& config, DType working, int tensor_degree, int pipeline_degree);
 
-// A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
-// tp.degree > 1: the stage of the tensor-parallel GPT, built once per stage and run by every rank
-// of the stage's tensor groups (each workspace finds its device's tensor group in tp.comm/tp.mesh,
-// so the mesh may have data and pipeline axes too). Its contract with tensor parallelism:
+// A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each), in
+// fp32 or 16 bits as make_model's GPT. tp.degree > 1: built once per stage and run by every rank of
+// the stage's tensor groups (each workspace finds its device's group in tp.comm/tp.mesh, so the mesh
+// may have data and pipeline axes too). The contract:
 //  - What crosses stages (stage_input/stage_output/stage_gradient) is the rank's part of the
 //    residual stream, sent to the rank of the same tensor coordinate on the neighbouring stage:
-//    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened
-//    [B*T, C] activations, Megatron's scatter-gather for free), without it all of them, [B, T, C],
-//    equal on every rank of the tensor group.
-//  - layout() holds the rank's shards: block b is, tensor for tensor, the same as block
-//    logical_block(b) of the whole tensor-parallel model (make_model(config, kNone, tp)'s layout,
-//    whose blocks are numbered as gpt_layout's: 0 embeddings, 1..L layers, L+1 ln_f); the last
-//    stage's tied LM head is such a copy of block 0 (wte's vocabulary shard and wpe). tensor_map()
-//    maps the stage's local blocks onto gpt_layout (logical = the whole one-device layout), so
-//    tensor_map()->local_block(t, b, logical_blocks) is block b of tensor rank t, and the head
-//    copy's gradient is summed element for element with block 0's gradient of the first stage's
-//    rank at the same tensor coordinate (wpe's part of the copy gets no gradient).
-//  - backward_input runs every tensor-group collective of the backward, backward_weight none
-//    (only the rank's weight-gradient matmuls and additions), so a tensor group's collectives keep
-//    one order on every rank under zb-h1; split and fused backward add the same bits.
-// activations: f32, or bf16/f16 (with or without tensor parallelism); the stage then computes as
-// make_model's 16-bit GPT does, and what crosses stages (stage_input/stage_output/stage_gradient)
-// is 16-bit.
+//    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened [B*T, C]
+//    activations), else all of them, [B, T, C], equal on every rank of the tensor group.
+//  - layout() block b is, tensor for tensor, block logical_block(b) of the whole model
+//    (make_model(config, kNone, tp)'s layout, numbered as gpt_layout's); the last stage's tied LM
+//    head is such a copy of block 0, whose gradient is summed element for element with block 0's
+//    of the first stage's rank at the same tensor coordinate (wpe's part gets none). tensor_map()
+//    maps the stage's blocks onto gpt_layout: local_block(t, b, logical) is block b of rank t.
+//  - backward_input runs every tensor-group collective of the backward, backward_weight none, so a
+//    tensor group's collectives keep one order on every rank under zb-h1; split and fused backward
+//    add the same bits.
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
                                       Recompute recompute = Recompute::kNone, const TensorParallel& tp = {},
                                       DType activations = DType::kF32);
