@@ -122,11 +122,11 @@ struct Plan {
   int64_t f32(int64_t n) { return add_bytes(n * 4); }
 
   // rep_max / rep_layer: the largest replicated tail of any local block / of a layer block (D > 1).
-  Plan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, int degree, bool sequence, int64_t rep_max,
-       int64_t rep_layer, int64_t layer_count, bool head_, bool embedding, bool split_, DType activations)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(layer_count), V(c.vocab), Vp(padded_vocab(c.vocab, degree)), D(degree),
-        R(sequence && degree > 1 ? B_ * T_ / degree : B_ * T_), Cl(C / D), NHl(NH / D), recompute(r),
-        sp(sequence && degree > 1), head(head_), split(split_), act_bytes(static_cast<int64_t>(dtype_size(activations))) {
+  Plan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, const TensorParallel& tp, int64_t rep_max,
+       int64_t rep_layer, const GptChunk& k, bool split_, DType activations)
+      : B(B_), T(T_), C(c.embd), NH(c.heads), L(k.layers), V(c.vocab), Vp(padded_vocab(c.vocab, tp.degree)), D(tp.degree),
+        R(tp.sequence && D > 1 ? B * T / D : B * T), Cl(C / D), NHl(NH / D), recompute(r), sp(tp.sequence && D > 1),
+        head(k.head), split(split_), act_bytes(static_cast<int64_t>(dtype_size(activations))) {
     const int64_t BT = B * T, RC = R * C, lse = B * NHl * T;
     encoded = act(RC);
     layers.resize(static_cast<size_t>(L));
@@ -173,8 +173,8 @@ struct Plan {
     if (D == 1 && split) ln_scratch = f32(2 * C);
     if (head) dlnf = D == 1 && split ? act(RC) : dln;
     if (D > 1 && head) lnf_all = all_rows(lnf), lnf_rep = split ? f32(round_up(rep_max, D)) : rep;
-    if (embedding) demb_all = D > 1 && split ? act(BT * C) : dres_all;
-    if (D > 1 && embedding) emb_rep = split ? f32(round_up(rep_max, D)) : rep;
+    if (k.embedding) demb_all = D > 1 && split ? act(BT * C) : dres_all;
+    if (D > 1 && k.embedding) emb_rep = split ? f32(round_up(rep_max, D)) : rep;
   }
 };
 
@@ -182,8 +182,7 @@ struct Plan {
 struct TpRank {
   Communicator* comm = nullptr;
   CommGroup group;
-  int rank = 0;  // communicator rank
-  int t = 0;     // coordinate on the tensor axis = position in the group
+  int rank = 0, t = 0;  // communicator rank; coordinate on the tensor axis = position in the group
 
   enum class Op { kAllGather, kReduceScatter, kAllReduce };
   // A collective on the comm stream after everything `s` issued; `s` waits for it, or with `done`
@@ -216,11 +215,9 @@ class GptWorkspace final : public Workspace {
   int B() const override { return static_cast<int>(plan.B); }
   int T() const override { return static_cast<int>(plan.T); }
   TensorView losses() override { return plan.head ? f32(plan.losses, Shape{plan.B * plan.T}) : TensorView{}; }
-  // [B*T, Vp/D] (the rank's shard of the padded vocabulary): columns >= V are padding (never a
-  // logit; dlogits 0 after a train forward).
+  // [B*T, Vp/D], the rank's shard of the padded vocabulary (columns >= V: padding, dlogits 0).
   TensorView logits() override { return plan.head ? act(plan.logits, Shape{plan.B * plan.T, plan.Vp / plan.D}) : TensorView{}; }
-  // The real vocabulary's V logits only (a padded id is never sampled), gathered over the group
-  // (every rank calls it); 16-bit logits are widened exactly on the device first.
+  // The real V logits (a padded id is never sampled), gathered over the group, widened on the device.
   void read_logits_row(Stream& s, int row_index, float* out) override {
     ZT_CHECK(plan.head, "logits of a pipeline chunk without the LM head");
     const int64_t Vl = plan.Vp / plan.D, bytes = plan.act_bytes;
@@ -233,18 +230,15 @@ class GptWorkspace final : public Workspace {
     if (dtype != DType::kF32) ops::cast(s, f32(plan.row_wide, Shape{plan.V}), act(src, Shape{plan.V})), src = plan.row_wide;
     s.copy(out, buf.as<char>() + src, static_cast<size_t>(plan.V) * sizeof(float));
   }
-  // What crosses pipeline stages is the rank's residual stream (model.h): its rows [B*T/D, C] with
-  // sequence parallelism, else all of them [B, T, C].
+  // What crosses pipeline stages: the rank's residual stream (make_gpt_stage).
   TensorView stage_input() override { return embedding ? TensorView{} : residual(plan.encoded); }
   TensorView stage_output() override { return plan.head ? TensorView{} : residual(plan.layers.back().residual3); }
   TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual(plan.dresidual); }
   size_t bytes() const override { return buf.size(); }
   double take_recompute_seconds() override { return recompute_s.exchange(0.0); }
-  // Brackets a backward's recompute ops with stream callbacks, so that the time counted is when
-  // the stream ran them (the host only enqueues them). Both callbacks run in stream order.
+  // Stream callbacks around a backward's recompute ops: the time counted is when the stream ran them.
   void recompute_begin(Stream& s) { s.host_func([this] { recompute_start = now(); }); }
   void recompute_end(Stream& s) { s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); }); }
-
   // An activation (the workspace's activation dtype) or an fp32 tensor at byte offset `off`.
   TensorView act(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
   TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
@@ -253,9 +247,8 @@ class GptWorkspace final : public Workspace {
   int64_t row0() const { return plan.sp ? rank.t * plan.R : 0; }  // the first of the rank's rows
 
   // ---- the tensor group's layers (D = 1: the plain ops, no collective) ----
-  // All B*T rows of the rank's rows `local` [R, C], at `dst`: an all-gather with sequence
-  // parallelism, started (the stream waits on `gathered` later) or waited for; without it the rows
-  // themselves, copied when `dst` is another place (a split backward keeping a gradient).
+  // All B*T rows of the rank's rows `local` [R, C] at `dst`: an all-gather with sequence parallelism,
+  // started (the stream waits on `gathered` later) or waited for; else `local`, copied if elsewhere.
   TensorView gather_rows(Stream& s, TensorView local, int64_t dst, const char* tag, bool wait = false) {
     const TensorView all = all_rows(dst), mine = rows_of(all, row0(), plan.R);
     if (mine.data != local.data) s.copy(mine.data, local.data, static_cast<size_t>(plan.R * plan.C * plan.act_bytes));
@@ -274,10 +267,9 @@ class GptWorkspace final : public Workspace {
     if (mine > 0) ops::matmul_forward(s, rows_of(out, 0, mine), rows_of(all, 0, mine), weight, bias);
     if (rest > 0) ops::matmul_forward(s, rows_of(out, mine + R, rest), rows_of(all, mine + R, rest), weight, bias);
   }
-  // Backward of out = in_all @ weight^T + bias; returns the rank's rows of the input gradient
-  // (input passes). D = 1: one call, din at `din_slot`. D > 1, the input's gather started: the input
-  // gradient first (it does not read in_all), its reduction over the group started, then the weight
-  // and bias gradients under it.
+  // Backward of out = in_all @ weight^T + bias, returning the rank's rows of the input gradient.
+  // D = 1: one call, din at `din_slot`. D > 1, in_all's gather started: the input gradient first (it
+  // does not read in_all), its reduction started, then the weight and bias gradients under it.
   TensorView column_backward(Stream& s, TensorView dout, TensorView in_all, TensorView weight, TensorView dweight,
                              TensorView dbias, int64_t din_slot, const char* tag, BackPass pass) {
     const bool input = pass != BackPass::kWeight, weights = pass != BackPass::kInput;
@@ -294,14 +286,12 @@ class GptWorkspace final : public Workspace {
     s.wait(*reduced);
     return plan.sp ? rows_of(din, row0(), plan.R) : din;
   }
-  // Partial sums over all rows [B*T, C] (a row-parallel matmul's, the embedding's) -> their sum on
-  // the rank's rows: reduce-scatter (all-reduce without sequence parallelism).
+  // Partial sums over all rows [B*T, C] -> their sum on the rank's rows (reduce-scatter or all-reduce).
   TensorView leave(Stream& s, TensorView partial, const char* tag) {
     rank.run(s, plan.sp ? TpRank::Op::kReduceScatter : TpRank::Op::kAllReduce, flat(partial), tag);
     return plan.sp ? rows_of(partial, row0(), plan.R) : partial;
   }
-  // The rank's rows of a row-parallel matmul's output: D = 1 the matmul with its bias; D > 1 its
-  // partial sums, left (leave) before the replicated bias is added.
+  // The rank's rows of a row-parallel matmul's output (D > 1: its partial sums left, then the bias).
   TensorView row_matmul(Stream& s, TensorView in, ConstTensorView weight, ConstTensorView bias, const char* tag) {
     const TensorView full = all_rows(plan.full);
     if (plan.D == 1) return ops::matmul_forward(s, full, in, weight, bias), full;
@@ -310,18 +300,17 @@ class GptWorkspace final : public Workspace {
     ops::bias_forward(s, out, bias);
     return out;
   }
-  // All rows of the output gradient a row-parallel matmul's backward reads, at `slot` when a split
-  // backward keeps it; a tensor-parallel input pass first sums the replicated bias's gradient.
+  // All rows of a row-parallel matmul's output gradient, at `slot` when a split backward keeps it;
+  // D > 1 input passes first sum the replicated bias's gradient.
   TensorView row_backward_out(Stream& s, int64_t slot, TensorView dbias, const char* tag, bool input) {
     if (!input) return all_rows(slot);
     const TensorView dresidual = act(plan.dresidual, Shape{plan.R, plan.C});
     if (plan.D > 1) ops::bias_backward(s, dbias, dresidual);
     return gather_rows(s, dresidual, slot, tag, true);
   }
-  // A layernorm's backward from `dout` into dresidual. D > 1: input passes only (the weight
-  // gradients go to the replicated scratch). D = 1: kInput sends the weight gradients to a discarded
-  // scratch, kWeight the input gradient (the kernel's weight gradients do not depend on the input
-  // gradient, so the split adds the fused bits).
+  // A layernorm's backward from `dout` into dresidual. D > 1: input passes only (weight gradients
+  // go to the replicated scratch). D = 1: kInput sends weight gradients to a discarded scratch,
+  // kWeight the input gradient (neither depends on the other: the split adds the fused bits).
   void ln_back(Stream& s, BackPass pass, TensorView dout, ConstTensorView in, ConstTensorView w, TensorView gw,
                TensorView gb, ConstTensorView mean, ConstTensorView rstd) {
     const bool input = pass != BackPass::kWeight, keep = pass != BackPass::kInput || plan.D > 1;
@@ -333,10 +322,8 @@ class GptWorkspace final : public Workspace {
 
   Plan plan;
   int chunk;
-  bool embedding;
-  // f32, or for a 16-bit model the 16-bit type of the parameters of the last forward
-  // (Gpt::compute_dtype; bf16 and f16 take the same bytes).
-  DType dtype;
+  bool embedding;  // the chunk embeds tokens (no stage input)
+  DType dtype;  // f32, or the 16-bit type of the last forward's parameters (Gpt::compute_dtype)
   int device;
   DeviceBuffer buf;
   // Recorded on the comm stream right after a collective the compute stream waits for later.
@@ -351,8 +338,7 @@ class GptWorkspace final : public Workspace {
 
 class Gpt final : public Model {
  public:
-  // The whole model (spec null: one chunk), or a pipeline stage: its layout holds the rank's shards
-  // of the logical blocks it runs (make_gpt_stage).
+  // The whole model (spec null: one chunk), or a pipeline stage (make_gpt_stage).
   Gpt(const ModelConfig& c, Recompute r, const TensorParallel& tp, DType activations, const PipelineStageSpec* spec)
       : config_(c), recompute_(r), tp_(tp), activations_(activations), split_(spec && spec->split_backward),
         whole_(gpt_layout(c)) {
@@ -477,20 +463,18 @@ class Gpt final : public Model {
     ops::vocab_partials(s, ws.f32(P.stat_part + tr.t * 2 * BT * 4, Shape{2, BT}), logits, gmax, targets, vocab);
     tr.run(s, TpRank::Op::kAllGather, ws.f32(P.stat_part, Shape{P.D * 2 * BT}), "tp logits sums");
     ops::reduce_slices(s, ws.f32(P.gsum, Shape{2 * BT}), ws.f32(P.stat_part, Shape{P.D, 2 * BT}), ops::SliceReduce::kSum);
-    ops::vocab_loss_grad(s, logits, ws.f32(P.losses, Shape{BT}), gmax, ws.f32(P.gsum, Shape{BT}), ws.f32(P.gsum + BT * 4, Shape{BT}),
-                         targets, vocab, dloss, train, batch.loss_scale);
+    ops::vocab_loss_grad(s, logits, ws.f32(P.losses, Shape{BT}), gmax, ws.f32(P.gsum, Shape{BT}),
+                         ws.f32(P.gsum + BT * 4, Shape{BT}), targets, vocab, dloss, train, batch.loss_scale);
   }
 
-  void backward(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
-    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kFused);
+  void backward(Stream& s, ParamAccess& p, Workspace& w, const Batch& b) const override {
+    backprop(s, p, w, b, BackPass::kFused);
   }
-  void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
-    ZT_CHECK(split_, "backward_input on a model made without split_backward");
-    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kInput);
+  void backward_input(Stream& s, ParamAccess& p, Workspace& w, const Batch& b) const override {
+    backprop(s, p, w, b, BackPass::kInput);
   }
-  void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const override {
-    ZT_CHECK(split_, "backward_weight on a model made without split_backward");
-    backward_pass(s, p, static_cast<GptWorkspace&>(ws), batch, BackPass::kWeight);
+  void backward_weight(Stream& s, ParamAccess& p, Workspace& w, const Batch& b) const override {
+    backprop(s, p, w, b, BackPass::kWeight);
   }
 
  private:
@@ -506,26 +490,22 @@ class Gpt final : public Model {
       layout_.add_tensor(block, g.name, shape, g.init, g.init_std, g.weight_decay, init_numel);
       map_.places[static_cast<size_t>(block)].push_back({lb, li, split});
     };
+    using enum TensorSplit;
     if (lb == 0) {
-      add(0, Shape{padded_vocab(config_.vocab, D) / D, C}, TensorSplit::kRows, D == 1 ? tensors[0].numel : -1);
-      add(1, tensors[1].shape, TensorSplit::kReplicated);
+      add(0, Shape{padded_vocab(config_.vocab, D) / D, C}, kRows, D == 1 ? tensors[0].numel : -1);
+      add(1, tensors[1].shape, kReplicated);
     } else if (lb <= config_.layers && D > 1) {
-      add(kQkvw, Shape{3 * C / D, C}, TensorSplit::kQkvRows);
-      add(kQkvb, Shape{3 * C / D}, TensorSplit::kQkvRows);
-      add(kAttprojw, Shape{C, C / D}, TensorSplit::kCols);
-      add(kFcw, Shape{4 * C / D, C}, TensorSplit::kRows);
-      add(kFcb, Shape{4 * C / D}, TensorSplit::kRows);
-      add(kFcprojw, Shape{C, 4 * C / D}, TensorSplit::kCols);
-      for (int k = 6; k < 12; ++k) add(kTpOrder[k], Shape{C}, TensorSplit::kReplicated);
+      add(kQkvw, Shape{3 * C / D, C}, kQkvRows), add(kQkvb, Shape{3 * C / D}, kQkvRows);
+      add(kAttprojw, Shape{C, C / D}, kCols), add(kFcw, Shape{4 * C / D, C}, kRows), add(kFcb, Shape{4 * C / D}, kRows);
+      add(kFcprojw, Shape{C, 4 * C / D}, kCols);
+      for (int k = 6; k < 12; ++k) add(kTpOrder[k], Shape{C}, kReplicated);
     } else {
-      for (size_t i = 0; i < tensors.size(); ++i) add(static_cast<int>(i), tensors[i].shape, TensorSplit::kReplicated);
+      for (size_t i = 0; i < tensors.size(); ++i) add(static_cast<int>(i), tensors[i].shape, kReplicated);
     }
     return block;
   }
 
-  // A stage's chunks, taking local blocks in layout order: the embeddings if a chunk embeds, each
-  // chunk's layers, then ln_f and (when the stage does not also embed) the tied LM head's copy of
-  // block 0 (the Megatron arrangement: its gradient is summed with the first stage's).
+  // A stage's chunks, taking local blocks in the layout order PipelineStageSpec states.
   std::vector<GptChunk> stage_chunks(const PipelineStageSpec& spec) {
     std::vector<GptChunk> chunks;
     bool embeds = false, heads = false;
@@ -549,9 +529,7 @@ class Gpt final : public Model {
 
   Plan plan(int B, int T, int chunk) const {
     ZT_CHECK(chunk >= 0 && chunk < chunks(), "chunk ", chunk, " of a ", chunks(), "-chunk model");
-    const GptChunk& k = chunks_[static_cast<size_t>(chunk)];
-    return Plan(config_, B, T, recompute_, tp_.degree, tp_.sequence, rep_max_, rep_layer_, k.layers, k.head, k.embedding,
-                split_, activations_);
+    return Plan(config_, B, T, recompute_, tp_, rep_max_, rep_layer_, chunks_[static_cast<size_t>(chunk)], split_, activations_);
   }
 
   TpRank rank_of(int device) const {
@@ -564,13 +542,13 @@ class Gpt final : public Model {
     return {};
   }
 
-  // One chunk's backward. kFused is backward(); kInput computes the chain of input gradients
-  // through the chunk, runs every collective and keeps what the weight gradients read (Plan);
-  // kWeight adds every parameter gradient from those, on the rank alone, so a tensor group's
-  // collectives keep one order whatever a schedule puts between them. kInput writes no parameter
-  // gradient (a sharding engine reduces a block's gradient once, after its kWeight). Hooks: kFused
+  // One chunk's backward. kFused is backward(); kInput runs the chain of input gradients and every
+  // collective, keeping what the weight gradients read (Plan); kWeight adds every parameter gradient
+  // on the rank alone (a sharding engine reduces a block's gradient once, after it). Hooks: kFused
   // and kInput call before_backward, kFused and kWeight after_backward.
-  void backward_pass(Stream& s, ParamAccess& p, GptWorkspace& ws, const Batch& batch, BackPass pass) const {
+  void backprop(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, BackPass pass) const {
+    ZT_CHECK(split_ || pass == BackPass::kFused, "a split backward on a model made without split_backward");
+    auto& ws = static_cast<GptWorkspace&>(wsb);
     const Plan& P = ws.plan;
     const GptChunk& K = chunks_[static_cast<size_t>(ws.chunk)];
     const TpRank& tr = ws.rank;
@@ -581,7 +559,6 @@ class Gpt final : public Model {
     const TensorView none{};
     // Without a head the gradient of the chunk's output rows was received into dresidual.
     const TensorView dresidual = ws.act(P.dresidual, Shape{P.R, C});
-
     if (K.head) {  // LM head: logits = lnf @ wte^T (dlogits were left in the logits by the forward)
       if (input) {
         ops::fill(s, dresidual, 0.0f);
@@ -607,14 +584,12 @@ class Gpt final : public Model {
               ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}));
       block_done(s, ws, p, K.lnf_block, P.lnf_rep, pass);
     }
-
     for (int l = K.layers - 1; l >= 0; --l) {
       const int b = K.layer_blocks[static_cast<size_t>(l)];
       if (input) p.before_backward(b);
       layer_backward(s, ws, p, l, b, pass);
       block_done(s, ws, p, b, P.layers[static_cast<size_t>(l)].rep, pass);
     }
-
     if (!K.embedding) return;  // dresidual now holds the gradient of the chunk's input rows
     // D > 1: positions from the rank's rows (summed over the group), tokens of its shard from all rows.
     if (input) p.before_backward(K.emb_block);
@@ -672,7 +647,7 @@ class Gpt final : public Model {
     ops::add(s, ws.act(A.residual3, Shape{R, C}), res2, ws.row_matmul(s, fch_gelu, w(kFcprojw), w(kFcprojb), "tp mlp.c_proj"));
   }
 
-  // Layer l's backward (see backward_pass for the passes); a tensor-parallel layer's replicated
+  // Layer l's backward (see backprop for the passes); a tensor-parallel layer's replicated
   // gradients go to its scratch (block_done sums and adds them).
   void layer_backward(Stream& s, GptWorkspace& ws, ParamAccess& p, int l, int blk, BackPass pass) const {
     const Plan& P = ws.plan;
@@ -680,7 +655,6 @@ class Gpt final : public Model {
     const bool input = pass != BackPass::kWeight, weight = pass != BackPass::kInput, fused = pass == BackPass::kFused;
     const bool tp = P.D > 1;
     const TensorView none{};
-    auto zero = [&](TensorView v) { ops::fill(s, v, 0.0f); };
     const auto& A = P.layers[static_cast<size_t>(l)];
     const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
     const TensorView dresidual = ws.act(P.dresidual, Shape{R, C});
@@ -700,20 +674,19 @@ class Gpt final : public Model {
     const TensorView dfch = ws.act(A.dfch, Shape{BT, 4 * Cl}), datty = ws.act(P.datty, Shape{BT, Cl});
     const TensorView dqkv = ws.act(A.dqkv, Shape{BT, 3 * Cl}), fch = ws.act(A.fch, Shape{BT, 4 * Cl});
     const TensorView fch_gelu = ws.act(A.fch_gelu, Shape{BT, 4 * Cl});
-
     // residual3 = residual2 + c_proj(gelu(c_fc(ln2(residual2))))
     const TensorView dres3 = ws.row_backward_out(s, A.dres3, g(kFcprojb), "tp d mlp.c_proj", input);
     // D = 1: c_proj's input gradient carried through the GELU in one op (a GEMM epilogue on GPUs),
     // which also sums c_fc's bias gradient when this pass computes weight gradients too.
     const TensorView dfch_gelu = ws.act(P.dfch_gelu, Shape{BT, 4 * Cl});
-    if (input && tp) zero(dfch_gelu);
+    if (input && tp) ops::fill(s, dfch_gelu, 0.0f);
     if (input && !tp) ops::matmul_backward_dgelu(s, dfch, fused ? g(kFcb) : none, dres3, w(kFcprojw), fch);
     if (weight || tp)
       ops::matmul_backward(s, input && tp ? dfch_gelu : none, weight ? g(kFcprojw) : none, weight && !tp ? g(kFcprojb) : none,
                            dres3, fch_gelu, w(kFcprojw));
     TensorView ln2_all = ws.act(A.ln2_all, Shape{BT, C});
     if (input && tp) {
-      zero(dfch);
+      ops::fill(s, dfch, 0.0f);
       ln2_all = ws.gather_rows(s, ws.act(A.ln2, Shape{R, C}), A.ln2_all, "tp ln_2");
       ops::gelu_backward(s, dfch, fch, dfch_gelu);
     }
@@ -721,7 +694,6 @@ class Gpt final : public Model {
         ws.column_backward(s, dfch, ln2_all, w(kFcw), g(kFcw), fused && !tp ? none : g(kFcb), A.dln2, "tp d ln_2", pass);
     ws.ln_back(s, pass, dln2, ws.act(A.residual2, Shape{R, C}), w(kLn2w), g(kLn2w), g(kLn2b), ws.f32(A.ln2_mean, Shape{R}),
             ws.f32(A.ln2_rstd, Shape{R}));
-
     // residual2 = residual + c_proj(attention(c_attn(ln1(residual))))
     const TensorView dres2 = ws.row_backward_out(s, A.dres2, g(kAttprojb), "tp d attn.c_proj", input);
     // datty, dqkv (D = 1) and dln1 have no earlier writer in this layer: overwritten, no zero fill.
@@ -729,7 +701,7 @@ class Gpt final : public Model {
                          dres2, ws.act(A.atty, Shape{BT, Cl}), w(kAttprojw), /*overwrite_din=*/true);
     TensorView ln1_all = ws.act(A.ln1_all, Shape{BT, C});
     if (input) {
-      if (P.D > 1) ln1_all = ws.gather_rows(s, ws.act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1"), zero(dqkv);
+      if (P.D > 1) ln1_all = ws.gather_rows(s, ws.act(A.ln1, Shape{R, C}), A.ln1_all, "tp ln_1"), ops::fill(s, dqkv, 0.0f);
       ops::flash_attention_backward(s, ws.act(A.dqkv, Shape{P.B, P.T, 3 * Cl}), ws.act(P.datty, Shape{P.B, P.T, Cl}),
                                     ws.act(A.qkv, Shape{P.B, P.T, 3 * Cl}), ws.act(A.atty, Shape{P.B, P.T, Cl}),
                                     ws.f32(A.lse, Shape{P.B, P.NHl, P.T}), static_cast<int>(P.NHl),
@@ -753,9 +725,8 @@ class Gpt final : public Model {
     }
     return g;
   }
-  // A block's backward is over: its replicated gradients summed over the group (input passes) and
-  // added to the parameter gradients (weight passes).
-  // Without sequence parallelism every rank computed them from all rows.
+  // A block's backward is over: its replicated gradients summed over the group (input passes; without
+  // sequence parallelism every rank computed them from all rows) and added (weight passes).
   void block_done(Stream& s, GptWorkspace& ws, ParamAccess& p, int block, int64_t rep, BackPass pass) const {
     const int64_t from = map_.replicated_from(block), n = layout_.block(block).numel - from;
     if (pass != BackPass::kWeight && ws.plan.sp)
@@ -787,9 +758,8 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, const TensorParallel& tp,
-                                DType activations) {
-  return std::make_unique<Gpt>(config, recompute, tp, activations, nullptr);
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, Recompute r, const TensorParallel& tp, DType activations) {
+  return std::make_unique<Gpt>(c, r, tp, activations, nullptr);
 }
 
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage, Recompute recompute,

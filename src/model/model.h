@@ -66,8 +66,8 @@ class Workspace {
   virtual int T() const = 0;
   // Per-position losses of the last forward: [B*T] (GPT) or [B] (MLP), nats.
   virtual TensorView losses() = 0;
-  // Logits of the last forward when it ran with train=false: [B*T, Vp] (GPT: the vocabulary padded
-  // to a multiple of 128, columns >= V padding) or [B, classes]. read_logits_row reads real ids only.
+  // Logits of the last forward when it ran with train=false: [B*T, Vp/D] (GPT: the rank's shard of
+  // the padded vocabulary, columns >= V padding) or [B, classes]. read_logits_row reads real ids.
   virtual TensorView logits() = 0;
   virtual size_t bytes() const = 0;
   // Seconds the device stream spent re-running forward ops inside backward() (--recompute) since
@@ -77,13 +77,10 @@ class Workspace {
   // memory `out` (vocab floats), ready when `s` has run. A tensor-parallel workspace gathers the
   // rank's vocabulary shards first (a tensor-group collective: every rank of the group calls it).
   virtual void read_logits_row(Stream& s, int row, float* out);
-  // Pipeline stage models (make_gpt_stage): a workspace serves one chunk of the stage. The
-  // activation the chunk reads instead of embedding tokens ([B, T, C], filled by the pipeline's
-  // receive before forward), the activation forward leaves for the next chunk, and the gradient
-  // with respect to that output (received before backward; backward turns it, in place, into the
-  // gradient with respect to the chunk's input, what the previous chunk receives). Empty views
-  // where the chunk has no such neighbour (and for whole models). A tensor-parallel stage's are
-  // the rank's part of the residual stream (make_gpt_stage).
+  // Pipeline stages (make_gpt_stage): a workspace serves one chunk. The activation it reads instead
+  // of embedding tokens (received before forward), the one forward leaves for the next chunk, and
+  // the gradient with respect to that (received before backward, turned in place into the gradient
+  // with respect to the chunk's input). Empty where the chunk has no such neighbour.
   virtual TensorView stage_input() { return {}; }
   virtual TensorView stage_output() { return {}; }
   virtual TensorView stage_gradient() { return {}; }
@@ -94,10 +91,8 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
-  // The dtype of the activations, saved tensors, activation gradients and GEMM inputs: f32, or
-  // the 16-bit type (bf16/f16) chosen at make_model; see make_model. A 16-bit model reads its
-  // parameters through ParamAccess::param_data in a 16-bit param_dtype(), so an engine hands it
-  // its working buffers as they are instead of widening them to fp32.
+  // The dtype of the activations, saved tensors, activation gradients and GEMM inputs (make_model);
+  // a 16-bit model reads ParamAccess::param_data, the engine's 16-bit working buffers as they are.
   virtual DType activation_dtype() const { return DType::kF32; }
   // Bytes make_workspace(B, T) will take from the pool (the memory plan uses the same number).
   virtual size_t workspace_bytes(int B, int T) const = 0;
@@ -112,8 +107,7 @@ class Model {
   // to prefetch the next block's parameters and to decide when a gathered block can go.
   virtual std::vector<int> forward_order() const = 0;
   virtual std::vector<int> backward_order() const = 0;
-  // Tensor-parallel models: how the local blocks map onto the logical (one-device) layout; null
-  // for a model that is not split.
+  // How the local blocks map onto the logical layout (GPT: gpt_layout); null for the MLP.
   virtual const TensorMap* tensor_map() const { return nullptr; }
 
   // ---- pipeline stages (make_gpt_stage; a whole model is one chunk and its own logical model) ----
@@ -123,10 +117,8 @@ class Model {
   virtual std::unique_ptr<Workspace> make_chunk_workspace(Device& device, int B, int T, int chunk) const;
   // Bytes make_chunk_workspace(B, T, chunk) takes from the pool (workspace_bytes sums the chunks).
   virtual size_t chunk_workspace_bytes(int B, int T, int chunk) const;
-  // The block of the whole (logical) model that local block `block` holds; a pipeline stage's
-  // tied LM head is a copy of logical block 0 (the embeddings), so two stages may name the same.
-  // A tensor-parallel stage's block holds the rank's shard of it: the whole tensor-parallel
-  // model's local block of that number (make_gpt_stage).
+  // The logical block local block `block` holds (a tensor-parallel rank's shard of it); a pipeline
+  // stage's tied LM head is a copy of block 0, so two stages may name the same.
   virtual int logical_block(int block) const { return block; }
   // The backward split for zero-bubble schedules: backward_input computes what the previous chunk
   // needs (the input gradient, and the layernorm gradients on the way), backward_weight the matmul
@@ -139,10 +131,8 @@ class Model {
 // One chunk of a pipeline stage: a contiguous run of transformer layers; the first virtual stage's
 // chunk also runs the embedding, the last one's the final layernorm, the LM head and the loss.
 struct PipelineChunk {
-  int first_layer = 0;
-  int layers = 0;
-  bool embedding = false;
-  bool head = false;
+  int first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
 };
 
 // What one pipeline stage of GPT runs: its chunks in chunk order. The stage's layout holds the
