@@ -514,8 +514,7 @@ class Gpt final : public Model {
     for (const PipelineChunk& pc : spec.chunks) {
       ZT_CHECK(pc.layers >= 1 && pc.first_layer >= 0 && pc.first_layer + pc.layers <= config_.layers,
                "pipeline chunk of layers ", pc.first_layer, "+", pc.layers, " in a ", config_.layers, "-layer model");
-      GptChunk k{pc};
-      k.emb_block = pc.embedding ? emb : -1;
+      GptChunk k{pc, pc.embedding ? emb : -1, {}, -1, -1};
       for (int l = 0; l < pc.layers; ++l) k.layer_blocks.push_back(take(pc.first_layer + l + 1));
       chunks.push_back(k);
     }
@@ -657,7 +656,6 @@ class Gpt final : public Model {
     const TensorView none{};
     const auto& A = P.layers[static_cast<size_t>(l)];
     const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
-    const TensorView dresidual = ws.act(P.dresidual, Shape{R, C});
     auto w = [&](LayerTensor k) { return param(p, blk, slot_[k]); };
     // After before_backward: stage 3 has gathered this block again, so the recompute sees the
     // same parameters as the forward did. It writes activations only, never a gradient.
