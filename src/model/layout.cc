@@ -31,12 +31,6 @@ void ParamLayout::add_tensor(int block, std::string name, Shape shape, ParamInit
   b.tensors.push_back(std::move(t));
 }
 
-int64_t ParamLayout::total_numel() const {
-  int64_t n = 0;
-  for (const auto& b : blocks_) n += b.numel;
-  return n;
-}
-
 int64_t ParamLayout::total_parameters() const {
   int64_t n = 0;
   for (const auto& b : blocks_)

@@ -45,7 +45,6 @@ class ParamLayout {
   const std::vector<ParamBlock>& blocks() const { return blocks_; }
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   const ParamBlock& block(int b) const { return blocks_.at(static_cast<size_t>(b)); }
-  int64_t total_numel() const;       // sum of flat buffer lengths (with padding)
   int64_t total_parameters() const;  // sum of tensor sizes (no padding)
   // Block index and tensor of a name; throws kInvalidArgument naming the tensor if absent.
   std::pair<int, const ParamTensor*> find(const std::string& name) const;

@@ -7,19 +7,14 @@ namespace zt {
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& config, DType activations);
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, DType activations);
-std::unique_ptr<Model> make_gpt_tp(const ModelConfig& config, const TensorParallel& tp, DType activations);
+std::unique_ptr<Model> make_gpt(const ModelConfig& config, Recompute recompute, const TensorParallel& tp,
+                                DType activations);
 
 // The MLP's activations are a few [B, hidden] rows: it keeps them under every recompute mode.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute, const TensorParallel& tp,
                                   DType activations) {
-  if (tp.degree > 1) {
-    ZT_REQUIRE(config.kind == ModelKind::kGpt, "tensor parallelism splits GPT models only, not the MLP");
-    ZT_REQUIRE(recompute == Recompute::kNone, "--recompute ", recompute_name(recompute),
-               " is not supported with tensor parallelism yet; use --recompute none");
-    return make_gpt_tp(config, tp, activations);
-  }
-  return config.kind == ModelKind::kGpt ? make_gpt(config, recompute, activations) : make_mlp(config, activations);
+  ZT_REQUIRE(tp.degree == 1 || config.kind == ModelKind::kGpt, "tensor parallelism splits GPT models only, not the MLP");
+  return config.kind == ModelKind::kGpt ? make_gpt(config, recompute, tp, activations) : make_mlp(config, activations);
 }
 
 DType run_activation_dtype(DType working) {

@@ -66,8 +66,8 @@ class Workspace {
   virtual int T() const = 0;
   // Per-position losses of the last forward: [B*T] (GPT) or [B] (MLP), nats.
   virtual TensorView losses() = 0;
-  // Logits of the last forward when it ran with train=false: [B*T, Vp] (GPT: the vocabulary padded
-  // to a multiple of 128, columns >= V padding) or [B, classes]. read_logits_row reads real ids only.
+  // Logits of the last forward when it ran with train=false: [B*T, Vp/D] (GPT: the rank's shard of
+  // the padded vocabulary, columns >= V padding) or [B, classes]. read_logits_row reads real ids.
   virtual TensorView logits() = 0;
   virtual size_t bytes() const = 0;
   // Seconds the device stream spent re-running forward ops inside backward() (--recompute) since
@@ -77,13 +77,10 @@ class Workspace {
   // memory `out` (vocab floats), ready when `s` has run. A tensor-parallel workspace gathers the
   // rank's vocabulary shards first (a tensor-group collective: every rank of the group calls it).
   virtual void read_logits_row(Stream& s, int row, float* out);
-  // Pipeline stage models (make_gpt_stage): a workspace serves one chunk of the stage. The
-  // activation the chunk reads instead of embedding tokens ([B, T, C], filled by the pipeline's
-  // receive before forward), the activation forward leaves for the next chunk, and the gradient
-  // with respect to that output (received before backward; backward turns it, in place, into the
-  // gradient with respect to the chunk's input, what the previous chunk receives). Empty views
-  // where the chunk has no such neighbour (and for whole models). A tensor-parallel stage's are
-  // the rank's part of the residual stream (make_gpt_stage).
+  // Pipeline stages (make_gpt_stage): a workspace serves one chunk. The activation it reads instead
+  // of embedding tokens (received before forward), the one forward leaves for the next chunk, and
+  // the gradient with respect to that (received before backward, turned in place into the gradient
+  // with respect to the chunk's input). Empty where the chunk has no such neighbour.
   virtual TensorView stage_input() { return {}; }
   virtual TensorView stage_output() { return {}; }
   virtual TensorView stage_gradient() { return {}; }
@@ -94,10 +91,8 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
-  // The dtype of the activations, saved tensors, activation gradients and GEMM inputs: f32, or
-  // the 16-bit type (bf16/f16) chosen at make_model; see make_model. A 16-bit model reads its
-  // parameters through ParamAccess::param_data in a 16-bit param_dtype(), so an engine hands it
-  // its working buffers as they are instead of widening them to fp32.
+  // The dtype of the activations, saved tensors, activation gradients and GEMM inputs (make_model);
+  // a 16-bit model reads ParamAccess::param_data, the engine's 16-bit working buffers as they are.
   virtual DType activation_dtype() const { return DType::kF32; }
   // Bytes make_workspace(B, T) will take from the pool (the memory plan uses the same number).
   virtual size_t workspace_bytes(int B, int T) const = 0;
@@ -112,8 +107,7 @@ class Model {
   // to prefetch the next block's parameters and to decide when a gathered block can go.
   virtual std::vector<int> forward_order() const = 0;
   virtual std::vector<int> backward_order() const = 0;
-  // Tensor-parallel models: how the local blocks map onto the logical (one-device) layout; null
-  // for a model that is not split.
+  // How the local blocks map onto the logical layout (GPT: gpt_layout); null for the MLP.
   virtual const TensorMap* tensor_map() const { return nullptr; }
 
   // ---- pipeline stages (make_gpt_stage; a whole model is one chunk and its own logical model) ----
@@ -123,10 +117,8 @@ class Model {
   virtual std::unique_ptr<Workspace> make_chunk_workspace(Device& device, int B, int T, int chunk) const;
   // Bytes make_chunk_workspace(B, T, chunk) takes from the pool (workspace_bytes sums the chunks).
   virtual size_t chunk_workspace_bytes(int B, int T, int chunk) const;
-  // The block of the whole (logical) model that local block `block` holds; a pipeline stage's
-  // tied LM head is a copy of logical block 0 (the embeddings), so two stages may name the same.
-  // A tensor-parallel stage's block holds the rank's shard of it: the whole tensor-parallel
-  // model's local block of that number (make_gpt_stage).
+  // The logical block local block `block` holds (a tensor-parallel rank's shard of it); a pipeline
+  // stage's tied LM head is a copy of block 0, so two stages may name the same.
   virtual int logical_block(int block) const { return block; }
   // The backward split for zero-bubble schedules: backward_input computes what the previous chunk
   // needs (the input gradient, and the layernorm gradients on the way), backward_weight the matmul
@@ -139,10 +131,8 @@ class Model {
 // One chunk of a pipeline stage: a contiguous run of transformer layers; the first virtual stage's
 // chunk also runs the embedding, the last one's the final layernorm, the LM head and the loss.
 struct PipelineChunk {
-  int first_layer = 0;
-  int layers = 0;
-  bool embedding = false;
-  bool head = false;
+  int first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
 };
 
 // What one pipeline stage of GPT runs: its chunks in chunk order. The stage's layout holds the
@@ -169,54 +159,40 @@ struct TensorParallel {
 };
 
 // `recompute` changes what the workspace keeps and what backward() re-runs, never the results.
-// tp.degree > 1: GPT only, no recompute (refused with one sentence naming what is not supported).
-// activations: f32, or bf16/f16 for the MLP and the GPT, with or without tensor parallelism:
-// activations, saved tensors, activation gradients, logits and GEMM inputs
-// in 16 bits; layernorm statistics, softmax log-sum-exp, losses, reductions and parameter
-// gradients in fp32 (the ops' rounding rules, kernels/ops.h). With tensor parallelism the
-// collectives inside the layers (gathered layernorm outputs, the row-parallel partial sums, the
-// gathered logits row) move the 16-bit type too; their sums accumulate in fp32 and round once per
-// ring hop (comm/communicator.h), as Megatron sums them in bf16. A 16-bit GPT computes in the 16-bit
-// type its parameters come in (ParamAccess::param_dtype; bf16 and f16 take the same bytes), so an
-// engine switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
+// tp.degree > 1: GPT only (model/gpt.cc: one GPT, a plain GPT being its tensor group of one).
+// activations: f32, or bf16/f16 (MLP and GPT): activations, saved tensors, activation gradients,
+// logits, GEMM inputs and what the tensor collectives move in 16 bits (their sums accumulate in
+// fp32 and round once per ring hop, comm/communicator.h, as Megatron sums in bf16); layernorm
+// statistics, lse, losses, reductions and parameter gradients fp32 (kernels/ops.h). A 16-bit model
+// computes in the 16-bit type its parameters come in (ParamAccess::param_dtype), so an engine
+// switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
 // The activation dtype a training run's model computes in: the working dtype (bf16/f16) for every
 // model (the MLP, and the GPT whole, tensor-parallel or a pipeline stage), else f32.
 DType run_activation_dtype(DType working);
 
-// A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each).
-// tp.degree > 1: the stage of the tensor-parallel GPT (model/gpt_tp.cc), built once per stage and
-// run by every rank of the stage's tensor groups (each workspace finds its device's tensor group
-// in tp.comm/tp.mesh, so the mesh may have data and pipeline axes too); no recompute (refused with
-// one sentence), split_backward supported. Its contract with tensor parallelism:
+// A pipeline stage of GPT (GPT only; recompute not with split_backward; one sentence each), in
+// fp32 or 16 bits as make_model's GPT. tp.degree > 1: built once per stage and run by every rank of
+// the stage's tensor groups (each workspace finds its device's group in tp.comm/tp.mesh, so the mesh
+// may have data and pipeline axes too). The contract:
 //  - What crosses stages (stage_input/stage_output/stage_gradient) is the rank's part of the
 //    residual stream, sent to the rank of the same tensor coordinate on the neighbouring stage:
-//    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened
-//    [B*T, C] activations, Megatron's scatter-gather for free), without it all of them, [B, T, C],
-//    equal on every rank of the tensor group.
-//  - layout() holds the rank's shards: block b is, tensor for tensor, the same as block
-//    logical_block(b) of the whole tensor-parallel model (make_model(config, kNone, tp)'s layout,
-//    whose blocks are numbered as gpt_layout's: 0 embeddings, 1..L layers, L+1 ln_f); the last
-//    stage's tied LM head is such a copy of block 0 (wte's vocabulary shard and wpe). tensor_map()
-//    maps the stage's local blocks onto gpt_layout (logical = the whole one-device layout), so
-//    tensor_map()->local_block(t, b, logical_blocks) is block b of tensor rank t, and the head
-//    copy's gradient is summed element for element with block 0's gradient of the first stage's
-//    rank at the same tensor coordinate (wpe's part of the copy gets no gradient).
-//  - backward_input runs every tensor-group collective of the backward, backward_weight none
-//    (only the rank's weight-gradient matmuls and additions), so a tensor group's collectives keep
-//    one order on every rank under zb-h1; split and fused backward add the same bits.
-// activations: f32, or bf16/f16 (with or without tensor parallelism); the stage then computes as
-// make_model's 16-bit GPT does, and what crosses stages (stage_input/stage_output/stage_gradient)
-// is 16-bit.
+//    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened [B*T, C]
+//    activations), else all of them, [B, T, C], equal on every rank of the tensor group.
+//  - layout() block b is, tensor for tensor, block logical_block(b) of the whole model
+//    (make_model(config, kNone, tp)'s layout, numbered as gpt_layout's); the last stage's tied LM
+//    head is such a copy of block 0, whose gradient is summed element for element with block 0's
+//    of the first stage's rank at the same tensor coordinate (wpe's part gets none). tensor_map()
+//    maps the stage's blocks onto gpt_layout: local_block(t, b, logical) is block b of rank t.
+//  - backward_input runs every tensor-group collective of the backward, backward_weight none, so a
+//    tensor group's collectives keep one order on every rank under zb-h1; split and fused backward
+//    add the same bits.
 std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineStageSpec& stage,
                                       Recompute recompute = Recompute::kNone, const TensorParallel& tp = {},
                                       DType activations = DType::kF32);
-// GPT-2's logical parameter layout (the one-device model's), and the block visit orders of its
-// forward (blocks 0..L+1, then 0 again for the tied LM head) and backward (head, ln_f, L..1,
-// encoder), shared by the one-device and tensor-parallel GPT.
+// GPT-2's logical parameter layout (what checkpoints and exports hold): 0 embeddings (wte, wpe),
+// 1..L layers, L+1 ln_f; a model's forward visits 0..L+1 then 0 again (the tied LM head).
 ParamLayout gpt_layout(const ModelConfig& config);
-std::vector<int> gpt_forward_order(int layers);
-std::vector<int> gpt_backward_order(int layers);
 
 }  // namespace zt

@@ -1,6 +1,6 @@
 // --recompute through the trainer: selective and full recomputation give per-step losses and final
 // master weights, working parameters and moments bitwise identical to none at every ZeRO stage, in
-// fp32 and bf16, with and without gradient accumulation; the summary counts the recompute time and
+// fp32 and bf16, with and without gradient accumulation, with tensor parallelism; the summary counts the recompute time and
 // the trace shows one "recompute h.N" range per layer and backward.
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -69,6 +70,26 @@ TEST(Recompute, Bf16EveryStageBitwiseIdenticalToNone) { check_modes_match_none({
 // recomputation must add each gradient once per micro-batch (not once per re-run forward).
 TEST(Recompute, GradientAccumulationBitwiseIdenticalToNone) {
   check_modes_match_none({4, 1, Precision::kFp32});
+}
+
+// Tensor parallelism (2 data x 2 tensor, micro-batch 1: accumulation): the re-run layers run their
+// collectives again inside the backward, and every mode still gives none's bits, with and without
+// sequence parallelism, fp32 and bf16.
+TEST(Recompute, TensorParallelBitwiseIdenticalToNone) {
+  for (const auto& [precision, sequence, stage] :
+       {std::tuple{Precision::kFp32, true, 3}, std::tuple{Precision::kFp32, false, 1}, std::tuple{Precision::kBf16, true, 2}}) {
+    auto run = [&](Recompute r) {
+      TrainConfig c = small_run(4, stage, precision, 1, r);
+      c.tensor_parallel = 2;
+      c.sequence_parallel = sequence;
+      return train(c);
+    };
+    const TrainResult none = run(Recompute::kNone);
+    ASSERT_FALSE(none.final_params.empty());
+    for (Recompute r : {Recompute::kSelective, Recompute::kFull})
+      expect_same_run(none, run(r), std::string(recompute_name(r)) + ", TP 2, stage " + std::to_string(stage) +
+                                        (sequence ? "" : ", no SP") + (precision == Precision::kBf16 ? ", bf16" : ""));
+  }
 }
 
 TEST(Recompute, SummaryCountsRecomputeTime) {
