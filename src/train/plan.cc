@@ -796,7 +796,6 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
     for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       for (bool off : {false, true}) {
         if (off && st == 0) continue;  // offload needs stage 1 or above
-        if (rc != Recompute::kNone && in.tensor > 1) continue;  // not with tensor parallelism yet
         PlanInputs c = in;
         c.zero_stage = st;
         c.recompute = rc;
