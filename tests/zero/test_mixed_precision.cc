@@ -245,7 +245,7 @@ TEST(MixedPrecision, ModelStateBytesFollowTheTwoTwoTwelveFormulas) {
         // Tensor alignment and shard padding: at most (16 + n*16) elements per block, 16 bytes each.
         const double slack = static_cast<double>(model->layout().num_blocks()) * (16.0 + 16.0 * n) * 16;
         for (int r = 0; r < n; ++r) {
-          const ModelStateBytes b = engine.model_state_bytes(r);
+          const ModelStateBytes b = engine.rank(r).model_state_bytes();
           const double got = static_cast<double>(b.total());
           EXPECT_GE(got, formula[stage] * 0.999) << "stage " << stage << " N=" << n;
           EXPECT_LE(got, formula[stage] + slack) << "stage " << stage << " N=" << n;
