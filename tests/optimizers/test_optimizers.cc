@@ -28,10 +28,10 @@
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/elementwise.h"
+#include "kernels/multi_tensor_elem.h"
 #include "kernels/op_test_util.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
-#include "optimizers/multi_tensor_elem.h"
 #include "optimizers/optimizers.h"
 #include "runtime/runtime.h"
 

@@ -14,7 +14,7 @@
 #include "train_checks.h"
 
 #include "core/status.h"
-#include "optimizers/multi_tensor_elem.h"
+#include "kernels/multi_tensor_elem.h"
 #include "optimizers/optimizers.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
