@@ -30,18 +30,10 @@ constexpr bool kSanitized = test::kSanitized;
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
-  if (kSanitized) {
-    c.overrides.layers = 1;
-    c.overrides.embd = 32;
-    c.overrides.heads = 2;
-    c.overrides.seq_len = 16;
-  }
+  if (kSanitized) test_util::set_sanitizer_shape(c);
   c.batch_size = 8;
   c.precision = p;
-  // A schedule that does not depend on the run's length, so that a run of k steps is a prefix of
-  // a run of k + 1 steps.
-  c.schedule = LrSchedule::kConstant;
-  c.warmup_steps = 0;
+  test_util::set_length_independent_schedule(c);
   return c;
 }
 

@@ -28,12 +28,7 @@ TrainConfig tiny(int devices, int stage, int steps) {
   if (kSanitizer) steps = std::min(steps, 4);
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
   c.batch_size = 8;
-  if (kSanitizer) {
-    c.overrides.layers = 1;
-    c.overrides.embd = 32;
-    c.overrides.heads = 2;
-    c.overrides.seq_len = 16;
-  }
+  if (kSanitizer) test_util::set_sanitizer_shape(c);
   return c;
 }
 
