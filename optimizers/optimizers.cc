@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/multi_tensor.h"
 #include "kernels/elementwise.h"
+#include "kernels/multi_tensor_elem.h"
 #include "kernels/op_table.h"
-#include "optimizers/cpu/multi_tensor.h"
-#include "optimizers/multi_tensor_elem.h"
 
 namespace zt::optim {
 

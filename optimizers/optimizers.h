@@ -13,57 +13,10 @@
 #include <span>
 
 #include "core/dtype.h"
+#include "kernels/optimizer_types.h"
 #include "runtime/stream.h"
 
 namespace zt::optim {
-
-// One parameter tensor's slice of a rank's shard.
-struct OptimizerSegment {
-  void* param = nullptr;        // working copy (dtype `param_dtype` of the op); == master when that is f32
-  const void* grad = nullptr;   // gradient (dtype `grad_dtype` of the op), scaled by the loss scale
-  float* master = nullptr;      // fp32 master weights
-  float* m = nullptr;           // AdamW first moment / SGD momentum buffer
-  float* v = nullptr;           // AdamW second moment (nullptr for SGD)
-  int64_t n = 0;
-  float weight_decay = 0;       // 0 for tensors without decay (biases, layernorm, embeddings' pos)
-  uint64_t rng_offset = 0;      // stochastic rounding: global index of the first element (stream of Philox)
-};
-
-// A list in host memory (read by the launcher) and the same entries in device memory (read by
-// CUDA kernels; on the CPU backend `device` may be null and `host` is used).
-template <typename T>
-struct SegmentList {
-  std::span<const T> host;
-  const T* device = nullptr;
-};
-
-enum class Rounding { kNearest, kStochastic };
-
-struct AdamWConfig {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  int step = 1;  // 1-based, bias correction
-};
-struct SgdConfig {
-  float lr = 0, momentum = 0.9f;
-  bool nesterov = false;
-  int step = 1;  // 1-based; SGD's update does not use it: only stochastic rounding's Philox counter
-};
-
-// Scalars read on the device when the op runs (all optional: nullptr = 1, no skip, 1).
-struct StepScalars {
-  const float* inv_loss_scale = nullptr;  // multiplies every gradient (fp32) before the update
-  const float* found_inf = nullptr;       // != 0: the step is skipped, nothing is written
-  const float* clip = nullptr;            // gradient clipping factor (clip_factor writes it)
-  Rounding rounding = Rounding::kNearest;  // of the 16-bit working copy
-  uint64_t seed = 0;                       // stochastic rounding: Philox key; counter = (step, rng_offset + i)
-  // The rank's count of updates made so far, in device memory (nullptr: the config's step). When
-  // set, the op's step is *update_count + 1, read when the op runs (AdamW's bias correction,
-  // computed then with zt::adamw_bias_correction: the host's bits; stochastic rounding's Philox
-  // counter; SGD's update itself does not use it), and an update that is not skipped adds 1 after
-  // its last read. So the host enqueues step after step without knowing whether the previous
-  // ones were skipped. The host ops (adamw_host / sgd_host) read and count a host copy.
-  uint32_t* update_count = nullptr;
-};
 
 // Per element, in fp32: g = grad * inv_loss_scale * clip; the AdamW (adamw_elem, decoupled decay)
 // or SGD (sgd_elem) update of master and moments; then param = round(master) in `param_dtype`
@@ -74,7 +27,7 @@ struct StepScalars {
 // are those of ops::adamw_update(..., grad_scale
 // = inv_loss_scale * clip); with a power-of-two loss scale that is also grad * inv * clip exactly.
 // Stochastic rounding draws philox_u32(seed, step, rng_offset + i) for element i of a segment
-// (optimizers/multi_tensor_elem.h): reproducible, independent of threads and chunking.
+// (kernels/multi_tensor_elem.h): reproducible, independent of threads and chunking.
 // Validation (zt::Error naming the op): dtypes f32/bf16/f16; for every segment with n > 0 non-null
 // param, grad, master, m (and v for AdamW; SGD ignores v, which may be null); a 16-bit param must
 // not be the master's memory; on CUDA `segs.device` must be set. Empty lists launch nothing
@@ -96,12 +49,6 @@ void adamw_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType
 void sgd_host(std::span<const OptimizerSegment> segs, DType param_dtype, DType grad_dtype, const SgdConfig& hp,
               const StepScalars& sc);
 
-// One gradient shard for the check.
-struct GradSegment {
-  const void* grad = nullptr;  // dtype `grad_dtype`
-  int64_t n = 0;
-  int out = 0;  // index into norms_out
-};
 
 // One pass over every segment: norms_out[k] = sum over segments with out == k, in list order, of
 // (grad * inv_loss_scale)^2 accumulated in fp32-or-wider in a fixed order that does not depend on
@@ -116,7 +63,7 @@ struct GradSegment {
 void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype, const float* inv_loss_scale,
                    float* norms_out, int num_out, float* found_inf);
 
-// Dynamic loss scaling, state in device memory (LossScaleState, 6 floats). Runs after the step's
+// Dynamic loss scaling, state in device memory (LossScaleState, 6 floats; kernels/optimizer_types.h). Runs after the step's
 // optimizer op on the same stream. On overflow (found_inf != 0): good_steps = 0; if hysteresis_left
 // > 1 it is decremented, else, if scale <= min_scale the state becomes collapsed (collapsed = 1),
 // else scale = max(scale * backoff, min_scale). Without overflow: ++good_steps; when it reaches
@@ -127,16 +74,6 @@ void unscale_check(Stream& s, SegmentList<GradSegment> segs, DType grad_dtype, c
 // as an overflow. Every step is a single fp32 operation, so device and host agree bit for bit.
 // Validation: growth >= 1, backoff in (0, 1], growth_interval >= 1, hysteresis >= 1,
 // 0 < min_scale <= max_scale < inf, and the initial scale within [min_scale, max_scale].
-struct LossScaleConfig {
-  float growth = 2.0f, backoff = 0.5f;
-  int growth_interval = 2000;
-  int hysteresis = 1;
-  float min_scale = 1.0f, max_scale = 16777216.0f;  // 2^24
-};
-struct LossScaleState {
-  float scale, inv_scale, good_steps, hysteresis_left, collapsed, skipped;
-};
-static_assert(sizeof(LossScaleState) == 6 * sizeof(float));
 // Host-side initial state for scale s0 (copy it to the device once).
 LossScaleState initial_loss_scale_state(float scale, const LossScaleConfig& c);
 // The same transition on the host (the reference the tests and the trainer's reporting use).

@@ -1,9 +1,15 @@
 // Fixtures of the pipeline-stage tests (tests/pipeline/test_pipeline_runtime.cc and
 // tests/model/test_gpt_tp_stage.cc): a tiny GPT, deterministic micro-batches on a device, and the
-// one-device reference step they are checked against.
+// one-device reference step they are checked against, and the comparisons of its results.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "memory/caching_allocator.h"
@@ -71,6 +77,26 @@ struct StepResult {
 
 // The local blocks of `m` (a GPT or a pipeline stage of it, whose wte is padded, model/gpt.cc; or
 // tensor rank t's shards) from logical blocks.
+// The loss within tol relative, and every block's gradient within tol of its largest magnitude.
+inline void expect_close(const StepResult& got, const StepResult& want, double tol, const std::string& what) {
+  EXPECT_NEAR(got.loss, want.loss, tol * std::fabs(want.loss)) << what;
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t b = 0; b < want.grads.size(); ++b) {
+    double scale = 0, worst = 0;
+    for (float w : want.grads[b]) scale = std::max(scale, static_cast<double>(std::fabs(w)));
+    for (size_t i = 0; i < want.grads[b].size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(got.grads[b][i]) - want.grads[b][i]));
+    EXPECT_LE(worst, tol * scale) << what << ": logical block " << b;
+  }
+}
+
+inline bool same_bits(const StepResult& a, const StepResult& b) {
+  if (a.loss != b.loss) return false;
+  for (size_t k = 0; k < a.grads.size(); ++k)
+    if (std::memcmp(a.grads[k].data(), b.grads[k].data(), a.grads[k].size() * 4) != 0) return false;
+  return true;
+}
+
 inline Blocks to_local(const Model& m, const Blocks& logical, int t = 0) {
   std::vector<const float*> ptrs;
   for (const auto& b : logical) ptrs.push_back(b.data());

@@ -1,29 +1,38 @@
-// Fixtures shared by the test binaries: a scratch directory, running the zerotrain binary, a
-// seeded Philox generator, and the small training configuration the trainer tests start from.
+// Fixtures shared by the test binaries: a scratch directory, whole-file reads and writes, the check
+// of a refused call, running the zerotrain binary, a seeded Philox generator, and the small training
+// configuration (and model shapes) the trainer tests start from.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/philox.h"
+#include "core/status.h"
 #include "train/trainer.h"
 
 namespace zt::test_util {
 
-// A fresh directory under the system temp dir (unique per process and name), removed with
+// A fresh directory under the system temp dir (unique per process, name and object), removed with
 // everything in it when the object goes.
 class TempDir {
  public:
   explicit TempDir(const std::string& name = "tmp")
-      : root_(std::filesystem::temp_directory_path() / ("zt_" + name + "_" + std::to_string(::getpid()))) {
+      : root_(std::filesystem::temp_directory_path() /
+              ("zt_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(next_id()))) {
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_);
   }
@@ -34,20 +43,62 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::filesystem::path& root() const { return root_; }
+  std::string str() const { return root_.string(); }
   std::string path(const std::string& name) const { return (root_ / name).string(); }
+  // Names in the directory, sorted, hidden ones included (a leftover temporary file shows up here).
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(root_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
 
  private:
+  static int next_id() {
+    static std::atomic<int> counter{0};
+    return counter++;
+  }
   std::filesystem::path root_;
 };
+
+// Runs f, which must throw zt::Error(kInvalidArgument) whose message contains every part.
+template <typename F>
+void expect_invalid(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected zt::Error(kInvalidArgument) mentioning '" << *parts.begin() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+    for (const std::string& p : parts) EXPECT_NE(e.message().find(p), std::string::npos) << e.message();
+  }
+}
+
+// A whole file as text, or as bytes (empty when it cannot be opened).
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+inline std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+// Writes (replaces) a file with these bytes.
+inline void write_file(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+inline void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  write_file(path, bytes.data(), bytes.size());
+}
+inline void write_file(const std::string& path, const std::string& text) { write_file(path, text.data(), text.size()); }
 
 struct RunResult {
   int exit_code;       // -1 when the process did not exit normally
   std::string output;  // stdout (and stderr unless it was dropped)
 };
 
-// Runs `binary args` through the shell and collects its output.
-inline RunResult run_binary(const std::string& binary, const std::string& args, bool with_stderr = true) {
-  const std::string cmd = binary + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs a shell command line and collects its stdout (its redirections decide about stderr).
+inline RunResult run_command(const std::string& cmd) {
   std::FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {-1, "popen failed"};
   std::string out;
@@ -56,6 +107,11 @@ inline RunResult run_binary(const std::string& binary, const std::string& args, 
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `binary args` through the shell and collects its output.
+inline RunResult run_binary(const std::string& binary, const std::string& args, bool with_stderr = true) {
+  return run_command(binary + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 // Philox-based: every value is a pure function of (seed, stream, index); each call draws a new
@@ -93,6 +149,22 @@ class Rng {
 // parameters kept for comparison. Each test then sets its model size and batch. The learning rate
 // and warmup are the tests' own (lr 3e-3, 2% warmup), not the default job's, so that retuning the
 // defaults does not move the tolerances these tests were written against.
+// gpt-tiny with a test's shape (layers, width, heads, context).
+inline void set_model_shape(TrainConfig& c, int layers, int embd, int heads, int seq_len) {
+  c.overrides.layers = layers;
+  c.overrides.embd = embd;
+  c.overrides.heads = heads;
+  c.overrides.seq_len = seq_len;
+}
+// The shape of the sanitizer builds' tiny runs: a step takes milliseconds under TSan and ASan.
+inline void set_sanitizer_shape(TrainConfig& c, int layers = 1) { set_model_shape(c, layers, 32, 2, 16); }
+// A schedule that does not depend on the run's length: a run of k steps is a prefix of a run of
+// k + 1 steps (resume and skip tests compare such prefixes).
+inline void set_length_independent_schedule(TrainConfig& c) {
+  c.schedule = LrSchedule::kConstant;
+  c.warmup_steps = 0;
+}
+
 inline TrainConfig tiny_train_config(int devices, int stage, int steps) {
   TrainConfig c;
   c.lr = 3e-3f;

@@ -1,11 +1,11 @@
 // The CPU backend's op table: every entry enqueues the synchronous kernel (kernels/cpu/,
-// optimizers/cpu/) on the CPU stream's worker, through cpu::enqueue's checked downcast.
+// the optimizers' multi-tensor kernels in kernels/cpu/multi_tensor.h) on the CPU stream's worker, through cpu::enqueue's checked downcast.
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/multi_tensor.h"
 #include "kernels/op_table.h"
-#include "optimizers/cpu/multi_tensor.h"
-#include "optimizers/optimizers.h"
+#include "kernels/optimizer_types.h"
 #include "runtime/cpu/cpu_device.h"
 
 namespace zt {

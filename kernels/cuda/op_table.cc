@@ -1,5 +1,5 @@
 // The CUDA backend's op table: every entry runs its launcher (kernels/cuda/cuda_ops.h,
-// optimizers/cuda/multi_tensor.h) inside a cuda::TaskSpan (the checked downcast to a CUDA stream,
+// kernels/cuda/multi_tensor.h) inside a cuda::TaskSpan (the checked downcast to a CUDA stream,
 // and the observer's event pair). Built only with CUDA; includes no CUDA header.
 #include <cstdint>
 #include <initializer_list>
@@ -7,10 +7,10 @@
 #include "core/status.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/multi_tensor.h"
 #include "kernels/op_table.h"
+#include "kernels/optimizer_types.h"
 #include "memory/caching_allocator.h"
-#include "optimizers/cuda/multi_tensor.h"
-#include "optimizers/optimizers.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/device.h"
 

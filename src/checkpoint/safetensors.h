@@ -115,6 +115,4 @@ class SafetensorsFile {
   std::unique_ptr<State> s_;
 };
 
-inline SafetensorsFile open_safetensors(const std::string& path) { return SafetensorsFile::open(path); }
-
 }  // namespace zt

@@ -63,14 +63,4 @@ StorageDType to_storage_dtype(DType t) {
   return StorageDType::kF32;
 }
 
-std::optional<DType> to_compute_dtype(StorageDType t) {
-  switch (t) {
-    case StorageDType::kF32: return DType::kF32;
-    case StorageDType::kF16: return DType::kF16;
-    case StorageDType::kBF16: return DType::kBF16;
-    case StorageDType::kI32: return DType::kI32;
-    default: return std::nullopt;
-  }
-}
-
 }  // namespace zt

@@ -22,7 +22,5 @@ const char* safetensors_dtype_name(StorageDType t);
 std::optional<StorageDType> parse_safetensors_dtype(std::string_view name);
 
 StorageDType to_storage_dtype(DType t);
-// The compute dtype with the same bits; nullopt for types the kernels do not use.
-std::optional<DType> to_compute_dtype(StorageDType t);
 
 }  // namespace zt

@@ -290,7 +290,7 @@ class Communicator {
 
  private:
   friend class CommGroup;
-  struct Impl;  // events, receive buffers, groups, rendezvous and counters (communicator.cc)
+  struct Impl;  // events, receive buffers, groups, rendezvous and counters (communicator_impl.h)
   enum class Kind : uint8_t;
   struct P2POp;
   void group_call(detail::CommGroupState& g, Kind kind, int root, const std::vector<TensorView>& bufs,

@@ -101,14 +101,6 @@ void mpi_finalize() {
   MPI_Finalize();
 }
 
-bool mpi_active() {
-  std::lock_guard<std::mutex> lock(mpi_mutex());
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
-
 struct ProcessGroup::Op {
   MPI_Request request = MPI_REQUEST_NULL;
   int peer = 0;

@@ -55,8 +55,6 @@ namespace zt {
 // still alive (it synchronises with them). Idempotent.
 void mpi_init();
 void mpi_finalize();
-// True between MPI_Init_thread and MPI_Finalize.
-bool mpi_active();
 
 class ProcessGroup {
  public:

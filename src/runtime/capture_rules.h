@@ -6,8 +6,8 @@
 // Both backends check these rules before CUDA sees a call, so the CPU backend refuses exactly what
 // the CUDA backend refuses and a refused call fails on a machine without a GPU. The calls no
 // zt::Stream/Event/Device entry can make (cudaStreamGetDevice, the legacy stream) are kept out of
-// the CUDA launchers by a source check over kernels/cuda and optimizers/cuda
-// (tests/runtime/test_stream_capture.cc): the first GPU run failed on a cudaStreamGetDevice there.
+// the CUDA launchers by a source check over kernels/cuda (tests/runtime/test_stream_capture.cc):
+// the first GPU run failed on a cudaStreamGetDevice there.
 #pragma once
 
 #include <algorithm>
@@ -52,7 +52,7 @@ struct CaptureRuleInfo {
   // cudaErrorStreamCaptureInvalidated with this entry's message; the stream is out of capture mode
   // and usable after it, and nothing captured before the failure runs (the guide's Invalidation).
   bool invalidates;
-  // The source check fails when a CUDA launcher (kernels/cuda, optimizers/cuda) calls one of
+  // The source check fails when a CUDA launcher (kernels/cuda) calls one of
   // cuda_calls: launchers run inside captures, and no zt entry point stands between them and CUDA.
   bool launchers_must_not_call;
   const char* source;  // where the rule is stated

@@ -69,7 +69,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
       {"lr_schedule", {{"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps},
                        {"schedule", static_cast<int>(cfg.schedule)}}}};
   if (scaling != ZeroOptions::Scaling::kNone) {
-    const optim::LossScaleState st = world.engine_of(0).loss_scale_state(world.engine_rank(0));
+    const optim::LossScaleState st = world.engine_of(0).rank(world.engine_rank(0)).scaler().state();
     m["loss_scale"] = {{"scale", st.scale}, {"inv_scale", st.inv_scale}, {"good_steps", st.good_steps},
                        {"hysteresis_left", st.hysteresis_left}, {"collapsed", st.collapsed}, {"skipped", st.skipped}};
   }

@@ -30,7 +30,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
     hb.targets.resize(static_cast<size_t>(B * T));
     std::vector<float> losses(static_cast<size_t>(B * T));
     const Batch& batch = pp.batches[static_cast<size_t>(r)][0];
-    world.engine_of(r).begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
+    world.engine_of(r).rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
     for (int64_t e = 0; e < batches; ++e) {
       heartbeat();  // a batch done: a long evaluation is not a hang (core/heartbeat.h)
       run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
@@ -84,9 +84,9 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
         run.images->examples(Split::kValidation, (e * world.data_ranks() + world.data_rank(r)) * B, B,
                              hb.images.data(), hb.targets.data());
       world.upload(r, hb);
-      engine.begin_micro_batch(r, 0, /*forward_only=*/true);
-      world.model().forward(s, engine.access(r), *R.ws, R.batch, 0.0f, false);
-      engine.end_micro_batch(r);
+      engine.rank(r).begin_micro_batch(0, /*forward_only=*/true);
+      world.model().forward(s, engine.rank(r), *R.ws, R.batch, 0.0f, false);
+      engine.rank(r).end_micro_batch();
       for (int i = 0; !is_gpt && i < B; ++i)  // widened from a 16-bit MLP's logits
         R.ws->read_logits_row(s, i, logits.data() + static_cast<size_t>(i) * classes);
       loss_sum[static_cast<size_t>(r)] += world.read_losses(r);  // synchronizes: hb and logits are ready

@@ -1,5 +1,5 @@
 // Memory plan: per-device bytes of a training run from the sizing functions of the engine
-// (ZeroEngine::plan_memory), the model (workspace_bytes), the communicator (planned_buffer_bytes)
+// (plan_engine_memory), the model (workspace_bytes), the communicator (planned_buffer_bytes)
 // and the pool (pool_rounded_size and segment rules), plus the trainer's batch buffers; then the
 // verdict and the cheapest change that fits; and the largest model of a family per ZeRO stage,
 // recompute and offload (`plan --largest`).
@@ -282,7 +282,7 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
   for (int s = 0; s < P; ++s) {
     const auto model = make_gpt_stage(mc, specs[static_cast<size_t>(s)], in.recompute,
                                       TensorParallel{TP, in.sequence_parallel}, run_activation_dtype(in.working));
-    const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, per_stage, zo);
+    const EngineMemoryPlan eng = plan_engine_memory(*model, per_stage, zo);
     plan.work += eng.work;
     std::vector<Alloc> resident;
     for (size_t b : eng.resident) resident.push_back({b, false});
@@ -363,7 +363,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   zo.offload = in.offload;  // the device optimizer bytes drop by the offloaded part, counted in eng.host
   zo.offload_fraction = in.offload_fraction;
   zo.tensor = in.tensor;
-  const EngineMemoryPlan eng = ZeroEngine::plan_memory(*model, N, zo);
+  const EngineMemoryPlan eng = plan_engine_memory(*model, N, zo);
   size_t work = eng.work;
 
   // Resident on every rank: engine buffers, activations, batch buffers (compute stream), ring

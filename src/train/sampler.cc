@@ -81,7 +81,7 @@ std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, u
     sb.inputs = ConstTensorView{inputs.data(), DType::kI32, Shape{1, T}, d.index()};
     sb.targets = ConstTensorView{targets.data(), DType::kI32, Shape{1, T}, d.index()};
     s.copy(targets.data(), tg.data(), tg.size() * 4);
-    engine.begin_pipeline_step(world.engine_rank(r), /*forward_only=*/true);
+    engine.rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
     std::string& out = texts[static_cast<size_t>(r)];
     std::vector<int32_t> picks;
     int32_t pick = 0;
@@ -149,9 +149,9 @@ std::string sample_text(World& world, const RunContext& run, int n_tokens, uint6
       std::copy(ctx.end() - len, ctx.end(), in.begin());
       s.copy(R.inputs.data(), in.data(), in.size() * 4);
       s.copy(R.targets.data(), tg.data(), tg.size() * 4);
-      engine.begin_micro_batch(r, 0, /*forward_only=*/true);
-      world.model().forward(s, engine.access(r), *R.sample_ws, sb, 0.0f, false);
-      engine.end_micro_batch(r);
+      engine.rank(r).begin_micro_batch(0, /*forward_only=*/true);
+      world.model().forward(s, engine.rank(r), *R.sample_ws, sb, 0.0f, false);
+      engine.rank(r).end_micro_batch();
       R.sample_ws->read_logits_row(s, len - 1, row.data());
       s.synchronize();
       const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,

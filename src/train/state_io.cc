@@ -155,7 +155,7 @@ HostSnapshot take_snapshot(ZeroEngine& engine, const Model& model, bool adamw, i
     auto& mine = snap.shards[static_cast<size_t>(r)];
     mine.resize(static_cast<size_t>(L.num_blocks()));
     for (int b = 0; b < L.num_blocks(); ++b) {
-      const ShardRange sh = engine.shard_of(r, b);
+      const ShardRange sh = engine.rank(r).shard_of(b);
       HostShard& h = mine[static_cast<size_t>(b)];
       const size_t n = static_cast<size_t>(sh.size());
       h.begin = sh.begin;
@@ -163,7 +163,7 @@ HostSnapshot take_snapshot(ZeroEngine& engine, const Model& model, bool adamw, i
       h.m.resize(n);
       h.v.resize(adamw ? n : 0);
       h.working.resize(mixed ? n * dtype_size(snap.working) : 0);
-      engine.state_to_host(r, b, h.master.data(), h.m.data(), adamw ? h.v.data() : nullptr,
+      engine.rank(r).state_to_host(b, h.master.data(), h.m.data(), adamw ? h.v.data() : nullptr,
                            mixed ? h.working.data() : nullptr);
     }
   });
@@ -335,7 +335,7 @@ void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src
     const int64_t numel = L.block(b).numel;
     std::vector<float> master(static_cast<size_t>(numel), 0.0f);
     read(Kind::kMaster, 0, numel, master.data(), 4);
-    const auto [lo, hi] = engine.state_range(rank, b);
+    const auto [lo, hi] = engine.rank(rank).state_range(b);
     const size_t n = static_cast<size_t>(hi - lo);
     std::vector<float> m(n, 0.0f), v;
     read(Kind::kM, lo, hi, m.data(), 4);
@@ -354,7 +354,7 @@ void restore_rank(ZeroEngine& engine, const Model& model, const StateSource& src
       working.assign(static_cast<size_t>(numel) * dtype_size(W), 0);
       read(Kind::kWorking, 0, numel, working.data(), dtype_size(W));
     }
-    engine.load_state(rank, b, master.data(), m.data(), v.empty() ? nullptr : v.data(),
+    engine.rank(rank).load_state(b, master.data(), m.data(), v.empty() ? nullptr : v.data(),
                       working.empty() ? nullptr : working.data());
   }
 }

@@ -52,17 +52,17 @@ void device_step_scalars(World& world, const RunContext& run, int r, int slot) {
   float* rows = R.step_rows.as<float>();
   float* mine = rows + static_cast<size_t>(r) * row;
   s.copy(mine, R.norms.data(), (row - 1) * 4);  // the partials, then the step's loss sum
-  s.copy(mine + row - 1, engine.found_inf_device(r), sizeof(float));
+  s.copy(mine + row - 1, engine.rank(r).scaler().found_inf_device(), sizeof(float));
   const uint64_t sent = world.comm().counters(r).bytes_sent;
   world.comm().all_gather(r, TensorView{rows, DType::kF32, Shape{static_cast<int64_t>(N * row)}, d.index()}, &s,
                           "step scalars");
   R.scalar_bytes += world.comm().counters(r).bytes_sent - sent;  // counted when enqueued, before the return
   world.comm().wait_done(r, s);
   optim::clip_factor(s, rows, R.step_include.as<float>(), N, static_cast<int>(row), run.cfg.grad_clip,
-                     R.step_out.as<double>(), clip_device(R), engine.overflow_flag_device(r));
+                     R.step_out.as<double>(), clip_device(R), engine.rank(r).scaler().overflow_flag_device());
   auto* host = static_cast<char*>(R.step_host[static_cast<size_t>(slot)].data());
   s.copy(host, R.step_out.data(), 3 * sizeof(double));
-  s.copy(host + 3 * sizeof(double), engine.loss_scale_state_device(r), sizeof(optim::LossScaleState));
+  s.copy(host + 3 * sizeof(double), engine.rank(r).scaler().state_device(), sizeof(optim::LossScaleState));
   s.record(*R.events[static_cast<size_t>(slot)].grads_ready);
 }
 
@@ -73,7 +73,7 @@ void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
   timer.rank_phases(r, ev.compute_done->seconds_since(*ev.step_begin), ev.grads_ready->seconds_since(*ev.compute_done));
   if (R.ws) timer.rank_recompute(r, R.ws->take_recompute_seconds());
   timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin),
-                       world.engine_of(r).host_update_seconds(world.engine_rank(r)));
+                       world.engine_of(r).rank(world.engine_rank(r)).host_update_seconds());
 }
 
 // Forward/backward of every micro-batch of the step on rank r, then its gradient check and its
@@ -108,28 +108,28 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
       staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);  // reuses staged's capacity
     }
     world.upload(r, staged);
-    R.batch.loss_scale = engine.loss_scale_device(r);
-    engine.begin_micro_batch(r, m);
+    R.batch.loss_scale = engine.rank(r).scaler().scale_device();
+    engine.rank(r).begin_micro_batch(m);
     if (R.graph) {
-      R.graph->run(world.model(), s, engine.access(r), *R.ws, R.batch, dloss);
+      R.graph->run(world.model(), s, engine.rank(r), *R.ws, R.batch, dloss);
     } else {
-      world.model().forward(s, engine.access(r), *R.ws, R.batch, dloss, true);
-      world.model().backward(s, engine.access(r), *R.ws, R.batch);
+      world.model().forward(s, engine.rank(r), *R.ws, R.batch, dloss, true);
+      world.model().backward(s, engine.rank(r), *R.ws, R.batch);
     }
-    engine.end_micro_batch(r);
+    engine.rank(r).end_micro_batch();
     ops::sum(s, m == 0 ? step_loss : micro_loss, losses);
     if (m > 0) ops::add(s, step_loss, step_loss, micro_loss);
   }
   s.record(*ev.compute_done);
   for (const GradientFault& f : run.cfg.test.gradient_faults)
-    if (f.step == step + 1 && f.rank == r) engine.poke_gradient(r, f.block, f.offset, f.value);
-  engine.check_gradients(r, norms);
+    if (f.step == step + 1 && f.rank == r) engine.rank(r).poke_gradient(f.block, f.offset, f.value);
+  engine.rank(r).check_gradients(norms);
   if (run.processes) {
     // Several processes: the host sums every process's partials (enqueue_step) and sends the clip
     // factor back; this rank's scalars are read with one synchronisation.
     s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
-    s.copy(&R.found_inf, engine.found_inf_device(r), sizeof(float));
-    s.copy(&R.scale, engine.loss_scale_state_device(r), sizeof R.scale);  // the scale this step's backward used
+    s.copy(&R.found_inf, engine.rank(r).scaler().found_inf_device(), sizeof(float));
+    s.copy(&R.scale, engine.rank(r).scaler().state_device(), sizeof R.scale);  // the scale this step's backward used
     s.record(*ev.grads_ready);
     s.synchronize();  // the step's one host synchronisation on this rank
     R.loss_sum = R.norm_host.back();
@@ -166,10 +166,10 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
     s.copy(pp.inputs[ri][static_cast<size_t>(m)].data(), staged.tokens.data(), staged.tokens.size() * 4);
     s.copy(pp.targets[ri][static_cast<size_t>(m)].data(), staged.targets.data(), staged.targets.size() * 4);
     Batch& batch = pp.batches[ri][static_cast<size_t>(m)];
-    batch.loss_scale = engine.loss_scale_device(local);  // the head stage's loss gradient reads it
+    batch.loss_scale = engine.rank(local).scaler().scale_device();  // the head stage's loss gradient reads it
     work.set_batch(m, batch, dloss);
   }
-  engine.begin_pipeline_step(local);
+  engine.rank(local).begin_pipeline_step();
   std::vector<StageSpan>& spans = pp.spans[ri];
   spans.clear();
   StageRunOptions opt;
@@ -179,7 +179,7 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   const int tied = (stage == 0 || stage == P - 1) ? tied_embedding_block(world.model_of(r)) : -1;
   const MeshCoord me = world.mesh().coord(r);  // the partner: same data and tensor coordinates
   const int partner = world.mesh().rank_at({.data = me.data, .tensor = me.tensor, .pipeline = stage == 0 ? P - 1 : 0});
-  engine.reduce_pipeline_gradients(local, [&](int b, TensorView g) {
+  engine.rank(local).reduce_pipeline_gradients([&](int b, TensorView g) {
     if (b != tied) return;
     // Both ends compute own + other: the same bits (addition commutes), so both copies stay equal.
     const TensorView other{pp.tied_scratch[ri].data(), DType::kF32, g.shape, d.index()};
@@ -188,10 +188,10 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
     ops::add(s, g, g, other);
   });
   float* const norms = R.norms.as<float>();
-  engine.check_gradients(local, norms);
+  engine.rank(local).check_gradients(norms);
   s.copy(R.norm_host.data(), norms, (R.norm_host.size() - 1) * 4);
-  s.copy(&R.found_inf, engine.found_inf_device(local), sizeof(float));
-  s.copy(&R.scale, engine.loss_scale_state_device(local), sizeof R.scale);
+  s.copy(&R.found_inf, engine.rank(local).scaler().found_inf_device(), sizeof(float));
+  s.copy(&R.scale, engine.rank(local).scaler().state_device(), sizeof R.scale);
   s.record(*ev.grads_ready);
   s.synchronize();  // the step's one host synchronisation on this rank
   R.loss_sum = work.loss_sum();  // the head stage's; 0 elsewhere
@@ -243,7 +243,7 @@ void host_step_scalars(World& world, const RunContext& run, double positions, St
   for (int r = 0; r < N && !run.processes; ++r) {
     const bool lead = world.tensor_lead(r);
     if (world.loss_lead(r)) loss_sum += world.rank(r).loss_sum;
-    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroEngine::check_gradients);
+    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroRank::check_gradients);
     // then the loss sum.
     const auto& norms = world.rank(r).norm_host;
     const size_t partials = norms.size() - 1;
@@ -263,7 +263,7 @@ void host_step_scalars(World& world, const RunContext& run, double positions, St
   }
   if (!st.skipped && !std::isfinite(st.loss)) st.skipped = true, flagged_everywhere = false;
   if (st.skipped && !flagged_everywhere)
-    world.for_ranks([&](int r) { world.engine_of(r).mark_overflow(world.engine_rank(r)); });
+    world.for_ranks([&](int r) { world.engine_of(r).rank(world.engine_rank(r)).scaler().mark_overflow(); });
   const float clip = !st.skipped && cfg.grad_clip > 0 && st.grad_norm > cfg.grad_clip
                          ? static_cast<float>(cfg.grad_clip / st.grad_norm)
                          : 1.0f;
@@ -320,7 +320,7 @@ PendingStep enqueue_step(World& world, const RunContext& run, int step, float lr
     s.record(*ev.opt_begin);
     OptimizerStep mine = os;
     mine.grad_scale = clip_device(R);
-    world.engine_of(r).optimizer_step(world.engine_rank(r), mine);
+    world.engine_of(r).rank(world.engine_rank(r)).optimizer_step(mine);
     s.record(*ev.opt_end);
   });
   timer.optimizer_done();

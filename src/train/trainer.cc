@@ -302,7 +302,7 @@ void Trainer::start_world(World& w, int index) {
   }
   result_.skipped_steps = counters_.skipped_steps;
   // AdamW's step count lives on the devices (OptimizerStep::step_on_device): from the state loaded.
-  w.for_ranks([&](int r) { w.engine_of(r).set_update_count(w.engine_rank(r), counters_.updates); });
+  w.for_ranks([&](int r) { w.engine_of(r).rank(w.engine_rank(r)).scaler().set_update_count(counters_.updates); });
   result_.devices = w.size() * (run_.processes ? run_.processes->size() : 1);
   result_.zero_stage = cfg_.zero_stage;
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
@@ -594,7 +594,7 @@ void Trainer::on_skipped(World& w, int step, const StepStats& st, bool latest) {
       where = w.engine_of(w.mesh().rank_at({.data = 0, .tensor = 0, .pipeline = p})).first_nonfinite_gradient();
     if (result_.first_nonfinite.empty()) result_.first_nonfinite = where;
   }
-  const optim::LossScaleState after = engine.loss_scale_state(0);
+  const optim::LossScaleState after = engine.rank(0).scaler().state();
   const bool finite = std::isfinite(st.loss);
   log_.emit({{"event", "skipped"}, {"step", step + 1}, {"loss", finite ? nlohmann::json(st.loss) : nlohmann::json(nullptr)},
              {"loss_scale", st.loss_scale}, {"next_loss_scale", after.scale}, {"first_nonfinite", where}});
@@ -797,7 +797,7 @@ namespace {
 // pipeline stages, whose blocks no one engine holds.
 void Trainer::keep_final_state(World& w) {
   const int N = w.size();
-  for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).update_count(w.engine_rank(r)));
+  for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).rank(w.engine_rank(r)).scaler().update_count());
   if (w.pipelined()) return;
   ZeroEngine& engine = w.engine();
   // The logical (one-device) blocks, whatever the tensor degree.
@@ -826,8 +826,8 @@ void Trainer::keep_final_state(World& w) {
       // The whole block's first moments, then its second ones (whatever the device count).
       std::vector<float> first, second;
       for (int r = 0; r < N; ++r) {
-        const std::vector<float> m = engine.moments_to_host(r, b);
-        const size_t n = static_cast<size_t>(engine.shard_of(r, b).size());
+        const std::vector<float> m = engine.rank(r).moments_to_host(b);
+        const size_t n = static_cast<size_t>(engine.rank(r).shard_of(b).size());
         first.insert(first.end(), m.begin(), m.begin() + static_cast<long>(n));
         second.insert(second.end(), m.begin() + static_cast<long>(n), m.end());
       }
@@ -887,13 +887,13 @@ nlohmann::json Trainer::memory_report(World& w, RunReport& report) {
   for (int r = 0; r < N; ++r) {
     ZeroEngine& engine = w.engine_of(r);
     const int er = w.engine_rank(r);
-    const ModelStateBytes mb = engine.model_state_bytes(er);
+    const ModelStateBytes mb = engine.rank(er).model_state_bytes();
     const size_t peak = w.device(r).memory().stats().peak_allocated_bytes;
     const size_t act = w.pipelined() ? w.pipeline().work[static_cast<size_t>(r)]->bytes() : w.rank(r).ws->bytes();
     result_.peak_bytes_per_device.push_back(peak);
     result_.model_state_bytes_per_device.push_back(mb.total());
-    result_.host_peak_bytes_per_device.push_back(engine.host_peak_bytes(er));
-    report.host_peak = std::max(report.host_peak, engine.host_peak_bytes(er));
+    result_.host_peak_bytes_per_device.push_back(engine.rank(er).host_peak_bytes());
+    report.host_peak = std::max(report.host_peak, engine.rank(er).host_peak_bytes());
     result_.activation_bytes_per_device.push_back(act);
     const uint64_t tensor_sent = r < static_cast<int>(result_.tensor_bytes_per_step_per_device.size())
                                      ? result_.tensor_bytes_per_step_per_device[static_cast<size_t>(r)]

@@ -246,13 +246,13 @@ void World::load_initial_parameters(const std::vector<std::vector<float>>& host)
       for (int b = 0; b < m.layout().num_blocks(); ++b)
         local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
                              : host[static_cast<size_t>(m.logical_block(b))]);
-      engine_of(r).load_parameters(engine_rank(r), local);
+      engine_of(r).rank(engine_rank(r)).load_parameters(local);
     }
     return;
   }
   const TensorMap* map = model_->tensor_map();
   if (!map) {
-    for (int r = 0; r < N; ++r) engine_->load_parameters(r, host);
+    for (int r = 0; r < N; ++r) engine_->rank(r).load_parameters(host);
     return;
   }
   const int TP = mesh_->shape().tensor;
@@ -261,7 +261,7 @@ void World::load_initial_parameters(const std::vector<std::vector<float>>& host)
     std::vector<std::vector<float>> local;
     for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
     for (int r = 0; r < N; ++r)
-      if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->load_parameters(r, local);
+      if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->rank(r).load_parameters(local);
   }
 }
 
@@ -302,7 +302,7 @@ void World::build_pipeline(const ZeroOptions& zero) {
     Device& d = device(r);
     Stream& s = d.compute();
     const auto R = static_cast<size_t>(r);
-    pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).access(engine_rank(r)), B, T,
+    pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).rank(engine_rank(r)), B, T,
                                                        pp.schedule, stage_of(r)));
     for (int k = 0; k < m; ++k) {
       pp.inputs[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
@@ -394,7 +394,7 @@ Workspace* World::forward_stages(int r, std::vector<std::unique_ptr<Workspace>>&
       comm_->recv(r, group[static_cast<size_t>((g - 1) % P)], w.stage_input(), &s);
       comm_->wait_done(r, s);
     }
-    model.forward(s, engine_of(r).access(engine_rank(r)), w, batch, 0.0f, false);
+    model.forward(s, engine_of(r).rank(engine_rank(r)), w, batch, 0.0f, false);
     if (g == last) {
       head = &w;
     } else {
@@ -476,7 +476,7 @@ TrainCounters World::apply_state(const StateSource& src, const nlohmann::json& m
     const optim::LossScaleState st{ls.at("scale").get<float>(), ls.at("inv_scale").get<float>(),
                                    ls.at("good_steps").get<float>(), ls.at("hysteresis_left").get<float>(),
                                    ls.at("collapsed").get<float>(), ls.at("skipped").get<float>()};
-    for (int r = 0; r < size(); ++r) engine_of(r).set_loss_scale_state(engine_rank(r), st);
+    for (int r = 0; r < size(); ++r) engine_of(r).rank(engine_rank(r)).scaler().set_state(st);
   }
   return c;
 }

@@ -61,7 +61,7 @@ constexpr int kStepSlots = 2;
 // One rank's buffers and host scratch.
 struct RankState {
   std::unique_ptr<Workspace> ws, sample_ws;
-  // norms: the 2 * blocks gradient-norm partials (ZeroEngine::check_gradients), then the step's
+  // norms: the 2 * blocks gradient-norm partials (ZeroRank::check_gradients), then the step's
   // loss sum and one micro-batch's (kLossSlots floats), summed on the device and read once per step.
   DeviceBuffer inputs, targets, norms;
   Batch batch;

@@ -11,7 +11,9 @@
 
 #include "core/status.h"
 #include "memory/caching_allocator.h"
-#include "zero/engine.h"
+#include "model/model.h"
+#include "optimizers/optimizers.h"
+#include "zero/options.h"
 #include "zero/shard_plan.h"
 
 namespace zt {
@@ -293,6 +295,95 @@ TransientPeak transient_peak(const VisitPlan& plan, int num_blocks) {
     if (i >= 0) out.live.push_back(plan.ops[static_cast<size_t>(i)]);
   out.work += peak_at + 1 + where.size();
   return out;
+}
+
+// The model-state kind a resident buffer counts as.
+size_t* state_slot(ModelStateBytes& m, BufferRole role) {
+  switch (role) {
+    case BufferRole::kParams: return &m.params;
+    case BufferRole::kFullGradBucket:
+    case BufferRole::kGradShardAccum: return &m.grads;
+    case BufferRole::kMaster:
+    case BufferRole::kMomentM:
+    case BufferRole::kMomentV: return &m.optimizer;
+    default: return nullptr;  // transient
+  }
+}
+
+namespace {
+
+// The longest rank's optimizer list (one segment per tensor piece in the rank's state range), so
+// the plan sizes the device copy of the lists as build_segments does. A tensor spans a contiguous
+// run of ranks' shards: counted with a difference array over ranks, O(tensors + world).
+size_t planned_optimizer_segments(const ParamLayout& L, int world, const ShardingPolicy& p, size_t* work) {
+  // `world`: the ranks the blocks are sharded over (the data group).
+  std::vector<int64_t> diff(static_cast<size_t>(world) + 1, 0);
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    const int64_t shard = shard_range(L.block(b).numel, 0, world).shard_numel;
+    for (const ParamTensor& t : L.block(b).tensors) {
+      if (t.numel <= 0) continue;
+      const int64_t first = p.shard_optimizer ? t.offset / shard : 0;
+      const int64_t last = p.shard_optimizer ? (t.offset + t.numel - 1) / shard : world - 1;
+      ++diff[static_cast<size_t>(first)];
+      --diff[static_cast<size_t>(last) + 1];
+    }
+    *work += 1 + L.block(b).tensors.size();
+  }
+  int64_t most = 0, run = 0;
+  for (int r = 0; r < world; ++r) most = std::max(most, run += diff[static_cast<size_t>(r)]);
+  *work += static_cast<size_t>(world);
+  return static_cast<size_t>(most);
+}
+
+}  // namespace
+
+EngineMemoryPlan plan_engine_memory(const Model& model, int world, const ZeroOptions& opt) {
+  const ShardingPolicy p = policy_for_stage(opt.stage);
+  const ParamLayout& L = model.layout();
+  EngineMemoryPlan plan;
+  std::vector<BlockBufferBytes> sizes;
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    sizes.push_back(zt::block_buffer_bytes(L.block(b).numel, world, opt, model.activation_dtype()));
+    for (const ResidentBuffer& rb : resident_buffers(sizes.back(), p)) {
+      plan.resident.push_back(rb.bytes);
+      *state_slot(plan.state, rb.role) += rb.bytes;
+    }
+    plan.host += sizes.back().host;
+  }
+  if (opt.offload) plan.host += kOffloadScalarBytes;
+  plan.work += static_cast<size_t>(L.num_blocks());
+  // Per rank: the loss-scale state, the overflow flags, and the multi-tensor lists.
+  const size_t opt_segs = planned_optimizer_segments(L, data_parallel_size(world, opt), p, &plan.work);
+  plan.resident.push_back(kScalerBytes);
+  plan.resident.push_back(static_cast<size_t>(world) * sizeof(float));
+  plan.resident.push_back(std::max<size_t>(1, opt_segs) * sizeof(optim::OptimizerSegment));
+  plan.resident.push_back(static_cast<size_t>(std::max(1, L.num_blocks())) * sizeof(optim::GradSegment));
+  // The transient peaks: the very lists the hooks execute for a training micro-batch and for a
+  // forward-only pass.
+  const bool mixed = opt.working != DType::kF32, widen = widens_params(opt.working, model.activation_dtype());
+  if (opt.pipeline) {
+    // A pipeline stage's step (begin_pipeline_step): per block, in layout order, the fp32 compute
+    // copy (mixed, fp32 model), the full gradient bucket when not resident (stage 2), the fp32
+    // compute gradient (mixed), all live until the step's reduction; an evaluation's forwards hold
+    // the copies only.
+    for (const BlockBufferBytes& sz : sizes) {
+      if (widen) plan.train_peak.push_back({sz[BufferRole::kComputeParams], false});
+      if (p.shard_grads) plan.train_peak.push_back({sz[BufferRole::kFullGradBucket], false});
+      if (mixed) plan.train_peak.push_back({sz[BufferRole::kComputeGrad], false});
+      if (widen) plan.forward_peak.push_back({sz[BufferRole::kComputeParams], false});
+    }
+    plan.work += sizes.size();
+    return plan;
+  }
+  const auto fwd = model.forward_order(), bwd = model.backward_order();
+  size_t arena = 0;  // as EngineImpl::make_plans sizes it
+  for (bool forward_only : {false, true}) {
+    const VisitPlan vp = make_visit_plan(fwd, bwd, sizes, p, mixed, widen, forward_only);
+    arena = std::max(arena, vp.arena_bytes);
+    plan.work += vp.work;
+  }
+  if (arena > 0) plan.train_peak = plan.forward_peak = {PlannedBuffer{arena, false, true}};
+  return plan;
 }
 
 }  // namespace zt

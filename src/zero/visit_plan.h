@@ -139,4 +139,41 @@ struct TransientPeak {
 };
 TransientPeak transient_peak(const VisitPlan& plan, int num_blocks);
 
+// ---- the engine's memory plan: the resident buffers and the visit plans above, counted --------
+// Bytes a rank holds resident, by kind (the ZeRO "model states").
+struct ModelStateBytes {
+  size_t params = 0, grads = 0, optimizer = 0;
+  size_t total() const { return params + grads + optimizer; }
+};
+
+// One transient buffer live at the engine's transient peak.
+struct PlannedBuffer {
+  size_t bytes = 0;
+  bool comm_stream = false;  // allocated for the comm stream (stage-3 gathers), else compute
+  // The rank's transient arena (VisitPlan): one block allocated at the first micro-batch and
+  // never freed, so it leaves no freed segments for other transients to split.
+  bool arena = false;
+};
+
+// Per-rank memory of an engine, predicted without devices.
+struct EngineMemoryPlan {
+  std::vector<size_t> resident;  // every resident buffer, in allocation order (bytes)
+  ModelStateBytes state;         // their sum by kind: what ZeroRank::model_state_bytes reports
+  // Transient buffers live at once at the peak (pool blocks, pool_rounded_size) of a training
+  // micro-batch and of a forward-only pass (evaluation, sampling): the rank's transient arena,
+  // which both share (a pipeline stage's engine: its step's buffers, from the pool).
+  std::vector<PlannedBuffer> train_peak, forward_peak;
+  size_t host = 0;  // offload: the rank's host-arena bytes (what ZeroRank::host_peak_bytes reports)
+  size_t work = 0;  // loop iterations the plan took (tests check it is linear in the layers)
+};
+
+// The model-state kind a resident buffer counts as (null: a transient role).
+size_t* state_slot(ModelStateBytes& m, BufferRole role);
+
+class Model;
+// What an engine of this model on `world` devices allocates per rank: the resident buffers
+// (resident_buffers) and the transient arena the visit plans the engine's hooks execute
+// (make_visit_plan) are laid out in. Linear in the model's visits.
+EngineMemoryPlan plan_engine_memory(const Model& model, int world, const ZeroOptions& opt);
+
 }  // namespace zt

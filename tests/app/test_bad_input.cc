@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -31,13 +33,6 @@ struct Proc {
   int term_signal = 0;
   std::string out, err;
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Runs the binary in `cwd` with a time limit, stdout and stderr going to the given files (stdout
 // to /dev/full is a full disk); `during(pid)` runs while it does (signals, a second run). Proc::out
@@ -72,10 +67,10 @@ Proc run_io(const fs::path& cwd, const fs::path& out, const fs::path& err, const
   if (WIFEXITED(status)) p.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) p.term_signal = WTERMSIG(status);
   if (own_out) {
-    p.out = slurp(out);
+    p.out = zt::test_util::read_text(out);
     fs::remove(out);
   }
-  p.err = slurp(err);
+  p.err = zt::test_util::read_text(err);
   fs::remove(err);
   return p;
 }
@@ -89,7 +84,7 @@ Proc run_in(const fs::path& cwd, const std::vector<std::string>& args, double ti
 void wait_for_line(const fs::path& path, double timeout_s = 60) {
   const auto t0 = Clock::now();
   while (std::chrono::duration<double>(Clock::now() - t0).count() < timeout_s) {
-    if (slurp(path).find('\n') != std::string::npos) return;
+    if (zt::test_util::read_text(path).find('\n') != std::string::npos) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ADD_FAILURE() << path << " stayed empty";
@@ -103,7 +98,7 @@ std::map<std::string, std::string> fingerprint(const fs::path& root) {
     // Lock files hold whoever took the lock last (a refused run may have): not part of the data.
     if (p.filename() == ".run.lock" || p.filename() == ".lock") return;
     const fs::file_status st = fs::symlink_status(p);
-    if (fs::is_regular_file(st)) fp[p.string()] = "file:" + slurp(p);
+    if (fs::is_regular_file(st)) fp[p.string()] = "file:" + zt::test_util::read_text(p);
     else if (fs::is_symlink(st)) fp[p.string()] = "link:" + fs::read_symlink(p).string();
     else if (fs::is_directory(st)) fp[p.string()] = "dir";
     else fp[p.string()] = "other:" + std::to_string(static_cast<int>(st.type()));
@@ -470,7 +465,7 @@ TEST_F(BadInput, ASecondConcurrentRunIntoOneDirectoryIsRefused) {
                             });
   EXPECT_EQ(second.exit_code, 2) << second.err;
   expect_one_sentence(second, "d");
-  EXPECT_EQ(slurp(dir_ / "m2.jsonl").find("\"step\""), std::string::npos);
+  EXPECT_EQ(zt::test_util::read_text(dir_ / "m2.jsonl").find("\"step\""), std::string::npos);
   EXPECT_EQ(first.exit_code, 128 + SIGTERM) << first.err;
   EXPECT_TRUE(fs::exists(dir_ / "d" / "latest"));
 }
@@ -512,7 +507,7 @@ TEST_F(BadInput, UnusableCheckpointPathsFailBeforeTheFirstStep) {
     std::printf("note: no /sys here; the read-only --checkpoint-dir cases are skipped\n");
   }
   run_cases(dir_, cases, [&] { fs::remove(dir_ / "m.jsonl"); },
-            [&] { EXPECT_EQ(slurp(dir_ / "m.jsonl").find("\"step\""), std::string::npos) << "a step ran"; });
+            [&] { EXPECT_EQ(zt::test_util::read_text(dir_ / "m.jsonl").find("\"step\""), std::string::npos) << "a step ran"; });
 }
 
 // 9: three devices with the default batch, and the README's resume of a 2-device run onto three

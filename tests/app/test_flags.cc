@@ -26,13 +26,6 @@ struct Out {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Runs `zerotrain args` in `cwd` through the shell; stderr goes to a file beside cwd (not in it,
 // so that "nothing was written" can be checked on cwd).
 Out zerotrain(const fs::path& cwd, const std::string& args) {
@@ -46,7 +39,7 @@ Out zerotrain(const fs::path& cwd, const std::string& args) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
   const int status = pclose(p);
   o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  o.err = slurp(err);
+  o.err = zt::test_util::read_text(err);
   fs::remove(err);
   return o;
 }
@@ -68,7 +61,7 @@ const std::string kTiny =
 // The metrics records without their timings (and the summary's time-derived fields).
 std::vector<nlohmann::json> records(const fs::path& path) {
   std::vector<nlohmann::json> out;
-  std::istringstream in(slurp(path));
+  std::istringstream in(zt::test_util::read_text(path));
   for (std::string line; std::getline(in, line);) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j.value("event", "") == "checkpoint") continue;  // a run with --checkpoint-dir saved one
@@ -186,7 +179,7 @@ TEST_F(Flags, PrintConfigThenConfigReproducesTheRun) {
   ASSERT_GE(ra.size(), 6u);
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i].dump(), rb[i].dump()) << "record " << i;
   // The checkpoint directory's copy: the same flags (plus --checkpoint-dir) and a fixed point.
-  const std::string saved = slurp(dir() / "ck" / "config.toml");
+  const std::string saved = zt::test_util::read_text(dir() / "ck" / "config.toml");
   EXPECT_NE(saved.find("checkpoint-dir = 'ck'\n"), std::string::npos) << saved;
   EXPECT_NE(saved.find("lr = 0.003\n"), std::string::npos) << saved;
   Out again = zerotrain(dir(), "train --config ck/config.toml --print-config");

@@ -315,21 +315,7 @@ zt::test_util::RunResult run_in(const fs::path& dir, const std::vector<std::stri
   for (const std::string& e : env) cmd += " " + sh_quote(e);
   cmd += " " + sh_quote(ZEROTRAIN_BIN);
   for (const std::string& a : args) cmd += " " + sh_quote(a);
-  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+  return zt::test_util::run_command(cmd + " 2>&1");
 }
 
 std::vector<std::string> lines_of(const std::string& s) {
@@ -396,7 +382,7 @@ TEST(ReadmeExtractor, FastFormShrinksTrainOnly) {
 }
 
 TEST(Readme, EveryExampleCommandRuns) {
-  const std::string readme = read_file(ZT_README);
+  const std::string readme = zt::test_util::read_text(ZT_README);
   ASSERT_FALSE(readme.empty()) << "cannot read " << ZT_README;
   const std::vector<Example> examples = extract_examples(readme);
   ASSERT_GE(examples.size(), 15u) << "the extractor found too few zerotrain commands in " << ZT_README;

@@ -39,33 +39,17 @@
 #include "model/model.h"
 #include "sanitizer.h"
 #include "train/state_io.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using test_util::TempDir;
+using test_util::read_bytes;
+using test_util::write_file;
 using nlohmann::json;
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("zt_test_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string sub(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 // Runs f, which must throw zt::Error of `kind` whose message contains every part.
 template <typename F>
@@ -80,18 +64,6 @@ std::string expect_error(F&& f, ErrorKind kind, std::initializer_list<std::strin
   ADD_FAILURE() << "expected zt::Error mentioning '" << *parts.begin() << "'";
   return {};
 }
-
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const std::string& path, const void* data, size_t bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-}
-void write_file(const std::string& path, const std::vector<uint8_t>& bytes) { write_file(path, bytes.data(), bytes.size()); }
-void write_file(const std::string& path, const std::string& text) { write_file(path, text.data(), text.size()); }
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -175,7 +147,7 @@ void expect_arrays(const CheckpointReader& r, int64_t step, const std::vector<Ar
 }
 
 std::string manifest_text(const std::string& dir) {
-  const std::vector<uint8_t> b = read_file(dir + "/manifest.json");
+  const std::vector<uint8_t> b = read_bytes(dir + "/manifest.json");
   return std::string(b.begin(), b.end());
 }
 
@@ -220,7 +192,7 @@ TEST(Checkpoint, RoundTripFromConcurrentFiles) {
   TempDir dir;
   const auto arrays = test_arrays();
   const std::string path = save(dir.str(), 100, 4, arrays, 0, 3);
-  EXPECT_EQ(path, dir.sub("step-00000100"));
+  EXPECT_EQ(path, dir.path("step-00000100"));
   const CheckpointReader r = CheckpointReader::open(path);
   EXPECT_EQ(r.step(), 100);
   EXPECT_EQ(r.meta().at("model"), "gpt-tiny");
@@ -424,18 +396,18 @@ TEST(Checkpoint, LatestNamesTheNewestCommit) {
   TempDir dir;
   const auto arrays = test_arrays();
   EXPECT_EQ(read_latest(dir.str()), std::nullopt);
-  EXPECT_TRUE(list_checkpoints(dir.sub("missing")).empty());
+  EXPECT_TRUE(list_checkpoints(dir.path("missing")).empty());
   save(dir.str(), 100, 2, arrays);
   EXPECT_EQ(read_latest(dir.str()), "step-00000100");
   save(dir.str(), 200, 2, arrays);
   EXPECT_EQ(read_latest(dir.str()), "step-00000200");
-  EXPECT_EQ(manifest_text(dir.sub("step-00000200")).back(), '\n');
+  EXPECT_EQ(manifest_text(dir.path("step-00000200")).back(), '\n');
   const auto entries = list_checkpoints(dir.str());
   ASSERT_EQ(entries.size(), 2u);
   EXPECT_EQ(entries[0].step, 100);
   EXPECT_EQ(entries[1].step, 200);
   EXPECT_TRUE(entries[1].has_manifest);
-  EXPECT_EQ(entries[1].path, dir.sub("step-00000200"));
+  EXPECT_EQ(entries[1].path, dir.path("step-00000200"));
 }
 
 TEST(Checkpoint, KeepPrunesOnlyAfterTheNewOneIsComplete) {
@@ -470,12 +442,12 @@ TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNext
   save(dir.str(), 1, 1, arrays);
   // An interrupted save's staging directory, a step directory without manifest, a trash directory,
   // a latest temporary.
-  fs::create_directories(dir.sub(".tmp-step-00000002-99999-0"));
-  write_file(dir.sub(".tmp-step-00000002-99999-0/.rank-00000.bin.tmp"), std::string("partial"));
-  fs::create_directories(dir.sub("step-00000003"));
-  write_file(dir.sub("step-00000003/rank-00000.bin"), std::string("partial"));
-  fs::create_directories(dir.sub(".trash-step-00000000-1-0"));
-  write_file(dir.sub(".latest.tmp-99999"), std::string("step-0000000"));
+  fs::create_directories(dir.path(".tmp-step-00000002-99999-0"));
+  write_file(dir.path(".tmp-step-00000002-99999-0/.rank-00000.bin.tmp"), std::string("partial"));
+  fs::create_directories(dir.path("step-00000003"));
+  write_file(dir.path("step-00000003/rank-00000.bin"), std::string("partial"));
+  fs::create_directories(dir.path(".trash-step-00000000-1-0"));
+  write_file(dir.path(".latest.tmp-99999"), std::string("step-0000000"));
 
   std::vector<std::string> notes;
   auto resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
@@ -485,7 +457,7 @@ TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNext
   EXPECT_THAT(notes[0], HasSubstr("step-00000003"));
   EXPECT_THAT(notes[0], HasSubstr("no manifest.json"));
   EXPECT_THAT(notes[0], HasSubstr("falling back to step-00000001"));
-  EXPECT_TRUE(fs::exists(dir.sub("step-00000003")));  // a load never deletes
+  EXPECT_TRUE(fs::exists(dir.path("step-00000003")));  // a load never deletes
 
   save(dir.str(), 4, 1, arrays);
   std::vector<std::string> names;
@@ -493,7 +465,7 @@ TEST(Checkpoint, LeftoversOfInterruptedSavesAreIgnoredByLoadsAndRemovedByTheNext
   std::sort(names.begin(), names.end());
   // The step directory without a manifest is no save's leftover (saves appear by rename): kept.
   EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-00000001", "step-00000003", "step-00000004"}));
-  EXPECT_EQ(read_file(dir.sub("step-00000003/rank-00000.bin")).size(), 7u);
+  EXPECT_EQ(read_bytes(dir.path("step-00000003/rank-00000.bin")).size(), 7u);
 }
 
 TEST(Checkpoint, SavingAnExistingStepReplacesItAtomically) {
@@ -506,13 +478,13 @@ TEST(Checkpoint, SavingAnExistingStepReplacesItAtomically) {
   const std::vector<uint8_t> data = array_bytes(99, 0, 5000 * 4);
   w.write_range(0, "x", 0, data.data(), data.size());
   w.commit(json{{"run", "second"}}, 0);
-  const CheckpointReader r = CheckpointReader::open(dir.sub("step-00000010"));
+  const CheckpointReader r = CheckpointReader::open(dir.path("step-00000010"));
   EXPECT_EQ(r.meta().at("run"), "second");
   EXPECT_EQ(r.manifest().files.size(), 1u);
   std::vector<uint8_t> got(data.size());
   r.read("x", 0, 5000, got.data());
   EXPECT_TRUE(got == data);
-  EXPECT_FALSE(fs::exists(dir.sub("step-00000010/rank-00001.bin")));
+  EXPECT_FALSE(fs::exists(dir.path("step-00000010/rank-00001.bin")));
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
@@ -557,9 +529,9 @@ TEST(Checkpoint, WriterMisuseIsRefused) {
   }
   expect_error([&] { CheckpointWriter(dir.str(), -1, 1); }, ErrorKind::kInvalidArgument, {"non-negative"});
   expect_error([&] { CheckpointWriter(dir.str(), 1, 0); }, ErrorKind::kInvalidArgument, {"1 to"});
-  write_file(dir.sub("afile"), std::string("x"));
+  write_file(dir.path("afile"), std::string("x"));
   // A file where the directory should be is the user's mistake (exit 2), not a disk failure.
-  expect_error([&] { CheckpointWriter(dir.sub("afile"), 1, 1); }, ErrorKind::kInvalidArgument, {"afile"});
+  expect_error([&] { CheckpointWriter(dir.path("afile"), 1, 1); }, ErrorKind::kInvalidArgument, {"afile"});
   {
     CheckpointWriter w(dir.str(), 1, 1);
     w.declare_array("x", StorageDType::kF32, 2);
@@ -569,13 +541,13 @@ TEST(Checkpoint, WriterMisuseIsRefused) {
     w.commit(json::object(), 0);
     expect_error([&] { w.commit(json::object(), 0); }, ErrorKind::kInvalidArgument, {"already committed"});
   }
-  EXPECT_EQ(CheckpointReader::open(dir.sub("step-00000001")).array("x").numel, 2u);
+  EXPECT_EQ(CheckpointReader::open(dir.path("step-00000001")).array("x").numel, 2u);
 }
 
 // ---- resume ----------------------------------------------------------------------------------
 
 void flip_bit(const std::string& path, uint64_t byte, int bit) {
-  std::vector<uint8_t> b = read_file(path);
+  std::vector<uint8_t> b = read_bytes(path);
   ASSERT_LT(byte, b.size());
   b[byte] ^= static_cast<uint8_t>(1u << bit);
   write_file(path, b);
@@ -584,7 +556,7 @@ void flip_bit(const std::string& path, uint64_t byte, int bit) {
 TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   TempDir dir;
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 3000, {}}, {"y", StorageDType::kBF16, 77, {}}};
-  EXPECT_EQ(resolve_resume(dir.sub("nothing-here"), ResumeFrom::newest(), nullptr), std::nullopt);
+  EXPECT_EQ(resolve_resume(dir.path("nothing-here"), ResumeFrom::newest(), nullptr), std::nullopt);
   EXPECT_EQ(resolve_resume(dir.str(), ResumeFrom::newest(), nullptr), std::nullopt);
   for (int64_t step : {100, 200, 300}) save(dir.str(), step, 3, arrays);
 
@@ -592,11 +564,11 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   auto resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 300);
-  EXPECT_EQ(resolved->path, dir.sub("step-00000300"));
+  EXPECT_EQ(resolved->path, dir.path("step-00000300"));
   EXPECT_TRUE(notes.empty());
   expect_arrays(resolved->reader, 300, arrays);
 
-  flip_bit(dir.sub("step-00000300/rank-00001.bin"), 1234, 5);
+  flip_bit(dir.path("step-00000300/rank-00001.bin"), 1234, 5);
   resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 200);
@@ -608,8 +580,8 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
 
   // Two bad ones: a truncated manifest too.
   notes.clear();
-  const std::string m = manifest_text(dir.sub("step-00000200"));
-  write_file(dir.sub("step-00000200/manifest.json"), m.substr(0, m.size() / 2));
+  const std::string m = manifest_text(dir.path("step-00000200"));
+  write_file(dir.path("step-00000200/manifest.json"), m.substr(0, m.size() / 2));
   resolved = resolve_resume(dir.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 100);
@@ -618,7 +590,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   EXPECT_THAT(notes[1], HasSubstr("falling back to step-00000100"));
 
   // None usable: an error, not a silent fresh start.
-  fs::remove(dir.sub("step-00000100/rank-00002.bin"));
+  fs::remove(dir.path("step-00000100/rank-00002.bin"));
   expect_error([&] { resolve_resume(dir.str(), ResumeFrom::newest(), nullptr); }, ErrorKind::kInvalidArgument,
                {"none is usable", "rank-00002.bin: the file is missing"});
 
@@ -626,7 +598,7 @@ TEST(Resume, AutoTakesTheNewestValidAndFallsBackWithANote) {
   TempDir other;
   save(other.str(), 1, 1, arrays);
   save(other.str(), 400, 1, arrays);
-  fs::rename(other.sub("step-00000400"), other.sub("step-00000500"));
+  fs::rename(other.path("step-00000400"), other.path("step-00000500"));
   notes.clear();
   resolved = resolve_resume(other.str(), ResumeFrom::newest(), &notes);
   ASSERT_TRUE(resolved);
@@ -640,15 +612,15 @@ TEST(Resume, ExplicitPathHasNoFallback) {
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 300, {}}};
   save(dir.str(), 1, 2, arrays);
   save(dir.str(), 2, 2, arrays);
-  auto resolved = resolve_resume("", ResumeFrom::checkpoint(dir.sub("step-00000001")), nullptr);
+  auto resolved = resolve_resume("", ResumeFrom::checkpoint(dir.path("step-00000001")), nullptr);
   ASSERT_TRUE(resolved);
   EXPECT_EQ(resolved->step, 1);
   expect_arrays(resolved->reader, 1, arrays);
-  flip_bit(dir.sub("step-00000002/rank-00000.bin"), 10, 0);
-  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.sub("step-00000002")), nullptr); }, ErrorKind::kInvalidArgument,
+  flip_bit(dir.path("step-00000002/rank-00000.bin"), 10, 0);
+  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.path("step-00000002")), nullptr); }, ErrorKind::kInvalidArgument,
                {"step-00000002: rank-00000.bin: checksum mismatch"});
   expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.str()), nullptr); }, ErrorKind::kInvalidArgument, {"holds checkpoints but is not one"});
-  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.sub("nope")), nullptr); }, ErrorKind::kInvalidArgument, {"does not exist"});
+  expect_error([&] { resolve_resume("", ResumeFrom::checkpoint(dir.path("nope")), nullptr); }, ErrorKind::kInvalidArgument, {"does not exist"});
   expect_error([&] { resolve_resume("", ResumeFrom{}, nullptr); }, ErrorKind::kInvalidArgument, {"--resume"});
 }
 
@@ -660,7 +632,7 @@ TEST(Corruption, TruncationOfEveryFileIsDetected) {
   const std::string ck = save(dir.str(), 1, 3, arrays);
   for (const auto& e : fs::directory_iterator(ck)) {
     const std::string name = e.path().filename().string();
-    const std::vector<uint8_t> original = read_file(e.path().string());
+    const std::vector<uint8_t> original = read_bytes(e.path().string());
     for (const size_t keep : {size_t{0}, original.size() / 2, original.size() - 1}) {
       write_file(e.path().string(), original.data(), keep);
       const std::string msg = expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {name});
@@ -688,7 +660,7 @@ TEST(Corruption, BitFlipsInEveryFileAreDetected) {
   const int flips = test::kSanitized ? 12 : 40;
   for (const auto& e : fs::directory_iterator(ck)) {
     const std::string name = e.path().filename().string();
-    const std::vector<uint8_t> original = read_file(e.path().string());
+    const std::vector<uint8_t> original = read_bytes(e.path().string());
     for (int t = 0; t < flips; ++t) {
       std::vector<uint8_t> damaged = original;
       // Single bits anywhere, the first and last bytes, and a few multi-byte smears.
@@ -715,7 +687,7 @@ TEST(Corruption, PathTraversalNamesAreRefused) {
   const std::string ck = save(dir.str(), 1, 2, arrays);
   const std::string original = manifest_text(ck);
   // A copy of the real file where the traversal would land, so only the name rule can refuse it.
-  fs::copy_file(ck + "/rank-00001.bin", dir.sub("x"));
+  fs::copy_file(ck + "/rank-00001.bin", dir.path("x"));
   for (const char* bad : {"../x", "/etc/passwd", "a/b", "..", ".", ".rank-00001.bin", "", "a\\b"}) {
     write_file(ck + "/manifest.json", reseal(replace_all(original, "rank-00001.bin", bad)));
     expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument,
@@ -730,13 +702,13 @@ TEST(Corruption, SymlinkedFilesAreRefused) {
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
   const std::string ck = save(dir.str(), 1, 2, arrays);
   // Identical bytes outside the checkpoint: only the no-symlink rule can refuse it.
-  fs::rename(ck + "/rank-00001.bin", dir.sub("outside.bin"));
-  fs::create_symlink(dir.sub("outside.bin"), ck + "/rank-00001.bin");
+  fs::rename(ck + "/rank-00001.bin", dir.path("outside.bin"));
+  fs::create_symlink(dir.path("outside.bin"), ck + "/rank-00001.bin");
   expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"rank-00001.bin", "symbolic link"});
   fs::remove(ck + "/rank-00001.bin");
-  fs::rename(dir.sub("outside.bin"), ck + "/rank-00001.bin");
-  fs::rename(ck + "/manifest.json", dir.sub("m.json"));
-  fs::create_symlink(dir.sub("m.json"), ck + "/manifest.json");
+  fs::rename(dir.path("outside.bin"), ck + "/rank-00001.bin");
+  fs::rename(ck + "/manifest.json", dir.path("m.json"));
+  fs::create_symlink(dir.path("m.json"), ck + "/manifest.json");
   expect_error([&] { CheckpointReader::open(ck); }, ErrorKind::kInvalidArgument, {"manifest.json", "symbolic link"});
   fs::remove(ck + "/manifest.json");
   fs::create_directory(ck + "/manifest.json");
@@ -881,12 +853,12 @@ TEST(CheckpointCrash, SigkillAtRandomInstantsLeavesTheNewestCompleteCheckpointLo
   const int trials = env_int("ZT_CRASH_TRIALS", 50);
   const auto seed = static_cast<uint64_t>(env_int("ZT_CRASH_SEED", 20240520));
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const auto arrays = crash_arrays();
 
   // Calibrate: how long one save takes here, so the delays span a few of them.
   const auto t0 = std::chrono::steady_clock::now();
-  save(dir.sub("calibrate"), 1, kCrashFiles, arrays, 0, 2, json{{"step", 1}});
+  save(dir.path("calibrate"), 1, kCrashFiles, arrays, 0, 2, json{{"step", 1}});
   const auto save_us = std::max<int64_t>(
       200, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   std::mt19937_64 rng(seed);
@@ -991,7 +963,7 @@ HostSnapshot fake_snapshot(int64_t step) {
 std::map<std::string, std::vector<uint8_t>> tree_bytes(const std::string& dir) {
   std::map<std::string, std::vector<uint8_t>> out;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_file(e.path().string());
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_bytes(e.path().string());
   return out;
 }
 
@@ -1027,7 +999,7 @@ TEST(SaveFaults, AFailureAtEveryPointLeavesTheEarlierCheckpointsIntactAndResumab
     for (const bool zt_error : {true, false}) {
       SCOPED_TRACE(std::string(save_point_name(point)) + (zt_error ? " (zt::Error)" : " (std::runtime_error)"));
       TempDir dir;
-      const std::string root = dir.sub("ckpt");
+      const std::string root = dir.path("ckpt");
       BackgroundSaver saver(root, 2);
       saver.save(fake_snapshot(1), nullptr);
       saver.save(fake_snapshot(2), nullptr);
@@ -1084,7 +1056,7 @@ TEST(SaveFaults, AFailureAtEveryPointLeavesTheEarlierCheckpointsIntactAndResumab
 
 TEST(SaveFaults, TheNextSaveRethrowsAFailureAndDoesNotStart) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   BackgroundSaver saver(root, 0);
   ScopedHook hook([](SavePoint p, const std::string& path) {
     if (p == SavePoint::kManifest && path.find("step-00000001") != std::string::npos)
@@ -1098,7 +1070,7 @@ TEST(SaveFaults, TheNextSaveRethrowsAFailureAndDoesNotStart) {
 
 TEST(SaveFaults, TheCallbackRunsOnTheOwnersThreadAndNeverFromTheDestructor) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   {
     BackgroundSaver saver(root, 0);
     std::thread::id ran_on;
@@ -1143,13 +1115,13 @@ RunIdentity identity(uint64_t seed, int heads = 2) {
 }
 
 json owner_json(const std::string& root) {
-  const auto b = read_file(root + "/" + kOwnerFileName);
+  const auto b = read_bytes(root + "/" + kOwnerFileName);
   return json::parse(std::string(b.begin(), b.end()));
 }
 
 TEST(Ownership, TheFirstRunOwnsTheDirectoryAndAnotherRunIsRefused) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   std::string run_id;
   {
     const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
@@ -1176,7 +1148,7 @@ TEST(Ownership, TheFirstRunOwnsTheDirectoryAndAnotherRunIsRefused) {
 
 TEST(Ownership, ASecondConcurrentRunIsRefusedAtStart) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   {
     const CheckpointDirLease first = open_checkpoint_dir(root, identity(1), false);
     expect_error([&] { open_checkpoint_dir(root, identity(1), false); }, ErrorKind::kInvalidArgument,
@@ -1188,7 +1160,7 @@ TEST(Ownership, ASecondConcurrentRunIsRefusedAtStart) {
 
 TEST(Ownership, AnOwnerThatLeftNoCheckpointIsTakenOverWithANote) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const std::string first = open_checkpoint_dir(root, identity(1), false).run_id();
   const CheckpointDirLease second = open_checkpoint_dir(root, identity(2), false);
   EXPECT_NE(second.run_id(), first);
@@ -1201,7 +1173,7 @@ TEST(Ownership, AnOwnerThatLeftNoCheckpointIsTakenOverWithANote) {
 std::map<std::string, std::string> tree_state(const std::string& root) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(root)) {
-    const auto b = e.is_regular_file() ? read_file(e.path().string()) : std::vector<uint8_t>{};
+    const auto b = e.is_regular_file() ? read_bytes(e.path().string()) : std::vector<uint8_t>{};
     out[e.path().string()] = e.is_directory() ? "dir" : std::string(b.begin(), b.end());
   }
   return out;
@@ -1213,7 +1185,7 @@ std::map<std::string, std::string> tree_state(const std::string& root) {
 // the directory as it was (no lock file either).
 TEST(Ownership, ANonEmptyDirectoryWithoutAValidOwnerRecordIsNeverAdopted) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
   {
     const CheckpointDirLease lease = open_checkpoint_dir(root, identity(7), false, 10);
@@ -1237,7 +1209,7 @@ TEST(Ownership, ANonEmptyDirectoryWithoutAValidOwnerRecordIsNeverAdopted) {
                {"no owner record"});
   // A user's own files.
   TempDir mine;
-  write_file(mine.sub("notes.txt"), std::string("mine"));
+  write_file(mine.path("notes.txt"), std::string("mine"));
   expect_error([&] { open_checkpoint_dir(mine.str(), identity(1), false); }, ErrorKind::kInvalidArgument,
                {"notes.txt", "no owner record"});
   // A damaged owner record.
@@ -1247,7 +1219,7 @@ TEST(Ownership, ANonEmptyDirectoryWithoutAValidOwnerRecordIsNeverAdopted) {
                {"not a valid owner record", "--resume " + root + "/step-N --checkpoint-dir NEW"});
   EXPECT_EQ(tree_state(root), damaged);
   // The fix the sentence names works: resuming into a new directory (only the lease is needed here).
-  EXPECT_NO_THROW(open_checkpoint_dir(dir.sub("new"), identity(7), true, 10));
+  EXPECT_NO_THROW(open_checkpoint_dir(dir.path("new"), identity(7), true, 10));
 }
 
 // The file system's root and the home directory are nobody's checkpoint directory.
@@ -1272,16 +1244,16 @@ TEST(Ownership, TheRootAndTheHomeDirectoryAreRefused) {
 // a lease of another host renewed within the last minute is a live run there and is refused.
 TEST(Ownership, AStaleLeaseIsToldApartFromALiveOne) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const std::string lock = root + "/" + kRunLockFileName;
   {
     const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
-    const auto bytes = read_file(lock);
+    const auto bytes = read_bytes(lock);
     const json held = json::parse(std::string(bytes.begin(), bytes.end()));
     EXPECT_EQ(held.at("pid"), ::getpid());
     EXPECT_GT(held.at("renewed").get<int64_t>(), 0);
   }
-  EXPECT_TRUE(read_file(lock).empty()) << "a clean release empties the lease";
+  EXPECT_TRUE(read_bytes(lock).empty()) << "a clean release empties the lease";
   EXPECT_TRUE(open_checkpoint_dir(root, identity(1), false).notes().empty());
   const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
@@ -1302,7 +1274,7 @@ TEST(Ownership, AStaleLeaseIsToldApartFromALiveOne) {
   leave("zt-other-host", now);
   expect_error([&] { open_checkpoint_dir(root, identity(1), false); }, ErrorKind::kInvalidArgument,
                {"in use by a training run on another host", "zt-other-host", "process 4242"});
-  EXPECT_NE(read_file(lock).size(), 0u) << "a live lease of another host is left as it was";
+  EXPECT_NE(read_bytes(lock).size(), 0u) << "a live lease of another host is left as it was";
   // Another host, silent for ten minutes: stale.
   leave("zt-other-host", now - 600);
   const CheckpointDirLease lease = open_checkpoint_dir(root, identity(1), false);
@@ -1312,7 +1284,7 @@ TEST(Ownership, AStaleLeaseIsToldApartFromALiveOne) {
 
 TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOnce) {
   TempDir dir, elsewhere;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
   // Another run's checkpoint copied in, and a step directory without a manifest.
   {
@@ -1330,7 +1302,7 @@ TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOn
   for (const auto& e : list_checkpoints(root)) steps.push_back(e.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 5, 9}));
   EXPECT_TRUE(tree_bytes(root + "/step-00000002") == foreign);
-  EXPECT_EQ(read_file(root + "/step-00000009/notes.txt").size(), 4u);
+  EXPECT_EQ(read_bytes(root + "/step-00000009/notes.txt").size(), 4u);
   EXPECT_EQ(lease.notes().size(), 0u);  // it appeared after the lease was taken
 }
 
@@ -1339,7 +1311,7 @@ TEST(Ownership, PruneDeletesOnlyWhatTheLineageWroteAndMentionsStrayDirectoriesOn
 // step 1 and left as it was; beyond the last step it is left alone and named once.
 TEST(Ownership, NamesTheRunWouldWriteMustBeFreeOrItsOwn) {
   TempDir dir, elsewhere;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   const std::vector<ArraySpec> arrays = {{"x", StorageDType::kF32, 100, {}}};
   std::string run_id;
   {
@@ -1357,7 +1329,7 @@ TEST(Ownership, NamesTheRunWouldWriteMustBeFreeOrItsOwn) {
   expect_error([&] { open_checkpoint_dir(root, identity(1), true, 2); }, ErrorKind::kInvalidArgument,
                {"step-00000001", "no manifest.json", "step-1 checkpoint", "move it out"});
   EXPECT_EQ(tree_state(root), before);
-  fs::rename(root + "/step-00000001", dir.sub("moved"));
+  fs::rename(root + "/step-00000001", dir.path("moved"));
   // Its own step-2 is the lineage's: fine. Another run's checkpoint copied in at step 3: refused
   // by a run that reaches step 3, named once by one that does not.
   fs::copy(elsewhere.str() + "/step-00000003", root + "/step-00000003");
@@ -1382,7 +1354,7 @@ TEST(Ownership, NamesTheRunWouldWriteMustBeFreeOrItsOwn) {
 
 TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
   TempDir dir;
-  const std::string root = dir.sub("ckpt");
+  const std::string root = dir.path("ckpt");
   save(root, 10, 1, {{"x", StorageDType::kF32, 10, {}}});
   // The latest pointer instead of its directory, as --checkpoint-dir and as --resume.
   expect_error([&] { open_checkpoint_dir(root + "/latest", identity(1), false); }, ErrorKind::kInvalidArgument,
@@ -1397,7 +1369,7 @@ TEST(Ownership, UnusableDirectoriesAreRefusedBeforeTraining) {
                {"part of its path is a file"});
   // Not writable: a read-only directory (as root, which may write anywhere, a directory of sysfs).
   if (::geteuid() != 0) {
-    const std::string ro = dir.sub("ro");
+    const std::string ro = dir.path("ro");
     fs::create_directories(ro);
     ::chmod(ro.c_str(), 0555);
     expect_error([&] { open_checkpoint_dir(ro, identity(1), false); }, ErrorKind::kInvalidArgument,

@@ -18,41 +18,18 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/status.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using test_util::TempDir;
+using test_util::expect_invalid;
+using test_util::read_bytes;
+using test_util::write_file;
 using nlohmann::json;
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("zt_test_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string sub(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
 
 // A file from a header text and a data section, with an explicit header length (default: right).
 std::vector<uint8_t> make_file(const std::string& header, size_t data_bytes,
@@ -63,17 +40,6 @@ std::vector<uint8_t> make_file(const std::string& header, size_t data_bytes,
   if (!header.empty()) std::memcpy(out.data() + 8, header.data(), header.size());
   for (size_t i = 0; i < data_bytes; ++i) out[8 + header.size() + i] = static_cast<uint8_t>(i * 7 + 1);
   return out;
-}
-
-template <typename F>
-void expect_invalid(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected zt::Error(kInvalidArgument) mentioning '" << *parts.begin() << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
-    for (const std::string& p : parts) EXPECT_THAT(e.message(), HasSubstr(p));
-  }
 }
 
 std::vector<float> ramp(size_t n, float scale) {
@@ -88,7 +54,7 @@ TEST(Safetensors, RoundTrip) {
   const std::vector<uint16_t> h = {1, 2, 3, 0x7f80, 0xffff, 0};
   const std::vector<int32_t> ids = {-1, 0, 50256};
   const std::vector<uint8_t> flags = {1, 0, 1};
-  const std::string path = dir.sub("model.safetensors");
+  const std::string path = dir.path("model.safetensors");
   write_safetensors(path,
                     {{"wte.weight", StorageDType::kF32, {50, 16}, wte.data(), wte.size() * 4},
                      {"h.0.ln_1.weight", StorageDType::kBF16, {2, 3}, h.data(), h.size() * 2},
@@ -97,7 +63,7 @@ TEST(Safetensors, RoundTrip) {
                      {"flags", StorageDType::kBool, {3}, flags.data(), 3}},
                     {{"format", "pt"}, {"zerotrain_step", "100"}});
   // The header is padded so the data section starts 8-byte aligned.
-  const std::vector<uint8_t> raw = read_file(path);
+  const std::vector<uint8_t> raw = read_bytes(path);
   uint64_t n = 0;
   std::memcpy(&n, raw.data(), 8);
   EXPECT_EQ((8 + n) % 8, 0u);
@@ -132,7 +98,7 @@ TEST(Safetensors, RoundTrip) {
 
 TEST(Safetensors, StreamingWriterIsAtomic) {
   TempDir dir;
-  const std::string path = dir.sub("out.safetensors");
+  const std::string path = dir.path("out.safetensors");
   const std::vector<float> a = ramp(1000, 1.0f), b = ramp(7, 2.0f);
   {
     SafetensorsWriter w(path, {{"a", StorageDType::kF32, {10, 100}}, {"b", StorageDType::kF32, {7}}});
@@ -142,7 +108,7 @@ TEST(Safetensors, StreamingWriterIsAtomic) {
     // Abandoned: no file, no temporary.
   }
   EXPECT_FALSE(fs::exists(path));
-  EXPECT_TRUE(fs::is_empty(dir.sub("")));
+  EXPECT_TRUE(fs::is_empty(dir.path("")));
   {
     SafetensorsWriter w(path, {{"a", StorageDType::kF32, {10, 100}}, {"b", StorageDType::kF32, {7}}});
     w.write(a.data(), 4000);
@@ -211,12 +177,12 @@ TEST(Safetensors, MalformedFilesAreRefusedRuleByRule) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     expect_invalid([&] { parse_safetensors(c.bytes, "mem.safetensors"); }, {"mem.safetensors", c.expect});
-    const std::string path = dir.sub("bad.safetensors");
+    const std::string path = dir.path("bad.safetensors");
     write_file(path, c.bytes);
     expect_invalid([&] { SafetensorsFile::open(path); }, {path, c.expect});
   }
-  expect_invalid([&] { SafetensorsFile::open(dir.sub("missing.safetensors")); }, {"missing", "No such file"});
-  expect_invalid([&] { SafetensorsFile::open(dir.sub("")); }, {"not a regular file"});
+  expect_invalid([&] { SafetensorsFile::open(dir.path("missing.safetensors")); }, {"missing", "No such file"});
+  expect_invalid([&] { SafetensorsFile::open(dir.path("")); }, {"not a regular file"});
 }
 
 // Issue 12: the writer refuses to replace anything but a regular file (the rename used to turn
@@ -226,7 +192,7 @@ TEST(Safetensors, WriterRefusesNonRegularTargetsAndLeavesThem) {
   TempDir dir;
   const float x[3] = {1.0f, -2.0f, 3.5f};
   const std::vector<SafetensorsTensor> tensors = {{"x", StorageDType::kF32, {3}, x, sizeof(x)}};
-  const std::string fifo = dir.sub("out.safetensors");
+  const std::string fifo = dir.path("out.safetensors");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   expect_invalid([&] { write_safetensors(fifo, tensors); }, {fifo, "FIFO"});
   struct stat st {};
@@ -239,18 +205,18 @@ TEST(Safetensors, WriterRefusesNonRegularTargetsAndLeavesThem) {
     ASSERT_EQ(::lstat(dev, &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode)) << dev << " must stay a device node";
   }
-  const std::string link = dir.sub("link.safetensors");
-  fs::create_symlink(dir.sub("elsewhere"), link);
+  const std::string link = dir.path("link.safetensors");
+  fs::create_symlink(dir.path("elsewhere"), link);
   expect_invalid([&] { write_safetensors(link, tensors); }, {link, "symbolic link"});
-  EXPECT_FALSE(fs::exists(dir.sub("elsewhere")));
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir.sub("")), fs::directory_iterator{}), 2);  // no temp left
+  EXPECT_FALSE(fs::exists(dir.path("elsewhere")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path("")), fs::directory_iterator{}), 2);  // no temp left
 }
 
 TEST(Safetensors, TruncatedWhileOpenIsAnIoError) {
   TempDir dir;
   std::vector<float> v(1000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
-  const std::string path = dir.sub("w.safetensors");
+  const std::string path = dir.path("w.safetensors");
   write_safetensors(path, {{"v", StorageDType::kF32, {1000}, v.data(), v.size() * 4}});
   const SafetensorsFile f = SafetensorsFile::open(path);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f.header().data_offset + 100)), 0);

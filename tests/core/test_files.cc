@@ -22,37 +22,14 @@
 
 #include "core/files.h"
 #include "core/status.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("zt_test_files_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-  // Names in the directory, hidden ones included (a leftover temporary file shows up here).
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
+using test_util::TempDir;
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
@@ -104,7 +81,7 @@ int in_child(F&& body) {
 
 TEST(InputFile, ReadsARegularFileBoundedByItsSizeAtOpen) {
   TempDir dir;
-  const std::string path = dir.file("a.bin");
+  const std::string path = dir.path("a.bin");
   std::string text;
   for (int i = 0; i < 5000; ++i) text += static_cast<char>((i * 7 + 3) & 0xff);
   write_text(path, text);
@@ -124,7 +101,7 @@ TEST(InputFile, ReadsARegularFileBoundedByItsSizeAtOpen) {
 
 TEST(InputFile, TruncatedWhileOpenIsAnErrorNotSigbus) {
   TempDir dir;
-  const std::string path = dir.file("shrinks.bin");
+  const std::string path = dir.path("shrinks.bin");
   write_text(path, std::string(1 << 16, 'x'));
   const InputFile f = InputFile::open(path, "token shard");
   ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
@@ -137,7 +114,7 @@ TEST(InputFile, TruncatedWhileOpenIsAnErrorNotSigbus) {
 
 TEST(InputFile, RefusesFifosWithoutBlocking) {
   TempDir dir;
-  const std::string fifo = dir.file("pipe");
+  const std::string fifo = dir.path("pipe");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto t0 = std::chrono::steady_clock::now();
   expect_error([&] { InputFile::open(fifo, "text file"); }, ErrorKind::kInvalidArgument,
@@ -154,12 +131,12 @@ TEST(InputFile, RefusesDevicesDirectoriesAndMissingFiles) {
   }
   TempDir dir;
   expect_error([&] { InputFile::open(dir.str(), "text file"); }, ErrorKind::kInvalidArgument, {dir.str(), "directory"});
-  expect_error([&] { InputFile::open(dir.file("nope"), "text file"); }, ErrorKind::kInvalidArgument,
-               {dir.file("nope"), "missing", "No such file"});
+  expect_error([&] { InputFile::open(dir.path("nope"), "text file"); }, ErrorKind::kInvalidArgument,
+               {dir.path("nope"), "missing", "No such file"});
   // open_at without following links refuses a symbolic link; following is the default for inputs.
-  write_text(dir.file("real"), "abc");
-  fs::create_symlink(dir.file("real"), dir.file("link"));
-  EXPECT_EQ(InputFile::open(dir.file("link"), "text file").size(), 3u);
+  write_text(dir.path("real"), "abc");
+  fs::create_symlink(dir.path("real"), dir.path("link"));
+  EXPECT_EQ(InputFile::open(dir.path("link"), "text file").size(), 3u);
   const UniqueFd d(::open(dir.str().c_str(), O_RDONLY | O_DIRECTORY));
   expect_error([&] { InputFile::open_at(d.get(), "link", "ck: link", false); }, ErrorKind::kInvalidArgument,
                {"ck: link", "symbolic link"});
@@ -170,7 +147,7 @@ TEST(InputFile, RefusesDevicesDirectoriesAndMissingFiles) {
 
 TEST(OutputFiles, RefuseAFifoAndLeaveIt) {
   TempDir dir;
-  const std::string fifo = dir.file("metrics.jsonl");
+  const std::string fifo = dir.path("metrics.jsonl");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto t0 = std::chrono::steady_clock::now();
   expect_error([&] { check_output_path(fifo, "--metrics file"); }, ErrorKind::kInvalidArgument,
@@ -184,9 +161,9 @@ TEST(OutputFiles, RefuseAFifoAndLeaveIt) {
 
 TEST(OutputFiles, RefuseASymlinkAndADirectoryAndLeaveThem) {
   TempDir dir;
-  const std::string target = dir.file("target.txt");
+  const std::string target = dir.path("target.txt");
   write_text(target, "precious");
-  const std::string link = dir.file("out.svg");
+  const std::string link = dir.path("out.svg");
   fs::create_symlink(target, link);
   expect_error([&] { OutputStream::open(link, "--trace file"); }, ErrorKind::kInvalidArgument, {link, "symbolic link"});
   expect_error([&] { write_file_atomic(link, "new", "--plot file"); }, ErrorKind::kInvalidArgument, {link, "symbolic link"});
@@ -194,14 +171,14 @@ TEST(OutputFiles, RefuseASymlinkAndADirectoryAndLeaveThem) {
   EXPECT_EQ(fs::read_symlink(link).string(), target);
   EXPECT_EQ(read_text(target), "precious");
 
-  const std::string sub = dir.file("sub");
+  const std::string sub = dir.path("sub");
   fs::create_directory(sub);
   write_text(sub + "/keep", "k");
   expect_error([&] { OutputStream::open(sub, "--metrics file"); }, ErrorKind::kInvalidArgument, {sub, "directory"});
   expect_error([&] { AtomicFile(sub, "--out file"); }, ErrorKind::kInvalidArgument, {sub, "directory"});
   EXPECT_EQ(file_type(sub), static_cast<unsigned>(S_IFDIR));
   EXPECT_EQ(read_text(sub + "/keep"), "k");
-  expect_error([&] { check_output_path(dir.file("no/such/dir/x"), "--plot file"); }, ErrorKind::kInvalidArgument,
+  expect_error([&] { check_output_path(dir.path("no/such/dir/x"), "--plot file"); }, ErrorKind::kInvalidArgument,
                {"does not exist"});
   EXPECT_EQ(dir.names(), (std::vector<std::string>{"out.svg", "sub", "target.txt"}));
 }
@@ -220,7 +197,7 @@ TEST(OutputFiles, RefuseDeviceNodesAndLeaveThemCharacterDevices) {
 
 TEST(OutputFiles, AtomicCommitLooksAgainBeforeTheRename) {
   TempDir dir;
-  const std::string path = dir.file("weights.safetensors");
+  const std::string path = dir.path("weights.safetensors");
   AtomicFile f(path, "--out file");
   f.write("data");
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);  // appears while the file is being written
@@ -232,7 +209,7 @@ TEST(OutputFiles, AtomicCommitLooksAgainBeforeTheRename) {
 
 TEST(OutputFiles, StreamTruncatesARegularFileAndWritesLines) {
   TempDir dir;
-  const std::string path = dir.file("run.jsonl");
+  const std::string path = dir.path("run.jsonl");
   write_text(path, "old content that is longer than the new one\n");
   OutputStream s = OutputStream::open(path, "--metrics file");
   s.write_line("{\"step\":1}");
@@ -246,7 +223,7 @@ TEST(OutputFiles, StreamTruncatesARegularFileAndWritesLines) {
 
 TEST(OutputFiles, AtomicReplacesOrLeavesTheOldFile) {
   TempDir dir;
-  const std::string path = dir.file("loss.svg");
+  const std::string path = dir.path("loss.svg");
   write_text(path, "old");
   {
     AtomicFile f(path, "--plot file");
@@ -271,8 +248,8 @@ TEST(OutputFiles, WriteOntoDevFullIsAnIoError) {
 TEST(OutputFiles, AFailedWriteToARegularFileThrows) {
   // A file-size limit makes the kernel refuse the write (EFBIG), as a full disk would (ENOSPC).
   TempDir dir;
-  const std::string path = dir.file("big.jsonl");
-  const std::string atomic_path = dir.file("big.safetensors");
+  const std::string path = dir.path("big.jsonl");
+  const std::string atomic_path = dir.path("big.safetensors");
   const int status = in_child([&] {
     std::signal(SIGXFSZ, SIG_IGN);
     const rlimit lim{1000, 1000};
@@ -340,7 +317,7 @@ TEST(StdoutLine, ClosedPipeThrowsInsteadOfKillingTheProcess) {
 
 TEST(StdoutLine, WritesTheLineAfterBufferedText) {
   TempDir dir;
-  const std::string path = dir.file("out.txt");
+  const std::string path = dir.path("out.txt");
   const int status = in_child([&] {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) return false;

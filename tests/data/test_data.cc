@@ -29,49 +29,16 @@
 #include "data/synthetic_data.h"
 #include "data/text_data.h"
 #include "data/token_shards.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// Runs f, which must throw zt::Error(kInvalidArgument) whose message contains every part.
-template <typename F>
-void expect_invalid(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected zt::Error(kInvalidArgument) mentioning '" << *parts.begin() << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
-    for (const std::string& p : parts) EXPECT_THAT(e.message(), HasSubstr(p));
-  }
-}
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("zt_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
+using test_util::TempDir;
+using test_util::expect_invalid;
+using test_util::write_file;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -253,8 +220,8 @@ TEST(Sampler, TrainAndValidationAreDisjoint) {
   TempDir dir;
   std::vector<uint16_t> tokens(20000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
-  write_token_shard(dir.file("corpus.bin"), tokens);
-  const TokenShardData d(dir.file("corpus.bin"), 42, kGpt2VocabSize);
+  write_token_shard(dir.path("corpus.bin"), tokens);
+  const TokenShardData d(dir.path("corpus.bin"), 42, kGpt2VocabSize);
   EXPECT_EQ(d.num_tokens(Split::kTrain), 18000u);
   EXPECT_EQ(d.num_tokens(Split::kValidation), 2000u);
   constexpr int T = 64;
@@ -291,14 +258,14 @@ TEST(TokenShards, RoundTripWithNamedValidationShards) {
       state = state * 1664525u + 1013904223u;
       x = static_cast<uint16_t>((state >> 8) % kGpt2VocabSize);
     }
-    write_token_shard(dir.file(name), t);
-    content[dir.file(name)] = t;
+    write_token_shard(dir.path(name), t);
+    content[dir.path(name)] = t;
   }
-  write_bytes(dir.file("notes.txt"), {'x'});  // not matched by the glob
-  const TokenShardData d(dir.file("tiny_*.bin"), 7, kGpt2VocabSize);
+  write_file(dir.path("notes.txt"), std::string("x"));  // not matched by the glob
+  const TokenShardData d(dir.path("tiny_*.bin"), 7, kGpt2VocabSize);
   ASSERT_EQ(d.files(Split::kTrain).size(), 3u);
   ASSERT_EQ(d.files(Split::kValidation).size(), 1u);
-  EXPECT_EQ(d.files(Split::kValidation)[0], dir.file("tiny_val_000.bin"));
+  EXPECT_EQ(d.files(Split::kValidation)[0], dir.path("tiny_val_000.bin"));
   EXPECT_EQ(d.num_tokens(Split::kTrain), 1009u + 40u + T + 1);
   EXPECT_EQ(d.num_windows(Split::kTrain, T), (1009u - T) + (40u - T) + 1u);
   EXPECT_EQ(d.vocab_size(), kGpt2VocabSize);
@@ -323,9 +290,9 @@ TEST(TokenShards, RoundTripWithNamedValidationShards) {
     for (int r = 0; r < 8; ++r) segments_seen.insert(d.window_start(Split::kTrain, step, r, T).segment);
   EXPECT_EQ(segments_seen.size(), 3u);
   // The same data through the factory, by glob and by a single .bin path.
-  const auto via_factory = open_language_data(dir.file("tiny_*.bin"), 7, kGpt2VocabSize);
+  const auto via_factory = open_language_data(dir.path("tiny_*.bin"), 7, kGpt2VocabSize);
   EXPECT_EQ(fetch(*via_factory, Split::kTrain, 3, 0, 4, T).inputs, fetch(d, Split::kTrain, 3, 0, 4, T).inputs);
-  const auto single = open_language_data(dir.file("tiny_train_000.bin"), 7, 0);
+  const auto single = open_language_data(dir.path("tiny_train_000.bin"), 7, 0);
   EXPECT_EQ(single->vocab_size(), kGpt2VocabSize);
   EXPECT_EQ(single->num_tokens(Split::kValidation), 100u);
 }
@@ -335,9 +302,9 @@ TEST(TokenShards, LastTenPercentSpansShards) {
   std::vector<uint16_t> a(700), b(300);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint16_t>(700 + i);
-  write_token_shard(dir.file("part_a.bin"), a);
-  write_token_shard(dir.file("part_b.bin"), b);
-  const TokenShardData d(dir.file("part_*.bin"), 1, 1000);
+  write_token_shard(dir.path("part_a.bin"), a);
+  write_token_shard(dir.path("part_b.bin"), b);
+  const TokenShardData d(dir.path("part_*.bin"), 1, 1000);
   EXPECT_EQ(d.num_tokens(Split::kTrain), 900u);
   EXPECT_EQ(d.num_tokens(Split::kValidation), 100u);
   ASSERT_EQ(d.segments(Split::kValidation).size(), 1u);
@@ -355,44 +322,44 @@ TEST(TokenShards, BadShardsAreRejectedAtLoad) {
     std::memcpy(bytes.data() + 8, &count, 4);
     return bytes;
   };
-  const std::string magic = dir.file("magic.bin");
-  write_bytes(magic, shard_bytes(20240519, 1, 100, 100));
+  const std::string magic = dir.path("magic.bin");
+  write_file(magic, shard_bytes(20240519, 1, 100, 100));
   expect_invalid([&] { TokenShardData(magic, 0, kGpt2VocabSize); }, {magic, "magic number is 20240519", "20240520"});
 
-  const std::string version = dir.file("version.bin");
-  write_bytes(version, shard_bytes(kShardMagic, 7, 100, 100));
+  const std::string version = dir.path("version.bin");
+  write_file(version, shard_bytes(kShardMagic, 7, 100, 100));
   expect_invalid([&] { TokenShardData(version, 0, kGpt2VocabSize); }, {version, "version 7"});
 
-  const std::string truncated = dir.file("truncated.bin");
-  write_bytes(truncated, shard_bytes(kShardMagic, 1, 100, 99));
+  const std::string truncated = dir.path("truncated.bin");
+  write_file(truncated, shard_bytes(kShardMagic, 1, 100, 99));
   expect_invalid([&] { TokenShardData(truncated, 0, kGpt2VocabSize); },
                  {truncated, "declares 100 tokens", "1224 bytes", "1222 bytes", "truncated"});
 
-  const std::string trailing = dir.file("trailing.bin");
-  write_bytes(trailing, shard_bytes(kShardMagic, 1, 100, 101));
+  const std::string trailing = dir.path("trailing.bin");
+  write_file(trailing, shard_bytes(kShardMagic, 1, 100, 101));
   expect_invalid([&] { TokenShardData(trailing, 0, kGpt2VocabSize); }, {trailing, "trailing data"});
 
-  const std::string stub = dir.file("stub.bin");
-  write_bytes(stub, std::vector<uint8_t>(100, 0));
+  const std::string stub = dir.path("stub.bin");
+  write_file(stub, std::vector<uint8_t>(100, 0));
   expect_invalid([&] { TokenShardData(stub, 0, kGpt2VocabSize); }, {stub, "100 bytes", "1024-byte"});
 
-  const std::string range = dir.file("train_000.bin");
+  const std::string range = dir.path("train_000.bin");
   tokens[17] = 51234;
   write_token_shard(range, tokens);
   expect_invalid([&] { TokenShardData(range, 0, kGpt2VocabSize); },
                  {range + ": token 51234 at position 17 is out of range for vocab 50257"});
   // The first bad file in sorted order is the one named, even in a glob.
-  expect_invalid([&] { open_language_data(dir.file("*.bin"), 0, kGpt2VocabSize); }, {magic});
+  expect_invalid([&] { open_language_data(dir.path("*.bin"), 0, kGpt2VocabSize); }, {magic});
 
-  expect_invalid([&] { TokenShardData(dir.file("nothing_*.bin"), 0, kGpt2VocabSize); },
-                 {dir.file("nothing_*.bin"), "no file matches"});
-  expect_invalid([&] { open_language_data(dir.file("absent.bin"), 0, kGpt2VocabSize); },
-                 {dir.file("absent.bin"), "does not exist"});
+  expect_invalid([&] { TokenShardData(dir.path("nothing_*.bin"), 0, kGpt2VocabSize); },
+                 {dir.path("nothing_*.bin"), "no file matches"});
+  expect_invalid([&] { open_language_data(dir.path("absent.bin"), 0, kGpt2VocabSize); },
+                 {dir.path("absent.bin"), "does not exist"});
 
   TempDir only_val;
-  write_token_shard(only_val.file("x_val_000.bin"), std::vector<uint16_t>(50, 1));
-  expect_invalid([&] { TokenShardData(only_val.file("*.bin"), 0, kGpt2VocabSize); },
-                 {only_val.file("*.bin"), "validation shard"});
+  write_token_shard(only_val.path("x_val_000.bin"), std::vector<uint16_t>(50, 1));
+  expect_invalid([&] { TokenShardData(only_val.path("*.bin"), 0, kGpt2VocabSize); },
+                 {only_val.path("*.bin"), "validation shard"});
 }
 
 // Runs f, which must throw zt::Error of `kind` whose message contains every part.
@@ -411,7 +378,7 @@ void expect_error_kind(F&& f, ErrorKind kind, std::initializer_list<std::string>
 // process with SIGBUS. Now the sampler preads and the shrink is a zt::Error(kIo) naming the file.
 TEST(TokenShards, TruncatedWhileTrainingIsAnErrorNotSigbus) {
   TempDir dir;
-  const std::string path = dir.file("live_train.bin");
+  const std::string path = dir.path("live_train.bin");
   std::vector<uint16_t> tokens(5000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
   write_token_shard(path, tokens);
@@ -428,7 +395,7 @@ TEST(TokenShards, TruncatedWhileTrainingIsAnErrorNotSigbus) {
 
 TEST(TokenShards, RewrittenWithOutOfVocabTokensWhileTrainingIsAnError) {
   TempDir dir;
-  const std::string path = dir.file("live_train.bin");
+  const std::string path = dir.path("live_train.bin");
   write_token_shard(path, std::vector<uint16_t>(3000, 7));
   const TokenShardData d(path, 5, 1000);
   EXPECT_EQ(fetch(d, Split::kTrain, 0, 0, 4, 16).inputs[0], 7);
@@ -444,9 +411,9 @@ TEST(TokenShards, RewrittenWithOutOfVocabTokensWhileTrainingIsAnError) {
 // Regression (issue 12): a FIFO as --data hung in open(); /dev/zero read until memory ran out.
 TEST(Factory, FifosAndDevicesAreRefusedQuickly) {
   TempDir dir;
-  const std::string fifo = dir.file("data.txt");
+  const std::string fifo = dir.path("data.txt");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const std::string fifo_bin = dir.file("data.bin");
+  const std::string fifo_bin = dir.path("data.bin");
   ASSERT_EQ(::mkfifo(fifo_bin.c_str(), 0600), 0);
   const auto t0 = std::chrono::steady_clock::now();
   expect_invalid([&] { open_language_data(fifo, 0, 0); }, {fifo, "FIFO", "not a regular file"});
@@ -464,33 +431,33 @@ TEST(Factory, FifosAndDevicesAreRefusedQuickly) {
 // not exist is a pattern.
 TEST(Factory, GlobCharactersInAnExistingNameAreThatFile) {
   TempDir dir;
-  const std::string text = dir.file("notes[1]*.txt");
-  write_bytes(text, std::vector<uint8_t>(500, 'q'));
+  const std::string text = dir.path("notes[1]*.txt");
+  write_file(text, std::vector<uint8_t>(500, 'q'));
   const auto t = open_language_data(text, 0, 0);
   EXPECT_EQ(t->vocab_size(), 256);
   EXPECT_EQ(t->num_tokens(Split::kTrain) + t->num_tokens(Split::kValidation), 500u);
   EXPECT_THAT(t->describe(), HasSubstr("text file"));
   // "shard[1].bin" also matches shard1.bin as a pattern; the existing file wins.
-  write_token_shard(dir.file("shard[1].bin"), std::vector<uint16_t>(300, 11));
-  write_token_shard(dir.file("shard1.bin"), std::vector<uint16_t>(300, 22));
-  const TokenShardData literal(dir.file("shard[1].bin"), 0, kGpt2VocabSize);
-  EXPECT_EQ(literal.files(Split::kTrain), std::vector<std::string>{dir.file("shard[1].bin")});
+  write_token_shard(dir.path("shard[1].bin"), std::vector<uint16_t>(300, 11));
+  write_token_shard(dir.path("shard1.bin"), std::vector<uint16_t>(300, 22));
+  const TokenShardData literal(dir.path("shard[1].bin"), 0, kGpt2VocabSize);
+  EXPECT_EQ(literal.files(Split::kTrain), std::vector<std::string>{dir.path("shard[1].bin")});
   EXPECT_EQ(fetch(literal, Split::kTrain, 0, 0, 1, 8).inputs[0], 11);
   // A pattern that names no existing file is still a pattern.
-  const TokenShardData pattern(dir.file("shard?.bin"), 0, kGpt2VocabSize);
-  EXPECT_EQ(pattern.files(Split::kTrain), std::vector<std::string>{dir.file("shard1.bin")});
+  const TokenShardData pattern(dir.path("shard?.bin"), 0, kGpt2VocabSize);
+  EXPECT_EQ(pattern.files(Split::kTrain), std::vector<std::string>{dir.path("shard1.bin")});
 }
 
 TEST(TokenShards, ShorterThanASequence) {
   TempDir dir;
-  write_token_shard(dir.file("small_train.bin"), std::vector<uint16_t>(100, 1));
-  write_token_shard(dir.file("small_val.bin"), std::vector<uint16_t>(20, 1));
-  const TokenShardData d(dir.file("small_*.bin"), 0, kGpt2VocabSize);
+  write_token_shard(dir.path("small_train.bin"), std::vector<uint16_t>(100, 1));
+  write_token_shard(dir.path("small_val.bin"), std::vector<uint16_t>(20, 1));
+  const TokenShardData d(dir.path("small_*.bin"), 0, kGpt2VocabSize);
   d.validate(19);
-  expect_invalid([&] { d.validate(20); }, {dir.file("small_*.bin"), "validation split", "T+1 = 21", "20"});
+  expect_invalid([&] { d.validate(20); }, {dir.path("small_*.bin"), "validation split", "T+1 = 21", "20"});
   std::vector<int32_t> in(64 * 2), tg(64 * 2);
   expect_invalid([&] { d.batch(Split::kTrain, 0, 2, 64, in.data(), tg.data()); },
-                 {dir.file("small_*.bin"), "T+1 = 65"});
+                 {dir.path("small_*.bin"), "T+1 = 65"});
 }
 
 // ---- text files -------------------------------------------------------------------------------
@@ -500,8 +467,8 @@ TEST(TextFile, BytesAreTokens) {
   std::string text;
   for (int i = 0; i < 300; ++i) text += "line " + std::to_string(i) + ": the quick brown fox\n";
   text += "\xff\x80";  // high bytes are tokens too
-  const std::string path = dir.file("corpus.txt");
-  write_bytes(path, std::vector<uint8_t>(text.begin(), text.end()));
+  const std::string path = dir.path("corpus.txt");
+  write_file(path, std::vector<uint8_t>(text.begin(), text.end()));
   const auto d = open_language_data(path, 3, 0);
   EXPECT_EQ(d->vocab_size(), 256);
   EXPECT_EQ(d->num_tokens(Split::kTrain) + d->num_tokens(Split::kValidation), text.size());
@@ -519,8 +486,8 @@ TEST(TextFile, BytesAreTokens) {
       EXPECT_NE(at, std::string::npos) << split_name(split) << " row " << r;
     }
   }
-  const std::string small = dir.file("small.txt");
-  write_bytes(small, std::vector<uint8_t>(100, 'a'));
+  const std::string small = dir.path("small.txt");
+  write_file(small, std::vector<uint8_t>(100, 'a'));
   const auto s = open_language_data(small, 0, 0);
   s->validate(9);
   expect_invalid([&] { s->validate(10); }, {small, "validation split", "last 10% of the file", "T+1 = 11"});
@@ -529,14 +496,14 @@ TEST(TextFile, BytesAreTokens) {
 
 TEST(TextFile, BadFiles) {
   TempDir dir;
-  const std::string missing = dir.file("missing.txt");
+  const std::string missing = dir.path("missing.txt");
   expect_invalid([&] { open_language_data(missing, 0, 0); }, {missing, "missing", "No such file"});
-  const std::string empty = dir.file("empty.txt");
-  write_bytes(empty, {});
+  const std::string empty = dir.path("empty.txt");
+  write_file(empty, std::string());
   expect_invalid([&] { open_language_data(empty, 0, 0); }, {empty, "empty"});
   expect_invalid([&] { open_language_data(dir.str(), 0, 0); }, {dir.str(), "directory"});
-  const std::string ok = dir.file("ok.txt");
-  write_bytes(ok, std::vector<uint8_t>(1000, 'z'));
+  const std::string ok = dir.path("ok.txt");
+  write_file(ok, std::vector<uint8_t>(1000, 'z'));
   expect_invalid([&] { open_language_data(ok, 0, 128); }, {ok, "256", "128"});
   expect_invalid([&] { open_language_data("", 0, 0); }, {"empty", "synthetic"});
 }
@@ -588,10 +555,10 @@ struct TinyIdx {
     return l;
   }
   TinyIdx() {
-    write_gzip(dir.file("train-images-idx3-ubyte.gz"), idx_bytes(0x803, {kTrain, kRows, kCols}, pixels(kTrain, 0)));
-    write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(0x801, {kTrain}, labels(kTrain, 0)));
-    write_bytes(dir.file("t10k-images-idx3-ubyte"), idx_bytes(0x803, {kTest, kRows, kCols}, pixels(kTest, 100)));
-    write_bytes(dir.file("t10k-labels-idx1-ubyte"), idx_bytes(0x801, {kTest}, labels(kTest, 100)));
+    write_gzip(dir.path("train-images-idx3-ubyte.gz"), idx_bytes(0x803, {kTrain, kRows, kCols}, pixels(kTrain, 0)));
+    write_gzip(dir.path("train-labels-idx1-ubyte.gz"), idx_bytes(0x801, {kTrain}, labels(kTrain, 0)));
+    write_file(dir.path("t10k-images-idx3-ubyte"), idx_bytes(0x803, {kTest, kRows, kCols}, pixels(kTest, 100)));
+    write_file(dir.path("t10k-labels-idx1-ubyte"), idx_bytes(0x801, {kTest}, labels(kTest, 100)));
   }
 };
 
@@ -674,9 +641,9 @@ TEST(IdxImages, CorruptFiles) {
   // Each case starts from the valid tiny dataset and breaks one file.
   auto with = [](const std::string& name, const std::vector<uint8_t>& bytes, std::initializer_list<std::string> parts) {
     TinyIdx tiny;
-    const std::string path = tiny.dir.file(name);
+    const std::string path = tiny.dir.path(name);
     std::filesystem::remove(path + ".gz");
-    write_bytes(path, bytes);
+    write_file(path, bytes);
     std::vector<std::string> want{path};
     want.insert(want.end(), parts.begin(), parts.end());
     try {
@@ -705,15 +672,15 @@ TEST(IdxImages, CorruptFiles) {
 
   {  // A gzip stream cut in the middle.
     TinyIdx tiny;
-    const std::string gz = tiny.dir.file("train-images-idx3-ubyte.gz");
+    const std::string gz = tiny.dir.path("train-images-idx3-ubyte.gz");
     std::vector<uint8_t> bytes = read_bytes(gz);
     bytes.resize(bytes.size() / 2);
-    write_bytes(gz, bytes);
+    write_file(gz, bytes);
     expect_invalid([&] { IdxImageData(tiny.dir.str(), 0); }, {gz});
   }
   {  // A missing file.
     TinyIdx tiny;
-    std::filesystem::remove(tiny.dir.file("t10k-labels-idx1-ubyte"));
+    std::filesystem::remove(tiny.dir.path("t10k-labels-idx1-ubyte"));
     expect_invalid([&] { IdxImageData(tiny.dir.str(), 0); }, {tiny.dir.str(), "t10k-labels-idx1-ubyte"});
   }
   expect_invalid([&] { open_image_data("/nonexistent/zt-images", 0); }, {"/nonexistent/zt-images", "no such directory"});

@@ -30,6 +30,7 @@
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "runtime/runtime.h"
+#include "test_util.h"
 
 extern char** environ;
 
@@ -57,36 +58,8 @@ inline uint64_t test_seed() {
   return 20240917;
 }
 
-// Philox-based: every value is a pure function of (seed, stream, index); each call draws a new
-// stream, so every buffer of a test is independent.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : seed_(seed) {}
-  FVec normal(int64_t n, float stddev = 1.0f, float mean = 0.0f) {
-    const uint64_t stream = next_stream_++;
-    FVec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = mean + stddev * philox_normal(seed_, stream, i);
-    return v;
-  }
-  FVec uniform(int64_t n, float lo, float hi) {
-    const uint64_t stream = next_stream_++;
-    FVec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(seed_, stream, i);
-    return v;
-  }
-  IVec ints(int64_t n, int32_t lo, int32_t hi) {  // [lo, hi)
-    const uint64_t stream = next_stream_++;
-    IVec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-      v[i] =
-          lo + static_cast<int32_t>(philox_u32(seed_, stream, i) % static_cast<uint32_t>(hi - lo));
-    return v;
-  }
-
- private:
-  uint64_t seed_;
-  uint64_t next_stream_ = 1;
-};
+// Philox-based, a new stream per call (tests/test_util.h).
+using test_util::Rng;
 
 inline DVec to_d(const FVec& v) { return DVec(v.begin(), v.end()); }
 inline FVec to_f(const DVec& v) {

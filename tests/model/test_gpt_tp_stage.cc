@@ -153,25 +153,6 @@ StepResult run_3d(const ModelConfig& c, const Blocks& host, const Case& k,
   return res;
 }
 
-void expect_close(const StepResult& got, const StepResult& want, double tol, const std::string& what) {
-  EXPECT_NEAR(got.loss, want.loss, tol * std::fabs(want.loss)) << what;
-  ASSERT_EQ(got.grads.size(), want.grads.size());
-  for (size_t b = 0; b < want.grads.size(); ++b) {
-    double scale = 0, worst = 0;
-    for (float w : want.grads[b]) scale = std::max(scale, static_cast<double>(std::fabs(w)));
-    for (size_t i = 0; i < want.grads[b].size(); ++i)
-      worst = std::max(worst, std::fabs(static_cast<double>(got.grads[b][i]) - want.grads[b][i]));
-    EXPECT_LE(worst, tol * scale) << what << ": logical block " << b;
-  }
-}
-
-bool same_bits(const StepResult& a, const StepResult& b) {
-  if (a.loss != b.loss) return false;
-  for (size_t k = 0; k < a.grads.size(); ++k)
-    if (std::memcmp(a.grads[k].data(), b.grads[k].data(), a.grads[k].size() * 4) != 0) return false;
-  return true;
-}
-
 TEST(GptTensorParallelStage, EveryScheduleMatchesOneDevice) {
   const ModelConfig c = tiny_config();
   const Blocks host = init_blocks(gpt_layout(c), 11);

@@ -28,10 +28,10 @@
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/elementwise.h"
+#include "kernels/multi_tensor_elem.h"
 #include "kernels/op_test_util.h"
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
-#include "optimizers/multi_tensor_elem.h"
 #include "optimizers/optimizers.h"
 #include "runtime/runtime.h"
 
@@ -64,26 +64,8 @@ uint64_t test_seed() {
   return 20250112;
 }
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : seed_(seed) {}
-  FVec normal(int64_t n, float stddev = 1.0f, float mean = 0.0f) {
-    const uint64_t stream = next_stream_++;
-    FVec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = mean + stddev * philox_normal(seed_, stream, i);
-    return v;
-  }
-  FVec uniform(int64_t n, float lo, float hi) {
-    const uint64_t stream = next_stream_++;
-    FVec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(seed_, stream, i);
-    return v;
-  }
-
- private:
-  uint64_t seed_;
-  uint64_t next_stream_ = 1;
-};
+using test_util::Rng;
+using op_test::make_runtime;
 
 // ---- dtype encoding
 // -------------------------------------------------------------------------------
@@ -259,16 +241,6 @@ const char* mode_name(ParamMode mode) {
 }
 constexpr ParamMode kParamModes[] = {ParamMode::kIsMaster, ParamMode::kSeparateF32,
                                      ParamMode::kBF16, ParamMode::kF16};
-
-std::unique_ptr<Runtime> make_runtime(Backend backend, std::string* skip_reason) {
-  if (backend == Backend::kCpu) return Runtime::create_cpu(1);
-  const CudaAvailability cuda = cuda_availability();
-  if (!cuda.usable) {
-    *skip_reason = "no usable GPU: " + cuda.reason;
-    return nullptr;
-  }
-  return Runtime::create(parse_device_spec("cuda:0"));
-}
 
 class OptimTest : public ::testing::TestWithParam<Backend> {
  public:  // the helpers are used by UnscaleRun too

@@ -347,7 +347,7 @@ TEST(StreamCapture, ConcurrentReplaysOnSeveralDevicesAreOrderedByEvents) {
 
 
 // ---- the calls no zt entry point stands in front of: a source check of the CUDA launchers -------
-// The CUDA launchers (kernels/cuda, optimizers/cuda) run inside captures and call CUDA directly, so
+// The CUDA launchers (kernels/cuda) run inside captures and call CUDA directly, so
 // the CPU backend cannot refuse what they ask CUDA for: the first GPU run's capture failed on a
 // cudaStreamGetDevice in LaunchScope that no CPU test could reach. Instead this scans their
 // sources for every CUDA call the table says a launcher must not make (comments and string
@@ -407,7 +407,7 @@ TEST(CaptureRules, NoCudaLauncherCallsWhatACaptureRefuses) {
   const std::filesystem::path root = ZT_SOURCE_DIR;  // tests/CMakeLists.txt
   std::vector<std::string> found;
   int files = 0;
-  for (const char* dir : {"kernels/cuda", "optimizers/cuda"}) {
+  for (const char* dir : {"kernels/cuda"}) {
     ASSERT_TRUE(std::filesystem::is_directory(root / dir)) << (root / dir) << " not found: the check needs the sources";
     for (const auto& entry : std::filesystem::directory_iterator(root / dir)) {
       const std::string ext = entry.path().extension().string();

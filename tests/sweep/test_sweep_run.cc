@@ -39,10 +39,7 @@ using sweep::TrialValues;
 // gpt-tiny shrunk: a step takes milliseconds.
 TrainConfig tiny() {
   TrainConfig c;
-  c.overrides.layers = 2;
-  c.overrides.embd = 32;
-  c.overrides.heads = 2;
-  c.overrides.seq_len = 32;
+  test_util::set_model_shape(c, 2, 32, 2, 32);
   c.eval_every = 4;
   c.eval_batches = 2;
   c.sample_tokens = 0;
@@ -354,11 +351,6 @@ std::string leaderboard_of(const std::string& stdout_text) {
   return at == std::string::npos ? "" : stdout_text.substr(at);
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 TEST(SweepBinary, SigkillThenTheSameCommandFinishesLikeAnUninterruptedSweep) {
   test_util::TempDir tmp("sweep_kill");
   const std::string whole = tmp.path("whole"), killed = tmp.path("killed");
@@ -386,7 +378,7 @@ TEST(SweepBinary, SigkillThenTheSameCommandFinishesLikeAnUninterruptedSweep) {
     expect_same_records(read_records(trial_metrics(whole, id)), read_records(trial_metrics(killed, id)),
                         "trial " + std::to_string(id));
   }
-  EXPECT_EQ(leaderboard_of(slurp(tmp.path("whole.out"))), leaderboard_of(slurp(tmp.path("killed2.out"))));
+  EXPECT_EQ(leaderboard_of(test_util::read_text(tmp.path("whole.out"))), leaderboard_of(test_util::read_text(tmp.path("killed2.out"))));
 }
 
 // Runs a shell command; returns its exit code and what it wrote to stderr (stdout dropped).

@@ -278,18 +278,18 @@ TEST(MicroBatchGraph, EngineBuffersKeepTheirAddressesSoNoPieceIsCapturedAgain) {
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] {
         Device& d = *devs[static_cast<size_t>(r)];
-        engine.load_parameters(r, host);
+        engine.rank(r).load_parameters(host);
         // One batch buffer for every micro-batch, as the trainer uploads into one.
         stage_test::DeviceBatches db(mc, d, 1);
         Batch batch = db.batches[0];
-        batch.loss_scale = engine.loss_scale_device(r);
+        batch.loss_scale = engine.rank(r).scaler().scale_device();
         const auto ws = model->make_workspace(d, stage_test::kB, stage_test::kT);
         for (int step = 0; step < kSteps; ++step)
           for (int m = 0; m < kMicro; ++m) {
-            engine.begin_micro_batch(r, m);
-            graphs[static_cast<size_t>(r)]->run(*model, d.compute(), engine.access(r), *ws, batch,
+            engine.rank(r).begin_micro_batch(m);
+            graphs[static_cast<size_t>(r)]->run(*model, d.compute(), engine.rank(r), *ws, batch,
                                                stage_test::dloss_of(kMicro));
-            engine.end_micro_batch(r);
+            engine.rank(r).end_micro_batch();
           }
         d.synchronize();
         notes[static_cast<size_t>(r)] = graphs[static_cast<size_t>(r)]->take_note();

@@ -62,15 +62,10 @@ std::string one(int devices, const std::string& flags) {
   return "train --devices cpu:" + std::to_string(devices) + " " + kModel + flags;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // Every file of a directory (name -> bytes), to prove a checkpoint untouched.
 std::map<std::string, std::string> files_of(const std::string& dir) {
   std::map<std::string, std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out[e.path().filename()] = read_file(e.path());
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out[e.path().filename()] = test_util::read_text(e.path());
   return out;
 }
 
@@ -87,7 +82,7 @@ TEST_P(MpiCheckpoint, TwoProcessesSaveOneProcessResumesBitForBit) {
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   expect_same_losses(losses(whole.output), losses(saved.output), 1, 4);
   // One checkpoint of 4 ranks: both processes' files under one manifest.
-  const nlohmann::json manifest = nlohmann::json::parse(read_file(ck + "/step-00000002/manifest.json"));
+  const nlohmann::json manifest = nlohmann::json::parse(test_util::read_text(ck + "/step-00000002/manifest.json"));
   EXPECT_EQ(manifest["files"].size(), 4u) << manifest.dump();
   EXPECT_EQ(manifest["meta"]["devices"], 4);
   const auto resumed = run_binary(ZEROTRAIN_BIN, one(4, stage + "--steps 4 --resume " + ck + "/step-00000002"));
@@ -111,14 +106,14 @@ TEST_P(MpiCheckpoint, OneProcessSavesTwoProcessesResumeBitForBit) {
                                   one(2, stage + "--steps 4 --comm-timeout 60 --resume auto --checkpoint-dir " + ck));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   expect_same_losses(losses(whole.output), losses(resumed.output), 3, 4);
-  EXPECT_EQ(read_file(ck + "/latest"), "step-00000004\n");
-  EXPECT_EQ(nlohmann::json::parse(read_file(ck + "/step-00000004/manifest.json"))["files"].size(), 4u);
+  EXPECT_EQ(test_util::read_text(ck + "/latest"), "step-00000004\n");
+  EXPECT_EQ(nlohmann::json::parse(test_util::read_text(ck + "/step-00000004/manifest.json"))["files"].size(), 4u);
   // Nothing left to train: the processes save what they loaded together (the synchronous save).
   const auto converted = run_binary(mpirun(2) + ZEROTRAIN_BIN,
                                     one(2, stage + "--steps 4 --comm-timeout 60 --resume auto --checkpoint-dir " + ck));
   ASSERT_EQ(converted.exit_code, 0) << converted.output;
   EXPECT_TRUE(losses(converted.output).empty()) << converted.output;
-  EXPECT_NO_THROW(nlohmann::json::parse(read_file(ck + "/step-00000004/manifest.json"))) << converted.output;
+  EXPECT_NO_THROW(nlohmann::json::parse(test_util::read_text(ck + "/step-00000004/manifest.json"))) << converted.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MpiCheckpoint, ::testing::Values(1, 3),
@@ -168,7 +163,7 @@ void kill_one(int np, int local, int victim) {
                                 one(local, batch + "--steps 2 --comm-timeout 60 --checkpoint-dir " + ck));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto before = files_of(ck + "/step-00000002");
-  const std::string latest = read_file(ck + "/latest");
+  const std::string latest = test_util::read_text(ck + "/latest");
   const double timeout_s = 3;
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = run_binary(
@@ -205,7 +200,7 @@ void kill_one(int np, int local, int victim) {
     EXPECT_NE(refused.output.find("is one process's part of a snapshot"), std::string::npos) << refused.output;
   }
   EXPECT_EQ(files_of(ck + "/step-00000002"), before);
-  EXPECT_EQ(read_file(ck + "/latest"), latest);
+  EXPECT_EQ(test_util::read_text(ck + "/latest"), latest);
 }
 
 TEST(MpiLostProcess, KillOneOfTwo) { kill_one(2, 2, 1); }

@@ -91,7 +91,7 @@ TEST(PaddedVocab, ThePlanCountsThePaddedRows) {
   const auto model = make_model(mc);
   ZeroOptions o;
   o.stage = 0;
-  const ModelStateBytes planned = ZeroEngine::planned_model_state_bytes(*model, 1, o);
+  const ModelStateBytes planned = plan_engine_memory(*model, 1, o).state;
   const int64_t padded = mc.num_parameters() + (50304 - 50257) * 768;
   EXPECT_GE(planned.params, static_cast<size_t>(padded) * 4);
   EXPECT_LE(planned.params, static_cast<size_t>(padded + 64 * model->layout().num_blocks()) * 4);

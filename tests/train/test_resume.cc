@@ -43,10 +43,7 @@ class Resume : public ::testing::Test {
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
-  c.overrides.layers = 2;
-  c.overrides.embd = 64;
-  c.overrides.heads = 2;
-  c.overrides.seq_len = 32;
+  test_util::set_model_shape(c, 2, 64, 2, 32);
   c.batch_size = 12;  // splits over 1, 2, 3 and 4 devices
   c.precision = p;
   return c;

@@ -21,6 +21,7 @@
 #include "core/nvtx.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
+#include "test_util.h"
 #include "train/trace.h"
 #include "train/trainer.h"
 
@@ -31,12 +32,8 @@ constexpr bool kSanitizer = test::kSanitized;
 
 TrainConfig tiny(int devices, int stage, int steps) {
   TrainConfig c;
-  c.overrides.layers = kSanitizer ? 2 : 6;  // several buckets: chances to see comm/compute overlap
-  if (kSanitizer) {
-    c.overrides.embd = 32;
-    c.overrides.heads = 2;
-    c.overrides.seq_len = 16;
-  }
+  c.overrides.layers = 6;  // several buckets: chances to see comm/compute overlap
+  if (kSanitizer) test_util::set_sanitizer_shape(c, 2);
   c.devices = "cpu:" + std::to_string(devices);
   c.zero_stage = stage;
   c.steps = steps;

@@ -138,7 +138,7 @@ class EngineRun {
 
   // Rank r's parameters: those of its tensor coordinate.
   void load(const std::function<std::vector<std::vector<float>>(int tensor)>& params) {
-    for (int r = 0; r < size(); ++r) engine_->load_parameters(r, params(mesh_.coord(r).tensor));
+    for (int r = 0; r < size(); ++r) engine_->rank(r).load_parameters(params(mesh_.coord(r).tensor));
   }
 
   // One step. batch(r, m): rank r's micro-batch m. skip: mark the step overflowed on every rank
@@ -164,26 +164,26 @@ class EngineRun {
         bt.targets = gpt ? ConstTensorView(R.targets.data(), DType::kI32, Shape{kRows, T}, device(r).index())
                          : ConstTensorView(R.targets.data(), DType::kI32, Shape{kRows}, device(r).index());
         bt.B = kRows, bt.T = T;
-        bt.loss_scale = engine_->loss_scale_device(r);
-        engine_->begin_micro_batch(r, m);
-        model_->forward(s, engine_->access(r), *R.ws, bt, dloss, true);
-        model_->backward(s, engine_->access(r), *R.ws, bt);
-        engine_->end_micro_batch(r);
+        bt.loss_scale = engine_->rank(r).scaler().scale_device();
+        engine_->rank(r).begin_micro_batch(m);
+        model_->forward(s, engine_->rank(r), *R.ws, bt, dloss, true);
+        model_->backward(s, engine_->rank(r), *R.ws, bt);
+        engine_->rank(r).end_micro_batch();
         std::vector<float> l(static_cast<size_t>(kRows * T));
         s.copy(l.data(), R.ws->losses().data, l.size() * 4);
         s.synchronize();  // hb and l live in this frame
         o.losses.insert(o.losses.end(), l.begin(), l.end());
       }
       for (const Poke& p : pokes)
-        if (p.rank == r) engine_->poke_gradient(r, p.block, p.offset, p.value);
-      engine_->check_gradients(r, R.norms.as<float>());
+        if (p.rank == r) engine_->rank(r).poke_gradient(p.block, p.offset, p.value);
+      engine_->rank(r).check_gradients(R.norms.as<float>());
       o.norms.resize(static_cast<size_t>(nb));
       s.copy(o.norms.data(), R.norms.data(), o.norms.size() * 4);
-      s.copy(&o.found_inf, engine_->found_inf_device(r), 4);
+      s.copy(&o.found_inf, engine_->rank(r).scaler().found_inf_device(), 4);
       s.synchronize();
     }, *comm_);
     if (skip)
-      for (int r = 0; r < size(); ++r) engine_->mark_overflow(r);
+      for (int r = 0; r < size(); ++r) engine_->rank(r).scaler().mark_overflow();
     OptimizerStep os;
     os.lr = 1e-2f;
     os.weight_decay = 0.1f;
@@ -191,9 +191,9 @@ class EngineRun {
     run_ranks(size(), [&](int r) {
       OptimizerStep mine = os;
       mine.grad_scale = ranks_[static_cast<size_t>(r)].clip.as<float>();
-      engine_->optimizer_step(r, mine);
+      engine_->rank(r).optimizer_step(mine);
       device(r).compute().synchronize();
-      out[static_cast<size_t>(r)].scale = engine_->loss_scale_state(r);
+      out[static_cast<size_t>(r)].scale = engine_->rank(r).scaler().state();
     }, *comm_);
     return out;
   }
@@ -310,14 +310,14 @@ void expect_mesh_matches_separate_engines(const Case& c) {
       EXPECT_TRUE(same_bits(mesh.engine().block_to_host(b, t), ref.block_to_host(b))) << "working parameters";
       for (int d = 0; d < D; ++d) {
         const int r = mesh.mesh().rank_at({.data = d, .tensor = t});
-        EXPECT_TRUE(same_bits(mesh.engine().moments_to_host(r, b), ref.moments_to_host(d, b))) << "moments, rank " << r;
-        const ShardRange a = mesh.engine().shard_of(r, b), e = ref.shard_of(d, b);
+        EXPECT_TRUE(same_bits(mesh.engine().rank(r).moments_to_host(b), ref.rank(d).moments_to_host(b))) << "moments, rank " << r;
+        const ShardRange a = mesh.engine().rank(r).shard_of(b), e = ref.rank(d).shard_of(b);
         EXPECT_EQ(a.begin, e.begin);
         EXPECT_EQ(a.end, e.end);
         EXPECT_EQ(a.padded_numel, e.padded_numel);
-        EXPECT_EQ(mesh.engine().state_range(r, b), ref.state_range(d, b));
+        EXPECT_EQ(mesh.engine().rank(r).state_range(b), ref.rank(d).state_range(b));
         if (b == 0) {
-          EXPECT_EQ(mesh.engine().host_peak_bytes(r), ref.host_peak_bytes(d)) << "rank " << r;
+          EXPECT_EQ(mesh.engine().rank(r).host_peak_bytes(), ref.rank(d).host_peak_bytes()) << "rank " << r;
         }
       }
     }
@@ -454,8 +454,8 @@ TEST(ZeroMesh, OffloadedOptimizerStateFollowsTheDataGroupShards) {
     expect_mesh_matches_separate_engines(c);
     // A rank's host arena: the 2-device plan's (its shards are over the data group of 2).
     const auto model = make_model(c.mc);
-    EXPECT_GT(ZeroEngine::plan_memory(*model, 4, options(c, 2)).host, 0u);
-    EXPECT_EQ(ZeroEngine::plan_memory(*model, 4, options(c, 2)).host, ZeroEngine::plan_memory(*model, 2, options(c, 1)).host);
+    EXPECT_GT(plan_engine_memory(*model, 4, options(c, 2)).host, 0u);
+    EXPECT_EQ(plan_engine_memory(*model, 4, options(c, 2)).host, plan_engine_memory(*model, 2, options(c, 1)).host);
   }
 }
 
@@ -475,7 +475,7 @@ TEST(ZeroMesh, TensorDegreeMustDivideTheDevices) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
       EXPECT_NE(e.message().find("does not divide the 4 devices"), std::string::npos) << e.message();
     }
-    EXPECT_THROW(ZeroEngine::plan_memory(*model, 4, o), Error);
+    EXPECT_THROW(plan_engine_memory(*model, 4, o), Error);
   }
   ZeroOptions o;
   o.tensor = 2;
@@ -496,8 +496,8 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
       c.mc = mc;
       c.stage = stage;
       c.working = w;
-      const EngineMemoryPlan p4 = ZeroEngine::plan_memory(*model, 4, options(c, 2));
-      const EngineMemoryPlan p2 = ZeroEngine::plan_memory(*model, 2, options(c, 1));
+      const EngineMemoryPlan p4 = plan_engine_memory(*model, 4, options(c, 2));
+      const EngineMemoryPlan p2 = plan_engine_memory(*model, 2, options(c, 1));
       SCOPED_TRACE(describe(c));
       ASSERT_EQ(p4.resident.size(), p2.resident.size());
       // Resident order: the blocks' buffers, the loss-scale state, the flags, the two lists.
@@ -508,10 +508,10 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
       EXPECT_EQ(p4.state.total(), p2.state.total());
       ASSERT_EQ(p4.train_peak.size(), p2.train_peak.size());
       for (size_t i = 0; i < p4.train_peak.size(); ++i) EXPECT_EQ(p4.train_peak[i].bytes, p2.train_peak[i].bytes);
-      EXPECT_EQ(ZeroEngine::planned_model_state_bytes(*model, 4, options(c, 2)).total(), p2.state.total());
+      EXPECT_EQ(plan_engine_memory(*model, 4, options(c, 2)).state.total(), p2.state.total());
       for (int b = 0; b < nb; ++b) {
-        const BlockBufferBytes a = ZeroEngine::block_buffer_bytes(model->layout().block(b).numel, 4, options(c, 2));
-        const BlockBufferBytes e = ZeroEngine::block_buffer_bytes(model->layout().block(b).numel, 2, options(c, 1));
+        const BlockBufferBytes a = block_buffer_bytes(model->layout().block(b).numel, 4, options(c, 2));
+        const BlockBufferBytes e = block_buffer_bytes(model->layout().block(b).numel, 2, options(c, 1));
         for (int role = 0; role < kNumBufferRoles; ++role) EXPECT_EQ(a.role[role], e.role[role]) << "block " << b;
       }
     }
@@ -529,7 +529,7 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
     const float dloss = 1.0f / static_cast<float>(kRows * kMicro * 2 * mc.seq_len);
     run.step(0, [&](int r, int m) { return make_batch(mc, r % 2, r / 2, 0, m); }, {}, false, dloss);
     // The plan of the model the run drives (in bf16 a 16-bit model: no fp32 parameter copies).
-    const EngineMemoryPlan plan = ZeroEngine::plan_memory(run.model(), 4, options(c, 2));
+    const EngineMemoryPlan plan = plan_engine_memory(run.model(), 4, options(c, 2));
     for (int r = 0; r < 4; ++r) {
       size_t predicted = run.extra_resident(r);
       for (size_t b : plan.resident) predicted += pool_rounded_size(b);
@@ -544,14 +544,14 @@ TEST(ZeroMesh, MemoryPlanShardsOverTheDataGroupAndMatchesThePoolPeak) {
       const double measured = static_cast<double>(run.device(r).memory().stats().peak_allocated_bytes);
       EXPECT_NEAR(static_cast<double>(predicted) / measured, 1.0, 0.05) << "rank " << r << ": predicted " << predicted
                                                                          << ", measured " << measured;
-      EXPECT_EQ(run.engine().model_state_bytes(r).total(), plan.state.total());
+      EXPECT_EQ(run.engine().rank(r).model_state_bytes().total(), plan.state.total());
       // Host memory: the pinned staging of state export appears at the first export, as planned.
-      EXPECT_EQ(run.engine().host_staging_bytes(r), 0u);
-      const ShardRange sh = run.engine().shard_of(r, 0);
+      EXPECT_EQ(run.engine().rank(r).host_staging_bytes(), 0u);
+      const ShardRange sh = run.engine().rank(r).shard_of(0);
       std::vector<float> master(static_cast<size_t>(sh.size())), m(master.size()), v(master.size());
       std::vector<uint8_t> working(master.size() * dtype_size(w));
-      run.engine().state_to_host(r, 0, master.data(), m.data(), v.data(), working.data());
-      EXPECT_EQ(run.engine().host_staging_bytes(r), HostStaging::planned_pinned_bytes());
+      run.engine().rank(r).state_to_host(0, master.data(), m.data(), v.data(), working.data());
+      EXPECT_EQ(run.engine().rank(r).host_staging_bytes(), HostStaging::planned_pinned_bytes());
     }
   }
 }

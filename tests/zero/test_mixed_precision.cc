@@ -30,18 +30,10 @@ constexpr bool kSanitized = test::kSanitized;
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
-  if (kSanitized) {
-    c.overrides.layers = 1;
-    c.overrides.embd = 32;
-    c.overrides.heads = 2;
-    c.overrides.seq_len = 16;
-  }
+  if (kSanitized) test_util::set_sanitizer_shape(c);
   c.batch_size = 8;
   c.precision = p;
-  // A schedule that does not depend on the run's length, so that a run of k steps is a prefix of
-  // a run of k + 1 steps.
-  c.schedule = LrSchedule::kConstant;
-  c.warmup_steps = 0;
+  test_util::set_length_independent_schedule(c);
   return c;
 }
 
@@ -245,7 +237,7 @@ TEST(MixedPrecision, ModelStateBytesFollowTheTwoTwoTwelveFormulas) {
         // Tensor alignment and shard padding: at most (16 + n*16) elements per block, 16 bytes each.
         const double slack = static_cast<double>(model->layout().num_blocks()) * (16.0 + 16.0 * n) * 16;
         for (int r = 0; r < n; ++r) {
-          const ModelStateBytes b = engine.model_state_bytes(r);
+          const ModelStateBytes b = engine.rank(r).model_state_bytes();
           const double got = static_cast<double>(b.total());
           EXPECT_GE(got, formula[stage] * 0.999) << "stage " << stage << " N=" << n;
           EXPECT_LE(got, formula[stage] + slack) << "stage " << stage << " N=" << n;

@@ -14,7 +14,7 @@
 #include "train_checks.h"
 
 #include "core/status.h"
-#include "optimizers/multi_tensor_elem.h"
+#include "kernels/multi_tensor_elem.h"
 #include "optimizers/optimizers.h"
 #include "runtime/runtime.h"
 #include "train/plan.h"
@@ -34,16 +34,11 @@ using test::expect_train_error;
 
 TrainConfig tiny(int devices, int stage, int steps, Precision p) {
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
-  c.overrides.layers = 2;
-  c.overrides.embd = 32;
-  c.overrides.heads = 2;
-  c.overrides.seq_len = 16;
+  test_util::set_sanitizer_shape(c, 2);
   c.batch_size = 12;
   c.precision = p;
   c.grad_clip = 0.05f;  // below the gradients' norm: every step clips
-  // A schedule that does not depend on the run's length: a run of k steps is a prefix of k + 1.
-  c.schedule = LrSchedule::kConstant;
-  c.warmup_steps = 0;
+  test_util::set_length_independent_schedule(c);
   return c;
 }
 

@@ -28,12 +28,7 @@ TrainConfig tiny(int devices, int stage, int steps) {
   if (kSanitizer) steps = std::min(steps, 4);
   TrainConfig c = test_util::tiny_train_config(devices, stage, steps);
   c.batch_size = 8;
-  if (kSanitizer) {
-    c.overrides.layers = 1;
-    c.overrides.embd = 32;
-    c.overrides.heads = 2;
-    c.overrides.seq_len = 16;
-  }
+  if (kSanitizer) test_util::set_sanitizer_shape(c);
   return c;
 }
 
@@ -113,7 +108,7 @@ TEST(Zero, ModelStateBytesFollowTheZeroFormulas) {
                    [&] { int64_t t = 0; for (auto& x : b.tensors) t += x.numel; return static_cast<double>(t); }();
       }
       for (int r = 0; r < n; ++r) {
-        const double got = static_cast<double>(engine.model_state_bytes(r).total());
+        const double got = static_cast<double>(engine.rank(r).model_state_bytes().total());
         EXPECT_LE(std::fabs(got - formula[stage]), 0.01 * formula[stage] + 16 * padding)
             << "stage " << stage << " N=" << n << " rank " << r << ": " << got << " vs " << formula[stage];
         EXPECT_GE(got, formula[stage] * 0.999) << "stage " << stage << " N=" << n;
@@ -410,7 +405,7 @@ TEST(Zero, TransientArenaGivesOverlappingLifetimesDisjointRanges) {
       o.stage = stage;
       o.working = w;
       const ZeroEngine e(*model, devs, comm, o);
-      const EngineMemoryPlan p = ZeroEngine::plan_memory(*model, 2, o);
+      const EngineMemoryPlan p = plan_engine_memory(*model, 2, o);
       const size_t planned = p.train_peak.empty() ? 0 : p.train_peak[0].bytes;
       EXPECT_EQ(e.transient_arena_bytes(), planned) << "stage " << stage << ", " << dtype_name(w);
       EXPECT_EQ(p.train_peak.size(), planned ? 1u : 0u);
@@ -440,8 +435,8 @@ TEST(Zero, SixteenBitModelGetsNoWidenedParameterCopies) {
     std::vector<BlockBufferBytes> s16, s32;
     for (int b = 0; b < nb; ++b) {
       const int64_t n = m16->layout().block(b).numel;
-      s16.push_back(ZeroEngine::block_buffer_bytes(n, 4, o, DType::kBF16));
-      s32.push_back(ZeroEngine::block_buffer_bytes(n, 4, o));
+      s16.push_back(block_buffer_bytes(n, 4, o, DType::kBF16));
+      s32.push_back(block_buffer_bytes(n, 4, o));
       EXPECT_EQ(s16.back()[BufferRole::kComputeParams], 0u);
       EXPECT_GT(s32.back()[BufferRole::kComputeParams], 0u);
       EXPECT_EQ(s16.back()[BufferRole::kComputeGrad], s32.back()[BufferRole::kComputeGrad]);  // fp32 gradients
@@ -455,7 +450,7 @@ TEST(Zero, SixteenBitModelGetsNoWidenedParameterCopies) {
       EXPECT_EQ(copies16, 0);
       EXPECT_GT(copies32, 0);
     }
-    const EngineMemoryPlan p16 = ZeroEngine::plan_memory(*m16, 4, o), p32 = ZeroEngine::plan_memory(*m32, 4, o);
+    const EngineMemoryPlan p16 = plan_engine_memory(*m16, 4, o), p32 = plan_engine_memory(*m32, 4, o);
     EXPECT_EQ(p16.resident, p32.resident);
     EXPECT_LT(peak_bytes(p16.train_peak), peak_bytes(p32.train_peak));
     EXPECT_LT(peak_bytes(p16.forward_peak), peak_bytes(p32.forward_peak));
@@ -467,8 +462,8 @@ TEST(Zero, SixteenBitModelGetsNoWidenedParameterCopies) {
   o.stage = 1;
   o.working = DType::kBF16;
   ZeroEngine e16(*m16, devs, comm, o), e32(*m32, devs, comm, o);
-  EXPECT_EQ(e16.access(0).param_dtype(), DType::kBF16);
-  EXPECT_EQ(e32.access(0).param_dtype(), DType::kF32);
+  EXPECT_EQ(e16.rank(0).param_dtype(), DType::kBF16);
+  EXPECT_EQ(e32.rank(0).param_dtype(), DType::kF32);
   o.working = DType::kF32;
   EXPECT_THROW(ZeroEngine(*m16, devs, comm, o), Error);
 }

@@ -3,7 +3,7 @@
 // templated on (param dtype, grad dtype, write working copy, stochastic rounding) so that the
 // inner loop has no per-element branch on a dtype and vectorises; built with the CPU kernels'
 // flags (no FMA contraction), so the bits equal ops::adamw_update / sgd_update on fp32.
-#include "optimizers/cpu/multi_tensor.h"
+#include "kernels/cpu/multi_tensor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/elementwise.h"
-#include "optimizers/multi_tensor_elem.h"
+#include "kernels/multi_tensor_elem.h"
 
 namespace zt::optim::cpu_kernels {
 

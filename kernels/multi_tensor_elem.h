@@ -1,5 +1,5 @@
 // Per-element math of the mixed-precision optimizer ops, shared by the CPU loops
-// (optimizers/cpu/) and the CUDA kernels (optimizers/cuda/): the chunking of multi-tensor lists,
+// (kernels/cpu/multi_tensor.cc) and the CUDA kernels (kernels/cuda/multi_tensor.cu): the chunking of multi-tensor lists,
 // rounding of the fp32 master into the 16-bit working copy (nearest-even or stochastic), and the
 // dynamic loss-scale transition. One definition, so both backends compute the same thing.
 #pragma once

@@ -8,8 +8,8 @@
 #include <span>
 
 #include "core/dtype.h"
-#include "optimizers/multi_tensor_elem.h"
-#include "optimizers/optimizers.h"
+#include "kernels/multi_tensor_elem.h"
+#include "kernels/optimizer_types.h"
 
 namespace zt::optim::cpu_kernels {
 

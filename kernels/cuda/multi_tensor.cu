@@ -12,9 +12,9 @@
 #include <type_traits>
 
 #include "kernels/cuda/kernel_utils.h"
+#include "kernels/cuda/multi_tensor.h"
 #include "kernels/elementwise.h"
-#include "optimizers/cuda/multi_tensor.h"
-#include "optimizers/multi_tensor_elem.h"
+#include "kernels/multi_tensor_elem.h"
 
 namespace zt::optim::cuda_kernels {
 namespace {

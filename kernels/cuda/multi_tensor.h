@@ -1,4 +1,4 @@
-// CUDA launchers behind optimizers/optimizers.h (implemented in optimizers/cuda/multi_tensor.cu).
+// CUDA launchers behind optimizers/optimizers.h (implemented in kernels/cuda/multi_tensor.cu).
 // Includes no CUDA header, so optimizers.cc may call them. Contract, as kernels/cuda/cuda_ops.h:
 // `stream` is a cudaStream_t; every pointer (segment lists included) is device memory of that
 // stream's GPU; launches are asynchronous and each is followed by an error check; arguments are
@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "optimizers/multi_tensor_elem.h"
-#include "optimizers/optimizers.h"
+#include "kernels/multi_tensor_elem.h"
+#include "kernels/optimizer_types.h"
 
 namespace zt::optim::cuda_kernels {
 
