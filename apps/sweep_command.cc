@@ -112,7 +112,7 @@ nlohmann::json sweep_identity(const CLI::App& sub, const TrainConfig& base_cfg, 
     TrainConfig trial = base_cfg;
     trial.steps = max_steps;
     const ModelConfig mc = make_model_config(trial.model, trial.overrides);
-    const TrainConfig r = resolve_run_shape(trial, mc, per_trial, backend).config;
+    const TrainConfig r = resolve_run_shape(trial, mc, per_trial, backend).cfg;
     const auto note = [&](const std::string& flag, double value) {
       if (named.count(flag) || swept.count(flag)) return;
       char buf[64];

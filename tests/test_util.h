@@ -17,6 +17,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,26 @@ inline void write_file(const std::string& path, const std::vector<uint8_t>& byte
   write_file(path, bytes.data(), bytes.size());
 }
 inline void write_file(const std::string& path, const std::string& text) { write_file(path, text.data(), text.size()); }
+
+// Every entry under root by its path relative to root: "dir", "link:" + target, "file:" + bytes or
+// "other" (FIFOs, sockets), except the entries named in `skip` (lock files that hold their last
+// holder's pid). Taken before and after a command to show that it changed nothing it could reach.
+inline std::map<std::string, std::string> tree_fingerprint(const std::filesystem::path& root,
+                                                           std::initializer_list<std::string> skip = {}) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> m;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path& p = it->path();
+    if (std::find(skip.begin(), skip.end(), p.filename().string()) != skip.end()) continue;
+    const std::string rel = fs::relative(p, root).string();
+    const fs::file_status st = it->symlink_status();
+    if (fs::is_symlink(st)) m[rel] = "link:" + fs::read_symlink(p).string();
+    else if (fs::is_regular_file(st)) m[rel] = "file:" + read_text(p.string());
+    else if (fs::is_directory(st)) m[rel] = "dir";
+    else m[rel] = "other";
+  }
+  return m;
+}
 
 struct RunResult {
   int exit_code;       // -1 when the process did not exit normally

@@ -33,28 +33,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test_util::read_text;
 
-// path -> xxHash64 of its bytes ("dir" for directories, "link:" + target for links) of every
-// entry under root. The run lock holds whoever took it last: not part of anyone's data.
+// Every entry under root but the run lock (it holds whoever took it last: not part of anyone's data).
 std::map<std::string, std::string> checksums(const fs::path& root) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(root)) {
-    if (e.path().filename() == ".run.lock") continue;
-    const fs::file_status st = fs::symlink_status(e.path());
-    if (fs::is_symlink(st)) out[e.path().string()] = "link:" + fs::read_symlink(e.path()).string();
-    else if (fs::is_directory(st)) out[e.path().string()] = "dir";
-    else {
-      const std::string b = slurp(e.path());
-      out[e.path().string()] = hex64(xxh64(b.data(), b.size()));
-    }
-  }
-  return out;
+  return test_util::tree_fingerprint(root, {".run.lock"});
 }
 
 struct Outcome {
@@ -84,8 +67,8 @@ class BadLuck : public ::testing::Test {
     const int status = std::system(cmd.c_str());
     Outcome r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
+    r.out = read_text(out);
+    r.err = read_text(err);
     return r;
   }
 
@@ -132,7 +115,7 @@ TEST_F(BadLuck, AUsersStepFolderInTheCheckpointDirectoryIsNeverReplaced) {
   fs::rename(work() / "notes", work() / "f" / "step-00000001");
   expect_refused(kTiny + "--steps 2 --save-every 1 --checkpoint-dir f", "step-00000001");
   expect_refused(kTiny + "--steps 4 --save-every 1 --checkpoint-dir f --resume auto", "move it out");
-  EXPECT_EQ(slurp(work() / "f" / "step-00000001" / "notes.txt"), "my notes\n");
+  EXPECT_EQ(read_text(work() / "f" / "step-00000001" / "notes.txt"), "my notes\n");
 }
 
 // Reproduction 2: with owner.json removed, a fresh run (or a resumed one) does not adopt the

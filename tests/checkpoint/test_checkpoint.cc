@@ -1169,15 +1169,8 @@ TEST(Ownership, AnOwnerThatLeftNoCheckpointIsTakenOverWithANote) {
   EXPECT_THAT(second.notes()[0], HasSubstr("takes it over"));
 }
 
-// Every entry under root with its bytes (directories as "dir"), to show a refusal changed nothing.
-std::map<std::string, std::string> tree_state(const std::string& root) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(root)) {
-    const auto b = e.is_regular_file() ? read_bytes(e.path().string()) : std::vector<uint8_t>{};
-    out[e.path().string()] = e.is_directory() ? "dir" : std::string(b.begin(), b.end());
-  }
-  return out;
-}
+// Every entry under root with its bytes, the run lock included, to show a refusal changed nothing.
+std::map<std::string, std::string> tree_state(const std::string& root) { return test_util::tree_fingerprint(root); }
 
 // #31 reproduction 2 and its class: a non-empty directory without a valid owner record is never
 // adopted — checkpoints whose owner.json was removed (the same identity, with or without --resume),

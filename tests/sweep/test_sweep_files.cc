@@ -140,12 +140,7 @@ struct Proc {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string slurp(const fs::path& p) { return test_util::read_text(p.string()); }
 
 // Runs zerotrain in `cwd` with extra environment variables; gives up (and fails) after 60 s, so a
 // sweep that blocks on a FIFO is a failure, not a hung test.
@@ -186,22 +181,10 @@ Proc run(const fs::path& cwd, const std::vector<std::string>& args,
   return p;
 }
 
-// Every entry under `root` (type, and the bytes of files or the target of links), except the
-// sweeps' lock files (they hold the last holder's pid). Compared before and after a command: the
-// command changed nothing it could reach.
+// Every entry under `root` except the sweeps' lock files (they hold the last holder's pid):
+// compared before and after a command, the command changed nothing it could reach.
 std::map<std::string, std::string> fingerprint(const fs::path& root) {
-  std::map<std::string, std::string> m;
-  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
-    const fs::path& p = it->path();
-    if (p.filename() == sweep::kSweepLockFileName) continue;
-    const std::string rel = fs::relative(p, root).string();
-    const fs::file_status st = it->symlink_status();
-    if (fs::is_symlink(st)) m[rel] = "link:" + fs::read_symlink(p).string();
-    else if (fs::is_regular_file(st)) m[rel] = "file:" + slurp(p);
-    else if (fs::is_directory(st)) m[rel] = "dir";
-    else m[rel] = "other:" + std::to_string(static_cast<int>(st.type()));
-  }
-  return m;
+  return test_util::tree_fingerprint(root, {sweep::kSweepLockFileName});
 }
 
 // One sentence on stderr: one line, no library internals.
