@@ -26,6 +26,7 @@
 #include "core/heartbeat.h"
 #include "runtime/runtime.h"
 #include "sanitizer.h"
+#include "test_util.h"
 #include "train/world.h"
 
 namespace zt {
