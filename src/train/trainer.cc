@@ -110,7 +110,7 @@ LossScale parse_loss_scale(const std::string& text) {
   else if (text == "none") ls.mode = LossScale::Mode::kNone;
   else if (end && *end == 0 && !text.empty() && std::isfinite(v) && v > 0 && v <= 3.4e38)
     ls.mode = LossScale::Mode::kFixed, ls.fixed = static_cast<float>(v);
-  else if (end && *end == 0 && !text.empty() && v > 3.4e38)
+  else if (end && *end == 0 && !text.empty() && std::isfinite(v) && v > 3.4e38)
     ZT_THROW(ErrorKind::kInvalidArgument, "--loss-scale ", text,
              " is above 3.4e38, the largest fp32 number (the scale is held as a float)");
   else
