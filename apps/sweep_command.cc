@@ -171,6 +171,58 @@ SweepCommand::SweepCommand(CLI::App& app) : f_(std::make_shared<RunFlags>()), o_
 
 bool SweepCommand::parsed() const { return sub_->parsed(); }
 
+namespace {
+
+// The run flags given on the command line as `--name=value` (switches as `--name`), without the
+// swept ones and --plot: the base every trial's flags are parsed from.
+std::vector<std::string> given_run_flags(const CLI::App& sub, const std::vector<std::string>& names,
+                                         const std::set<std::string>& swept) {
+  std::vector<std::string> base;
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->get_lnames().empty() || opt->count() == 0) continue;
+    const std::string name = opt->get_lnames()[0];
+    if (std::find(names.begin(), names.end(), name) == names.end() || swept.count(name) || name == "plot") continue;
+    if (opt->get_type_size_max() == 0) {
+      base.push_back("--" + name);
+      continue;
+    }
+    for (const std::string& r : opt->results()) base.push_back("--" + name + "=" + r);
+  }
+  return base;
+}
+
+// The flags that do nothing in every trial's combination and are not swept (a swept value may make
+// a flag count in some trials: then it stays). A trial whose shape is refused is the runner's to
+// report, so it does not count here.
+std::vector<InapplicableFlag> flags_no_trial_uses(const sweep::SweepSpec& s, const std::string& sweep_dir,
+                                                  const std::set<std::string>& swept) {
+  std::map<std::string, InapplicableFlag> everywhere;
+  bool first = true;
+  for (const TrainConfig& c : s.configs) {
+    std::map<std::string, InapplicableFlag> here;
+    try {
+      TrainConfig trial = c;
+      trial.steps = s.max_steps;
+      trial.checkpoint_dir = sweep_dir;  // the runner gives every trial a checkpoint directory
+      const ModelConfig mc = make_model_config(trial.model, trial.overrides);
+      for (const InapplicableFlag& f :
+           inapplicable_run_flags(resolve_run_shape(trial, mc, s.devices_per_trial, s.backend), mc))
+        here.emplace(f.flag, f);
+    } catch (const Error&) {
+      continue;
+    }
+    if (first) everywhere = here;
+    else std::erase_if(everywhere, [&](const auto& kv) { return !here.count(kv.first); });
+    first = false;
+  }
+  std::vector<InapplicableFlag> refused;
+  for (const auto& [name, f] : everywhere)
+    if (!swept.count(name)) refused.push_back(f);
+  return refused;
+}
+
+}  // namespace
+
 int SweepCommand::run(const std::vector<std::string>& args) {
   const Options& o = *o_;
   // The runner drives every trial from this one process (each trial on its own devices); under a
@@ -193,17 +245,7 @@ int SweepCommand::run(const std::vector<std::string>& args) {
     swept.insert(d.flag);
   }
   // The base flags as given (the swept ones left out), re-parsed with each trial's values.
-  std::vector<std::string> base;
-  for (const CLI::Option* opt : sub_->get_options()) {
-    if (opt->get_lnames().empty() || opt->count() == 0) continue;
-    const std::string name = opt->get_lnames()[0];
-    if (std::find(names.begin(), names.end(), name) == names.end() || swept.count(name) || name == "plot") continue;
-    if (opt->get_type_size_max() == 0) {
-      base.push_back("--" + name);
-      continue;
-    }
-    for (const std::string& r : opt->results()) base.push_back("--" + name + "=" + r);
-  }
+  const std::vector<std::string> base = given_run_flags(*sub_, names, swept);
   const TrainConfig base_cfg = parse_run(base, {}, "sweep");
   const DeviceSpec spec = parse_device_spec(base_cfg.devices);
   const PlannedDevices pool = planned_devices(spec);
@@ -260,31 +302,7 @@ int SweepCommand::run(const std::vector<std::string>& args) {
     for (const char* flag : {"--min-steps", "--eta"})
       ZT_REQUIRE(sub_->count(flag) == 0, flag, " does nothing in this sweep: it needs --scheduler asha; drop it or "
                  "add that");
-  {
-    std::map<std::string, InapplicableFlag> everywhere;
-    bool first = true;
-    for (const TrainConfig& c : s.configs) {
-      std::map<std::string, InapplicableFlag> here;
-      try {
-        TrainConfig trial = c;
-        trial.steps = s.max_steps;
-        trial.checkpoint_dir = o.sweep_dir;  // the runner gives every trial a checkpoint directory
-        const ModelConfig mc = make_model_config(trial.model, trial.overrides);
-        for (const InapplicableFlag& f : inapplicable_run_flags(resolve_run_shape(trial, mc, o.devices_per_trial,
-                                                                                  pool.backend), mc))
-          here.emplace(f.flag, f);
-      } catch (const Error&) {
-        continue;  // the trial's own error is the runner's to report
-      }
-      if (first) everywhere = here;
-      else std::erase_if(everywhere, [&](const auto& kv) { return !here.count(kv.first); });
-      first = false;
-    }
-    std::vector<InapplicableFlag> refused;
-    for (const auto& [name, f] : everywhere)
-      if (!swept.count(name)) refused.push_back(f);
-    refuse_given(*sub_, refused);
-  }
+  refuse_given(*sub_, flags_no_trial_uses(s, o.sweep_dir, swept));
   s.identity = sweep_identity(*sub_, base_cfg, s.max_steps, o.devices_per_trial, pool.backend, swept, trials);
   s.live = !base_cfg.quiet;
   const std::string& plot = f_->plot;
