@@ -62,6 +62,20 @@ class TempDir {
   std::filesystem::path root_;
 };
 
+// Runs f, which must throw zt::Error(kInvalidArgument), and returns its message ("" and a failure
+// when it does not throw).
+template <typename F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "expected zt::Error(kInvalidArgument)";
+  return "";
+}
+
 // Runs f, which must throw zt::Error(kInvalidArgument) whose message contains every part.
 template <typename F>
 void expect_invalid(F&& f, std::initializer_list<std::string> parts) {

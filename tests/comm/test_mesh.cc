@@ -11,6 +11,7 @@
 
 #include "comm/mesh.h"
 #include "core/status.h"
+#include "test_util.h"
 
 namespace zt {
 namespace {
@@ -118,35 +119,26 @@ TEST(Mesh, SubMeshOverExplicitRanks) {
   EXPECT_FALSE(m.contains(100));
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return {};
-}
+using test_util::invalid_argument_message;
 
 TEST(Mesh, BadShapesAreRefusedWithOneSentence) {
-  EXPECT_EQ(message_of([] { Mesh(MeshShape{.data = 3, .tensor = 2}, 4); }),
+  EXPECT_EQ(invalid_argument_message([] { Mesh(MeshShape{.data = 3, .tensor = 2}, 4); }),
             "mesh: 3 data x 2 tensor x 1 pipeline needs 6 devices but 4 are given; the product of "
             "the axes must equal the device count");
-  EXPECT_EQ(message_of([] { Mesh(MeshShape{.data = 2, .tensor = 0}, 4); }),
+  EXPECT_EQ(invalid_argument_message([] { Mesh(MeshShape{.data = 2, .tensor = 0}, 4); }),
             "mesh: the tensor axis is 0; every axis needs at least 1 device (use 1 for an unused axis)");
-  EXPECT_THAT(message_of([] { Mesh(MeshShape{.pipeline = -2}, 2); }), HasSubstr("the pipeline axis is -2"));
-  EXPECT_THAT(message_of([] { Mesh(MeshShape{}, 0); }), HasSubstr("a mesh needs at least one device"));
+  EXPECT_THAT(invalid_argument_message([] { Mesh(MeshShape{.pipeline = -2}, 2); }), HasSubstr("the pipeline axis is -2"));
+  EXPECT_THAT(invalid_argument_message([] { Mesh(MeshShape{}, 0); }), HasSubstr("a mesh needs at least one device"));
   // No int overflow: 65536^3 is not 0 modulo 2^32.
-  EXPECT_THAT(message_of([] { Mesh(MeshShape{.data = 65536, .tensor = 65536, .pipeline = 65536}, 1); }),
+  EXPECT_THAT(invalid_argument_message([] { Mesh(MeshShape{.data = 65536, .tensor = 65536, .pipeline = 65536}, 1); }),
               HasSubstr("needs 281474976710656 devices but 1 are given"));
-  EXPECT_THAT(message_of([] { Mesh(MeshShape{.data = 2}, std::vector<int>{3, 3}); }),
+  EXPECT_THAT(invalid_argument_message([] { Mesh(MeshShape{.data = 2}, std::vector<int>{3, 3}); }),
               HasSubstr("rank 3 is given twice"));
-  EXPECT_THAT(message_of([] { Mesh(MeshShape{.data = 2}, std::vector<int>{0, -1}); }),
+  EXPECT_THAT(invalid_argument_message([] { Mesh(MeshShape{.data = 2}, std::vector<int>{0, -1}); }),
               HasSubstr("rank -1 is negative"));
   const Mesh m(MeshShape{.data = 2, .tensor = 2}, 4);
-  EXPECT_THAT(message_of([&] { m.tensor_group(4); }), HasSubstr("rank 4 is not in the mesh 2 data x 2 tensor"));
-  EXPECT_THAT(message_of([&] { m.rank_at(MeshCoord{.data = 2}); }),
+  EXPECT_THAT(invalid_argument_message([&] { m.tensor_group(4); }), HasSubstr("rank 4 is not in the mesh 2 data x 2 tensor"));
+  EXPECT_THAT(invalid_argument_message([&] { m.rank_at(MeshCoord{.data = 2}); }),
               HasSubstr("data coordinate 2 is outside 0..1"));
 }
 

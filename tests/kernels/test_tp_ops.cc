@@ -797,17 +797,7 @@ TEST(TpDeterminism, SameBitsForAnyThreadCount) {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.message();
-    return e.message();
-  }
-  ADD_FAILURE() << "no zt::Error thrown";
-  return "";
-}
+using test_util::invalid_argument_message;
 
 class TpOpsValidation : public ::testing::Test {
  protected:
@@ -821,36 +811,36 @@ class TpOpsValidation : public ::testing::Test {
 
 TEST_F(TpOpsValidation, BadSizesNameTheOpAndTheSizes) {
   DevTensor tokens = make({2, 3}, DType::kI32), wte = make({5, 4}), wpe = make({3, 4}), out = make({2, 3, 4});
-  EXPECT_THAT(message_of([&] { ops::encoder_forward(s(), out, tokens, wte, wpe, ops::VocabRange{5, 0}); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::encoder_forward(s(), out, tokens, wte, wpe, ops::VocabRange{5, 0}); }),
               HasSubstr("encoder_forward: vocab begin 5 needs a vocab total"));
-  EXPECT_THAT(message_of([&] { ops::encoder_backward(s(), wte, wpe, out, tokens, ops::VocabRange{-2, 12}); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::encoder_backward(s(), wte, wpe, out, tokens, ops::VocabRange{-2, 12}); }),
               HasSubstr("encoder_backward: dwte [5, 4] as the vocabulary rows [-2, 3) is not a shard of a "
                         "vocabulary of 12"));
   DevTensor x = make({7, 4}), wpe2 = make({3, 4});
-  EXPECT_THAT(message_of([&] { ops::position_forward(s(), x, wpe2, 0, 4); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::position_forward(s(), x, wpe2, 0, 4); }),
               HasSubstr("position_forward: T = 4 and row0 = 0 with wpe [3, 4]"));
-  EXPECT_THAT(message_of([&] { ops::position_backward(s(), wpe2, make({7, 5}), 0, 3); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::position_backward(s(), wpe2, make({7, 5}), 0, 3); }),
               HasSubstr("position_backward: dx [7, 5] and dwpe [3, 4]"));
-  EXPECT_THAT(message_of([&] { ops::bias_forward(s(), x, make({5})); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::bias_forward(s(), x, make({5})); }),
               HasSubstr("bias_forward: x [7, 4] but bias [5] (need [4])"));
-  EXPECT_THAT(message_of([&] { ops::bias_backward(s(), make({3}), x); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::bias_backward(s(), make({3}), x); }),
               HasSubstr("bias_backward: dout [7, 4] but dbias [3] (need [4])"));
   DevTensor logits = make({6, 10}), rows = make({6}), targets = make({6}, DType::kI32);
-  EXPECT_THAT(message_of([&] { ops::row_max(s(), make({5}), logits); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::row_max(s(), make({5}), logits); }),
               HasSubstr("row_max: logits [6, 10] has 6 rows but out [5]"));
-  EXPECT_THAT(message_of([&] { ops::vocab_partials(s(), make({6}), logits, rows, targets, {}); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::vocab_partials(s(), make({6}), logits, rows, targets, {}); }),
               HasSubstr("vocab_partials: logits [6, 10] has 6 rows but out [6] (need [2, 6])"));
-  EXPECT_THAT(message_of([&] { ops::vocab_partials(s(), make({2, 6}), logits, rows, make({6}), {}); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::vocab_partials(s(), make({2, 6}), logits, rows, make({6}), {}); }),
               HasSubstr("vocab_partials: targets [6] is fp32 but must be int32"));
-  EXPECT_THAT(message_of([&] {
+  EXPECT_THAT(invalid_argument_message([&] {
                 ops::vocab_loss_grad(s(), logits, rows, rows, make({3}), rows, targets, {}, 1.0f, true);
               }),
               HasSubstr("vocab_loss_grad: logits [6, 10] has 6 rows but sumexp [3]"));
-  EXPECT_THAT(message_of([&] {
+  EXPECT_THAT(invalid_argument_message([&] {
                 ops::vocab_loss_grad(s(), logits, rows, rows, rows, rows, targets, {-1, 100}, 1.0f, true);
               }),
               HasSubstr("vocab_loss_grad: logits [6, 10] as the vocabulary rows [-1, 9) is not a shard"));
-  EXPECT_THAT(message_of([&] { ops::reduce_slices(s(), make({5}), make({3, 4}), ops::SliceReduce::kSum); }),
+  EXPECT_THAT(invalid_argument_message([&] { ops::reduce_slices(s(), make({5}), make({3, 4}), ops::SliceReduce::kSum); }),
               HasSubstr("reduce_slices: in [3, 4] must be [S, n] with S >= 1 slices of out [5]"));
 }
 

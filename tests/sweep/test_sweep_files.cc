@@ -49,16 +49,7 @@ sweep::JournalRecord report(int trial, int step, std::optional<double> loss, boo
   return r;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
-    return e.message();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+using test_util::invalid_argument_message;
 
 TEST(SweepJournal, LinesRoundTripATornTailIsReportedDamageElsewhereIsOneSentence) {
   sweep::JournalRecord result;
@@ -99,8 +90,8 @@ TEST(SweepJournal, LinesRoundTripATornTailIsReportedDamageElsewhereIsOneSentence
   // The same damage before the end, a trial outside the sweep, a foreign event: one sentence.
   std::string flipped = text;
   flipped[text.find('\n') + 25] ^= 1;
-  EXPECT_NE(error_of([&] { sweep::parse_journal(flipped, 2, "j"); }).find("damaged at line 2"), std::string::npos);
-  EXPECT_NE(error_of([&] { sweep::parse_journal(text, 1, "j"); }).find("line 2 is not a record"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { sweep::parse_journal(flipped, 2, "j"); }).find("damaged at line 2"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { sweep::parse_journal(text, 1, "j"); }).find("line 2 is not a record"), std::string::npos);
   // Record rules behind a checksum (verify = false reaches them without computing one).
   for (const auto& [body, why] : std::vector<std::pair<std::string, std::string>>{
            {R"({"event":"launch","trial":0})", "not one of start, report"},
@@ -109,7 +100,7 @@ TEST(SweepJournal, LinesRoundTripATornTailIsReportedDamageElsewhereIsOneSentence
            {R"({"event":"start","trial":-1})", "outside 0..1"},
            {R"([1, 2])", "not a JSON object"}}) {
     const std::string line = "0000000000000000 " + body + "\n";
-    EXPECT_NE(error_of([&] { sweep::parse_journal(line + line, 2, "j", false); }).find(why), std::string::npos)
+    EXPECT_NE(invalid_argument_message([&] { sweep::parse_journal(line + line, 2, "j", false); }).find(why), std::string::npos)
         << body;
   }
 }
@@ -122,8 +113,8 @@ TEST(SweepJournal, SweepRecordIsChecksummedAndIdentityDifferencesAreNamed) {
   EXPECT_EQ(r.command, "--space lr=1e-3,2e-3");
   std::string edited = text;
   edited.replace(edited.find("max-steps = 4"), 13, "max-steps = 5");
-  EXPECT_NE(error_of([&] { sweep::parse_sweep_record(edited, "s"); }).find("checksum"), std::string::npos);
-  EXPECT_NE(error_of([&] { sweep::parse_sweep_record(R"({"command": "x", "space": []})", "s"); }).find("older"),
+  EXPECT_NE(invalid_argument_message([&] { sweep::parse_sweep_record(edited, "s"); }).find("checksum"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { sweep::parse_sweep_record(R"({"command": "x", "space": []})", "s"); }).find("older"),
             std::string::npos);
   EXPECT_EQ(sweep::identity_difference(a, a), "");
   const json b = sweep::make_identity({"batch-size = 8", "max-steps = 5"}, {{{"lr", "1e-3"}}, {{"lr", "2e-3"}}});
