@@ -3,11 +3,8 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <csignal>
-
-#include "train/processes.h"
 
 namespace zt {
 
@@ -40,13 +37,5 @@ StopSignals::~StopSignals() {
 
 int StopSignals::pending() { return g_pending.load(); }
 
-int agreed_stop_signal(Processes* processes) {
-  const int mine = StopSignals::pending();
-  if (!processes) return mine;
-  int agreed = 0;
-  for (const double s : processes->all_gather({static_cast<double>(mine)}, "the stop signal each process received"))
-    agreed = std::max(agreed, static_cast<int>(s));
-  return agreed;
-}
 
 }  // namespace zt

@@ -2,12 +2,11 @@
 // (it saves a checkpoint when the run has a checkpoint directory and exits 128 + signal); a second
 // one exits at once with that code (the atomic save protocol keeps every complete checkpoint).
 // Several processes (mpirun): a signal to any one of them (or mpirun's to all) becomes one stop that
-// every process agrees on at the next step boundary (agreed_stop_signal).
+// every process agrees on at the next step boundary: the pending signal rides along the step's
+// all-gather of losses and gradient norms (step.cc, StepStats::stop_signal).
 #pragma once
 
 namespace zt {
-
-class Processes;
 
 class StopSignals {
  public:
@@ -18,12 +17,5 @@ class StopSignals {
   // The first signal received (SIGINT or SIGTERM), 0 if none.
   static int pending();
 };
-
-// The stop to make at this step boundary: StopSignals::pending(), or with several processes the
-// largest signal any of them received (SIGTERM over SIGINT), learnt by one tiny all-gather, so that
-// every process stops after the same step and writes its part of the same stop checkpoint instead
-// of waiting --comm-timeout for a process that left. Collective: every process calls it at the
-// same step boundaries.
-int agreed_stop_signal(Processes* processes);
 
 }  // namespace zt

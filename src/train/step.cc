@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "train/graph_step.h"
 #include "train/processes.h"
+#include "train/signals.h"
 
 namespace zt {
 
@@ -227,12 +228,17 @@ void host_step_scalars(World& world, const RunContext& run, double positions, St
     // Several processes: every global rank's partials and loss sum, in rank order, summed in the
     // order one process driving every device sums them. Global rank g is local rank g % N of its
     // process, with the same tensor coordinate (the tensor axis lives inside a process).
+    // The process's pending stop signal rides along (one agreed stop, no extra exchange).
     std::vector<double> mine;
     for (int r = 0; r < N; ++r) mine.insert(mine.end(), world.rank(r).norm_host.begin(), world.rank(r).norm_host.end());
+    mine.push_back(StopSignals::pending());
     const std::vector<double> all = run.processes->all_gather(mine, "the step's losses and gradient norms");
-    const size_t per_rank = world.rank(0).norm_host.size(), partials = per_rank - 1;
-    for (size_t g = 0; g < all.size() / per_rank; ++g) {
-      const double* norms = all.data() + g * per_rank;
+    const size_t per_rank = world.rank(0).norm_host.size(), partials = per_rank - 1, per_process = mine.size();
+    for (size_t g = 0; g < all.size() / per_process * N; ++g) {
+      const size_t process = g / static_cast<size_t>(N);
+      const double* norms = all.data() + process * per_process + (g % static_cast<size_t>(N)) * per_rank;
+      if (g % static_cast<size_t>(N) == 0)
+        st.stop_signal = std::max(st.stop_signal, static_cast<int>(all[process * per_process + per_process - 1]));
       const int r = static_cast<int>(g % static_cast<size_t>(N));
       const bool lead = world.tensor_lead(r);
       if (world.loss_lead(r)) loss_sum += norms[partials];

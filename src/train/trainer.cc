@@ -545,8 +545,9 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
     result_.stopped_at = step + 1;
     return true;
   }
-  // Several processes: one stop, agreed by all at this boundary (signals.h).
-  if (const int sig = last ? 0 : agreed_stop_signal(run_.processes); sig != 0) {
+  // Several processes: the stop all of them learnt with the step's sums (StepStats::stop_signal),
+  // so every process stops after the same step and writes its part of one stop checkpoint.
+  if (const int sig = last ? 0 : run_.processes ? st.stop_signal : StopSignals::pending(); sig != 0) {
     stop_for_signal(w, step, sig);
     return true;
   }
