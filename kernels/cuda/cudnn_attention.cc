@@ -59,7 +59,8 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
 // What the tiled kernel costs instead of cuDNN's, per layer, measured on an H200 at GPT-2 124M's
 // shape (B=16, T=1024, 12 heads of 64, bf16; ../shared/gpu/2026-12-04): backward 46.5 ms against
-// 0.33 ms; forward (fp32 tiled, 14.7 ms) against 0.12 ms.
+// 0.33 ms; forward (fp32 tiled, 14.7 ms) against 0.12 ms. Measured before the tiled kernels kept
+// their rows in registers (commit after 72def63); the line says so until a GPU re-measures it.
 constexpr int kTiledBackwardSlowdown = 140;
 constexpr int kTiledForwardSlowdown = 120;
 // Below this T the tiled kernel's cost is small enough not to announce a fallback.
@@ -120,7 +121,7 @@ void announce_fallback(State& st, const Key& k, bool backward, const std::string
   st.announced_fallback = true;
   std::fprintf(stderr,
                "attention: cuDNN declined the %s%s at B=%lld T=%lld heads=%lldx%lld %s (%s); the tiled kernel runs "
-               "instead, ~%dx slower per layer\n",
+               "instead (before its register rewrite it was ~%dx slower per layer on an H200; not re-measured)\n",
                backward && k.deterministic ? "deterministic " : "", backward ? "backward" : "forward",
                static_cast<long long>(k.B), static_cast<long long>(k.T), static_cast<long long>(k.NH),
                static_cast<long long>(k.C / k.NH), dtype_name(k.dtype), why.c_str(),

@@ -1,10 +1,12 @@
-// CUDA fallback for the tiled causal attention ops (kernels/ops.h flash_attention_*): plain
-// one-thread-per-row kernels over shared-memory tiles of K/V (forward, dQ) or Q/dO (dK/dV), an
-// online softmax, only the causal half visited, no atomics (each output row has one owner).
+// CUDA fallback for the tiled causal attention ops (kernels/ops.h flash_attention_*): a group of
+// four lanes per row over shared-memory tiles of K/V (forward, dQ) or Q/dO (dK/dV), rows held in
+// registers, an online softmax, only the causal half visited, no atomics (each output row has one
+// owner).
 // Templated on the activations' storage type E (float, Half, BFloat16): fp32 math, lse and D,
 // each output element rounded to E once. The checked fallback of the fused (cuDNN) attention.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
@@ -14,10 +16,18 @@ namespace zt::cuda_ops {
 
 namespace {
 
-// Rows (threads) per block and rows per shared tile. Per-thread row copies live in local arrays
-// of kMaxHeadSize (GPT-2: 64), so larger heads are refused by the launchers.
-constexpr int kRowsPerBlock = 64;
-constexpr int kTileRows = 32;
+// A group of kGroup consecutive lanes owns one row (query or key): each lane holds a quarter of
+// the row's columns in registers, as float4 chunks interleaved across the group (lane g owns
+// chunks g, g + kGroup, ...) so that the group's shared-memory reads are contiguous and the other
+// groups of the warp read the same addresses (broadcast). Head sizes are a template bucket (64 or
+// 128; smaller heads use 64 with zero-padded columns; two buckets keep the build short), so the
+// per-lane arrays have compile-time sizes and stay in registers (src/CMakeLists.txt makes ptxas
+// fail on local memory here). Dot products: each lane's partial sum over its columns in order,
+// then a butterfly over the group (IEEE addition commutes: every lane of the group gets the same bits).
+constexpr int kGroup = 4;
+constexpr int kThreads = 128;
+constexpr int kRowsPerBlock = kThreads / kGroup;  // 32
+constexpr int kTileRows = 32;                      // key (or query) rows per shared tile
 constexpr int kMaxHeadSize = 128;
 
 struct FlashDims {
@@ -25,63 +35,133 @@ struct FlashDims {
   float scale;
 };
 
-// Copies rows [r0, r0 + kTileRows) (clipped to T; missing rows zero) of a strided [T, hs] head
-// slice into a shared [kTileRows][kMaxHeadSize] tile.
-template <typename E>
-__device__ void load_tile(float (*tile)[kMaxHeadSize], const E* src, int64_t ld, int64_t r0,
-                          const FlashDims& d) {
-  for (int64_t idx = threadIdx.x; idx < kTileRows * d.hs; idx += blockDim.x) {
-    const int64_t r = idx / d.hs, c = idx % d.hs;
-    tile[r][c] = r0 + r < d.T ? to_float(src[(r0 + r) * ld + c]) : 0.0f;
+template <int HS>
+struct Lanes {
+  static constexpr int kChunks = HS / 4 / kGroup;  // float4 chunks per lane
+  static_assert(kChunks >= 1 && HS % (4 * kGroup) == 0);
+};
+
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
+  acc += a.x * b.x;
+  acc += a.y * b.y;
+  acc += a.z * b.z;
+  acc += a.w * b.w;
+  return acc;
+}
+
+__device__ __forceinline__ void axpy4(float4& y, float a, const float4& x) {
+  y.x += a * x.x;
+  y.y += a * x.y;
+  y.z += a * x.z;
+  y.w += a * x.w;
+}
+
+__device__ __forceinline__ void scale4(float4& y, float a) {
+  y.x *= a;
+  y.y *= a;
+  y.z *= a;
+  y.w *= a;
+}
+
+// Lane g's chunk k of a [HS]-float shared row.
+template <int HS>
+__device__ __forceinline__ const float4& chunk(const float* row, int g, int k) {
+  return reinterpret_cast<const float4*>(row)[g + kGroup * k];
+}
+
+// Loads lane g's chunks of one row of length hs (columns >= hs and rows that do not exist: zero).
+template <int HS, typename E>
+__device__ void load_row(float4 (&dst)[Lanes<HS>::kChunks], const E* row, bool exists, int g, int64_t hs) {
+#pragma unroll
+  for (int k = 0; k < Lanes<HS>::kChunks; ++k) {
+    const int64_t c = 4 * (g + kGroup * k);
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = exists && c + e < hs ? to_float(row[c + e]) : 0.0f;
+    dst[k] = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+template <int HS, typename E>
+__device__ void store_row(E* row, const float4 (&src)[Lanes<HS>::kChunks], float mul, bool accumulate, int g,
+                          int64_t hs) {
+#pragma unroll
+  for (int k = 0; k < Lanes<HS>::kChunks; ++k) {
+    const int64_t c = 4 * (g + kGroup * k);
+    const float v[4] = {src[k].x * mul, src[k].y * mul, src[k].z * mul, src[k].w * mul};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (c + e < hs) row[c + e] = from_float<E>(accumulate ? to_float(row[c + e]) + v[e] : v[e]);
+  }
+}
+
+// Copies rows [r0, r0 + kTileRows) (missing rows and columns >= hs zero) of a strided [T, hs]
+// head slice into a shared [kTileRows][HS] tile.
+template <int HS, typename E>
+__device__ void load_tile(float (*tile)[HS], const E* src, int64_t ld, int64_t r0, const FlashDims& d) {
+  for (int idx = threadIdx.x; idx < kTileRows * HS; idx += blockDim.x) {
+    const int r = idx / HS, c = idx % HS;
+    tile[r][c] = r0 + r < d.T && c < d.hs ? to_float(src[(r0 + r) * ld + c]) : 0.0f;
   }
 }
 
 // grid (query blocks, NH, B). out row i = sum_j softmax_j(scale q_i . k_j) v_j over j <= i.
-template <typename E>
-__global__ void flash_forward_kernel(E* out, float* lse, const E* qkv, FlashDims d) {
-  __shared__ float ks[kTileRows][kMaxHeadSize];
-  __shared__ float vs[kTileRows][kMaxHeadSize];
+// Every lane runs every loop iteration (masked, not skipped), so the group shuffles never diverge.
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreads) flash_forward_kernel(E* out, float* lse, const E* qkv, FlashDims d) {
+  constexpr int K = Lanes<HS>::kChunks;
+  __shared__ __align__(16) float ks[kTileRows][HS];
+  __shared__ __align__(16) float vs[kTileRows][HS];
   const int64_t b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, ld = 3 * d.C;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, i = i0 + threadIdx.x;
+  const int g = threadIdx.x % kGroup;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, i = i0 + threadIdx.x / kGroup;
   const bool active = i < d.T;
   const E* base = qkv + b * d.T * ld + h * d.hs;
-  float q[kMaxHeadSize], acc[kMaxHeadSize];
-  for (int64_t c = 0; c < d.hs; ++c) {
-    q[c] = active ? to_float(base[i * ld + c]) : 0.0f;
-    acc[c] = 0.0f;
-  }
+  float4 q[K], acc[K];
+  load_row<HS>(q, base + i * ld, active, g, d.hs);
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float m = -INFINITY, l = 0.0f;
   const int64_t last = min(d.T, i0 + kRowsPerBlock);  // keys [0, last) serve this block
   for (int64_t j0 = 0; j0 < last; j0 += kTileRows) {
     __syncthreads();  // the previous tile is no longer read
-    load_tile(ks, base + d.C, ld, j0, d);
-    load_tile(vs, base + 2 * d.C, ld, j0, d);
+    load_tile<HS>(ks, base + d.C, ld, j0, d);
+    load_tile<HS>(vs, base + 2 * d.C, ld, j0, d);
     __syncthreads();
-    const int64_t visible = active ? min(static_cast<int64_t>(kTileRows), i - j0 + 1) : 0;
-    if (visible <= 0) continue;
     float s[kTileRows];
     float mx = m;
-    for (int64_t r = 0; r < visible; ++r) {
-      float dot = 0.0f;
-      for (int64_t c = 0; c < d.hs; ++c) dot += q[c] * ks[r][c];
-      s[r] = dot * d.scale;
+#pragma unroll
+    for (int r = 0; r < kTileRows; ++r) {
+      float part = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) part = dot4(q[k], chunk<HS>(ks[r], g, k), part);
+      const float dot = group_sum(part);
+      s[r] = active && j0 + r <= i ? dot * d.scale : -INFINITY;
       mx = fmaxf(mx, s[r]);
     }
-    const float corr = exp_elem(m - mx);  // ~0 on the first tile (m = -inf)
+    if (mx == -INFINITY) continue;          // no visible key in this tile (a row past T)
+    const float corr = exp_elem(m - mx);  // 0 on the first tile (m = -inf)
     l *= corr;
-    for (int64_t c = 0; c < d.hs; ++c) acc[c] *= corr;
-    for (int64_t r = 0; r < visible; ++r) {
-      const float p = exp_elem(s[r] - mx);
+#pragma unroll
+    for (int k = 0; k < K; ++k) scale4(acc[k], corr);
+#pragma unroll
+    for (int r = 0; r < kTileRows; ++r) {
+      const float p = exp_elem(s[r] - mx);  // 0 for masked keys (s = -inf)
       l += p;
-      for (int64_t c = 0; c < d.hs; ++c) acc[c] += p * vs[r][c];
+#pragma unroll
+      for (int k = 0; k < K; ++k) axpy4(acc[k], p, chunk<HS>(vs[r], g, k));
     }
     m = mx;
   }
   if (!active) return;
-  const float inv = 1.0f / l;
-  E* o = out + (b * d.T + i) * d.C + h * d.hs;
-  for (int64_t c = 0; c < d.hs; ++c) o[c] = from_float<E>(acc[c] * inv);
-  lse[(b * NH + h) * d.T + i] = m + logf(l);
+  store_row<HS>(out + (b * d.T + i) * d.C + h * d.hs, acc, 1.0f / l, false, g, d.hs);
+  if (g == 0) lse[(b * NH + h) * d.T + i] = m + logf(l);
 }
 
 // D[b, h, t] = sum_c dout * out over head h of row (b, t); one thread per (b, t, h).
@@ -100,100 +180,106 @@ __global__ void flash_rowdot_kernel(float* D, const E* dout, const E* out, int64
   }
 }
 
-// grid (key blocks, NH, B); thread = key row j: dk_j, dv_j over queries i >= j.
-template <typename E>
-__global__ void flash_backward_kv_kernel(E* dqkv, const E* dout, const E* qkv, const float* lse,
-                                         const float* D, FlashDims d, bool accumulate) {
-  __shared__ float qs[kTileRows][kMaxHeadSize];
-  __shared__ float dos[kTileRows][kMaxHeadSize];
+// grid (key blocks, NH, B); a lane group = key row j: dk_j, dv_j over queries i >= j.
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(E* dqkv, const E* dout, const E* qkv,
+                                                                      const float* lse, const float* D,
+                                                                      FlashDims d, bool accumulate) {
+  constexpr int K = Lanes<HS>::kChunks;
+  __shared__ __align__(16) float qs[kTileRows][HS];
+  __shared__ __align__(16) float dos[kTileRows][HS];
   __shared__ float lse_s[kTileRows], D_s[kTileRows];
   const int64_t b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, ld = 3 * d.C;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, j = j0 + threadIdx.x;
+  const int g = threadIdx.x % kGroup;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, j = j0 + threadIdx.x / kGroup;
   const bool active = j < d.T;
   const E* base = qkv + b * d.T * ld + h * d.hs;
   const E* dout_base = dout + b * d.T * d.C + h * d.hs;
   const float* lse_row = lse + (b * NH + h) * d.T;
   const float* D_row = D + (b * NH + h) * d.T;
-  float k[kMaxHeadSize], v[kMaxHeadSize], dk[kMaxHeadSize], dv[kMaxHeadSize];
-  for (int64_t c = 0; c < d.hs; ++c) {
-    k[c] = active ? to_float(base[j * ld + d.C + c]) : 0.0f;
-    v[c] = active ? to_float(base[j * ld + 2 * d.C + c]) : 0.0f;
-    dk[c] = dv[c] = 0.0f;
-  }
+  float4 k_[K], v_[K], dk[K], dv[K];
+  load_row<HS>(k_, base + j * ld + d.C, active, g, d.hs);
+  load_row<HS>(v_, base + j * ld + 2 * d.C, active, g, d.hs);
+#pragma unroll
+  for (int k = 0; k < K; ++k) dk[k] = dv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int64_t i0 = j0; i0 < d.T; i0 += kTileRows) {
     __syncthreads();
-    load_tile(qs, base, ld, i0, d);
-    load_tile(dos, dout_base, d.C, i0, d);
-    for (int64_t r = threadIdx.x; r < kTileRows; r += blockDim.x) {
+    load_tile<HS>(qs, base, ld, i0, d);
+    load_tile<HS>(dos, dout_base, d.C, i0, d);
+    for (int r = threadIdx.x; r < kTileRows; r += blockDim.x) {
       lse_s[r] = i0 + r < d.T ? lse_row[i0 + r] : 0.0f;
       D_s[r] = i0 + r < d.T ? D_row[i0 + r] : 0.0f;
     }
     __syncthreads();
-    if (!active) continue;
-    for (int64_t r = 0; r < kTileRows && i0 + r < d.T; ++r) {
-      if (i0 + r < j) continue;  // causal: query i sees keys j <= i
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t c = 0; c < d.hs; ++c) {
-        s += qs[r][c] * k[c];
-        dp += dos[r][c] * v[c];
+#pragma unroll(HS >= 128 ? 2 : 4)  // four rows' dot products would not fit the registers at 128
+    for (int r = 0; r < kTileRows; ++r) {
+      float ps = 0.0f, pdp = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        ps = dot4(chunk<HS>(qs[r], g, k), k_[k], ps);
+        pdp = dot4(chunk<HS>(dos[r], g, k), v_[k], pdp);
       }
-      const float p = exp_elem(s * d.scale - lse_s[r]);
+      const float s = group_sum(ps), dp = group_sum(pdp);
+      const bool visible = active && i0 + r < d.T && i0 + r >= j;  // causal: query i sees keys j <= i
+      const float p = visible ? exp_elem(s * d.scale - lse_s[r]) : 0.0f;
       const float ds = p * (dp - D_s[r]) * d.scale;
-      for (int64_t c = 0; c < d.hs; ++c) {
-        dv[c] += p * dos[r][c];
-        dk[c] += ds * qs[r][c];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        axpy4(dv[k], p, chunk<HS>(dos[r], g, k));
+        axpy4(dk[k], ds, chunk<HS>(qs[r], g, k));
       }
     }
   }
   if (!active) return;
   E* row = dqkv + (b * d.T + j) * ld + h * d.hs;
-  for (int64_t c = 0; c < d.hs; ++c) {
-    E& rk = row[d.C + c];
-    E& rv = row[2 * d.C + c];
-    rk = from_float<E>(accumulate ? to_float(rk) + dk[c] : dk[c]);
-    rv = from_float<E>(accumulate ? to_float(rv) + dv[c] : dv[c]);
-  }
+  store_row<HS>(row + d.C, dk, 1.0f, accumulate, g, d.hs);
+  store_row<HS>(row + 2 * d.C, dv, 1.0f, accumulate, g, d.hs);
 }
 
-// grid (query blocks, NH, B); thread = query row i: dq_i over keys j <= i.
-template <typename E>
-__global__ void flash_backward_q_kernel(E* dqkv, const E* dout, const E* qkv, const float* lse,
-                                        const float* D, FlashDims d, bool accumulate) {
-  __shared__ float ks[kTileRows][kMaxHeadSize];
-  __shared__ float vs[kTileRows][kMaxHeadSize];
+// grid (query blocks, NH, B); a lane group = query row i: dq_i over keys j <= i.
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(E* dqkv, const E* dout, const E* qkv,
+                                                                     const float* lse, const float* D,
+                                                                     FlashDims d, bool accumulate) {
+  constexpr int K = Lanes<HS>::kChunks;
+  __shared__ __align__(16) float ks[kTileRows][HS];
+  __shared__ __align__(16) float vs[kTileRows][HS];
   const int64_t b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, ld = 3 * d.C;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, i = i0 + threadIdx.x;
+  const int g = threadIdx.x % kGroup;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, i = i0 + threadIdx.x / kGroup;
   const bool active = i < d.T;
   const E* base = qkv + b * d.T * ld + h * d.hs;
-  float q[kMaxHeadSize], dy[kMaxHeadSize], dq[kMaxHeadSize];
-  for (int64_t c = 0; c < d.hs; ++c) {
-    q[c] = active ? to_float(base[i * ld + c]) : 0.0f;
-    dy[c] = active ? to_float(dout[(b * d.T + i) * d.C + h * d.hs + c]) : 0.0f;
-    dq[c] = 0.0f;
-  }
+  float4 q[K], dy[K], dq[K];
+  load_row<HS>(q, base + i * ld, active, g, d.hs);
+  load_row<HS>(dy, dout + (b * d.T + i) * d.C + h * d.hs, active, g, d.hs);
+#pragma unroll
+  for (int k = 0; k < K; ++k) dq[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const float lse_i = active ? lse[(b * NH + h) * d.T + i] : 0.0f;
   const float D_i = active ? D[(b * NH + h) * d.T + i] : 0.0f;
   const int64_t last = min(d.T, i0 + kRowsPerBlock);
   for (int64_t j0 = 0; j0 < last; j0 += kTileRows) {
     __syncthreads();
-    load_tile(ks, base + d.C, ld, j0, d);
-    load_tile(vs, base + 2 * d.C, ld, j0, d);
+    load_tile<HS>(ks, base + d.C, ld, j0, d);
+    load_tile<HS>(vs, base + 2 * d.C, ld, j0, d);
     __syncthreads();
-    if (!active) continue;
-    for (int64_t r = 0; r < kTileRows && j0 + r <= i; ++r) {
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t c = 0; c < d.hs; ++c) {
-        s += q[c] * ks[r][c];
-        dp += dy[c] * vs[r][c];
+#pragma unroll 4
+    for (int r = 0; r < kTileRows; ++r) {
+      float ps = 0.0f, pdp = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        ps = dot4(q[k], chunk<HS>(ks[r], g, k), ps);
+        pdp = dot4(dy[k], chunk<HS>(vs[r], g, k), pdp);
       }
-      const float p = exp_elem(s * d.scale - lse_i);
+      const float s = group_sum(ps), dp = group_sum(pdp);
+      const bool visible = active && j0 + r <= i;
+      const float p = visible ? exp_elem(s * d.scale - lse_i) : 0.0f;
       const float ds = p * (dp - D_i) * d.scale;
-      for (int64_t c = 0; c < d.hs; ++c) dq[c] += ds * ks[r][c];
+#pragma unroll
+      for (int k = 0; k < K; ++k) axpy4(dq[k], ds, chunk<HS>(ks[r], g, k));
     }
   }
   if (!active) return;
-  E* row = dqkv + (b * d.T + i) * ld + h * d.hs;
-  for (int64_t c = 0; c < d.hs; ++c) row[c] = from_float<E>(accumulate ? to_float(row[c]) + dq[c] : dq[c]);
+  store_row<HS>(dqkv + (b * d.T + i) * ld + h * d.hs, dq, 1.0f, accumulate, g, d.hs);
 }
 
 FlashDims flash_dims(int64_t T, int64_t C, int64_t NH, const char* op) {
@@ -208,11 +294,20 @@ dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
               static_cast<unsigned>(NH), static_cast<unsigned>(B));
 }
 
+// Calls f with the head-size bucket as a compile-time constant.
+template <typename F>
+void with_head_bucket(int64_t hs, F&& f) {
+  if (hs <= 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
+}
+
 template <typename E>
 void launch_flash_forward(cudaStream_t stream, void* out, float* lse, const void* qkv, int64_t B,
                           const FlashDims& d, int64_t NH) {
-  flash_forward_kernel<E><<<flash_grid(B, d.T, NH), kRowsPerBlock, 0, stream>>>(
-      static_cast<E*>(out), lse, static_cast<const E*>(qkv), d);
+  with_head_bucket(d.hs, [&](auto hs) {
+    flash_forward_kernel<E, decltype(hs)::value><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(
+        static_cast<E*>(out), lse, static_cast<const E*>(qkv), d);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -227,11 +322,14 @@ void launch_flash_backward(cudaStream_t stream, void* dqkv, const void* dout, co
       scratch, dy, static_cast<const E*>(out), B, NH, d);
   ZT_CUDA_CHECK(cudaGetLastError());
   // dk/dv and dq touch disjoint columns of dqkv; both only read D, so stream order suffices.
-  flash_backward_kv_kernel<E><<<flash_grid(B, d.T, NH), kRowsPerBlock, 0, stream>>>(
-      dx, dy, x, lse, scratch, d, accumulate);
-  ZT_CUDA_CHECK(cudaGetLastError());
-  flash_backward_q_kernel<E><<<flash_grid(B, d.T, NH), kRowsPerBlock, 0, stream>>>(
-      dx, dy, x, lse, scratch, d, accumulate);
+  with_head_bucket(d.hs, [&](auto hs) {
+    constexpr int HS = decltype(hs)::value;
+    flash_backward_kv_kernel<E, HS><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(dx, dy, x, lse, scratch, d,
+                                                                                    accumulate);
+    ZT_CUDA_CHECK(cudaGetLastError());
+    flash_backward_q_kernel<E, HS><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(dx, dy, x, lse, scratch, d,
+                                                                                   accumulate);
+  });
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
