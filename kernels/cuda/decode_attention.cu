@@ -2,6 +2,7 @@
 // KV cache qkv [S, 3C], for generation. One block per (head, query row), fp32 math; kept simple
 // (a decode step is a few small launches per layer) rather than fast, and not yet run on a GPU.
 #include <cub/block/block_reduce.cuh>
+#include <cuda/functional>
 
 #include <cmath>
 #include <cstdint>
@@ -39,7 +40,7 @@ __global__ void decode_attention_kernel(T* out, const T* qkv, int64_t n, int64_t
     scores[j] = dot * scale;
     local_max = fmaxf(local_max, scores[j]);
   }
-  const float block_max = Reduce(tmp).Reduce(local_max, cub::Max());
+  const float block_max = Reduce(tmp).Reduce(local_max, ::cuda::maximum<float>{});
   if (threadIdx.x == 0) shared_max = block_max;
   __syncthreads();
   float local_sum = 0.0f;
