@@ -235,7 +235,7 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH
 // 0..S-n+i, scale 1/sqrt(C/NH), NH heads: rows S-n..S-1 of flash_attention_forward's out on the
 // sequence qkv (equal within fp32 rounding, not bitwise: the sums run in another order).
 // dtypes: qkv and out one dtype, f32, f16 or bf16; math in fp32 (16-bit inputs widened exactly),
-// each output rounded once. CUDA: one block per (head, row); S is at most 12,288 (its scores sit
+// each output rounded once. CUDA: one block per (head, row); S is at most 8,192 (its scores sit
 // in shared memory), far above GPT-2's context of 1024.
 void decode_attention(Stream& s, TensorView out, ConstTensorView qkv, int num_heads);
 

@@ -17,8 +17,9 @@ namespace {
 using zt::detail::with_storage_type;  // kernels/storage_types.h
 
 constexpr int kDecodeBlock = 128;
-// Scores live in dynamic shared memory: S floats, within the default 48 KiB per block.
-constexpr int64_t kMaxDecodeKeys = 12288;
+// Scores live in dynamic shared memory: S floats (32 KiB at most), which with the reductions' static
+// storage stays within the default 48 KiB per block.
+constexpr int64_t kMaxDecodeKeys = 8192;
 
 // Block (h, i): query row t = S - n + i, head h. The scores of keys 0..t in shared memory, their
 // max and the sum of exponentials by block reductions (fixed order: deterministic), then each
