@@ -12,6 +12,7 @@
 #include "core/files.h"
 #include "core/status.h"
 #include "data/language_data.h"
+#include "runtime/runtime.h"
 #include "tokenizer/bpe.h"
 #include "train/generate.h"
 
@@ -21,7 +22,7 @@ namespace {
 
 // The checkpoint's tokenizer: --tokenizer DIR, else the one beside the data the run trained on;
 // byte vocabularies need none.
-std::optional<BpeTokenizer> find_tokenizer(const HostGpt& m, const std::string& flag) {
+std::optional<BpeTokenizer> find_tokenizer(const DeviceGpt& m, const std::string& flag) {
   if (!flag.empty()) {
     auto t = load_tokenizer_if_present(flag, 0);
     ZT_REQUIRE(t.has_value(), "--tokenizer ", flag, " holds no vocab.json and merges.txt");
@@ -41,10 +42,49 @@ CLI::Option* add_log_format(CLI::App* sub, bool& json) {
                             "text, or json: one JSON object on stdout");
 }
 
+// --devices and --precision of both commands: one device, the model's dtype.
+void add_device_flags(CLI::App* sub, std::string& devices, Precision& precision) {
+  sub->add_option("--devices", devices, "The one device to run on: all (the first GPU, else the CPU backend), cpu:1, "
+                                        "cuda:N")->capture_default_str()->check(zt_cli::non_empty());
+  zt_cli::add_choice(*sub, "--precision", precision,
+                     zt_cli::Choices<Precision>{{"auto", Precision::kAuto}, {"fp32", Precision::kFp32},
+                                                {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
+                     "Weights and activations: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend)");
+}
+
+// A runtime of exactly one device: the checkpoint's tensor/pipeline layout is resharded to it.
+std::unique_ptr<Runtime> one_device(const std::string& text) {
+  DeviceSpec spec = parse_device_spec(text);
+  const std::string why = "--devices " + text + ": generate and eval run on one device; pass cpu:1 or cuda:N";
+  if (spec.kind == DeviceSpec::Kind::kAll) {
+    spec.kind = cuda_availability().usable ? DeviceSpec::Kind::kCuda : DeviceSpec::Kind::kCpu;
+    spec.cpu_count = 1;
+  }
+  if (spec.kind == DeviceSpec::Kind::kCpu) {
+    ZT_REQUIRE(spec.cpu_count <= 1, why);
+    spec.cpu_count = 1;
+  }
+  if (spec.kind == DeviceSpec::Kind::kCuda) {
+    ZT_REQUIRE(spec.cuda_ordinals.size() <= 1, why);
+    if (spec.cuda_ordinals.empty()) spec.cuda_ordinals = {0};
+  }
+  return Runtime::create(spec);
+}
+
+DType inference_dtype(Precision p, Backend b) {
+  switch (p) {
+    case Precision::kFp32: return DType::kF32;
+    case Precision::kBf16: return DType::kBF16;
+    case Precision::kFp16: return DType::kF16;
+    case Precision::kAuto: break;
+  }
+  return b == Backend::kCuda ? DType::kBF16 : DType::kF32;
+}
+
 }  // namespace
 
 GenerateCommand::GenerateCommand(CLI::App& app) {
-  sub_ = app.add_subcommand("generate", "Text from a trained GPT checkpoint (host fp32, KV cache)");
+  sub_ = app.add_subcommand("generate", "Text from a trained GPT checkpoint (one device, KV cache)");
   sub_->add_option("--checkpoint", checkpoint_, "A checkpoint directory, or a --checkpoint-dir (its newest complete one)")
       ->required()->check(zt_cli::non_empty());
   sub_->add_option("--prompt", prompt_, "Text to continue (default: <|endoftext|>, or a newline for byte models)");
@@ -57,12 +97,14 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
       ->check(zt_cli::whole(0));
   sub_->add_option("--seed", seed_, "Sampling seed")->capture_default_str()->check(zt_cli::seed());
   add_log_format(sub_, json_);
+  add_device_flags(sub_, devices_, precision_);
   sub_->add_option("--dump-logits", dump_logits_, "Also write the prompt positions' logits to FILE (float32, "
                    "[prompt tokens, vocab], row-major; peer tests)")->check(zt_cli::non_empty());
 }
 
 int GenerateCommand::run() {
-  const HostGpt m = load_host_gpt(checkpoint_);
+  const std::unique_ptr<Runtime> rt = one_device(devices_);
+  DeviceGpt m = load_device_gpt(checkpoint_, rt->device(0), inference_dtype(precision_, rt->backend()));
   std::optional<BpeTokenizer> tok = find_tokenizer(m, tokenizer_);
   std::vector<int32_t> prompt;
   if (tok) {
@@ -75,9 +117,7 @@ int GenerateCommand::run() {
   if (!dump_logits_.empty()) {
     ZT_REQUIRE(static_cast<int>(prompt.size()) <= m.mc.seq_len, "--dump-logits: the prompt has ", prompt.size(),
                " tokens, more than the model's context of ", m.mc.seq_len);
-    KvCache cache(m.mc);
-    std::vector<float> logits(prompt.size() * static_cast<size_t>(m.mc.vocab));
-    gpt_forward(m, cache, prompt.data(), static_cast<int>(prompt.size()), logits.data(), true);
+    const std::vector<float> logits = full_forward_logits(m, prompt);
     write_file_atomic(dump_logits_, std::string_view(reinterpret_cast<const char*>(logits.data()), logits.size() * 4),
                       "--dump-logits file");
   }
@@ -95,7 +135,8 @@ int GenerateCommand::run() {
     return s;
   };
   if (json_) {
-    const nlohmann::json j = {{"checkpoint", m.checkpoint}, {"step", m.step}, {"prompt", prompt_},
+    const nlohmann::json j = {{"checkpoint", m.checkpoint}, {"step", m.step}, {"device", m.device->name()},
+                              {"precision", dtype_name(m.dtype)}, {"prompt", prompt_},
                               {"completion", text(fresh)}, {"prompt_tokens", prompt}, {"tokens", fresh}};
     write_stdout_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
@@ -116,10 +157,12 @@ EvalCommand::EvalCommand(CLI::App& app) {
   sub_->add_option("--eval-batches", batches_, "Batches (default: the run's --eval-batches)")->check(zt_cli::whole(1));
   sub_->add_option("--rows", rows_, "Sequences per batch (default: the run's evaluation batch)")->check(zt_cli::whole(1));
   add_log_format(sub_, json_);
+  add_device_flags(sub_, devices_, precision_);
 }
 
 int EvalCommand::run() {
-  const HostGpt m = load_host_gpt(checkpoint_);
+  const std::unique_ptr<Runtime> rt = one_device(devices_);
+  DeviceGpt m = load_device_gpt(checkpoint_, rt->device(0), inference_dtype(precision_, rt->backend()));
   const nlohmann::json& meta = m.meta;
   const nlohmann::json sampler = meta.value("sampler", nlohmann::json::object());
   const nlohmann::json ev = meta.value("eval", nlohmann::json::object());
@@ -130,10 +173,11 @@ int EvalCommand::run() {
   const int batches = batches_ ? batches_ : ev.value("batches", 8);
   const int rows = rows_ ? rows_ : ev.value("rows", sampler.value("batch_size", 8));
   const std::unique_ptr<LanguageData> lang = open_eval_data(data, seed, m.mc.vocab);
-  const EvalReport r = evaluate_host(m, *lang, batches, rows, T);
+  const EvalReport r = evaluate_device(m, *lang, batches, rows, T);
   const double ppl = std::exp(r.loss);
   if (json_) {
     const nlohmann::json j = {{"event", "eval"}, {"checkpoint", m.checkpoint}, {"step", m.step}, {"data", data},
+                              {"device", m.device->name()}, {"precision", dtype_name(m.dtype)},
                               {"batches", r.batches}, {"rows", r.rows}, {"seq_len", r.seq_len}, {"tokens", r.tokens},
                               {"val_loss", r.loss}, {"perplexity", ppl}};
     write_stdout_line(j.dump());

@@ -65,7 +65,8 @@ def main():
         V = model.config.vocab_size
         for i, p in enumerate(prompts):
             out = subprocess.check_output([zt, "generate", "--checkpoint", "ck", "--prompt", p, "--max-new-tokens", "0",
-                                           "--log-format", "json", "--dump-logits", f"l{i}.bin"], cwd=tmp)
+                                           "--log-format", "json", "--precision", "fp32", "--dump-logits", f"l{i}.bin"],
+                                          cwd=tmp)
             ids = json.loads(out)["prompt_tokens"]
             ours = np.fromfile(os.path.join(tmp, f"l{i}.bin"), dtype=np.float32).reshape(len(ids), V)
             with torch.no_grad():

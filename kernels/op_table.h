@@ -38,7 +38,7 @@ namespace zt {
 // loss_scale_update, clip_factor {}; matmul_forward / matmul_backward / matmul_gelu_forward /
 // matmul_backward_dgelu {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
 // residual_layernorm_forward {activation dtype, weight dtype}; lm_head_* {activation dtype};
-// flash_attention_*, fused_attention_* {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
+// flash_attention_*, fused_attention_*, decode_attention {qkv's dtype: f32, f16 or bf16}; classifier_forward_backward
 // {logits}; fill, add, encoder_forward / encoder_backward, gelu_forward / gelu_backward, relu_forward /
 // relu_backward {activation dtype: f32, f16 or bf16}; position_forward, bias_forward {activation dtype,
 // parameter dtype}; position_backward, bias_backward {activation dtype}; row_max, vocab_partials,
@@ -88,7 +88,8 @@ namespace zt {
   X(kFusedAttentionForward, fused_attention_forward)           \
   X(kFusedAttentionBackward, fused_attention_backward)         \
   X(kLmHeadForward, lm_head_forward)                           \
-  X(kLmHeadBackward, lm_head_backward)
+  X(kLmHeadBackward, lm_head_backward)                          \
+  X(kDecodeAttention, decode_attention)
 
 enum class OpId {
 #define ZT_OP_ENUM(id, name) id,
@@ -159,6 +160,9 @@ struct OpTable {
   void (*flash_attention_backward)(Stream&, void* dqkv, const void* dout, const void* qkv,
                                    const void* out, const float* lse, float* scratch, int64_t B,
                                    int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate) = nullptr;
+  // out [n, C], qkv [S, 3C] of `dtype` (f32, f16, bf16), 1 <= n <= S (ops.h decode_attention).
+  void (*decode_attention)(Stream&, void* out, const void* qkv, int64_t n, int64_t S, int64_t C, int64_t NH,
+                           DType dtype) = nullptr;
   // out/din, in, dout of `dtype`; din += (a 16-bit din: read, added in fp32, rounded once).
   void (*gelu_forward)(Stream&, void* out, const void* in, DType dtype, int64_t n) = nullptr;
   void (*gelu_backward)(Stream&, void* din, const void* in, const void* dout, DType dtype, int64_t n) = nullptr;

@@ -758,6 +758,22 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
                                 d.C, d.NH, dt, accumulate);
 }
 
+void decode_attention(Stream& s, TensorView out, ConstTensorView qkv, int num_heads) {
+  constexpr const char* op = "decode_attention";
+  const DType dt = attention_dtype(op, qkv);
+  check_view(s, op, "qkv", qkv, dt);
+  check_view(s, op, "out", out, dt);
+  ZT_REQUIRE(qkv.shape.ndim() == 2 && qkv.shape[1] % 3 == 0 && qkv.shape[1] > 0 && qkv.shape[0] >= 1, op, ": qkv ",
+             qkv.shape.str(), " must be [S, 3C] with S >= 1");
+  const int64_t S = qkv.shape[0], C = qkv.shape[1] / 3;
+  ZT_REQUIRE(num_heads > 0 && C % num_heads == 0, op, ": qkv ", qkv.shape.str(), " has C = ", C, ", which ",
+             num_heads, " heads do not divide");
+  ZT_REQUIRE(out.shape.ndim() == 2 && out.shape[1] == C && out.shape[0] >= 1 && out.shape[0] <= S, op, ": qkv ",
+             qkv.shape.str(), " but out ", out.shape.str(), " (need [n, ", C, "] with 1 <= n <= ", S, ")");
+  require_kernel(s, OpId::kDecodeAttention, {dt}).decode_attention(s, out.data, qkv.data, out.shape[0], S, C,
+                                                                   num_heads, dt);
+}
+
 // ---- activations
 // ----------------------------------------------------------------------------------
 

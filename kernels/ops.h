@@ -228,6 +228,17 @@ size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
 
+// ---- attention of the newest positions over a KV cache (generation) ----------------------------
+// qkv [S, 3C]: the q, k, v rows of positions 0..S-1 of one sequence (c_attn's layout, as above),
+// the cache of keys and values with the new positions' queries last. out [n, C] (1 <= n <= S) =
+// causal attention of the last n positions: row i (position S-n+i) attends keys and values
+// 0..S-n+i, scale 1/sqrt(C/NH), NH heads: rows S-n..S-1 of flash_attention_forward's out on the
+// sequence qkv (equal within fp32 rounding, not bitwise: the sums run in another order).
+// dtypes: qkv and out one dtype, f32, f16 or bf16; math in fp32 (16-bit inputs widened exactly),
+// each output rounded once. CUDA: one block per (head, row); S is at most 8,192 (its scores sit
+// in shared memory), far above GPT-2's context of 1024.
+void decode_attention(Stream& s, TensorView out, ConstTensorView qkv, int num_heads);
+
 // ---- activations ----------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). gelu_forward(out,
 // in) and gelu_backward(din +=, in, dout) on one activation dtype; ReLU likewise.

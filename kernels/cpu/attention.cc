@@ -438,6 +438,43 @@ void flash_attention_forward(void* out, float* lse, const void* qkv, int64_t B, 
   ZT_CHECK(false, "flash_attention_forward: unsupported dtype ", dtype_name(dtype));
 }
 
+// One task per (row, head): scores in fp32, softmax sum in double, out accumulated in fp32 and
+// rounded once to T; the same steps as the CUDA kernel (kernels/cuda/decode_attention.cu).
+void decode_attention(void* out_v, const void* qkv_v, int64_t n, int64_t S, int64_t C, int64_t NH, DType dtype) {
+  detail::with_storage_type(dtype, "decode_attention", [=](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(out_v);
+    const T* qkv = static_cast<const T*>(qkv_v);
+    const int64_t hs = C / NH, ld = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    parallel_for(n * NH, 1, [=](int64_t b, int64_t e) {
+      std::vector<float> p(static_cast<size_t>(S)), acc(static_cast<size_t>(hs));
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t i = task / NH, h = task % NH, t = S - n + i;  // query position t attends 0..t
+        const T* q = qkv + t * ld + h * hs;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= t; ++j) {
+          const T* k = qkv + j * ld + C + h * hs;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < hs; ++d) dot += to_float(q[d]) * to_float(k[d]);
+          p[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t j = 0; j <= t; ++j) {
+          const T* v = qkv + j * ld + 2 * C + h * hs;
+          const float w = p[static_cast<size_t>(j)];
+          for (int64_t d = 0; d < hs; ++d) acc[static_cast<size_t>(d)] += w * to_float(v[d]);
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t d = 0; d < hs; ++d) out[i * C + h * hs + d] = from_float<T>(acc[static_cast<size_t>(d)] * inv);
+      }
+    });
+  });
+}
+
 void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
                               int64_t NH, DType dtype, bool accumulate) {

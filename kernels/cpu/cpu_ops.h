@@ -89,6 +89,8 @@ void flash_attention_forward(void* out, float* lse, const void* qkv, int64_t B, 
 void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, float* scratch, int64_t B, int64_t T, int64_t C,
                               int64_t NH, DType dtype, bool accumulate);
+// The last n positions' attention over the cache qkv [S, 3C] (kernels/ops.h decode_attention).
+void decode_attention(void* out, const void* qkv, int64_t n, int64_t S, int64_t C, int64_t NH, DType dtype);
 
 // ---- activations ------------------------------------------------------------------------------
 void gelu_forward(float* out, const float* in, int64_t n);

@@ -48,6 +48,7 @@ OpTable make_cpu_table() {
   ZT_CPU_ENTRY(cpu_kernels, attention_backward);
   ZT_CPU_ENTRY(cpu_kernels, flash_attention_forward);
   ZT_CPU_ENTRY(cpu_kernels, flash_attention_backward);
+  ZT_CPU_ENTRY(cpu_kernels, decode_attention);
   ZT_CPU_ENTRY(cpu_kernels, gelu_forward);
   ZT_CPU_ENTRY(cpu_kernels, gelu_backward);
   ZT_CPU_ENTRY(cpu_kernels, relu_forward);

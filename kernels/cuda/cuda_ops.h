@@ -134,6 +134,10 @@ void flash_attention_forward(void* stream, void* out, float* lse, const void* qk
 void flash_attention_backward(void* stream, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, float* scratch, int64_t B,
                               int64_t T, int64_t C, int64_t NH, DType dtype, bool accumulate);
+// The last n positions' attention over a KV cache qkv [S, 3C] (kernels/ops.h decode_attention;
+// kernels/cuda/decode_attention.cu): one block per (head, row), S <= 8,192.
+void decode_attention(void* stream, void* out, const void* qkv, int64_t n, int64_t S, int64_t C, int64_t NH,
+                      DType dtype);
 
 // Fused causal attention through cuDNN's SDPA graphs (kernels/cuda/cudnn_attention.cc), f16/bf16,
 // the flash_attention_* contract (accumulate false overwrites dqkv); `deterministic` picks cuDNN's

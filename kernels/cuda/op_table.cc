@@ -112,6 +112,7 @@ OpTable make_cuda_table() {
   ZT_CUDA_ENTRY(cuda_ops, attention_backward);
   ZT_CUDA_ENTRY(cuda_ops, flash_attention_forward);
   ZT_CUDA_ENTRY(cuda_ops, flash_attention_backward);
+  ZT_CUDA_ENTRY(cuda_ops, decode_attention);
   ZT_CUDA_ENTRY(cuda_ops, gelu_forward);
   ZT_CUDA_ENTRY(cuda_ops, gelu_backward);
   ZT_CUDA_ENTRY(cuda_ops, relu_forward);

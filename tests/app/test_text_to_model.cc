@@ -69,7 +69,7 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
     EXPECT_TRUE(fs::exists(path(f))) << f;
 
   // The model's vocabulary comes from the tokenizer beside the shards.
-  r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:2 --steps 6 --eval-every 3 --eval-batches 2 "
+  r = run("train --data 'tok/*.bin' --checkpoint-dir ck --devices cpu:1 --steps 6 --eval-every 3 --eval-batches 2 "
           "--sample-tokens 0 --log-format json", /*with_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   double run_val_loss = NAN;
@@ -90,13 +90,33 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
   r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json e = nlohmann::json::parse(r.output);
-  // The device forward (CPU backend, 2 devices) and the host forward sum in other orders.
-  EXPECT_NEAR(e["val_loss"].get<double>(), run_val_loss, 1e-5 * run_val_loss) << r.output;
+  // The same forward on the same device kind, over the same micro-batches, summed the same way: the
+  // run's evaluation bit for bit (JSON prints doubles round-trip exact).
+  EXPECT_EQ(e["val_loss"].get<double>(), run_val_loss) << r.output;
+  EXPECT_EQ(e["device"], "cpu:0") << r.output;
+  EXPECT_EQ(e["precision"], "fp32") << r.output;
   EXPECT_EQ(e["batches"], 2);
   EXPECT_NEAR(e["perplexity"].get<double>(), std::exp(run_val_loss), 1e-4 * std::exp(run_val_loss));
   r = run("eval --checkpoint ck --data 'tok/*val*.bin'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+  // 16 bits on the same path: bf16 weights (rounded once) and activations. Each rounding moves a
+  // value by at most 2^-8 of it; the mean loss moves by a few such roundings' worth, 4 * 2^-8 here.
+  r = run("eval --checkpoint ck --data 'tok/*val*.bin' --precision bf16 --log-format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json e16 = nlohmann::json::parse(r.output);
+  EXPECT_EQ(e16["precision"], "bf16");
+  EXPECT_NE(e16["val_loss"].get<double>(), run_val_loss);  // 16 bits really ran
+  EXPECT_NEAR(e16["val_loss"].get<double>(), run_val_loss, 4 * 0x1p-8 * run_val_loss) << r.output;
+  r = run("generate --checkpoint ck --prompt \"The \" --max-new-tokens 8 --precision bf16 --log-format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["tokens"].size(), 8u);
+  // One device: a selection of several is refused with one sentence (exit 2), as is a bad precision.
+  r = run("generate --checkpoint ck --devices cpu:2 --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--devices cpu:2: generate and eval run on one device; pass cpu:1 or cuda:N"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(run("eval --checkpoint ck --precision fp8").exit_code, 2);
 
   // transformers' layout (bench/peer_hf_export.py loads it and compares logits).
   r = run("export --checkpoint ck --format hf --out hf/");

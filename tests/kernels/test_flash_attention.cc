@@ -286,6 +286,39 @@ TEST_P(FlashAttentionTest, SixteenBitMatchesReference) {
   }
 }
 
+// decode_attention (generation's KV cache): the last n rows of causal attention over qkv [S, 3C]
+// against the float64 reference of the whole sequence, fp32 (kTolReduce) and 16 bits (one rounding
+// of the output, tol16, from the rounded inputs). n = S is a prefill, n = 1 a decode step; S = 1,
+// odd head sizes and a long cache. Outputs poisoned; bad shapes refused with one sentence.
+TEST_P(FlashAttentionTest, DecodeAttentionMatchesTheLastRowsOfFloat64) {
+  const int64_t cases[][4] = {{1, 1, 32, 2}, {9, 1, 32, 2}, {9, 9, 32, 2}, {70, 5, 15, 5}, {300, 1, 48, 3}};
+  for (const auto& c : cases) {
+    const int64_t S = c[0], n = c[1], C = c[2], NH = c[3];
+    SCOPED_TRACE(::testing::Message() << "S=" << S << " n=" << n << " C=" << C << " NH=" << NH);
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(dtype_name(t));
+      FVec qkv = rng_.normal(S * 3 * C, 1.5f);
+      if (t != DType::kF32) qkv = rounded16(qkv, t);
+      DVec r_out(S * C), r_pre(NH * S * S, 0.0), r_att(NH * S * S);
+      ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), 1, S, C, NH);
+      const DVec want(r_out.end() - n * C, r_out.end());
+      if (t == DType::kF32) {
+        DevTensor out = poisoned({n, C});
+        ops::decode_attention(s(), out, tensor(qkv, {S, 3 * C}), static_cast<int>(NH));
+        EXPECT_TRUE(close(out.f(), want, kTolReduce));
+      } else {
+        DevTensor out = tensor16(*dev_, s(), nan_vec(n * C), {n, C}, t);
+        ops::decode_attention(s(), out, tensor16(*dev_, s(), qkv, {S, 3 * C}, t), static_cast<int>(NH));
+        EXPECT_TRUE(close(download16(out, t), want, tol16(t)));
+      }
+    }
+  }
+  DevTensor qkv = poisoned({4, 36}), out = poisoned({5, 12});
+  Error e = error_of([&] { ops::decode_attention(s(), out, qkv, 3); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_THAT(e.message(), HasSubstr("decode_attention: qkv [4, 36] but out [5, 12] (need [n, 12] with 1 <= n <= 4)"));
+}
+
 // fp32 with GradWrite::kOverwrite: the old contents (NaN here) are ignored, not added.
 TEST_P(FlashAttentionTest, OverwriteIgnoresOldGradient) {
   const int64_t B = 2, T = 70, C = 24, NH = 3;

@@ -1,6 +1,7 @@
-// Host GPT inference (train/generate.h): the forward against a float64 reference written out here,
-// the KV cache against recomputing the whole forward every token (greedy generation must pick the
-// same tokens, also past the context), and sampling's determinism in the seed.
+// GPT inference on a device (train/generate.h), on the CPU backend: the KV-cache decode and the
+// model's own forward against a float64 forward written out here, the cache one token at a time
+// against the model's forward (greedy generation must pick the same tokens, also past the context),
+// sampling's determinism in the seed, and bf16 against fp32 within a bound derived below.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,13 +9,24 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/runtime.h"
 #include "train/generate.h"
 
 namespace zt {
 namespace {
 
-HostGpt random_gpt(uint32_t seed) {
-  HostGpt m;
+struct RandomGpt {
+  ModelConfig mc;
+  ParamLayout layout;
+  std::vector<std::vector<float>> blocks;
+  const float* tensor(const std::string& name) const {
+    const auto [b, t] = layout.find(name);
+    return blocks[static_cast<size_t>(b)].data() + t->offset;
+  }
+};
+
+RandomGpt random_gpt(uint32_t seed) {
+  RandomGpt m;
   ModelOverrides o;
   o.layers = 2;
   o.heads = 2;
@@ -33,7 +45,7 @@ HostGpt random_gpt(uint32_t seed) {
 }
 
 // GPT-2's forward in float64, naively: logits [n, V] of tokens at positions 0..n-1.
-std::vector<double> reference_logits(const HostGpt& m, const std::vector<int32_t>& tok) {
+std::vector<double> reference_logits(const RandomGpt& m, const std::vector<int32_t>& tok) {
   const int64_t C = m.mc.embd, V = m.mc.vocab, NH = m.mc.heads, hs = C / NH;
   const int n = static_cast<int>(tok.size());
   auto W = [&](const std::string& name) { return m.tensor(name); };
@@ -91,53 +103,72 @@ std::vector<double> reference_logits(const HostGpt& m, const std::vector<int32_t
   return lin(ln(x, W("ln_f.weight"), W("ln_f.bias")), C, W("wte.weight"), nullptr, V);
 }
 
-TEST(HostGpt, ForwardMatchesFloat64Reference) {
-  const HostGpt m = random_gpt(1);
-  std::vector<int32_t> tok = {3, 17, 42, 0, 49, 8, 8, 23, 11, 5, 30, 2};
-  const auto ref = reference_logits(m, tok);
-  KvCache cache(m.mc);
-  std::vector<float> got(ref.size(), NAN);
-  gpt_forward(m, cache, tok.data(), static_cast<int>(tok.size()), got.data(), true);
-  double max_ref = 0;
-  for (double r : ref) max_ref = std::max(max_ref, std::fabs(r));
-  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-5 * max_ref + 1e-5) << "logit " << i;
-  EXPECT_EQ(cache.length(), static_cast<int>(tok.size()));
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
 }
 
-TEST(HostGpt, KvCacheEqualsTheFullForward) {
-  const HostGpt m = random_gpt(2);
+class DeviceGptTest : public ::testing::Test {
+ protected:
+  DeviceGpt load(const RandomGpt& g, DType t = DType::kF32) { return make_device_gpt(g.mc, g.blocks, rt_->device(0), t); }
+  std::unique_ptr<Runtime> rt_ = Runtime::create_cpu(1);
+};
+
+TEST_F(DeviceGptTest, CacheAndModelForwardMatchFloat64Reference) {
+  const RandomGpt g = random_gpt(1);
+  DeviceGpt m = load(g);
+  std::vector<int32_t> tok = {3, 17, 42, 0, 49, 8, 8, 23, 11, 5, 30, 2};
+  const auto ref = reference_logits(g, tok);
+  const double tol = 1e-5 * max_abs(ref) + 1e-5;
+  KvCache cache(m);
+  std::vector<float> prefill(ref.size(), NAN);
+  cache.forward(tok.data(), static_cast<int>(tok.size()), prefill.data(), true);
+  EXPECT_EQ(cache.length(), static_cast<int>(tok.size()));
+  const std::vector<float> model = full_forward_logits(m, tok);
+  ASSERT_EQ(model.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_NEAR(prefill[i], ref[i], tol) << "KV-cache prefill, logit " << i;
+    ASSERT_NEAR(model[i], ref[i], tol) << "model forward, logit " << i;
+  }
+}
+
+TEST_F(DeviceGptTest, OneTokenAtATimeEqualsTheModelsForward) {
+  const RandomGpt g = random_gpt(2);
+  DeviceGpt m = load(g);
   const std::vector<int32_t> tok = {7, 1, 33, 33, 12, 48, 0, 19, 26};
   const int V = m.mc.vocab;
-  KvCache one_by_one(m.mc);
-  std::vector<float> step(static_cast<size_t>(V)), full(static_cast<size_t>(V) * tok.size());
+  KvCache one_by_one(m);
+  std::vector<float> step(static_cast<size_t>(V));
+  const std::vector<float> full = full_forward_logits(m, tok);
   for (size_t t = 0; t < tok.size(); ++t) {
-    gpt_forward(m, one_by_one, &tok[t], 1, step.data(), false);
-    KvCache fresh(m.mc);
-    gpt_forward(m, fresh, tok.data(), static_cast<int>(t + 1), full.data(), true);
+    one_by_one.forward(&tok[t], 1, step.data(), false);
     for (int v = 0; v < V; ++v) ASSERT_NEAR(step[v], full[t * V + v], 1e-4) << "position " << t << ", logit " << v;
   }
 }
 
-TEST(HostGpt, GreedyGenerationWithTheCacheEqualsRecomputing) {
+TEST_F(DeviceGptTest, GreedyGenerationWithTheCacheEqualsTheModelsForward) {
   for (uint32_t seed : {3u, 4u, 5u}) {
-    const HostGpt m = random_gpt(seed);
+    const RandomGpt g = random_gpt(seed);
+    DeviceGpt m = load(g);
     GenerateOptions o;
     o.temperature = 0;
-    o.max_new_tokens = 30;  // past the 16-token context: the window slides
+    o.max_new_tokens = 24;  // past the 16-token context: the window slides
     const std::vector<int32_t> prompt = {static_cast<int32_t>(seed), 9, 4};
     const auto cached = generate(m, prompt, o);
     o.use_cache = false;
     const auto recomputed = generate(m, prompt, o);
     EXPECT_EQ(cached, recomputed) << "seed " << seed;
-    ASSERT_EQ(cached.size(), prompt.size() + 30);
+    ASSERT_EQ(cached.size(), prompt.size() + 24);
     EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), cached.begin()));
   }
 }
 
-TEST(HostGpt, SamplingIsAFunctionOfTheSeed) {
-  const HostGpt m = random_gpt(6);
+TEST_F(DeviceGptTest, SamplingIsAFunctionOfTheSeed) {
+  const RandomGpt g = random_gpt(6);
+  DeviceGpt m = load(g);
   GenerateOptions o;
-  o.max_new_tokens = 20;
+  o.max_new_tokens = 12;
   o.temperature = 1.0f;
   o.top_k = 0;
   const auto a = generate(m, {1}, o), b = generate(m, {1}, o);
@@ -145,9 +176,44 @@ TEST(HostGpt, SamplingIsAFunctionOfTheSeed) {
   o.seed = 99;
   EXPECT_NE(generate(m, {1}, o), a);
   o.top_k = 1;  // top-1 is greedy whatever the temperature
-  GenerateOptions g = o;
-  g.temperature = 0;
-  EXPECT_EQ(generate(m, {1}, o), generate(m, {1}, g));
+  GenerateOptions greedy = o;
+  greedy.temperature = 0;
+  EXPECT_EQ(generate(m, {1}, o), generate(m, {1}, greedy));
+}
+
+// bf16 (weights rounded once, activations stored in bf16, fp32 math inside each op) against the
+// float64 forward. Bound, first order in u = 2^-8 (bf16's unit roundoff): each stored rounding
+// perturbs a value by at most u of its magnitude; the ones that reach a logit are the weights and
+// the activations along one layer's path (ln_1, qkv, attention out, projection, residual, ln_2,
+// fc, GELU, fc projection, residual: 10), times the layers, plus the embedding, ln_f and the logit
+// itself (3). Taking every perturbation relative to the largest logit and letting layernorm at
+// most double one (its 1/std of a residual stream whose std is O(1) here), the logits are within
+// 2 (10 L + 3) u max|logit| of float64, about 0.18 max|logit| for L = 2: loose, yet far below a
+// wrong model (random weights give logits of O(max|logit|) differences) and above what bf16 gives.
+TEST_F(DeviceGptTest, Bf16StaysWithinItsBoundOfFloat64AndPicksRealTokens) {
+  const RandomGpt g = random_gpt(7);
+  const std::vector<int32_t> tok = {5, 44, 2, 31, 31, 9, 0, 17};
+  const auto ref = reference_logits(g, tok);
+  const double u = 0x1p-8, bound = 2 * (10 * g.mc.layers + 3) * u * max_abs(ref);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    DeviceGpt m = load(g, t);
+    KvCache cache(m);
+    std::vector<float> got(ref.size(), NAN);
+    cache.forward(tok.data(), static_cast<int>(tok.size()), got.data(), true);
+    const std::vector<float> model = full_forward_logits(m, tok);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(got[i], ref[i], bound) << "KV cache, logit " << i;
+      ASSERT_NEAR(model[i], ref[i], bound) << "model forward, logit " << i;
+      worst = std::max(worst, std::fabs(got[i] - ref[i]));
+    }
+    EXPECT_GT(worst, 0.0);  // 16 bits really ran: fp32 would be within 1e-5
+    GenerateOptions o;
+    o.max_new_tokens = 20;
+    o.temperature = 1.0f;
+    for (int32_t id : generate(m, tok, o)) EXPECT_TRUE(id >= 0 && id < g.mc.vocab) << id;
+  }
 }
 
 }  // namespace
