@@ -178,12 +178,12 @@ class ZeroRank final : public ParamAccess {
   // Pinned host bytes the state export and import hold (runtime/host_staging.h): 0 until the
   // first state_to_host or load_state, HostStaging::planned_pinned_bytes() after.
   size_t host_staging_bytes() const { return staging_.pinned_bytes(); }
-  // Offload: host-clock seconds of the host updates finished since the last call (their total,
-  // over the blocks) and of that the part the devices could not hide: per update, how long it
-  // ended after the compute stream reached the point that needs it (without the delay: the end
-  // of the step's device update; with it: the next step's update, which waits for it). An upper
-  // bound at stage 3, where the next forward may start before the last block is back. 0 without
-  // offload.
+  // Offload: host-clock seconds of the host updates finished since the last call (each from its
+  // first block's start to its last block's end, the copies back between blocks included) and of
+  // that the part the devices could not hide: how long each ran on after the compute stream
+  // reached the point that needs it (without the delay: the end of the step's device update; with
+  // it: the next step's update, which waits for it). An upper bound at stage 3, where the next
+  // forward may start before the last block is back. 0 without offload.
   struct HostUpdateSeconds {
     double total = 0, exposed = 0;
   };
@@ -260,10 +260,12 @@ class ZeroRank final : public ParamAccess {
   void sync_offload() {
     if (offload_) offload_->synchronize();
   }
-  // Offload timing: update u's compute stream reached the point that needs it (host clock, us),
-  // or the host update ended; the two together add to the take_host_update_seconds sums.
+  // Offload timing (host clock, us): update u's compute stream reached the point that needs it;
+  // one of its blocks ran from start_us (end_us: the update's end, for its last block; else -1).
+  // Both halves together add to the take_host_update_seconds sums (add_update_clock, under clock_mu_).
   void note_update_due(uint64_t u, double us);
-  void note_update_done(uint64_t u, double us, double seconds);
+  void note_update_done(uint64_t u, double start_us, double end_us);
+  void add_update_clock(uint64_t u);
   void close_compute_span();
   void open_compute_span(int b, bool backward);
 
@@ -301,7 +303,7 @@ class ZeroRank final : public ParamAccess {
   uint64_t updates_issued_ = 0;  // host updates enqueued (their numbers for the timing)
   // Offload timing (note_update_due / note_update_done; stream callbacks and this rank's thread).
   struct UpdateClock {
-    double due_us = -1, end_us = -1, seconds = 0;
+    double due_us = -1, start_us = -1, end_us = -1;
   };
   std::mutex clock_mu_;
   std::map<uint64_t, UpdateClock> clocks_;

@@ -2,7 +2,6 @@
 // lists over the rank's shards, the fused unscale + overflow check, the update (with its offloaded
 // host part) and the parameter all-gather.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -224,7 +223,7 @@ void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& s
   int last_block = -1;  // the update's last block: its end is the update's end
   for (int b : host_order_)
     if (block(b).off > 0) last_block = b;
-  if (last_block < 0) os.host_func([this, u] { note_update_done(u, e_.now_us(), 0.0); });
+  if (last_block < 0) os.host_func([this, u] { note_update_done(u, e_.now_us(), e_.now_us()); });
   for (int b : host_order_) {
     Block& blk = block(b);
     if (blk.off <= 0) continue;
@@ -233,7 +232,7 @@ void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& s
     os.host_func([this, st, hsc, W, segs, hs, count, u, last, b] {
       OptionalNvtxRange range;
       if (ranges_enabled()) range.open(NvtxCategory::kOptimizer, "host optimizer " + block_name(b), idx());
-      const auto t0 = std::chrono::steady_clock::now();
+      const double start_us = e_.now_us();
       optim::StepScalars bsc = hsc;
       uint32_t n = 0;  // the update count as the device update reads it (each block counts its own copy)
       if (count) std::memcpy(&n, hs + 3, sizeof n), bsc.update_count = &n;
@@ -241,8 +240,7 @@ void ZeroRank::offload_step(const OptimizerStep& st, const optim::StepScalars& s
         optim::adamw_host(*segs, W, W, optim::AdamWConfig{st.lr, st.beta1, st.beta2, st.eps, st.step}, bsc);
       else
         optim::sgd_host(*segs, W, W, optim::SgdConfig{st.lr, st.momentum, false, st.step}, bsc);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      note_update_done(u, last ? e_.now_us() : -1, secs);
+      note_update_done(u, start_us, last ? e_.now_us() : -1);
     });
     if (!e_.opt.offload_delay) {
       copy_back(blk, os);
@@ -273,26 +271,29 @@ void ZeroRank::copy_back(Block& blk, Stream& s) {
   s.copy(at(blk.params.data(), W, param_offset(blk)), src, bytes_of(nh, W));
 }
 
+// An update's span is its first block's start to its last block's end (the copies back between
+// blocks included); the part of it after the compute stream needed it is exposed.
 void ZeroRank::note_update_due(uint64_t u, double us) {
   std::lock_guard<std::mutex> lock(clock_mu_);
-  UpdateClock& c = clocks_[u];
-  c.due_us = us;
-  if (c.end_us < 0) return;
-  host_seconds_.total += c.seconds;
-  host_seconds_.exposed += std::max(0.0, c.end_us - c.due_us) * 1e-6;
-  clocks_.erase(u);
+  clocks_[u].due_us = us;
+  add_update_clock(u);
 }
 
-void ZeroRank::note_update_done(uint64_t u, double us, double seconds) {
+void ZeroRank::note_update_done(uint64_t u, double start_us, double end_us) {
   std::lock_guard<std::mutex> lock(clock_mu_);
   UpdateClock& c = clocks_[u];
-  c.seconds += seconds;
-  if (us < 0) return;  // not the update's last block
-  c.end_us = us;
-  if (c.due_us < 0) return;
-  host_seconds_.total += c.seconds;
-  host_seconds_.exposed += std::max(0.0, c.end_us - c.due_us) * 1e-6;
-  clocks_.erase(u);
+  if (c.start_us < 0) c.start_us = start_us;
+  if (end_us >= 0) c.end_us = end_us;
+  add_update_clock(u);
+}
+
+void ZeroRank::add_update_clock(uint64_t u) {
+  const auto it = clocks_.find(u);
+  const UpdateClock& c = it->second;
+  if (c.due_us < 0 || c.end_us < 0) return;  // the other half is still to come
+  host_seconds_.total += std::max(0.0, c.end_us - c.start_us) * 1e-6;
+  host_seconds_.exposed += std::max(0.0, c.end_us - std::max(c.due_us, c.start_us)) * 1e-6;
+  clocks_.erase(it);
 }
 
 ZeroRank::HostUpdateSeconds ZeroRank::take_host_update_seconds() {
