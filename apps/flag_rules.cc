@@ -21,6 +21,7 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const 
        "--pp-schedule interleaved with --pipeline-parallel 2 or more");
   rule(c.pipeline_parallel > 1, "pp-layout", "--pipeline-parallel 2 or more");
   rule(c.offload_optimizer, "offload-fraction", "--offload optimizer");
+  rule(c.offload_optimizer, "offload-delay-update", "--offload optimizer");
   rule(c.tensor_parallel > 1, "sequence-parallel", "--tensor-parallel 2 or more");
   for (const char* f : {"initial-scale", "scale-window", "scale-hysteresis", "min-scale", "max-scale"})
     rule(dynamic, f, "dynamic loss scaling (--precision fp16, or --loss-scale dynamic)");

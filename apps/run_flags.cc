@@ -184,6 +184,10 @@ void add_memory_flags(CLI::App& sub, TrainConfig& tc) {
   sub.add_option("--offload-fraction", tc.offload_fraction,
                  "With --offload optimizer: the part of each device's optimizer shard kept on the host (0..1]")
       ->capture_default_str()->check(zt_cli::number(0, true))->check(CLI::Range(0.0f, 1.0f));
+  sub.add_flag("--offload-delay-update", tc.offload_delay_update,
+               "With --offload optimizer: run each step's host update during the next step's forward and "
+               "backward, which use the parameters from before it (one step stale; DeepSpeed's delay_update). "
+               "Changes the bits");
   sub.add_option("--tensor-parallel,--tp", tc.tensor_parallel,
                  "Tensor (model) parallelism: split every GPT layer over T devices (Megatron-LM's layout, "
                  "vocabulary-parallel loss); the devices form a (devices / T data) x (T tensor) mesh")

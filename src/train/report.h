@@ -63,10 +63,11 @@ struct PhaseTimes {
   // Part of compute, not a phase of its own: seconds a device's compute stream spent re-running
   // forward ops inside backward (--recompute), the mean over devices.
   double recompute = 0;
-  // Of `optimizer` (not added to total()): --offload optimizer's host update, which the devices
-  // wait for (the slowest rank's, per step). It cannot hide behind backward: it needs the step's
-  // clip factor and overflow flag.
+  // Not added to total(): --offload optimizer's host update (the slowest rank's, per step): the
+  // part the devices waited for (exposed: wherever the wait fell, the step's optimizer phase or the
+  // next step's compute; see ZeroRank::take_host_update_seconds), and its whole host time.
   double host_optimizer = 0;
+  double host_optimizer_total = 0;
   double total() const { return compute + comm + optimizer + other; }
 };
 
@@ -98,7 +99,7 @@ class StepPhaseTimer {
   void rank_phases(int rank, std::optional<double> compute, std::optional<double> comm);
   void rank_recompute(int rank, double seconds);  // this step's recompute stream time; same rule
   // An update's device seconds and (--offload optimizer) its host update's seconds; same rule.
-  void rank_optimizer(int rank, std::optional<double> seconds, double host_seconds = 0);
+  void rank_optimizer(int rank, std::optional<double> seconds, double host_seconds = 0, double host_exposed = 0);
   void optimizer_begin();
   void optimizer_done();
   void end_step();
@@ -107,7 +108,7 @@ class StepPhaseTimer {
  private:
   double now() const;
   double step_start_ = 0, opt_begin_ = 0, opt_end_ = 0;
-  std::vector<double> rank_compute_, rank_comm_, rank_recompute_, rank_opt_, rank_host_opt_;
+  std::vector<double> rank_compute_, rank_comm_, rank_recompute_, rank_opt_, rank_host_opt_, rank_host_exposed_;
   PhaseTimes totals_;
 };
 

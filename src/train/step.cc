@@ -73,8 +73,8 @@ void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
   const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
   timer.rank_phases(r, ev.compute_done->seconds_since(*ev.step_begin), ev.grads_ready->seconds_since(*ev.compute_done));
   if (R.ws) timer.rank_recompute(r, R.ws->take_recompute_seconds());
-  timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin),
-                       world.engine_of(r).rank(world.engine_rank(r)).host_update_seconds());
+  const ZeroRank::HostUpdateSeconds host = world.engine_of(r).rank(world.engine_rank(r)).take_host_update_seconds();
+  timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin), host.total, host.exposed);
 }
 
 // Forward/backward of every micro-batch of the step on rank r, then its gradient check and its

@@ -139,6 +139,9 @@ struct TrainConfig {
   // a host AdamW updates them; offload_fraction of each shard (the rest stays on the device).
   bool offload_optimizer = false;
   float offload_fraction = 1.0f;
+  // --offload-delay-update: the host update of step k runs during step k+1's forward and backward,
+  // which use the offloaded parameters from before it (ZeroOptions::offload_delay; changes the bits).
+  bool offload_delay_update = false;
   // --tensor-parallel T: every GPT layer split over T devices (model/gpt_tp.cc); the ZeRO engine
   // shards over the devices / T data-parallel ranks. --no-sequence-parallel turns off sequence
   // parallelism (on by default when T > 1).

@@ -99,6 +99,7 @@ ZeroOptions zero_options(const RunContext& run, int accum, DType working, ZeroOp
   zo.seed = cfg.seed;
   zo.offload = cfg.offload_optimizer;
   zo.offload_fraction = cfg.offload_fraction;
+  zo.offload_delay = cfg.offload_delay_update;
   zo.tensor = cfg.tensor_parallel;
   return zo;
 }

@@ -68,6 +68,16 @@ ZeroRank::ZeroRank(EngineImpl& e, int r, Device& d)
   if (e_.opt.offload) {
     arena_ = std::make_unique<HostArena>(e_.opt.host_memory ? e_.opt.host_memory() : nullptr);
     host_scalars_ = HostBuffer(*arena_, kOffloadScalarBytes, "the offloaded step's scalars");
+    offload_ = &d.create_stream();
+    scalars_ready_ = d.create_event();
+    offload_done_ = d.create_event();
+    // The host updates, block by block, in the order the next forward first needs the blocks (at
+    // stage 3 its gather of block k waits for block k only).
+    std::vector<bool> seen(static_cast<size_t>(e_.model.layout().num_blocks()), false);
+    for (int b : e_.model.forward_order())
+      if (!seen.at(static_cast<size_t>(b))) seen[static_cast<size_t>(b)] = true, host_order_.push_back(b);
+    for (size_t b = 0; b < seen.size(); ++b)
+      if (!seen[b]) host_order_.push_back(static_cast<int>(b));
   }
   const ParamLayout& L = e_.model.layout();
   const size_t w = dtype_size(e_.opt.working);
@@ -87,6 +97,8 @@ ZeroRank::ZeroRank(EngineImpl& e, int r, Device& d)
       if (!e_.opt.sgd) blk.h_v = HostBuffer(*arena_, k * 4, "offloaded moments");
       blk.h_grad = HostBuffer(*arena_, k * w, "offloaded gradients");
       if (e_.mixed()) blk.h_work = HostBuffer(*arena_, k * w, "offloaded working parameters");
+      if (e_.opt.offload_delay) blk.h_grad_alt = HostBuffer(*arena_, k * w, "offloaded gradients");
+      blk.params_back = d.create_event();
     }
     blk.gathered_ready = d.create_event();
     blk.reduced = d.create_event();
@@ -222,9 +234,11 @@ void ZeroRank::gather(const BufferOp& op, bool prefetch) {
   OptionalNvtxRange range;
   if (ranges_enabled()) range.open(NvtxCategory::kGather, (prefetch ? "prefetch " : "gather ") + block_name(b), idx());
   place(blk, op);
-  // The shard was last written by the optimizer on the compute stream.
+  // The shard was last written by the optimizer on the compute stream, and its offloaded part by
+  // the offload stream (this block's copy back only: the rest of the host update may still run).
   compute_.record(*compute_done_);
   comm_.wait(*compute_done_);
+  if (blk.params_back) comm_.wait(*blk.params_back);
   std::shared_ptr<SpanStart> start = e_.tracing ? e_.open_span(comm_, issued_++) : nullptr;
   const DType W = e_.opt.working;
   comm_.copy(at(blk.gathered.data(), W, blk.shard.begin), blk.params.data(), bytes_of(blk.shard.shard_numel, W));
@@ -295,9 +309,13 @@ void ZeroRank::reduce_gradient(int b) {
   if (rs_start) e_.close_span(comm_, rs_start, TraceSpan::kReduceScatter, r_, b);
   // Offload: the step's gradient of this block is final; its offloaded part goes to the host
   // now, overlapping the rest of the backward (the host update waits for comm).
+  // Without the delay the last step's host update of this block read h_grad until params_back;
+  // with it, this step fills the other copy, whose reader (the update before last) finished before
+  // the last step's update was enqueued (offload_step: compute waits for offload_done_).
   const int64_t nh = host_count(blk);
   if (nh > 0 && micro_ == e_.opt.micro_batches - 1) {
-    comm_.copy(blk.h_grad.data(), acc, bytes_of(nh, W));
+    if (!e_.opt.offload_delay) comm_.wait(*blk.params_back);
+    comm_.copy(host_grad(blk), acc, bytes_of(nh, W));
     blk.grad_on_host = true;
   }
 }

@@ -56,6 +56,7 @@ struct EngineImpl {
              "an engine over several processes runs data and tensor parallelism only (no pipeline or offload)");
     ZT_CHECK(!o.processes || o.processes->tensor_degree() == o.tensor, "the engine's tensor degree ", o.tensor,
              " is not its cross-process collectives' ", o.processes ? o.processes->tensor_degree() : 0);
+    ZT_REQUIRE(!o.offload_delay || o.offload, "--offload-delay-update needs --offload optimizer");
     ZT_CHECK(!o.pipeline || (o.stage <= 2 && !o.offload && o.micro_batches == 1),
              "a pipeline stage's engine runs ZeRO stages 0-2 without offload, reducing once per step");
     ZT_REQUIRE(m.activation_dtype() == DType::kF32 || dtype_size(o.working) == dtype_size(m.activation_dtype()),
@@ -76,6 +77,9 @@ struct EngineImpl {
     // Training and forward-only micro-batches share it (each begins after the other's work).
     arena_bytes = opt.pipeline ? 0 : std::max(train_plan.arena_bytes, forward_plan.arena_bytes);
   }
+
+  // Delayed offload update: every rank's pending host update applied (engine_state.cc); one thread.
+  void settle_offload();
 
   bool mixed() const { return opt.working != DType::kF32; }
   // Mixed precision for a model computing in fp32: blocks run on fp32 copies (kComputeParams).

@@ -16,7 +16,8 @@ namespace zt {
 void ZeroRank::load_parameters(const std::vector<std::vector<float>>& host) {
   const DType W = e_.opt.working;
   Stream& s = compute_;
-  if (arena_) s.synchronize();  // the host buffers are written below, on this thread
+  if (arena_) s.synchronize(), sync_offload();  // the host buffers are written below, on this thread
+  update_pending_ = false;                        // every parameter is replaced
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& blk = blocks[b];
     ZT_CHECK(static_cast<int64_t>(host[b].size()) == blk.numel, "block ", b, " has ", host[b].size(),
@@ -68,6 +69,7 @@ std::vector<float> ZeroRank::moments_to_host(int b) {
 }
 
 void ZeroRank::state_to_host(int b, float* master, float* m, float* v, void* working) {
+  settle_offload();  // the delayed update's parameters belong to the state saved with its moments
   record_comm_and_wait(compute_);
   Block& blk = block(b);
   const DType W = e_.opt.working;
@@ -79,6 +81,7 @@ void ZeroRank::state_to_host(int b, float* master, float* m, float* v, void* wor
   const int64_t nh = host_count(blk);
   if (nh > 0) {
     compute_.synchronize();
+    sync_offload();
     std::memcpy(master, blk.h_master.data(), bytes_of(nh));
     std::memcpy(m, blk.h_m.data(), bytes_of(nh));
     if (v && blk.h_v.data()) std::memcpy(v, blk.h_v.data(), bytes_of(nh));
@@ -127,6 +130,8 @@ void ZeroRank::load_state(int b, const float* master_full, const float* m, const
   const int64_t nh = std::min(host_count(blk), std::max<int64_t>(n, 0));
   if (blk.off > 0) {
     s.synchronize();  // the last host update has finished with the host buffers
+    sync_offload();
+    update_pending_ = false;  // its result is replaced
     for (HostBuffer* z : {&blk.h_master, &blk.h_m, &blk.h_v, &blk.h_grad, &blk.h_work})
       if (z->data()) std::memset(z->data(), 0, z->size());
     if (nh > 0) {  // (a rank may hold no real element of a small block)
@@ -219,8 +224,44 @@ std::pair<int64_t, int64_t> ZeroRank::state_range(int b) const {
 // ---------------------------------------------------------------------------------------------
 // ZeroEngine: blocks assembled across ranks, the working dtype.
 
+// Delayed update: ZeroRank::settle_offload for every rank from one thread (the all-gathers of
+// stages 1-2 as group calls, as in set_working_dtype).
+void EngineImpl::settle_offload() {
+  EngineImpl& impl = *this;
+  bool pending = false;
+  for (auto& R : impl.ranks) pending = pending || R->update_pending_;
+  if (!pending) return;
+  for (auto& R : impl.ranks) {
+    if (!R->update_pending_) continue;
+    R->note_update_due(R->updates_issued_, impl.now_us());
+    R->sync_offload();
+    R->record_comm_and_wait(R->compute_);
+    for (auto& blk : R->blocks) R->copy_back(blk, R->compute_);
+    R->update_pending_ = false;
+  }
+  if (impl.policy.gathers_params_after_step()) {
+    const DType W = impl.opt.working;
+    const std::vector<std::vector<int>> groups = impl.mesh.groups(MeshAxis::kData);
+    for (size_t b = 0; b < impl.rank(0).blocks.size(); ++b)
+      for (const std::vector<int>& members : groups) {
+        std::vector<TensorView> full;
+        std::vector<Stream*> producers;
+        for (int r : members) {
+          ZeroRank& R = impl.rank(r);
+          const ZeroRank::Block& blk = R.blocks[b];
+          full.push_back(typed(blk.params.data(), W, blk.shard.padded_numel, R.device().index()));
+          producers.push_back(&R.compute_stream());
+        }
+        impl.comm.group(members).all_gather(full, producers);
+      }
+  }
+  for (int r = 0; r < impl.local_size(); ++r) impl.comm.wait_done(r, impl.rank(r).compute_stream());
+  for (Device* d : impl.devices) d->synchronize();
+}
+
 std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
   impl_->require_one_process("block_to_host");
+  impl_->settle_offload();
   const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
   const DType W = impl_->opt.working;
@@ -248,6 +289,7 @@ std::vector<float> ZeroEngine::block_to_host(int block, int tensor) {
 
 std::vector<float> ZeroEngine::master_to_host(int block, int tensor) {
   impl_->require_one_process("master_to_host");
+  impl_->settle_offload();
   if (!impl_->mixed()) return block_to_host(block, tensor);
   const std::vector<int> ranks = impl_->tensor_ranks(tensor);
   for (Device* d : impl_->devices) d->synchronize();
@@ -302,6 +344,7 @@ void ZeroEngine::set_working_dtype(DType working) {
   ZT_REQUIRE(impl_->mixed() && (working == DType::kBF16 || working == DType::kF16),
              "switching the working dtype needs fp32 master weights (mixed precision on both sides)");
   const int N = world();
+  impl_->settle_offload();
   for (Device* d : impl_->devices) d->synchronize();
   ZeroOptions o = impl_->opt;
   o.working = working;

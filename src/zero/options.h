@@ -34,6 +34,11 @@ struct ZeroOptions {
   // "Optimizer offload" above. offload_fraction in (0, 1].
   bool offload = false;
   float offload_fraction = 1.0f;
+  // --offload-delay-update (DeepSpeed's delay_update, ZeRO-Offload's delayed parameter update):
+  // the host update of step k's gradients runs during step k+1's forward and backward, which use
+  // the offloaded elements' parameters from before it (one step stale). Changes the bits; needs
+  // offload. A state export (checkpoint, snapshot, block_to_host) applies the pending update first.
+  bool offload_delay = false;
   // Where the host arena's bytes come from (pinned memory on CUDA); null: aligned host memory.
   std::function<std::unique_ptr<RawAllocator>()> host_memory;
   // A pipeline stage's engine (see "Pipeline stages" above): stages 0-2, no offload,

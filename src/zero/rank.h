@@ -6,7 +6,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <utility>
 #include <optional>
@@ -77,11 +79,17 @@ class ZeroRank final : public ParamAccess {
     std::unique_ptr<Event> reduced;
     // Offload: the first `off` elements of the rank's shard keep master and moments on the host
     // (h_master, h_m, h_v); h_grad receives their final gradient, h_work (mixed precision) their new
-    // working parameters, which always equal the device's (an overflowed step copies them back
-    // unchanged). The device's master/m/v hold shard elements [off, shard_numel).
+    // working parameters, which equal the device's once copied back (an overflowed step copies
+    // them back unchanged). The device's master/m/v hold shard elements [off, shard_numel).
+    // Delayed update: h_grad_alt takes the gradient of every other step (grad_parity_).
     int64_t off = 0;
-    HostBuffer h_master, h_m, h_v, h_grad, h_work;
-    bool grad_on_host = false;  // this step's copy into h_grad is enqueued
+    HostBuffer h_master, h_m, h_v, h_grad, h_work, h_grad_alt;
+    bool grad_on_host = false;  // this step's copy into the host gradient is enqueued
+    // Offload: recorded on the offload stream once the block's new offloaded parameters are back on
+    // the device (and, without the delay, once its host update stopped reading the host gradient).
+    // The parameter all-gather (stages 1-2), the next step's gathers (stage 3) and the next copy
+    // into h_grad wait for it, block by block.
+    std::unique_ptr<Event> params_back;
 
     DeviceBuffer& buffer(BufferRole role) {
       switch (role) {
@@ -170,9 +178,21 @@ class ZeroRank final : public ParamAccess {
   // Pinned host bytes the state export and import hold (runtime/host_staging.h): 0 until the
   // first state_to_host or load_state, HostStaging::planned_pinned_bytes() after.
   size_t host_staging_bytes() const { return staging_.pinned_bytes(); }
-  // Offload: host-clock seconds the last optimizer_step's host update took (the time the compute
-  // stream waited for it); 0 without offload.
-  double host_update_seconds() const { return host_seconds_.load(); }
+  // Offload: host-clock seconds of the host updates finished since the last call (each from its
+  // first block's start to its last block's end, the copies back between blocks included) and of
+  // that the part the devices could not hide: how long each ran on after the compute stream
+  // reached the point that needs it (without the delay: the end of the step's device update; with
+  // it: the next step's update, which waits for it). An upper bound at stage 3, where the next
+  // forward may start before the last block is back. 0 without offload.
+  struct HostUpdateSeconds {
+    double total = 0, exposed = 0;
+  };
+  HostUpdateSeconds take_host_update_seconds();
+  // Delayed update: the last step's host update is done and its parameters are on every device
+  // (stages 1-2: all-gathered). A collective of the data group: every rank calls it, on its own
+  // thread. No-op without a pending update. state_to_host calls it; ZeroEngine's exports settle
+  // every rank from one thread.
+  void settle_offload();
 
  private:
   friend class ZeroEngine;
@@ -225,9 +245,27 @@ class ZeroRank final : public ParamAccess {
   // parameters of the shard start.
   int64_t host_count(const Block& blk) const { return std::min(blk.off, std::max<int64_t>(blk.shard.size(), 0)); }
   int64_t param_offset(const Block& blk) const { return policy_.shard_params ? 0 : blk.shard.begin; }
+  // Offload: the host gradient copy this step fills (h_grad, or with the delay every other step h_grad_alt).
+  void* host_grad(Block& blk) { return (grad_parity_ ? blk.h_grad_alt : blk.h_grad).data(); }
   // Offload: h_work := the device's working parameters of the offloaded elements (after a load).
   void refresh_host_working(Block& blk);
+  // Offload: the host part of the step, enqueued before the device update (offload_step), and
+  // what follows the device update (offload_after_device_update: the time point the host update
+  // is due).
   void offload_step(const OptimizerStep& st, const optim::StepScalars& sc);
+  void offload_after_device_update();
+  // Offload: copies block blk's offloaded parameters (h_work, or the fp32 master) to the device on s.
+  void copy_back(Block& blk, Stream& s);
+  // Offload: the host stream is idle (host buffers may be read or written on this thread).
+  void sync_offload() {
+    if (offload_) offload_->synchronize();
+  }
+  // Offload timing (host clock, us): update u's compute stream reached the point that needs it;
+  // one of its blocks ran from start_us (end_us: the update's end, for its last block; else -1).
+  // Both halves together add to the take_host_update_seconds sums (add_update_clock, under clock_mu_).
+  void note_update_due(uint64_t u, double us);
+  void note_update_done(uint64_t u, double start_us, double end_us);
+  void add_update_clock(uint64_t u);
   void close_compute_span();
   void open_compute_span(int b, bool backward);
 
@@ -249,10 +287,27 @@ class ZeroRank final : public ParamAccess {
   std::vector<optim::GradSegment> grad_segs_;
   DeviceBuffer opt_segs_dev_, grad_segs_dev_;
   float segs_weight_decay_ = -1;
-  // Offload: the host update's list (host memory) and scalars.
-  std::vector<optim::OptimizerSegment> host_segs_;
+  // Offload: the host update's lists (host memory), per block, reading h_grad ([0]) or
+  // h_grad_alt ([1], delayed update only), and scalars; the blocks in the order the host updates
+  // them (the order the next forward first needs them).
+  std::vector<std::vector<optim::OptimizerSegment>> host_segs_[2];
+  std::vector<int> host_order_;
   HostBuffer host_scalars_;  // [0] combined overflow flag, [1] inverse loss scale, [2] clip factor, [3] update count
-  std::atomic<double> host_seconds_{0.0};
+  // Offload: the stream the host updates and their copies back run on (apart from compute, so the
+  // device keeps working meanwhile); scalars_ready_ (compute: the scalars are in host_scalars_) and
+  // offload_done_ (offload: the step's host updates are done, host_scalars_ is free again).
+  Stream* offload_ = nullptr;
+  std::unique_ptr<Event> scalars_ready_, offload_done_;
+  int grad_parity_ = 0;          // delayed update: which host gradient copy this step fills
+  bool update_pending_ = false;  // delayed update: a host update whose parameters are not yet back
+  uint64_t updates_issued_ = 0;  // host updates enqueued (their numbers for the timing)
+  // Offload timing (note_update_due / note_update_done; stream callbacks and this rank's thread).
+  struct UpdateClock {
+    double due_us = -1, start_us = -1, end_us = -1;
+  };
+  std::mutex clock_mu_;
+  std::map<uint64_t, UpdateClock> clocks_;
+  HostUpdateSeconds host_seconds_;
   // The micro-batch being issued: its plan and the next step of it.
   int micro_ = 0;
   const VisitPlan* plan_ = nullptr;

@@ -56,7 +56,9 @@ BlockBufferBytes block_buffer_bytes(int64_t numel, int world, const ZeroOptions&
   BlockBufferBytes b;
   b.offloaded = offloaded_elements(shard, opt);
   const int64_t k = b.offloaded;
-  b.host = F(k) * (opt.sgd ? 2 : 3) + Wb(k) * (mixed ? 2 : 1);
+  // Delayed update: a second gradient copy, which the next step's backward fills while the host
+  // update reads the first.
+  b.host = F(k) * (opt.sgd ? 2 : 3) + Wb(k) * ((mixed ? 2 : 1) + (opt.offload_delay ? 1 : 0));
   b[BufferRole::kParams] = Wb(p.shard_params ? shard : full);
   b[BufferRole::kFullGradBucket] = Wb(full);
   b[BufferRole::kGradShardAccum] = p.shard_grads || p.separate_accumulator(opt.micro_batches) ? Wb(shard) : 0;

@@ -229,6 +229,7 @@ TEST_F(Flags, FlagsThatDoNothingAreRefusedWithWhatEnablesThem) {
   expect_refused({
       {t + "--pp-schedule gpipe", "--pp-schedule does nothing in this run: it needs --pipeline-parallel 2"},
       {t + "--offload-fraction 0.5", "--offload-fraction does nothing in this run: it needs --offload optimizer"},
+      {t + "--offload-delay-update", "--offload-delay-update does nothing in this run: it needs --offload optimizer"},
       {t + "--no-sequence-parallel", "it needs --tensor-parallel 2 or more"},
       {t + "--scale-window 10", "--scale-window does nothing in this run: it needs dynamic loss scaling"},
       {t + "--stochastic-rounding", "needs 16-bit parameters"},

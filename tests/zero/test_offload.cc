@@ -3,16 +3,20 @@
 // optimizer at stages 1-3, fp32 and bf16, with clipping, accumulation, uneven shards, SGD, an
 // injected overflow, fp16 dynamic scaling and the switch to bf16 after a collapse; device optimizer
 // bytes drop by the offloaded part and the host arena holds what the plan says; the trace and the
-// summary show the host update; stage 0 is refused with one sentence.
+// summary show the host update; stage 0 is refused with one sentence. --offload-delay-update: the
+// stages agree, it follows an independent float64 loop with one-step-stale gradients, and a
+// checkpoint resumes it bit for bit.
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <string>
 
 #include "sanitizer.h"
+#include "stage_fixtures.h"
 #include "test_util.h"
 #include "train_checks.h"
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "kernels/multi_tensor_elem.h"
 #include "optimizers/optimizers.h"
@@ -180,19 +184,26 @@ TEST(Offload, DeviceOptimizerBytesDropAndTheHostArenaHoldsWhatThePlanSays) {
 }
 
 TEST(Offload, TheTraceShowsTheHostOptimizerAndTheSummaryItsTime) {
-  TrainConfig c = tiny(2, 2, 2, Precision::kBf16);
-  c.offload_optimizer = true;
-  c.test.zero_trace = true;
-  const TrainResult r = train(c);
-  int spans = 0;
-  for (const TraceSpan& s : r.trace)
-    if (s.kind == TraceSpan::kHostOptimizer) {
-      ++spans;
-      EXPECT_GE(s.end_us, s.start_us);
-    }
-  EXPECT_EQ(spans, 2 * 2) << "one host update per rank per step";
-  EXPECT_GT(r.time_split.host_optimizer, 0.0);
-  EXPECT_LE(r.time_split.host_optimizer, r.time_split.optimizer);
+  for (const bool delay : {false, true}) {
+    TrainConfig c = tiny(2, 2, 2, Precision::kBf16);
+    c.offload_optimizer = true;
+    c.offload_delay_update = delay;
+    c.test.zero_trace = true;
+    SCOPED_TRACE(delay ? "delayed update" : "update in its step");
+    const TrainResult r = train(c);
+    int spans = 0;
+    for (const TraceSpan& s : r.trace)
+      if (s.kind == TraceSpan::kHostOptimizer) {
+        ++spans;
+        EXPECT_GE(s.end_us, s.start_us);
+      }
+    EXPECT_EQ(spans, 2 * 2) << "one host update per rank per step";
+    // The whole host time, and of it the part the devices waited for (the delayed update's last
+    // step is waited for when the final state is read, after the last step's timing).
+    EXPECT_GT(r.time_split.host_optimizer_total, 0.0);
+    EXPECT_GE(r.time_split.host_optimizer, 0.0);
+    EXPECT_LE(r.time_split.host_optimizer, r.time_split.host_optimizer_total);
+  }
 }
 
 TEST(Offload, StageZeroAndBadFractionsAreRefusedWithOneSentence) {
@@ -204,6 +215,173 @@ TEST(Offload, StageZeroAndBadFractionsAreRefusedWithOneSentence) {
     c.offload_fraction = f;
     expect_train_error(c, ErrorKind::kInvalidArgument, "--offload-fraction must be in (0, 1]");
   }
+}
+
+// --offload-delay-update: the host update of step k runs during step k+1, whose forward and
+// backward use the parameters from before it. Every stage still computes the same bits as the
+// others (the delay is the same everywhere), and they are not the bits of the update in its step.
+TEST(OffloadDelay, StagesAgreeBitwiseAndDifferFromTheUpdateInItsStep) {
+  TrainConfig c = tiny(2, 1, 4, Precision::kBf16);
+  c.offload_optimizer = true;
+  const TrainResult now = train(c);
+  c.offload_delay_update = true;
+  const TrainResult first = train(c);
+  // Steps 1 and 2 both run at the initial parameters: step 1 is the same as without the delay.
+  ASSERT_EQ(first.losses.size(), now.losses.size());
+  EXPECT_EQ(first.losses[0], now.losses[0]);
+  EXPECT_NE(first.losses[1], now.losses[1]);
+  EXPECT_FALSE(test::same_bits(first.final_params, now.final_params));
+  // Stage 2 updates and all-gathers as stage 1 does; stage 3 gathers each block before its use.
+  c.zero_stage = 3;
+  const TrainResult third = train(c);
+  EXPECT_EQ(third.losses, first.losses);
+  expect_same_state(third, first, "delayed update, stage 3 vs 1");
+}
+
+// A checkpoint applies the pending update before it saves (the step after it uses the updated
+// parameters, as a resumed run does): resuming continues bit for bit.
+TEST(OffloadDelay, ResumeFromACheckpointIsBitExact) {
+  const test_util::TempDir dir("offload_delay");
+  TrainConfig whole = tiny(2, 3, 5, Precision::kBf16);
+  whole.offload_optimizer = true;
+  whole.offload_delay_update = true;
+  whole.checkpoint_dir = dir.path("run");
+  whole.save_every = 3;
+  whole.keep = 0;
+  const TrainResult full = train(whole);
+  ASSERT_EQ(full.checkpoints.size(), 2u);
+  TrainConfig resumed = whole;
+  resumed.checkpoint_dir.clear();
+  resumed.resume = ResumeFrom::checkpoint(full.checkpoints[0]);
+  const TrainResult rest = train(resumed);
+  ASSERT_EQ(rest.losses.size(), 2u);
+  for (size_t k = 0; k < rest.losses.size(); ++k) EXPECT_EQ(rest.losses[k], full.losses[3 + k]) << "step " << 4 + k;
+  expect_same_state(rest, full, "resumed vs continued");
+}
+
+// In-process recovery with the delayed update: the snapshot applies the pending update as a
+// checkpoint does; after a device fails the run goes on from it on the others.
+TEST(OffloadDelay, RecoveryFromASnapshotGoesOn) {
+  TrainConfig c = tiny(3, 2, 7, Precision::kBf16);
+  c.test.keep_final_params = false;
+  c.offload_optimizer = true;
+  c.offload_delay_update = true;
+  c.snapshot_every = 3;
+  const TrainResult clean = train(c);
+  c.inject_faults = {{1, 5, false}};
+  const TrainResult r = train(c);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].resumed_from_step, 3);
+  EXPECT_EQ(r.devices, 2);
+  ASSERT_EQ(r.losses.size(), 7u) << "every step reported once";
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]) << "step " << i + 1;
+  EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
+}
+
+// The delayed update against an independent float64 loop: SGD with momentum on one device, where
+// step k's gradient is taken by the model on resident parameters (no engine) at the parameters of
+// two updates before, p_{k-2} (p_{-1} = p_0), and applied to p_{k-1} in double precision. The same
+// loop with p_{k-1} (no delay) is far from the engine's result: the check can tell the two apart.
+TEST(OffloadDelay, SgdFollowsAFloat64LoopWhoseGradientsAreOneStepStale) {
+  using stage_test::Blocks;
+  const ModelConfig mc = stage_test::tiny_config();
+  constexpr int kSteps = 4;
+  constexpr float kLr = 0.5f, kMomentum = 0.9f;
+  const float dloss = stage_test::dloss_of(1);
+  auto rt = Runtime::create_cpu(2);  // device 0: the engine; device 1: the reference
+  const auto model = make_model(mc);
+  const ParamLayout& L = model->layout();
+  const Blocks p0 = init_blocks(L, 7);
+  // The engine: one device, stage 1, everything offloaded, the update delayed.
+  Device& d = rt->device(0);
+  std::vector<Device*> devs{&d};
+  Communicator comm(devs);
+  ZeroOptions zo;
+  zo.stage = 1;
+  zo.sgd = true;
+  zo.offload = true;
+  zo.offload_delay = true;
+  ZeroEngine engine(*model, devs, comm, zo);
+  engine.rank(0).load_parameters(p0);
+  {
+    stage_test::DeviceBatches db(mc, d, kSteps);
+    const auto ws = model->make_workspace(d, stage_test::kB, stage_test::kT);
+    DeviceBuffer norms(d.memory(), static_cast<size_t>(2 * L.num_blocks()) * 4, d.compute(), "norms");
+    Stream& s = d.compute();
+    ZeroRank& R = engine.rank(0);
+    for (int k = 0; k < kSteps; ++k) {
+      Batch b = db.batches[static_cast<size_t>(k)];
+      b.loss_scale = R.scaler().scale_device();
+      R.begin_micro_batch(0);
+      model->forward(s, R, *ws, b, dloss, true);
+      model->backward(s, R, *ws, b);
+      R.end_micro_batch();
+      R.check_gradients(norms.as<float>());
+      OptimizerStep os;
+      os.adamw = false;
+      os.lr = kLr;
+      os.momentum = kMomentum;
+      os.step = k + 1;
+      R.optimizer_step(os);
+    }
+    d.synchronize();
+  }
+  Blocks got;
+  for (int b = 0; b < L.num_blocks(); ++b) got.push_back(engine.master_to_host(b));  // applies the pending update
+
+  // The reference: gradients of the model on resident parameters, SGD in double.
+  Device& d2 = rt->device(1);
+  ResidentParams rp(d2, L, p0);
+  stage_test::DeviceBatches db2(mc, d2, kSteps);
+  const auto ws2 = model->make_workspace(d2, stage_test::kB, stage_test::kT);
+  auto reference = [&](bool delayed) {
+    std::vector<std::vector<double>> p, buf;
+    for (const auto& blk : p0) p.emplace_back(blk.begin(), blk.end()), buf.emplace_back(blk.size(), 0.0);
+    std::vector<Blocks> history{p0};  // p_0, p_1, ... in fp32, as the model reads them
+    for (int k = 0; k < kSteps; ++k) {
+      const Blocks& at = history[static_cast<size_t>(delayed ? std::max(k - 1, 0) : k)];
+      rp.load([&](int b) -> const std::vector<float>& { return at[static_cast<size_t>(b)]; });
+      const Batch& bt = db2.batches[static_cast<size_t>(k)];
+      model->forward(d2.compute(), rp, *ws2, bt, dloss, true);
+      model->backward(d2.compute(), rp, *ws2, bt);
+      Blocks next;
+      for (int b = 0; b < L.num_blocks(); ++b) {
+        const std::vector<float> g = rp.grad_host(b);
+        auto& pb = p[static_cast<size_t>(b)];
+        auto& mb = buf[static_cast<size_t>(b)];
+        for (size_t i = 0; i < pb.size(); ++i) {
+          mb[i] = kMomentum * mb[i] + g[i];
+          pb[i] -= kLr * mb[i];
+        }
+        next.emplace_back(pb.begin(), pb.end());
+      }
+      history.push_back(std::move(next));
+    }
+    return p;
+  };
+  const auto stale = reference(true), fresh = reference(false);
+  for (int b = 0; b < L.num_blocks(); ++b) {
+    const auto& g = got[static_cast<size_t>(b)];
+    const auto& want = stale[static_cast<size_t>(b)];
+    const auto& other = fresh[static_cast<size_t>(b)];
+    double moved = 0, err = 0, apart = 0;  // largest movement from p_0, error, distance to the undelayed loop
+    for (size_t i = 0; i < g.size(); ++i) {
+      moved = std::max(moved, std::fabs(want[i] - p0[static_cast<size_t>(b)][i]));
+      err = std::max(err, std::fabs(g[i] - want[i]));
+      apart = std::max(apart, std::fabs(g[i] - other[i]));
+    }
+    SCOPED_TRACE("block " + L.block(b).name);
+    ASSERT_GT(moved, 0.0);
+    EXPECT_LE(err, 3e-5 * moved + 1e-7);  // fp32 steps against double: ~1e-7 here
+    EXPECT_GT(apart, 1e-2 * moved) << "the undelayed loop lands as close: the test cannot tell them apart";
+  }
+}
+
+TEST(OffloadDelay, NeedsOffload) {
+  TrainConfig c = tiny(2, 2, 1, Precision::kFp32);
+  c.offload_delay_update = true;
+  expect_train_error(c, ErrorKind::kInvalidArgument, "--offload-delay-update needs --offload optimizer");
 }
 
 TEST(Offload, HostAdamWEqualsTheStreamOpBitwise) {
