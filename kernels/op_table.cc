@@ -59,9 +59,9 @@ const OpTable* op_table(Backend backend) {
   return builtin_table(backend);
 }
 
-const OpTable* find_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes) {
+const OpTable* find_kernel(Stream& s, OpId op) {
   const OpTable* t = op_table(s.backend());
-  return t != nullptr && t->supports(op, dtypes) ? t : nullptr;
+  return t != nullptr && t->has_entry(op) ? t : nullptr;
 }
 
 void refuse_op(Stream& s, OpId op, std::initializer_list<DType> dtypes) {
@@ -80,7 +80,7 @@ void refuse_op(Stream& s, OpId op, std::initializer_list<DType> dtypes) {
 }
 
 const OpTable& require_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes) {
-  const OpTable* t = find_kernel(s, op, dtypes);
+  const OpTable* t = find_kernel(s, op);
   if (t == nullptr) refuse_op(s, op, dtypes);
   return *t;
 }

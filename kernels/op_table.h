@@ -1,19 +1,18 @@
 // The op table: one per backend (as ggml-backend's ggml_backend_i), the entry points behind
 // kernels/ops.h and optimizers/optimizers.h. ops.cc / optimizers.cc validate once, then ask the
-// stream's backend for a kernel (supports_op); where it has none they use a generic fallback
+// stream's backend for a kernel (find_kernel); where it has none they use a generic fallback
 // composed of other ops, or refuse with one sentence naming the op, the dtypes and the backend.
 //
 // Adding an op: one line in ZT_OPS, one entry below (raw pointers and sizes, already validated),
 // one registration line per backend in kernels/<backend>/op_table.cc. A backend-specific fast
-// path is an entry (or a dtype in its supports_op) that one backend fills and another leaves
-// null; the public function tries it and falls back. Backend types never appear here: each
+// path is an entry that one backend fills and another leaves null; the public function tries it
+// and falls back. A non-null entry takes every dtype ops.cc accepts for its op. Backend types never appear here: each
 // backend's registration file does its own checked downcast of the Stream.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <span>
 
 #include "core/dtype.h"
 #include "kernels/matmul_types.h"
@@ -33,7 +32,7 @@ struct LossScaleState;
 namespace zt {
 
 // Every op of the tables: (enumerator, name as it appears in messages and on the trace).
-// The dtypes an op is asked about (supports_op) are those of its floating tensors: cast {dst,
+// The dtypes a refusal names (require_kernel, refuse_op) are those of its floating tensors: cast {dst,
 // src}; accumulate, accumulate_peer {dtype}; adamw_multi / sgd_multi {param, grad}; unscale_check {grad};
 // loss_scale_update, clip_factor {}; matmul_forward / matmul_backward / matmul_gelu_forward /
 // matmul_backward_dgelu {in, out, bias} of their MatmulTypes; layernorm_forward, layernorm_backward,
@@ -101,9 +100,6 @@ const char* op_name(OpId op);
 
 struct OpTable {
   Backend backend = Backend::kCpu;
-  // Whether this backend has a kernel for `op` on these dtypes. Null: has_entry(op) (a non-null
-  // entry takes every dtype ops.cc accepts).
-  bool (*supports_op)(const OpTable& table, OpId op, std::span<const DType> dtypes) = nullptr;
 
   // ---- entries (nullptr: no kernel); arguments as kernels/cpu/cpu_ops.h, after validation ------
   // fill, add, the encoder and GELU: every floating pointer except encoder_backward's dwte/dwpe
@@ -247,10 +243,6 @@ struct OpTable {
                            DType act, int64_t N, int64_t C, int64_t V, int64_t ld) = nullptr;
 
   bool has_entry(OpId op) const;
-  bool supports(OpId op, std::initializer_list<DType> dtypes) const {
-    const std::span<const DType> d(dtypes.begin(), dtypes.size());
-    return supports_op ? supports_op(*this, op, d) : has_entry(op);
-  }
 };
 
 // Backend registration: each backend's table, built once (kernels/cpu/op_table.cc,
@@ -261,8 +253,8 @@ const OpTable& cuda_op_table();
 // The table in use for a backend; nullptr when this build has none (CUDA with ZT_CUDA=OFF).
 const OpTable* op_table(Backend backend);
 
-// The table of s's backend if it supports `op` on `dtypes`, else nullptr (the caller falls back).
-const OpTable* find_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes);
+// The table of s's backend if it has a kernel for `op`, else nullptr (the caller falls back).
+const OpTable* find_kernel(Stream& s, OpId op);
 // find_kernel, or a zt::Error(kInvalidArgument): "<op>: the <backend> backend has no kernel for
 // <dtypes> and no fallback applies".
 const OpTable& require_kernel(Stream& s, OpId op, std::initializer_list<DType> dtypes);

@@ -117,7 +117,7 @@ void cast(Stream& s, TensorView dst, ConstTensorView src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const DType dt = dst.dtype, st = src.dtype;
-  if (const OpTable* t = find_kernel(s, OpId::kCast, {dt, st})) {
+  if (const OpTable* t = find_kernel(s, OpId::kCast)) {
     t->cast(s, dst.data, dt, src.data, st, n);
   } else if (dt == st) {
     // Fallback: a conversion to the same type is a copy, which every stream has.
@@ -138,9 +138,9 @@ void accumulate(Stream& s, TensorView dst, ConstTensorView src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const DType t = dst.dtype;
-  if (const OpTable* k = find_kernel(s, OpId::kAccumulate, {t})) {
+  if (const OpTable* k = find_kernel(s, OpId::kAccumulate)) {
     k->accumulate(s, dst.data, src.data, t, n);
-  } else if (const OpTable* a = t == DType::kF32 ? find_kernel(s, OpId::kAdd, {t}) : nullptr) {
+  } else if (const OpTable* a = t == DType::kF32 ? find_kernel(s, OpId::kAdd) : nullptr) {
     // Fallback: in fp32, accumulate is add(dst, dst, src), bit for bit (ops.h).
     a->add(s, dst.data, dst.data, src.data, t, n);
   } else {
@@ -486,7 +486,7 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
   check_gemm_tiles(s, op, t.in, {{"N", d.N}, {"C", d.C}, {"OC", d.OC}},
                    {{"in", in}, {"weight", weight}, {"pre_gelu", pre_gelu}, {"out_gelu", out_gelu}, {"bias", bias}});
   const void* b = present(bias) ? bias.data : nullptr;
-  if (const OpTable* k = find_kernel(s, OpId::kMatmulGeluForward, {t.in, t.out, t.bias})) {
+  if (const OpTable* k = find_kernel(s, OpId::kMatmulGeluForward)) {
     k->matmul_gelu_forward(s, out_gelu.data, pre_gelu.data, in.data, weight.data, b, t, d.N, d.C, d.OC);
     return;
   }
@@ -534,7 +534,7 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   check_gemm_tiles(s, op, t.in, {{"N", N}, {"C", C}, {"OC", OC}},
                    {{"dpre", dpre}, {"dbias", dbias}, {"dout", dout}, {"weight", weight}, {"pre_gelu", pre_gelu}});
   float* db = present(dbias) ? f32(dbias) : nullptr;
-  if (const OpTable* k = find_kernel(s, OpId::kMatmulBackwardDgelu, {t.in, t.out, t.bias})) {
+  if (const OpTable* k = find_kernel(s, OpId::kMatmulBackwardDgelu)) {
     k->matmul_backward_dgelu(s, dpre.data, db, dout.data, weight.data, pre_gelu.data, t, N, C, OC);
     return;
   }
@@ -717,7 +717,7 @@ void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTen
              num_heads, " heads but lse ", lse.shape.str(), " (need ",
              Shape{d.B, d.NH, d.T}.str(), ")");
   if (d.B * d.T == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionForward, {dt});
+  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionForward);
       t != nullptr && t->fused_attention_forward(s, out.data, f32(lse), qkv.data, d.B, d.T, d.C, d.NH, dt))
     return;
   require_kernel(s, OpId::kFlashAttentionForward, {dt})
@@ -749,7 +749,7 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
              " heads needs ", need);
   if (d.B * d.T == 0) return;
   const bool accumulate = write == GradWrite::kAccumulate;
-  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionBackward, {dt});
+  if (const OpTable* t = find_kernel(s, OpId::kFusedAttentionBackward);
       t != nullptr && t->fused_attention_backward(s, dqkv.data, dout.data, qkv.data, out.data, f32(lse), d.B,
                                                   d.T, d.C, d.NH, dt, accumulate))
     return;
@@ -849,20 +849,9 @@ void classifier_forward_backward(Stream& s, TensorView logits, TensorView losses
              " has ", N, " rows but losses ", losses.shape.str(), " and targets ",
              targets.shape.str());
   if (N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kClassifierForwardBackward, {logits.dtype})) {
-    t->classifier_forward_backward(s, logits.data, logits.dtype, f32(losses), i32(targets), N, ld, V, dloss,
+  require_kernel(s, OpId::kClassifierForwardBackward, {logits.dtype})
+      .classifier_forward_backward(s, logits.data, logits.dtype, f32(losses), i32(targets), N, ld, V, dloss,
                                    compute_grad, dloss_scale);
-    return;
-  }
-  if (logits.dtype == DType::kF32) refuse_op(s, OpId::kClassifierForwardBackward, {DType::kF32});
-  // Fallback for 16-bit logits: widened (exactly) into fp32 scratch, the fp32 kernel, dlogits
-  // rounded back once: the rounding points of a 16-bit kernel, at 3x its memory traffic. The
-  // scratch goes back to the pool at once; the pool hands it out only to later work on `s`.
-  DeviceBuffer wide(s.device().memory(), static_cast<size_t>(N * ld) * sizeof(float), s, "classifier fp32 logits");
-  const TensorView w{wide.data(), DType::kF32, logits.shape, logits.device};
-  cast(s, w, logits);
-  classifier_forward_backward(s, w, losses, targets, dloss, compute_grad, dloss_scale, vocab);
-  if (compute_grad) cast(s, logits, w);
 }
 
 // ---- LM head over a padded vocabulary -------------------------------------------------------------
@@ -896,7 +885,7 @@ void lm_head_forward(Stream& s, TensorView logits, ConstTensorView in, ConstTens
   const DType act = in.dtype;
   check_gemm_tiles(s, op, act, {{"N", d.N}, {"C", d.C}, {"V", d.V}, {"Vp", d.ld}},
                    {{"logits", logits}, {"in", in}, {"wte", wte}});
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward, {act})) {
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadForward)) {
     t->lm_head_forward(s, logits.data, in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
   }
@@ -920,7 +909,7 @@ void lm_head_backward(Stream& s, TensorView din, TensorView dwte, ConstTensorVie
   if (d.N == 0 || (!present(din) && !present(dwte))) return;
   check_gemm_tiles(s, op, act, {{"N", d.N}, {"C", d.C}, {"V", d.V}, {"Vp", d.ld}},
                    {{"din", din}, {"dwte", dwte}, {"dlogits", dlogits}, {"in", in}, {"wte", wte}});
-  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward, {act})) {
+  if (const OpTable* t = find_kernel(s, OpId::kLmHeadBackward)) {
     t->lm_head_backward(s, present(din) ? din.data : nullptr, present(dwte) ? f32(dwte) : nullptr, dlogits.data,
                         in.data, wte.data, act, d.N, d.C, d.V, d.ld);
     return;
@@ -1098,7 +1087,7 @@ void residual_layernorm_forward(Stream& s, TensorView residual_out, TensorView l
                                         ln_out.data != residual_out.data),
              op, ": ln_out ", ln_out.shape.str(), " must not alias a, b or residual_out");
   if (N == 0) return;
-  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward, {act, wt})) {
+  if (const OpTable* t = find_kernel(s, OpId::kResidualLayernormForward)) {
     t->residual_layernorm_forward(s, residual_out.data, ln_out.data, f32(mean), f32(rstd), a.data, b.data, act,
                                   weight.data, bias.data, wt, N, C, eps);
   } else if (act == DType::kF32) {

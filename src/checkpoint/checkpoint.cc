@@ -943,6 +943,8 @@ struct CheckpointDirLease::State {
   bool stopping = false;
   std::thread renewer;
 
+  // Takes ROOT/.run.lock and writes this run's lease into it (refusing a live holder).
+  void take_lock();
   void write_lease() {
     lease.renewed = unix_now();
     const std::string t = lease_text(lease);
@@ -991,10 +993,6 @@ bool is_permission_errno(int err) { return err == EACCES || err == EPERM || err 
              " instead");
   ZT_THROW(ErrorKind::kInvalidArgument, flag, " ", dir, " is a file, not a directory; choose a directory");
 }
-
-}  // namespace
-
-namespace {
 
 // Names a run's own bookkeeping may leave in ROOT before owner.json exists (a run killed between
 // taking the lock and writing the owner record, an interrupted save): a directory holding nothing
@@ -1050,10 +1048,8 @@ void refuse_unowned(const std::string& root, const std::vector<std::string>& for
            root, "/step-N --checkpoint-dir NEW)");
 }
 
-}  // namespace
-
-CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdentity& id, bool resuming,
-                                       int64_t last_step) {
+// ROOT as given (trailing slashes dropped): an existing directory this run may use, or created.
+std::string prepare_root(const std::string& dir_in) {
   ZT_REQUIRE(!dir_in.empty(), "--checkpoint-dir is empty; name a directory");
   std::string root = dir_in;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
@@ -1062,111 +1058,79 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
   if (::stat(root.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw_not_a_directory(root, "--checkpoint-dir");
     // Before the lock file is created: a refused directory is left exactly as it was. (Checked
-    // again under the lock below, where it decides.)
+    // again under the lock, where it decides.)
     if (::access((root + "/" + kOwnerFileName).c_str(), F_OK) != 0 && errno == ENOENT)
       refuse_unowned(root, foreign_entries(root));
     else
       read_owner(root);  // a damaged record is refused here too
-  } else {
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) {
-      if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
-        ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " cannot be created: part of its path is a "
-                 "file, not a directory; choose another --checkpoint-dir");
-      ZT_THROW(is_permission_errno(ec.value()) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ",
-               root, " cannot be created (", ec.message(), "); choose a directory this user can write");
-    }
+    return root;
   }
-  auto s = std::make_unique<CheckpointDirLease::State>();
-  s->root = root;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " cannot be created: part of its path is a "
+               "file, not a directory; choose another --checkpoint-dir");
+    ZT_THROW(is_permission_errno(ec.value()) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ",
+             root, " cannot be created (", ec.message(), "); choose a directory this user can write");
+  }
+  return root;
+}
 
-  // The run lock first: everything below reads and writes ROOT as its only user.
-  const std::string lock_path = root + "/" + kRunLockFileName;
-  s->lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!s->lock) {
+// The lock file may have existed, so creating a file is the real test of writability; as root,
+// only a read-only file system says no, as it would at the first save.
+void probe_writable(const std::string& root) {
+  const std::string probe = root + "/.probe-" + std::to_string(::getpid());
+  UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) {
     const int err = errno;
     ZT_THROW(is_permission_errno(err) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ", root,
-             " is not writable (", lock_path, ": ", errno_text(err), "); choose a directory this user can write");
+             " is not writable (", errno_text(err), "); choose a directory this user can write");
   }
-  while (::flock(s->lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EINTR) continue;
-    if (errno == EWOULDBLOCK) {
-      const std::optional<LeaseInfo> holder = parse_lease(read_lease_text(s->lock.get()));
-      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by another running training run",
-               holder ? " (" + describe_lease(*holder) + ")" : std::string(),
-               "; wait for it to finish or choose another --checkpoint-dir");
-    }
-    ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
-  }
-  // The lock is free here. A lease left in the file is a run that did not release it: on this host
-  // it is dead (its flock would hold), on another host it may be alive on a file system whose locks
-  // do not reach across hosts, so a recently renewed one is refused.
-  const std::string me = host_name();
-  if (const std::optional<LeaseInfo> old = parse_lease(read_lease_text(s->lock.get()))) {
-    const int64_t age = unix_now() - old->renewed;
-    if (old->host != me && old->renewed > 0 && age < kLeaseStaleSeconds)
-      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by a training run on another host (",
-               describe_lease(*old), "); wait for it to finish (its lease goes stale ", kLeaseStaleSeconds,
-               " s after its last renewal) or choose another --checkpoint-dir");
-    s->notes.push_back("checkpoint directory " + root + ": a run that held it (" + describe_lease(*old) +
-                       ") ended without releasing it (killed or crashed); its stale lease is taken over");
-  }
-  s->lease = LeaseInfo{static_cast<int64_t>(::getpid()), me, unix_now(), 0};
-  s->write_lease();
-  // Writable? (The lock file may have existed, so creating a file is the real test; as root, only a
-  // read-only file system says no, as it would at the first save.)
-  {
-    const std::string probe = root + "/.probe-" + std::to_string(::getpid());
-    UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (!fd) {
-      const int err = errno;
-      ZT_THROW(is_permission_errno(err) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ", root,
-               " is not writable (", errno_text(err), "); choose a directory this user can write");
-    }
-    fd.reset();
-    ::unlink(probe.c_str());
-  }
+  fd.reset();
+  ::unlink(probe.c_str());
+}
 
-  std::vector<CheckpointEntry> entries = list_checkpoints(root);
-  std::vector<std::string> committed;
-  for (const CheckpointEntry& e : entries)
-    if (e.has_manifest) committed.push_back(e.name);
-
-  std::optional<OwnerRecord> owner = read_owner(root);
-  OwnerRecord rec;
-  bool write = true;
-  if (owner) {
-    if (owner->identity.same_as(id)) {
-      rec = *owner;
-      write = false;
-    } else if (resuming) {
-      // A resume continues the lineage with another seed or data, never another model. Refused
-      // here, before owner.json is rewritten: the checkpoint load would refuse it only afterwards.
-      ZT_REQUIRE(owner->identity.model == id.model || committed.empty(), "--checkpoint-dir ", root, " holds ",
-                 committed.size(), " checkpoint(s) of another model (", owner->identity.model_description,
-                 "; this run: ", id.model_description,
-                 "); resume with the same model flags, or start a fresh run in another --checkpoint-dir");
-      rec = *owner;  // the same lineage, continued with another seed or data
-      rec.identity = id;
-    } else if (committed.empty()) {
-      rec = OwnerRecord{new_run_id(), id, {}};
-      s->notes.push_back("checkpoint directory " + root + " was used by run " + owner->run_id + " (" +
-                         owner->identity.describe() + "), which left no checkpoint; this run takes it over");
-    } else {
-      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", committed.size(),
-               " checkpoint(s) of another run (run ", owner->run_id, ": ", owner->identity.describe(),
-               "; this run: ", id.describe(), "); continue that run with --resume auto, or choose another "
-               "--checkpoint-dir");
-    }
-  } else {
+// The owner record ROOT will have for this run (`committed`: ROOT's checkpoints with a manifest);
+// `write`: it differs from owner.json. A takeover adds a sentence to `notes`.
+OwnerRecord settle_owner(const std::string& root, const RunIdentity& id, bool resuming,
+                         const std::vector<std::string>& committed, std::vector<std::string>& notes, bool& write) {
+  const std::optional<OwnerRecord> owner = read_owner(root);
+  write = true;
+  if (!owner) {
     refuse_unowned(root, foreign_entries(root));
-    rec = OwnerRecord{new_run_id(), id, {}};
+    return OwnerRecord{new_run_id(), id, {}};
   }
+  if (owner->identity.same_as(id)) {
+    write = false;
+    return *owner;
+  }
+  if (resuming) {
+    // A resume continues the lineage with another seed or data, never another model. Refused
+    // here, before owner.json is rewritten: the checkpoint load would refuse it only afterwards.
+    ZT_REQUIRE(owner->identity.model == id.model || committed.empty(), "--checkpoint-dir ", root, " holds ",
+               committed.size(), " checkpoint(s) of another model (", owner->identity.model_description,
+               "; this run: ", id.model_description,
+               "); resume with the same model flags, or start a fresh run in another --checkpoint-dir");
+    OwnerRecord rec = *owner;  // the same lineage, continued with another seed or data
+    rec.identity = id;
+    return rec;
+  }
+  if (!committed.empty())
+    ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " holds ", committed.size(),
+             " checkpoint(s) of another run (run ", owner->run_id, ": ", owner->identity.describe(),
+             "; this run: ", id.describe(), "); continue that run with --resume auto, or choose another "
+             "--checkpoint-dir");
+  notes.push_back("checkpoint directory " + root + " was used by run " + owner->run_id + " (" +
+                  owner->identity.describe() + "), which left no checkpoint; this run takes it over");
+  return OwnerRecord{new_run_id(), id, {}};
+}
 
-  // Every name a save of this run may write must be free or the lineage's own: a save replaces an
-  // existing step-N whole, so a user's folder (or another run's checkpoint) there would be lost.
-  // Step names beyond the run's last step are never written: left alone, and named once.
+// Every name a save of this run may write must be free or the lineage's own: a save replaces an
+// existing step-N whole, so a user's folder (or another run's checkpoint) there would be lost.
+// Step names beyond the run's last step are never written: left alone, and named once in `notes`.
+void refuse_occupied_names(const std::string& root, const OwnerRecord& rec, const std::vector<std::string>& committed,
+                           int64_t last_step, std::vector<std::string>& notes) {
   const std::set<std::string> adopted(rec.adopted.begin(), rec.adopted.end());
   std::vector<std::string> outside;
   for (const std::string& n : foreign_entries(root)) {
@@ -1195,17 +1159,67 @@ CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdent
                  "and this run would replace it; move it out of the directory or choose another --checkpoint-dir");
     }
   }
-  if (!outside.empty()) {
-    std::string names;
-    for (const std::string& n : outside) names += (names.empty() ? "" : ", ") + n;
-    s->notes.push_back("checkpoint directory " + root + ": " + names + (outside.size() == 1 ? " is" : " are") +
-                       " not this run's and beyond its last step; left alone");
+  if (outside.empty()) return;
+  std::string names;
+  for (const std::string& n : outside) names += (names.empty() ? "" : ", ") + n;
+  notes.push_back("checkpoint directory " + root + ": " + names + (outside.size() == 1 ? " is" : " are") +
+                  " not this run's and beyond its last step; left alone");
+}
+
+}  // namespace
+
+void CheckpointDirLease::State::take_lock() {
+  const std::string lock_path = root + "/" + kRunLockFileName;
+  lock.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!lock) {
+    const int err = errno;
+    ZT_THROW(is_permission_errno(err) ? ErrorKind::kInvalidArgument : ErrorKind::kIo, "--checkpoint-dir ", root,
+             " is not writable (", lock_path, ": ", errno_text(err), "); choose a directory this user can write");
   }
+  while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      const std::optional<LeaseInfo> holder = parse_lease(read_lease_text(lock.get()));
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by another running training run",
+               holder ? " (" + describe_lease(*holder) + ")" : std::string(),
+               "; wait for it to finish or choose another --checkpoint-dir");
+    }
+    ZT_THROW(ErrorKind::kIo, lock_path, ": cannot lock (", errno_text(errno), ")");
+  }
+  // The lock is free here. A lease left in the file is a run that did not release it: on this host
+  // it is dead (its flock would hold), on another host it may be alive on a file system whose locks
+  // do not reach across hosts, so a recently renewed one is refused.
+  const std::string me = host_name();
+  if (const std::optional<LeaseInfo> old = parse_lease(read_lease_text(lock.get()))) {
+    const int64_t age = unix_now() - old->renewed;
+    if (old->host != me && old->renewed > 0 && age < kLeaseStaleSeconds)
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is in use by a training run on another host (",
+               describe_lease(*old), "); wait for it to finish (its lease goes stale ", kLeaseStaleSeconds,
+               " s after its last renewal) or choose another --checkpoint-dir");
+    notes.push_back("checkpoint directory " + root + ": a run that held it (" + describe_lease(*old) +
+                    ") ended without releasing it (killed or crashed); its stale lease is taken over");
+  }
+  lease = LeaseInfo{static_cast<int64_t>(::getpid()), me, unix_now(), 0};
+  write_lease();
+}
+
+CheckpointDirLease open_checkpoint_dir(const std::string& dir_in, const RunIdentity& id, bool resuming,
+                                       int64_t last_step) {
+  auto s = std::make_unique<CheckpointDirLease::State>();
+  s->root = prepare_root(dir_in);
+  s->take_lock();  // first: everything below reads and writes ROOT as its only user
+  probe_writable(s->root);
+  std::vector<std::string> committed;
+  for (const CheckpointEntry& e : list_checkpoints(s->root))
+    if (e.has_manifest) committed.push_back(e.name);
+  bool write = true;
+  const OwnerRecord rec = settle_owner(s->root, id, resuming, committed, s->notes, write);
+  refuse_occupied_names(s->root, rec, committed, last_step, s->notes);
   if (write) {
     try {
-      write_owner(root, rec);
+      write_owner(s->root, rec);
     } catch (const Error& e) {
-      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", root, " is not writable (", e.message(),
+      ZT_THROW(ErrorKind::kInvalidArgument, "--checkpoint-dir ", s->root, " is not writable (", e.message(),
                "); choose a directory this user can write");
     }
   }

@@ -168,12 +168,14 @@ std::string serialize_manifest(Manifest m) {
   return std::string(kPrefixV1) + hex64(xxh64(body.data(), body.size())) + body;
 }
 
-Manifest parse_manifest(std::string_view text, const std::string& where, bool verify_checksum) {
+namespace {
+
+// The manifest's JSON object. Nesting is bounded so that nothing downstream (printing meta,
+// destroying it) recurses deeply; containers below the limit are not even built.
+json parse_manifest_json(std::string_view text, const std::string& where) {
   if (text.size() > kMaxManifestBytes)
     corrupt(where, "the manifest is " + std::to_string(text.size()) + " bytes, more than the " +
                        std::to_string(kMaxManifestBytes) + " a manifest may have");
-  // Nesting is bounded so that nothing downstream (printing meta, destroying it) recurses deeply;
-  // containers below the limit are not even built.
   bool too_deep = false;
   const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t, json&) {
     if (depth <= kMaxManifestJsonDepth) return true;
@@ -189,6 +191,11 @@ Manifest parse_manifest(std::string_view text, const std::string& where, bool ve
   if (too_deep)
     corrupt(where, "the manifest nests JSON deeper than " + std::to_string(kMaxManifestJsonDepth) + " levels");
   if (!root.is_object()) corrupt(where, "the manifest is not a JSON object");
+  return root;
+}
+
+// The format name and version, and (verify_checksum) the checksum of the text after its prefix.
+void check_manifest_header(const json& root, std::string_view text, const std::string& where, bool verify_checksum) {
   const auto format = root.find("format");
   if (format == root.end() || !format->is_string() || format->get_ref<const std::string&>() != kCheckpointFormat)
     corrupt(where, std::string("the manifest does not say \"format\": \"") + kCheckpointFormat +
@@ -200,29 +207,23 @@ Manifest parse_manifest(std::string_view text, const std::string& where, bool ve
     ZT_THROW(ErrorKind::kInvalidArgument, where, ": the checkpoint has format version ", version->dump(),
              ", but this ZeroTrain reads only version ", kCheckpointFormatVersion,
              "; load it with the ZeroTrain that wrote it (or a newer one)");
-  if (verify_checksum) {
-    const size_t p = kPrefixV1.size();
-    const std::optional<uint64_t> stored =
-        text.size() >= p + 16 && text.substr(0, p) == kPrefixV1 ? parse_hex64(text.substr(p, 16)) : std::nullopt;
-    if (!stored) corrupt(where, "the manifest's own checksum is missing or malformed");
-    const std::string_view body = text.substr(p + 16);
-    const uint64_t actual = xxh64(body.data(), body.size());
-    if (actual != *stored)
-      corrupt(where, "checksum mismatch in the manifest itself (xxHash64 " + hex64(actual) + ", recorded " +
-                         hex64(*stored) + ")");
-  }
+  if (!verify_checksum) return;
+  const size_t p = kPrefixV1.size();
+  const std::optional<uint64_t> stored =
+      text.size() >= p + 16 && text.substr(0, p) == kPrefixV1 ? parse_hex64(text.substr(p, 16)) : std::nullopt;
+  if (!stored) corrupt(where, "the manifest's own checksum is missing or malformed");
+  const std::string_view body = text.substr(p + 16);
+  const uint64_t actual = xxh64(body.data(), body.size());
+  if (actual != *stored)
+    corrupt(where, "checksum mismatch in the manifest itself (xxHash64 " + hex64(actual) + ", recorded " +
+                       hex64(*stored) + ")");
+}
 
-  Manifest m;
-  const json& step = member(root, "step", where, "the manifest");
-  if (!step.is_number_integer() || step.get<int64_t>() < 0 ||
-      (step.is_number_unsigned() && step.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
-    corrupt(where, "\"step\" is not a non-negative integer");
-  m.step = step.get<int64_t>();
-  m.meta = member(root, "meta", where, "the manifest");
-
-  const json& files = member(root, "files", where, "the manifest");
+// "files": their entries, and each name's index in `index`.
+std::vector<ManifestFile> parse_manifest_files(const json& files, const std::string& where,
+                                               std::map<std::string, uint32_t>& index) {
   if (!files.is_array()) corrupt(where, "\"files\" is not an array");
-  std::map<std::string, uint32_t> file_index;
+  std::vector<ManifestFile> out;
   for (const json& f : files) {
     if (!f.is_object()) corrupt(where, "an entry of \"files\" is not an object");
     ManifestFile file;
@@ -230,57 +231,79 @@ Manifest parse_manifest(std::string_view text, const std::string& where, bool ve
     const std::string ctx = "file " + shown(file.name);
     file.size = get_u64(f, "size", where, ctx);
     file.xxh64 = get_hash(f, where, ctx);
-    if (!file_index.emplace(file.name, static_cast<uint32_t>(m.files.size())).second)
-      corrupt(where, ctx + " is listed twice");
-    m.files.push_back(std::move(file));
-    if (m.files.size() > (uint64_t{1} << 20)) corrupt(where, "the manifest lists more than 2^20 files");
+    if (!index.emplace(file.name, static_cast<uint32_t>(out.size())).second) corrupt(where, ctx + " is listed twice");
+    out.push_back(std::move(file));
+    if (out.size() > (uint64_t{1} << 20)) corrupt(where, "the manifest lists more than 2^20 files");
   }
+  return out;
+}
 
+// One range of array `ctx`; its file must be one "files" lists (`file_index`).
+ManifestRange parse_manifest_range(const json& rj, const std::map<std::string, uint32_t>& file_index,
+                                   const std::string& where, const std::string& ctx) {
+  if (!rj.is_object()) corrupt(where, ctx + ": a range is not an object");
+  ManifestRange r;
+  const std::string& file = get_string(rj, "file", where, ctx + " range");
+  const auto it = file_index.find(file);
+  if (it == file_index.end()) {
+    if (!is_plain_file_name(file))
+      corrupt(where, ctx + ": range file name " + shown(file) +
+                         " is not a plain name inside the checkpoint directory (no '/', no '..', "
+                         "not absolute, not hidden)");
+    corrupt(where, ctx + ": a range refers to file " + shown(file) + ", which \"files\" does not list");
+  }
+  r.file = it->second;
+  r.begin = get_u64(rj, "begin", where, ctx + " range");
+  r.count = get_u64(rj, "count", where, ctx + " range");
+  r.offset = get_u64(rj, "offset", where, ctx + " range");
+  r.bytes = get_u64(rj, "bytes", where, ctx + " range");
+  r.xxh64 = get_hash(rj, where, ctx + " range");
+  return r;
+}
+
+ManifestArray parse_manifest_array(const json& aj, const std::map<std::string, uint32_t>& file_index,
+                                   const std::string& where) {
+  if (!aj.is_object()) corrupt(where, "an entry of \"arrays\" is not an object");
+  ManifestArray a;
+  a.name = get_string(aj, "name", where, "an array entry");
+  const std::string ctx = "array " + shown(a.name);
+  const std::string& dtype = get_string(aj, "dtype", where, ctx);
+  const std::optional<StorageDType> dt = parse_storage_dtype(dtype);
+  if (!dt) corrupt(where, ctx + ": unknown dtype " + shown(dtype));
+  a.dtype = *dt;
+  a.numel = get_u64(aj, "numel", where, ctx);
+  if (const auto shape = aj.find("shape"); shape != aj.end()) {
+    if (!shape->is_array()) corrupt(where, ctx + ": \"shape\" is not an array");
+    for (const json& d : *shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        corrupt(where, ctx + ": a shape dimension is not a non-negative integer");
+      a.shape.push_back(d.get<int64_t>());
+    }
+  }
+  const json& ranges = member(aj, "ranges", where, ctx);
+  if (!ranges.is_array()) corrupt(where, ctx + ": \"ranges\" is not an array");
+  for (const json& rj : ranges) a.ranges.push_back(parse_manifest_range(rj, file_index, where, ctx));
+  return a;
+}
+
+}  // namespace
+
+Manifest parse_manifest(std::string_view text, const std::string& where, bool verify_checksum) {
+  const json root = parse_manifest_json(text, where);
+  check_manifest_header(root, text, where, verify_checksum);
+  Manifest m;
+  const json& step = member(root, "step", where, "the manifest");
+  if (!step.is_number_integer() || step.get<int64_t>() < 0 ||
+      (step.is_number_unsigned() && step.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+    corrupt(where, "\"step\" is not a non-negative integer");
+  m.step = step.get<int64_t>();
+  m.meta = member(root, "meta", where, "the manifest");
+  std::map<std::string, uint32_t> file_index;
+  m.files = parse_manifest_files(member(root, "files", where, "the manifest"), where, file_index);
   const json& arrays = member(root, "arrays", where, "the manifest");
   if (!arrays.is_array()) corrupt(where, "\"arrays\" is not an array");
   m.arrays.reserve(arrays.size());
-  for (const json& aj : arrays) {
-    if (!aj.is_object()) corrupt(where, "an entry of \"arrays\" is not an object");
-    ManifestArray a;
-    a.name = get_string(aj, "name", where, "an array entry");
-    const std::string ctx = "array " + shown(a.name);
-    const std::string& dtype = get_string(aj, "dtype", where, ctx);
-    const std::optional<StorageDType> dt = parse_storage_dtype(dtype);
-    if (!dt) corrupt(where, ctx + ": unknown dtype " + shown(dtype));
-    a.dtype = *dt;
-    a.numel = get_u64(aj, "numel", where, ctx);
-    if (const auto shape = aj.find("shape"); shape != aj.end()) {
-      if (!shape->is_array()) corrupt(where, ctx + ": \"shape\" is not an array");
-      for (const json& d : *shape) {
-        if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-          corrupt(where, ctx + ": a shape dimension is not a non-negative integer");
-        a.shape.push_back(d.get<int64_t>());
-      }
-    }
-    const json& ranges = member(aj, "ranges", where, ctx);
-    if (!ranges.is_array()) corrupt(where, ctx + ": \"ranges\" is not an array");
-    for (const json& rj : ranges) {
-      if (!rj.is_object()) corrupt(where, ctx + ": a range is not an object");
-      ManifestRange r;
-      const std::string& file = get_string(rj, "file", where, ctx + " range");
-      const auto it = file_index.find(file);
-      if (it == file_index.end()) {
-        if (!is_plain_file_name(file))
-          corrupt(where, ctx + ": range file name " + shown(file) +
-                             " is not a plain name inside the checkpoint directory (no '/', no '..', "
-                             "not absolute, not hidden)");
-        corrupt(where, ctx + ": a range refers to file " + shown(file) + ", which \"files\" does not list");
-      }
-      r.file = it->second;
-      r.begin = get_u64(rj, "begin", where, ctx + " range");
-      r.count = get_u64(rj, "count", where, ctx + " range");
-      r.offset = get_u64(rj, "offset", where, ctx + " range");
-      r.bytes = get_u64(rj, "bytes", where, ctx + " range");
-      r.xxh64 = get_hash(rj, where, ctx + " range");
-      a.ranges.push_back(r);
-    }
-    m.arrays.push_back(std::move(a));
-  }
+  for (const json& aj : arrays) m.arrays.push_back(parse_manifest_array(aj, file_index, where));
   validate_manifest(m, where);
   return m;
 }

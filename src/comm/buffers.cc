@@ -14,9 +14,7 @@ namespace zt {
 bool Communicator::reduces_directly(const std::vector<Device*>& devices, CommPath path) {
   if (path != CommPath::kAuto || devices.empty()) return false;
   const OpTable* table = op_table(devices[0]->backend());
-  if (table == nullptr) return false;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
-    if (!table->supports(OpId::kAccumulatePeer, {t})) return false;
+  if (table == nullptr || !table->has_entry(OpId::kAccumulatePeer)) return false;
   for (const Device* a : devices)
     for (const Device* b : devices)
       if (a != b && !a->can_access_peer(*b)) return false;

@@ -385,7 +385,7 @@ void Communicator::group_call(CommGroupState& g, Kind kind, int root, const std:
   const bool direct_copy = path_ == CommPath::kAuto && g.peer_access;
   const OpTable* table = op_table(devices_[static_cast<size_t>(g.members[0])]->backend());
   const bool direct_reduce =
-      reduces && direct_copy && table != nullptr && table->supports(OpId::kAccumulatePeer, {p.dtype});
+      reduces && direct_copy && table != nullptr && table->has_entry(OpId::kAccumulatePeer);
   std::lock_guard<std::mutex> lock(impl_->enqueue_mu);
   Impl::Builder b{devices_, *impl_, g, chunk_bytes_};
   const int n = b.world();

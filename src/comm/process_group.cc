@@ -231,134 +231,150 @@ void ProcessGroup::post_recv(std::vector<Op>& ops, int peer, void* data, size_t 
   } while (off < bytes);
 }
 
-void ProcessGroup::wait_all(std::vector<Op>& ops, std::string_view what) {
+// What one wait_all has learned so far, shared by its polls.
+struct ProcessGroup::Wait {
+  std::vector<Op>& ops;
+  std::string_view what;
   std::string error;   // set under the lock; thrown outside it
   std::string notice;  // a peer gave up on the group: its sentence
   bool ops_done = false;
-  // Whom this rank waits for: a peer it waits to hear from before one that has not taken its
-  // message yet (-1: nobody).
-  const auto waiting_for = [&] {
-    int send_peer = -1;
-    for (const Op& op : ops) {
-      if (op.done) continue;
-      if (op.is_recv) return op.peer;
-      if (send_peer < 0) send_peer = op.peer;
-    }
-    return send_peer;
-  };
-  const auto poll_ops = [&] {
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    if (take_notice(notice)) return true;
-    answer_queries(waiting_for());
-    bool all = true;
-    for (Op& op : ops) {
-      if (op.done) continue;
-      int flag = 0;
-      MPI_Status status;
-      const int rc = MPI_Test(&op.request, &flag, &status);
-      if (rc != MPI_SUCCESS) {
-        const int code = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : rc;
-        error = "rank " + std::to_string(rank_) + " failed to " + (op.is_recv ? "receive from" : "send to") +
-                " rank " + std::to_string(op.peer) + " for " + std::string(what) + ": " + mpi_error_string(code);
-        return true;
-      }
-      if (!flag) {
-        all = false;
-        continue;
-      }
-      op.done = true;
-      if (op.is_recv) {
-        int count = 0;
-        MPI_Get_count(&status, MPI_BYTE, &count);
-        if (static_cast<size_t>(count) != op.bytes && error.empty())
-          error = "rank " + std::to_string(op.peer) + " sent " + std::to_string(count) + " bytes for " +
-                  std::string(what) + " but rank " + std::to_string(rank_) + " expected " +
-                  std::to_string(op.bytes) + "; the processes disagree about the call sequence";
-      }
-    }
-    ops_done = all;
-    return all || !error.empty();
-  };
-  const bool finished = poll_until(std::chrono::steady_clock::now() + timeout_, poll_ops);
-  if (finished && error.empty() && notice.empty()) return;
+};
 
-  std::string blame;  // the sentence of a timeout
-  if (!finished) {
-    // Walk the chain of waits: ask the silent peer whom it waits for, then that rank, and so on;
-    // the first rank that does not answer (it is not inside a wait of this group: dead, stalled,
-    // or busy elsewhere) is the one to name, not the innocent ranks waiting between us and it.
-    const auto probe_wait = std::clamp(timeout_ / 5, std::chrono::milliseconds(10), std::chrono::milliseconds(2000));
-    const int first = waiting_for();
-    const Op* silent = nullptr;
-    for (const Op& op : ops)
-      if (!op.done && op.peer == first && (silent == nullptr || op.is_recv)) silent = &op;
-    blame = "rank " + std::to_string(rank_) + " waited " + seconds_text(timeout_) + " for rank " +
-            std::to_string(first) + (silent->is_recv ? " to send " : " to receive ") +
-            format_bytes(static_cast<double>(silent->bytes), 1) + " for " + std::string(what);
-    std::vector<bool> visited(static_cast<size_t>(size_), false);
-    visited[static_cast<size_t>(rank_)] = true;
-    int suspect = first;
-    for (;;) {
-      visited[static_cast<size_t>(suspect)] = true;
-      int answer = -1;
-      MPI_Request areq = MPI_REQUEST_NULL;
-      {
-        std::lock_guard<std::mutex> lock(mpi_mutex());
-        MPI_Irecv(&answer, 1, MPI_INT, suspect, kAnswerTag, as_comm(comm_), &areq);
-        MPI_Request qreq = MPI_REQUEST_NULL;
-        if (MPI_Isend(nullptr, 0, MPI_BYTE, suspect, kQueryTag, as_comm(comm_), &qreq) == MPI_SUCCESS)
-          MPI_Request_free(&qreq);
-      }
-      bool answered = false;
-      poll_until(std::chrono::steady_clock::now() + probe_wait, [&] {
-        if (poll_ops()) return true;
-        std::lock_guard<std::mutex> lock(mpi_mutex());
-        int flag = 0;
-        MPI_Test(&areq, &flag, MPI_STATUS_IGNORE);
-        answered = flag != 0;
-        return answered;
-      });
-      if (!answered) {
-        std::lock_guard<std::mutex> lock(mpi_mutex());
-        MPI_Cancel(&areq);
-        MPI_Request_free(&areq);
-      }
-      if (!notice.empty() || !error.empty()) break;
-      if (ops_done) return;  // the silent peer was only slow
-      if (!answered) {
-        blame += (suspect == first ? " and got no answer" : ", and rank " + std::to_string(suspect) + " does not answer") +
-                 std::string(": rank ") + std::to_string(suspect) +
-                 " has died or stalled (raise the communication timeout if it is only slow)";
-        break;
-      }
-      if (answer < 0 || answer >= size_ || visited[static_cast<size_t>(answer)]) {
-        blame += "; rank " + std::to_string(suspect) + " waits for rank " + std::to_string(answer) +
-                 " in turn: the processes wait for each other (they disagree about the call sequence, or one "
-                 "of them stalled inside it)";
-        break;
-      }
-      blame += (suspect == first ? "; it waits for rank " : ", which waits for rank ") + std::to_string(answer);
-      suspect = answer;
+// Whom this rank waits for: a peer it waits to hear from before one that has not taken its message
+// yet (-1: nobody).
+int ProcessGroup::waiting_for(const std::vector<Op>& ops) {
+  int send_peer = -1;
+  for (const Op& op : ops) {
+    if (op.done) continue;
+    if (op.is_recv) return op.peer;
+    if (send_peer < 0) send_peer = op.peer;
+  }
+  return send_peer;
+}
+
+bool ProcessGroup::poll_ops(Wait& w) {
+  std::lock_guard<std::mutex> lock(mpi_mutex());
+  if (take_notice(w.notice)) return true;
+  answer_queries(waiting_for(w.ops));
+  bool all = true;
+  for (Op& op : w.ops) {
+    if (op.done) continue;
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&op.request, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      const int code = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : rc;
+      w.error = "rank " + std::to_string(rank_) + " failed to " + (op.is_recv ? "receive from" : "send to") +
+                " rank " + std::to_string(op.peer) + " for " + std::string(w.what) + ": " + mpi_error_string(code);
+      return true;
+    }
+    if (!flag) {
+      all = false;
+      continue;
+    }
+    op.done = true;
+    if (op.is_recv) {
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      if (static_cast<size_t>(count) != op.bytes && w.error.empty())
+        w.error = "rank " + std::to_string(op.peer) + " sent " + std::to_string(count) + " bytes for " +
+                  std::string(w.what) + " but rank " + std::to_string(rank_) + " expected " +
+                  std::to_string(op.bytes) + "; the processes disagree about the call sequence";
     }
   }
+  w.ops_done = all;
+  return all || !w.error.empty();
+}
+
+// Asks `suspect` whom it waits for, polling the wait's ops meanwhile: the rank it names (-1:
+// nobody), or nullopt when it did not answer within `patience`.
+std::optional<int> ProcessGroup::ask_whom_waited_for(Wait& w, int suspect, std::chrono::milliseconds patience) {
+  int answer = -1;
+  MPI_Request areq = MPI_REQUEST_NULL;
   {
-    // Cancelled receives complete locally; give them a moment, then let go of them either way.
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    for (Op& op : ops) {
-      if (op.done || op.request == MPI_REQUEST_NULL) continue;
-      if (op.is_recv) {
-        MPI_Cancel(&op.request);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-        int flag = 0;
-        while (!flag && std::chrono::steady_clock::now() < until) MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
-        if (!flag) MPI_Request_free(&op.request);
-      } else {
-        MPI_Request_free(&op.request);  // the send stays posted; see the header's warning
-      }
+    MPI_Irecv(&answer, 1, MPI_INT, suspect, kAnswerTag, as_comm(comm_), &areq);
+    MPI_Request qreq = MPI_REQUEST_NULL;
+    if (MPI_Isend(nullptr, 0, MPI_BYTE, suspect, kQueryTag, as_comm(comm_), &qreq) == MPI_SUCCESS)
+      MPI_Request_free(&qreq);
+  }
+  bool answered = false;
+  poll_until(std::chrono::steady_clock::now() + patience, [&] {
+    if (poll_ops(w)) return true;
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    int flag = 0;
+    MPI_Test(&areq, &flag, MPI_STATUS_IGNORE);
+    answered = flag != 0;
+    return answered;
+  });
+  if (answered) return answer;
+  std::lock_guard<std::mutex> lock(mpi_mutex());
+  MPI_Cancel(&areq);
+  MPI_Request_free(&areq);
+  return std::nullopt;
+}
+
+// After a timeout, walks the chain of waits: asks the silent peer whom it waits for, then that
+// rank, and so on; the first rank that does not answer (it is not inside a wait of this group:
+// dead, stalled, or busy elsewhere) is the one to name, not the innocent ranks waiting between us
+// and it. The sentence naming it; stops early when a poll ends the wait (w.ops_done, an error or a
+// notice).
+std::string ProcessGroup::blame_timeout(Wait& w) {
+  const auto patience = std::clamp(timeout_ / 5, std::chrono::milliseconds(10), std::chrono::milliseconds(2000));
+  const int first = waiting_for(w.ops);
+  const Op* silent = nullptr;
+  for (const Op& op : w.ops)
+    if (!op.done && op.peer == first && (silent == nullptr || op.is_recv)) silent = &op;
+  std::string blame = "rank " + std::to_string(rank_) + " waited " + seconds_text(timeout_) + " for rank " +
+                      std::to_string(first) + (silent->is_recv ? " to send " : " to receive ") +
+                      format_bytes(static_cast<double>(silent->bytes), 1) + " for " + std::string(w.what);
+  std::vector<bool> visited(static_cast<size_t>(size_), false);
+  visited[static_cast<size_t>(rank_)] = true;
+  for (int suspect = first;;) {
+    visited[static_cast<size_t>(suspect)] = true;
+    const std::optional<int> answer = ask_whom_waited_for(w, suspect, patience);
+    if (!w.notice.empty() || !w.error.empty() || w.ops_done) return blame;
+    if (!answer)
+      return blame +
+             (suspect == first ? " and got no answer" : ", and rank " + std::to_string(suspect) + " does not answer") +
+             std::string(": rank ") + std::to_string(suspect) +
+             " has died or stalled (raise the communication timeout if it is only slow)";
+    if (*answer < 0 || *answer >= size_ || visited[static_cast<size_t>(*answer)])
+      return blame + "; rank " + std::to_string(suspect) + " waits for rank " + std::to_string(*answer) +
+             " in turn: the processes wait for each other (they disagree about the call sequence, or one "
+             "of them stalled inside it)";
+    blame += (suspect == first ? "; it waits for rank " : ", which waits for rank ") + std::to_string(*answer);
+    suspect = *answer;
+  }
+}
+
+// Lets go of a failed wait's requests: cancelled receives complete locally (given a moment), sends
+// stay posted (see the header's warning).
+void ProcessGroup::release_ops(std::vector<Op>& ops) {
+  std::lock_guard<std::mutex> lock(mpi_mutex());
+  for (Op& op : ops) {
+    if (op.done || op.request == MPI_REQUEST_NULL) continue;
+    if (op.is_recv) {
+      MPI_Cancel(&op.request);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      int flag = 0;
+      while (!flag && std::chrono::steady_clock::now() < until) MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
+      if (!flag) MPI_Request_free(&op.request);
+    } else {
+      MPI_Request_free(&op.request);
     }
   }
-  if (!notice.empty()) fail(notice, /*notify=*/false);
-  if (!error.empty()) fail(error, /*notify=*/true);
+}
+
+void ProcessGroup::wait_all(std::vector<Op>& ops, std::string_view what) {
+  Wait w{ops, what, {}, {}, false};
+  const bool finished = poll_until(std::chrono::steady_clock::now() + timeout_, [&] { return poll_ops(w); });
+  if (finished && w.error.empty() && w.notice.empty()) return;
+  const std::string blame = finished ? std::string() : blame_timeout(w);
+  if (w.error.empty() && w.notice.empty() && w.ops_done) return;  // the silent peer was only slow
+  release_ops(ops);
+  if (!w.notice.empty()) fail(w.notice, /*notify=*/false);
+  if (!w.error.empty()) fail(w.error, /*notify=*/true);
   fail(blame, /*notify=*/true);
 }
 

@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -110,6 +111,12 @@ class ProcessGroup {
   void post_recv(std::vector<Op>& ops, int peer, void* data, size_t bytes, int tag);
   // Polls until every op completed; past the timeout breaks the group and throws.
   void wait_all(std::vector<Op>& ops, std::string_view what);
+  struct Wait;  // wait_all's state and its steps (process_group.cc)
+  static int waiting_for(const std::vector<Op>& ops);
+  bool poll_ops(Wait& w);
+  std::optional<int> ask_whom_waited_for(Wait& w, int suspect, std::chrono::milliseconds patience);
+  std::string blame_timeout(Wait& w);
+  static void release_ops(std::vector<Op>& ops);
   // Breaks the group and throws `reason`; notify: tell every peer first (not when the reason is
   // itself a peer's notice).
   [[noreturn]] void fail(std::string reason, bool notify);

@@ -45,10 +45,6 @@ const std::vector<std::string>& model_preset_names();
 // (embd not divisible by heads, non-positive sizes).
 ModelConfig make_model_config(const std::string& preset, const ModelOverrides& o = {});
 
-}  // namespace zt
-
-namespace zt {
-
 // The GPT-2 shape family `zerotrain plan --largest` searches, smallest first: GPT-2's published
 // depths and widths (small 12 x 768, medium 24 x 1024, large 36 x 1280, XL 48 x 1600) as anchors,
 // two smaller ones below them (3 x 256, 6 x 512) and, beyond XL, the same progression (12 more

@@ -87,10 +87,10 @@ enum class BackPass { kFused, kInput, kWeight };
 // What one call of layer_forward runs: the training/eval forward, or a backward's recompute.
 enum class BlockPass { kForward, kSelective, kFull };
 
-// One chunk's workspace arena, in bytes, each buffer 256-byte aligned: activations, their gradients,
-// logits and what collectives move in the activation dtype (act_bytes), the rest fp32. Residual-
-// stream buffers hold the rank's R rows, split matmuls' all B*T rows of 1/D of the columns. Under
-// recomputation, layers share slots that backward re-runs the writing op into right before reading:
+// One chunk's workspace arena: activations, their gradients, logits and what collectives move in the
+// activation dtype. Residual-stream buffers hold the rank's R rows, split matmuls' all B*T rows of
+// 1/D of the columns. Under recomputation, layers share slots that backward re-runs the writing op
+// into right before reading:
 //  - selective: ln1, ln2 (outputs; mean/rstd stay) and the GELU output, re-run from the kept
 //    residual and fch (re-running attention would cost its forward to save O(T) a row);
 //  - full: all but residual3 (the next block's input); the block's output projection and add are
@@ -98,11 +98,10 @@ enum class BlockPass { kForward, kSelective, kFull };
 // A split backward keeps per layer what backward_weight reads (D = 1: the matmuls' and layernorms'
 // output gradients; D > 1: all rows of the weight gradients' inputs, the summed replicated
 // gradients); the fused backward takes them from shared scratch.
-struct Plan {
+struct Plan : WorkspaceArena {
   int64_t B, T, C, NH, L, V, Vp, D, R, Cl, NHl;  // L: the chunk's layers; Cl, NHl: a rank's width and heads
   Recompute recompute;
   bool sp, head, split;
-  int64_t act_bytes, total = 0;
   int64_t encoded, lnf = 0, lnf_mean = 0, lnf_rstd = 0, logits = 0, losses = 0, row = 0, row_wide = 0;
   int64_t full, full2, dresidual, dln = 0, dfch, dfch_gelu = 0, datty, dqkv, attn_scratch, attn_scratch_numel;
   int64_t stat_max = 0, gmax = 0, stat_part = 0, gsum = 0, rep = 0;
@@ -113,20 +112,13 @@ struct Plan {
   };
   std::vector<Layer> layers;
 
-  int64_t add_bytes(int64_t bytes) {
-    const int64_t off = total;
-    total += (bytes + 255) / 256 * 256;
-    return off;
-  }
-  int64_t act(int64_t n) { return add_bytes(n * act_bytes); }
-  int64_t f32(int64_t n) { return add_bytes(n * 4); }
-
   // rep_max / rep_layer: the largest replicated tail of any local block / of a layer block (D > 1).
   Plan(const ModelConfig& c, int64_t B_, int64_t T_, Recompute r, const TensorParallel& tp, int64_t rep_max,
        int64_t rep_layer, const GptChunk& k, bool split_, DType activations)
-      : B(B_), T(T_), C(c.embd), NH(c.heads), L(k.layers), V(c.vocab), Vp(padded_vocab(c.vocab, tp.degree)), D(tp.degree),
+      : WorkspaceArena{static_cast<int64_t>(dtype_size(activations))}, B(B_), T(T_), C(c.embd), NH(c.heads),
+        L(k.layers), V(c.vocab), Vp(padded_vocab(c.vocab, tp.degree)), D(tp.degree),
         R(tp.sequence && D > 1 ? B * T / D : B * T), Cl(C / D), NHl(NH / D), recompute(r), sp(tp.sequence && D > 1),
-        head(k.head), split(split_), act_bytes(static_cast<int64_t>(dtype_size(activations))) {
+        head(k.head), split(split_) {
     const int64_t BT = B * T, RC = R * C, lse = B * NHl * T;
     encoded = act(RC);
     layers.resize(static_cast<size_t>(L));
@@ -205,11 +197,10 @@ TensorView rows_of(TensorView v, int64_t first_row, int64_t rows) {
 }
 TensorView flat(TensorView v) { return TensorView{v.data, v.dtype, Shape{v.shape.numel()}, v.device}; }
 
-class GptWorkspace final : public Workspace {
+class GptWorkspace final : public ArenaWorkspace {
  public:
   GptWorkspace(Plan plan_, Device& d, int chunk_, bool embedding_, DType activations, TpRank rank_)
-      : plan(std::move(plan_)), chunk(chunk_), embedding(embedding_), dtype(activations), device(d.index()),
-        buf(d.memory(), static_cast<size_t>(plan.total), d.compute(), "activations"),
+      : ArenaWorkspace(d, plan_.total, activations), plan(std::move(plan_)), chunk(chunk_), embedding(embedding_),
         gathered(plan.D > 1 ? d.create_event() : nullptr), reduced(plan.D > 1 ? d.create_event() : nullptr),
         rank(std::move(rank_)) {}
   int B() const override { return static_cast<int>(plan.B); }
@@ -234,16 +225,16 @@ class GptWorkspace final : public Workspace {
   TensorView stage_input() override { return embedding ? TensorView{} : residual(plan.encoded); }
   TensorView stage_output() override { return plan.head ? TensorView{} : residual(plan.layers.back().residual3); }
   TensorView stage_gradient() override { return plan.head && embedding ? TensorView{} : residual(plan.dresidual); }
-  size_t bytes() const override { return buf.size(); }
   double take_recompute_seconds() override { return recompute_s.exchange(0.0); }
   // Stream callbacks around a backward's recompute ops: the time counted is when the stream ran them.
   void recompute_begin(Stream& s) { s.host_func([this] { recompute_start = now(); }); }
   void recompute_end(Stream& s) { s.host_func([this] { recompute_s.store(recompute_s.load() + (now() - recompute_start)); }); }
-  // An activation (the workspace's activation dtype) or an fp32 tensor at byte offset `off`.
-  TensorView act(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
-  TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
   TensorView residual(int64_t off) { return act(off, plan.sp ? Shape{plan.R, plan.C} : Shape{plan.B, plan.T, plan.C}); }
   TensorView all_rows(int64_t off) { return act(off, Shape{plan.B * plan.T, plan.C}); }
+  // The rank's rows of layer l's input; l = the chunk's layer count: the chunk's output.
+  TensorView layer_input(int l) {
+    return act(l > 0 ? plan.layers[static_cast<size_t>(l - 1)].residual3 : plan.encoded, Shape{plan.R, plan.C});
+  }
   int64_t row0() const { return plan.sp ? rank.t * plan.R : 0; }  // the first of the rank's rows
 
   // ---- the tensor group's layers (D = 1: the plain ops, no collective) ----
@@ -323,9 +314,6 @@ class GptWorkspace final : public Workspace {
   Plan plan;
   int chunk;
   bool embedding;  // the chunk embeds tokens (no stage input)
-  DType dtype;  // f32, or the 16-bit type of the last forward's parameters (Gpt::compute_dtype)
-  int device;
-  DeviceBuffer buf;
   // Recorded on the comm stream right after a collective the compute stream waits for later.
   std::unique_ptr<Event> gathered, reduced;
   TpRank rank;
@@ -401,11 +389,6 @@ class Gpt final : public Model {
     }
     return o;
   }
-  std::vector<int> backward_order() const override {
-    std::vector<int> o = forward_order();
-    std::reverse(o.begin(), o.end());
-    return o;
-  }
 
   void forward(Stream& s, ParamAccess& p, Workspace& wsb, const Batch& batch, float dloss, bool train) const override {
     auto& ws = static_cast<GptWorkspace&>(wsb);
@@ -419,7 +402,7 @@ class Gpt final : public Model {
     const ops::VocabRange vocab{tr.t * Vl, P.V};  // the rank's vocabulary shard
 
     // Without the embedding the chunk's input rows were received into `encoded`.
-    TensorView residual = ws.act(P.encoded, Shape{P.R, C});
+    const TensorView residual = ws.layer_input(0);
     if (K.embedding) {
       p.before_forward(K.emb_block);
       const TensorView wte = param(p, K.emb_block, 0), wpe = param(p, K.emb_block, 1);
@@ -437,13 +420,12 @@ class Gpt final : public Model {
       const int b = K.layer_blocks[static_cast<size_t>(l)];
       p.before_forward(b);
       layer_forward(s, ws, p, l, b, BlockPass::kForward);
-      residual = ws.act(P.layers[static_cast<size_t>(l)].residual3, Shape{P.R, C});
     }
     if (!K.head) return;  // the pipeline sends stage_output() (the last residual rows) on
 
     p.before_forward(K.lnf_block);
     TensorView lnf = ws.act(P.lnf, Shape{P.R, C});
-    ops::layernorm_forward(s, lnf, ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}), residual,
+    ops::layernorm_forward(s, lnf, ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}), ws.layer_input(K.layers),
                            param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     const TensorView logits = ws.act(P.logits, Shape{BT, Vl});
@@ -537,8 +519,7 @@ class Gpt final : public Model {
     for (int r = 0; r < tp_.comm->world(); ++r)
       if (tp_.comm->device(r).index() == device)
         return TpRank{tp_.comm, tp_.comm->group(tp_.mesh->tensor_group(r)), r, tp_.mesh->index(MeshAxis::kTensor, r)};
-    ZT_CHECK(false, "device ", device, " is not in the tensor-parallel model's communicator");
-    return {};
+    ZT_THROW(ErrorKind::kInternal, "device ", device, " is not in the tensor-parallel model's communicator");
   }
 
   // One chunk's backward. kFused is backward(); kInput runs the chain of input gradients and every
@@ -578,8 +559,7 @@ class Gpt final : public Model {
       if (weight && K.head_block != K.emb_block) p.after_backward(K.head_block);
       if (input) p.before_backward(K.lnf_block);
       const auto g = grads_of(s, ws, p, K.lnf_block, P.lnf_rep, input);
-      const int64_t last_res = K.layers > 0 ? P.layers[static_cast<size_t>(K.layers - 1)].residual3 : P.encoded;
-      ws.ln_back(s, pass, dlnf, ws.act(last_res, Shape{P.R, C}), param(p, K.lnf_block, 0), g[0], g[1],
+      ws.ln_back(s, pass, dlnf, ws.layer_input(K.layers), param(p, K.lnf_block, 0), g[0], g[1],
               ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}));
       block_done(s, ws, p, K.lnf_block, P.lnf_rep, pass);
     }
@@ -613,7 +593,7 @@ class Gpt final : public Model {
     const int64_t BT = P.B * P.T, C = P.C, Cl = P.Cl, R = P.R;
     const bool fwd = pass == BlockPass::kForward, matmuls = pass != BlockPass::kSelective;
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
+    const TensorView res_in = ws.layer_input(l);
     const TensorView ln1 = ws.act(A.ln1, Shape{R, C}), res2 = ws.act(A.residual2, Shape{R, C}), ln2 = ws.act(A.ln2, Shape{R, C});
     const TensorView fch = ws.act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = ws.act(A.fch_gelu, Shape{BT, 4 * Cl});
     ops::layernorm_forward(s, ln1, ws.f32(A.ln1_mean, Shape{R}), ws.f32(A.ln1_rstd, Shape{R}), res_in, w(kLn1w), w(kLn1b),
@@ -655,7 +635,7 @@ class Gpt final : public Model {
     const bool tp = P.D > 1;
     const TensorView none{};
     const auto& A = P.layers[static_cast<size_t>(l)];
-    const TensorView res_in = ws.act(l > 0 ? P.layers[static_cast<size_t>(l - 1)].residual3 : P.encoded, Shape{R, C});
+    const TensorView res_in = ws.layer_input(l);
     auto w = [&](LayerTensor k) { return param(p, blk, slot_[k]); };
     // After before_backward: stage 3 has gathered this block again, so the recompute sees the
     // same parameters as the forward did. It writes activations only, never a gradient.
@@ -734,12 +714,6 @@ class Gpt final : public Model {
       ops::accumulate(s, TensorView{p.grads(block) + from, DType::kF32, Shape{n}, p.device_index()}, ws.f32(rep, Shape{n}));
     p.after_backward(block);
   }
-
-  // The dtype this model computes in on `p` (param_compute_dtype).
-  DType compute_dtype(ParamAccess& p) const { return param_compute_dtype(activations_, p); }
-  // Parameters in the compute dtype; gradients are fp32.
-  TensorView param(ParamAccess& p, int block, int idx) const { return block_param(layout_, activations_, p, block, idx); }
-  TensorView grad(ParamAccess& p, int block, int idx) const { return block_grad(layout_, p, block, idx); }
 
   ModelConfig config_;
   Recompute recompute_;

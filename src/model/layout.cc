@@ -17,16 +17,9 @@ int ParamLayout::add_block(std::string name) {
 void ParamLayout::add_tensor(int block, std::string name, Shape shape, ParamInit init,
                              float init_std, bool weight_decay, int64_t init_numel) {
   ParamBlock& b = blocks_.at(static_cast<size_t>(block));
-  ParamTensor t;
-  t.name = std::move(name);
-  t.shape = shape;
-  t.offset = (b.numel + kAlign - 1) / kAlign * kAlign;
-  t.numel = shape.numel();
-  t.init = init;
-  t.init_std = init_std;
-  t.weight_decay = weight_decay;
+  ParamTensor t{std::move(name), shape, (b.numel + kAlign - 1) / kAlign * kAlign, shape.numel(), init, init_std,
+                weight_decay, init_numel};
   ZT_CHECK(init_numel >= -1 && init_numel <= t.numel, "tensor ", t.name, ": init_numel ", init_numel, " of ", t.numel);
-  t.init_numel = init_numel;
   b.numel = t.offset + t.numel;
   b.tensors.push_back(std::move(t));
 }

@@ -1,5 +1,7 @@
 // What every model shares: make_model's dispatch and the Model/Workspace defaults a model that
 // is not split (no tensor or pipeline parallelism) inherits.
+#include <algorithm>
+
 #include "core/status.h"
 #include "model/model.h"
 
@@ -22,7 +24,8 @@ DType run_activation_dtype(DType working) {
   return sixteen ? working : DType::kF32;
 }
 
-DType param_compute_dtype(DType activations, const ParamAccess& p) {
+DType Model::compute_dtype(const ParamAccess& p) const {
+  const DType activations = activation_dtype();
   if (activations == DType::kF32) return DType::kF32;
   const DType d = p.param_dtype();
   ZT_CHECK(d == DType::kBF16 || d == DType::kF16, "a model computing in ", dtype_name(activations),
@@ -38,14 +41,20 @@ TensorView block_tensor(const ParamLayout& layout, void* base, DType dtype, int 
 }
 }  // namespace
 
-TensorView block_param(const ParamLayout& layout, DType activations, ParamAccess& p, int block, int idx) {
-  const DType d = param_compute_dtype(activations, p);
-  return block_tensor(layout, d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
+TensorView Model::param(ParamAccess& p, int block, int idx) const {
+  const DType d = compute_dtype(p);
+  return block_tensor(layout(), d == DType::kF32 ? static_cast<void*>(p.params(block)) : p.param_data(block), d,
                       p.device_index(), block, idx);
 }
 
-TensorView block_grad(const ParamLayout& layout, ParamAccess& p, int block, int idx) {
-  return block_tensor(layout, p.grads(block), DType::kF32, p.device_index(), block, idx);
+TensorView Model::grad(ParamAccess& p, int block, int idx) const {
+  return block_tensor(layout(), p.grads(block), DType::kF32, p.device_index(), block, idx);
+}
+
+std::vector<int> Model::backward_order() const {
+  std::vector<int> o = forward_order();
+  std::reverse(o.begin(), o.end());
+  return o;
 }
 
 void Workspace::read_logits_row(Stream& s, int row, float* out) {

@@ -17,10 +17,8 @@ namespace zt {
 class Communicator;
 class Mesh;
 
-// Where the model reads parameters and accumulates gradients, block by block.
-// A model that computes in fp32 (Model::activation_dtype() f32) reads params(); a model that
-// computes in 16 bits reads param_data() in param_dtype() (the ZeRO engine's 16-bit working
-// buffers, no widened copy). Gradients are fp32 for every model.
+// Where the model reads parameters and accumulates gradients, block by block. An fp32 model reads
+// params(), a 16-bit one param_data() (Model::param); gradients are fp32 for every model.
 class ParamAccess {
  public:
   virtual ~ParamAccess() = default;
@@ -37,24 +35,13 @@ class ParamAccess {
   virtual void after_backward(int block) {}
 };
 
-// The dtype a model whose Model::activation_dtype() is `activations` computes in on `p`: f32, or
-// for a 16-bit model the 16-bit type of p's parameters, read as they are (bf16 and f16 take the
-// same workspace bytes, so an engine switching its working dtype, --on-scale-collapse bf16,
-// carries the activations with it). A 16-bit model handed fp32 parameters is an internal error.
-DType param_compute_dtype(DType activations, const ParamAccess& p);
-// Tensor `idx` of block `block` of `layout`: its parameters in the compute dtype
-// (param_compute_dtype: params() or param_data()), its gradient in fp32 (grads()).
-TensorView block_param(const ParamLayout& layout, DType activations, ParamAccess& p, int block, int idx);
-TensorView block_grad(const ParamLayout& layout, ParamAccess& p, int block, int idx);
-
 // One micro-batch on the device. GPT: inputs [B,T] int32 tokens, targets [B,T] int32.
 // MLP: inputs [B,input_dim] fp32, targets [B] int32 labels (T = 1).
 struct Batch {
   ConstTensorView inputs;
   ConstTensorView targets;
   int B = 0, T = 0;
-  // Device float multiplying the loss gradient (dynamic loss scaling), read when the op runs;
-  // nullptr = 1.
+  // Device float multiplying the loss gradient (dynamic loss scaling), read when the op runs; null: 1.
   const float* loss_scale = nullptr;
 };
 
@@ -86,6 +73,21 @@ class Workspace {
   virtual TensorView stage_gradient() { return {}; }
 };
 
+// A workspace over one pool allocation (a WorkspaceArena's total bytes) on its device.
+class ArenaWorkspace : public Workspace {
+ public:
+  ArenaWorkspace(Device& d, int64_t bytes, DType activations)
+      : dtype(activations), device(d.index()), buf(d.memory(), static_cast<size_t>(bytes), d.compute(), "activations") {}
+  size_t bytes() const override { return buf.size(); }
+  // An activation (in `dtype`) or an fp32 tensor at byte offset `off`.
+  TensorView act(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, dtype, s, device}; }
+  TensorView f32(int64_t off, Shape s) { return TensorView{buf.as<char>() + off, DType::kF32, s, device}; }
+
+  DType dtype;  // f32, or the 16-bit type of the last forward's parameters (Model::compute_dtype)
+  int device;
+  DeviceBuffer buf;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -106,7 +108,7 @@ class Model {
   // before_backward call (a block may appear twice: GPT's tied embedding). ZeRO stage 3 uses it
   // to prefetch the next block's parameters and to decide when a gathered block can go.
   virtual std::vector<int> forward_order() const = 0;
-  virtual std::vector<int> backward_order() const = 0;
+  virtual std::vector<int> backward_order() const;  // default: forward_order reversed
   // How the local blocks map onto the logical layout (GPT: gpt_layout); null for the MLP.
   virtual const TensorMap* tensor_map() const { return nullptr; }
 
@@ -126,6 +128,28 @@ class Model {
   // backward() adds. Only models made with split_backward support them.
   virtual void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
   virtual void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
+
+ protected:
+  // The dtype the model computes in on `p`: f32, or for a 16-bit model the 16-bit type of p's
+  // parameters, read as they are (bf16 and f16 take the same workspace bytes, so an engine switching
+  // its working dtype, --on-scale-collapse bf16, carries the activations with it).
+  DType compute_dtype(const ParamAccess& p) const;
+  // Tensor `idx` of layout() block `block`: its parameters in compute_dtype, its gradient in fp32.
+  TensorView param(ParamAccess& p, int block, int idx) const;
+  TensorView grad(ParamAccess& p, int block, int idx) const;
+};
+
+// A workspace's single allocation, planned as byte offsets, each buffer 256-byte aligned:
+// activations in the activation dtype (act_bytes an element), the rest fp32.
+struct WorkspaceArena {
+  int64_t act_bytes, total = 0;
+  int64_t add_bytes(int64_t bytes) {
+    const int64_t off = total;
+    total += (bytes + 255) / 256 * 256;
+    return off;
+  }
+  int64_t act(int64_t n) { return add_bytes(n * act_bytes); }
+  int64_t f32(int64_t n) { return add_bytes(n * 4); }
 };
 
 // One chunk of a pipeline stage: a contiguous run of transformer layers; the first virtual stage's
@@ -163,9 +187,7 @@ struct TensorParallel {
 // activations: f32, or bf16/f16 (MLP and GPT): activations, saved tensors, activation gradients,
 // logits, GEMM inputs and what the tensor collectives move in 16 bits (their sums accumulate in
 // fp32 and round once per ring hop, comm/communicator.h, as Megatron sums in bf16); layernorm
-// statistics, lse, losses, reductions and parameter gradients fp32 (kernels/ops.h). A 16-bit model
-// computes in the 16-bit type its parameters come in (ParamAccess::param_dtype), so an engine
-// switching its working dtype (--on-scale-collapse bf16) carries the activations with it.
+// statistics, lse, losses, reductions and parameter gradients fp32 (kernels/ops.h).
 std::unique_ptr<Model> make_model(const ModelConfig& config, Recompute recompute = Recompute::kNone,
                                   const TensorParallel& tp = {}, DType activations = DType::kF32);
 // The activation dtype a training run's model computes in: the working dtype (bf16/f16) for every
@@ -180,11 +202,8 @@ DType run_activation_dtype(DType working);
 //    residual stream, sent to the rank of the same tensor coordinate on the neighbouring stage:
 //    with tp.sequence its rows [B*T/degree, C] (rows t*B*T/degree onward of the flattened [B*T, C]
 //    activations), else all of them, [B, T, C], equal on every rank of the tensor group.
-//  - layout() block b is, tensor for tensor, block logical_block(b) of the whole model
-//    (make_model(config, kNone, tp)'s layout, numbered as gpt_layout's); the last stage's tied LM
-//    head is such a copy of block 0, whose gradient is summed element for element with block 0's
-//    of the first stage's rank at the same tensor coordinate (wpe's part gets none). tensor_map()
-//    maps the stage's blocks onto gpt_layout: local_block(t, b, logical) is block b of rank t.
+//  - layout() block b is, tensor for tensor, block logical_block(b) of make_model(config, kNone,
+//    tp)'s layout, the tied LM head a copy of block 0 (its wpe part gets no gradient).
 //  - backward_input runs every tensor-group collective of the backward, backward_weight none, so a
 //    tensor group's collectives keep one order on every rank under zb-h1; split and fused backward
 //    add the same bits.

@@ -45,8 +45,7 @@ Run run_at(const ParamTensor& lt, const ParamTensor& gt, TensorSplit split, int 
       return {which * (gt.numel / 3) + t * part + within, part - within};
     }
   }
-  ZT_CHECK(false, "unknown tensor split");
-  return {};
+  ZT_THROW(ErrorKind::kInternal, "unknown tensor split");
 }
 
 }  // namespace

@@ -259,6 +259,12 @@ class Runner {
   void record(const JournalRecord& r);
   void launch(int id, const std::vector<int>& devs, const char* how);
   void live(const std::string& line);
+  // The steps of run(), in order.
+  std::vector<int> pending_trials() const;
+  void launch_ready(DevicePacker& packer, const std::vector<int>& pending, size_t& next, size_t& next_rerun);
+  bool record_or_release(const JournalRecord& r, DevicePacker& packer, const std::vector<int>& devs);
+  void join_ended(std::unique_lock<std::mutex>& lock, DevicePacker& packer);
+  void promote_best_to_max_steps(std::unique_lock<std::mutex>& lock, DevicePacker& packer);
 
   const SweepSpec& spec_;
   Asha asha_;
@@ -642,6 +648,129 @@ void Runner::launch(int id, const std::vector<int>& devs, const char* how) {
   threads_.emplace(id, std::thread([this, id, d = devs] { run_trial(id, d); }));
 }
 
+// Trial ids not done, paused or continued first, in the order they start: ASHA shuffles it
+// (Fisher-Yates with Philox: the same order on every machine and every rerun).
+std::vector<int> Runner::pending_trials() const {
+  std::vector<int> order(spec_.trials.size()), pending;
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  if (spec_.asha)
+    for (size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[philox_u32(spec_.order_seed, 0x5eed, i) % i]);
+  for (int id : order)
+    if (!done_.count(id) && !paused_.count(id) &&
+        std::find(rerun_first_.begin(), rerun_first_.end(), id) == rerun_first_.end())
+      pending.push_back(id);  // paused ones wait for a promotion
+  return pending;
+}
+
+// Caller holds mu_. Launches what the free devices allow: the trials continued from the last run
+// first (as they came first then), then promotions of paused trials (ASHA's get_job), then new
+// trials from pending[next] on (one that does not fit is recorded as such, without devices).
+void Runner::launch_ready(DevicePacker& packer, const std::vector<int>& pending, size_t& next, size_t& next_rerun) {
+  while (signal_ == 0 && !fatal_) {
+    if (next_rerun < rerun_first_.size()) {
+      auto devs = packer.acquire(spec_.devices_per_trial);
+      if (!devs) return;
+      launch(rerun_first_[next_rerun++], *devs, "continued");
+      continue;
+    }
+    if (const auto [pid, pstep] = next_promotion(); pid >= 0) {
+      // The paused run's thread ends right after its report: join it (join_ended) before starting
+      // the promoted run, whose thread takes the same key (a second std::thread emplaced under
+      // a live key would be destroyed joinable: std::terminate).
+      if (threads_.count(pid) != 0) return;
+      auto devs = packer.acquire(spec_.devices_per_trial);
+      if (!devs) return;
+      JournalRecord r;
+      r.kind = JournalRecord::Kind::kPromote, r.trial = pid, r.step = pstep;
+      if (!record_or_release(r, packer, *devs)) return;
+      asha_.promote(pid, pstep);
+      decisions_[{pid, pstep}] = true;
+      paused_.erase(pid);
+      launch(pid, *devs, ("promoted at step " + std::to_string(pstep)).c_str());
+      continue;
+    }
+    if (next >= pending.size()) return;
+    const int id = pending[next];
+    if (!unfit_[static_cast<size_t>(id)].empty()) {
+      TrialOutcome t;
+      t.id = id;
+      t.values = spec_.trials[static_cast<size_t>(id)].values;
+      t.status = TrialStatus::kDoesNotFit;
+      t.reason = unfit_[static_cast<size_t>(id)];
+      try {
+        finish_trial(std::move(t));
+      } catch (const std::exception&) {
+        return;
+      }
+      ++next;
+      continue;
+    }
+    auto devs = packer.acquire(spec_.devices_per_trial);
+    if (!devs) return;
+    JournalRecord r;
+    r.kind = JournalRecord::Kind::kStart, r.trial = id;
+    if (!record_or_release(r, packer, *devs)) return;
+    ++next;
+    launch(id, *devs, "started");
+  }
+}
+
+// Caller holds mu_. False (the devices given back) when the journal append failed: fatal_ holds it.
+bool Runner::record_or_release(const JournalRecord& r, DevicePacker& packer, const std::vector<int>& devs) {
+  try {
+    record(r);
+    return true;
+  } catch (const std::exception&) {
+    packer.release(devs);
+    return false;
+  }
+}
+
+// Joins the trials that ended and gives their devices back. Taken out under the lock: trials that
+// end while this thread joins others land in ended_ again.
+void Runner::join_ended(std::unique_lock<std::mutex>& lock, DevicePacker& packer) {
+  std::vector<int> ended;
+  ended.swap(ended_);
+  for (int id : ended) {
+    lock.unlock();
+    threads_[id].join();
+    lock.lock();
+    threads_.erase(id);
+    packer.release(held_[id]);
+    held_.erase(id);
+    if (done_.count(id)) done_[id].acquired_seq = acquired_[id];
+  }
+}
+
+// With fewer trials than eta^(rungs) nobody may reach --max-steps; then the best trial at the
+// highest rung reached continues there from its rung checkpoint (without further reports), so
+// that the sweep's pick has a full-length result. Not journaled as a start: a rerun after a kill
+// decides it again from the results, the same way. Caller holds mu_ through `lock`.
+void Runner::promote_best_to_max_steps(std::unique_lock<std::mutex>& lock, DevicePacker& packer) {
+  const TrialOutcome* best = nullptr;
+  bool any_finished = false;
+  for (const auto& [id, t] : done_) {
+    any_finished |= t.status == TrialStatus::kFinished;
+    if (t.status != TrialStatus::kStopped || !t.last_val) continue;
+    if (!best || t.steps > best->steps || (t.steps == best->steps && *t.last_val < *best->last_val)) best = &t;
+  }
+  if (any_finished || !best) return;
+  const int id = best->id;
+  const auto devs = packer.acquire(spec_.devices_per_trial);
+  ZT_CHECK(devs.has_value());
+  const int64_t at = seq_++;
+  live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) +
+       " | promoted to --max-steps on device" + (devs->size() == 1 ? " " : "s ") + device_list(*devs));
+  lock.unlock();
+  run_trial(id, *devs, true);
+  lock.lock();
+  ended_.clear();
+  packer.release(*devs);
+  if (fatal_) std::rethrow_exception(fatal_);
+  if (done_.count(id)) done_[id].acquired_seq = at, done_[id].devices = *devs;
+}
+
 SweepResult Runner::run() {
   prepare();  // before touching SWEEP_DIR: bad input leaves nothing behind
   open_dir();
@@ -649,16 +778,7 @@ SweepResult Runner::run() {
   // The sweep's own handler: each trial's train() installs and restores the same one.
   const StopSignals signals;
   DevicePacker packer(spec_.devices);
-  std::vector<int> pending;
-  std::vector<int> order(spec_.trials.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  if (spec_.asha)  // Fisher-Yates with Philox: the same order on every machine and every rerun
-    for (size_t i = order.size(); i > 1; --i)
-      std::swap(order[i - 1], order[philox_u32(spec_.order_seed, 0x5eed, i) % i]);
-  for (int id : order)
-    if (!done_.count(id) && !paused_.count(id) &&
-        std::find(rerun_first_.begin(), rerun_first_.end(), id) == rerun_first_.end())
-      pending.push_back(id);  // paused ones wait for a promotion
+  const std::vector<int> pending = pending_trials();
   if (spec_.live) {
     std::printf("sweep: %zu trials (%zu done before), %d device%s, %d per trial, scheduler %s\n", spec_.trials.size(),
                 done_.size(), spec_.devices, spec_.devices == 1 ? "" : "s", spec_.devices_per_trial,
@@ -670,80 +790,8 @@ SweepResult Runner::run() {
   while (true) {
     const int sig = StopSignals::pending();
     if (sig != 0 && signal_ == 0) signal_ = sig;
-    while (signal_ == 0 && !fatal_) {
-      // What was running when the last run of the sweep ended comes first, as it came first then.
-      if (next_rerun < rerun_first_.size()) {
-        auto devs = packer.acquire(spec_.devices_per_trial);
-        if (!devs) break;
-        launch(rerun_first_[next_rerun++], *devs, "continued");
-        continue;
-      }
-      // ASHA's get_job: a promotion of a paused trial comes before a new trial.
-      if (const auto [pid, pstep] = next_promotion(); pid >= 0) {
-        // The paused run's thread ends right after its report: join it (below) before starting
-        // the promoted run, whose thread takes the same key (a second std::thread emplaced under
-        // a live key would be destroyed joinable: std::terminate).
-        if (threads_.count(pid) != 0) break;
-        auto devs = packer.acquire(spec_.devices_per_trial);
-        if (!devs) break;
-        JournalRecord r;
-        r.kind = JournalRecord::Kind::kPromote;
-        r.trial = pid;
-        r.step = pstep;
-        try {
-          record(r);
-        } catch (const std::exception&) {
-          packer.release(*devs);
-          break;
-        }
-        asha_.promote(pid, pstep);
-        decisions_[{pid, pstep}] = true;
-        paused_.erase(pid);
-        launch(pid, *devs, ("promoted at step " + std::to_string(pstep)).c_str());
-        continue;
-      }
-      if (next >= pending.size()) break;
-      const int id = pending[next];
-      if (!unfit_[static_cast<size_t>(id)].empty()) {
-        TrialOutcome t;
-        t.id = id;
-        t.values = spec_.trials[static_cast<size_t>(id)].values;
-        t.status = TrialStatus::kDoesNotFit;
-        t.reason = unfit_[static_cast<size_t>(id)];
-        try {
-          finish_trial(std::move(t));
-        } catch (const std::exception&) {
-          break;
-        }
-        ++next;
-        continue;
-      }
-      auto devs = packer.acquire(spec_.devices_per_trial);
-      if (!devs) break;
-      JournalRecord r;
-      r.kind = JournalRecord::Kind::kStart;
-      r.trial = id;
-      try {
-        record(r);
-      } catch (const std::exception&) {
-        packer.release(*devs);
-        break;
-      }
-      ++next;
-      launch(id, *devs, "started");
-    }
-    // Taken out under the lock: trials that end while this thread joins others land in ended_ again.
-    std::vector<int> ended;
-    ended.swap(ended_);
-    for (int id : ended) {
-      lock.unlock();
-      threads_[id].join();
-      lock.lock();
-      threads_.erase(id);
-      packer.release(held_[id]);
-      held_.erase(id);
-      if (done_.count(id)) done_[id].acquired_seq = acquired_[id];
-    }
+    launch_ready(packer, pending, next, next_rerun);
+    join_ended(lock, packer);
     const bool stopping = signal_ != 0 || fatal_;
     if (threads_.empty() && !stopping && next_promotion().first >= 0) continue;  // the last report made one
     if (threads_.empty() && ((next >= pending.size() && next_rerun >= rerun_first_.size()) || stopping)) break;
@@ -757,34 +805,7 @@ SweepResult Runner::run() {
     for (int id : left) finish_paused(id);
     paused_.clear();
   }
-  // With fewer trials than eta^(rungs) nobody may reach --max-steps; then the best trial at the
-  // highest rung reached continues there from its rung checkpoint (without further reports), so
-  // that the sweep's pick has a full-length result. Not journaled as a start: a rerun after a kill
-  // decides it again from the results, the same way.
-  if (spec_.asha && signal_ == 0) {
-    const TrialOutcome* best = nullptr;
-    bool any_finished = false;
-    for (const auto& [id, t] : done_) {
-      any_finished |= t.status == TrialStatus::kFinished;
-      if (t.status != TrialStatus::kStopped || !t.last_val) continue;
-      if (!best || t.steps > best->steps || (t.steps == best->steps && *t.last_val < *best->last_val)) best = &t;
-    }
-    if (!any_finished && best) {
-      const int id = best->id;
-      const auto devs = packer.acquire(spec_.devices_per_trial);
-      ZT_CHECK(devs.has_value());
-      const int64_t at = seq_++;
-      live(trial_name(id) + " |" + format_values(spec_.trials[static_cast<size_t>(id)].values) +
-           " | promoted to --max-steps on device" + (devs->size() == 1 ? " " : "s ") + device_list(*devs));
-      lock.unlock();
-      run_trial(id, *devs, true);
-      lock.lock();
-      ended_.clear();
-      packer.release(*devs);
-      if (fatal_) std::rethrow_exception(fatal_);
-      if (done_.count(id)) done_[id].acquired_seq = at, done_[id].devices = *devs;
-    }
-  }
+  if (spec_.asha && signal_ == 0) promote_best_to_max_steps(lock, packer);
   SweepResult result;
   result.signal = signal_;
   for (auto& [id, t] : done_) {
