@@ -129,13 +129,15 @@ class Model {
   virtual void backward_input(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
   virtual void backward_weight(Stream& s, ParamAccess& p, Workspace& ws, const Batch& batch) const;
 
+  // Tensor `idx` of layout() block `block`: its parameters in compute_dtype (inference reads them too).
+  TensorView param(ParamAccess& p, int block, int idx) const;
+
  protected:
   // The dtype the model computes in on `p`: f32, or for a 16-bit model the 16-bit type of p's
   // parameters, read as they are (bf16 and f16 take the same workspace bytes, so an engine switching
   // its working dtype, --on-scale-collapse bf16, carries the activations with it).
   DType compute_dtype(const ParamAccess& p) const;
-  // Tensor `idx` of layout() block `block`: its parameters in compute_dtype, its gradient in fp32.
-  TensorView param(ParamAccess& p, int block, int idx) const;
+  // Tensor `idx` of layout() block `block`: its gradient in fp32.
   TensorView grad(ParamAccess& p, int block, int idx) const;
 };
 

@@ -177,7 +177,7 @@ void KvCache::forward(const int32_t* tokens, int n, float* logits, bool all_rows
   const DType a = m_.dtype;
   const ParamLayout& layout = m_.model->layout();
   const int64_t Vp = layout.block(0).tensors[0].shape[0];
-  auto w = [&](int block, int idx) { return block_param(layout, a, *m_.params, block, idx); };
+  auto w = [&](int block, int idx) { return m_.model->param(*m_.params, block, idx); };
   auto act = [&](const DeviceBuffer& b, int64_t width, int64_t first, int64_t rows) {
     return rows_view(b.data(), a, width, first, rows, dev);
   };
