@@ -63,10 +63,7 @@ ParamLayout gpt_layout(const ModelConfig& c) {
 
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;
-
-// Logical tensor indices of a layer block (gpt_layout), and a D > 1 local layer block's order.
-enum LayerTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
+// A D > 1 local layer block's order of the logical tensors.
 constexpr LayerTensor kTpOrder[] = {kQkvw, kQkvb, kAttprojw, kFcw, kFcb, kFcprojw,
                                     kLn1w, kLn1b, kAttprojb, kLn2w, kLn2b, kFcprojb};
 
@@ -426,7 +423,7 @@ class Gpt final : public Model {
     p.before_forward(K.lnf_block);
     TensorView lnf = ws.act(P.lnf, Shape{P.R, C});
     ops::layernorm_forward(s, lnf, ws.f32(P.lnf_mean, Shape{P.R}), ws.f32(P.lnf_rstd, Shape{P.R}), ws.layer_input(K.layers),
-                           param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kLayerNormEps);
+                           param(p, K.lnf_block, 0), param(p, K.lnf_block, 1), kGptLayerNormEps);
     p.before_forward(K.head_block);  // the LM head reads wte again (stage 3 gathers it again)
     const TensorView logits = ws.act(P.logits, Shape{BT, Vl});
     const ConstTensorView targets{batch.targets.data, DType::kI32, Shape{BT}, batch.targets.device};
@@ -597,7 +594,7 @@ class Gpt final : public Model {
     const TensorView ln1 = ws.act(A.ln1, Shape{R, C}), res2 = ws.act(A.residual2, Shape{R, C}), ln2 = ws.act(A.ln2, Shape{R, C});
     const TensorView fch = ws.act(A.fch, Shape{BT, 4 * Cl}), fch_gelu = ws.act(A.fch_gelu, Shape{BT, 4 * Cl});
     ops::layernorm_forward(s, ln1, ws.f32(A.ln1_mean, Shape{R}), ws.f32(A.ln1_rstd, Shape{R}), res_in, w(kLn1w), w(kLn1b),
-                           kLayerNormEps);
+                           kGptLayerNormEps);
     // residual2 = residual + attproj and ln2 = layernorm(residual2) in one pass (the bits of the add
     // and the layernorm); selective keeps qkv, the attention output, its lse and residual2. The
     // block's later add stays separate: the layernorm after it is the next block's, whose
@@ -608,10 +605,10 @@ class Gpt final : public Model {
                                    ws.act(A.qkv, Shape{P.B, P.T, 3 * Cl}), static_cast<int>(P.NHl));
       const TensorView attproj = ws.row_matmul(s, ws.act(A.atty, Shape{BT, Cl}), w(kAttprojw), w(kAttprojb), "tp attn.c_proj");
       ops::residual_layernorm_forward(s, res2, ln2, ws.f32(A.ln2_mean, Shape{R}), ws.f32(A.ln2_rstd, Shape{R}), res_in, attproj,
-                                      w(kLn2w), w(kLn2b), kLayerNormEps);
+                                      w(kLn2w), w(kLn2b), kGptLayerNormEps);
     } else {
       ops::layernorm_forward(s, ln2, ws.f32(A.ln2_mean, Shape{R}), ws.f32(A.ln2_rstd, Shape{R}), res2, w(kLn2w), w(kLn2b),
-                             kLayerNormEps);
+                             kGptLayerNormEps);
     }
     // D = 1: c_fc and its GELU in one op (a GEMM epilogue on GPUs). It takes the GELU of the fp32
     // sum, not of the rounded fch, so in 16 bits a selective recompute re-runs it (rewriting fch's

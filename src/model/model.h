@@ -215,5 +215,8 @@ std::unique_ptr<Model> make_gpt_stage(const ModelConfig& config, const PipelineS
 // GPT-2's logical parameter layout (what checkpoints and exports hold): 0 embeddings (wte, wpe),
 // 1..L layers, L+1 ln_f; a model's forward visits 0..L+1 then 0 again (the tied LM head).
 ParamLayout gpt_layout(const ModelConfig& config);
+// Its tensor indices within a layer block; GPT's LayerNorm epsilon.
+enum LayerTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
+constexpr float kGptLayerNormEps = 1e-5f;
 
 }  // namespace zt

@@ -22,11 +22,8 @@ namespace zt {
 
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;  // model/gpt.cc's
 // evaluate_device's default forward size: rows per forward keep B x T at most this many tokens.
 constexpr int64_t kEvalTokens = 16384;
-// gpt_layout's tensors of a layer block, in order (model/gpt.cc LayerTensor).
-enum LayerTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
 
 // Forward-only parameters in device memory: the local blocks of the one-device model (wte padded),
 // fp32, or rounded once to the 16-bit dtype by ops::cast (the fp32 copy then freed).
@@ -194,12 +191,12 @@ void KvCache::forward(const int32_t* tokens, int n, float* logits, bool all_rows
     const int blk = 1 + l;
     auto lw = [&](LayerTensor k) { return w(blk, k); };
     const DeviceBuffer& cache = B.qkv[static_cast<size_t>(l)];
-    ops::layernorm_forward(s, ln, stat(B.mean, n), stat(B.rstd, n), res, lw(kLn1w), lw(kLn1b), kLayerNormEps);
+    ops::layernorm_forward(s, ln, stat(B.mean, n), stat(B.rstd, n), res, lw(kLn1w), lw(kLn1b), kGptLayerNormEps);
     ops::matmul_forward(s, act(cache, 3 * C, p0, n), ln, lw(kQkvw), lw(kQkvb));  // the new rows, into the cache
     ops::decode_attention(s, act(B.atty, C, 0, n), act(cache, 3 * C, 0, p0 + n), mc.heads);
     ops::matmul_forward(s, act(B.proj, C, 0, n), act(B.atty, C, 0, n), lw(kAttprojw), lw(kAttprojb));
     ops::residual_layernorm_forward(s, res2, ln, stat(B.mean, n), stat(B.rstd, n), res, act(B.proj, C, 0, n),
-                                    lw(kLn2w), lw(kLn2b), kLayerNormEps);
+                                    lw(kLn2w), lw(kLn2b), kGptLayerNormEps);
     ops::matmul_gelu_forward(s, act(B.fch_gelu, 4 * C, 0, n), act(B.fch, 4 * C, 0, n), ln, lw(kFcw), lw(kFcb));
     ops::matmul_forward(s, act(B.proj, C, 0, n), act(B.fch_gelu, 4 * C, 0, n), lw(kFcprojw), lw(kFcprojb));
     ops::add(s, res, res2, act(B.proj, C, 0, n));
@@ -208,7 +205,7 @@ void KvCache::forward(const int32_t* tokens, int n, float* logits, bool all_rows
   const int lnf = mc.layers + 1;
   const TensorView lnf_out = act(B.ln, C, 0, rows);
   ops::layernorm_forward(s, lnf_out, stat(B.mean, rows), stat(B.rstd, rows), act(B.res, C, first, rows), w(lnf, 0),
-                         w(lnf, 1), kLayerNormEps);
+                         w(lnf, 1), kGptLayerNormEps);
   ops::lm_head_forward(s, act(B.logits, Vp, 0, rows), lnf_out, wte);
   const DeviceBuffer* wide = &B.logits;
   if (a != DType::kF32) {
