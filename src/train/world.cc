@@ -179,29 +179,27 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     Stream& s = d.compute();
     const ParamLayout& layout = model_of(r).layout();
     if (!pipe_) R.ws = model_->make_workspace(d, B, T);  // a pipeline stage's are its ModelStageWork's
+    const RankBuffers buf = buffers_of(r);
+    auto alloc = [&](const RankBuffer& b) { return DeviceBuffer(d.memory(), b.bytes, s, b.tag); };
     if (!pipe_) {  // a pipeline stage's batches are one per micro-batch (PipelineParts)
-      R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
-      R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+      R.inputs = alloc(buf.inputs);
+      R.targets = alloc(buf.targets);
     }
-    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
-    // The step's scalars (train/step.cc): every rank's row of norm partials, loss sum and flag.
-    const size_t rows = static_cast<size_t>(size()) * static_cast<size_t>(2 * layout.num_blocks() + 2) * 4;
-    R.step_rows = DeviceBuffer(d.memory(), rows, s, "step scalars");
-    R.step_include = DeviceBuffer(d.memory(), rows, s, "step scalars");
-    R.step_out = DeviceBuffer(d.memory(), kStepOutBytes, s, "step scalars");
+    R.norms = alloc(buf.norms);
+    R.step_rows = alloc(buf.step_rows);
+    R.step_include = alloc(buf.step_include);
+    R.step_out = alloc(buf.step_out);
     R.staged.resize(static_cast<size_t>(kStepSlots * split.accum));
-    for (int slot = 0; slot < kStepSlots; ++slot) {
-      R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(kStepHostBytes);
+    for (int slot = 0; slot < buf.step_host.count; ++slot) {
+      R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(buf.step_host.bytes);
       RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
       for (auto* e : {&ev.step_begin, &ev.compute_done, &ev.grads_ready, &ev.opt_begin, &ev.opt_end})
         *e = d.create_timing_event();
     }
     R.batch.B = B;
     R.batch.T = T;
-    R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
-                                : ConstTensorView{R.inputs.data(), DType::kF32, Shape{B, D}, d.index()};
-    R.batch.targets =
-        ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
+    R.batch.inputs = ConstTensorView{R.inputs.data(), buf.inputs.dtype, run.is_gpt ? Shape{B, T} : Shape{B, D}, d.index()};
+    R.batch.targets = ConstTensorView{R.targets.data(), buf.targets.dtype, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
     R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
     // The ranks of a tensor group (and every stage of a pipeline) run the same rows: the batch
@@ -304,21 +302,31 @@ void World::build_pipeline(const ZeroOptions& zero) {
     const auto R = static_cast<size_t>(r);
     pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).rank(engine_rank(r)), B, T,
                                                        pp.schedule, stage_of(r)));
-    for (int k = 0; k < m; ++k) {
-      pp.inputs[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
-      pp.targets[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
+    const RankBuffers buf = buffers_of(r);
+    for (int k = 0; k < buf.inputs.count; ++k) {
+      pp.inputs[R].emplace_back(d.memory(), buf.inputs.bytes, s, buf.inputs.tag);
+      pp.targets[R].emplace_back(d.memory(), buf.targets.bytes, s, buf.targets.tag);
       Batch b;
       b.B = B, b.T = T;
-      b.inputs = ConstTensorView{pp.inputs[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
-      b.targets = ConstTensorView{pp.targets[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
+      b.inputs = ConstTensorView{pp.inputs[R].back().data(), buf.inputs.dtype, Shape{B, T}, d.index()};
+      b.targets = ConstTensorView{pp.targets[R].back().data(), buf.targets.dtype, Shape{B, T}, d.index()};
       pp.batches[R].push_back(b);
     }
-    if (const int tied = tied_embedding_block(model_of(r)); tied >= 0) {
-      // The embeddings' gradient (the rank's tensor shard) as the engine pads it over the data ranks.
-      const int64_t n = shard_range(model_of(r).layout().block(tied).numel, 0, shape.data).padded_numel;
-      pp.tied_scratch[R] = DeviceBuffer(d.memory(), static_cast<size_t>(n) * 4, s, "tied embedding gradient");
-    }
+    if (buf.tied_scratch.count)
+      pp.tied_scratch[R] = DeviceBuffer(d.memory(), buf.tied_scratch.bytes, s, buf.tied_scratch.tag);
   }
+}
+
+RankBuffers World::buffers_of(int r) const {
+  return rank_buffers(RankBufferShape{.gpt = run_.is_gpt,
+                                      .micro_batch = split_.micro,
+                                      .seq_len = run_.T,
+                                      .input_dim = run_.is_gpt ? 0 : run_.mc.input_dim,
+                                      .ranks = size(),
+                                      .data_ranks = mesh_->shape().data,
+                                      .micro_batches = split_.accum,
+                                      .pipeline = pipe_ != nullptr},
+                      model_of(r));
 }
 
 // Work still queued on a device may read or write host memory this World owns (a batch being

@@ -29,6 +29,7 @@
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
 #include "train/plan.h"
+#include "train/rank_buffers.h"
 #include "train/run_shape.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
@@ -48,15 +49,6 @@ struct HostBatch {
   std::vector<float> images;     // MLP inputs [B*D]
   std::vector<int32_t> targets;  // [B*T] or [B]; -1 (ignore) on padding rows
 };
-
-// Floats after the gradient-norm partials in RankState::norms: the step's loss sum, a micro-batch's.
-constexpr int kLossSlots = 2;
-// RankState::step_out: the global norm, loss sum and skip decision (doubles), then the clip factor
-// (a float in a double's slot); step_host: step_out's doubles, then the loss-scale state.
-constexpr size_t kStepOutBytes = 4 * sizeof(double);
-constexpr size_t kStepHostBytes = 3 * sizeof(double) + 6 * sizeof(float);
-// Steps in flight on a rank at most: the one enqueued and the one read one step late (step.h).
-constexpr int kStepSlots = 2;
 
 // One rank's buffers and host scratch.
 struct RankState {
@@ -216,6 +208,8 @@ class World {
  private:
   void on_watchdog_timeout();
   void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  // Rank r's trainer buffers (train/rank_buffers.h): what it allocates and the plan counts.
+  RankBuffers buffers_of(int r) const;
   void init_parameters();  // the seeded (or --init-from) logical blocks onto every rank
   void load_initial_parameters(const std::vector<std::vector<float>>& host);
 
