@@ -141,9 +141,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
   ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices",
-             run.processes ? " of each process (the tensor axis lives inside a process)" : "");
+             run.processes->size() > 1 ? " of each process (the tensor axis lives inside a process)" : "");
   ZT_REQUIRE(N % (TP * PP) == 0, "--pipeline-parallel ", PP, " does not divide the ", N / TP, " device groups");
   mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP / PP, .tensor = TP, .pipeline = PP}, N);
+  host_scalars_ = PP > 1 || run.processes->size() > 1;
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
 #if ZT_WITH_CUDA
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
@@ -153,35 +154,32 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     build_pipeline(zo);
   } else {
     // Every model computes in the working dtype (16-bit activations in a 16-bit run).
-    model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                        run_activation_dtype(working));
-    if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
-      collectives_ = run.cfg.comm == CommEngine::kNccl
-                         ? run.processes->connect_nccl(devs_)
-                         : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
-      zo.processes = collectives_.get();
-    } else if (run.cfg.comm == CommEngine::kNccl) {  // the data group's collectives on NCCL (train/comm_engine.h)
-      collectives_ = connect_nccl(devs_);
-      zo.processes = collectives_.get();
-    }
-    engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
-    engine_->set_tracing(run.cfg.test.zero_trace);
+    models_.push_back(make_model(run.mc, run.cfg.recompute,
+                                 TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                                 run_activation_dtype(working)));
+    // The data axis over every process's devices, the tensor axis inside each (train/processes.h);
+    // one process without --comm nccl: none, the engine's data group runs on comm_.
+    collectives_ = run.cfg.comm == CommEngine::kNccl
+                       ? run.processes->connect_nccl(devs_)
+                       : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
+    zo.processes = collectives_.get();
+    engines_.push_back(std::make_unique<ZeroEngine>(*models_[0], devs_, *comm_, zo));
+    engines_[0]->set_tracing(run.cfg.test.zero_trace);
   }
 
   init_parameters();
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
-  if (pipe_) pipe_->spans.resize(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) {
     RankState& R = rank(r);
     Device& d = device(r);
     Stream& s = d.compute();
     const ParamLayout& layout = model_of(r).layout();
-    if (!pipe_) R.ws = model_->make_workspace(d, B, T);  // a pipeline stage's are its ModelStageWork's
     const RankBuffers buf = buffers_of(r);
     auto alloc = [&](const RankBuffer& b) { return DeviceBuffer(d.memory(), b.bytes, s, b.tag); };
-    if (!pipe_) {  // a pipeline stage's batches are one per micro-batch (PipelineParts)
+    if (!pipe_) {  // a pipeline stage's workspaces are its ModelStageWork's, its batches one per micro-batch
+      R.ws = model_of(r).make_workspace(d, B, T);
       R.inputs = alloc(buf.inputs);
       R.targets = alloc(buf.targets);
     }
@@ -208,14 +206,17 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
 }
 
+ParamLayout World::logical_layout() const {
+  if (pipe_) return gpt_layout(run_.mc);  // a pipeline's logical model is no stage's
+  const TensorMap* map = models_[0]->tensor_map();
+  return map ? *map->logical : models_[0]->layout();
+}
+
 // Parameters: initialised once on the host (deterministic in the seed, independent of the
 // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
 // from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
 void World::init_parameters() {
-  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
-  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
-  if (pipe_) whole = gpt_layout(run_.mc);
-  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
+  const ParamLayout logical = logical_layout();
   std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
   if (!run_.cfg.init_from.empty()) {
     std::vector<std::string> ignored;
@@ -232,34 +233,19 @@ void World::init_parameters() {
   load_initial_parameters(host);
 }
 
+// Each rank loads its stage's blocks (the logical blocks it holds, logical_block), its tensor
+// coordinate's shard of each where the stage is tensor-parallel.
 void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {
-  const int N = size();
   std::vector<const float*> blocks;
   for (const auto& b : host) blocks.push_back(b.data());
-  if (pipe_) {
-    for (int r = 0; r < N; ++r) {
-      const Model& m = model_of(r);
-      const TensorMap* tmap = m.tensor_map();  // a tensor-parallel stage: the rank's shards
-      std::vector<std::vector<float>> local;
-      for (int b = 0; b < m.layout().num_blocks(); ++b)
-        local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
-                             : host[static_cast<size_t>(m.logical_block(b))]);
-      engine_of(r).rank(engine_rank(r)).load_parameters(local);
-    }
-    return;
-  }
-  const TensorMap* map = model_->tensor_map();
-  if (!map) {
-    for (int r = 0; r < N; ++r) engine_->rank(r).load_parameters(host);
-    return;
-  }
-  const int TP = mesh_->shape().tensor;
-  const ParamLayout& layout = model_->layout();
-  for (int t = 0; t < TP; ++t) {
+  for (int r = 0; r < size(); ++r) {
+    const Model& m = model_of(r);
+    const TensorMap* tmap = m.tensor_map();
     std::vector<std::vector<float>> local;
-    for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
-    for (int r = 0; r < N; ++r)
-      if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->rank(r).load_parameters(local);
+    for (int b = 0; b < m.layout().num_blocks(); ++b)
+      local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
+                           : host[static_cast<size_t>(m.logical_block(b))]);
+    engine_of(r).rank(engine_rank(r)).load_parameters(local);
   }
 }
 
@@ -287,15 +273,17 @@ void World::build_pipeline(const ZeroOptions& zero) {
         devs.push_back(devs_[static_cast<size_t>(mesh_->rank_at(MeshCoord{.data = d, .tensor = t, .pipeline = s}))]);
     pp.comms.push_back(std::make_unique<Communicator>(devs));
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
-    pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
+    models_.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
                                        TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
                                        run_activation_dtype(zo.working)));
-    pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
+    engines_.push_back(std::make_unique<ZeroEngine>(*models_.back(), devs, *pp.comms.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));
   pp.targets.resize(static_cast<size_t>(N));
   pp.batches.resize(static_cast<size_t>(N));
   pp.tied_scratch.resize(static_cast<size_t>(N));
+  pp.spans.resize(static_cast<size_t>(N));
+  pp.all_spans = !cfg.trace_path.empty();  // --trace shows every rank's spans
   for (int r = 0; r < N; ++r) {
     Device& d = device(r);
     Stream& s = d.compute();
@@ -345,13 +333,13 @@ World::~World() {
 }
 
 const Model& World::model() const {
-  ZT_CHECK(model_, "a pipelined world has a model per stage (model_of)");
-  return *model_;
+  ZT_CHECK(models_.size() == 1, "a pipelined world has a model per stage (model_of)");
+  return *models_[0];
 }
 
 ZeroEngine& World::engine() {
-  ZT_CHECK(engine_, "a pipelined world has an engine per stage (engine_of)");
-  return *engine_;
+  ZT_CHECK(engines_.size() == 1, "a pipelined world has an engine per stage (engine_of)");
+  return *engines_[0];
 }
 
 std::vector<std::string> World::device_names() const {

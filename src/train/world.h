@@ -104,8 +104,6 @@ struct PipelineParts {
   Schedule schedule;
   std::string note;                                  // the schedule's note when it degrades (m < P)
   std::vector<std::unique_ptr<Communicator>> comms;  // per stage, over its data ranks
-  std::vector<std::unique_ptr<Model>> models;        // per stage
-  std::vector<std::unique_ptr<ZeroEngine>> engines;  // per stage
   std::vector<std::unique_ptr<ModelStageWork>> work;  // per rank
   std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
   std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
@@ -113,7 +111,7 @@ struct PipelineParts {
   // Compute spans of each rank's last step (per rank; read after the step's sync): the data-index-0
   // ranks' always (the measured bubble), every rank's with all_spans (--trace).
   std::vector<std::vector<StageSpan>> spans;
-  bool all_spans = false;
+  bool all_spans = false;  // --trace
   double bubble_sum = 0;  // measured bubble fractions of the steps so far, summed
   int bubble_steps = 0;
 };
@@ -140,24 +138,27 @@ class World {
   Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
   const std::vector<Device*>& devices() const { return devs_; }
   Communicator& comm() { return *comm_; }
-  // Pipeline parallelism: the stages' parts (null without --pipeline-parallel), rank r's stage,
-  // its index in the stage's engine (its data index), and that engine and model.
+  // Every world is a pipeline of mesh().shape().pipeline stages (one without --pipeline-parallel):
+  // rank r's stage, its index in the stage's engine (its data x tensor position), and that stage's
+  // engine and model. The parts only a pipeline of several stages has (its schedule, the stage
+  // runners, a batch per micro-batch): pipeline(), null with one stage.
   bool pipelined() const { return pipe_ != nullptr; }
   PipelineParts& pipeline() { return *pipe_; }
   int stage_of(int r) const { return mesh_->index(MeshAxis::kPipeline, r); }
-  // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does.
+  // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does (with one
+  // stage: the rank itself).
   int engine_rank(int r) const {
-    return pipe_ ? mesh_->index(MeshAxis::kTensor, r) + mesh_->shape().tensor * mesh_->index(MeshAxis::kData, r) : r;
+    return mesh_->index(MeshAxis::kTensor, r) + mesh_->shape().tensor * mesh_->index(MeshAxis::kData, r);
   }
-  ZeroEngine& engine_of(int r) { return pipe_ ? *pipe_->engines[static_cast<size_t>(stage_of(r))] : *engine_; }
-  const Model& model_of(int r) const {
-    return pipe_ ? *pipe_->models[static_cast<size_t>(stage_of(r))] : *model_;
-  }
+  ZeroEngine& engine_of(int r) { return *engines_[static_cast<size_t>(stage_of(r))]; }
+  const Model& model_of(int r) const { return *models_[static_cast<size_t>(stage_of(r))]; }
   // The rank speaks for its group in the step's loss: its tensor group's first rank, of the last
-  // pipeline stage (the one that computes the loss) with pipeline parallelism.
-  bool loss_lead(int r) const {
-    return tensor_lead(r) && (!pipe_ || stage_of(r) == mesh_->shape().pipeline - 1);
-  }
+  // pipeline stage (the one that computes the loss).
+  bool loss_lead(int r) const { return tensor_lead(r) && stage_of(r) == mesh_->shape().pipeline - 1; }
+  // The step's scalars (norms, loss, skip, clip) are summed on the host after one synchronisation
+  // per rank — pipeline stages (the head stage's losses), several processes (the partials cross
+  // them) — rather than on the devices (train/step.cc).
+  bool host_scalars() const { return host_scalars_; }
   // The (data x tensor x pipeline) mesh of the ranks; data x 1 x 1 without model parallelism.
   const Mesh& mesh() const { return *mesh_; }
   // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
@@ -181,7 +182,10 @@ class World {
   uint64_t bytes_sent_across() const;
   // Bytes rank r sent in its tensor group's collectives (0 without tensor parallelism).
   uint64_t tensor_bytes_sent(int r);
-  // The one model and engine of a world without pipeline stages (else: model_of / engine_of).
+  // The logical (one-device) model's blocks, whatever the tensor and pipeline degrees: what the
+  // initialisation, --init-from and checkpoints address.
+  ParamLayout logical_layout() const;
+  // The one stage's model and engine of a world without pipeline stages (else: model_of / engine_of).
   const Model& model() const;
   ZeroEngine& engine();
   RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
@@ -224,8 +228,9 @@ class World {
   std::vector<uint64_t> ring_sent_base_;
   uint64_t ring_across_base_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<ZeroEngine> engine_;
+  std::vector<std::unique_ptr<Model>> models_;        // per pipeline stage
+  std::vector<std::unique_ptr<ZeroEngine>> engines_;  // per pipeline stage
+  bool host_scalars_ = false;
   std::unique_ptr<PipelineParts> pipe_;
   std::vector<RankState> ranks_;
   std::string init_note_, hung_;
