@@ -271,12 +271,12 @@ void World::build_pipeline(const ZeroOptions& zero) {
     for (int d = 0; d < shape.data; ++d)
       for (int t = 0; t < shape.tensor; ++t)
         devs.push_back(devs_[static_cast<size_t>(mesh_->rank_at(MeshCoord{.data = d, .tensor = t, .pipeline = s}))]);
-    pp.comms.push_back(std::make_unique<Communicator>(devs));
+    stage_comms_.push_back(std::make_unique<Communicator>(devs));
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
     models_.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
                                        TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
                                        run_activation_dtype(zo.working)));
-    engines_.push_back(std::make_unique<ZeroEngine>(*models_.back(), devs, *pp.comms.back(), zo));
+    engines_.push_back(std::make_unique<ZeroEngine>(*models_.back(), devs, *stage_comms_.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));
   pp.targets.resize(static_cast<size_t>(N));
@@ -411,8 +411,7 @@ void World::upload(int r, const HostBatch& hb) {
 
 void World::reset_comm_counters() {
   comm_->reset_counters();
-  if (pipe_)
-    for (auto& c : pipe_->comms) c->reset_counters();
+  for (auto& c : stage_comms_) c->reset_counters();
   if (collectives_) {
     ring_sent_base_.clear();
     for (int r = 0; r < size(); ++r) ring_sent_base_.push_back(collectives_->bytes_sent(r));
@@ -422,13 +421,14 @@ void World::reset_comm_counters() {
 
 size_t World::comm_buffer_bytes(int r) const {
   size_t n = comm_->buffer_bytes(r);
-  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->buffer_bytes(engine_rank(r));
+  if (!stage_comms_.empty()) n += stage_comms_[static_cast<size_t>(stage_of(r))]->buffer_bytes(engine_rank(r));
   return n;
 }
 
 uint64_t World::bytes_sent(int r) {
   uint64_t n = comm_->counters(r).bytes_sent;
-  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
+  if (!stage_comms_.empty())
+    n += stage_comms_[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
   if (collectives_)
     n += collectives_->bytes_sent(r) - (ring_sent_base_.empty() ? 0 : ring_sent_base_[static_cast<size_t>(r)]);
   return n;

@@ -95,15 +95,15 @@ struct RankState {
 
 // Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data, tensor, pipeline = P}; stage s
 // is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D x T ranks (tensor
-// fastest, each tensor coordinate sharded over its D data ranks), with its own communicator for
-// the engine's collectives (the world's carries the tensor groups' collectives, the activations
-// between stages and the tied embedding's gradient between the first and the last stage); each
-// rank runs its stage's list of the schedule (pipeline/runtime.h) through a ModelStageWork.
+// fastest, each tensor coordinate sharded over its D data ranks; World's engines_ and models_),
+// with its own communicator for the engine's collectives (World's stage_comms_; the world's
+// carries the tensor groups' collectives, the activations between stages and the tied embedding's
+// gradient between the first and the last stage); each rank runs its stage's list of the schedule
+// (pipeline/runtime.h) through a ModelStageWork. These are the parts only several stages have.
 struct PipelineParts {
   PipelinePartition partition;
   Schedule schedule;
   std::string note;                                  // the schedule's note when it degrades (m < P)
-  std::vector<std::unique_ptr<Communicator>> comms;  // per stage, over its data ranks
   std::vector<std::unique_ptr<ModelStageWork>> work;  // per rank
   std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
   std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
@@ -228,8 +228,11 @@ class World {
   std::vector<uint64_t> ring_sent_base_;
   uint64_t ring_across_base_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::vector<std::unique_ptr<Model>> models_;        // per pipeline stage
-  std::vector<std::unique_ptr<ZeroEngine>> engines_;  // per pipeline stage
+  // Per pipeline stage: with several stages, each engine's own communicator over the stage's ranks
+  // (none with one stage: its engine runs on comm_); declared before the engines that use them.
+  std::vector<std::unique_ptr<Communicator>> stage_comms_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<ZeroEngine>> engines_;
   bool host_scalars_ = false;
   std::unique_ptr<PipelineParts> pipe_;
   std::vector<RankState> ranks_;
