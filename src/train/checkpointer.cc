@@ -45,7 +45,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
                  {"hidden", mc.hidden}, {"classes", mc.classes}}},
       {"precision", precision},
       {"zero_stage", cfg.zero_stage},
-      {"devices", world.size() * (run.processes ? run.processes->size() : 1)},
+      {"devices", world.size() * run.processes->size()},
       {"step", steps_done},
       {"tokens_seen", static_cast<int64_t>(steps_done) * cfg.batch_size * run.T},
       // The data order is a function of (seed, step): the sampler continues at global batch
@@ -58,9 +58,7 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
       {"eval", {{"batches", cfg.eval_batches}, {"rows", world.data_ranks() * world.split().micro}, {"seq_len", run.T}}},
       {"optimizer", cfg.optimizer == OptimizerKind::kAdamW ? "adamw" : "sgd"},
       // The logical (one-device) tensors, whatever the tensor degree: the arrays hold those.
-      {"tensors", tensor_table(world.pipelined()                  ? gpt_layout(mc)
-                               : world.model().tensor_map() ? *world.model().tensor_map()->logical
-                                                            : world.model().layout())},
+      {"tensors", tensor_table(world.logical_layout())},
       {"tensor_parallel", cfg.tensor_parallel},
       {"pipeline_parallel", cfg.pipeline_parallel},
       {"deterministic_attention", cfg.deterministic_attention},
@@ -129,7 +127,7 @@ HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCoun
                           : take_snapshot(world.engine(), world.model(), adamw, counters.step,
                                           [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
   snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
-  if (run.processes) {
+  if (run.processes->size() > 1) {
     // The engine's world is every process's ranks; this process took its own (global ranks
     // p * L + i, in take_snapshot's slots 0..L-1).
     const int L = world.size();
@@ -209,7 +207,7 @@ class ProcessTeam final : public CheckpointTeam {
 #endif
 
 std::unique_ptr<CheckpointTeam> make_team(const RunContext& run) {
-  if (!run.processes) return nullptr;
+  if (run.processes->size() == 1) return nullptr;
 #if ZT_WITH_MPI
   return std::make_unique<ProcessTeam>(std::chrono::milliseconds(static_cast<int64_t>(run.cfg.comm_timeout_s * 1000)));
 #else

@@ -100,26 +100,18 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   });
   double ls = 0;
   int64_t c = 0, n = 0;
-  if (run.processes) {
-    // Several processes: every global rank's sums, added in rank order as one process adds them
-    // (counts are exact in a double); global rank g is local rank g % N of its process.
-    std::vector<double> mine;
-    for (int r = 0; r < N; ++r)
-      mine.insert(mine.end(), {loss_sum[static_cast<size_t>(r)], static_cast<double>(correct[static_cast<size_t>(r)]),
-                               static_cast<double>(count[static_cast<size_t>(r)])});
-    const std::vector<double> all = run.processes->all_gather(mine, "the evaluation's losses");
-    for (size_t g = 0; g + 2 < all.size(); g += 3) {
-      if (!world.tensor_lead(static_cast<int>(g / 3 % static_cast<size_t>(N)))) continue;
-      ls += all[g];
-      c += static_cast<int64_t>(all[g + 1]);
-      n += static_cast<int64_t>(all[g + 2]);
-    }
-  }
-  for (int r = 0; r < N && !run.processes; ++r) {
-    if (!world.tensor_lead(r)) continue;  // a tensor group's ranks hold the same losses
-    ls += loss_sum[static_cast<size_t>(r)];
-    c += correct[static_cast<size_t>(r)];
-    n += count[static_cast<size_t>(r)];
+  // Every global rank's sums (every process's), added in rank order as one process adds them
+  // (counts are exact in a double); global rank g is local rank g % N of its process.
+  std::vector<double> mine;
+  for (int r = 0; r < N; ++r)
+    mine.insert(mine.end(), {loss_sum[static_cast<size_t>(r)], static_cast<double>(correct[static_cast<size_t>(r)]),
+                             static_cast<double>(count[static_cast<size_t>(r)])});
+  const std::vector<double> all = run.processes->all_gather(mine, "the evaluation's losses");
+  for (size_t g = 0; g + 2 < all.size(); g += 3) {
+    if (!world.tensor_lead(static_cast<int>(g / 3 % static_cast<size_t>(N)))) continue;  // a tensor group's ranks hold the same losses
+    ls += all[g];
+    c += static_cast<int64_t>(all[g + 1]);
+    n += static_cast<int64_t>(all[g + 2]);
   }
   EvalResult out;
   out.loss = n ? ls / static_cast<double>(n) : 0;

@@ -7,9 +7,9 @@
 // What the device must hold is predicted as the pool's reserved bytes at the peak: every block
 // rounded as the pool rounds it, small blocks packed into small-pool segments per stream, large
 // blocks in segments rounded to the large-pool granularity (what the pool's out-of-memory fallback
-// reserves when memory is tight). The trainer's allocations mirrored here (keep in step with
-// train/trainer.cc): per rank a workspace(B, T), inputs and targets of one micro-batch, one float
-// per block for gradient-norm partials, and a workspace(1, T) for sampling (GPT).
+// reserves when memory is tight). The trainer's own buffers are counted from the description World
+// allocates them from (train/rank_buffers.h); its workspaces from the model's (a workspace(B, T)
+// per rank, the pipeline stages' ModelStageWork slots, and a workspace(1, T) for sampling, GPT).
 // Not modelled: CUDA's sum_squares workspace (a few KiB, allocated when no transient is live), and
 // the pool handing out a whole large free block when the tail would be <= 1 MiB (depends on the
 // allocation order; under 1% on the tested runs).
@@ -216,6 +216,18 @@ size_t parse_memory_size(const std::string& text, const std::string& flag) {
 
 namespace {
 
+// The rank's trainer buffers in the pool (train/rank_buffers.h; pinned host ones are not) as
+// resident compute-stream blocks; returns their bytes.
+size_t add_rank_buffers(const RankBuffers& buffers, std::vector<Alloc>& resident) {
+  size_t bytes = 0;
+  for (const RankBuffer* b : buffers.all()) {
+    if (b->pinned_host) continue;
+    for (int k = 0; k < b->count; ++k) resident.push_back({b->bytes, false});
+    bytes += b->total();
+  }
+  return bytes;
+}
+
 // One device's plan from what it holds resident and its phases (phase 0: a training step; phase
 // 1, if any: a forward-only pass with `extra_ws` more workspace bytes), reported by kind at the
 // phase with the most pool bytes in blocks.
@@ -297,20 +309,10 @@ MemoryPlan plan_pipeline(const ModelConfig& mc, const PlanInputs& in) {
       eval.push_back({ws, false});
       eval_ws += ws;
     }
-    size_t batch = 0;
-    for (int k = 0; k < 2 * m; ++k) resident.push_back({static_cast<size_t>(B) * T * 4, false}), batch += static_cast<size_t>(B) * T * 4;
-    if (const int tb = tied_embedding_block(*model); tb >= 0) {
-      const size_t tied = static_cast<size_t>(shard_range(model->layout().block(tb).numel, 0, D).padded_numel) * 4;
-      resident.push_back({tied, false});
-      batch += tied;
-    }
-    const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;
-    resident.push_back({norms, false});
-    batch += norms;
-    // The step's scalars (train/world.h RankState::step_*): rows and include mask, the result.
-    constexpr size_t kStepOut = 4 * sizeof(double);  // kStepOutBytes (train/world.h)
-    for (size_t b : {static_cast<size_t>(N) * norms, static_cast<size_t>(N) * norms, kStepOut})
-      resident.push_back({b, false}), batch += b;
+    // The trainer's buffers (a batch per micro-batch, the tied gradient, norms, step scalars): all
+    // in the stage's batch column.
+    const RankBuffers buffers = rank_buffers(plan_rank_buffer_shape(mc, in), *model);
+    const size_t batch = add_rank_buffers(buffers, resident);
     // The stage communicator's ring buffers (its engine's reductions), and with tensor parallelism
     // the world communicator's (the tensor groups' reductions run there).
     const size_t stage_comm = in.staged_comm ? Communicator::planned_buffer_bytes(per_stage) : 0;
@@ -372,13 +374,10 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   for (size_t b : eng.resident) resident.push_back({b, false});
   const size_t ws = model->workspace_bytes(B, T);
   resident.push_back({ws, false});
-  const size_t inputs = static_cast<size_t>(B) * static_cast<size_t>(gpt ? T : mc.input_dim) * 4;
-  const size_t targets = static_cast<size_t>(B) * static_cast<size_t>(T) * 4;
-  const size_t norms = static_cast<size_t>(2 * model->layout().num_blocks() + 2) * 4;  // + kLossSlots (train/world.h)
-  // Then the step's scalars (RankState::step_*): every rank's row and the include mask, the result.
-  constexpr size_t kStepOut = 4 * sizeof(double);  // kStepOutBytes (train/world.h)
-  for (size_t b : {inputs, targets, norms, static_cast<size_t>(N) * norms, static_cast<size_t>(N) * norms, kStepOut})
-    resident.push_back({b, false});
+  // The trainer's buffers; the batch column: inputs, targets and norm partials (the step scalars
+  // count in the pool column).
+  const RankBuffers buffers = rank_buffers(plan_rank_buffer_shape(mc, in), *model);
+  add_rank_buffers(buffers, resident);
   const size_t comm = in.staged_comm ? Communicator::planned_buffer_bytes(N) : 0;
   for (int q = 0; q < Communicator::kRecvSlots && comm; ++q) resident.push_back({comm / Communicator::kRecvSlots, true});
   if (in.gemm_workspace) resident.push_back({in.gemm_workspace, false});
@@ -400,7 +399,8 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   if (sample_ws) phases.push_back(phase_allocs(eng.forward_peak, sample_ws));
 
   const DevicePlan dev =
-      device_plan(eng, resident, phases, ws, sample_ws, comm, inputs + targets + norms, in.gemm_workspace, attention,
+      device_plan(eng, resident, phases, ws, sample_ws, comm,
+                  buffers.inputs.total() + buffers.targets.total() + buffers.norms.total(), in.gemm_workspace, attention,
                   &work);
 
   MemoryPlan plan;
@@ -416,6 +416,18 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
 }
 
 }  // namespace
+
+RankBufferShape plan_rank_buffer_shape(const ModelConfig& mc, const PlanInputs& in) {
+  const bool gpt = mc.kind == ModelKind::kGpt;
+  return RankBufferShape{.gpt = gpt,
+                         .micro_batch = in.micro_batch,
+                         .seq_len = gpt ? in.seq_len : 1,
+                         .input_dim = gpt ? 0 : mc.input_dim,
+                         .ranks = in.devices,
+                         .data_ranks = in.devices / std::max(in.tensor, 1) / std::max(in.pipeline, 1),
+                         .micro_batches = in.micro_batches,
+                         .pipeline = in.pipeline > 1};
+}
 
 MemoryPlan plan_memory_only(const ModelConfig& mc, const PlanInputs& in) {
   if (in.pipeline > 1) return plan_pipeline(mc, in);

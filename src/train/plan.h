@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "pipeline/schedule.h"
+#include "train/rank_buffers.h"
 
 namespace zt {
 
@@ -161,6 +162,11 @@ LargestTable plan_largest(const std::vector<ModelConfig>& family, const PlanInpu
 std::string format_largest(const LargestTable& table);
 // "1.56 B", "354.8 M", "45.7 K"
 std::string format_parameter_count(int64_t n);
+
+// The run shape the trainer's per-rank buffers (train/rank_buffers.h) depend on, from the plan's
+// inputs: the plan counts rank_buffers(plan_rank_buffer_shape(mc, in), the rank's model), which is
+// what World allocates.
+RankBufferShape plan_rank_buffer_shape(const ModelConfig& model, const PlanInputs& in);
 
 // Human-readable table: one row per device, then the verdict.
 std::string format_plan(const ModelConfig& model, const MemoryPlan& plan);

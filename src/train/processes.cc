@@ -1,5 +1,6 @@
-// Multi-process runs: the launcher's environment, the world ProcessGroup and the engine's
-// collectives over ProcessRing (see processes.h). Without MPI in the build, only the refusal.
+// The launch's processes: the launcher's environment, one process alone, and K > 1 over MPI's world
+// ProcessGroup with the engine's collectives over ProcessRing (see processes.h). Without MPI in
+// the build, K > 1 is refused.
 #include "train/processes.h"
 
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "comm/nccl_comm.h"
@@ -145,23 +147,30 @@ class TensorDataCollectives final : public DataCollectives {
 
 }  // namespace
 
-struct Processes::Impl {
-  explicit Impl(std::chrono::milliseconds timeout) : group((mpi_init(), timeout)) {}
-  ProcessGroup group;
+namespace {
+
+// K > 1 processes over MPI's world group.
+class MpiProcesses final : public Processes {
+ public:
+  explicit MpiProcesses(std::chrono::milliseconds timeout) : group_(std::in_place, (mpi_init(), timeout)) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor, bool hierarchical) override;
+  std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) override;
+  std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what) override;
+  void finalize() override;
+
+ private:
+  std::optional<ProcessGroup> group_;  // reset by finalize, before MPI_Finalize
 };
 
-Processes::Processes(std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>(timeout)) {}
-Processes::~Processes() = default;
-int Processes::rank() const { return impl_->group.rank(); }
-int Processes::size() const { return impl_->group.size(); }
-
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>& local, int tensor,
-                                                    bool hierarchical) {
-  if (tensor > 1) return std::make_unique<TensorDataCollectives>(impl_->group, local, tensor, hierarchical);
-  return std::make_unique<RingCollectives>(impl_->group, local, hierarchical);
+std::unique_ptr<DataCollectives> MpiProcesses::connect(const std::vector<Device*>& local, int tensor,
+                                                       bool hierarchical) {
+  if (tensor > 1) return std::make_unique<TensorDataCollectives>(*group_, local, tensor, hierarchical);
+  return std::make_unique<RingCollectives>(*group_, local, hierarchical);
 }
 
-std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Device*>& local) {
+std::unique_ptr<DataCollectives> MpiProcesses::connect_nccl(const std::vector<Device*>& local) {
   // Every process's host and device names, so that two processes on one host driving one GPU are
   // refused here in one sentence rather than by NCCL's init (a duplicate-GPU error or a hang).
   constexpr size_t kSeat = 1024;
@@ -173,7 +182,7 @@ std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Devic
   std::vector<char> all(kSeat * static_cast<size_t>(size()));
   std::vector<char> seat(mine.begin(), mine.end());
   seat.push_back('\0');
-  impl_->group.all_gather(seat.data(), all.data(), kSeat, "the NCCL clique's device list");
+  group_->all_gather(seat.data(), all.data(), kSeat, "the NCCL clique's device list");
   std::vector<std::pair<std::string, int>> used;  // "host device", process
   for (int p = 0; p < size(); ++p) {
     const std::string list(all.data() + static_cast<size_t>(p) * kSeat);
@@ -192,43 +201,70 @@ std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Devic
   clique.world = size() * static_cast<int>(local.size());
   clique.first_rank = rank() * static_cast<int>(local.size());
   std::vector<uint8_t> id = rank() == 0 ? NcclComm::new_unique_id() : std::vector<uint8_t>{};
-  const uint64_t id_bytes = impl_->group.all_gather(uint64_t{id.size()}, "the NCCL id's size")[0];
+  const uint64_t id_bytes = group_->all_gather(uint64_t{id.size()}, "the NCCL id's size")[0];
   ZT_REQUIRE(id_bytes > 0, "process 0 could not make an NCCL unique id");
   id.resize(id_bytes);
   std::vector<uint8_t> ids(id_bytes * static_cast<size_t>(size()));
-  impl_->group.all_gather(id.data(), ids.data(), id_bytes, "the NCCL unique id");
+  group_->all_gather(id.data(), ids.data(), id_bytes, "the NCCL unique id");
   clique.id.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(id_bytes));  // process 0's
   return zt::connect_nccl(local, &clique);
 }
 
-std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view what) {
+std::vector<double> MpiProcesses::all_gather(const std::vector<double>& mine, std::string_view what) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size()));
-  impl_->group.all_gather(mine.data(), all.data(), mine.size() * sizeof(double), what);
+  group_->all_gather(mine.data(), all.data(), mine.size() * sizeof(double), what);
   return all;
 }
 
-void Processes::finalize() {
-  impl_.reset();
+void MpiProcesses::finalize() {
+  group_.reset();
   mpi_finalize();
 }
 
+std::unique_ptr<Processes> join_mpi(std::chrono::milliseconds timeout) { return std::make_unique<MpiProcesses>(timeout); }
+
+}  // namespace
+
 #else
 
-struct Processes::Impl {};
+namespace {
 
-Processes::Processes(std::chrono::milliseconds) {
+std::unique_ptr<Processes> join_mpi(std::chrono::milliseconds) {
   throw Error(ErrorKind::kInvalidArgument, "this zerotrain was built without MPI, so it cannot run as " +
                                      std::to_string(launched_processes()) +
                                      " processes; install libopenmpi-dev (scripts/setup) and rebuild");
 }
-Processes::~Processes() = default;
-int Processes::rank() const { return 0; }
-int Processes::size() const { return 1; }
-std::unique_ptr<DataCollectives> Processes::connect(const std::vector<Device*>&, int, bool) { return nullptr; }
-std::unique_ptr<DataCollectives> Processes::connect_nccl(const std::vector<Device*>&) { return nullptr; }
-std::vector<double> Processes::all_gather(const std::vector<double>& mine, std::string_view) { return mine; }
-void Processes::finalize() {}
+
+}  // namespace
 
 #endif
+
+namespace {
+
+// K = 1: every exchange between processes is the identity.
+class OneProcess final : public Processes {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>&, int, bool) override { return nullptr; }
+  std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) override {
+    return zt::connect_nccl(local);
+  }
+  std::vector<double> all_gather(const std::vector<double>& mine, std::string_view) override { return mine; }
+  void finalize() override {}
+};
+
+}  // namespace
+
+Processes& Processes::alone() {
+  static OneProcess one;
+  return one;
+}
+
+std::unique_ptr<Processes> Processes::join(const TrainConfig& cfg) {
+  if (launched_processes() == 1) return std::make_unique<OneProcess>();
+  refuse_under_processes(cfg);
+  return join_mpi(std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000)));
+}
 
 }  // namespace zt

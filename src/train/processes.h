@@ -28,40 +28,41 @@ void refuse_under_processes(const TrainConfig& cfg);
 
 // This process's place among the K processes of the launch. Global ranks: process p's local device
 // i is rank p * L + i (every process drives the same number L of devices), the order one process
-// driving all K * L devices would give them, so results are bitwise those of that process.
+// driving all K * L devices would give them, so results are bitwise those of that process. A plain
+// launch is K = 1 (Processes::alone): every exchange between processes is then the identity, so the
+// trainer runs one code path for one process and for many.
 class Processes {
  public:
-  // Initialises MPI and the world group; every wait on another process gives up after `timeout`
-  // with one sentence naming the rank that did not answer. Throws zt::Error(kInvalidArgument) in a build
-  // without MPI.
-  explicit Processes(std::chrono::milliseconds timeout);
-  ~Processes();
-  Processes(const Processes&) = delete;
-  Processes& operator=(const Processes&) = delete;
+  // The processes of this launch: under mpirun/srun (launched_processes() > 1) MPI's world, after
+  // refuse_under_processes(cfg), every wait on another process giving up after cfg.comm_timeout_s
+  // with one sentence naming the rank that did not answer (zt::Error kInvalidArgument in a build
+  // without MPI); else alone().
+  static std::unique_ptr<Processes> join(const TrainConfig& cfg);
+  // This process alone (K = 1): rank 0 of 1, all_gather returns its input, no MPI.
+  static Processes& alone();
 
-  int rank() const;  // this process, 0..size()-1
-  int size() const;
-  // The engine's collectives over this process's devices and every other process's (collective:
-  // every process calls with the same devices count, tensor degree and topology). Destroy it before
+  virtual ~Processes() = default;
+  virtual int rank() const = 0;  // this process, 0..size()-1
+  virtual int size() const = 0;
+  // The engine's data-group collectives over this process's devices and every other process's
+  // (collective: every process calls with the same devices count, tensor degree and topology);
+  // null for one process (the in-process Communicator carries the data group). Destroy it before
   // the devices. tensor > 1 (dividing local.size()): the tensor axis lives inside the process, the
   // data groups span processes, one ring per tensor coordinate (see DataCollectives).
   // hierarchical (--comm-topology hierarchical): the data groups reduce inside each process first
   // and across second (ProcessRing's hierarchical calls), equal to one process up to rounding, not
   // bitwise.
-  std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor = 1,
-                                           bool hierarchical = false);
-  // --comm nccl across processes: one NCCL clique over every process's devices (global rank
-  // p * L + i), its unique id made by process 0 and sent over MPI. Refuses (kInvalidArgument, on
-  // every process alike) two processes driving the same GPU of one host. Collective.
-  std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local);
+  virtual std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor = 1,
+                                                   bool hierarchical = false) = 0;
+  // --comm nccl: one NCCL clique over every process's devices (global rank p * L + i), its unique
+  // id made by process 0 and sent over MPI (one process: a communicator over `local`). Refuses
+  // (kInvalidArgument, on every process alike) two processes driving the same GPU of one host.
+  // Collective.
+  virtual std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) = 0;
   // Every process's values, concatenated in process order (every process sends as many).
-  std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what);
+  virtual std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what) = 0;
   // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).
-  void finalize();
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  virtual void finalize() = 0;
 };
 
 }  // namespace zt

@@ -235,9 +235,9 @@ std::string format_summary(const RunReport& r) {
 
   const TrafficReport& t = r.traffic;
   out += "  traffic      per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
-         std::to_string(t.local_devices) + " devices" + (t.processes > 1 ? " of each process" : "");
+         std::to_string(t.local_devices) + " devices";
   if (t.processes > 1)
-    out += ", " + format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
+    out += " of each process, " + format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
            std::to_string(t.processes) + " processes (" + t.topology + ")\n";
   else
     out += ", none across processes\n";

@@ -20,6 +20,7 @@
 #include "pipeline/schedule.h"
 #include "train/comm_engine.h"
 #include "train/graph_step.h"
+#include "train/processes.h"
 #include "train/trace.h"
 
 namespace zt {
@@ -281,6 +282,7 @@ void fill_plan(RunContext& s) {
 
 RunContext resolve_run_shape(const TrainConfig& cfg, const ModelConfig& mc, int N, Backend backend) {
   RunContext s;
+  s.processes = &Processes::alone();  // train() joins the launch's processes
   s.cfg = cfg;
   s.mc = mc;
   s.is_gpt = mc.kind == ModelKind::kGpt;

@@ -50,7 +50,8 @@ struct RunContext {
   // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
   std::shared_ptr<const LanguageData> lang;
   std::shared_ptr<const ImageData> images;
-  // Multi-process runs (train/processes.h): this process's place; null in a plain launch.
+  // This process's place among the launch's processes (train/processes.h): Processes::alone() in a
+  // plain launch (resolve_run_shape), every exchange between processes then the identity.
   Processes* processes = nullptr;
   // The BPE tokenizer beside token shards (zerotrain tokenize's vocab.json + merges.txt): samples
   // are decoded through it. Null for other data.

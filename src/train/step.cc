@@ -125,8 +125,8 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   for (const GradientFault& f : run.cfg.test.gradient_faults)
     if (f.step == step + 1 && f.rank == r) engine.rank(r).poke_gradient(f.block, f.offset, f.value);
   engine.rank(r).check_gradients(norms);
-  if (run.processes) {
-    // Several processes: the host sums every process's partials (enqueue_step) and sends the clip
+  if (world.host_scalars()) {
+    // Several processes or pipeline stages: the host sums every process's partials (enqueue_step) and sends the clip
     // factor back; this rank's scalars are read with one synchronisation.
     s.copy(R.norm_host.data(), norms, R.norm_host.size() * 4);  // the partials, then the step's loss sum
     s.copy(&R.found_inf, engine.rank(r).scaler().found_inf_device(), sizeof(float));
@@ -203,6 +203,18 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   }
 }
 
+// The measured bubble of data rank 0's stages (their compute spans, complete after every rank's
+// synchronisation), added to the run's.
+void record_bubble(World& world) {
+  PipelineParts& pp = world.pipeline();
+  std::vector<StageSpan> all;  // data rank 0's stages
+  for (int r = 0; r < world.size(); ++r)
+    if (world.mesh().index(MeshAxis::kData, r) == 0)
+      all.insert(all.end(), pp.spans[static_cast<size_t>(r)].begin(), pp.spans[static_cast<size_t>(r)].end());
+  pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
+  ++pp.bubble_steps;
+}
+
 // The host path of the step's scalars (several processes, pipeline stages), after every rank's
 // synchronisation: the global loss and gradient norm summed in a fixed order (rank, then block),
 // the skip decision (a non-finite loss marks an overflow on every rank) and the clip factor into
@@ -210,51 +222,38 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
 void host_step_scalars(World& world, const RunContext& run, double positions, StepStats& st) {
   const TrainConfig& cfg = run.cfg;
   const int N = world.size();
-  if (world.pipelined()) {
-    // The measured bubble of data rank 0's stages (their compute spans, complete after the sync).
-    PipelineParts& pp = world.pipeline();
-    std::vector<StageSpan> all;  // data rank 0's stages
-    for (int r = 0; r < N; ++r)
-      if (world.mesh().index(MeshAxis::kData, r) == 0)
-        all.insert(all.end(), pp.spans[static_cast<size_t>(r)].begin(), pp.spans[static_cast<size_t>(r)].end());
-    pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
-    ++pp.bubble_steps;
-  }
   // Global loss and gradient norm, summed in a fixed order (rank, then block). With tensor
   // parallelism every rank of a tensor group holds the same losses and the same replicated
   // parameters' gradients: those are counted once, from the group's first rank.
   double loss_sum = 0, sq = 0;
-  if (run.processes) {
-    // Several processes: every global rank's partials and loss sum, in rank order, summed in the
-    // order one process driving every device sums them. Global rank g is local rank g % N of its
-    // process, with the same tensor coordinate (the tensor axis lives inside a process).
-    // The process's pending stop signal rides along (one agreed stop, no extra exchange).
-    std::vector<double> mine;
-    for (int r = 0; r < N; ++r) mine.insert(mine.end(), world.rank(r).norm_host.begin(), world.rank(r).norm_host.end());
-    mine.push_back(StopSignals::pending());
-    const std::vector<double> all = run.processes->all_gather(mine, "the step's losses and gradient norms");
-    const size_t per_rank = world.rank(0).norm_host.size(), partials = per_rank - 1, per_process = mine.size();
-    for (size_t g = 0; g < all.size() / per_process * N; ++g) {
-      const size_t process = g / static_cast<size_t>(N);
-      const double* norms = all.data() + process * per_process + (g % static_cast<size_t>(N)) * per_rank;
-      if (g % static_cast<size_t>(N) == 0)
-        st.stop_signal = std::max(st.stop_signal, static_cast<int>(all[process * per_process + per_process - 1]));
-      const int r = static_cast<int>(g % static_cast<size_t>(N));
+  // Every global rank's row (every process's), in rank order, summed in the order one process
+  // driving every device sums them. Global rank g is local rank g % N of its process, with the
+  // same tensor coordinate (the tensor axis lives inside a process). A row: [0, B) each block's
+  // split part, [B, 2B) its replicated tail (ZeroRank::check_gradients; B is the rank's stage's),
+  // then the rank's loss sum. The process's pending stop signal rides along (one agreed stop, no
+  // extra exchange).
+  std::vector<double> mine;
+  std::vector<size_t> row_at;
+  for (int r = 0; r < N; ++r) {
+    const RankState& R = world.rank(r);
+    row_at.push_back(mine.size());
+    mine.insert(mine.end(), R.norm_host.begin(), R.norm_host.end() - 1);
+    mine.push_back(R.loss_sum);
+  }
+  mine.push_back(StopSignals::pending());
+  const std::vector<double> all = run.processes->all_gather(mine, "the step's losses and gradient norms");
+  const size_t per_process = mine.size();
+  for (size_t p = 0; p < all.size() / per_process; ++p) {
+    const double* theirs = all.data() + p * per_process;
+    st.stop_signal = std::max(st.stop_signal, static_cast<int>(theirs[per_process - 1]));
+    for (int r = 0; r < N; ++r) {
+      const double* norms = theirs + row_at[static_cast<size_t>(r)];
+      const size_t partials = world.rank(r).norm_host.size() - 1;
       const bool lead = world.tensor_lead(r);
       if (world.loss_lead(r)) loss_sum += norms[partials];
       for (size_t b = 0; b < partials; ++b)
         if (lead || b < partials / 2) sq += norms[b];
     }
-  }
-  for (int r = 0; r < N && !run.processes; ++r) {
-    const bool lead = world.tensor_lead(r);
-    if (world.loss_lead(r)) loss_sum += world.rank(r).loss_sum;
-    // [0, B): each block's split part; [B, 2B): its replicated tail (ZeroRank::check_gradients);
-    // then the loss sum.
-    const auto& norms = world.rank(r).norm_host;
-    const size_t partials = norms.size() - 1;
-    for (size_t b = 0; b < partials; ++b)
-      if (lead || b < partials / 2) sq += norms[b];
   }
   st.grad_norm = std::sqrt(sq);
   st.loss = loss_sum / positions;
@@ -292,13 +291,13 @@ PendingStep enqueue_step(World& world, const RunContext& run, int step, float lr
   // read. Pipeline stages (the head's losses are summed on the host) and several processes (the
   // partials travel through the host) keep the host sum and one synchronisation per rank before
   // the update: their scalars are known when this returns.
-  p.on_device = !world.pipelined() && !run.processes;
-  world.for_ranks([&](int r) {
-    if (world.pipelined())
-      pipeline_rank_step(world, run, step, r, dloss);
-    else
-      rank_step(world, run, step, r, dloss);
-  });
+  p.on_device = !world.host_scalars();
+  if (world.pipelined()) {
+    world.for_ranks([&](int r) { pipeline_rank_step(world, run, step, r, dloss); });
+    record_bubble(world);
+  } else {
+    world.for_ranks([&](int r) { rank_step(world, run, step, r, dloss); });
+  }
 
   StepStats& st = p.stats;
   st.lr = lr;
@@ -357,6 +356,7 @@ StepStats read_step(World& world, const PendingStep& p, StepPhaseTimer& timer) {
     st.skipped = out[2] != 0.0;
     st.loss_scale = scale.scale;
     st.scale_state = scale;
+    st.stop_signal = StopSignals::pending();  // one process: its own (the host path gathers every process's)
   } else {
     st.scale_state = world.rank(0).scale;
   }

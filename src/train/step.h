@@ -42,8 +42,9 @@ struct StepStats {
   bool skipped = false;  // the update was skipped (non-finite gradient or loss)
   bool graphs = false;   // some rank ran a micro-batch of this step from a captured graph
   std::string note;      // --cuda-graphs auto: why a rank gave graphs up (once per rank)
-  int stop_signal = 0;   // several processes: the strongest stop signal any process held when the
-                         // step's sums were gathered (signals.h), so every process sees the same
+  int stop_signal = 0;   // the strongest stop signal any process held when the step's sums were
+                         // gathered (signals.h), so every process sees the same (one process: its
+                         // own when the step was read)
 };
 
 // A step enqueued and not yet read.

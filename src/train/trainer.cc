@@ -251,28 +251,24 @@ void Trainer::start_world(World& w, int index) {
   if (index > 0) {
     counters_ = w.apply_state(*source_of(*snapshot_), snapshot_->meta);
   } else if (!cfg_.resume.fresh()) {
+    // Every process opens the checkpoint itself (each reads what its ranks keep) and all must have
+    // chosen the same one; a process that cannot open it is named to the others rather than left
+    // to time out.
     std::optional<ResolvedCheckpoint> resolved;
-    if (!run_.processes) {
+    std::optional<Error> failed;
+    try {
       resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
-    } else {
-      // Every process opens the checkpoint itself (each reads what its ranks keep) and all must
-      // have chosen the same one; a process that cannot open it is named to the others rather
-      // than left to time out.
-      std::optional<Error> failed;
-      try {
-        resolved = resolve_resume(cfg_.checkpoint_dir, cfg_.resume, &notes);
-      } catch (const Error& e) {
-        failed = e;
-      }
-      const double mine = failed ? -2.0 : resolved ? static_cast<double>(resolved->step) : -1.0;
-      const std::vector<double> all = run_.processes->all_gather({mine}, "the checkpoint each process resumes from");
-      if (failed) throw *failed;
-      for (size_t p = 0; p < all.size(); ++p) {
-        ZT_REQUIRE(all[p] != -2.0, "process ", p, " could not open the checkpoint to resume from (its own error says "
-                   "why); every process must see the same checkpoint directory (a file system shared by all)");
-        ZT_REQUIRE(all[p] == mine, "process ", p, " would resume from step ", all[p], " but process ",
-                   run_.processes->rank(), " from step ", mine, "; every process must see the same checkpoint directory");
-      }
+    } catch (const Error& e) {
+      failed = e;
+    }
+    const double mine = failed ? -2.0 : resolved ? static_cast<double>(resolved->step) : -1.0;
+    const std::vector<double> all = run_.processes->all_gather({mine}, "the checkpoint each process resumes from");
+    if (failed) throw *failed;
+    for (size_t p = 0; p < all.size(); ++p) {
+      ZT_REQUIRE(all[p] != -2.0, "process ", p, " could not open the checkpoint to resume from (its own error says "
+                 "why); every process must see the same checkpoint directory (a file system shared by all)");
+      ZT_REQUIRE(all[p] == mine, "process ", p, " would resume from step ", all[p], " but process ",
+                 run_.processes->rank(), " from step ", mine, "; every process must see the same checkpoint directory");
     }
     if (resolved) {
       const nlohmann::json& meta = resolved->reader.meta();
@@ -303,7 +299,7 @@ void Trainer::start_world(World& w, int index) {
   result_.skipped_steps = counters_.skipped_steps;
   // AdamW's step count lives on the devices (OptimizerStep::step_on_device): from the state loaded.
   w.for_ranks([&](int r) { w.engine_of(r).rank(w.engine_rank(r)).scaler().set_update_count(counters_.updates); });
-  result_.devices = w.size() * (run_.processes ? run_.processes->size() : 1);
+  result_.devices = w.size() * run_.processes->size();
   result_.zero_stage = cfg_.zero_stage;
   timer_ = std::make_unique<StepPhaseTimer>(w.size());
   side_bytes_.assign(static_cast<size_t>(w.size()), 0);
@@ -318,7 +314,7 @@ void Trainer::start_world(World& w, int index) {
     // A snapshot now, so that a failure before the first periodic one loses only the steps since the start.
     const auto ts0 = Clock::now();
     snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
-    if (run_.processes) checkpointer_->replicate(*snapshot_);
+    checkpointer_->replicate(*snapshot_);
     log_.emit({{"event", "snapshot"}, {"step", counters_.step}, {"bytes", snapshot_->bytes()},
                {"stall_ms", seconds_since(ts0) * 1e3}});
   }
@@ -345,12 +341,12 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
     log_.line("note: " + n);
   const bool tp = cfg_.tensor_parallel > 1;
   // Several processes: the mesh of every process's ranks (the tensor axis inside each process).
-  const std::string mesh =
-      run_.processes ? Mesh(MeshShape{.data = w.data_ranks(), .tensor = w.mesh().shape().tensor},
-                            w.data_ranks() * w.mesh().shape().tensor)
-                               .describe() +
-                           " over " + std::to_string(run_.processes->size()) + " processes"
-                     : w.mesh().describe();
+  const std::string mesh = run_.processes->size() > 1
+                               ? Mesh(MeshShape{.data = w.data_ranks(), .tensor = w.mesh().shape().tensor},
+                                      w.data_ranks() * w.mesh().shape().tensor)
+                                         .describe() +
+                                     " over " + std::to_string(run_.processes->size()) + " processes"
+                               : w.mesh().describe();
   if (tp)
     log_.line("mesh: " + mesh + ", tensor-parallel GPT (Megatron layout" +
               (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
@@ -367,7 +363,8 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
     if (!pp.note.empty()) log_.line("note: " + pp.note);
   }
   std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
-                cfg_.batch_size, run_.T, w.data_ranks(), tp || w.pipelined() ? "data ranks" : "devices", w.split().accum,
+                cfg_.batch_size, run_.T, w.data_ranks(),
+                w.mesh().shape().data < w.size() ? "data ranks" : "devices", w.split().accum,
                 w.split().micro, cfg_.steps,
                 cfg_.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg_.lr);
   log_.line(buf);
@@ -387,7 +384,7 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
 bool Trainer::must_flush(World& w, int step) const {
   const int n = step + 1;
   const bool last = n == cfg_.steps;
-  if (last || !cfg_.test.read_scalars_late || eager_ || w.pipelined() || run_.processes) return true;
+  if (last || !cfg_.test.read_scalars_late || eager_ || w.host_scalars()) return true;
   if (scaling_ != ZeroOptions::Scaling::kNone || !cfg_.test.gradient_faults.empty()) return true;
   if ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) ||
       std::find(cfg_.eval_steps.begin(), cfg_.eval_steps.end(), n) != cfg_.eval_steps.end())
@@ -450,7 +447,6 @@ bool Trainer::train_world(World& w) {
           if (on_cuda && step + 1 == profile.second) profiler_stop();
         }};
         const NvtxRange step_range(NvtxCategory::kStep, "step " + std::to_string(step + 1));
-        if (tracer_ && w.pipelined()) w.pipeline().all_spans = true;
         PendingStep next = enqueue_step(w, run_, step, learning_rate(lrc, step), counters_.updates, *timer_);
         if (pending) {
           at = pending->step;
@@ -462,7 +458,7 @@ bool Trainer::train_world(World& w) {
       if (must_flush(w, step) && read_pending(w, pending, true)) return true;
     } catch (const Error& e) {
       // Several processes: a lost one stops every survivor (one sentence with the step).
-      if (run_.processes) lost_process(w, e, at);
+      if (run_.processes->size() > 1) lost_process(w, e, at);
       // A device failed (an error at a synchronisation, or the watchdog gave up on it): with
       // --snapshot-every, drop it and go on from the last snapshot on the others.
       if (!recover(w, e, at)) throw;
@@ -533,7 +529,7 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
   if (cfg_.snapshot_every > 0 && (step + 1) % cfg_.snapshot_every == 0 && !last) {
     const auto ts0 = Clock::now();
     snapshot_ = snapshot_world(w, run_, counters_, result_.precision, scaling_);
-    if (run_.processes) checkpointer_->replicate(*snapshot_);
+    checkpointer_->replicate(*snapshot_);
     log_.emit({{"event", "snapshot"}, {"step", step + 1}, {"bytes", snapshot_->bytes()},
                {"stall_ms", seconds_since(ts0) * 1e3}});
   }
@@ -545,9 +541,9 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
     result_.stopped_at = step + 1;
     return true;
   }
-  // Several processes: the stop all of them learnt with the step's sums (StepStats::stop_signal),
-  // so every process stops after the same step and writes its part of one stop checkpoint.
-  if (const int sig = last ? 0 : run_.processes ? st.stop_signal : StopSignals::pending(); sig != 0) {
+  // The stop every process learnt with the step's sums (StepStats::stop_signal), so that every
+  // process stops after the same step and writes its part of one stop checkpoint.
+  if (const int sig = last ? 0 : st.stop_signal; sig != 0) {
     stop_for_signal(w, step, sig);
     return true;
   }
@@ -557,20 +553,18 @@ bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bo
 // --inject-fault device=D,step=S: D is a position in the current world's device list; each fault
 // fires once (steps redone after a recovery do not fire it again).
 void Trainer::inject_faults(World& w, int step) {
-  if (run_.processes) {
-    // Tests of a lost process: ZEROTRAIN_TEST_SIGKILL="P,S" makes process P kill itself with
-    // SIGKILL when step S starts (1-based), as a crashed node would vanish.
-    if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGKILL")) {
-      int p = -1, s = -1;
-      if (std::sscanf(spec, "%d,%d", &p, &s) == 2 && p == run_.processes->rank() && s == step + 1) std::raise(SIGKILL);
-    }
-    // ZEROTRAIN_TEST_SIGNAL="P,S,SIG": process P receives signal SIG when step S starts (a stop
-    // sent to one rank; the processes must agree on it at the step's end).
-    if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGNAL")) {
-      int p = -1, s = -1, sig = 0;
-      if (std::sscanf(spec, "%d,%d,%d", &p, &s, &sig) == 3 && p == run_.processes->rank() && s == step + 1)
-        std::raise(sig);
-    }
+  // Tests of a lost process: ZEROTRAIN_TEST_SIGKILL="P,S" makes process P kill itself with SIGKILL
+  // when step S starts (1-based), as a crashed node would vanish.
+  if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGKILL")) {
+    int p = -1, s = -1;
+    if (std::sscanf(spec, "%d,%d", &p, &s) == 2 && p == run_.processes->rank() && s == step + 1) std::raise(SIGKILL);
+  }
+  // ZEROTRAIN_TEST_SIGNAL="P,S,SIG": process P receives signal SIG when step S starts (a stop sent
+  // to one rank; the processes must agree on it at the step's end).
+  if (const char* spec = std::getenv("ZEROTRAIN_TEST_SIGNAL")) {
+    int p = -1, s = -1, sig = 0;
+    if (std::sscanf(spec, "%d,%d,%d", &p, &s, &sig) == 3 && p == run_.processes->rank() && s == step + 1)
+      std::raise(sig);
   }
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {
     const FaultInjection& f = cfg_.inject_faults[i];
@@ -588,7 +582,7 @@ void Trainer::on_skipped(World& w, int step, const StepStats& st, bool latest) {
   std::string where;
   // Several processes: no one holds every gradient. Read late (not latest): the step after it
   // overwrote them, so it is not named (only an unscaled run without poked gradients reads late).
-  if (consecutive_skips_ == 1 && !run_.processes && latest) {
+  if (consecutive_skips_ == 1 && run_.processes->size() == 1 && latest) {
     // Lazily, only when a run of skips starts; a pipeline's stages in order.
     const int stages = w.mesh().shape().pipeline;
     for (int p = 0; p < stages && where.empty(); ++p)
@@ -746,9 +740,6 @@ void Trainer::lost_process(World& w, const Error& e, int step) {
 }
 
 bool Trainer::recover(World& w, const Error& e, int step) {
-  // Several processes: a lost device cannot be dropped from one process alone (every process must
-  // drive as many); the run stops instead (lost_process).
-  if (run_.processes) return false;
   if (e.kind() != ErrorKind::kDevice || cfg_.snapshot_every <= 0 || !snapshot_) return false;
   survivors_ = surviving_devices(w, spec_);
   if (!survivors_) return false;
@@ -863,7 +854,7 @@ RunReport Trainer::run_report(World& w) {
   report.mfu = result_.mfu = model_flops_utilization(report.flops_per_token, report.tokens_per_s, report.peak_flops);
   report.phases = result_.time_split = timer_->totals();
   report.cuda_graphs = result_.cuda_graphs;
-  report.traffic = TrafficReport{run_.processes ? run_.processes->size() : 1, w.size(),
+  report.traffic = TrafficReport{run_.processes->size(), w.size(),
                                  cfg_.comm_topology == CommTopology::kHierarchical ? "hierarchical" : "flat",
                                  result_.inside_bytes_per_step, result_.across_bytes_per_step};
   if (w.pipelined()) {
@@ -978,13 +969,9 @@ void Trainer::write_trace(World& w) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config) {
-  // Launched by mpirun/srun as several processes: data parallelism over every process's devices.
-  std::unique_ptr<Processes> procs;
-  if (launched_processes() > 1) {
-    refuse_under_processes(config);
-    procs = std::make_unique<Processes>(
-        std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000)));
-  }
+  // Launched by mpirun/srun as several processes: data parallelism over every process's devices
+  // (a plain launch is one process of one).
+  const std::unique_ptr<Processes> procs = Processes::join(config);
   const ModelConfig mc = make_model_config(config.model, config.overrides);
   const DeviceSpec spec = parse_device_spec(config.devices);
   // --trace: the recorder is the runtime's task observer, so it outlives the devices.
@@ -995,7 +982,7 @@ TrainResult train(const TrainConfig& config) {
   }
   auto rt = Runtime::create(spec, CpuDeviceOptions{config.device_memory}, tracer.get());
   // Every process's devices (the same count in each: the engine checks) shape the run.
-  const int devices = rt->size() * (procs ? procs->size() : 1);
+  const int devices = rt->size() * procs->size();
   RunContext run = resolve_run_shape(config, mc, devices, rt->backend());
   run.processes = procs.get();
   const BatchSplit split = even_split(run.cfg.batch_size, devices / run.cfg.tensor_parallel / run.cfg.pipeline_parallel,
@@ -1005,12 +992,12 @@ TrainResult train(const TrainConfig& config) {
   if (!run.cfg.profile_steps.empty()) parse_step_range(run.cfg.profile_steps, run.cfg.steps);
   // --log-format json: the metrics records go to stdout as well, in place of the text output.
   // Several processes: process 0 prints and writes the metrics, the others are silent.
-  const bool lead = !procs || procs->rank() == 0;
+  const bool lead = procs->rank() == 0;
   Logger log(lead ? run.cfg.metrics_path : "", run.cfg.log_format == LogFormat::kJson, run.cfg.quiet || !lead);
-  if (!procs && run.cfg.comm_topology == CommTopology::kHierarchical && log.text())
+  if (procs->size() == 1 && run.cfg.comm_topology == CommTopology::kHierarchical && log.text())
     log.line("note: --comm-topology hierarchical changes nothing in one process (every collective stays inside "
              "it); it applies under mpirun/srun");
-  if (procs && run.cfg.sample_tokens > 0) {
+  if (procs->size() > 1 && run.cfg.sample_tokens > 0) {
     // The sample's forward runs on one rank, which at stage 3 needs every process's gathers.
     run.cfg.sample_tokens = 0;
     if (log.text()) log.line("note: no final sample when running as several processes");
@@ -1020,7 +1007,7 @@ TrainResult train(const TrainConfig& config) {
     Trainer trainer(run, log, tracer.get());
     result = trainer.run(std::move(rt), spec, split);
   }
-  if (procs) procs->finalize();  // only after a run that ended well everywhere (it waits for every process)
+  procs->finalize();  // only after a run that ended well everywhere (it waits for every process)
   return result;
 }
 

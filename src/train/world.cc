@@ -142,9 +142,10 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
   ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices",
-             run.processes ? " of each process (the tensor axis lives inside a process)" : "");
+             run.processes->size() > 1 ? " of each process (the tensor axis lives inside a process)" : "");
   ZT_REQUIRE(N % (TP * PP) == 0, "--pipeline-parallel ", PP, " does not divide the ", N / TP, " device groups");
   mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP / PP, .tensor = TP, .pipeline = PP}, N);
+  host_scalars_ = PP > 1 || run.processes->size() > 1;
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
 #if ZT_WITH_CUDA
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
@@ -154,55 +155,50 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     build_pipeline(zo);
   } else {
     // Every model computes in the working dtype (16-bit activations in a 16-bit run).
-    model_ = make_model(run.mc, run.cfg.recompute, TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                        run_activation_dtype(working));
-    if (run.processes) {  // the data axis over every process's devices, the tensor axis inside each (train/processes.h)
-      collectives_ = run.cfg.comm == CommEngine::kNccl
-                         ? run.processes->connect_nccl(devs_)
-                         : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
-      zo.processes = collectives_.get();
-    } else if (run.cfg.comm == CommEngine::kNccl) {  // the data group's collectives on NCCL (train/comm_engine.h)
-      collectives_ = connect_nccl(devs_);
-      zo.processes = collectives_.get();
-    }
-    engine_ = std::make_unique<ZeroEngine>(*model_, devs_, *comm_, zo);
-    engine_->set_tracing(run.cfg.test.zero_trace);
+    models_.push_back(make_model(run.mc, run.cfg.recompute,
+                                 TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                                 run_activation_dtype(working)));
+    // The data axis over every process's devices, the tensor axis inside each (train/processes.h);
+    // one process without --comm nccl: none, the engine's data group runs on comm_.
+    collectives_ = run.cfg.comm == CommEngine::kNccl
+                       ? run.processes->connect_nccl(devs_)
+                       : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
+    zo.processes = collectives_.get();
+    engines_.push_back(std::make_unique<ZeroEngine>(*models_[0], devs_, *comm_, zo));
+    engines_[0]->set_tracing(run.cfg.test.zero_trace);
   }
 
   init_parameters();
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
   ranks_.resize(static_cast<size_t>(N));
-  if (pipe_) pipe_->spans.resize(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) {
     RankState& R = rank(r);
     Device& d = device(r);
     Stream& s = d.compute();
     const ParamLayout& layout = model_of(r).layout();
-    if (!pipe_) R.ws = model_->make_workspace(d, B, T);  // a pipeline stage's are its ModelStageWork's
-    if (!pipe_) {  // a pipeline stage's batches are one per micro-batch (PipelineParts)
-      R.inputs = DeviceBuffer(d.memory(), static_cast<size_t>(run.is_gpt ? B * T : B * D) * 4, s, "batch");
-      R.targets = DeviceBuffer(d.memory(), static_cast<size_t>(B * T) * 4, s, "batch");
+    const RankBuffers buf = buffers_of(r);
+    auto alloc = [&](const RankBuffer& b) { return DeviceBuffer(d.memory(), b.bytes, s, b.tag); };
+    if (!pipe_) {  // a pipeline stage's workspaces are its ModelStageWork's, its batches one per micro-batch
+      R.ws = model_of(r).make_workspace(d, B, T);
+      R.inputs = alloc(buf.inputs);
+      R.targets = alloc(buf.targets);
     }
-    R.norms = DeviceBuffer(d.memory(), static_cast<size_t>(2 * layout.num_blocks() + kLossSlots) * 4, s, "grad norm");
-    // The step's scalars (train/step.cc): every rank's row of norm partials, loss sum and flag.
-    const size_t rows = static_cast<size_t>(size()) * static_cast<size_t>(2 * layout.num_blocks() + 2) * 4;
-    R.step_rows = DeviceBuffer(d.memory(), rows, s, "step scalars");
-    R.step_include = DeviceBuffer(d.memory(), rows, s, "step scalars");
-    R.step_out = DeviceBuffer(d.memory(), kStepOutBytes, s, "step scalars");
+    R.norms = alloc(buf.norms);
+    R.step_rows = alloc(buf.step_rows);
+    R.step_include = alloc(buf.step_include);
+    R.step_out = alloc(buf.step_out);
     R.staged.resize(static_cast<size_t>(kStepSlots * split.accum));
-    for (int slot = 0; slot < kStepSlots; ++slot) {
-      R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(kStepHostBytes);
+    for (int slot = 0; slot < buf.step_host.count; ++slot) {
+      R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(buf.step_host.bytes);
       RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
       for (auto* e : {&ev.step_begin, &ev.compute_done, &ev.grads_ready, &ev.opt_begin, &ev.opt_end})
         *e = d.create_timing_event();
     }
     R.batch.B = B;
     R.batch.T = T;
-    R.batch.inputs = run.is_gpt ? ConstTensorView{R.inputs.data(), DType::kI32, Shape{B, T}, d.index()}
-                                : ConstTensorView{R.inputs.data(), DType::kF32, Shape{B, D}, d.index()};
-    R.batch.targets =
-        ConstTensorView{R.targets.data(), DType::kI32, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
+    R.batch.inputs = ConstTensorView{R.inputs.data(), buf.inputs.dtype, run.is_gpt ? Shape{B, T} : Shape{B, D}, d.index()};
+    R.batch.targets = ConstTensorView{R.targets.data(), buf.targets.dtype, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
     R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
     // The ranks of a tensor group (and every stage of a pipeline) run the same rows: the batch
@@ -211,14 +207,17 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
 }
 
+ParamLayout World::logical_layout() const {
+  if (pipe_) return gpt_layout(run_.mc);  // a pipeline's logical model is no stage's
+  const TensorMap* map = models_[0]->tensor_map();
+  return map ? *map->logical : models_[0]->layout();
+}
+
 // Parameters: initialised once on the host (deterministic in the seed, independent of the
 // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
 // from --init-from; a tensor-parallel rank loads its shard of them, a pipeline stage its blocks.
 void World::init_parameters() {
-  const TensorMap* map = model_ ? model_->tensor_map() : nullptr;
-  std::optional<ParamLayout> whole;  // a pipeline's logical model is no stage's
-  if (pipe_) whole = gpt_layout(run_.mc);
-  const ParamLayout& logical = map ? *map->logical : model_ ? model_->layout() : *whole;
+  const ParamLayout logical = logical_layout();
   std::vector<std::vector<float>> host(static_cast<size_t>(logical.num_blocks()));
   if (!run_.cfg.init_from.empty()) {
     std::vector<std::string> ignored;
@@ -235,34 +234,19 @@ void World::init_parameters() {
   load_initial_parameters(host);
 }
 
+// Each rank loads its stage's blocks (the logical blocks it holds, logical_block), its tensor
+// coordinate's shard of each where the stage is tensor-parallel.
 void World::load_initial_parameters(const std::vector<std::vector<float>>& host) {
-  const int N = size();
   std::vector<const float*> blocks;
   for (const auto& b : host) blocks.push_back(b.data());
-  if (pipe_) {
-    for (int r = 0; r < N; ++r) {
-      const Model& m = model_of(r);
-      const TensorMap* tmap = m.tensor_map();  // a tensor-parallel stage: the rank's shards
-      std::vector<std::vector<float>> local;
-      for (int b = 0; b < m.layout().num_blocks(); ++b)
-        local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
-                             : host[static_cast<size_t>(m.logical_block(b))]);
-      engine_of(r).rank(engine_rank(r)).load_parameters(local);
-    }
-    return;
-  }
-  const TensorMap* map = model_->tensor_map();
-  if (!map) {
-    for (int r = 0; r < N; ++r) engine_->rank(r).load_parameters(host);
-    return;
-  }
-  const int TP = mesh_->shape().tensor;
-  const ParamLayout& layout = model_->layout();
-  for (int t = 0; t < TP; ++t) {
+  for (int r = 0; r < size(); ++r) {
+    const Model& m = model_of(r);
+    const TensorMap* tmap = m.tensor_map();
     std::vector<std::vector<float>> local;
-    for (int b = 0; b < layout.num_blocks(); ++b) local.push_back(map->local_block(t, b, blocks));
-    for (int r = 0; r < N; ++r)
-      if (mesh_->index(MeshAxis::kTensor, r) == t) engine_->rank(r).load_parameters(local);
+    for (int b = 0; b < m.layout().num_blocks(); ++b)
+      local.push_back(tmap ? tmap->local_block(mesh_->index(MeshAxis::kTensor, r), b, blocks)
+                           : host[static_cast<size_t>(m.logical_block(b))]);
+    engine_of(r).rank(engine_rank(r)).load_parameters(local);
   }
 }
 
@@ -288,38 +272,50 @@ void World::build_pipeline(const ZeroOptions& zero) {
     for (int d = 0; d < shape.data; ++d)
       for (int t = 0; t < shape.tensor; ++t)
         devs.push_back(devs_[static_cast<size_t>(mesh_->rank_at(MeshCoord{.data = d, .tensor = t, .pipeline = s}))]);
-    pp.comms.push_back(std::make_unique<Communicator>(devs));
+    stage_comms_.push_back(std::make_unique<Communicator>(devs));
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
-    pp.models.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
+    models_.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
                                        TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
                                        run_activation_dtype(zo.working)));
-    pp.engines.push_back(std::make_unique<ZeroEngine>(*pp.models.back(), devs, *pp.comms.back(), zo));
+    engines_.push_back(std::make_unique<ZeroEngine>(*models_.back(), devs, *stage_comms_.back(), zo));
   }
   pp.inputs.resize(static_cast<size_t>(N));
   pp.targets.resize(static_cast<size_t>(N));
   pp.batches.resize(static_cast<size_t>(N));
   pp.tied_scratch.resize(static_cast<size_t>(N));
+  pp.spans.resize(static_cast<size_t>(N));
+  pp.all_spans = !cfg.trace_path.empty();  // --trace shows every rank's spans
   for (int r = 0; r < N; ++r) {
     Device& d = device(r);
     Stream& s = d.compute();
     const auto R = static_cast<size_t>(r);
     pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).rank(engine_rank(r)), B, T,
                                                        pp.schedule, stage_of(r)));
-    for (int k = 0; k < m; ++k) {
-      pp.inputs[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
-      pp.targets[R].emplace_back(d.memory(), static_cast<size_t>(B) * T * 4, s, "batch");
+    const RankBuffers buf = buffers_of(r);
+    for (int k = 0; k < buf.inputs.count; ++k) {
+      pp.inputs[R].emplace_back(d.memory(), buf.inputs.bytes, s, buf.inputs.tag);
+      pp.targets[R].emplace_back(d.memory(), buf.targets.bytes, s, buf.targets.tag);
       Batch b;
       b.B = B, b.T = T;
-      b.inputs = ConstTensorView{pp.inputs[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
-      b.targets = ConstTensorView{pp.targets[R].back().data(), DType::kI32, Shape{B, T}, d.index()};
+      b.inputs = ConstTensorView{pp.inputs[R].back().data(), buf.inputs.dtype, Shape{B, T}, d.index()};
+      b.targets = ConstTensorView{pp.targets[R].back().data(), buf.targets.dtype, Shape{B, T}, d.index()};
       pp.batches[R].push_back(b);
     }
-    if (const int tied = tied_embedding_block(model_of(r)); tied >= 0) {
-      // The embeddings' gradient (the rank's tensor shard) as the engine pads it over the data ranks.
-      const int64_t n = shard_range(model_of(r).layout().block(tied).numel, 0, shape.data).padded_numel;
-      pp.tied_scratch[R] = DeviceBuffer(d.memory(), static_cast<size_t>(n) * 4, s, "tied embedding gradient");
-    }
+    if (buf.tied_scratch.count)
+      pp.tied_scratch[R] = DeviceBuffer(d.memory(), buf.tied_scratch.bytes, s, buf.tied_scratch.tag);
   }
+}
+
+RankBuffers World::buffers_of(int r) const {
+  return rank_buffers(RankBufferShape{.gpt = run_.is_gpt,
+                                      .micro_batch = split_.micro,
+                                      .seq_len = run_.T,
+                                      .input_dim = run_.is_gpt ? 0 : run_.mc.input_dim,
+                                      .ranks = size(),
+                                      .data_ranks = mesh_->shape().data,
+                                      .micro_batches = split_.accum,
+                                      .pipeline = pipe_ != nullptr},
+                      model_of(r));
 }
 
 // Work still queued on a device may read or write host memory this World owns (a batch being
@@ -338,13 +334,13 @@ World::~World() {
 }
 
 const Model& World::model() const {
-  ZT_CHECK(model_, "a pipelined world has a model per stage (model_of)");
-  return *model_;
+  ZT_CHECK(models_.size() == 1, "a pipelined world has a model per stage (model_of)");
+  return *models_[0];
 }
 
 ZeroEngine& World::engine() {
-  ZT_CHECK(engine_, "a pipelined world has an engine per stage (engine_of)");
-  return *engine_;
+  ZT_CHECK(engines_.size() == 1, "a pipelined world has an engine per stage (engine_of)");
+  return *engines_[0];
 }
 
 std::vector<std::string> World::device_names() const {
@@ -416,8 +412,7 @@ void World::upload(int r, const HostBatch& hb) {
 
 void World::reset_comm_counters() {
   comm_->reset_counters();
-  if (pipe_)
-    for (auto& c : pipe_->comms) c->reset_counters();
+  for (auto& c : stage_comms_) c->reset_counters();
   if (collectives_) {
     ring_sent_base_.clear();
     for (int r = 0; r < size(); ++r) ring_sent_base_.push_back(collectives_->bytes_sent(r));
@@ -427,13 +422,14 @@ void World::reset_comm_counters() {
 
 size_t World::comm_buffer_bytes(int r) const {
   size_t n = comm_->buffer_bytes(r);
-  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->buffer_bytes(engine_rank(r));
+  if (!stage_comms_.empty()) n += stage_comms_[static_cast<size_t>(stage_of(r))]->buffer_bytes(engine_rank(r));
   return n;
 }
 
 uint64_t World::bytes_sent(int r) {
   uint64_t n = comm_->counters(r).bytes_sent;
-  if (pipe_) n += pipe_->comms[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
+  if (!stage_comms_.empty())
+    n += stage_comms_[static_cast<size_t>(stage_of(r))]->counters(engine_rank(r)).bytes_sent;
   if (collectives_)
     n += collectives_->bytes_sent(r) - (ring_sent_base_.empty() ? 0 : ring_sent_base_[static_cast<size_t>(r)]);
   return n;

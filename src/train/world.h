@@ -29,6 +29,7 @@
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
 #include "train/plan.h"
+#include "train/rank_buffers.h"
 #include "train/run_shape.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
@@ -48,15 +49,6 @@ struct HostBatch {
   std::vector<float> images;     // MLP inputs [B*D]
   std::vector<int32_t> targets;  // [B*T] or [B]; -1 (ignore) on padding rows
 };
-
-// Floats after the gradient-norm partials in RankState::norms: the step's loss sum, a micro-batch's.
-constexpr int kLossSlots = 2;
-// RankState::step_out: the global norm, loss sum and skip decision (doubles), then the clip factor
-// (a float in a double's slot); step_host: step_out's doubles, then the loss-scale state.
-constexpr size_t kStepOutBytes = 4 * sizeof(double);
-constexpr size_t kStepHostBytes = 3 * sizeof(double) + 6 * sizeof(float);
-// Steps in flight on a rank at most: the one enqueued and the one read one step late (step.h).
-constexpr int kStepSlots = 2;
 
 // One rank's buffers and host scratch.
 struct RankState {
@@ -103,17 +95,15 @@ struct RankState {
 
 // Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data, tensor, pipeline = P}; stage s
 // is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D x T ranks (tensor
-// fastest, each tensor coordinate sharded over its D data ranks), with its own communicator for
-// the engine's collectives (the world's carries the tensor groups' collectives, the activations
-// between stages and the tied embedding's gradient between the first and the last stage); each
-// rank runs its stage's list of the schedule (pipeline/runtime.h) through a ModelStageWork.
+// fastest, each tensor coordinate sharded over its D data ranks; World's engines_ and models_),
+// with its own communicator for the engine's collectives (World's stage_comms_; the world's
+// carries the tensor groups' collectives, the activations between stages and the tied embedding's
+// gradient between the first and the last stage); each rank runs its stage's list of the schedule
+// (pipeline/runtime.h) through a ModelStageWork. These are the parts only several stages have.
 struct PipelineParts {
   PipelinePartition partition;
   Schedule schedule;
   std::string note;                                  // the schedule's note when it degrades (m < P)
-  std::vector<std::unique_ptr<Communicator>> comms;  // per stage, over its data ranks
-  std::vector<std::unique_ptr<Model>> models;        // per stage
-  std::vector<std::unique_ptr<ZeroEngine>> engines;  // per stage
   std::vector<std::unique_ptr<ModelStageWork>> work;  // per rank
   std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
   std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
@@ -121,7 +111,7 @@ struct PipelineParts {
   // Compute spans of each rank's last step (per rank; read after the step's sync): the data-index-0
   // ranks' always (the measured bubble), every rank's with all_spans (--trace).
   std::vector<std::vector<StageSpan>> spans;
-  bool all_spans = false;
+  bool all_spans = false;  // --trace
   double bubble_sum = 0;  // measured bubble fractions of the steps so far, summed
   int bubble_steps = 0;
 };
@@ -148,24 +138,27 @@ class World {
   Device& device(int r) { return *devs_[static_cast<size_t>(r)]; }
   const std::vector<Device*>& devices() const { return devs_; }
   Communicator& comm() { return *comm_; }
-  // Pipeline parallelism: the stages' parts (null without --pipeline-parallel), rank r's stage,
-  // its index in the stage's engine (its data index), and that engine and model.
+  // Every world is a pipeline of mesh().shape().pipeline stages (one without --pipeline-parallel):
+  // rank r's stage, its index in the stage's engine (its data x tensor position), and that stage's
+  // engine and model. The parts only a pipeline of several stages has (its schedule, the stage
+  // runners, a batch per micro-batch): pipeline(), null with one stage.
   bool pipelined() const { return pipe_ != nullptr; }
   PipelineParts& pipeline() { return *pipe_; }
   int stage_of(int r) const { return mesh_->index(MeshAxis::kPipeline, r); }
-  // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does.
+  // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does (with one
+  // stage: the rank itself).
   int engine_rank(int r) const {
-    return pipe_ ? mesh_->index(MeshAxis::kTensor, r) + mesh_->shape().tensor * mesh_->index(MeshAxis::kData, r) : r;
+    return mesh_->index(MeshAxis::kTensor, r) + mesh_->shape().tensor * mesh_->index(MeshAxis::kData, r);
   }
-  ZeroEngine& engine_of(int r) { return pipe_ ? *pipe_->engines[static_cast<size_t>(stage_of(r))] : *engine_; }
-  const Model& model_of(int r) const {
-    return pipe_ ? *pipe_->models[static_cast<size_t>(stage_of(r))] : *model_;
-  }
+  ZeroEngine& engine_of(int r) { return *engines_[static_cast<size_t>(stage_of(r))]; }
+  const Model& model_of(int r) const { return *models_[static_cast<size_t>(stage_of(r))]; }
   // The rank speaks for its group in the step's loss: its tensor group's first rank, of the last
-  // pipeline stage (the one that computes the loss) with pipeline parallelism.
-  bool loss_lead(int r) const {
-    return tensor_lead(r) && (!pipe_ || stage_of(r) == mesh_->shape().pipeline - 1);
-  }
+  // pipeline stage (the one that computes the loss).
+  bool loss_lead(int r) const { return tensor_lead(r) && stage_of(r) == mesh_->shape().pipeline - 1; }
+  // The step's scalars (norms, loss, skip, clip) are summed on the host after one synchronisation
+  // per rank — pipeline stages (the head stage's losses), several processes (the partials cross
+  // them) — rather than on the devices (train/step.cc).
+  bool host_scalars() const { return host_scalars_; }
   // The (data x tensor x pipeline) mesh of the ranks; data x 1 x 1 without model parallelism.
   const Mesh& mesh() const { return *mesh_; }
   // The rank speaks for its tensor group in host-side sums (losses, replicated norms): coordinate 0.
@@ -189,7 +182,10 @@ class World {
   uint64_t bytes_sent_across() const;
   // Bytes rank r sent in its tensor group's collectives (0 without tensor parallelism).
   uint64_t tensor_bytes_sent(int r);
-  // The one model and engine of a world without pipeline stages (else: model_of / engine_of).
+  // The logical (one-device) model's blocks, whatever the tensor and pipeline degrees: what the
+  // initialisation, --init-from and checkpoints address.
+  ParamLayout logical_layout() const;
+  // The one stage's model and engine of a world without pipeline stages (else: model_of / engine_of).
   const Model& model() const;
   ZeroEngine& engine();
   RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
@@ -216,6 +212,8 @@ class World {
  private:
   void on_watchdog_timeout();
   void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  // Rank r's trainer buffers (train/rank_buffers.h): what it allocates and the plan counts.
+  RankBuffers buffers_of(int r) const;
   void init_parameters();  // the seeded (or --init-from) logical blocks onto every rank
   void load_initial_parameters(const std::vector<std::vector<float>>& host);
 
@@ -230,8 +228,12 @@ class World {
   std::vector<uint64_t> ring_sent_base_;
   uint64_t ring_across_base_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<ZeroEngine> engine_;
+  // Per pipeline stage: with several stages, each engine's own communicator over the stage's ranks
+  // (none with one stage: its engine runs on comm_); declared before the engines that use them.
+  std::vector<std::unique_ptr<Communicator>> stage_comms_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<ZeroEngine>> engines_;
+  bool host_scalars_ = false;
   std::unique_ptr<PipelineParts> pipe_;
   std::vector<RankState> ranks_;
   std::string init_note_, hung_;

@@ -18,6 +18,10 @@
 #include "train/plan.h"
 #include "test_util.h"
 #include "train/trainer.h"
+#include "train/run_shape.h"
+#include "train/world.h"
+#include "data/language_data.h"
+#include "train/batch_split.h"
 
 namespace zt {
 namespace {
@@ -517,6 +521,77 @@ TEST(Plan, WorkIsLinearInTheLayers) {
     EXPECT_GT(small, 1000.0) << "the work counter counts";
     EXPECT_GE(big, 100 * small * 0.9) << "search " << search;
     EXPECT_LE(big, 100 * small * 2.0) << "search " << search << ": the plan is not linear in the layers";
+  }
+}
+
+}  // namespace
+}  // namespace zt
+
+namespace zt {
+namespace {
+
+// The trainer's buffers the plan counts are the ones World allocates (train/rank_buffers.h): for
+// each run, every buffer of every rank as World holds it against the description made from the
+// plan's inputs (plan_rank_buffer_shape), per buffer and per micro-batch.
+TEST(Plan, CountsTheBuffersWorldAllocates) {
+  struct Run {
+    const char* name;
+    int devices, tensor = 1, pipeline = 1, stage = 1;
+    Recompute recompute = Recompute::kNone;
+    bool offload = false;
+  };
+  for (const Run& c : {Run{"gpt", 2}, Run{"tp", 4, 2}, Run{"pp", 4, 1, 2}, Run{"tp+pp", 4, 2, 2},
+                       Run{"offload", 2, 1, 1, 2, Recompute::kNone, true}, Run{"recompute", 2, 1, 1, 1, Recompute::kFull}}) {
+    SCOPED_TRACE(c.name);
+    TrainConfig cfg;
+    cfg.devices = "cpu:" + std::to_string(c.devices);
+    cfg.tensor_parallel = c.tensor;
+    cfg.pipeline_parallel = c.pipeline;
+    cfg.zero_stage = c.stage;
+    cfg.recompute = c.recompute;
+    cfg.offload_optimizer = c.offload;
+    cfg.batch_size = 8;
+    cfg.micro_batch_size = 2;
+    cfg.steps = 1;
+    const ModelConfig mc = make_model_config(cfg.model, cfg.overrides);
+    RunContext run = resolve_run_shape(cfg, mc, c.devices, Backend::kCpu);
+    run.lang = open_language_data(run.cfg.data, run.cfg.seed, mc.vocab);
+    const BatchSplit split = even_split(run.cfg.batch_size, c.devices / c.tensor / c.pipeline, run.cfg.micro_batch_size);
+    PlanInputs in = run.plan;
+    in.devices = c.devices;
+    in.micro_batch = split.micro;
+    in.micro_batches = split.accum;
+    World w(run, Runtime::create(parse_device_spec(cfg.devices)), split, run.working, run.scaling);
+    bool tied = false;
+    for (int r = 0; r < w.size(); ++r) {
+      const RankBuffers b = rank_buffers(plan_rank_buffer_shape(mc, in), w.model_of(r));
+      RankState& R = w.rank(r);
+      if (c.pipeline > 1) {
+        const PipelineParts& pp = w.pipeline();
+        ASSERT_EQ(pp.inputs[static_cast<size_t>(r)].size(), static_cast<size_t>(b.inputs.count));
+        ASSERT_EQ(b.inputs.count, split.accum);
+        for (int k = 0; k < b.inputs.count; ++k) {
+          EXPECT_EQ(pp.inputs[static_cast<size_t>(r)][static_cast<size_t>(k)].size(), b.inputs.bytes);
+          EXPECT_EQ(pp.targets[static_cast<size_t>(r)][static_cast<size_t>(k)].size(), b.targets.bytes);
+        }
+        EXPECT_EQ(pp.tied_scratch[static_cast<size_t>(r)].size(), b.tied_scratch.total());
+        tied = tied || b.tied_scratch.count > 0;
+      } else {
+        EXPECT_EQ(R.inputs.size(), b.inputs.total());
+        EXPECT_EQ(R.targets.size(), b.targets.total());
+        EXPECT_EQ(b.tied_scratch.count, 0);
+      }
+      // Closed forms: B x T tokens; 2 norm partials per block and the loss slots; a row per rank.
+      EXPECT_EQ(b.inputs.bytes, size_t{2} * run.T * 4);
+      EXPECT_EQ(b.norms.bytes, static_cast<size_t>(2 * w.model_of(r).layout().num_blocks() + kLossSlots) * 4);
+      EXPECT_EQ(b.step_rows.bytes, static_cast<size_t>(c.devices) * b.norms.bytes);
+      EXPECT_EQ(R.norms.size(), b.norms.total());
+      EXPECT_EQ(R.step_rows.size(), b.step_rows.total());
+      EXPECT_EQ(R.step_include.size(), b.step_include.total());
+      EXPECT_EQ(R.step_out.size(), b.step_out.total());
+      for (const PinnedHostBuffer& h : R.step_host) EXPECT_EQ(h.size(), b.step_host.bytes);
+    }
+    EXPECT_EQ(tied, c.pipeline > 1);  // the first and last stage exchange the tied embedding's gradient
   }
 }
 
