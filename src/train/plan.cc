@@ -364,6 +364,7 @@ MemoryPlan plan_for(const Model& model_ref, const ModelConfig& mc, const PlanInp
   zo.working = in.working;
   zo.offload = in.offload;  // the device optimizer bytes drop by the offloaded part, counted in eng.host
   zo.offload_fraction = in.offload_fraction;
+  zo.offload_delay = in.offload && in.offload_delay;
   zo.tensor = in.tensor;
   const EngineMemoryPlan eng = plan_engine_memory(*model, N, zo);
   size_t work = eng.work;

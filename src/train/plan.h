@@ -33,6 +33,7 @@ struct PlanInputs {
   Recompute recompute = Recompute::kNone;  // what the activations keep (--recompute)
   bool offload = false;          // --offload optimizer: masters and moments in host memory
   float offload_fraction = 1.0f; // of each rank's optimizer shard
+  bool offload_delay = false;    // --offload-delay-update: a second host copy of the offloaded gradients
   int tensor = 1;                // --tensor-parallel: devices = data x tensor
   bool sequence_parallel = true;
   // --pipeline-parallel P: devices = data x pipeline; each device holds its stage's blocks, the

@@ -261,6 +261,7 @@ void fill_plan(RunContext& s) {
   s.plan.recompute = cfg.recompute;
   s.plan.offload = cfg.offload_optimizer;
   s.plan.offload_fraction = cfg.offload_fraction;
+  s.plan.offload_delay = cfg.offload_delay_update;
   s.plan.tensor = TP;
   s.plan.sequence_parallel = cfg.sequence_parallel;
   s.plan.pipeline = PP;

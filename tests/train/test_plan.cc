@@ -191,6 +191,29 @@ TEST(Plan, PredictsPeaksAndHostBytesWithOffloadWithinFivePercent) {
   }
 }
 
+// --offload-delay-update keeps a second host copy of the offloaded gradients: the plan counts it
+// (the host bytes exactly, as the engine allocates them) and says more than without the delay.
+TEST(Plan, CountsTheDelayedOffloadUpdatesSecondGradientCopy) {
+  const ModelConfig mc = make_model_config("gpt-tiny", {});
+  TrainConfig c = short_run("gpt-tiny", {}, 2, 1);
+  c.precision = Precision::kBf16;
+  c.offload_optimizer = true;
+  c.offload_delay_update = true;
+  PlanInputs in = inputs_of(c, 2);
+  in.offload = true;
+  in.offload_delay = true;
+  const MemoryPlan plan = plan_memory(mc, in);
+  in.offload_delay = false;
+  const MemoryPlan undelayed = plan_memory(mc, in);
+  const TrainResult r = train(c);
+  for (int d = 0; d < 2; ++d) {
+    const size_t predicted = plan.per_device[static_cast<size_t>(d)].host;
+    EXPECT_GT(predicted, undelayed.per_device[static_cast<size_t>(d)].host);
+    EXPECT_NEAR(static_cast<double>(predicted) / static_cast<double>(r.host_peak_bytes_per_device[static_cast<size_t>(d)]),
+                1.0, 0.05);
+  }
+}
+
 // A memory size between what `tight` needs and what `loose` needs.
 size_t between(const MemoryPlan& tight, const MemoryPlan& loose) {
   return (tight.per_device[0].total + loose.per_device[0].total) / 2;
