@@ -287,22 +287,28 @@ TEST_F(Resume, WithOffloadIsBitExactAndContinuesAsTheDeviceOptimizer) {
   }
 }
 
+// With the delayed update (--offload-delay-update) too: the snapshot applies the pending update as a
+// checkpoint does, and the run goes on from it on the other devices.
 TEST(FaultTolerance, RecoveryWorksWithOffload) {
-  TrainConfig c = tiny(4, 2, 14, Precision::kBf16);
-  c.test.keep_final_params = false;
-  c.offload_optimizer = true;
-  c.offload_fraction = 0.5f;
-  const TrainResult clean = train(c);
-  c.snapshot_every = 5;
-  c.inject_faults = {{2, 8, false}};
-  const TrainResult r = train(c);
-  ASSERT_EQ(r.recoveries.size(), 1u);
-  EXPECT_EQ(r.recoveries[0].resumed_from_step, 5);
-  EXPECT_EQ(r.devices, 3);
-  ASSERT_EQ(r.losses.size(), 14u) << "every step reported once";
-  for (int i = 0; i < 5; ++i)
-    EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]) << "step " << i + 1;
-  EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
+  for (bool delay : {false, true}) {
+    SCOPED_TRACE(delay ? "delayed update" : "update in its step");
+    TrainConfig c = tiny(4, 2, 14, Precision::kBf16);
+    c.test.keep_final_params = false;
+    c.offload_optimizer = true;
+    c.offload_fraction = 0.5f;
+    c.offload_delay_update = delay;
+    const TrainResult clean = train(c);
+    c.snapshot_every = 5;
+    c.inject_faults = {{2, 8, false}};
+    const TrainResult r = train(c);
+    ASSERT_EQ(r.recoveries.size(), 1u);
+    EXPECT_EQ(r.recoveries[0].resumed_from_step, 5);
+    EXPECT_EQ(r.devices, 3);
+    ASSERT_EQ(r.losses.size(), 14u) << "every step reported once";
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]) << "step " << i + 1;
+    EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
+  }
 }
 
 TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers) {

@@ -259,26 +259,6 @@ TEST(OffloadDelay, ResumeFromACheckpointIsBitExact) {
   expect_same_state(rest, full, "resumed vs continued");
 }
 
-// In-process recovery with the delayed update: the snapshot applies the pending update as a
-// checkpoint does; after a device fails the run goes on from it on the others.
-TEST(OffloadDelay, RecoveryFromASnapshotGoesOn) {
-  TrainConfig c = tiny(3, 2, 7, Precision::kBf16);
-  c.test.keep_final_params = false;
-  c.offload_optimizer = true;
-  c.offload_delay_update = true;
-  c.snapshot_every = 3;
-  const TrainResult clean = train(c);
-  c.inject_faults = {{1, 5, false}};
-  const TrainResult r = train(c);
-  ASSERT_EQ(r.recoveries.size(), 1u);
-  EXPECT_EQ(r.recoveries[0].resumed_from_step, 3);
-  EXPECT_EQ(r.devices, 2);
-  ASSERT_EQ(r.losses.size(), 7u) << "every step reported once";
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(r.losses[static_cast<size_t>(i)], clean.losses[static_cast<size_t>(i)]) << "step " << i + 1;
-  EXPECT_NEAR(r.final_loss / clean.final_loss, 1.0, 0.01) << r.final_loss << " vs " << clean.final_loss;
-}
-
 // The delayed update against an independent float64 loop: SGD with momentum on one device, where
 // step k's gradient is taken by the model on resident parameters (no engine) at the parameters of
 // two updates before, p_{k-2} (p_{-1} = p_0), and applied to p_{k-1} in double precision. The same
