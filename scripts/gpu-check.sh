@@ -398,10 +398,11 @@ fi
 # after the first two (warm-up: allocation, cuBLAS heuristics), MFU = flops_per_token x that /
 # peak_flops of the summary, whose peak_kind names the peak (fp32, tf32 or bf16 tensor cores).
 # Runs: bf16 eager, bf16 with --cuda-graphs on (the 16-bit GPT captured once per micro-batch and
-# replayed; the "graphs" row), tf32 eager, and fp32 (not with --pack: the 5 minutes), each a
-# "precision:mode" entry of gpt2_runs. Then one more bf16 eager run with --trace, whose device time
+# replayed; the "graphs" row), tf32 eager, bf16 with --offload optimizer and with
+# --offload-delay-update too (issue 28 item 8: each within 20% of bf16 eager), and fp32 (not with
+# --pack: the 5 minutes), each a "precision:mode" entry of gpt2_runs. Then one more bf16 eager run with --trace, whose device time
 # per op (scripts/op_table.py) goes into results.md beside issue 28's budgets.
-gpt2_runs=(bf16:eager bf16:graphs tf32:eager)
+gpt2_runs=(bf16:eager bf16:graphs tf32:eager bf16:offload bf16:offload-delay)
 [[ -z $PACK ]] && gpt2_runs+=(fp32:eager)
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   gpt2=(train --model gpt2-124m --train-seq-len 1024 --batch-size 16 --micro-batch-size 16 --steps 8
@@ -411,6 +412,8 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
     flags=(--precision "$p")
     [[ $p == tf32 ]] && flags=(--precision fp32 --tf32)
     [[ $mode == graphs ]] && flags+=(--cuda-graphs on)
+    [[ $mode == offload* ]] && flags+=(--offload optimizer)
+    [[ $mode == offload-delay ]] && flags+=(--offload-delay-update)
     run_step "gpt2-124m T=1024 $p $mode" 90 "gpt2-$p-$mode.txt" "$app" "${gpt2[@]}" "${flags[@]}" \
       --metrics "$LOGS/gpt2-$p-$mode.jsonl"
     (($? != 0)) && failed=1
@@ -637,6 +640,29 @@ if ((built_gpu)) && [[ -x "$app" ]]; then
     (($? != 0)) && failed=1
     cat "$LOGS/compare-ck.txt"
   fi
+  # generate and eval on the GPU (issue 32): the GPU checkpoint's evaluation in fp32 on cuda:0 and on
+  # the CPU backend (cuBLAS vs OpenBLAS: within 1e-4 relative), and greedy text in bf16 (auto).
+  ev=(eval --checkpoint "$LOGS/ck-gpu/step-00000010" --precision fp32 --log-format json)
+  run_step "eval cuda:0 fp32" 60 eval-cuda.txt "$app" "${ev[@]}" --devices cuda:0
+  run_step "eval cpu:1 fp32" 60 eval-cpu.txt "$app" "${ev[@]}" --devices cpu:1
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare eval cuda:0 vs cpu:1" 30 compare-eval.txt python3 - "$LOGS" <<'PY'
+import json, os, sys
+def val_loss(name):  # the JSON line among the log's lines (stderr notes may surround it)
+    for line in open(os.path.join(sys.argv[1], name)):
+        if line.startswith("{") and '"val_loss"' in line:
+            return json.loads(line)["val_loss"]
+    sys.exit(f"{name}: no evaluation")
+g, c = val_loss("eval-cuda.txt"), val_loss("eval-cpu.txt")
+print(f"eval val_loss cuda:0 {g:.7f} cpu:1 {c:.7f} relative difference {abs(g - c) / abs(c):.2e} (tolerance 1e-4)")
+sys.exit(abs(g - c) / abs(c) >= 1e-4)
+PY
+    (($? != 0)) && failed=1
+    cat "$LOGS/compare-eval.txt"
+  fi
+  run_step "generate cuda:0 (bf16, greedy)" 60 generate-cuda.txt "$app" generate --checkpoint \
+    "$LOGS/ck-gpu/step-00000010" --devices cuda:0 --max-new-tokens 64 --temperature 0
+  (($? != 0)) && failed=1
   rm -rf "$LOGS/ck-gpu" "$LOGS/ck-cpu" "$LOGS/ck-back"
 fi
 
