@@ -2,14 +2,40 @@
 #include "train/evaluator.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "core/heartbeat.h"
 #include "core/nvtx.h"
 #include "train/processes.h"
+#include "train/signals.h"
 
 namespace zt {
 
 namespace {
+
+// How many batches every rank runs when a stop signal arrives mid-evaluation: each rank asks before
+// each batch; the first to see the signal fixes the count at one past the furthest batch any rank
+// has begun (a peer may be inside it, waiting on this rank's tensor-parallel collective or
+// pipeline transfer), so every rank runs exactly that many.
+class EvalStop {
+ public:
+  explicit EvalStop(int ranks) : begun_(static_cast<size_t>(ranks), -1) {}
+  // Whether rank r runs batch e.
+  bool begin(int r, int64_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_at_ < 0 && StopSignals::pending() != 0)
+      for (int64_t b : begun_) stop_at_ = std::max(stop_at_, b + 1);
+    if (stop_at_ >= 0 && e >= stop_at_) return false;
+    begun_[static_cast<size_t>(r)] = e;
+    return true;
+  }
+  bool cut_short(int64_t batches) const { return stop_at_ >= 0 && stop_at_ < batches; }
+
+ private:
+  std::mutex mu_;
+  std::vector<int64_t> begun_;
+  int64_t stop_at_ = -1;  // -1: no stop yet
+};
 
 // Pipeline stages: each data rank's validation batch flows forward through the virtual stages in
 // order on blocking transfers (one batch at a time needs no schedule, and a chain cannot
@@ -18,6 +44,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
   const int N = world.size(), B = world.split().micro, T = run.T;
   PipelineParts& pp = world.pipeline();
   std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
+  EvalStop stop(N);
   world.for_ranks([&](int r) {
     Device& d = world.device(r);
     Stream& s = d.compute();
@@ -31,7 +58,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
     std::vector<float> losses(static_cast<size_t>(B * T));
     const Batch& batch = pp.batches[static_cast<size_t>(r)][0];
     world.engine_of(r).rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
-    for (int64_t e = 0; e < batches; ++e) {
+    for (int64_t e = 0; e < batches && stop.begin(r, e); ++e) {
       heartbeat();  // a batch done: a long evaluation is not a hang (core/heartbeat.h)
       run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.mesh().index(MeshAxis::kData, r) * B, B, T,
                       hb.tokens.data(), hb.targets.data());
@@ -50,6 +77,7 @@ EvalResult evaluate_pipeline(World& world, const RunContext& run, int batches) {
   const double n = static_cast<double>(world.mesh().shape().data) * static_cast<double>(batches) * B * T;
   EvalResult out;
   out.loss = n > 0 ? ls / n : 0;
+  out.interrupted = stop.cut_short(batches);
   return out;
 }
 
@@ -62,6 +90,7 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   const int D = is_gpt ? 0 : run.mc.input_dim, classes = run.mc.classes;
   std::vector<double> loss_sum(static_cast<size_t>(N), 0.0);
   std::vector<int64_t> correct(static_cast<size_t>(N), 0), count(static_cast<size_t>(N), 0);
+  EvalStop stop(N);
   const int64_t batches = is_gpt ? batches_gpt
                                  : run.images->num_examples(Split::kValidation) /
                                        (static_cast<int64_t>(world.data_ranks()) * B);
@@ -75,7 +104,7 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
     hb.images.resize(static_cast<size_t>(B * D));
     hb.targets.resize(static_cast<size_t>(B * T));
     std::vector<float> logits(is_gpt ? 0 : static_cast<size_t>(B * classes));
-    for (int64_t e = 0; e < batches; ++e) {
+    for (int64_t e = 0; e < batches && stop.begin(r, e); ++e) {
       heartbeat();  // a batch done: a long evaluation is not a hang (core/heartbeat.h)
       if (is_gpt)
         run.lang->batch(Split::kValidation, static_cast<uint64_t>(e), world.data_rank(r) * B, B, T, hb.tokens.data(),
@@ -101,19 +130,28 @@ EvalResult evaluate(World& world, const RunContext& run, int batches_gpt) {
   double ls = 0;
   int64_t c = 0, n = 0;
   // Every global rank's sums (every process's), added in rank order as one process adds them
-  // (counts are exact in a double); global rank g is local rank g % N of its process.
+  // (counts are exact in a double); global rank g is local rank g % N of its process. Each
+  // process's row ends with whether a stop signal cut its evaluation short (it then means nothing
+  // anywhere; the stop itself is agreed at the next step, StepStats::stop_signal).
   std::vector<double> mine;
   for (int r = 0; r < N; ++r)
     mine.insert(mine.end(), {loss_sum[static_cast<size_t>(r)], static_cast<double>(correct[static_cast<size_t>(r)]),
                              static_cast<double>(count[static_cast<size_t>(r)])});
+  mine.push_back(stop.cut_short(batches) ? 1.0 : 0.0);
   const std::vector<double> all = run.processes->all_gather(mine, "the evaluation's losses");
-  for (size_t g = 0; g + 2 < all.size(); g += 3) {
-    if (!world.tensor_lead(static_cast<int>(g / 3 % static_cast<size_t>(N)))) continue;  // a tensor group's ranks hold the same losses
-    ls += all[g];
-    c += static_cast<int64_t>(all[g + 1]);
-    n += static_cast<int64_t>(all[g + 2]);
+  bool interrupted = false;
+  for (size_t p = 0; p + mine.size() <= all.size(); p += mine.size()) {
+    for (int r = 0; r < N; ++r) {
+      if (!world.tensor_lead(r)) continue;  // a tensor group's ranks hold the same losses
+      const double* sums = all.data() + p + 3 * static_cast<size_t>(r);
+      ls += sums[0];
+      c += static_cast<int64_t>(sums[1]);
+      n += static_cast<int64_t>(sums[2]);
+    }
+    interrupted = interrupted || all[p + mine.size() - 1] != 0;
   }
   EvalResult out;
+  out.interrupted = interrupted;
   out.loss = n ? ls / static_cast<double>(n) : 0;
   if (!is_gpt) out.accuracy = n ? static_cast<double>(c) / static_cast<double>(n) : 0;
   return out;

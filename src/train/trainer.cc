@@ -682,6 +682,10 @@ EvalAction Trainer::evaluate_at(World& w, int step) {
   EvalResult ev;
   side_comm(w, [&] { ev = evaluate(w, run_, cfg_.eval_batches); });
   if (trace) w.engine().set_tracing(true);
+  if (ev.interrupted) {  // a stop signal: the run stops after the next step, agreed by every process
+    log_.line("eval at step " + std::to_string(step + 1) + ": interrupted by a stop signal");
+    return EvalAction::kContinue;
+  }
   result_.val_loss = ev.loss;
   result_.val_losses.emplace_back(step + 1, ev.loss);
   if (ev.accuracy) result_.accuracy = ev.accuracy;

@@ -227,6 +227,22 @@ TEST_F(BadInput, ASignalStopsAfterTheStepWithACheckpoint) {
   }
 }
 
+// A signal during an endless evaluation (--eval-batches 2000000000 after every step) ends it after
+// the batches some rank began — every rank runs as many, so tensor parallelism's collectives pair
+// up — and the run stops after the next step with its checkpoint and exit code.
+TEST_F(BadInput, ASignalEndsAnEndlessEvaluation) {
+  const Proc p = run_in(dir_, small({"--steps", "100000", "--eval-every", "1", "--eval-batches", "2000000000",
+                                     "--devices", "cpu:2", "--tensor-parallel", "2", "--checkpoint-dir", "d",
+                                     "--save-every", "1000", "--metrics", "m.jsonl"}),
+                        120, [&](pid_t pid) {
+                          wait_for_line(dir_ / "m.jsonl");
+                          kill(pid, SIGTERM);
+                        });
+  EXPECT_EQ(p.exit_code, 128 + SIGTERM) << p.err;
+  EXPECT_NE(p.out.find("interrupted by a stop signal"), std::string::npos) << p.out;
+  EXPECT_TRUE(fs::exists(dir_ / "d" / "latest"));
+}
+
 // A second signal exits at once; the checkpoints that were complete stay untouched.
 TEST_F(BadInput, ASecondSignalExitsAtOnceWithoutHarm) {
   // The second signal's _exit abandons the rank threads on purpose, whatever they are doing; under
