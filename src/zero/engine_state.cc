@@ -231,14 +231,8 @@ void EngineImpl::settle_offload() {
   bool pending = false;
   for (auto& R : impl.ranks) pending = pending || R->update_pending_;
   if (!pending) return;
-  for (auto& R : impl.ranks) {
-    if (!R->update_pending_) continue;
-    R->note_update_due(R->updates_issued_, impl.now_us());
-    R->sync_offload();
-    R->record_comm_and_wait(R->compute_);
-    for (auto& blk : R->blocks) R->copy_back(blk, R->compute_);
-    R->update_pending_ = false;
-  }
+  for (auto& R : impl.ranks)
+    if (R->update_pending_) R->apply_pending_update();
   if (impl.policy.gathers_params_after_step()) {
     const DType W = impl.opt.working;
     const std::vector<std::vector<int>> groups = impl.mesh.groups(MeshAxis::kData);

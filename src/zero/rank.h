@@ -256,6 +256,9 @@ class ZeroRank final : public ParamAccess {
   void offload_after_device_update();
   // Offload: copies block blk's offloaded parameters (h_work, or the fp32 master) to the device on s.
   void copy_back(Block& blk, Stream& s);
+  // Delayed update: waits for the pending host update (its exposed part) and copies its
+  // parameters back on the compute stream; the all-gather of stages 1-2 is the caller's.
+  void apply_pending_update();
   // Offload: the host stream is idle (host buffers may be read or written on this thread).
   void sync_offload() {
     if (offload_) offload_->synchronize();

@@ -301,14 +301,18 @@ ZeroRank::HostUpdateSeconds ZeroRank::take_host_update_seconds() {
   return std::exchange(host_seconds_, HostUpdateSeconds{});
 }
 
-void ZeroRank::settle_offload() {
-  if (!update_pending_) return;
+void ZeroRank::apply_pending_update() {
   // The host waits for the pending update here: that wait is its exposed part.
   note_update_due(updates_issued_, e_.now_us());
   sync_offload();
   record_comm_and_wait(compute_);
   for (auto& blk : blocks) copy_back(blk, compute_);
   update_pending_ = false;
+}
+
+void ZeroRank::settle_offload() {
+  if (!update_pending_) return;
+  apply_pending_update();
   if (policy_.gathers_params_after_step()) {
     const DType W = e_.opt.working;
     for (size_t b = 0; b < blocks.size(); ++b)
