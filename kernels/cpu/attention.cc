@@ -438,8 +438,9 @@ void flash_attention_forward(void* out, float* lse, const void* qkv, int64_t B, 
   ZT_CHECK(false, "flash_attention_forward: unsupported dtype ", dtype_name(dtype));
 }
 
-// One task per (row, head): scores in fp32, softmax sum in double, out accumulated in fp32 and
-// rounded once to T; the same steps as the CUDA kernel (kernels/cuda/decode_attention.cu).
+// One task per (row, head): scores in fp32, exp_elem (the CUDA kernel's exp too), the softmax sum
+// in double (the CUDA kernel's block reduction sums in fp32), out accumulated in fp32 over the keys
+// in order and rounded once to T (kernels/cuda/decode_attention.cu).
 void decode_attention(void* out_v, const void* qkv_v, int64_t n, int64_t S, int64_t C, int64_t NH, DType dtype) {
   detail::with_storage_type(dtype, "decode_attention", [=](auto tag) {
     using T = decltype(tag);
@@ -461,7 +462,7 @@ void decode_attention(void* out_v, const void* qkv_v, int64_t n, int64_t S, int6
           mx = std::max(mx, p[static_cast<size_t>(j)]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx);
+        for (int64_t j = 0; j <= t; ++j) sum += p[static_cast<size_t>(j)] = exp_elem(p[static_cast<size_t>(j)] - mx);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j <= t; ++j) {
           const T* v = qkv + j * ld + 2 * C + h * hs;

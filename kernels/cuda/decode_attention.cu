@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
+#include "kernels/elementwise.h"
 #include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
@@ -45,7 +46,7 @@ __global__ void decode_attention_kernel(T* out, const T* qkv, int64_t n, int64_t
   if (threadIdx.x == 0) shared_max = block_max;
   __syncthreads();
   float local_sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) local_sum += scores[j] = expf(scores[j] - shared_max);
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) local_sum += scores[j] = exp_elem(scores[j] - shared_max);
   const float block_sum = Reduce(tmp).Sum(local_sum);
   if (threadIdx.x == 0) shared_sum = block_sum;
   __syncthreads();  // every score is final and the sum is published
