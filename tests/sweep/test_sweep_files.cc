@@ -244,7 +244,9 @@ TEST_F(SweepFiles, ForeignDirectoriesRootAndHomeAreRefusedUntouched) {
   EXPECT_EQ(fingerprint(work_), before);
   const bool root_had = fs::exists("/sweep.json") || fs::exists("/.sweep.lock");
   expect_one_sentence(run(work_, asha_args("/")), "root directory", "/");
-  if (!root_had) EXPECT_FALSE(fs::exists("/sweep.json") || fs::exists("/.sweep.lock"));
+  if (!root_had) {
+    EXPECT_FALSE(fs::exists("/sweep.json") || fs::exists("/.sweep.lock"));
+  }
 }
 
 // Reproduction 4: no blocking on a FIFO, nothing written through a symbolic link.
