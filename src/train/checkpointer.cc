@@ -5,16 +5,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 
 #include "checkpoint/file_io.h"
 #include "core/files.h"
 #include "train/processes.h"
-
-#if ZT_WITH_MPI
-#include "comm/process_group.h"
-#endif
 
 namespace zt {
 
@@ -74,14 +69,12 @@ nlohmann::json checkpoint_meta(World& world, const RunContext& run, const TrainC
   return m;
 }
 
-namespace {
-
 // A pipelined world's snapshot in the logical layout: each stage's engine snapshots its blocks over
 // its D data ranks, and logical block b's shards come from the stage that holds it (the embeddings
 // from the first stage: the last stage's tied copy holds the same bits). Shard w of every block is
 // written by engine rank w of its stage, as a run without stages on D x T devices would write it,
 // so the checkpoint reshards onto any pipeline degree.
-HostSnapshot pipeline_snapshot(World& world, bool adamw, int64_t step) {
+HostSnapshot PipelineStages::snapshot(World& world, bool adamw, int64_t step) {
   const MeshShape shape = world.mesh().shape();
   const ParamLayout logical = gpt_layout(world.model_of(0).config());
   HostSnapshot out;
@@ -117,111 +110,25 @@ HostSnapshot pipeline_snapshot(World& world, bool adamw, int64_t step) {
   return out;
 }
 
-}  // namespace
+HostSnapshot OneStage::snapshot(World& world, bool adamw, int64_t step) {
+  return take_snapshot(world.engine(), world.model(), adamw, step,
+                       [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
+}
 
 HostSnapshot snapshot_world(World& world, const RunContext& run, const TrainCounters& counters,
                             const std::string& precision, ZeroOptions::Scaling scaling) {
   const bool adamw = run.cfg.optimizer == OptimizerKind::kAdamW;
-  HostSnapshot snap = world.pipelined()
-                          ? pipeline_snapshot(world, adamw, counters.step)
-                          : take_snapshot(world.engine(), world.model(), adamw, counters.step,
-                                          [&](const std::function<void(int)>& fn) { world.for_ranks(fn); });
+  HostSnapshot snap = world.stages().snapshot(world, adamw, counters.step);
   snap.meta = checkpoint_meta(world, run, counters, precision, scaling);
-  if (run.processes->size() > 1) {
-    // The engine's world is every process's ranks; this process took its own (global ranks
-    // p * L + i, in take_snapshot's slots 0..L-1).
-    const int L = world.size();
-    snap.shards.resize(static_cast<size_t>(L));
-    snap.first_rank = run.processes->rank() * L;
-    snap.world_ranks = run.processes->size() * L;
-  }
+  run.processes->own_part(snap, world.size());
   return snap;
 }
-
-namespace {
-
-#if ZT_WITH_MPI
-// write_checkpoint's team over a process group of its own (MPI_COMM_WORLD duplicated): texts are
-// sent as a length, then the bytes.
-class ProcessTeam final : public CheckpointTeam {
- public:
-  explicit ProcessTeam(std::chrono::milliseconds timeout) : group_(timeout) {}
-  ~ProcessTeam() override {
-    // Leaving while a peer may be gone (an error unwinds the run): a broken group is not freed,
-    // since freeing it could wait for that peer.
-    if (std::uncaught_exceptions() > 0) group_.abort("the run is ending with an error");
-  }
-  int process() const override { return group_.rank(); }
-  std::vector<std::string> gather(const std::string& mine) override {
-    if (group_.rank() != 0) {
-      send_text(0, mine, kGatherTag);
-      return {};
-    }
-    std::vector<std::string> all(static_cast<size_t>(group_.size()));
-    all[0] = mine;
-    for (int p = 1; p < group_.size(); ++p) all[static_cast<size_t>(p)] = recv_text(p, kGatherTag);
-    return all;
-  }
-  std::string broadcast(const std::string& from_lead) override {
-    if (group_.rank() != 0) return recv_text(0, kBroadcastTag);
-    for (int p = 1; p < group_.size(); ++p) send_text(p, from_lead, kBroadcastTag);
-    return from_lead;
-  }
-  std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) override {
-    const int K = group_.size(), next = (group_.rank() + 1) % K, prev = (group_.rank() + K - 1) % K;
-    const uint64_t n = mine.size();
-    uint64_t m = 0;
-    group_.send_recv(next, &n, sizeof n, prev, &m, sizeof m, kShiftTag, "the replicated snapshot's size");
-    std::vector<uint8_t> theirs(m);
-    // Several messages when large (kMaxMessageBytes each); send_recv posts both halves first.
-    for (uint64_t off = 0; off < std::max(n, m); off += ProcessGroup::kMaxMessageBytes) {
-      const uint64_t sn = off < n ? std::min<uint64_t>(n - off, ProcessGroup::kMaxMessageBytes) : 0;
-      const uint64_t rn = off < m ? std::min<uint64_t>(m - off, ProcessGroup::kMaxMessageBytes) : 0;
-      if (sn > 0 && rn > 0)
-        group_.send_recv(next, mine.data() + off, sn, prev, theirs.data() + off, rn, kShiftTag + 1,
-                         "the replicated snapshot");
-      else if (sn > 0)
-        group_.send(next, mine.data() + off, sn, kShiftTag + 1, "the replicated snapshot");
-      else
-        group_.recv(prev, theirs.data() + off, rn, kShiftTag + 1, "the replicated snapshot");
-    }
-    return theirs;
-  }
-
- private:
-  static constexpr int kGatherTag = 1, kBroadcastTag = 3, kShiftTag = 5;  // the length; the bytes are tag + 1
-  void send_text(int peer, const std::string& text, int tag) {
-    const uint64_t n = text.size();
-    group_.send(peer, &n, sizeof n, tag, "a checkpoint message's size");
-    if (n > 0) group_.send(peer, text.data(), n, tag + 1, "a checkpoint message");
-  }
-  std::string recv_text(int peer, int tag) {
-    uint64_t n = 0;
-    group_.recv(peer, &n, sizeof n, tag, "the checkpoint's barrier (a process's part of the save)");
-    std::string text(n, '\0');
-    if (n > 0) group_.recv(peer, text.data(), n, tag + 1, "a checkpoint message");
-    return text;
-  }
-  ProcessGroup group_;
-};
-#endif
-
-std::unique_ptr<CheckpointTeam> make_team(const RunContext& run) {
-  if (run.processes->size() == 1) return nullptr;
-#if ZT_WITH_MPI
-  return std::make_unique<ProcessTeam>(std::chrono::milliseconds(static_cast<int64_t>(run.cfg.comm_timeout_s * 1000)));
-#else
-  ZT_THROW(ErrorKind::kInternal, "a run over several processes in a build without MPI");
-#endif
-}
-
-}  // namespace
 
 Checkpointer::Checkpointer(const RunContext& run, Logger& log) : run_(run), log_(log) {
   const TrainConfig& cfg = run.cfg;
   if (cfg.checkpoint_dir.empty()) return;
   const RunIdentity id = run_identity(run.mc, cfg.seed, cfg.data);
-  team_ = make_team(run);  // collective: every process of the launch has the same --checkpoint-dir
+  team_ = run.processes->checkpoint_team();  // collective: every process of the launch has the same --checkpoint-dir
   if (!team_) {
     lease_.emplace(open_checkpoint_dir(cfg.checkpoint_dir, id, !cfg.resume.fresh(), cfg.steps));
     if (cfg.resume.newest_in_dir()) assembled_ = assemble_partials(cfg.checkpoint_dir, cfg.keep);

@@ -285,7 +285,7 @@ EvalReport evaluate_device(DeviceGpt& m, const LanguageData& data, int batches, 
       f.run(in.data() + off, tg.data() + off);
       s.copy(losses.data(), f.ws->losses().data, losses.size() * 4);
       s.synchronize();
-      double part = 0;  // as World::read_losses sums a micro-batch, then the evaluation adds it
+      double part = 0;  // as OneStage::evaluate_rank sums a micro-batch, then adds it to the rank's sum
       for (float l : losses) part += l;
       sum += part;
       r.tokens += losses.size();

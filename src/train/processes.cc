@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 
 #include "comm/nccl_comm.h"
 #include "core/status.h"
 #include "train/comm_engine.h"
+#include "train/state_io.h"
 
 #if ZT_WITH_MPI
 #include "comm/process_group.h"
@@ -149,18 +151,99 @@ class TensorDataCollectives final : public DataCollectives {
 
 namespace {
 
+// write_checkpoint's team over a process group of its own (MPI_COMM_WORLD duplicated): texts are
+// sent as a length, then the bytes.
+class ProcessTeam final : public CheckpointTeam {
+ public:
+  explicit ProcessTeam(std::chrono::milliseconds timeout) : group_(timeout) {}
+  ~ProcessTeam() override {
+    // Leaving while a peer may be gone (an error unwinds the run): a broken group is not freed,
+    // since freeing it could wait for that peer.
+    if (std::uncaught_exceptions() > 0) group_.abort("the run is ending with an error");
+  }
+  int process() const override { return group_.rank(); }
+  std::vector<std::string> gather(const std::string& mine) override {
+    if (group_.rank() != 0) {
+      send_text(0, mine, kGatherTag);
+      return {};
+    }
+    std::vector<std::string> all(static_cast<size_t>(group_.size()));
+    all[0] = mine;
+    for (int p = 1; p < group_.size(); ++p) all[static_cast<size_t>(p)] = recv_text(p, kGatherTag);
+    return all;
+  }
+  std::string broadcast(const std::string& from_lead) override {
+    if (group_.rank() != 0) return recv_text(0, kBroadcastTag);
+    for (int p = 1; p < group_.size(); ++p) send_text(p, from_lead, kBroadcastTag);
+    return from_lead;
+  }
+  std::vector<uint8_t> shift(const std::vector<uint8_t>& mine) override {
+    const int K = group_.size(), next = (group_.rank() + 1) % K, prev = (group_.rank() + K - 1) % K;
+    const uint64_t n = mine.size();
+    uint64_t m = 0;
+    group_.send_recv(next, &n, sizeof n, prev, &m, sizeof m, kShiftTag, "the replicated snapshot's size");
+    std::vector<uint8_t> theirs(m);
+    // Several messages when large (kMaxMessageBytes each); send_recv posts both halves first.
+    for (uint64_t off = 0; off < std::max(n, m); off += ProcessGroup::kMaxMessageBytes) {
+      const uint64_t sn = off < n ? std::min<uint64_t>(n - off, ProcessGroup::kMaxMessageBytes) : 0;
+      const uint64_t rn = off < m ? std::min<uint64_t>(m - off, ProcessGroup::kMaxMessageBytes) : 0;
+      if (sn > 0 && rn > 0)
+        group_.send_recv(next, mine.data() + off, sn, prev, theirs.data() + off, rn, kShiftTag + 1,
+                         "the replicated snapshot");
+      else if (sn > 0)
+        group_.send(next, mine.data() + off, sn, kShiftTag + 1, "the replicated snapshot");
+      else
+        group_.recv(prev, theirs.data() + off, rn, kShiftTag + 1, "the replicated snapshot");
+    }
+    return theirs;
+  }
+
+ private:
+  static constexpr int kGatherTag = 1, kBroadcastTag = 3, kShiftTag = 5;  // the length; the bytes are tag + 1
+  void send_text(int peer, const std::string& text, int tag) {
+    const uint64_t n = text.size();
+    group_.send(peer, &n, sizeof n, tag, "a checkpoint message's size");
+    if (n > 0) group_.send(peer, text.data(), n, tag + 1, "a checkpoint message");
+  }
+  std::string recv_text(int peer, int tag) {
+    uint64_t n = 0;
+    group_.recv(peer, &n, sizeof n, tag, "the checkpoint's barrier (a process's part of the save)");
+    std::string text(n, '\0');
+    if (n > 0) group_.recv(peer, text.data(), n, tag + 1, "a checkpoint message");
+    return text;
+  }
+  ProcessGroup group_;
+};
+
 // K > 1 processes over MPI's world group.
 class MpiProcesses final : public Processes {
  public:
-  explicit MpiProcesses(std::chrono::milliseconds timeout) : group_(std::in_place, (mpi_init(), timeout)) {}
+  explicit MpiProcesses(std::chrono::milliseconds timeout)
+      : timeout_(timeout), group_(std::in_place, (mpi_init(), timeout)) {}
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   std::unique_ptr<DataCollectives> connect(const std::vector<Device*>& local, int tensor, bool hierarchical) override;
   std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) override;
   std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what) override;
+  std::unique_ptr<CheckpointTeam> checkpoint_team() override { return std::make_unique<ProcessTeam>(timeout_); }
+  void own_part(HostSnapshot& snap, int local) const override {
+    // The engine's world is every process's ranks; this process took its own (global ranks
+    // p * L + i, in take_snapshot's slots 0..L-1).
+    snap.shards.resize(static_cast<size_t>(local));
+    snap.first_rank = rank() * local;
+    snap.world_ranks = size() * local;
+  }
+  std::vector<std::string> settle(TrainConfig& cfg) const override {
+    if (cfg.sample_tokens == 0) return {};
+    // The sample's forward runs on one rank, which at stage 3 needs every process's gathers.
+    cfg.sample_tokens = 0;
+    return {"no final sample when running as several processes"};
+  }
+  std::string span() const override { return " over " + std::to_string(size()) + " processes"; }
   void finalize() override;
 
  private:
+  std::chrono::milliseconds timeout_;
   std::optional<ProcessGroup> group_;  // reset by finalize, before MPI_Finalize
 };
 
@@ -251,6 +334,14 @@ class OneProcess final : public Processes {
     return zt::connect_nccl(local);
   }
   std::vector<double> all_gather(const std::vector<double>& mine, std::string_view) override { return mine; }
+  std::unique_ptr<CheckpointTeam> checkpoint_team() override { return nullptr; }
+  void own_part(HostSnapshot&, int) const override {}
+  std::vector<std::string> settle(TrainConfig& cfg) const override {
+    if (cfg.comm_topology != CommTopology::kHierarchical) return {};
+    return {"--comm-topology hierarchical changes nothing in one process (every collective stays inside it); it "
+            "applies under mpirun/srun"};
+  }
+  std::string span() const override { return ""; }
   void finalize() override {}
 };
 

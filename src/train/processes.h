@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -12,6 +13,9 @@
 #include "zero/data_collectives.h"
 
 namespace zt {
+
+class CheckpointTeam;
+struct HostSnapshot;
 
 // The number of processes the launcher started, from its environment: OMPI_COMM_WORLD_SIZE
 // (OpenMPI's mpirun), else PMI_SIZE (MPICH/Hydra, Slurm's PMI-2), else PMIX_SIZE, else, when
@@ -61,6 +65,17 @@ class Processes {
   virtual std::unique_ptr<DataCollectives> connect_nccl(const std::vector<Device*>& local) = 0;
   // Every process's values, concatenated in process order (every process sends as many).
   virtual std::vector<double> all_gather(const std::vector<double>& mine, std::string_view what) = 0;
+  // The team that writes a checkpoint together (train/state_io.h), over a process group of its
+  // own; null for one process (it writes alone). Collective: every process calls it.
+  virtual std::unique_ptr<CheckpointTeam> checkpoint_team() = 0;
+  // Marks `snap`, taken on this process's `local` ranks, as this process's part of every
+  // process's ranks (HostSnapshot::first_rank, world_ranks); one process: it holds every rank.
+  virtual void own_part(HostSnapshot& snap, int local) const = 0;
+  // What a run over these processes changes in `cfg`, and a note for each change and for each
+  // flag that does nothing here (printed with the run's header).
+  virtual std::vector<std::string> settle(TrainConfig& cfg) const = 0;
+  // The header's words for where the mesh's ranks live: "" in one process, else " over K processes".
+  virtual std::string span() const = 0;
   // MPI_Finalize: only after a run that ended well on every process (it waits for all of them).
   virtual void finalize() = 0;
 };

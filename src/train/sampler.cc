@@ -51,118 +51,121 @@ int32_t start_token(const RunContext& run) {
   return run.mc.vocab >= 50257 ? 50256 : '\n';
 }
 
+}  // namespace
+
 // Pipeline stages: per token, the context flows forward through the virtual stages in order (as
 // an evaluation batch of one row), the last stage draws the token from its logits and sends it
 // back to the first stage, the only one that reads tokens. Every data rank samples the same text.
-std::string sample_pipeline(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
-  const int N = world.size(), T = run.T, V = run.mc.vocab, P = world.mesh().shape().pipeline;
+std::string PipelineStages::sample_rank(World& world, const RunContext& run, int r, int n_tokens, uint64_t salt) {
+  const int T = run.T, V = run.mc.vocab, P = world.mesh().shape().pipeline;
   const TrainConfig& cfg = run.cfg;
-  std::vector<std::string> texts(static_cast<size_t>(N));
-  world.for_ranks([&](int r) {
-    Device& d = world.device(r);
-    Stream& s = d.compute();
-    const Model& model = world.model_of(r);
-    ZeroEngine& engine = world.engine_of(r);
-    Communicator& comm = world.comm();
-    const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
-    const int stage = world.stage_of(r);
-    const std::vector<int> group = world.mesh().pipeline_group(r);
-    std::vector<std::unique_ptr<Workspace>> ws;
-    for (int c = 0; c < model.chunks(); ++c) ws.push_back(model.make_chunk_workspace(d, 1, T, c));
-    DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
-    DeviceBuffer token(d.memory(), 4, s, "sample token");
-    const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
-    std::vector<int32_t> ctx = {start_token(run)};
-    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
-    std::vector<float> row(static_cast<size_t>(V));
-    Batch sb;
-    sb.B = 1;
-    sb.T = T;
-    sb.inputs = ConstTensorView{inputs.data(), DType::kI32, Shape{1, T}, d.index()};
-    sb.targets = ConstTensorView{targets.data(), DType::kI32, Shape{1, T}, d.index()};
-    s.copy(targets.data(), tg.data(), tg.size() * 4);
-    engine.rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
-    std::string& out = texts[static_cast<size_t>(r)];
-    std::vector<int32_t> picks;
-    int32_t pick = 0;
-    for (int k = 0; k < n_tokens; ++k) {
-      heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
-      const int len = std::min<int>(static_cast<int>(ctx.size()), T);
-      if (stage == 0) {
-        std::fill(in.begin(), in.end(), 0);
-        std::copy(ctx.end() - len, ctx.end(), in.begin());
-        s.copy(inputs.data(), in.data(), in.size() * 4);
-      }
-      if (Workspace* head = world.forward_stages(r, ws, sb)) {
-        head->read_logits_row(s, len - 1, row.data());
-        s.synchronize();
-        pick = sample_top_k(row, cfg.top_k, cfg.temperature,
-                            philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
-        s.copy(token.data(), &pick, 4);
-        comm.send(r, group[0], token_view, &s);  // the first stage embeds the next context
-        comm.wait_done(r, s);
-        s.synchronize();  // `pick` is read by the copy
-      }
-      if (stage == 0) {
-        comm.recv(r, group[static_cast<size_t>(P - 1)], token_view, &s);
-        comm.wait_done(r, s);
-        s.copy(&pick, token.data(), 4);
-        s.synchronize();
-      }
-      ctx.push_back(pick);
-      append_token(out, pick, V);
-      picks.push_back(pick);
-    }
-    if (run.tokenizer) out = run.tokenizer->decode_text(picks);
-  });
-  return texts[0];
-}
-
-}  // namespace
-
-std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
-  if (world.pipelined()) return sample_pipeline(world, run, n_tokens, salt);
-  const int N = world.size(), T = run.T, V = run.mc.vocab;
-  const TrainConfig& cfg = run.cfg;
-  std::vector<std::string> texts(static_cast<size_t>(N));
-  world.for_ranks([&](int r) {
-    RankState& R = world.rank(r);
-    Device& d = world.device(r);
-    Stream& s = d.compute();
-    ZeroEngine& engine = world.engine();
-    const NvtxRange sample_range(NvtxCategory::kStep, "sample", d.index());
-    if (!R.sample_ws) R.sample_ws = world.model().make_workspace(d, 1, T);
-    std::vector<int32_t> ctx = {start_token(run)};
-    std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
-    std::vector<float> row(static_cast<size_t>(V));
-    Batch sb;
-    sb.B = 1;
-    sb.T = T;
-    sb.inputs = ConstTensorView{R.inputs.data(), DType::kI32, Shape{1, T}, d.index()};
-    sb.targets = ConstTensorView{R.targets.data(), DType::kI32, Shape{1, T}, d.index()};
-    std::string& out = texts[static_cast<size_t>(r)];
-    std::vector<int32_t> picks;
-    for (int k = 0; k < n_tokens; ++k) {
-      heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
-      const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+  std::string out;
+  Device& d = world.device(r);
+  Stream& s = d.compute();
+  const Model& model = world.model_of(r);
+  ZeroEngine& engine = world.engine_of(r);
+  Communicator& comm = world.comm();
+  const int stage = world.stage_of(r);
+  const std::vector<int> group = world.mesh().pipeline_group(r);
+  std::vector<std::unique_ptr<Workspace>> ws;
+  for (int c = 0; c < model.chunks(); ++c) ws.push_back(model.make_chunk_workspace(d, 1, T, c));
+  DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
+  DeviceBuffer token(d.memory(), 4, s, "sample token");
+  const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
+  std::vector<int32_t> ctx = {start_token(run)};
+  std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
+  std::vector<float> row(static_cast<size_t>(V));
+  Batch sb;
+  sb.B = 1;
+  sb.T = T;
+  sb.inputs = ConstTensorView{inputs.data(), DType::kI32, Shape{1, T}, d.index()};
+  sb.targets = ConstTensorView{targets.data(), DType::kI32, Shape{1, T}, d.index()};
+  s.copy(targets.data(), tg.data(), tg.size() * 4);
+  engine.rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
+  std::vector<int32_t> picks;
+  int32_t pick = 0;
+  for (int k = 0; k < n_tokens; ++k) {
+    heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
+    const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+    if (stage == 0) {
       std::fill(in.begin(), in.end(), 0);
       std::copy(ctx.end() - len, ctx.end(), in.begin());
-      s.copy(R.inputs.data(), in.data(), in.size() * 4);
-      s.copy(R.targets.data(), tg.data(), tg.size() * 4);
-      engine.rank(r).begin_micro_batch(0, /*forward_only=*/true);
-      world.model().forward(s, engine.rank(r), *R.sample_ws, sb, 0.0f, false);
-      engine.rank(r).end_micro_batch();
-      R.sample_ws->read_logits_row(s, len - 1, row.data());
-      s.synchronize();
-      const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
-                                    philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
-      ctx.push_back(pick);
-      append_token(out, pick, V);
-      picks.push_back(pick);
+      s.copy(inputs.data(), in.data(), in.size() * 4);
     }
-    if (run.tokenizer) out = run.tokenizer->decode_text(picks);
+    if (Workspace* head = forward_stages(world, r, ws, sb)) {
+      head->read_logits_row(s, len - 1, row.data());
+      s.synchronize();
+      pick = sample_top_k(row, cfg.top_k, cfg.temperature,
+                          philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
+      s.copy(token.data(), &pick, 4);
+      comm.send(r, group[0], token_view, &s);  // the first stage embeds the next context
+      comm.wait_done(r, s);
+      s.synchronize();  // `pick` is read by the copy
+    }
+    if (stage == 0) {
+      comm.recv(r, group[static_cast<size_t>(P - 1)], token_view, &s);
+      comm.wait_done(r, s);
+      s.copy(&pick, token.data(), 4);
+      s.synchronize();
+    }
+    ctx.push_back(pick);
+    append_token(out, pick, V);
+    picks.push_back(pick);
+  }
+  if (run.tokenizer) out = run.tokenizer->decode_text(picks);
+  return out;
+}
+
+// One stage: each rank runs the whole model (or its tensor shard) on the context in a workspace of
+// one row, made at the first sample and kept.
+std::string OneStage::sample_rank(World& world, const RunContext& run, int r, int n_tokens, uint64_t salt) {
+  const int T = run.T, V = run.mc.vocab;
+  const TrainConfig& cfg = run.cfg;
+  std::string out;
+  RankState& R = world.rank(r);
+  Device& d = world.device(r);
+  Stream& s = d.compute();
+  ZeroEngine& engine = world.engine();
+  std::unique_ptr<Workspace>& sample_ws = sample_ws_[static_cast<size_t>(r)];
+  if (!sample_ws) sample_ws = world.model().make_workspace(d, 1, T);
+  std::vector<int32_t> ctx = {start_token(run)};
+  std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
+  std::vector<float> row(static_cast<size_t>(V));
+  Batch sb;
+  sb.B = 1;
+  sb.T = T;
+  sb.inputs = ConstTensorView{R.inputs[0].data(), DType::kI32, Shape{1, T}, d.index()};
+  sb.targets = ConstTensorView{R.targets[0].data(), DType::kI32, Shape{1, T}, d.index()};
+  std::vector<int32_t> picks;
+  for (int k = 0; k < n_tokens; ++k) {
+    heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
+    const int len = std::min<int>(static_cast<int>(ctx.size()), T);
+    std::fill(in.begin(), in.end(), 0);
+    std::copy(ctx.end() - len, ctx.end(), in.begin());
+    s.copy(R.inputs[0].data(), in.data(), in.size() * 4);
+    s.copy(R.targets[0].data(), tg.data(), tg.size() * 4);
+    engine.rank(r).begin_micro_batch(0, /*forward_only=*/true);
+    world.model().forward(s, engine.rank(r), *sample_ws, sb, 0.0f, false);
+    engine.rank(r).end_micro_batch();
+    sample_ws->read_logits_row(s, len - 1, row.data());
+    s.synchronize();
+    const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
+                                  philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
+    ctx.push_back(pick);
+    append_token(out, pick, V);
+    picks.push_back(pick);
+  }
+  if (run.tokenizer) out = run.tokenizer->decode_text(picks);
+  return out;
+}
+
+std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
+  std::vector<std::string> texts(static_cast<size_t>(world.size()));
+  world.for_ranks([&](int r) {
+    const NvtxRange sample_range(NvtxCategory::kStep, "sample", world.device(r).index());
+    texts[static_cast<size_t>(r)] = world.stages().sample_rank(world, run, r, n_tokens, salt);
   });
-  return texts[0];
+  return texts[0];  // every rank drew the same
 }
 
 }  // namespace zt

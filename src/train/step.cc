@@ -72,7 +72,7 @@ void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
   RankState& R = world.rank(r);
   const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
   timer.rank_phases(r, ev.compute_done->seconds_since(*ev.step_begin), ev.grads_ready->seconds_since(*ev.compute_done));
-  if (R.ws) timer.rank_recompute(r, R.ws->take_recompute_seconds());
+  timer.rank_recompute(r, world.stages().take_recompute_seconds(r));
   const ZeroRank::HostUpdateSeconds host = world.engine_of(r).rank(world.engine_rank(r)).take_host_update_seconds();
   timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin), host.total, host.exposed);
 }
@@ -84,8 +84,12 @@ void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
 // With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
 // after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
 // loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
-void rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
+}  // namespace
+
+void OneStage::rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
   RankState& R = world.rank(r);
+  Workspace& ws = *ws_[static_cast<size_t>(r)];
+  Batch& batch = R.batches[0];
   Device& d = world.device(r);
   Stream& s = d.compute();
   ZeroEngine& engine = world.engine();
@@ -97,7 +101,7 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
   const int64_t partials = static_cast<int64_t>(R.norm_host.size()) - 1;  // the loss sum follows them
   const TensorView step_loss{norms + partials, DType::kF32, Shape{1}, d.index()};
   const TensorView micro_loss{norms + partials + 1, DType::kF32, Shape{1}, d.index()};
-  const ConstTensorView losses{R.ws->losses().data, DType::kF32, Shape{static_cast<int64_t>(R.losses.size())},
+  const ConstTensorView losses{ws.losses().data, DType::kF32, Shape{static_cast<int64_t>(R.losses.size())},
                                d.index()};
   const int slot = step % kStepSlots;
   const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
@@ -109,13 +113,13 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
       staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);  // reuses staged's capacity
     }
     world.upload(r, staged);
-    R.batch.loss_scale = engine.rank(r).scaler().scale_device();
+    batch.loss_scale = engine.rank(r).scaler().scale_device();
     engine.rank(r).begin_micro_batch(m);
     if (R.graph) {
-      R.graph->run(world.model(), s, engine.rank(r), *R.ws, R.batch, dloss);
+      R.graph->run(world.model(), s, engine.rank(r), ws, batch, dloss);
     } else {
-      world.model().forward(s, engine.rank(r), *R.ws, R.batch, dloss, true);
-      world.model().backward(s, engine.rank(r), *R.ws, R.batch);
+      world.model().forward(s, engine.rank(r), ws, batch, dloss, true);
+      world.model().backward(s, engine.rank(r), ws, batch);
     }
     engine.rank(r).end_micro_batch();
     ops::sum(s, m == 0 ? step_loss : micro_loss, losses);
@@ -144,15 +148,14 @@ void rank_step(World& world, const RunContext& run, int step, int r, float dloss
 // the neighbour posted the send, nothing else waits), then the stage's gradients reduced once over
 // its data ranks — the embeddings' and the head copy's summed first between the first and the last
 // stage (Megatron's tied-embedding all-reduce) — and checked; one synchronisation reads it all.
-void pipeline_rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
+void PipelineStages::rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
   RankState& R = world.rank(r);
   Device& d = world.device(r);
   Stream& s = d.compute();
-  PipelineParts& pp = world.pipeline();
   const auto ri = static_cast<size_t>(r);
   const int stage = world.stage_of(r), P = world.mesh().shape().pipeline, local = world.engine_rank(r);
   ZeroEngine& engine = world.engine_of(r);
-  ModelStageWork& work = *pp.work[ri];
+  ModelStageWork& work = *work_[ri];
   const int accum = world.split().accum;
   const NvtxRange rank_range(NvtxCategory::kStep, "step " + std::to_string(step + 1), d.index());
   const int slot = step % kStepSlots;
@@ -164,18 +167,17 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
       staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
     }
-    s.copy(pp.inputs[ri][static_cast<size_t>(m)].data(), staged.tokens.data(), staged.tokens.size() * 4);
-    s.copy(pp.targets[ri][static_cast<size_t>(m)].data(), staged.targets.data(), staged.targets.size() * 4);
-    Batch& batch = pp.batches[ri][static_cast<size_t>(m)];
+    world.upload(r, staged, m);
+    Batch& batch = R.batches[static_cast<size_t>(m)];
     batch.loss_scale = engine.rank(local).scaler().scale_device();  // the head stage's loss gradient reads it
     work.set_batch(m, batch, dloss);
   }
   engine.rank(local).begin_pipeline_step();
-  std::vector<StageSpan>& spans = pp.spans[ri];
+  std::vector<StageSpan>& spans = spans_[ri];
   spans.clear();
   StageRunOptions opt;
-  if (world.mesh().index(MeshAxis::kData, r) == 0 || pp.all_spans) opt.spans = &spans;
-  run_pipeline_stage(pp.schedule, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
+  if (world.mesh().index(MeshAxis::kData, r) == 0 || all_spans_) opt.spans = &spans;
+  run_pipeline_stage(schedule_, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
   s.record(*ev.compute_done);
   const int tied = (stage == 0 || stage == P - 1) ? tied_embedding_block(world.model_of(r)) : -1;
   const MeshCoord me = world.mesh().coord(r);  // the partner: same data and tensor coordinates
@@ -183,7 +185,7 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
   engine.rank(local).reduce_pipeline_gradients([&](int b, TensorView g) {
     if (b != tied) return;
     // Both ends compute own + other: the same bits (addition commutes), so both copies stay equal.
-    const TensorView other{pp.tied_scratch[ri].data(), DType::kF32, g.shape, d.index()};
+    const TensorView other{R.tied_scratch.data(), DType::kF32, g.shape, d.index()};
     world.comm().send_recv(r, partner, g, partner, other, &s);
     world.comm().wait_done(r, s);
     ops::add(s, g, g, other);
@@ -205,15 +207,16 @@ void pipeline_rank_step(World& world, const RunContext& run, int step, int r, fl
 
 // The measured bubble of data rank 0's stages (their compute spans, complete after every rank's
 // synchronisation), added to the run's.
-void record_bubble(World& world) {
-  PipelineParts& pp = world.pipeline();
+void PipelineStages::after_step(World& world) {
   std::vector<StageSpan> all;  // data rank 0's stages
   for (int r = 0; r < world.size(); ++r)
     if (world.mesh().index(MeshAxis::kData, r) == 0)
-      all.insert(all.end(), pp.spans[static_cast<size_t>(r)].begin(), pp.spans[static_cast<size_t>(r)].end());
-  pp.bubble_sum += measure_bubble(all, world.mesh().shape().pipeline).fraction;
-  ++pp.bubble_steps;
+      all.insert(all.end(), spans_[static_cast<size_t>(r)].begin(), spans_[static_cast<size_t>(r)].end());
+  bubble_sum_ += measure_bubble(all, world.mesh().shape().pipeline).fraction;
+  ++bubble_steps_;
 }
+
+namespace {
 
 // The host path of the step's scalars (several processes, pipeline stages), after every rank's
 // synchronisation: the global loss and gradient norm summed in a fixed order (rank, then block),
@@ -292,12 +295,8 @@ PendingStep enqueue_step(World& world, const RunContext& run, int step, float lr
   // partials travel through the host) keep the host sum and one synchronisation per rank before
   // the update: their scalars are known when this returns.
   p.on_device = !world.host_scalars();
-  if (world.pipelined()) {
-    world.for_ranks([&](int r) { pipeline_rank_step(world, run, step, r, dloss); });
-    record_bubble(world);
-  } else {
-    world.for_ranks([&](int r) { rank_step(world, run, step, r, dloss); });
-  }
+  world.for_ranks([&](int r) { world.stages().rank_step(world, run, step, r, dloss); });
+  world.stages().after_step(world);
 
   StepStats& st = p.stats;
   st.lr = lr;

@@ -183,7 +183,6 @@ class Trainer {
   RunReport run_report(World& w);
   nlohmann::json memory_report(World& w, RunReport& report);
   void write_trace(World& w);
-  void trace_pipeline(World& w);
   // Evaluation and sampling run collectives too (stage 3 gathers); keep them out of the per-step
   // communication figure.
   template <typename Fn> void side_comm(World& w, Fn fn);
@@ -340,28 +339,17 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
   if (const std::string n = cuda_graphs_note(cfg_, w.runtime().backend(), run_.working); !n.empty())
     log_.line("note: " + n);
   const bool tp = cfg_.tensor_parallel > 1;
-  // Several processes: the mesh of every process's ranks (the tensor axis inside each process).
-  const std::string mesh = run_.processes->size() > 1
-                               ? Mesh(MeshShape{.data = w.data_ranks(), .tensor = w.mesh().shape().tensor},
-                                      w.data_ranks() * w.mesh().shape().tensor)
-                                         .describe() +
-                                     " over " + std::to_string(run_.processes->size()) + " processes"
-                               : w.mesh().describe();
+  // The mesh of every process's ranks (the tensor axis inside each process, pipelines in one).
+  const MeshShape shape = w.mesh().shape();
+  const std::string mesh =
+      Mesh(MeshShape{.data = w.data_ranks(), .tensor = shape.tensor, .pipeline = shape.pipeline},
+           w.data_ranks() * shape.tensor * shape.pipeline)
+          .describe() +
+      run_.processes->span();
   if (tp)
     log_.line("mesh: " + mesh + ", tensor-parallel GPT (Megatron layout" +
               (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
-  if (w.pipelined()) {
-    const PipelineParts& pp = w.pipeline();
-    const Schedule& sc = pp.schedule;
-    std::snprintf(buf, sizeof buf, "%s%s%s schedule %s%s over %d micro-batches (bubble %.3f in theory)",
-                  tp ? "" : "mesh: ", tp ? "" : w.mesh().describe().c_str(), tp ? "pipeline:" : ", pipeline",
-                  pipe_schedule_name(sc.kind),
-                  sc.virtual_stages > 1 ? (" x " + std::to_string(sc.virtual_stages) + " virtual stages").c_str() : "",
-                  sc.micro_batches, theoretical_bubble(sc.kind, sc.stages, sc.micro_batches, sc.virtual_stages));
-    log_.line(buf);
-    log_.line("stages: " + pp.partition.describe());
-    if (!pp.note.empty()) log_.line("note: " + pp.note);
-  }
+  for (const std::string& line : w.stages().describe(w, tp)) log_.line(line);
   std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
                 cfg_.batch_size, run_.T, w.data_ranks(),
                 w.mesh().shape().data < w.size() ? "data ranks" : "devices", w.split().accum,
@@ -481,7 +469,7 @@ bool Trainer::train_world(World& w) {
 bool Trainer::finish_step(World& w, int step, const StepStats& st, double dt, bool latest) {
   result_.cuda_graphs = result_.cuda_graphs || st.graphs;
   if (!st.note.empty()) log_.line("note: " + st.note);
-  if (tracer_ && w.pipelined()) trace_pipeline(w);
+  if (tracer_) w.stages().trace(w, *tracer_);
   result_.loss_scales.push_back(st.loss_scale);
   if (st.skipped) {
     on_skipped(w, step, st, latest);
@@ -673,15 +661,18 @@ void Trainer::side_comm(World& w, Fn fn) {
 }
 
 EvalAction Trainer::evaluate_at(World& w, int step) {
-  const bool trace = cfg_.test.zero_trace && !w.pipelined();
-  if (trace) {
-    auto spans = w.engine().take_trace();
-    result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
-    w.engine().set_tracing(false);
-  }
+  // The tests' ZeRO trace (TestHooks::zero_trace) leaves the evaluation's spans out.
+  const bool trace = cfg_.test.zero_trace;
+  if (trace)
+    for (ZeroEngine* e : w.engines()) {
+      auto spans = e->take_trace();
+      result_.trace.insert(result_.trace.end(), spans.begin(), spans.end());
+      e->set_tracing(false);
+    }
   EvalResult ev;
   side_comm(w, [&] { ev = evaluate(w, run_, cfg_.eval_batches); });
-  if (trace) w.engine().set_tracing(true);
+  if (trace)
+    for (ZeroEngine* e : w.engines()) e->set_tracing(true);
   if (ev.interrupted) {  // a stop signal: the run stops after the next step, agreed by every process
     log_.line("eval at step " + std::to_string(step + 1) + ": interrupted by a stop signal");
     return EvalAction::kContinue;
@@ -754,7 +745,7 @@ bool Trainer::recover(World& w, const Error& e, int step) {
              {"resumed_from_step", rec.resumed_from_step}, {"devices", rec.devices_after}});
   char buf[1024];
   const std::string peers = survivors_->dropped.empty() ? ""
-                            : std::string(" and its ") + (w.pipelined() ? "model replica" : "tensor group") + " (" +
+                            : std::string(" and its ") + w.stages().replica_name() + " (" +
                                   survivors_->dropped + ")";
   std::snprintf(buf, sizeof buf,
                 "device %s failed at step %d (%s): dropping it%s, resharding the snapshot of step %d onto %d devices and "
@@ -789,48 +780,12 @@ namespace {
 // The end of the run: final sample, the report (throughput, MFU, time split, memory per device),
 // the summary record and the trace.
 // Tests' hook (TestHooks::keep_final_params): AdamW's step count as the devices hold it
-// (OptimizerStep::step_on_device), and the logical blocks' parameters and moments; not for
-// pipeline stages, whose blocks no one engine holds.
+// (OptimizerStep::step_on_device), and the logical blocks' parameters and moments where one engine
+// holds them all (StageRunner::keep_final_state).
 void Trainer::keep_final_state(World& w) {
-  const int N = w.size();
-  for (int r = 0; r < N; ++r) result_.final_update_counts.push_back(w.engine_of(r).rank(w.engine_rank(r)).scaler().update_count());
-  if (w.pipelined()) return;
-  ZeroEngine& engine = w.engine();
-  // The logical (one-device) blocks, whatever the tensor degree.
-  result_.final_params = logical_parameters(engine, w.model(), true);
-  result_.final_working = logical_parameters(engine, w.model(), false);
-  if (engine.tensor_size() == 1)
-    for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
-      result_.final_local_params.push_back(engine.master_to_host(b));
-      result_.final_local_working.push_back(engine.block_to_host(b));
-    }
-  if (w.model().tensor_map()) {
-    const bool adamw = cfg_.optimizer == OptimizerKind::kAdamW;
-    const HostSnapshot snap =
-        take_snapshot(engine, w.model(), adamw, counters_.step, [&](const std::function<void(int)>& fn) { w.for_ranks(fn); });
-    for (size_t b = 0; b < snap.block_names.size(); ++b) {
-      std::vector<float> first, second;
-      for (const auto& rank : snap.shards) {
-        first.insert(first.end(), rank[b].m.begin(), rank[b].m.end());
-        second.insert(second.end(), rank[b].v.begin(), rank[b].v.end());
-      }
-      first.insert(first.end(), second.begin(), second.end());
-      result_.final_moments.push_back(std::move(first));
-    }
-  } else {
-    for (int b = 0; b < w.model().layout().num_blocks(); ++b) {
-      // The whole block's first moments, then its second ones (whatever the device count).
-      std::vector<float> first, second;
-      for (int r = 0; r < N; ++r) {
-        const std::vector<float> m = engine.rank(r).moments_to_host(b);
-        const size_t n = static_cast<size_t>(engine.rank(r).shard_of(b).size());
-        first.insert(first.end(), m.begin(), m.begin() + static_cast<long>(n));
-        second.insert(second.end(), m.begin() + static_cast<long>(n), m.end());
-      }
-      first.insert(first.end(), second.begin(), second.end());
-      result_.final_moments.push_back(std::move(first));
-    }
-  }
+  for (int r = 0; r < w.size(); ++r)
+    result_.final_update_counts.push_back(w.engine_of(r).rank(w.engine_rank(r)).scaler().update_count());
+  w.stages().keep_final_state(w, run_, counters_.step, result_);
 }
 
 // The summary's figures: throughput, MFU, phases, traffic and the pipeline's bubble.
@@ -861,16 +816,10 @@ RunReport Trainer::run_report(World& w) {
   report.traffic = TrafficReport{run_.processes->size(), w.size(),
                                  cfg_.comm_topology == CommTopology::kHierarchical ? "hierarchical" : "flat",
                                  result_.inside_bytes_per_step, result_.across_bytes_per_step};
-  if (w.pipelined()) {
-    const PipelineParts& pp = w.pipeline();
-    PipelineReport p;
-    p.schedule = pipe_schedule_name(pp.schedule.kind);
-    p.stages = pp.schedule.stages, p.virtual_stages = pp.schedule.virtual_stages, p.micro_batches = pp.schedule.micro_batches;
-    p.measured_bubble = pp.bubble_steps ? pp.bubble_sum / pp.bubble_steps : 0;
-    p.theoretical_bubble = theoretical_bubble(pp.schedule.kind, p.stages, p.micro_batches, p.virtual_stages);
-    result_.measured_bubble = p.measured_bubble;
-    result_.theoretical_bubble = p.theoretical_bubble;
-    report.pipeline = p;
+  report.pipeline = w.stages().report();
+  if (report.pipeline) {
+    result_.measured_bubble = report.pipeline->measured_bubble;
+    result_.theoretical_bubble = report.pipeline->theoretical_bubble;
   }
   return report;
 }
@@ -885,7 +834,7 @@ nlohmann::json Trainer::memory_report(World& w, RunReport& report) {
     const int er = w.engine_rank(r);
     const ModelStateBytes mb = engine.rank(er).model_state_bytes();
     const size_t peak = w.device(r).memory().stats().peak_allocated_bytes;
-    const size_t act = w.pipelined() ? w.pipeline().work[static_cast<size_t>(r)]->bytes() : w.rank(r).ws->bytes();
+    const size_t act = w.stages().activation_bytes(r);
     result_.peak_bytes_per_device.push_back(peak);
     result_.model_state_bytes_per_device.push_back(mb.total());
     result_.host_peak_bytes_per_device.push_back(engine.rank(er).host_peak_bytes());
@@ -951,19 +900,6 @@ void Trainer::finish(World& w) {
   write_trace(w);
 }
 
-// The step's F, B and W on each device's "pipeline F/B/W" track (the stage runtime's spans count
-// microseconds of the steady clock from its epoch).
-void Trainer::trace_pipeline(World& w) {
-  const PipelineParts& pp = w.pipeline();
-  for (int r = 0; r < w.size(); ++r)
-    for (const StageSpan& sp : pp.spans[static_cast<size_t>(r)]) {
-      std::string name = std::string(action_kind_name(sp.kind)) + " m" + std::to_string(sp.micro);
-      if (pp.schedule.virtual_stages > 1) name += " c" + std::to_string(sp.chunk);
-      tracer_->add_slice(w.device(r).index(), TraceRecorder::kPipelineTid, std::move(name), "pipeline", sp.start_us,
-                         sp.end_us, Clock::time_point{});
-    }
-}
-
 void Trainer::write_trace(World& w) {
   // Both backends report their stream work to the recorder (the runtime's task observer).
   if (!tracer_) return;
@@ -998,14 +934,8 @@ TrainResult train(const TrainConfig& config) {
   // Several processes: process 0 prints and writes the metrics, the others are silent.
   const bool lead = procs->rank() == 0;
   Logger log(lead ? run.cfg.metrics_path : "", run.cfg.log_format == LogFormat::kJson, run.cfg.quiet || !lead);
-  if (procs->size() == 1 && run.cfg.comm_topology == CommTopology::kHierarchical && log.text())
-    log.line("note: --comm-topology hierarchical changes nothing in one process (every collective stays inside "
-             "it); it applies under mpirun/srun");
-  if (procs->size() > 1 && run.cfg.sample_tokens > 0) {
-    // The sample's forward runs on one rank, which at stage 3 needs every process's gathers.
-    run.cfg.sample_tokens = 0;
-    if (log.text()) log.line("note: no final sample when running as several processes");
-  }
+  for (const std::string& note : procs->settle(run.cfg))
+    if (log.text()) log.line("note: " + note);
   TrainResult result;
   {
     Trainer trainer(run, log, tracer.get());

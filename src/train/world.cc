@@ -141,8 +141,8 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
   const int N = size(), TP = run.cfg.tensor_parallel, PP = run.cfg.pipeline_parallel;
   comm_ = std::make_unique<Communicator>(devs_);
-  ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N, " devices",
-             run.processes->size() > 1 ? " of each process (the tensor axis lives inside a process)" : "");
+  ZT_REQUIRE(N % TP == 0, "--tensor-parallel ", TP, " does not divide the ", N,
+             " devices this process drives (the tensor axis lives inside a process)");
   ZT_REQUIRE(N % (TP * PP) == 0, "--pipeline-parallel ", PP, " does not divide the ", N / TP, " device groups");
   mesh_ = std::make_unique<Mesh>(MeshShape{.data = N / TP / PP, .tensor = TP, .pipeline = PP}, N);
   host_scalars_ = PP > 1 || run.processes->size() > 1;
@@ -151,23 +151,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
   if (rt_->backend() == Backend::kCuda) zo.host_memory = [] { return cuda::make_pinned_host_raw_allocator(); };
 #endif
-  if (PP > 1) {
-    build_pipeline(zo);
-  } else {
-    // Every model computes in the working dtype (16-bit activations in a 16-bit run).
-    models_.push_back(make_model(run.mc, run.cfg.recompute,
-                                 TensorParallel{TP, run.cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                                 run_activation_dtype(working)));
-    // The data axis over every process's devices, the tensor axis inside each (train/processes.h);
-    // one process without --comm nccl: none, the engine's data group runs on comm_.
-    collectives_ = run.cfg.comm == CommEngine::kNccl
-                       ? run.processes->connect_nccl(devs_)
-                       : run.processes->connect(devs_, TP, run.cfg.comm_topology == CommTopology::kHierarchical);
-    zo.processes = collectives_.get();
-    engines_.push_back(std::make_unique<ZeroEngine>(*models_[0], devs_, *comm_, zo));
-    engines_[0]->set_tracing(run.cfg.test.zero_trace);
-  }
-
+  if (PP > 1) build_pipeline(zo);
+  else build_one_stage(zo);
+  for (auto& e : engines_) e->set_tracing(run.cfg.test.zero_trace);
   init_parameters();
 
   const int B = split.micro, T = run.T, D = run.is_gpt ? 0 : run.mc.input_dim;
@@ -179,11 +165,18 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     const ParamLayout& layout = model_of(r).layout();
     const RankBuffers buf = buffers_of(r);
     auto alloc = [&](const RankBuffer& b) { return DeviceBuffer(d.memory(), b.bytes, s, b.tag); };
-    if (!pipe_) {  // a pipeline stage's workspaces are its ModelStageWork's, its batches one per micro-batch
-      R.ws = model_of(r).make_workspace(d, B, T);
-      R.inputs = alloc(buf.inputs);
-      R.targets = alloc(buf.targets);
+    stages_->allocate(*this, r, B, T);
+    for (int k = 0; k < buf.inputs.count; ++k) {
+      R.inputs.push_back(alloc(buf.inputs));
+      R.targets.push_back(alloc(buf.targets));
+      Batch b;
+      b.B = B;
+      b.T = T;
+      b.inputs = ConstTensorView{R.inputs.back().data(), buf.inputs.dtype, run.is_gpt ? Shape{B, T} : Shape{B, D}, d.index()};
+      b.targets = ConstTensorView{R.targets.back().data(), buf.targets.dtype, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
+      R.batches.push_back(b);
     }
+    if (buf.tied_scratch.count) R.tied_scratch = alloc(buf.tied_scratch);
     R.norms = alloc(buf.norms);
     R.step_rows = alloc(buf.step_rows);
     R.step_include = alloc(buf.step_include);
@@ -195,10 +188,6 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
       for (auto* e : {&ev.step_begin, &ev.compute_done, &ev.grads_ready, &ev.opt_begin, &ev.opt_end})
         *e = d.create_timing_event();
     }
-    R.batch.B = B;
-    R.batch.T = T;
-    R.batch.inputs = ConstTensorView{R.inputs.data(), buf.inputs.dtype, run.is_gpt ? Shape{B, T} : Shape{B, D}, d.index()};
-    R.batch.targets = ConstTensorView{R.targets.data(), buf.targets.dtype, run.is_gpt ? Shape{B, T} : Shape{B}, d.index()};
     R.losses.resize(static_cast<size_t>(B * T));
     R.norm_host.resize(static_cast<size_t>(2 * layout.num_blocks() + 1));
     // The ranks of a tensor group (and every stage of a pipeline) run the same rows: the batch
@@ -207,11 +196,7 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   }
 }
 
-ParamLayout World::logical_layout() const {
-  if (pipe_) return gpt_layout(run_.mc);  // a pipeline's logical model is no stage's
-  const TensorMap* map = models_[0]->tensor_map();
-  return map ? *map->logical : models_[0]->layout();
-}
+ParamLayout World::logical_layout() const { return stages_->logical_layout(*this); }
 
 // Parameters: initialised once on the host (deterministic in the seed, independent of the
 // device count and the tensor and pipeline degrees: the logical, one-device blocks), or read
@@ -250,22 +235,42 @@ void World::load_initial_parameters(const std::vector<std::vector<float>>& host)
   }
 }
 
+// One stage: one model over the world's ranks (tensor-parallel inside each tensor group), its ZeRO
+// engine over the data axis, with every process's ranks where there are several.
+void World::build_one_stage(const ZeroOptions& zero) {
+  const int TP = run_.cfg.tensor_parallel;
+  ZeroOptions zo = zero;
+  // Every model computes in the working dtype (16-bit activations in a 16-bit run).
+  models_.push_back(make_model(run_.mc, run_.cfg.recompute,
+                               TensorParallel{TP, run_.cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                               run_activation_dtype(zo.working)));
+  // The data axis over every process's devices, the tensor axis inside each (train/processes.h);
+  // one process without --comm nccl: none, the engine's data group runs on comm_.
+  collectives_ = run_.cfg.comm == CommEngine::kNccl
+                     ? run_.processes->connect_nccl(devs_)
+                     : run_.processes->connect(devs_, TP, run_.cfg.comm_topology == CommTopology::kHierarchical);
+  zo.processes = collectives_.get();
+  engines_.push_back(std::make_unique<ZeroEngine>(*models_[0], devs_, *comm_, zo));
+  stages_ = std::make_unique<OneStage>(size());
+}
+
+// Pipeline stages: the mesh {data, tensor, pipeline = P}; stage s is a ZeRO engine
+// (ZeroOptions::pipeline) of its own stage model over its D x T ranks (tensor fastest, each tensor
+// coordinate sharded over its D data ranks), with its own communicator for the engine's collectives
+// (stage_comms_; the world's carries the tensor groups' collectives, the activations between stages
+// and the tied embedding's gradient between the first and the last stage).
 void World::build_pipeline(const ZeroOptions& zero) {
   const TrainConfig& cfg = run_.cfg;
-  const int N = size(), P = cfg.pipeline_parallel, V = cfg.virtual_stages, m = split_.accum;
-  const int B = split_.micro, T = run_.T;
-  pipe_ = std::make_unique<PipelineParts>();
-  PipelineParts& pp = *pipe_;
-  const PipelineCosts costs = gpt_pipeline_costs(run_.mc, T);
-  pp.partition = cfg.pp_layout.empty() ? partition_pipeline(costs, P, V)
-                                       : partition_from_layout(costs, parse_pp_layout(cfg.pp_layout), P, V);
+  const int P = cfg.pipeline_parallel, V = cfg.virtual_stages, m = split_.accum;
+  const PipelineCosts costs = gpt_pipeline_costs(run_.mc, run_.T);
+  PipelinePartition partition = cfg.pp_layout.empty() ? partition_pipeline(costs, P, V)
+                                                      : partition_from_layout(costs, parse_pp_layout(cfg.pp_layout), P, V);
   const PipeSchedule kind = cfg.pp_schedule;
-  pp.schedule = make_schedule(kind, P, m, V);
-  pp.note = schedule_note(kind, P, m);
+  Schedule schedule = make_schedule(kind, P, m, V);
   ZeroOptions zo = zero;
   zo.pipeline = true;
   zo.micro_batches = 1;  // the engine reduces once per step, after the schedule's last backward
-  const auto specs = pipeline_stage_specs(pp.partition, pp.schedule.splits_backward());
+  const auto specs = pipeline_stage_specs(partition, schedule.splits_backward());
   const MeshShape shape = mesh_->shape();
   for (int s = 0; s < P; ++s) {
     std::vector<Device*> devs;  // engine rank t + T * d (engine_rank)
@@ -275,35 +280,13 @@ void World::build_pipeline(const ZeroOptions& zero) {
     stage_comms_.push_back(std::make_unique<Communicator>(devs));
     // Tensor-parallel stages run their tensor groups' collectives on the world communicator.
     models_.push_back(make_gpt_stage(run_.mc, specs[static_cast<size_t>(s)], cfg.recompute,
-                                       TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
-                                       run_activation_dtype(zo.working)));
+                                     TensorParallel{shape.tensor, cfg.sequence_parallel, comm_.get(), mesh_.get()},
+                                     run_activation_dtype(zo.working)));
     engines_.push_back(std::make_unique<ZeroEngine>(*models_.back(), devs, *stage_comms_.back(), zo));
   }
-  pp.inputs.resize(static_cast<size_t>(N));
-  pp.targets.resize(static_cast<size_t>(N));
-  pp.batches.resize(static_cast<size_t>(N));
-  pp.tied_scratch.resize(static_cast<size_t>(N));
-  pp.spans.resize(static_cast<size_t>(N));
-  pp.all_spans = !cfg.trace_path.empty();  // --trace shows every rank's spans
-  for (int r = 0; r < N; ++r) {
-    Device& d = device(r);
-    Stream& s = d.compute();
-    const auto R = static_cast<size_t>(r);
-    pp.work.push_back(std::make_unique<ModelStageWork>(model_of(r), d, engine_of(r).rank(engine_rank(r)), B, T,
-                                                       pp.schedule, stage_of(r)));
-    const RankBuffers buf = buffers_of(r);
-    for (int k = 0; k < buf.inputs.count; ++k) {
-      pp.inputs[R].emplace_back(d.memory(), buf.inputs.bytes, s, buf.inputs.tag);
-      pp.targets[R].emplace_back(d.memory(), buf.targets.bytes, s, buf.targets.tag);
-      Batch b;
-      b.B = B, b.T = T;
-      b.inputs = ConstTensorView{pp.inputs[R].back().data(), buf.inputs.dtype, Shape{B, T}, d.index()};
-      b.targets = ConstTensorView{pp.targets[R].back().data(), buf.targets.dtype, Shape{B, T}, d.index()};
-      pp.batches[R].push_back(b);
-    }
-    if (buf.tied_scratch.count)
-      pp.tied_scratch[R] = DeviceBuffer(d.memory(), buf.tied_scratch.bytes, s, buf.tied_scratch.tag);
-  }
+  // --trace shows every rank's spans.
+  stages_ = std::make_unique<PipelineStages>(*this, split_.micro, run_.T, std::move(partition), std::move(schedule),
+                                             schedule_note(kind, P, m), !cfg.trace_path.empty());
 }
 
 RankBuffers World::buffers_of(int r) const {
@@ -314,7 +297,7 @@ RankBuffers World::buffers_of(int r) const {
                                       .ranks = size(),
                                       .data_ranks = mesh_->shape().data,
                                       .micro_batches = split_.accum,
-                                      .pipeline = pipe_ != nullptr},
+                                      .pipeline = mesh_->shape().pipeline > 1},
                       model_of(r));
 }
 
@@ -341,6 +324,12 @@ const Model& World::model() const {
 ZeroEngine& World::engine() {
   ZT_CHECK(engines_.size() == 1, "a pipelined world has an engine per stage (engine_of)");
   return *engines_[0];
+}
+
+std::vector<ZeroEngine*> World::engines() {
+  std::vector<ZeroEngine*> out;
+  for (auto& e : engines_) out.push_back(e.get());
+  return out;
 }
 
 std::vector<std::string> World::device_names() const {
@@ -378,36 +367,13 @@ void World::on_watchdog_timeout() {
                              : hung_ + " stopped answering");
 }
 
-Workspace* World::forward_stages(int r, std::vector<std::unique_ptr<Workspace>>& ws, const Batch& batch) {
-  Stream& s = device(r).compute();
-  const Model& model = model_of(r);
-  const int P = mesh_->shape().pipeline, stage = stage_of(r), last = P * model.chunks() - 1;
-  const std::vector<int> group = mesh_->pipeline_group(r);
-  Workspace* head = nullptr;
-  for (int c = 0; c < model.chunks(); ++c) {
-    const int g = c * P + stage;  // the virtual stage
-    Workspace& w = *ws[static_cast<size_t>(c)];
-    if (g > 0) {
-      comm_->recv(r, group[static_cast<size_t>((g - 1) % P)], w.stage_input(), &s);
-      comm_->wait_done(r, s);
-    }
-    model.forward(s, engine_of(r).rank(engine_rank(r)), w, batch, 0.0f, false);
-    if (g == last) {
-      head = &w;
-    } else {
-      comm_->send(r, group[static_cast<size_t>((g + 1) % P)], w.stage_output(), &s);
-      comm_->wait_done(r, s);
-    }
-  }
-  return head;
-}
-
-void World::upload(int r, const HostBatch& hb) {
+void World::upload(int r, const HostBatch& hb, int micro) {
   RankState& R = rank(r);
   Stream& s = device(r).compute();
-  if (run_.is_gpt) s.copy(R.inputs.data(), hb.tokens.data(), hb.tokens.size() * 4);
-  else s.copy(R.inputs.data(), hb.images.data(), hb.images.size() * 4);
-  s.copy(R.targets.data(), hb.targets.data(), hb.targets.size() * 4);
+  const auto m = static_cast<size_t>(micro);
+  if (run_.is_gpt) s.copy(R.inputs[m].data(), hb.tokens.data(), hb.tokens.size() * 4);
+  else s.copy(R.inputs[m].data(), hb.images.data(), hb.images.size() * 4);
+  s.copy(R.targets[m].data(), hb.targets.data(), hb.targets.size() * 4);
 }
 
 void World::reset_comm_counters() {
@@ -445,16 +411,6 @@ uint64_t World::tensor_bytes_sent(int r) {
   const uint64_t n = comm_->group(group).counters(r).bytes_sent;
   // One data rank: the tensor group is the world group, whose counters hold the step scalars too.
   return static_cast<int>(group.size()) == size() ? n - rank(r).scalar_bytes : n;
-}
-
-double World::read_losses(int r) {
-  RankState& R = rank(r);
-  Stream& s = device(r).compute();
-  s.copy(R.losses.data(), R.ws->losses().data, R.losses.size() * 4);
-  s.synchronize();
-  double sum = 0;
-  for (float l : R.losses) sum += l;
-  return sum;
 }
 
 TrainCounters World::apply_state(const StateSource& src, const nlohmann::json& meta) {

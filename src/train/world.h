@@ -23,14 +23,12 @@
 #include "memory/caching_allocator.h"
 #include "memory/pinned_host_buffer.h"
 #include "model/model.h"
-#include "pipeline/model_stage.h"
-#include "pipeline/runtime.h"
-#include "pipeline/schedule.h"
 #include "runtime/runtime.h"
 #include "train/batch_split.h"
 #include "train/plan.h"
 #include "train/rank_buffers.h"
 #include "train/run_shape.h"
+#include "train/stages.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
 
@@ -52,11 +50,15 @@ struct HostBatch {
 
 // One rank's buffers and host scratch.
 struct RankState {
-  std::unique_ptr<Workspace> ws, sample_ws;
   // norms: the 2 * blocks gradient-norm partials (ZeroRank::check_gradients), then the step's
   // loss sum and one micro-batch's (kLossSlots floats), summed on the device and read once per step.
-  DeviceBuffer inputs, targets, norms;
-  Batch batch;
+  DeviceBuffer norms;
+  // The step's device batches: one per micro-batch a step keeps live (one; a pipeline stage: every
+  // micro-batch of the step, rank_buffers.h), each over its inputs and targets.
+  std::vector<DeviceBuffer> inputs, targets;
+  std::vector<Batch> batches;
+  // The first and last pipeline stage: the partner's gradient of the tied embedding (else empty).
+  DeviceBuffer tied_scratch;
   std::unique_ptr<Prefetcher<HostBatch>> prefetch;
   // The step's own copies of its micro-batches: a stream copy reads its host source when it runs,
   // and the prefetcher recycles a batch at the next get(); these stay untouched until the step was
@@ -93,29 +95,6 @@ struct RankState {
   std::shared_ptr<MicroBatchGraph> graph;
 };
 
-// Pipeline parallelism (--pipeline-parallel P > 1): the mesh {data, tensor, pipeline = P}; stage s
-// is a ZeRO engine (ZeroOptions::pipeline) of its own stage model over its D x T ranks (tensor
-// fastest, each tensor coordinate sharded over its D data ranks; World's engines_ and models_),
-// with its own communicator for the engine's collectives (World's stage_comms_; the world's
-// carries the tensor groups' collectives, the activations between stages and the tied embedding's
-// gradient between the first and the last stage); each rank runs its stage's list of the schedule
-// (pipeline/runtime.h) through a ModelStageWork. These are the parts only several stages have.
-struct PipelineParts {
-  PipelinePartition partition;
-  Schedule schedule;
-  std::string note;                                  // the schedule's note when it degrades (m < P)
-  std::vector<std::unique_ptr<ModelStageWork>> work;  // per rank
-  std::vector<std::vector<DeviceBuffer>> inputs, targets;  // per rank, per micro-batch
-  std::vector<std::vector<Batch>> batches;                  // per rank, per micro-batch
-  std::vector<DeviceBuffer> tied_scratch;  // per rank of the first and last stage: the partner's gradient
-  // Compute spans of each rank's last step (per rank; read after the step's sync): the data-index-0
-  // ranks' always (the measured bubble), every rank's with all_spans (--trace).
-  std::vector<std::vector<StageSpan>> spans;
-  bool all_spans = false;  // --trace
-  double bubble_sum = 0;  // measured bubble fractions of the steps so far, summed
-  int bubble_steps = 0;
-};
-
 // The trainer's counters that a checkpoint or snapshot carries besides the engine's arrays.
 struct TrainCounters {
   int step = 0;          // steps completed
@@ -140,10 +119,8 @@ class World {
   Communicator& comm() { return *comm_; }
   // Every world is a pipeline of mesh().shape().pipeline stages (one without --pipeline-parallel):
   // rank r's stage, its index in the stage's engine (its data x tensor position), and that stage's
-  // engine and model. The parts only a pipeline of several stages has (its schedule, the stage
-  // runners, a batch per micro-batch): pipeline(), null with one stage.
-  bool pipelined() const { return pipe_ != nullptr; }
-  PipelineParts& pipeline() { return *pipe_; }
+  // engine and model. How the ranks run them (train/stages.h): stages().
+  StageRunner& stages() { return *stages_; }
   int stage_of(int r) const { return mesh_->index(MeshAxis::kPipeline, r); }
   // A stage's engine orders its (data x tensor) ranks tensor-fastest, as the mesh does (with one
   // stage: the rank itself).
@@ -188,6 +165,8 @@ class World {
   // The one stage's model and engine of a world without pipeline stages (else: model_of / engine_of).
   const Model& model() const;
   ZeroEngine& engine();
+  // Every stage's engine, first stage first (one without pipeline stages).
+  std::vector<ZeroEngine*> engines();
   RankState& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
   const BatchSplit& split() const { return split_; }
   const std::string& init_note() const { return init_note_; }
@@ -197,21 +176,15 @@ class World {
   void for_ranks(const std::function<void(int)>& fn);
   // Devices the watchdog gave up on ("" if none).
   const std::string& hung() const { return hung_; }
-  // Pipeline: one forward (train=false) of `batch` through rank r's chunk workspaces `ws` in
-  // virtual-stage order, each chunk's input received from the previous virtual stage and its
-  // output sent on (blocking transfers: one batch at a time is a chain, which cannot deadlock).
-  // Returns the last virtual stage's workspace (losses, logits) when rank r holds it, else null.
-  Workspace* forward_stages(int r, std::vector<std::unique_ptr<Workspace>>& ws, const Batch& batch);
-  // Copies a host batch into rank r's input buffers (on its compute stream).
-  void upload(int r, const HostBatch& hb);
-  // Sum of rank r's per-position losses of its last forward (synchronizes its compute stream).
-  double read_losses(int r);
+  // Copies a host batch into rank r's device batch `micro` (on its compute stream).
+  void upload(int r, const HostBatch& hb, int micro = 0);
   // Reshards a checkpoint's or snapshot's state onto this world; returns the trainer's counters.
   TrainCounters apply_state(const StateSource& src, const nlohmann::json& meta);
 
  private:
   void on_watchdog_timeout();
-  void build_pipeline(const ZeroOptions& zo);  // the stages' parts (pipe_)
+  void build_one_stage(const ZeroOptions& zo);  // the one stage's model and engine
+  void build_pipeline(const ZeroOptions& zo);   // each stage's model, engine and communicator
   // Rank r's trainer buffers (train/rank_buffers.h): what it allocates and the plan counts.
   RankBuffers buffers_of(int r) const;
   void init_parameters();  // the seeded (or --init-from) logical blocks onto every rank
@@ -234,7 +207,7 @@ class World {
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<ZeroEngine>> engines_;
   bool host_scalars_ = false;
-  std::unique_ptr<PipelineParts> pipe_;
+  std::unique_ptr<StageRunner> stages_;
   std::vector<RankState> ranks_;
   std::string init_note_, hung_;
 };

@@ -589,21 +589,16 @@ TEST(Plan, CountsTheBuffersWorldAllocates) {
     for (int r = 0; r < w.size(); ++r) {
       const RankBuffers b = rank_buffers(plan_rank_buffer_shape(mc, in), w.model_of(r));
       RankState& R = w.rank(r);
-      if (c.pipeline > 1) {
-        const PipelineParts& pp = w.pipeline();
-        ASSERT_EQ(pp.inputs[static_cast<size_t>(r)].size(), static_cast<size_t>(b.inputs.count));
-        ASSERT_EQ(b.inputs.count, split.accum);
-        for (int k = 0; k < b.inputs.count; ++k) {
-          EXPECT_EQ(pp.inputs[static_cast<size_t>(r)][static_cast<size_t>(k)].size(), b.inputs.bytes);
-          EXPECT_EQ(pp.targets[static_cast<size_t>(r)][static_cast<size_t>(k)].size(), b.targets.bytes);
-        }
-        EXPECT_EQ(pp.tied_scratch[static_cast<size_t>(r)].size(), b.tied_scratch.total());
-        tied = tied || b.tied_scratch.count > 0;
-      } else {
-        EXPECT_EQ(R.inputs.size(), b.inputs.total());
-        EXPECT_EQ(R.targets.size(), b.targets.total());
-        EXPECT_EQ(b.tied_scratch.count, 0);
+      // A batch per micro-batch the step keeps live: every one of a pipeline stage's, else one.
+      ASSERT_EQ(R.inputs.size(), static_cast<size_t>(b.inputs.count));
+      ASSERT_EQ(R.targets.size(), static_cast<size_t>(b.targets.count));
+      ASSERT_EQ(b.inputs.count, c.pipeline > 1 ? split.accum : 1);
+      for (int k = 0; k < b.inputs.count; ++k) {
+        EXPECT_EQ(R.inputs[static_cast<size_t>(k)].size(), b.inputs.bytes);
+        EXPECT_EQ(R.targets[static_cast<size_t>(k)].size(), b.targets.bytes);
       }
+      EXPECT_EQ(R.tied_scratch.size(), b.tied_scratch.total());
+      tied = tied || b.tied_scratch.count > 0;
       // Closed forms: B x T tokens; 2 norm partials per block and the loss slots; a row per rank.
       EXPECT_EQ(b.inputs.bytes, size_t{2} * run.T * 4);
       EXPECT_EQ(b.norms.bytes, static_cast<size_t>(2 * w.model_of(r).layout().num_blocks() + kLossSlots) * 4);
