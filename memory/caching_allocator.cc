@@ -46,7 +46,7 @@
 //  - Statistics: allocated/requested/active count blocks the caller holds (a block pending on
 //    events is no longer allocated, but its segment is still reserved).
 //
-//  - Stream capture (runtime/stream.h, runtime/capture_rules.h): an allocation for a capturing
+//  - Stream capture (runtime/stream.h, core/capture_rules.h): an allocation for a capturing
 //    stream is refused, and a free of a block of a capturing stream fails that capture: a graph
 //    bakes the addresses its work uses in, and the pool would hand the memory to someone else
 //    while the graph may still be launched. Allocate before capturing and keep the memory for the
@@ -69,12 +69,10 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/capture_rules.h"
 #include "core/format.h"
 #include "core/status.h"
-#include "runtime/capture_rules.h"
-#include "runtime/device.h"
-#include "runtime/event.h"
-#include "runtime/stream.h"
+#include "memory/pool_stream.h"
 
 namespace zt {
 
@@ -112,21 +110,21 @@ enum class BlockState : uint8_t {
 struct Block {
   char* ptr = nullptr;
   size_t size = 0;  // bytes of the block (a multiple of kMinBlockSize)
-  Stream* stream = nullptr;
+  PoolStream* stream = nullptr;
   Segment* segment = nullptr;
   Block* prev = nullptr;  // address-ordered neighbours within the segment
   Block* next = nullptr;
   BlockState state = BlockState::kFree;
   size_t requested = 0;        // kAllocated: bytes the caller asked for
   const char* tag = nullptr;   // kAllocated: caller's label, for OOM reports
-  std::vector<Stream*> stream_uses;  // kAllocated: other streams passed to record_stream()
+  std::vector<PoolStream*> stream_uses;  // kAllocated: other streams passed to record_stream()
   int event_count = 0;         // kPending: events not yet completed
 };
 
 struct Segment {
   char* base = nullptr;
   size_t size = 0;
-  Stream* stream = nullptr;  // every block of the segment belongs to this stream
+  PoolStream* stream = nullptr;  // every block of the segment belongs to this stream
   bool small = false;    // which pool its blocks belong to
   Block* head = nullptr; // block at `base`; stable (merges absorb the higher block)
 };
@@ -135,7 +133,7 @@ struct Segment {
 // of that stream.
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return std::less<Stream*>()(a->stream, b->stream);
+    if (a->stream != b->stream) return std::less<PoolStream*>()(a->stream, b->stream);
     if (a->size != b->size) return a->size < b->size;
     return std::less<char*>()(a->ptr, b->ptr);
   }
@@ -154,7 +152,7 @@ struct CachingAllocator::Impl {
   Impl(const std::string& name, RawAllocator& raw_allocator) : device_name(name), raw(raw_allocator) {}
 
   struct PendingEvent {
-    std::shared_ptr<Event> event;  // shared: an OOM wait uses it with the mutex released
+    std::shared_ptr<PoolEvent> event;  // shared: an OOM wait uses it with the mutex released
     Block* block;
   };
 
@@ -233,7 +231,7 @@ struct CachingAllocator::Impl {
   }
   Block* find_live(const void* ptr, const char* op) const { return find_live_it(ptr, op)->second; }
 
-  Block* take_free_block(BlockSet& pool, Stream& stream, size_t size) {
+  Block* take_free_block(BlockSet& pool, PoolStream& stream, size_t size) {
     Block key;
     key.stream = &stream;
     key.size = size;
@@ -244,7 +242,7 @@ struct CachingAllocator::Impl {
     return b;
   }
 
-  Block* new_segment(char* base, size_t size, bool small, Stream& stream) {
+  Block* new_segment(char* base, size_t size, bool small, PoolStream& stream) {
     auto seg = std::make_unique<Segment>();
     seg->base = base;
     seg->size = size;
@@ -306,7 +304,7 @@ struct CachingAllocator::Impl {
 
   // Waits for every pending event with the mutex released, then frees what completed.
   void synchronize_pending(std::unique_lock<std::mutex>& lock) {
-    std::vector<std::shared_ptr<Event>> events;
+    std::vector<std::shared_ptr<PoolEvent>> events;
     events.reserve(pending.size());
     for (auto& p : pending) events.push_back(p.event);
     lock.unlock();
@@ -343,12 +341,12 @@ struct CachingAllocator::Impl {
       it = segments.erase(it);
     }
     if (doomed.empty()) return;
-    std::vector<Stream*> streams;
+    std::vector<PoolStream*> streams;
     for (auto& seg : doomed) {
       if (std::find(streams.begin(), streams.end(), seg->stream) == streams.end()) streams.push_back(seg->stream);
     }
     lock.unlock();
-    for (Stream* s : streams) {
+    for (PoolStream* s : streams) {
       try {
         s->synchronize();
       } catch (...) {
@@ -372,7 +370,7 @@ struct CachingAllocator::Impl {
     return best;
   }
 
-  [[noreturn]] void throw_oom(size_t bytes, Stream& stream, const char* tag) {
+  [[noreturn]] void throw_oom(size_t bytes, PoolStream& stream, const char* tag) {
     stats.num_ooms++;
     // Largest live allocations, summed by tag.
     std::map<std::string, std::pair<size_t, size_t>> by_tag;  // tag -> (bytes, blocks)
@@ -410,7 +408,7 @@ struct CachingAllocator::Impl {
 
   // Finds or creates a block of at least `size` bytes for `stream`; runs the OOM fallback chain.
   // `hit` tells whether cached memory served the request.
-  Block* get_block(std::unique_lock<std::mutex>& lock, size_t bytes, size_t size, Stream& stream,
+  Block* get_block(std::unique_lock<std::mutex>& lock, size_t bytes, size_t size, PoolStream& stream,
                    const char* tag, bool& hit) {
     const bool small = size <= kSmallSize;
     BlockSet& pool = small ? small_free : large_free;
@@ -446,7 +444,7 @@ struct CachingAllocator::Impl {
     return new_segment(base, got, small, stream);
   }
 
-  void* allocate(size_t bytes, Stream& stream, const char* tag) {
+  void* allocate(size_t bytes, PoolStream& stream, const char* tag) {
     if (stream.capturing()) [[unlikely]] {
       std::string why = capture_refusal(CaptureRule::kPoolForCapturingStream,
                                         "the pool of " + device_name + " was asked for " + std::to_string(bytes) +
@@ -492,7 +490,7 @@ struct CachingAllocator::Impl {
 
   void free(void* ptr) {
     Block* b = nullptr;
-    std::vector<Stream*> uses;
+    std::vector<PoolStream*> uses;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = find_live_it(ptr, "free");
@@ -520,10 +518,8 @@ struct CachingAllocator::Impl {
     // Event creation and recording happen outside the mutex (on CUDA they are driver calls).
     std::vector<PendingEvent> events;
     events.reserve(uses.size());
-    for (Stream* s : uses) {
-      std::shared_ptr<Event> e = s->device().create_event();
-      s->record(*e);
-      events.push_back(PendingEvent{std::move(e), b});
+    for (PoolStream* s : uses) {
+      events.push_back(PendingEvent{s->record_new_event(), b});
     }
     std::lock_guard<std::mutex> lock(mu);
     for (auto& e : events) pending.push_back(std::move(e));
@@ -566,7 +562,7 @@ CachingAllocator::~CachingAllocator() {
   if (impl_) impl_->release_all();
 }
 
-void* CachingAllocator::allocate(size_t bytes, Stream& stream, const char* tag) {
+void* CachingAllocator::allocate(size_t bytes, PoolStream& stream, const char* tag) {
   if (bytes == 0) return nullptr;
   return impl_->allocate(bytes, stream, tag ? tag : "untagged");
 }
@@ -576,7 +572,7 @@ void CachingAllocator::free(void* ptr) {
   impl_->free(ptr);
 }
 
-void CachingAllocator::record_stream(void* ptr, Stream& stream) {
+void CachingAllocator::record_stream(void* ptr, PoolStream& stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
   Block* b = impl_->find_live(ptr, "record_stream");
@@ -615,7 +611,7 @@ size_t CachingAllocator::largest_free_block() const {
 
 // ---- DeviceBuffer -----------------------------------------------------------
 
-DeviceBuffer::DeviceBuffer(CachingAllocator& pool, size_t bytes, Stream& stream, const char* tag)
+DeviceBuffer::DeviceBuffer(CachingAllocator& pool, size_t bytes, PoolStream& stream, const char* tag)
     : pool_(&pool), ptr_(pool.allocate(bytes, stream, tag)), bytes_(bytes) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {

@@ -1,5 +1,6 @@
 // Per-device caching allocator (stream-aware), in the manner of PyTorch's CUDACachingAllocator.
-// The rules are stated at the top of caching_allocator.cc.
+// The rules are stated at the top of caching_allocator.cc. It sees streams as PoolStreams
+// (memory/pool_stream.h), which the runtime's Stream is, and includes nothing of runtime/.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,7 @@
 
 namespace zt {
 
-class Stream;
+class PoolStream;
 
 struct MemoryStats {
   size_t allocated_bytes = 0;       // bytes in blocks handed out (rounded sizes)
@@ -51,12 +52,12 @@ class CachingAllocator {
   // Returns memory usable by work on `stream` (and, after record_stream, other streams).
   // bytes == 0 returns nullptr. Throws zt::Error(kOutOfMemory) with a report when it cannot.
   // `tag` must be a string literal or otherwise outlive the allocation (used in OOM reports).
-  void* allocate(size_t bytes, Stream& stream, const char* tag = "untagged");
+  void* allocate(size_t bytes, PoolStream& stream, const char* tag = "untagged");
   // Frees a block; reusable on its allocation stream immediately, by other streams only after
   // the work of every stream passed to record_stream() has completed.
   void free(void* ptr);
   // Marks the block as in use by `stream` (record_stream semantics).
-  void record_stream(void* ptr, Stream& stream);
+  void record_stream(void* ptr, PoolStream& stream);
 
   // Releases every cached segment that holds no live block back to the raw allocator.
   void empty_cache();
@@ -81,7 +82,7 @@ class CachingAllocator {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(CachingAllocator& pool, size_t bytes, Stream& stream, const char* tag = "buffer");
+  DeviceBuffer(CachingAllocator& pool, size_t bytes, PoolStream& stream, const char* tag = "buffer");
   // A view of `bytes` at `p`, memory another buffer owns (an arena's range): reset forgets it.
   static DeviceBuffer borrow(void* p, size_t bytes);
   ~DeviceBuffer() { reset(); }

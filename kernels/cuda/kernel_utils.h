@@ -31,7 +31,7 @@ inline unsigned grid_for(int64_t n, int block = kElementwiseBlock,
 // Every launcher starts with one of these: kernels and cuBLAS calls must target the stream's own
 // GPU, which need not be the calling thread's current device. The GPU comes from the runtime's
 // stream registry, not from cudaStreamGetDevice, which CUDA refuses while the stream captures a
-// graph (runtime/capture_rules.h; a source check keeps such calls out of kernels/cuda).
+// graph (core/capture_rules.h; a source check keeps such calls out of kernels/cuda).
 class LaunchScope {
  public:
   explicit LaunchScope(void* stream)

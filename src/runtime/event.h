@@ -7,15 +7,17 @@
 
 #include <optional>
 
+#include "memory/pool_stream.h"
+
 namespace zt {
 
-class Event {
+// A PoolEvent (memory/pool_stream.h): the pool waits on events through that interface.
+class Event : public PoolEvent {
  public:
-  virtual ~Event() = default;
   // True when the captured work has completed (or the event was never recorded). Never blocks.
-  virtual bool query() = 0;
+  bool query() override = 0;
   // Blocks the host until the captured work has completed.
-  virtual void synchronize() = 0;
+  void synchronize() override = 0;
   // Seconds from the completion of `start`'s record to this event's (device time, negative if
   // this one completed first). Never blocks: nullopt unless both were recorded, have completed,
   // live on one device and come from Device::create_timing_event().

@@ -5,8 +5,9 @@
 #include <atomic>
 #include <memory>
 
+#include "core/capture_rules.h"
 #include "core/status.h"
-#include "runtime/capture_rules.h"
+#include "memory/pool_stream.h"
 #include "runtime/cpu/cpu_device.h"
 #if ZT_WITH_CUDA
 #include "runtime/cuda/cuda_backend.h"

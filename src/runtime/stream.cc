@@ -1,4 +1,5 @@
-// Stream's default capture entries: a backend that cannot capture says so in one sentence.
+// Stream's default capture entries (a backend that cannot capture says so in one sentence) and
+// the event the pool records for a cross-stream free.
 #include "runtime/stream.h"
 
 #include "core/status.h"
@@ -13,6 +14,12 @@ void Stream::begin_capture() {
 
 std::unique_ptr<StreamGraph> Stream::end_capture() {
   ZT_THROW(ErrorKind::kInvalidArgument, "stream ", id(), " of ", device().name(), " is not capturing");
+}
+
+std::shared_ptr<PoolEvent> Stream::record_new_event() {
+  std::shared_ptr<Event> e = device().create_event();
+  record(*e);
+  return e;
 }
 
 }  // namespace zt

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "memory/pool_stream.h"
 #include "runtime/backend.h"
 
 namespace zt {
@@ -25,7 +26,7 @@ class Stream;
 // allocated, and the same, for as long as the graph may be launched.
 //
 // The rules are CUDA's (cudaStreamCaptureModeThreadLocal) plus a few stricter ones of ours, on
-// both backends, from one table with the CUDA error each gives (runtime/capture_rules.h):
+// both backends, from one table with the CUDA error each gives (core/capture_rules.h):
 //  - no synchronize(), synchronize_for() or query() of a capturing stream, and no
 //    Device::synchronize() of its device;
 //  - on the thread that began a capture still in progress, for any stream or device: no new
@@ -57,20 +58,20 @@ class StreamGraph {
   virtual size_t size() const = 0;
 };
 
-class Stream {
+// A PoolStream (memory/pool_stream.h): the pool, a layer below, ties its blocks to streams and
+// makes the few calls it needs through that interface.
+class Stream : public PoolStream {
  public:
-  virtual ~Stream() = default;
-
   virtual Device& device() = 0;
   virtual Backend backend() const = 0;
   // Small integer, unique among this device's streams (0 = compute, 1 = comm).
-  virtual int id() const = 0;
+  int id() const override = 0;
 
   virtual void record(Event& event) = 0;
   virtual void wait(const Event& event) = 0;
   // Blocks until all submitted work is done. A failure inside that work (a sticky device error)
   // is rethrown here as zt::Error(kDevice).
-  virtual void synchronize() = 0;
+  void synchronize() override = 0;
   // synchronize() that gives up after `timeout` (a watchdog's building block): false when work
   // is still pending then (nothing is cancelled); rethrows a sticky device error like synchronize().
   virtual bool synchronize_for(std::chrono::milliseconds timeout) = 0;
@@ -96,9 +97,13 @@ class Stream {
   virtual void begin_capture();
   virtual std::unique_ptr<StreamGraph> end_capture();
   // True between begin_capture() and end_capture(); callable from any thread (the pool asks).
-  virtual bool capturing() const { return false; }
+  bool capturing() const override { return false; }
   // Fails the capture in progress with `why` (the first reason wins); no-op when not capturing.
-  virtual void invalidate_capture(const std::string& why) { (void)why; }
+  void invalidate_capture(const std::string& why) override { (void)why; }
+
+  // For the pool's cross-stream frees: device().create_event(), recorded here (so on a capturing
+  // stream it fails the capture as record() does).
+  std::shared_ptr<PoolEvent> record_new_event() final;
 };
 
 }  // namespace zt

@@ -1,13 +1,13 @@
 // Stream capture with real ops on every backend (cuda instances skip without a GPU): a captured
 // chain of ops replayed equals the same ops run eagerly, bit for bit, on fresh inputs each time
 // (the graph holds addresses, not values), and a capture that breaks a rule fails with its reason
-// and CUDA's error (runtime/capture_rules.h) while the stream stays usable. The ops' launches
+// and CUDA's error (core/capture_rules.h) while the stream stays usable. The ops' launches
 // inside a capture ask CUDA for nothing it refuses there (the first GPU run's capture failed on a
 // cudaStreamGetDevice in every launch). scripts/gpu-check.sh runs the cuda instances among the first.
 #include <gtest/gtest.h>
 
+#include "core/capture_rules.h"
 #include "kernels/ops.h"
-#include "runtime/capture_rules.h"
 #include "op_test_util.h"
 
 namespace zt {

@@ -19,8 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/capture_rules.h"
 #include "core/status.h"
 #include "memory/caching_allocator.h"
+#include "memory/pool_stream.h"
 #include "runtime/runtime.h"
 
 namespace zt {
@@ -305,6 +307,75 @@ TEST(CachingAllocatorRandom, ModelCheckOverThreeStreams) {
     random_ops(seed, ops);
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// ---- the pool's view of a stream (memory/pool_stream.h) ---------------------------------------
+// The pool sits below the runtime and sees streams only as PoolStreams: it runs on streams that
+// are not the runtime's, and the calls it makes are these, at these points.
+
+class FakePoolEvent final : public PoolEvent {
+ public:
+  bool query() override { return done; }
+  void synchronize() override { done = true; }
+  bool done = false;
+};
+
+class FakePoolStream final : public PoolStream {
+ public:
+  explicit FakePoolStream(int id) : id_(id) {}
+  int id() const override { return id_; }
+  void synchronize() override { ++syncs; }
+  std::shared_ptr<PoolEvent> record_new_event() override {
+    events.push_back(std::make_shared<FakePoolEvent>());
+    return events.back();
+  }
+  bool capturing() const override { return capturing_now; }
+  void invalidate_capture(const std::string& why) override { reasons.push_back(why); }
+
+  int syncs = 0;
+  std::vector<std::shared_ptr<FakePoolEvent>> events;
+  bool capturing_now = false;
+  std::vector<std::string> reasons;
+
+ private:
+  int id_;
+};
+
+TEST(PoolStreamContract, EventsAtCrossStreamFreesSyncsAtReleaseRefusalsWhileCapturing) {
+  auto [raw, pool] = make_pool("fake:0");
+  FakePoolStream a(0), b(1);
+  void* p = pool->allocate(1000, a, "x");
+  pool->record_stream(p, b);
+  pool->record_stream(p, a);  // the block's own stream: no event needed
+  pool->free(p);
+  ASSERT_EQ(b.events.size(), 1u);  // one event, recorded on the other stream at free()
+  EXPECT_TRUE(a.events.empty());
+  void* q = pool->allocate(1000, a, "y");  // p is pending on b's event: not handed out
+  EXPECT_NE(q, p);
+  b.events[0]->done = true;  // b's work completed: the next allocation polls and reuses p
+  void* r = pool->allocate(1000, a, "z");
+  EXPECT_EQ(r, p);
+  pool->free(q);
+  pool->free(r);
+  EXPECT_EQ(a.syncs + b.syncs, 0);
+  pool->empty_cache();  // releasing the segment synchronizes its stream first, and only it
+  EXPECT_EQ(a.syncs, 1);
+  EXPECT_EQ(b.syncs, 0);
+  EXPECT_EQ(raw->in_use(), 0u);
+
+  a.capturing_now = true;
+  const std::string why = capture_refusal(CaptureRule::kPoolForCapturingStream,
+                                          "the pool of fake:0 was asked for 64 bytes for 'w' on stream 0; "
+                                          "allocate before the capture");
+  try {
+    (void)pool->allocate(64, a, "w");
+    ADD_FAILURE() << "an allocation for a capturing stream was served";
+  } catch (const CaptureError& e) {
+    EXPECT_EQ(e.rule(), CaptureRule::kPoolForCapturingStream);
+    EXPECT_EQ(e.message(), why);
+  }
+  EXPECT_EQ(a.reasons, std::vector<std::string>{why});  // the capture failed with the same reason
+  EXPECT_EQ(pool->stats().num_allocs, 3u);
 }
 
 // ---- rules: rounding, pools, splitting ---------------------------------------

@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/capture_rules.h"
 #include "core/status.h"
 #include "memory/caching_allocator.h"
-#include "runtime/capture_rules.h"
 #include "runtime/runtime.h"
 
 namespace zt {
@@ -107,7 +107,7 @@ TEST(StreamCapture, BeginTwiceOrEndWithoutBeginIsRefused) {
   EXPECT_EQ(end_capture_error(s), "");
 }
 
-// ---- the capture rules (runtime/capture_rules.h), one test per entry ------------------------------
+// ---- the capture rules (core/capture_rules.h), one test per entry ------------------------------
 
 // One entry of the table that a zt call on the CPU backend can break, and how.
 struct RuleCase {
@@ -422,7 +422,7 @@ TEST(CaptureRules, NoCudaLauncherCallsWhatACaptureRefuses) {
   }
   EXPECT_GE(files, 10) << "the launchers were not found under " << root;
   EXPECT_TRUE(found.empty()) << "CUDA launchers call what CUDA refuses during stream capture (see "
-                                "runtime/capture_rules.h; use cuda::stream_ordinal for a stream's GPU): "
+                                "core/capture_rules.h; use cuda::stream_ordinal for a stream's GPU): "
                              << ::testing::PrintToString(found);
 }
 

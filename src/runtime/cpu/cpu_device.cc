@@ -5,9 +5,10 @@
 
 #include <cstring>
 
+#include "core/capture_rules.h"
 #include "core/heartbeat.h"
 #include "core/status.h"
-#include "runtime/capture_rules.h"
+#include "memory/pool_stream.h"
 
 namespace zt::cpu {
 

@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/capture_rules.h"
 #include "memory/caching_allocator.h"
-#include "runtime/capture_rules.h"
 #include "runtime/device.h"
 
 namespace zt::cpu {

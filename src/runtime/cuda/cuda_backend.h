@@ -45,7 +45,7 @@ class TaskSpan {
 // The GPU ordinal of the stream whose cudaStream_t is `native` (a stream of a live CUDA device),
 // from the registry its device filled when it created the stream: no CUDA call, so launchers may
 // ask it inside a stream capture (CUDA refuses cudaStreamGetDevice on a capturing stream,
-// runtime/capture_rules.h). A cudaStream_t of no CUDA device of this process is zt::Error(kInternal).
+// core/capture_rules.h). A cudaStream_t of no CUDA device of this process is zt::Error(kInternal).
 int stream_ordinal(void* native);
 
 // A library's per-stream state (the cuBLAS handle with its workspace from the device pool, the

@@ -40,7 +40,7 @@
 //    it, so host times are exact up to that latency (microseconds). The anchor is renewed after a
 //    second, while the stream is idle, so float milliseconds never lose precision. Nested spans
 //    (a cast that is a copy) report only the outermost.
-//  - Stream capture (runtime/stream.h, runtime/capture_rules.h): the rules, CUDA's and ours, are
+//  - Stream capture (runtime/stream.h, core/capture_rules.h): the rules, CUDA's and ours, are
 //    checked before CUDA sees a call, from one table shared with the CPU backend, so the reason
 //    and the CUDA error it names are the same on both; a CUDA error inside a capture fails the
 //    capture, not the device (nothing ran). Launchers find their stream's GPU through the
@@ -66,8 +66,9 @@
 
 #include <cuda_profiler_api.h>
 
+#include "core/capture_rules.h"
 #include "memory/caching_allocator.h"
-#include "runtime/capture_rules.h"
+#include "memory/pool_stream.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/gemm_workspace.h"

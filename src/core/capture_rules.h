@@ -1,7 +1,7 @@
 // What a stream capture refuses, in one table: CUDA's rules (each entry cites where CUDA states it
-// and names the error CUDA returns) and ZeroTrain's own stricter ones, the error both backends
-// throw for them, and the calling thread's captures (CUDA's thread-local capture mode).
-// Header-only: the pool (memory/, a layer below the runtime) consults it too.
+// and names the error CUDA returns) and ZeroTrain's own stricter ones, and the error both backends
+// throw for them. Pure data and strings, no streams: the pool (memory/, below the runtime) reads
+// it too; the calling thread's captures are memory/pool_stream.h's.
 //
 // Both backends check these rules before CUDA sees a call, so the CPU backend refuses exactly what
 // the CUDA backend refuses and a refused call fails on a machine without a GPU. The calls no
@@ -10,12 +10,11 @@
 // the first GPU run failed on a cudaStreamGetDevice there.
 #pragma once
 
-#include <algorithm>
+#include <cstddef>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "core/status.h"
-#include "runtime/stream.h"
 
 namespace zt {
 
@@ -183,31 +182,6 @@ inline std::string capture_refusal(CaptureRule r, const std::string& where) {
   throw CaptureError(CaptureRule::kUseAfterInvalidation,
                      "the capture of " + where + " failed (cudaStreamEndCapture returns "
                      "cudaErrorStreamCaptureInvalidated): " + first_reason);
-}
-
-// ---- the calling thread's captures (cudaStreamCaptureModeThreadLocal) --------------------------
-// Both backends begin every capture in thread-local mode: the "potentially unsafe" calls (raw
-// allocations and frees, event queries) are refused on the thread that began a capture still in
-// progress, for any stream, and allowed on every other thread.
-namespace capture_detail {
-inline thread_local std::vector<Stream*> t_captures;
-}  // namespace capture_detail
-
-// Called by the backends' begin_capture()/end_capture() on the capturing thread.
-inline void note_capture_begun(Stream* s) { capture_detail::t_captures.push_back(s); }
-inline void note_capture_ended(Stream* s) {
-  auto& v = capture_detail::t_captures;
-  v.erase(std::remove(v.begin(), v.end(), s), v.end());
-}
-inline bool this_thread_captures() { return !capture_detail::t_captures.empty(); }
-
-// Refuses a potentially unsafe call on a thread with captures in progress: each of them fails
-// with the reason (CUDA invalidates the thread's captures), then throws it.
-[[noreturn]] inline void refuse_on_capturing_thread(CaptureRule r, const std::string& where) {
-  const std::vector<Stream*> captures = capture_detail::t_captures;
-  std::string msg = capture_refusal(r, where);
-  for (Stream* s : captures) s->invalidate_capture(msg);
-  throw CaptureError(r, std::move(msg));
 }
 
 }  // namespace zt
