@@ -51,19 +51,62 @@ int32_t start_token(const RunContext& run) {
   return run.mc.vocab >= 50257 ? 50256 : '\n';
 }
 
+// What both ways of sampling share: the context and its window of T tokens (the forward's one
+// row), the draw from the logits of the window's last position, and the text.
+class Sample {
+ public:
+  Sample(const RunContext& run, uint64_t salt)
+      : run_(run), salt_(salt), ctx_{start_token(run)}, window_(static_cast<size_t>(run.T)),
+        targets_(static_cast<size_t>(run.T), -1), logits_(static_cast<size_t>(run.mc.vocab)) {}
+  // The batch of one row over the device's inputs and targets (the targets: ignore everywhere).
+  Batch row_batch(void* inputs, void* targets, int device) const {
+    Batch b;
+    b.B = 1;
+    b.T = run_.T;
+    b.inputs = ConstTensorView{inputs, DType::kI32, Shape{1, run_.T}, device};
+    b.targets = ConstTensorView{targets, DType::kI32, Shape{1, run_.T}, device};
+    return b;
+  }
+  const std::vector<int32_t>& targets() const { return targets_; }
+  // The last T tokens of the context, zero-padded after them.
+  const std::vector<int32_t>& window() {
+    std::fill(window_.begin(), window_.end(), 0);
+    std::copy(ctx_.end() - (last() + 1), ctx_.end(), window_.begin());
+    return window_;
+  }
+  int last() const { return std::min<int>(static_cast<int>(ctx_.size()), run_.T) - 1; }  // the window's last position
+  float* logits() { return logits_.data(); }  // of the last position, filled by the caller
+  // Token k of the sample, drawn from logits() (deterministic in the seed, the salt and k).
+  int32_t draw(int k) const {
+    const TrainConfig& cfg = run_.cfg;
+    return sample_top_k(logits_, cfg.top_k, cfg.temperature,
+                        philox_uniform(cfg.seed, 0x5a3b1e ^ salt_, static_cast<uint64_t>(k)));
+  }
+  void take(int32_t pick) {
+    ctx_.push_back(pick);
+    append_token(text_, pick, run_.mc.vocab);
+    picks_.push_back(pick);
+  }
+  std::string text() const { return run_.tokenizer ? run_.tokenizer->decode_text(picks_) : text_; }
+
+ private:
+  const RunContext& run_;
+  uint64_t salt_;
+  std::vector<int32_t> ctx_, window_, targets_, picks_;
+  std::vector<float> logits_;
+  std::string text_;
+};
+
 }  // namespace
 
 // Pipeline stages: per token, the context flows forward through the virtual stages in order (as
 // an evaluation batch of one row), the last stage draws the token from its logits and sends it
 // back to the first stage, the only one that reads tokens. Every data rank samples the same text.
 std::string PipelineStages::sample_rank(World& world, const RunContext& run, int r, int n_tokens, uint64_t salt) {
-  const int T = run.T, V = run.mc.vocab, P = world.mesh().shape().pipeline;
-  const TrainConfig& cfg = run.cfg;
-  std::string out;
+  const int T = run.T, P = world.mesh().shape().pipeline;
   Device& d = world.device(r);
   Stream& s = d.compute();
   const Model& model = world.model_of(r);
-  ZeroEngine& engine = world.engine_of(r);
   Communicator& comm = world.comm();
   const int stage = world.stage_of(r);
   const std::vector<int> group = world.mesh().pipeline_group(r);
@@ -72,31 +115,18 @@ std::string PipelineStages::sample_rank(World& world, const RunContext& run, int
   DeviceBuffer inputs(d.memory(), static_cast<size_t>(T) * 4, s, "sample"), targets(d.memory(), static_cast<size_t>(T) * 4, s, "sample");
   DeviceBuffer token(d.memory(), 4, s, "sample token");
   const TensorView token_view{token.data(), DType::kI32, Shape{1}, d.index()};
-  std::vector<int32_t> ctx = {start_token(run)};
-  std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
-  std::vector<float> row(static_cast<size_t>(V));
-  Batch sb;
-  sb.B = 1;
-  sb.T = T;
-  sb.inputs = ConstTensorView{inputs.data(), DType::kI32, Shape{1, T}, d.index()};
-  sb.targets = ConstTensorView{targets.data(), DType::kI32, Shape{1, T}, d.index()};
-  s.copy(targets.data(), tg.data(), tg.size() * 4);
-  engine.rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
-  std::vector<int32_t> picks;
+  Sample sample(run, salt);
+  const Batch sb = sample.row_batch(inputs.data(), targets.data(), d.index());
+  s.copy(targets.data(), sample.targets().data(), static_cast<size_t>(T) * 4);
+  world.engine_of(r).rank(world.engine_rank(r)).begin_pipeline_step(/*forward_only=*/true);
   int32_t pick = 0;
   for (int k = 0; k < n_tokens; ++k) {
     heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
-    const int len = std::min<int>(static_cast<int>(ctx.size()), T);
-    if (stage == 0) {
-      std::fill(in.begin(), in.end(), 0);
-      std::copy(ctx.end() - len, ctx.end(), in.begin());
-      s.copy(inputs.data(), in.data(), in.size() * 4);
-    }
+    if (stage == 0) s.copy(inputs.data(), sample.window().data(), static_cast<size_t>(T) * 4);
     if (Workspace* head = forward_stages(world, r, ws, sb)) {
-      head->read_logits_row(s, len - 1, row.data());
+      head->read_logits_row(s, sample.last(), sample.logits());
       s.synchronize();
-      pick = sample_top_k(row, cfg.top_k, cfg.temperature,
-                          philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
+      pick = sample.draw(k);
       s.copy(token.data(), &pick, 4);
       comm.send(r, group[0], token_view, &s);  // the first stage embeds the next context
       comm.wait_done(r, s);
@@ -108,55 +138,35 @@ std::string PipelineStages::sample_rank(World& world, const RunContext& run, int
       s.copy(&pick, token.data(), 4);
       s.synchronize();
     }
-    ctx.push_back(pick);
-    append_token(out, pick, V);
-    picks.push_back(pick);
+    sample.take(pick);
   }
-  if (run.tokenizer) out = run.tokenizer->decode_text(picks);
-  return out;
+  return sample.text();
 }
 
 // One stage: each rank runs the whole model (or its tensor shard) on the context in a workspace of
 // one row, made at the first sample and kept.
 std::string OneStage::sample_rank(World& world, const RunContext& run, int r, int n_tokens, uint64_t salt) {
-  const int T = run.T, V = run.mc.vocab;
-  const TrainConfig& cfg = run.cfg;
-  std::string out;
+  const int T = run.T;
   RankState& R = world.rank(r);
   Device& d = world.device(r);
   Stream& s = d.compute();
-  ZeroEngine& engine = world.engine();
-  std::unique_ptr<Workspace>& sample_ws = sample_ws_[static_cast<size_t>(r)];
-  if (!sample_ws) sample_ws = world.model().make_workspace(d, 1, T);
-  std::vector<int32_t> ctx = {start_token(run)};
-  std::vector<int32_t> in(static_cast<size_t>(T)), tg(static_cast<size_t>(T), -1);
-  std::vector<float> row(static_cast<size_t>(V));
-  Batch sb;
-  sb.B = 1;
-  sb.T = T;
-  sb.inputs = ConstTensorView{R.inputs[0].data(), DType::kI32, Shape{1, T}, d.index()};
-  sb.targets = ConstTensorView{R.targets[0].data(), DType::kI32, Shape{1, T}, d.index()};
-  std::vector<int32_t> picks;
+  ZeroRank& engine = world.engine().rank(r);
+  std::unique_ptr<Workspace>& ws = sample_ws_[static_cast<size_t>(r)];
+  if (!ws) ws = world.model().make_workspace(d, 1, T);
+  Sample sample(run, salt);
+  const Batch sb = sample.row_batch(R.inputs[0].data(), R.targets[0].data(), d.index());
   for (int k = 0; k < n_tokens; ++k) {
     heartbeat();  // a token done: slow sampling is not a hang (core/heartbeat.h)
-    const int len = std::min<int>(static_cast<int>(ctx.size()), T);
-    std::fill(in.begin(), in.end(), 0);
-    std::copy(ctx.end() - len, ctx.end(), in.begin());
-    s.copy(R.inputs[0].data(), in.data(), in.size() * 4);
-    s.copy(R.targets[0].data(), tg.data(), tg.size() * 4);
-    engine.rank(r).begin_micro_batch(0, /*forward_only=*/true);
-    world.model().forward(s, engine.rank(r), *sample_ws, sb, 0.0f, false);
-    engine.rank(r).end_micro_batch();
-    sample_ws->read_logits_row(s, len - 1, row.data());
+    s.copy(R.inputs[0].data(), sample.window().data(), static_cast<size_t>(T) * 4);
+    s.copy(R.targets[0].data(), sample.targets().data(), static_cast<size_t>(T) * 4);
+    engine.begin_micro_batch(0, /*forward_only=*/true);
+    world.model().forward(s, engine, *ws, sb, 0.0f, false);
+    engine.end_micro_batch();
+    ws->read_logits_row(s, sample.last(), sample.logits());
     s.synchronize();
-    const int pick = sample_top_k(row, cfg.top_k, cfg.temperature,
-                                  philox_uniform(cfg.seed, 0x5a3b1e ^ salt, static_cast<uint64_t>(k)));
-    ctx.push_back(pick);
-    append_token(out, pick, V);
-    picks.push_back(pick);
+    sample.take(sample.draw(k));
   }
-  if (run.tokenizer) out = run.tokenizer->decode_text(picks);
-  return out;
+  return sample.text();
 }
 
 std::string sample_text(World& world, const RunContext& run, int n_tokens, uint64_t salt) {
