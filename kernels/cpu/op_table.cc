@@ -17,6 +17,42 @@ namespace {
 #define ZT_CPU_ENTRY(ns, op) \
   t.op = [](Stream& s, auto... a) { cpu::enqueue(s, [=] { ns::op(a...); }, #op); }
 
+// The optimizers' multi-segment updates and the gradient check. The worker gets a copy of the
+// host list: the caller's may be gone by the time it runs.
+void add_multi_tensor_updates(OpTable& t) {
+  t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
+                     int64_t, DType param_dtype, DType grad_dtype, const optim::AdamWArgs& a,
+                     const optim::StepScalars& sc, uint64_t step) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, a, sc, step] {
+          optim::cpu_kernels::adamw_multi(list, param_dtype, grad_dtype, a, sc, step);
+        },
+        "adamw_multi");
+  };
+  t.sgd_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
+                   int64_t, DType param_dtype, DType grad_dtype, const optim::SgdConfig& hp,
+                   const optim::StepScalars& sc) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, hp, sc] {
+          optim::cpu_kernels::sgd_multi(list, param_dtype, grad_dtype, hp, sc);
+        },
+        "sgd_multi");
+  };
+  t.unscale_check = [](Stream& s, const optim::GradSegment* host, size_t count, const optim::GradSegment*, int64_t,
+                       DType grad_dtype, const float* inv_loss_scale, float* norms_out, int num_out,
+                       float* found_inf) {
+    cpu::enqueue(
+        s,
+        [list = std::vector<optim::GradSegment>(host, host + count), grad_dtype, inv_loss_scale, norms_out, num_out,
+         found_inf] {
+          optim::cpu_kernels::unscale_check(list, grad_dtype, inv_loss_scale, norms_out, num_out, found_inf);
+        },
+        "unscale_check");
+  };
+}
+
 OpTable make_cpu_table() {
   OpTable t;
   t.backend = Backend::kCpu;
@@ -89,38 +125,7 @@ OpTable make_cpu_table() {
         "lm_head_backward");
   };
 
-  // The worker gets a copy of the host list: the caller's may be gone by the time it runs.
-  t.adamw_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
-                     int64_t, DType param_dtype, DType grad_dtype, const optim::AdamWArgs& a,
-                     const optim::StepScalars& sc, uint64_t step) {
-    cpu::enqueue(
-        s,
-        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, a, sc, step] {
-          optim::cpu_kernels::adamw_multi(list, param_dtype, grad_dtype, a, sc, step);
-        },
-        "adamw_multi");
-  };
-  t.sgd_multi = [](Stream& s, const optim::OptimizerSegment* host, size_t count, const optim::OptimizerSegment*,
-                   int64_t, DType param_dtype, DType grad_dtype, const optim::SgdConfig& hp,
-                   const optim::StepScalars& sc) {
-    cpu::enqueue(
-        s,
-        [list = std::vector<optim::OptimizerSegment>(host, host + count), param_dtype, grad_dtype, hp, sc] {
-          optim::cpu_kernels::sgd_multi(list, param_dtype, grad_dtype, hp, sc);
-        },
-        "sgd_multi");
-  };
-  t.unscale_check = [](Stream& s, const optim::GradSegment* host, size_t count, const optim::GradSegment*, int64_t,
-                       DType grad_dtype, const float* inv_loss_scale, float* norms_out, int num_out,
-                       float* found_inf) {
-    cpu::enqueue(
-        s,
-        [list = std::vector<optim::GradSegment>(host, host + count), grad_dtype, inv_loss_scale, norms_out, num_out,
-         found_inf] {
-          optim::cpu_kernels::unscale_check(list, grad_dtype, inv_loss_scale, norms_out, num_out, found_inf);
-        },
-        "unscale_check");
-  };
+  add_multi_tensor_updates(t);
   return t;
 }
 

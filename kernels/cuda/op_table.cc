@@ -45,21 +45,10 @@ bool aligned16(std::initializer_list<const void*> pointers) {
   return true;
 }
 
-OpTable make_cuda_table() {
-  OpTable t;
-  t.backend = Backend::kCuda;
-  ZT_CUDA_ENTRY(cuda_ops, fill);
-  ZT_CUDA_ENTRY(cuda_ops, scale);
-  ZT_CUDA_ENTRY(cuda_ops, add);
-  ZT_CUDA_ENTRY(cuda_ops, accumulate);
-  ZT_CUDA_ENTRY(cuda_ops, accumulate_peer);
-  ZT_CUDA_ENTRY(cuda_ops, encoder_forward);
-  ZT_CUDA_ENTRY(cuda_ops, encoder_backward);
-  ZT_CUDA_ENTRY(cuda_ops, layernorm_forward);
-  ZT_CUDA_ENTRY(cuda_ops, layernorm_backward);
-  // The matmul family: cuBLASLt with its epilogues, and where it refuses a problem the plain
-  // cuBLAS path (kernels/cuda/cuda_ops.h). The device's math mode decides the GEMMs' compute type
-  // (runtime/device.h MathMode). Scratch comes from the pool only for what a call needs.
+// The matmul family: cuBLASLt with its epilogues, and where it refuses a problem the plain cuBLAS
+// path (kernels/cuda/cuda_ops.h). The device's math mode decides the GEMMs' compute type
+// (runtime/device.h MathMode). Scratch comes from the pool only for what a call needs.
+void add_matmuls(OpTable& t) {
   t.matmul_forward = [](Stream& s, void* out, const void* in, const void* w, const void* bias, MatmulTypes ty,
                         int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_forward");
@@ -108,33 +97,12 @@ OpTable make_cuda_table() {
     const bool tf32 = s.device().math_mode().tf32;
     if (!cuda_ops::lt_lm_head_backward(span.native(), a..., tf32)) cuda_ops::lm_head_backward(span.native(), a..., tf32);
   };
-  ZT_CUDA_ENTRY(cuda_ops, attention_forward);
-  ZT_CUDA_ENTRY(cuda_ops, attention_backward);
-  ZT_CUDA_ENTRY(cuda_ops, flash_attention_forward);
-  ZT_CUDA_ENTRY(cuda_ops, flash_attention_backward);
-  ZT_CUDA_ENTRY(cuda_ops, decode_attention);
-  ZT_CUDA_ENTRY(cuda_ops, gelu_forward);
-  ZT_CUDA_ENTRY(cuda_ops, gelu_backward);
-  ZT_CUDA_ENTRY(cuda_ops, relu_forward);
-  ZT_CUDA_ENTRY(cuda_ops, relu_backward);
-  ZT_CUDA_ENTRY(cuda_ops, classifier_forward_backward);
-  ZT_CUDA_ENTRY(cuda_ops, adamw_update);
-  ZT_CUDA_ENTRY(cuda_ops, sgd_update);
-  ZT_CUDA_ENTRY(optim::cuda_kernels, loss_scale_update);
-  ZT_CUDA_ENTRY(optim::cuda_kernels, clip_factor);
-  ZT_CUDA_ENTRY(cuda_ops, position_forward);
-  ZT_CUDA_ENTRY(cuda_ops, position_backward);
-  ZT_CUDA_ENTRY(cuda_ops, bias_forward);
-  ZT_CUDA_ENTRY(cuda_ops, bias_backward);
-  ZT_CUDA_ENTRY(cuda_ops, row_max);
-  ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
-  ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
-  ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
-  ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
+}
 
-  // cuDNN's fused attention where it serves the call (decided before the span, so a declined call
-  // leaves no task on the trace); ops.cc runs the tiled entries otherwise. cuDNN wants 16-byte
-  // aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
+// cuDNN's fused attention where it serves the call (decided before the span, so a declined call
+// leaves no task on the trace); ops.cc runs the tiled entries otherwise. cuDNN wants 16-byte
+// aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
+void add_fused_attention(OpTable& t) {
   t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
                                  int64_t C, int64_t NH, DType dtype) {
     const bool det = s.device().math_mode().deterministic_attention;
@@ -158,7 +126,10 @@ OpTable make_cuda_table() {
     return true;
   };
   t.fused_attention_workspace = &cuda_ops::cudnn_attention_workspace;
+}
 
+// Casts, reductions and the optimizers' multi-segment updates: pool scratch sized per call.
+void add_reductions_and_updates(OpTable& t) {
   t.cast = [](Stream& s, void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
     const cuda::TaskSpan span(s, "cast");
     launch_cast(s, dst, dst_type, src, src_type, static_cast<size_t>(n));
@@ -207,6 +178,46 @@ OpTable make_cuda_table() {
                                                         inv_loss_scale, norms_out, num_out, found_inf, ws, bytes);
                    });
   };
+}
+
+OpTable make_cuda_table() {
+  OpTable t;
+  t.backend = Backend::kCuda;
+  ZT_CUDA_ENTRY(cuda_ops, fill);
+  ZT_CUDA_ENTRY(cuda_ops, scale);
+  ZT_CUDA_ENTRY(cuda_ops, add);
+  ZT_CUDA_ENTRY(cuda_ops, accumulate);
+  ZT_CUDA_ENTRY(cuda_ops, accumulate_peer);
+  ZT_CUDA_ENTRY(cuda_ops, encoder_forward);
+  ZT_CUDA_ENTRY(cuda_ops, encoder_backward);
+  ZT_CUDA_ENTRY(cuda_ops, layernorm_forward);
+  ZT_CUDA_ENTRY(cuda_ops, layernorm_backward);
+  add_matmuls(t);
+  ZT_CUDA_ENTRY(cuda_ops, attention_forward);
+  ZT_CUDA_ENTRY(cuda_ops, attention_backward);
+  ZT_CUDA_ENTRY(cuda_ops, flash_attention_forward);
+  ZT_CUDA_ENTRY(cuda_ops, flash_attention_backward);
+  ZT_CUDA_ENTRY(cuda_ops, decode_attention);
+  ZT_CUDA_ENTRY(cuda_ops, gelu_forward);
+  ZT_CUDA_ENTRY(cuda_ops, gelu_backward);
+  ZT_CUDA_ENTRY(cuda_ops, relu_forward);
+  ZT_CUDA_ENTRY(cuda_ops, relu_backward);
+  ZT_CUDA_ENTRY(cuda_ops, classifier_forward_backward);
+  ZT_CUDA_ENTRY(cuda_ops, adamw_update);
+  ZT_CUDA_ENTRY(cuda_ops, sgd_update);
+  ZT_CUDA_ENTRY(optim::cuda_kernels, loss_scale_update);
+  ZT_CUDA_ENTRY(optim::cuda_kernels, clip_factor);
+  ZT_CUDA_ENTRY(cuda_ops, position_forward);
+  ZT_CUDA_ENTRY(cuda_ops, position_backward);
+  ZT_CUDA_ENTRY(cuda_ops, bias_forward);
+  ZT_CUDA_ENTRY(cuda_ops, bias_backward);
+  ZT_CUDA_ENTRY(cuda_ops, row_max);
+  ZT_CUDA_ENTRY(cuda_ops, vocab_partials);
+  ZT_CUDA_ENTRY(cuda_ops, vocab_loss_grad);
+  ZT_CUDA_ENTRY(cuda_ops, reduce_slices);
+  ZT_CUDA_ENTRY(cuda_ops, residual_layernorm_forward);
+  add_fused_attention(t);
+  add_reductions_and_updates(t);
   return t;
 }
 
