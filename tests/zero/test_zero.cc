@@ -44,7 +44,9 @@ void expect_same_bits(const TrainResult& a, const TrainResult& b, const std::str
 }
 
 TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
-  const int kSteps = kSanitizer ? 4 : 50;
+  // ASan: 10 steps of gpt-tiny (50 took 45 s there); every stage's code runs from the first step,
+  // and release compares the 50 steps bit for bit and against one device.
+  const int kSteps = kSanitizer ? 4 : test::kAddressSanitizer ? 10 : 50;
   const TrainResult one = train(tiny(1, 0, kSteps));
   const TrainResult s0 = train(tiny(4, 0, kSteps));
   for (int stage = 1; stage <= 3; ++stage) {
@@ -59,7 +61,7 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
-  if (!kSanitizer) {
+  if (kSteps == 50) {
     EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
   }
 }
