@@ -47,6 +47,10 @@ TEST(MixedPrecision, OverflowOnOneDeviceSkipsTheStepEverywhereAndChangesNoBit) {
   for (int stage = 0; stage <= 3; ++stage) {
     TrainConfig base = tiny(2, stage, 3, Precision::kFp16);
     base.initial_scale = 256;  // no natural overflow in these few steps
+    // 2 layers in release (the sanitizers' shape has 1): block 2, where the fault goes, is then
+    // h.1, between the embeddings and ln_f. The skip does not depend on the depth; the 16 fp16 runs
+    // of the 4-layer model took 20 s of CI.
+    if (!kSanitized) base.overrides.layers = 2;
     const TrainResult before = train(base);
     ASSERT_TRUE(before.skipped_steps.empty());
     for (const float value : values) {
