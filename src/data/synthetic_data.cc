@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <utility>
 
 #include "core/philox.h"
 #include "core/status.h"
@@ -201,19 +203,54 @@ std::vector<uint8_t> MarkovSource::generate(uint64_t n, uint64_t stream) const {
   return out;
 }
 
+namespace {
+
+// The last kCachedCorpora (seed, size) pairs opened, newest last. Bounded: a sweep over seeds
+// keeps a few corpora of 2 MiB, not one per seed.
+constexpr size_t kCachedCorpora = 4;
+
+std::shared_ptr<const SyntheticCorpus> cached_corpus(uint64_t seed, uint64_t bytes) {
+  struct Entry {
+    uint64_t seed, bytes;
+    std::shared_ptr<const SyntheticCorpus> corpus;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < cache.size(); ++i)
+      if (cache[i].seed == seed && cache[i].bytes == bytes) {
+        std::rotate(cache.begin() + static_cast<std::ptrdiff_t>(i), cache.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                    cache.end());
+        return cache.back().corpus;
+      }
+  }
+  // Drawn outside the lock (two threads may both draw one; the bytes are the same).
+  MarkovSource source(seed);
+  std::vector<uint8_t> corpus = source.generate(bytes, kCorpusStream);
+  auto made = std::make_shared<const SyntheticCorpus>(SyntheticCorpus{std::move(source), std::move(corpus)});
+  const std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() == kCachedCorpora) cache.erase(cache.begin());
+  cache.push_back({seed, bytes, made});
+  return made;
+}
+
+}  // namespace
+
 SyntheticData::SyntheticData(uint64_t seed, uint64_t corpus_bytes)
-    : TokenWindows(seed, 256, "synthetic"), source_(seed), corpus_(source_.generate(corpus_bytes, kCorpusStream)) {
-  const uint64_t n_val = corpus_.size() / 10;
-  const uint64_t n_train = corpus_.size() - n_val;
-  segments_[0].push_back(TokenSegment{corpus_.data(), nullptr, n_train});
-  segments_[1].push_back(TokenSegment{corpus_.data() + n_train, nullptr, n_val});
+    : TokenWindows(seed, 256, "synthetic"), shared_(cached_corpus(seed, corpus_bytes)) {
+  const std::vector<uint8_t>& bytes = corpus();
+  const uint64_t n_val = bytes.size() / 10;
+  const uint64_t n_train = bytes.size() - n_val;
+  segments_[0].push_back(TokenSegment{bytes.data(), nullptr, n_train});
+  segments_[1].push_back(TokenSegment{bytes.data() + n_train, nullptr, n_val});
   split_what_[0] = "first 90% of the synthetic corpus";
   split_what_[1] = "last 10% of the synthetic corpus";
 }
 
 std::string SyntheticData::describe() const {
-  return "synthetic order-2 Markov corpus (" + std::to_string(corpus_.size()) + " bytes, seed " +
-         std::to_string(seed()) + ", entropy rate " + std::to_string(source_.entropy_rate()) +
+  return "synthetic order-2 Markov corpus (" + std::to_string(corpus().size()) + " bytes, seed " +
+         std::to_string(seed()) + ", entropy rate " + std::to_string(source().entropy_rate()) +
          " nats/token)";
 }
 

@@ -47,6 +47,10 @@ TEST(MixedPrecision, OverflowOnOneDeviceSkipsTheStepEverywhereAndChangesNoBit) {
   for (int stage = 0; stage <= 3; ++stage) {
     TrainConfig base = tiny(2, stage, 3, Precision::kFp16);
     base.initial_scale = 256;  // no natural overflow in these few steps
+    // 2 layers in release (the sanitizers' shape has 1): block 2, where the fault goes, is then
+    // h.1, between the embeddings and ln_f. The skip does not depend on the depth; the 16 fp16 runs
+    // of the 4-layer model took 20 s of CI.
+    if (!kSanitized) base.overrides.layers = 2;
     const TrainResult before = train(base);
     ASSERT_TRUE(before.skipped_steps.empty());
     for (const float value : values) {
@@ -140,9 +144,15 @@ TEST(MixedPrecision, Bf16StagesAgreeBitForBit) {
   }
 }
 
+// gpt-tiny with 2 layers, not 4: half the time (this was CI's longest test, 140 s), and 400 steps
+// reach a lower loss (1.22, 4 layers 1.28; bf16 +0.03%, fp16 +0.9% from fp32). The bound still
+// catches what it is for: with the fp32 master weights removed (each update rounded to bf16) bf16
+// lands 5.3% above fp32 (4 layers: 4.8%). Not fewer steps: at 300 fp16 is still 8% behind fp32,
+// not yet at the floor; not 1 layer: its runs end 3% apart by chance.
 TEST(MixedPrecision, Bf16AndFp16LandWithinTwoPercentOfFp32) {
   if (kSanitized) GTEST_SKIP() << "a convergence run; too slow under sanitizers";
   TrainConfig c = tiny(2, 2, 400, Precision::kFp32);
+  c.overrides.layers = 2;
   c.test.keep_final_params = false;
   c.schedule = LrSchedule::kCosine;
   c.lr = -1, c.warmup_steps = -1;  // the default job's learning rate and warmup

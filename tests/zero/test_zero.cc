@@ -44,7 +44,9 @@ void expect_same_bits(const TrainResult& a, const TrainResult& b, const std::str
 }
 
 TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
-  const int kSteps = kSanitizer ? 4 : 50;
+  // ASan: 10 steps of gpt-tiny (50 took 45 s there); every stage's code runs from the first step,
+  // and release compares the 50 steps bit for bit and against one device.
+  const int kSteps = kSanitizer ? 4 : test::kAddressSanitizer ? 10 : 50;
   const TrainResult one = train(tiny(1, 0, kSteps));
   const TrainResult s0 = train(tiny(4, 0, kSteps));
   for (int stage = 1; stage <= 3; ++stage) {
@@ -59,7 +61,7 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-5 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
-  if (!kSanitizer) {
+  if (kSteps == 50) {
     EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
   }
 }
@@ -118,12 +120,17 @@ TEST(Zero, ModelStateBytesFollowTheZeroFormulas) {
 }
 
 TEST(Zero, CommunicationBytesPerStepFollowTheFormulas) {
-  const ModelConfig mc = make_model_config("gpt-tiny");
+  // The paper's formula (within 1%) is checked on gpt-tiny itself, whose padding is small. Under
+  // TSan the runs keep the sanitizer shape (gpt-tiny took 40 s there) and check the exact count,
+  // padding included: the same collectives on the same threads; the 1% formula needs gpt-tiny.
+  TrainConfig shape = tiny(1, 0, 1);
+  if (!kSanitizer) shape.overrides = ModelOverrides{};
+  const ModelConfig mc = make_model_config("gpt-tiny", shape.overrides);
   auto model = make_model(mc);
   for (int n : {2, 4}) {
     for (int stage = 0; stage <= 3; ++stage) {
       TrainConfig c = tiny(n, stage, 3);
-      c.overrides = ModelOverrides{};  // the formula is checked on gpt-tiny itself
+      c.overrides = shape.overrides;
       const TrainResult r = train(c);
       // Exact expectation with padding: each reduce-scatter or all-gather of a block sends
       // (n-1) shards per rank. Stages 0-2: one of each per step; stage 3: two gathers + one RS.
@@ -141,7 +148,9 @@ TEST(Zero, CommunicationBytesPerStepFollowTheFormulas) {
       ASSERT_EQ(r.comm_bytes_per_step_per_device.size(), static_cast<size_t>(n));
       for (uint64_t got : r.comm_bytes_per_step_per_device) {
         EXPECT_EQ(got, expect) << "stage " << stage << " N=" << n;
-        EXPECT_NEAR(static_cast<double>(got), formula, 0.01 * formula) << "stage " << stage << " N=" << n;
+        if (!kSanitizer) {
+          EXPECT_NEAR(static_cast<double>(got), formula, 0.01 * formula) << "stage " << stage << " N=" << n;
+        }
       }
     }
   }
