@@ -3,8 +3,6 @@
 // samples in its own alphabet, the MLP reaches 85% on Fashion-MNIST, LR schedules are exact.
 #include <gtest/gtest.h>
 
-#include "sanitizer.h"
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -16,6 +14,7 @@
 #include "core/status.h"
 #include "data/image_data.h"
 #include "runtime/cpu/cpu_device.h"
+#include "sanitizer.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 
