@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "test_util.h"
 #include "train/run_shape.h"
+#include "train/state_io.h"
 
 namespace zt {
 namespace {
@@ -345,6 +346,34 @@ TEST(RunShape, LaunchedProcessesReadsTheLaunchersEnvironment) {
   setenv("OMPI_COMM_WORLD_SIZE", "5", 1);
   EXPECT_EQ(launched_processes(), 5);
   for (const char* n : names) unsetenv(n);
+}
+
+// A plain launch is one process of one, every exchange between processes the identity: all_gather
+// returns its input, no checkpoint team (the process writes alone), a snapshot holds every rank,
+// the header names no processes, and of the configuration only a topology that does nothing here
+// gets a note (the final sample stays: only several processes drop it).
+TEST(RunShape, OneProcessIsTheIdentityOfSeveral) {
+  for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMIX_RANK"}) unsetenv(n);
+  TrainConfig cfg;
+  cfg.sample_tokens = 32;
+  const std::unique_ptr<Processes> procs = Processes::join(cfg);
+  EXPECT_EQ(procs->rank(), 0);
+  EXPECT_EQ(procs->size(), 1);
+  EXPECT_EQ(procs->all_gather({1.5, -2.0}, "test"), (std::vector<double>{1.5, -2.0}));
+  EXPECT_EQ(procs->checkpoint_team(), nullptr);
+  EXPECT_EQ(procs->span(), "");
+  HostSnapshot snap;
+  snap.shards.resize(3);
+  procs->own_part(snap, 3);
+  EXPECT_EQ(snap.shards.size(), 3u);
+  EXPECT_EQ(snap.first_rank, 0);
+  EXPECT_EQ(snap.world_ranks, 0);  // every rank: a complete snapshot
+  EXPECT_TRUE(procs->settle(cfg).empty());
+  cfg.comm_topology = CommTopology::kHierarchical;
+  const std::vector<std::string> notes = procs->settle(cfg);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("--comm-topology hierarchical changes nothing in one process"), std::string::npos);
+  EXPECT_EQ(cfg.sample_tokens, 32);
 }
 
 }  // namespace
