@@ -263,7 +263,7 @@ DevicePlan device_plan(const EngineMemoryPlan& eng, const std::vector<Alloc>& re
   return dev;
 }
 
-// A pipelined run's plan: per stage, what World::build_pipeline allocates on each of the stage's
+// A pipelined run's plan: per stage, what World allocates for a pipeline on each of the stage's
 // D data ranks — the stage engine's resident buffers (ZeroOptions::pipeline), the ModelStageWork's
 // workspaces (the schedule's live micro-batches per chunk) and input-gradient buffers, a batch per
 // micro-batch, the norm partials, the tied embedding's exchange buffer (first and last stage) and

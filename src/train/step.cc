@@ -77,15 +77,15 @@ void read_rank_timing(World& world, int r, int slot, StepPhaseTimer& timer) {
   timer.rank_optimizer(r, ev.opt_end->seconds_since(*ev.opt_begin), host.total, host.exposed);
 }
 
-// Forward/backward of every micro-batch of the step on rank r, then its gradient check and its
-// share of the step's scalars (device_step_scalars). The host does not wait: each micro-batch's
-// loss is summed on the device (ops::sum) into the step's loss, which the scalars carry. The
-// phases of the step are timed by events on the compute stream.
+}  // namespace
+
+// One stage: forward/backward of every micro-batch of the step on rank r, then its gradient check
+// and its share of the step's scalars (device_step_scalars). The host does not wait: each
+// micro-batch's loss is summed on the device (ops::sum) into the step's loss, which the scalars
+// carry. The phases of the step are timed by events on the compute stream.
 // With --cuda-graphs the forward and backward go through the rank's MicroBatchGraph (captured
 // after a warm-up micro-batch, then replayed); the upload, the engine's begin/end hooks and the
 // loss sum stay eager around it, as do the engine's per-block hooks (graph_step.h).
-}  // namespace
-
 void OneStage::rank_step(World& world, const RunContext& run, int step, int r, float dloss) {
   RankState& R = world.rank(r);
   Workspace& ws = *ws_[static_cast<size_t>(r)];
