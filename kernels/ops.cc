@@ -671,21 +671,40 @@ size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_
   return rows * static_cast<size_t>(T) * static_cast<size_t>(C / NH + 1) * 4;
 }
 
+namespace {
+size_t round_up_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+bool library_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+}  // namespace
+
+int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH) {
+  const auto per_head = static_cast<size_t>(T) * static_cast<size_t>(T) * sizeof(float);
+  return std::clamp<int64_t>(static_cast<int64_t>(kGemmAttentionChunkBytes / std::max<size_t>(per_head, 1)), 1, NH);
+}
+
+AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH) {
+  const auto scores = static_cast<int64_t>(
+      round_up_256(static_cast<size_t>(gemm_attention_heads_per_chunk(T, NH) * T * T) * sizeof(float)));
+  return {scores, 2 * scores};
+}
+
 size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, DType dtype, const AttentionWorkspace& ws) {
-  if ((dtype != DType::kF16 && dtype != DType::kBF16) || !ws.any()) return 0;
-  const auto workspace = static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0}));
-  const size_t staging = static_cast<size_t>(B * T * 3 * C) * dtype_size(dtype);
-  return ((workspace + 255) & ~size_t{255}) + staging;
+  if (!library_dtype(dtype) || !ws.any()) return 0;
+  const size_t workspace = round_up_256(static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0})));
+  if (dtype == DType::kF32) return workspace;
+  return workspace + static_cast<size_t>(B * T * 3 * C) * dtype_size(dtype);
 }
 
 size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic) {
-  const AttentionWorkspace ws{0, static_cast<int64_t>(cudnn_attention_workspace_formula(B, T, C, NH, deterministic))};
+  const AttentionWorkspace ws =
+      dtype == DType::kF32
+          ? gemm_attention_workspace(T, NH)
+          : AttentionWorkspace{0, static_cast<int64_t>(cudnn_attention_workspace_formula(B, T, C, NH, deterministic))};
   return flash_attention_library_bytes(B, T, C, dtype, ws);
 }
 
 std::optional<AttentionWorkspace> fused_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH,
                                                             DType dtype, bool deterministic) {
-  if (dtype != DType::kF16 && dtype != DType::kBF16) return std::nullopt;
+  if (!library_dtype(dtype)) return std::nullopt;
   ZT_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0, "fused_attention_workspace: B=", B, " T=", T, " C=", C,
              " heads=", NH, " is not an attention shape");
   const OpTable* t = op_table(s.device().backend());

@@ -174,9 +174,10 @@ void attention_backward(Stream& s, TensorView dqkv, TensorView dpreatt, TensorVi
 // dtypes: qkv, out, dout and dqkv share one dtype, f32 or the 16-bit activations' f16/bf16;
 // lse and scratch are fp32. Math is fp32 (16-bit inputs widened exactly); each output element
 // is rounded to its dtype once (dqkv: old value + gradient, then rounded).
-// Where the backend has a library's fused attention for the dtype and shape (CUDA: cuDNN's SDPA,
-// bf16/f16) it runs instead, with the same lse; otherwise the tiled kernel. Which one served is
-// invisible above kernels/ except in the bits (both within the dtype's tolerance of float64).
+// Where the backend has a library path for the dtype and shape it runs instead, with the same lse
+// (CUDA: cuDNN's SDPA for bf16/f16; for f32 the GEMM attention below, cuBLAS on tensor cores with
+// --tf32); otherwise the tiled kernel. Which one served is invisible above kernels/ except in the
+// bits (each within the dtype's tolerance of float64).
 // out [B,T,C]; lse [B,NH,T] (fp32) = log sum_j exp(score_tj) per row, saved for backward.
 void flash_attention_forward(Stream& s, TensorView out, TensorView lse, ConstTensorView qkv,
                              int num_heads);
@@ -212,18 +213,28 @@ struct AttentionWorkspace {
   int64_t forward = -1, backward = -1;
   bool any() const { return forward >= 0 || backward >= 0; }
 };
-// Asks s's backend: nullopt where it has no library attention (the CPU backend, a build without
-// cuDNN, f32) or the library cannot start on the device; a GPU query takes a fraction of a second
-// per new shape.
+// The fp32 library path (CUDA: kernels/cuda/gemm_attention.cu): per batch row and group of heads,
+// the scores of the whole [heads, T, T] block by one batched GEMM, a row kernel for the masked
+// softmax, GEMMs for the rest (the backward recomputes the scores). A group holds as many heads as
+// fit kGemmAttentionChunkBytes of fp32 scores (at least one, at most NH); the forward needs one
+// such buffer, the backward two (P and dS), each rounded up to 256 bytes. Exact: nothing is asked
+// of the library, so the plan's figure holds on a GPU.
+constexpr size_t kGemmAttentionChunkBytes = size_t{64} << 20;
+int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH);
+AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH);
+// Asks s's backend: nullopt where it has no library attention for the dtype (the CPU backend; a
+// CUDA build without cuDNN for 16 bits) or the library cannot start on the device; a GPU query
+// takes a fraction of a second per new 16-bit shape (f32: gemm_attention_workspace).
 std::optional<AttentionWorkspace> fused_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH,
                                                             DType dtype, bool deterministic);
 // The pool block a library's fused attention holds per stream for a shape whose directions ask
-// for `ws` (taken at the shape's first library call, freed with the stream): 0 for f32 or when
-// the library declines both directions, else the larger workspace rounded up to 256 bytes, then
-// the backward's staging dqkv [B, T, 3C] of `dtype` (for GradWrite::kAccumulate). The memory plan
-// counts it on each device's compute stream.
+// for `ws` (taken at the shape's first library call, freed with the stream): 0 when the library
+// declines both directions, else the larger workspace rounded up to 256 bytes, then for 16 bits
+// the backward's staging dqkv [B, T, 3C] of `dtype` (for GradWrite::kAccumulate; f32 GEMMs
+// accumulate into dqkv themselves). The memory plan counts it on each device's compute stream.
 size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, DType dtype, const AttentionWorkspace& ws);
-// The same block by the formula (forward 0, backward cudnn_attention_workspace_formula).
+// The same block by the formula (16 bits: forward 0, backward cudnn_attention_workspace_formula;
+// f32: gemm_attention_workspace).
 size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool deterministic);
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);

@@ -100,10 +100,13 @@ write_results() {
       echo
       cat "$LOGS/gpt2.md"
     fi
-    if [[ -s "$LOGS/gpt2-ops.md" ]]; then
-      echo
-      cat "$LOGS/gpt2-ops.md"
-    fi
+    local ops
+    for ops in "$LOGS/gpt2-ops.md" "$LOGS/gpt2-ops-tf32.md"; do
+      if [[ -s $ops ]]; then
+        echo
+        cat "$ops"
+      fi
+    done
     if [[ -s "$LOGS/sanitizers.md" ]]; then
       echo
       echo "## compute-sanitizer (findings in ZeroTrain's kernels apart from library kernels)"
@@ -400,8 +403,9 @@ fi
 # Runs: bf16 eager, bf16 with --cuda-graphs on (the 16-bit GPT captured once per micro-batch and
 # replayed; the "graphs" row), tf32 eager, bf16 with --offload optimizer and with
 # --offload-delay-update too (issue 28 item 8: each within 20% of bf16 eager), and fp32 (not with
-# --pack: the 5 minutes), each a "precision:mode" entry of gpt2_runs. Then one more bf16 eager run with --trace, whose device time
-# per op (scripts/op_table.py) goes into results.md beside issue 28's budgets.
+# --pack: the 5 minutes), each a "precision:mode" entry of gpt2_runs. Then one more bf16 eager run
+# with --trace, whose device time per op (scripts/op_table.py) goes into results.md beside issue
+# 28's budgets, and one --tf32 run with --trace (its attention on cuBLAS, item 7).
 gpt2_runs=(bf16:eager bf16:graphs tf32:eager bf16:offload bf16:offload-delay)
 [[ -z $PACK ]] && gpt2_runs+=(fp32:eager)
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
@@ -426,6 +430,16 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
       --title "## GPT-2 124M bf16 eager, B=16, T=1024: device time per op (trace-gpt2-bf16.json)" \
       >"$LOGS/gpt2-ops.md" 2>&1
     cat "$LOGS/gpt2-ops.md"
+    write_results
+  fi
+  # The same for --tf32 (issue 28 item 7: fp32 attention on cuBLAS's TF32 tensor cores).
+  run_step "gpt2-124m tf32 eager --trace" 60 gpt2-trace-tf32.txt "$app" "${gpt2[@]}" --precision fp32 --tf32 \
+    --trace "$LOGS/trace-gpt2-tf32.json"
+  if [[ -s $LOGS/trace-gpt2-tf32.json ]] && command -v python3 >/dev/null 2>&1; then
+    python3 scripts/op_table.py "$LOGS/trace-gpt2-tf32.json" --top 10 \
+      --title "## GPT-2 124M --tf32 eager, B=16, T=1024: device time per op (trace-gpt2-tf32.json)" \
+      >"$LOGS/gpt2-ops-tf32.md" 2>&1
+    cat "$LOGS/gpt2-ops-tf32.md"
     write_results
   fi
   if command -v python3 >/dev/null 2>&1; then

@@ -208,21 +208,27 @@ inline DgeluBounds matmul_backward_dgelu_bounds(DType t, const DVec& dout, const
 
 // ---- causal attention (qkv [B, T, 3C], heads of hs = C / NH, scale 1 / sqrt(hs)) ---------------
 
-// The flash-attention algorithm (cuDNN's SDPA and our tiled kernels): scores s = scale q.k in fp32
+// The flash-attention algorithm (cuDNN's SDPA, our tiled kernels, the fp32 GEMM attention): scores s = scale q.k in fp32
 // (hs terms), P = exp(s - m) / l in fp32, P rounded to the input type t before P @ V, O rounded to
 // t; backward recomputes P from the saved lse, dP = dO.v and D = dO.o (o the stored output, hs
 // terms each), dS = P (dP - D) rounded to t before dQ = scale dS K and dK = scale dS^T Q, dV = P^T dO.
 // A score error e_j moves P_j by at most a factor exp(2 max e) (the max and the sum shift with it).
 // Bounds are on the gradient alone (overwrite); accumulate() adds a += onto old values.
+// u_in: the GEMMs' inputs rounded to a narrower type first (TF32: 2^-11; 0: none, fp32 or 16-bit
+// inputs as stored): each product a b then carries a relative error of 2 u_in + u_in^2 besides the
+// fp32 accumulation (the fp32 GEMM attention under --tf32; its row kernels stay fp32).
+constexpr double kTf32Roundoff = 0x1p-11;
 struct AttentionBounds {
   DVec out, dqkv;       // before the stores' roundings
   DVec out_mag, dqkv_mag;  // magnitudes through each element (for the stores)
 };
 inline AttentionBounds attention_bounds(DType t, const DVec& qkv, const DVec& dout, const DVec& out, int64_t B,
-                                        int64_t T, int64_t C, int64_t NH) {
+                                        int64_t T, int64_t C, int64_t NH, double u_in = 0) {
   const int64_t hs = C / NH, ld = 3 * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs)), ut = unit_roundoff(t), ft = underflow(t);
-  const double g_hs = gamma(hs, kAccRoundoff), g_t = gamma(T + 1, kAccRoundoff);
+  const double w = 2 * u_in + u_in * u_in;  // per product, from the rounded GEMM inputs
+  const double g_hs = gamma(hs, kAccRoundoff) + w, g_t = gamma(T + 1, kAccRoundoff);
+  const double g_tp = g_t + w;  // a GEMM over T terms (P @ V, dS @ K, dS^T @ Q, P^T @ dO)
   AttentionBounds r{DVec(B * T * C, 0.0), DVec(B * T * ld, 0.0), DVec(B * T * C, 0.0), DVec(B * T * ld, 0.0)};
   DVec s(T), e(T), p(T);
   for (int64_t b = 0; b < B; ++b)
@@ -247,7 +253,7 @@ inline AttentionBounds attention_bounds(DType t, const DVec& qkv, const DVec& do
         const double rho = std::expm1(2 * emax) + kExpRoundoffs * kAccRoundoff + g_t + 2 * kAccRoundoff * std::fabs(lse);
         double D = 0, gD = 0;
         for (int64_t i = 0; i < hs; ++i) D += dy[i] * y[i], gD += std::fabs(dy[i] * y[i]);
-        gD *= g_hs;
+        gD *= g_hs - w;  // D is a row kernel's fp32 (or finer) sum, not a GEMM
         double* bo = &r.out[(b * T + tq) * C + h * hs];
         double* mo = &r.out_mag[(b * T + tq) * C + h * hs];
         for (int64_t j = 0; j <= tq; ++j) {
@@ -257,7 +263,7 @@ inline AttentionBounds attention_bounds(DType t, const DVec& qkv, const DVec& do
           // forward: o_i = sum_j P_j v_ji with P rounded to t
           const double eP = P * (rho + ut) + ft;  // |P used - P|
           for (int64_t i = 0; i < hs; ++i) {
-            bo[i] += eP * std::fabs(v[i]) + g_t * P * std::fabs(v[i]);
+            bo[i] += eP * std::fabs(v[i]) + g_tp * P * std::fabs(v[i]);
             mo[i] += P * std::fabs(v[i]);
           }
           // backward
@@ -273,9 +279,9 @@ inline AttentionBounds attention_bounds(DType t, const DVec& qkv, const DVec& do
           double* mk = &r.dqkv_mag[(b * T + j) * ld + C + h * hs];
           double* mv = &r.dqkv_mag[(b * T + j) * ld + 2 * C + h * hs];
           for (int64_t i = 0; i < hs; ++i) {
-            bq[i] += scale * (e_ds + g_t * mag_ds) * std::fabs(k[i]);
-            bk[i] += scale * (e_ds + g_t * mag_ds) * std::fabs(q[i]);
-            bv[i] += (eP + g_t * P) * std::fabs(dy[i]);
+            bq[i] += scale * (e_ds + g_tp * mag_ds) * std::fabs(k[i]);
+            bk[i] += scale * (e_ds + g_tp * mag_ds) * std::fabs(q[i]);
+            bv[i] += (eP + g_tp * P) * std::fabs(dy[i]);
             mq[i] += scale * mag_ds * std::fabs(k[i]);
             mk[i] += scale * mag_ds * std::fabs(q[i]);
             mv[i] += P * std::fabs(dy[i]);

@@ -24,12 +24,9 @@
 namespace zt::cuda_ops {
 namespace {
 
+using detail::cublas_int;
 using detail::kWarpSize;
-
-int to_int(int64_t v, const char* what) {
-  ZT_CHECK(v >= 0 && v <= INT_MAX, "cuBLAS dimension ", what, " = ", v, " does not fit in int");
-  return static_cast<int>(v);
-}
+using detail::gemm_strided_batched;
 
 cudaDataType_t cuda_type(DType t) {
   return t == DType::kF16 ? CUDA_R_16F : t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -43,22 +40,11 @@ void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t 
           int64_t k, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
           float beta, void* C, int64_t ldc, bool tf32 = false, DType ab = DType::kF32, DType c = DType::kF32) {
   const bool fast = tf32 && ab == DType::kF32;
-  ZT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha,
-                               A, cuda_type(ab), to_int(lda, "lda"), B, cuda_type(ab),
-                               to_int(ldb, "ldb"), &beta, C, cuda_type(c), to_int(ldc, "ldc"),
+  ZT_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, cublas_int(m, "m"), cublas_int(n, "n"), cublas_int(k, "k"), &alpha,
+                               A, cuda_type(ab), cublas_int(lda, "lda"), B, cuda_type(ab),
+                               cublas_int(ldb, "ldb"), &beta, C, cuda_type(c), cublas_int(ldc, "ldc"),
                                fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
-}
-
-void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                          int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
-                          int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b,
-                          float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
-  ZT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      h, ta, tb, to_int(m, "m"), to_int(n, "n"), to_int(k, "k"), &alpha, A, CUDA_R_32F,
-      to_int(lda, "lda"), stride_a, B, CUDA_R_32F, to_int(ldb, "ldb"), stride_b, &beta, C,
-      CUDA_R_32F, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch"), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
 }
 
 // ---- matmul helpers -----------------------------------------------------------------------

@@ -2,7 +2,9 @@
 // stream (runtime/cuda/cuda_backend.h) whose workspace is a block of the device pool.
 #include "kernels/cuda/cublas_handle.h"
 
+#include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -114,6 +116,22 @@ void* stream_workspace(cudaStream_t stream, size_t* bytes) {
            r.workspace_bytes(), " bytes, fewer than the ", kMinStreamWorkspace, " its kernels may use as scratch");
   *bytes = r.workspace_bytes();
   return r.workspace();
+}
+
+int cublas_int(int64_t v, const char* what) {
+  ZT_CHECK(v >= 0 && v <= INT_MAX, "cuBLAS dimension ", what, " = ", v, " does not fit in int");
+  return static_cast<int>(v);
+}
+
+void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
+                          int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                          int64_t batch, bool tf32) {
+  ZT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, ta, tb, cublas_int(m, "m"), cublas_int(n, "n"), cublas_int(k, "k"), &alpha, A, CUDA_R_32F,
+      cublas_int(lda, "lda"), stride_a, B, CUDA_R_32F, cublas_int(ldb, "ldb"), stride_b, &beta, C, CUDA_R_32F,
+      cublas_int(ldc, "ldc"), stride_c, cublas_int(batch, "batch"),
+      tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace zt::cuda_ops::detail

@@ -65,6 +65,16 @@ struct GemmContext {
 static_assert(kMinStreamWorkspace >= 2 * kLtBiasScratchBytes, "the bias scratch is the workspace's tail");
 GemmContext gemm_context(cudaStream_t stream);
 
+// v as one of cuBLAS's int dimensions; zt::Error(kInternal) where it does not fit.
+int cublas_int(int64_t v, const char* what);
+// Column-major, fp32: C_i[m,n] = alpha op(A_i) op(B_i) + beta C_i for i < batch, X_i = X + i *
+// stride_x; compute type CUBLAS_COMPUTE_32F (true fp32), or _FAST_TF32 with tf32 (tensor cores,
+// inputs rounded to TF32). beta 0 never reads C.
+void gemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
+                          int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                          int64_t batch, bool tf32 = false);
+
 }  // namespace zt::cuda_ops::detail
 
 #define ZT_CUBLAS_CHECK(call)                                                                \

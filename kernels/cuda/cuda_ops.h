@@ -143,8 +143,8 @@ void decode_attention(void* stream, void* out, const void* qkv, int64_t n, int64
 // the flash_attention_* contract (accumulate false overwrites dqkv); `deterministic` picks cuDNN's
 // deterministic backward (MathMode::deterministic_attention). available(): whether cuDNN serves
 // this call on s's GPU (`native`: s's cudaStream_t), building and caching the shape's forward and
-// backward graphs on first use and taking the stream's block for them (no launch); false for fp32,
-// without cuDNN (in this build or at run time), for a shape cuDNN does not support or whose
+// backward graphs on first use and taking the stream's block for them (no launch); false for fp32
+// (gemm_attention_* serve it), without cuDNN (in this build or at run time), for a shape cuDNN does not support or whose
 // workspace the device's pool cannot hold, with one line per run saying what the fallback costs
 // (T >= 256). The launchers run only after available() said yes: the workspace (and the
 // backward's staging dqkv for +=) live in one block of s's device pool that the stream holds until
@@ -163,6 +163,19 @@ void cudnn_attention_forward(Stream& s, void* native, void* out, float* lse, con
 void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH, DType dtype, bool accumulate, bool deterministic);
+
+// fp32 causal attention through cuBLAS (kernels/cuda/gemm_attention.cu), the flash_attention_*
+// contract: batched GEMMs per batch row and group of heads (TF32 tensor cores with tf32), row
+// kernels for the masked softmax. available(): whether it serves (B, T, C, NH) on s (`native`: s's
+// cudaStream_t), taking s's attention block of ops::flash_attention_library_bytes for f32 first (no
+// launch); false, for the run, where the pool cannot give it, with one line when T >= 256. The
+// launchers run only after available() said yes, so they allocate nothing.
+bool gemm_attention_available(Stream& s, void* native, int64_t B, int64_t T, int64_t C, int64_t NH);
+void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                            int64_t C, int64_t NH, bool tf32);
+void gemm_attention_backward(Stream& s, void* native, float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                             bool tf32, bool accumulate);
 
 // ---- activations over n elements (n may be 0) -----------------------------------------------
 // Per-element math: zt::gelu_forward_elem / gelu_grad_elem / relu_*_elem in kernels/elementwise.h.

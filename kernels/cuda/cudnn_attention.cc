@@ -13,13 +13,14 @@
 //  - The workspace is what cuDNN asks for (get_workspace_size), whatever it is: the deterministic
 //    backward's is quadratic in T (ops.h cudnn_attention_workspace_formula), and the memory plan
 //    counts the same bytes (measured through cudnn_attention_workspace on a GPU).
-//  - The workspace and the backward's staging buffer share one pool block per stream (a
-//    StreamResource, like the cuBLAS workspace): ops::flash_attention_library_bytes of the shape's
-//    two workspaces, taken by available() at the shape's first call, grown (once per larger shape)
-//    only when a later shape needs more, freed with the stream. A launch allocates nothing, so a
-//    captured graph replays it. Workspace at the block's start, the backward's staging dqkv after
-//    the larger workspace (rounded up to 256 bytes: cuDNN's and the accumulate kernel's alignment).
-//    A block the pool cannot give declines the shape (the tiled kernels need no workspace).
+//  - The workspace and the backward's staging buffer share the stream's attention block
+//    (attention_block.h; the fp32 GEMM attention uses the same block): ops::
+//    flash_attention_library_bytes of the shape's two workspaces, taken by available() at the
+//    shape's first call, grown (once per larger shape) only when a later shape needs more, freed
+//    with the stream. A launch allocates nothing, so a captured graph replays it. Workspace at the
+//    block's start, the backward's staging dqkv after the larger workspace (rounded up to 256
+//    bytes: cuDNN's and the accumulate kernel's alignment). A block the pool cannot give declines
+//    the shape (the tiled kernels need no workspace).
 //  - lse is cuDNN's softmax statistics (log-sum-exp of the scaled scores, fp32 [B, NH, T]), the
 //    tiled kernels' lse, so a forward of one and a backward of the other pair up.
 #include "kernels/cuda/cuda_ops.h"
@@ -43,8 +44,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/attention_block.h"
 #include "kernels/ops.h"
-#include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/device.h"
@@ -238,51 +239,9 @@ Shape* shape_for(State& st, const Key& k) {
   return &st.shapes.emplace(k, std::move(shape)).first->second;
 }
 
-// The stream's attention block (see the rules above). Used under State::mu only.
-class CudnnWorkspace final : public cuda::StreamResource {
- public:
-  explicit CudnnWorkspace(Stream& stream) : pool_(stream.device().memory()) {}
-  // Runs with the stream drained (StreamResource's contract): nothing uses the block any more.
-  ~CudnnWorkspace() override { release(); }
-  CudnnWorkspace(const CudnnWorkspace&) = delete;
-  CudnnWorkspace& operator=(const CudnnWorkspace&) = delete;
-
-  // At least `bytes` bytes for work on `s`, this resource's stream. A larger request frees the
-  // block (stream-ordered: work already issued keeps it) and takes one of `bytes`; throws the
-  // pool's zt::Error(kOutOfMemory) when it cannot (the old block is gone then).
-  void* reserve(Stream& s, size_t bytes) {
-    if (bytes <= bytes_) return block_;
-    release();
-    block_ = pool_.allocate(bytes, s, "cuDNN attention workspace");
-    bytes_ = bytes;
-    return block_;
-  }
-
- private:
-  void release() noexcept {
-    if (block_ != nullptr) {
-      try {
-        pool_.free(block_);
-      } catch (...) {  // a failed device's pool: its memory goes with the pool anyway
-      }
-    }
-    block_ = nullptr;
-    bytes_ = 0;
-  }
-
-  CachingAllocator& pool_;
-  void* block_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-std::unique_ptr<cuda::StreamResource> make_workspace(Stream& stream) {
-  return std::make_unique<CudnnWorkspace>(stream);
-}
-
-// The stream's block, holding at least the shape's block bytes (available() took it).
+// The stream's attention block, holding at least the shape's block bytes (available() took it).
 char* workspace_block(Stream& s, void* native, const Shape& shape) {
-  auto& r = static_cast<CudnnWorkspace&>(cuda::stream_resource(native, cuda::kCudnnResource, &make_workspace));
-  return static_cast<char*>(r.reserve(s, shape.block));
+  return static_cast<char*>(detail::attention_block(s, native, shape.block));
 }
 
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/multi_tensor.h"
 #include "kernels/op_table.h"
+#include "kernels/ops.h"
 #include "kernels/optimizer_types.h"
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -99,14 +100,32 @@ void add_matmuls(OpTable& t) {
   };
 }
 
-// cuDNN's fused attention where it serves the call (decided before the span, so a declined call
-// leaves no task on the trace); ops.cc runs the tiled entries otherwise. cuDNN wants 16-byte
-// aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
+// A library's attention where it serves the call (decided before the span, so a declined call
+// leaves no task on the trace); ops.cc runs the tiled entries otherwise. fp32: the GEMM attention
+// (cuBLAS; TF32 tensor cores under the device's tf32 math mode). 16 bits: cuDNN's SDPA, which wants
+// 16-byte aligned operands (k and v sit C elements into each qkv row): views at odd offsets decline.
+bool fp32_attention(Stream& s, DType dtype, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  return dtype == DType::kF32 && cuda_ops::gemm_attention_available(s, s.native_handle(), B, T, C, NH);
+}
+
+bool fp32_attention_workspace(int64_t T, int64_t NH, int64_t* forward, int64_t* backward) {
+  const ops::AttentionWorkspace ws = ops::gemm_attention_workspace(T, NH);
+  *forward = ws.forward;
+  *backward = ws.backward;
+  return true;
+}
+
 void add_fused_attention(OpTable& t) {
   t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
                                  int64_t C, int64_t NH, DType dtype) {
+    if (fp32_attention(s, dtype, B, T, C, NH)) {
+      const cuda::TaskSpan span(s, "gemm_attention_forward");
+      cuda_ops::gemm_attention_forward(s, span.native(), static_cast<float*>(out), lse,
+                                       static_cast<const float*>(qkv), B, T, C, NH, s.device().math_mode().tf32);
+      return true;
+    }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (dtype == DType::kF32 || !aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), false, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_forward");
@@ -116,8 +135,16 @@ void add_fused_attention(OpTable& t) {
   t.fused_attention_backward = [](Stream& s, void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                   bool accumulate) {
+    if (fp32_attention(s, dtype, B, T, C, NH)) {
+      const cuda::TaskSpan span(s, "gemm_attention_backward");
+      cuda_ops::gemm_attention_backward(s, span.native(), static_cast<float*>(dqkv), static_cast<const float*>(dout),
+                                        static_cast<const float*>(qkv), static_cast<const float*>(out), lse, B, T, C,
+                                        NH, s.device().math_mode().tf32, accumulate);
+      return true;
+    }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (dtype == DType::kF32 ||
+        !aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), true, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_backward");
@@ -125,7 +152,11 @@ void add_fused_attention(OpTable& t) {
                                        accumulate, det);
     return true;
   };
-  t.fused_attention_workspace = &cuda_ops::cudnn_attention_workspace;
+  t.fused_attention_workspace = [](Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                   bool deterministic, int64_t* forward, int64_t* backward) {
+    if (dtype == DType::kF32) return fp32_attention_workspace(T, NH, forward, backward);
+    return cuda_ops::cudnn_attention_workspace(s, B, T, C, NH, dtype, deterministic, forward, backward);
+  };
 }
 
 // Casts, reductions and the optimizers' multi-segment updates: pool scratch sized per call.

@@ -33,6 +33,8 @@ struct MathMode {
   // fp32 matrix products (matmul_forward/backward) round both GEMM inputs to TF32 (10-bit
   // mantissa, round to nearest even) and accumulate in fp32: tensor cores on CUDA
   // (CUBLAS_COMPUTE_32F_FAST_TF32), the same rounding point before OpenBLAS on the CPU backend.
+  // On CUDA the fp32 attention's GEMMs (kernels/cuda/gemm_attention.cu) take TF32 too; the CPU
+  // backend's attention stays fp32.
   bool tf32 = false;
   // --deterministic-attention: a library's fused attention backward (cuDNN's SDPA on CUDA) uses its
   // deterministic algorithm, bitwise reproducible run to run, at the price of a larger workspace

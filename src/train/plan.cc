@@ -42,11 +42,11 @@ namespace zt {
 namespace {
 
 // The pool block the attention library's workspace holds on each device's compute stream:
-// ops::flash_attention_library_bytes of the run's shape where the devices have the library path
-// and the activations are 16-bit, else none (fp32 activations never take it; kernels/ops.h). The
-// workspace is what the library asks for where the plan can ask it (a GPU: in.attention_workspace),
-// else cuDNN's by formula. With tensor parallelism a rank attends over its heads only: C / degree
-// channels in heads / degree heads.
+// ops::flash_attention_library_bytes of the run's shape where the devices have the library path,
+// else none (the CPU backend; kernels/ops.h). 16-bit activations: cuDNN's workspace as the library
+// asks where the plan can ask it (a GPU: in.attention_workspace), else by formula. fp32: the GEMM
+// attention's two score buffers, exact by formula (ops::gemm_attention_workspace). With tensor
+// parallelism a rank attends over its heads only: C / degree channels in heads / degree heads.
 struct AttentionBlock {
   size_t block = 0, workspace = 0;
   bool measured = false;
@@ -54,16 +54,23 @@ struct AttentionBlock {
 AttentionBlock plan_attention(const ModelConfig& mc, const PlanInputs& in) {
   AttentionBlock a;
   const DType act = run_activation_dtype(in.working);
-  if (!in.attention_library || mc.kind != ModelKind::kGpt || (act != DType::kF16 && act != DType::kBF16)) return a;
+  if (!in.attention_library || mc.kind != ModelKind::kGpt) return a;
   const int tp = std::max(in.tensor, 1);
   const int64_t B = in.micro_batch, T = in.seq_len, C = mc.embd / tp, NH = mc.heads / tp;
-  ops::AttentionWorkspace ws{0, static_cast<int64_t>(ops::cudnn_attention_workspace_formula(
-                                    B, T, C, NH, in.deterministic_attention))};
-  if (in.attention_workspace) {
-    const std::optional<ops::AttentionWorkspace> asked = in.attention_workspace(B, T, C, NH, act, in.deterministic_attention);
-    if (!asked) return a;
-    ws = *asked;
-    a.measured = true;
+  ops::AttentionWorkspace ws;
+  if (act == DType::kF32) {
+    ws = ops::gemm_attention_workspace(T, NH);
+  } else if (act == DType::kF16 || act == DType::kBF16) {
+    ws = {0, static_cast<int64_t>(ops::cudnn_attention_workspace_formula(B, T, C, NH, in.deterministic_attention))};
+    if (in.attention_workspace) {
+      const std::optional<ops::AttentionWorkspace> asked =
+          in.attention_workspace(B, T, C, NH, act, in.deterministic_attention);
+      if (!asked) return a;
+      ws = *asked;
+      a.measured = true;
+    }
+  } else {
+    return a;
   }
   a.block = ops::flash_attention_library_bytes(B, T, C, act, ws);
   a.workspace = a.block ? static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0})) : 0;
@@ -680,6 +687,27 @@ std::string MemoryPlan::verdict() const {
   return os.str();
 }
 
+// The plan's line about the attention library's block (nothing where there is none).
+void format_attention_block(std::ostream& os, const ModelConfig& mc, const MemoryPlan& plan) {
+  const PlanInputs& in = plan.inputs;
+  const DevicePlan& d = plan.per_device[0];
+  const auto F = format_plan_bytes;
+  if (d.attention == 0) return;
+  const bool gemm = run_activation_dtype(in.working) == DType::kF32;
+  os << "attention library workspace (" << (gemm ? "cuBLAS GEMM attention" : "cuDNN")
+     << ", compute stream, from the pool): " << F(d.attention) << " per device, in each total: ";
+  if (gemm) {
+    const int64_t heads = ops::gemm_attention_heads_per_chunk(in.seq_len, mc.heads / std::max(in.tensor, 1));
+    os << "two fp32 score buffers of " << heads << " head" << (heads == 1 ? "" : "s") << " x " << in.seq_len << " x "
+       << in.seq_len << " (exact)\n";
+    return;
+  }
+  os << F(d.attention_workspace) << " workspace of cuDNN's "
+     << (in.deterministic_attention ? "deterministic" : "non-deterministic") << " backward ("
+     << (d.attention_measured ? "measured: what cuDNN asked for on this GPU" : "formula; measured on a GPU when run there")
+     << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
+}
+
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
   std::ostringstream os;
@@ -724,13 +752,7 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   if (in.gemm_workspace)
     os << "GEMM library workspace (cuBLAS and cuBLASLt share it, compute stream, from the pool): "
        << F(in.gemm_workspace) << " per device, in each total\n";
-  if (const DevicePlan& d = plan.per_device[0]; d.attention)
-    os << "attention library workspace (cuDNN, compute stream, from the pool): " << F(d.attention)
-       << " per device, in each total: " << F(d.attention_workspace) << " workspace of cuDNN's "
-       << (in.deterministic_attention ? "deterministic" : "non-deterministic") << " backward ("
-       << (d.attention_measured ? "measured: what cuDNN asked for on this GPU"
-                                : "formula; measured on a GPU when run there")
-       << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
+  format_attention_block(os, mc, plan);
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
   if (in.offload)

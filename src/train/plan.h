@@ -46,15 +46,15 @@ struct PlanInputs {
   // device's compute stream (the stream every matrix product runs on) holds from its first GEMM
   // (cuBLAS on CUDA; 0 on the CPU backend).
   size_t gemm_workspace = 0;
-  // The devices run a 16-bit model's attention through a library (cuDNN on CUDA; false on the CPU
-  // backend): its compute stream then holds one pool block of ops::flash_attention_library_bytes
-  // for the run's (B, T) from its first attention on (kernels/ops.h), counted when the activations
-  // are 16-bit. plan_run sets it from the backend.
+  // The devices run a GPT's attention through a library (CUDA: cuDNN for 16-bit activations, the
+  // cuBLAS GEMM attention for fp32; false on the CPU backend): its compute stream then holds one
+  // pool block of ops::flash_attention_library_bytes for the run's (B, T) from its first attention
+  // on (kernels/ops.h). plan_run sets it from the backend.
   bool attention_library = false;
   // --deterministic-attention: the library's backward algorithm (the deterministic one's workspace
   // is far larger: kernels/ops.h cudnn_attention_workspace_formula).
   bool deterministic_attention = true;
-  // What the devices' library asks for at a shape (B, T, C, NH, dtype, deterministic): plan_run
+  // What the devices' 16-bit library asks for at a shape (B, T, C, NH, dtype, deterministic): plan_run
   // on CUDA asks cuDNN itself (ops::fused_attention_workspace, which also builds the graphs the run
   // then uses); empty: the formula (ops::cudnn_attention_workspace_formula), all a plan without a
   // GPU has. nullopt from it: no library path on these devices.

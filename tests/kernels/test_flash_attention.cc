@@ -1,12 +1,13 @@
 // The tiled (flash-style) attention ops of kernels/ops.h on every available backend: forward
 // (out, lse) and backward (dqkv +=) against the float64 reference and against today's
-// attention_forward/backward, bits independent of the thread count, no pool allocation; 16-bit
-// activations (f16, bf16) against float64, and on a GPU the fused (cuDNN) path against the tiled
-// CUDA kernel and the CPU backend. Tolerances: kTolReduce, as test_ops.cc explains (fp32 sums over
-// up to T * hs terms); 16-bit outputs add one rounding to the dtype (kTol16) on the CPU backend, and
-// on every backend they are within tests/tolerance.h's attention bound of float64 (cuDNN rounds P
-// and dS to 16 bits where our kernels do not: tests/README.md). Fused and tiled results are each
-// compared with float64, never with each other.
+// attention_forward/backward, bits independent of the thread count, no pool allocation beyond a
+// library path's block; 16-bit activations (f16, bf16) against float64, and on a GPU the library
+// paths (cuDNN for 16 bits, the cuBLAS GEMM attention for fp32, also under --tf32) against the
+// tiled CUDA kernel and the CPU backend. Tolerances: kTolReduce, as test_ops.cc explains (fp32
+// sums over up to T * hs terms); 16-bit outputs add one rounding to the dtype (kTol16) on the CPU
+// backend, and on every backend they are within tests/tolerance.h's attention bound of float64
+// (cuDNN rounds P and dS to 16 bits where our kernels do not: tests/README.md). Library and tiled
+// results are each compared with float64, never with each other.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,7 +122,10 @@ TEST_P(FlashAttentionTest, LargeScoresRescaleWithoutOverflow) {
   EXPECT_TRUE(close(lse.f(), reference_lse(r_pre, B * NH, T), kTolReduce));
 }
 
-// The backward takes no memory from the pool beyond the scratch it is given (the forward none).
+// The tiled kernels take no memory from the pool beyond the backward's scratch. A library path
+// (CUDA's fp32 GEMM attention) takes its stream's attention block, at most
+// flash_attention_library_bytes, at the shape's first call and nothing on later ones (so a
+// captured graph can replay them).
 TEST_P(FlashAttentionTest, AllocatesNothingBeyondItsScratch) {
   const int64_t B = 2, T = 300, C = 32, NH = 2;
   DevTensor tqkv = tensor(rng_.normal(B * T * 3 * C), {B, T, 3 * C}),
@@ -130,14 +135,25 @@ TEST_P(FlashAttentionTest, AllocatesNothingBeyondItsScratch) {
   DevTensor scratch = poisoned({scratch_floats(B, T, C, NH)});
   EXPECT_EQ(ops::flash_attention_scratch_bytes(B, T, C, NH),
             static_cast<size_t>(B * NH * T) * sizeof(float));
+  const std::optional<ops::AttentionWorkspace> ws =
+      ops::fused_attention_workspace(s(), B, T, C, NH, DType::kF32, true);
+  EXPECT_EQ(ws.has_value(), GetParam() == Backend::kCuda);
+  const size_t library = ws ? ops::flash_attention_library_bytes(B, T, C, DType::kF32, *ws) : 0;
+  auto step = [&] {
+    ops::flash_attention_forward(s(), out, lse, tqkv, static_cast<int>(NH));
+    ops::flash_attention_backward(s(), dqkv, tdout, tqkv, out, lse, static_cast<int>(NH), scratch);
+    sync();
+  };
   sync();
   const MemoryStats before = dev_->memory().stats();
-  ops::flash_attention_forward(s(), out, lse, tqkv, static_cast<int>(NH));
-  ops::flash_attention_backward(s(), dqkv, tdout, tqkv, out, lse, static_cast<int>(NH), scratch);
-  sync();
+  step();
+  const MemoryStats first = dev_->memory().stats();
+  EXPECT_LE(first.num_allocs - before.num_allocs, library ? 1u : 0u);
+  EXPECT_LE(first.peak_allocated_bytes - before.peak_allocated_bytes, pool_rounded_size(library));
+  step();
   const MemoryStats after = dev_->memory().stats();
-  EXPECT_EQ(after.num_allocs, before.num_allocs);
-  EXPECT_EQ(after.peak_allocated_bytes, before.peak_allocated_bytes);
+  EXPECT_EQ(after.num_allocs, first.num_allocs);
+  EXPECT_EQ(after.peak_allocated_bytes, first.peak_allocated_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FlashAttentionTest,
@@ -162,14 +178,21 @@ FVec rounded16(const FVec& v, DType t) {
   for (size_t i = 0; i < v.size(); ++i) r[i] = from_bits16(to_bits16(v[i], t), t);
   return r;
 }
-DevTensor tensor16(Device& dev, Stream& s, const FVec& host, Shape shape, DType t) {
+// A device tensor of dtype t (f32, or 16 bits holding host's values rounded) and back as fp32.
+DevTensor tensor_as(Device& dev, Stream& s, const FVec& host, Shape shape, DType t) {
+  if (t == DType::kF32) {
+    DevTensor d(dev, s, t, shape);
+    d.upload(host);
+    return d;
+  }
   std::vector<uint16_t> bits(host.size());
   for (size_t i = 0; i < host.size(); ++i) bits[i] = to_bits16(host[i], t);
   DevTensor d(dev, s, t, shape);
   d.upload(bits);
   return d;
 }
-FVec download16(const DevTensor& d, DType t) {
+FVec download_as(const DevTensor& d, DType t) {
+  if (t == DType::kF32) return d.f();
   const std::vector<uint16_t> bits = d.download<uint16_t>();
   FVec r(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) r[i] = from_bits16(bits[i], t);
@@ -177,26 +200,26 @@ FVec download16(const DevTensor& d, DType t) {
 }
 
 // One forward + backward (accumulate into dqkv0 and overwrite into NaN) in dtype t on a device.
-struct Run16 {
+struct AttentionRun {
   FVec out, lse, dqkv_acc, dqkv_over;
 };
-Run16 run16(Device& dev, DType t, const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B, int64_t T,
-            int64_t C, int64_t NH) {
+AttentionRun run_attention(Device& dev, DType t, const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B,
+                           int64_t T, int64_t C, int64_t NH) {
   Stream& s = dev.compute();
   const int nh = static_cast<int>(NH);
-  DevTensor tqkv = tensor16(dev, s, qkv, {B, T, 3 * C}, t), tdout = tensor16(dev, s, dout, {B, T, C}, t);
-  DevTensor out = tensor16(dev, s, nan_vec(B * T * C), {B, T, C}, t);
+  DevTensor tqkv = tensor_as(dev, s, qkv, {B, T, 3 * C}, t), tdout = tensor_as(dev, s, dout, {B, T, C}, t);
+  DevTensor out = tensor_as(dev, s, nan_vec(B * T * C), {B, T, C}, t);
   DevTensor lse(dev, s, DType::kF32, {B, NH, T});
   lse.upload(nan_vec(B * NH * T));
   ops::flash_attention_forward(s, out, lse, tqkv, nh);
   const int64_t sn = scratch_floats(B, T, C, NH);
   DevTensor scratch(dev, s, DType::kF32, {sn});
   scratch.upload(nan_vec(sn));
-  DevTensor acc = tensor16(dev, s, dqkv0, {B, T, 3 * C}, t);
+  DevTensor acc = tensor_as(dev, s, dqkv0, {B, T, 3 * C}, t);
   ops::flash_attention_backward(s, acc, tdout, tqkv, out, lse, nh, scratch);
-  DevTensor over = tensor16(dev, s, nan_vec(B * T * 3 * C), {B, T, 3 * C}, t);
+  DevTensor over = tensor_as(dev, s, nan_vec(B * T * 3 * C), {B, T, 3 * C}, t);
   ops::flash_attention_backward(s, over, tdout, tqkv, out, lse, nh, scratch, ops::GradWrite::kOverwrite);
-  return {download16(out, t), lse.f(), download16(acc, t), download16(over, t)};
+  return {download_as(out, t), lse.f(), download_as(acc, t), download_as(over, t)};
 }
 
 // float64 gradient of causal attention given the saved output `out` (dqkv +=): the softmax
@@ -245,11 +268,13 @@ void backward_given_out_ref(DVec& dqkv, const FVec& dout, const FVec& qkv, const
 }
 
 // A run's out, dqkv += and dqkv = against float64 within tests/tolerance.h's attention bound (the
-// backward's bound given the out that run stored, as backward_given_out_ref).
-void expect_within_attention_bounds(const Run16& got, const DVec& r_out, const DVec& r_acc, const DVec& r_over, DType t,
-                                    const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B, int64_t T,
-                                    int64_t C, int64_t NH) {
-  const tolerance::AttentionBounds ab = tolerance::attention_bounds(t, to_d(qkv), to_d(dout), to_d(got.out), B, T, C, NH);
+// backward's bound given the out that run stored, as backward_given_out_ref); u_in: the GEMM
+// inputs' rounding (tolerance::kTf32Roundoff under --tf32).
+void expect_within_attention_bounds(const AttentionRun& got, const DVec& r_out, const DVec& r_acc, const DVec& r_over,
+                                    DType t, const FVec& qkv, const FVec& dout, const FVec& dqkv0, int64_t B, int64_t T,
+                                    int64_t C, int64_t NH, double u_in = 0) {
+  const tolerance::AttentionBounds ab =
+      tolerance::attention_bounds(t, to_d(qkv), to_d(dout), to_d(got.out), B, T, C, NH, u_in);
   EXPECT_TRUE(tolerance::within(got.out, r_out, tolerance::stored_bounds(t, ab.out, ab.out_mag))) << "out";
   EXPECT_TRUE(tolerance::within(got.dqkv_acc, r_acc, tolerance::stored_bounds(t, ab.dqkv, ab.dqkv_mag, to_d(dqkv0))))
       << "dqkv +=";
@@ -268,7 +293,7 @@ TEST_P(FlashAttentionTest, SixteenBitMatchesReference) {
       // The reference sees exactly the 16-bit values the op reads.
       const FVec qkv = rounded16(rng_.normal(B * T * 3 * C, 1.5f), t), dout = rounded16(rng_.normal(B * T * C), t),
                  dqkv0 = rounded16(rng_.normal(B * T * 3 * C), t);
-      const Run16 got = run16(*dev_, t, qkv, dout, dqkv0, B, T, C, NH);
+      const AttentionRun got = run_attention(*dev_, t, qkv, dout, dqkv0, B, T, C, NH);
       DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
       ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
       DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
@@ -307,9 +332,9 @@ TEST_P(FlashAttentionTest, DecodeAttentionMatchesTheLastRowsOfFloat64) {
         ops::decode_attention(s(), out, tensor(qkv, {S, 3 * C}), static_cast<int>(NH));
         EXPECT_TRUE(close(out.f(), want, kTolReduce));
       } else {
-        DevTensor out = tensor16(*dev_, s(), nan_vec(n * C), {n, C}, t);
-        ops::decode_attention(s(), out, tensor16(*dev_, s(), qkv, {S, 3 * C}, t), static_cast<int>(NH));
-        EXPECT_TRUE(close(download16(out, t), want, tol16(t)));
+        DevTensor out = tensor_as(*dev_, s(), nan_vec(n * C), {n, C}, t);
+        ops::decode_attention(s(), out, tensor_as(*dev_, s(), qkv, {S, 3 * C}, t), static_cast<int>(NH));
+        EXPECT_TRUE(close(download_as(out, t), want, tol16(t)));
       }
     }
   }
@@ -360,14 +385,14 @@ TEST(FlashAttentionDispatch, FusedEntryServesOrDeclines) {
   ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     auto input = [&] {
-      if (dt != DType::kF32) return tensor16(dev, s, qkv, {B, T, 3 * C}, dt);
+      if (dt != DType::kF32) return tensor_as(dev, s, qkv, {B, T, 3 * C}, dt);
       DevTensor d(dev, s, dt, {B, T, 3 * C});
       d.upload(qkv);
       return d;
     };
     DevTensor tq = input(), out(dev, s, dt, {B, T, C}), lse(dev, s, DType::kF32, {B, NH, T});
     ops::flash_attention_forward(s, out, lse, tq, static_cast<int>(NH));
-    const FVec got = dt == DType::kF32 ? out.f() : download16(out, dt);
+    const FVec got = dt == DType::kF32 ? out.f() : download_as(out, dt);
     EXPECT_TRUE(close(got, r_out, dt == DType::kF32 ? kTolReduce : tol16(dt))) << dtype_name(dt);
   }
   EXPECT_EQ(g_fused_asked.load(), 2);
@@ -405,36 +430,39 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
   const Case cases[] = {{2, 1, 128, 2}, {2, 7, 128, 2},  {1, 64, 128, 2},
                         {2, 257, 128, 2}, {1, 1024, 128, 2}, {1, 300, 256, 2}};
   Rng rng(test_seed() + 23);
-  for (DType t : {DType::kBF16, DType::kF16}) {
+  auto as_type = [](const FVec& v, DType t) { return t == DType::kF32 ? v : rounded16(v, t); };
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (const Case& c : cases) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
                                         << " NH=" << c.NH);
       const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
-      const FVec qkv = rounded16(rng.normal(B * T * 3 * C, 1.5f), t), dout = rounded16(rng.normal(B * T * C), t),
-                 dqkv0 = rounded16(rng.normal(B * T * 3 * C), t);
+      const FVec qkv = as_type(rng.normal(B * T * 3 * C, 1.5f), t), dout = as_type(rng.normal(B * T * C), t),
+                 dqkv0 = as_type(rng.normal(B * T * 3 * C), t);
       const int before = g_cuda_served.load();
-      Run16 fused, fallback;
+      AttentionRun fused, fallback;
       {
         ScopedOpTable scoped(Backend::kCuda, &counting);
-        fused = run16(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+        fused = run_attention(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
       }
       {
         ScopedOpTable scoped(Backend::kCuda, &tiled);
-        fallback = run16(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+        fallback = run_attention(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
       }
-      const Run16 host = run16(cpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      const AttentionRun host = run_attention(cpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      if (t == DType::kF32) {  // the GEMM attention (cuBLAS) serves every fp32 shape
+        EXPECT_EQ(g_cuda_served.load() - before, 3) << "the fp32 GEMM attention did not serve every call";
+      } else {
 #if defined(ZT_WITH_CUDNN)
-      // cuDNN's SDPA backward does not take s_q = s_kv = 1 (the first GPU run): at T = 1 only the
-      // forward is served and the tiled kernel runs both backwards.
-      EXPECT_EQ(g_cuda_served.load() - before, T == 1 ? 1 : 3)
-          << "cuDNN is built but did not serve forward and both backwards";
-#else
-      (void)before;
+        // cuDNN's SDPA backward does not take s_q = s_kv = 1 (the first GPU run): at T = 1 only the
+        // forward is served and the tiled kernel runs both backwards.
+        EXPECT_EQ(g_cuda_served.load() - before, T == 1 ? 1 : 3)
+            << "cuDNN is built but did not serve forward and both backwards";
 #endif
+      }
       DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
       ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
       const DVec r_lse = reference_lse(r_pre, B * NH, T);
-      for (const auto& [name, run] : {std::pair<const char*, const Run16*>{"fused", &fused},
+      for (const auto& [name, run] : {std::pair<const char*, const AttentionRun*>{"fused", &fused},
                                       {"tiled CUDA", &fallback},
                                       {"CPU backend", &host}}) {
         SCOPED_TRACE(name);
@@ -446,6 +474,29 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
       }
     }
   }
+  // --tf32: the fp32 GEMM attention's products on TF32 tensor cores (inputs rounded to 10-bit
+  // mantissas), within the attention bound with that rounding of every GEMM input.
+  gpu->device(0).set_math_mode(MathMode{.tf32 = true});
+  for (const Case& c : {cases[2], cases[4]}) {
+    SCOPED_TRACE(::testing::Message() << "tf32 B=" << c.B << " T=" << c.T << " C=" << c.C << " NH=" << c.NH);
+    const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+    const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
+    const int before = g_cuda_served.load();
+    AttentionRun fused;
+    {
+      ScopedOpTable scoped(Backend::kCuda, &counting);
+      fused = run_attention(gpu->device(0), DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
+    }
+    EXPECT_EQ(g_cuda_served.load() - before, 3);
+    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+    ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+    DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+    backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
+    backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
+    expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH,
+                                   tolerance::kTf32Roundoff);
+  }
+  gpu->device(0).set_math_mode(MathMode{});
 }
 
 // ---- validation ----------------------------------------------------------------------------------

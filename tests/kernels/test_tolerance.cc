@@ -377,6 +377,33 @@ void attention_ref(DVec& out, DVec& dqkv, const DVec& qkv, const DVec& dout, con
       }
 }
 
+// The attention op's results (out, dqkv =) pass their bounds against the float64 reference and
+// fail them against every mutation of it.
+void expect_attention_mutations_caught(const FVec& got_out, const FVec& got_dqkv, const DVec& r_out,
+                                       const DVec& r_dqkv, const DVec& out_bound, const DVec& dqkv_bound,
+                                       const DVec& qkv, const DVec& dout, const DVec& stored, int64_t B, int64_t T,
+                                       int64_t C, int64_t NH) {
+  ASSERT_TRUE(tol::within(got_out, r_out, out_bound));
+  ASSERT_TRUE(tol::within(got_dqkv, r_dqkv, dqkv_bound));
+  struct Named {
+    const char* name;
+    AttnMutation m;
+  };
+  const Named mutations[] = {{"softmax scale x2", {.score_scale = 2}},
+                             {"no causal mask", {.causal = false}},
+                             {"q and k swapped (scores transposed)", {.swap_qk = true}},
+                             {"out scale x2", {.out_scale = 2}},
+                             {"D term dropped", {.drop_D = true}}};
+  for (const Named& n : mutations) {
+    DVec m_out, m_dqkv;
+    attention_ref(m_out, m_dqkv, qkv, dout, stored, B, T, C, NH, n.m);
+    // out scale and D change one side only: the other is expected equal.
+    if (n.m.out_scale == 1 && !n.m.drop_D) EXPECT_CAUGHT(got_out, m_out, out_bound, std::string("out: ") + n.name);
+    if (n.m.out_scale == 1) EXPECT_CAUGHT(got_dqkv, m_dqkv, dqkv_bound, std::string("dqkv: ") + n.name);
+    if (n.m.out_scale != 1) EXPECT_CAUGHT(got_out, m_out, out_bound, std::string("out: ") + n.name);
+  }
+}
+
 TEST_F(MutationTest, FlashAttention) {
   const int64_t B = 2, T = 33, C = 32, NH = 2;
   for (const DType t : kTypes) {
@@ -392,28 +419,17 @@ TEST_F(MutationTest, FlashAttention) {
                                   ops::GradWrite::kOverwrite);
     const FVec got_out = values(out), got_dqkv = values(dqkv);
     const DVec stored = to_d(got_out);
-    const tol::AttentionBounds ab = tol::attention_bounds(t, qkv, dout, stored, B, T, C, NH);
-    const DVec out_bound = tol::stored_bounds(t, ab.out, ab.out_mag), dqkv_bound = tol::stored_bounds(t, ab.dqkv, ab.dqkv_mag);
     DVec r_out, r_dqkv;
     attention_ref(r_out, r_dqkv, qkv, dout, stored, B, T, C, NH, {});
-    ASSERT_TRUE(tol::within(got_out, r_out, out_bound));
-    ASSERT_TRUE(tol::within(got_dqkv, r_dqkv, dqkv_bound));
-    struct Named {
-      const char* name;
-      AttnMutation m;
-    };
-    const Named mutations[] = {{"softmax scale x2", {.score_scale = 2}},
-                               {"no causal mask", {.causal = false}},
-                               {"q and k swapped (scores transposed)", {.swap_qk = true}},
-                               {"out scale x2", {.out_scale = 2}},
-                               {"D term dropped", {.drop_D = true}}};
-    for (const Named& n : mutations) {
-      DVec m_out, m_dqkv;
-      attention_ref(m_out, m_dqkv, qkv, dout, stored, B, T, C, NH, n.m);
-      // out scale and D change one side only: the other is expected equal.
-      if (n.m.out_scale == 1 && !n.m.drop_D) EXPECT_CAUGHT(got_out, m_out, out_bound, std::string("out: ") + n.name);
-      if (n.m.out_scale == 1) EXPECT_CAUGHT(got_dqkv, m_dqkv, dqkv_bound, std::string("dqkv: ") + n.name);
-      if (n.m.out_scale != 1) EXPECT_CAUGHT(got_out, m_out, out_bound, std::string("out: ") + n.name);
+    // fp32 twice: as stored, and with the GEMM inputs rounded to TF32 (CUDA's GEMM attention under
+    // --tf32), whose looser bound must still catch every mutation.
+    for (const double u_in : {0.0, t == DType::kF32 ? tol::kTf32Roundoff : -1.0}) {
+      if (u_in < 0) continue;
+      SCOPED_TRACE(u_in > 0 ? "TF32 GEMM inputs" : "as stored");
+      const tol::AttentionBounds ab = tol::attention_bounds(t, qkv, dout, stored, B, T, C, NH, u_in);
+      expect_attention_mutations_caught(got_out, got_dqkv, r_out, r_dqkv,
+                                        tol::stored_bounds(t, ab.out, ab.out_mag),
+                                        tol::stored_bounds(t, ab.dqkv, ab.dqkv_mag), qkv, dout, stored, B, T, C, NH);
     }
   }
 }

@@ -303,17 +303,19 @@ TEST(Plan, CountsTheGemmWorkspaceOfEachDevice) {
   EXPECT_EQ(plan_run(mc, *rt, inputs_of(short_run("gpt-tiny", o, 2, 2), 2)).inputs.gemm_workspace, 0u);
 }
 
-// A 16-bit GPT on devices with a library attention path (cuDNN on CUDA) holds one pool block of
-// flash_attention_library_bytes for its (B, T, C, heads) on each compute stream: part of each
-// device's peak and a named line of the printed plan. fp32 activations never take the library
-// path, and the CPU backend has none, so neither counts it.
-TEST(Plan, CountsTheAttentionLibraryWorkspaceOf16BitActivations) {
+// A GPT on devices with a library attention path (CUDA: cuDNN for 16 bits, the cuBLAS GEMM
+// attention for fp32) holds one pool block of flash_attention_library_bytes for its (B, T, C,
+// heads) on each compute stream: part of each device's peak and a named line of the printed plan.
+// The CPU backend has no library path, so it never counts one.
+TEST(Plan, CountsTheAttentionLibraryWorkspace) {
   ModelOverrides o;
   o.layers = 2;
   o.embd = 32;
   const ModelConfig mc = make_model_config("gpt-tiny", o);
-  const std::string name = "attention library workspace (cuDNN, compute stream, from the pool): ";
-  for (const DType working : {DType::kBF16, DType::kF16}) {
+  for (const DType working : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const std::string name = std::string("attention library workspace (") +
+                             (working == DType::kF32 ? "cuBLAS GEMM attention" : "cuDNN") +
+                             ", compute stream, from the pool): ";
     PlanInputs in = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
     in.working = working;
     const MemoryPlan without = plan_memory_only(mc, in);
@@ -341,11 +343,6 @@ TEST(Plan, CountsTheAttentionLibraryWorkspaceOf16BitActivations) {
     EXPECT_EQ(plan_memory_only(mc, in).per_device[0].attention,
               ops::flash_attention_library_bytes(1, in.seq_len, mc.embd, mc.heads, working, true));
   }
-  PlanInputs fp32 = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
-  fp32.attention_library = true;
-  const MemoryPlan plan32 = plan_memory_only(mc, fp32);
-  EXPECT_EQ(plan32.per_device[0].attention, 0u);
-  EXPECT_EQ(format_plan(mc, plan32).find(name), std::string::npos);
   // The CPU backend: no library path, whatever the precision.
   PlanInputs cpu = inputs_of(short_run("gpt-tiny", o, 2, 2), 2);
   cpu.working = DType::kBF16;
@@ -402,6 +399,48 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
   EXPECT_FALSE(plan_memory_only(mc, in).fits);
   in.deterministic_attention = false;
   EXPECT_TRUE(plan_memory_only(mc, in).fits);
+}
+
+// The fp32 GEMM attention's block, exactly: two [group, T, T] fp32 score buffers per stream, the
+// group as many heads as fit 64 MiB of scores (at least one), each buffer rounded up to 256 bytes,
+// no staging (cuBLAS accumulates into fp32 dqkv itself). Nothing is asked of a GPU, so the plan's
+// figure is the run's: GPT-2 124M at T 1024 holds 96 MiB whatever B, T 4096 one head per group.
+TEST(Plan, CountsTheGemmAttentionScoreBuffersExactly) {
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(1024, 12), 12);
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(1024, 25), 16);
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(4096, 16), 1);
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(8192, 16), 1);
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(1, 3), 3);
+  const ops::AttentionWorkspace gpt2 = ops::gemm_attention_workspace(1024, 12);
+  EXPECT_EQ(gpt2.forward, 12 * 1024 * 1024 * 4);
+  EXPECT_EQ(gpt2.backward, 2 * gpt2.forward);
+  EXPECT_EQ(ops::gemm_attention_workspace(8192, 16).forward, int64_t{8192} * 8192 * 4);
+  EXPECT_EQ(ops::gemm_attention_workspace(7, 5).forward, 1024);  // 5 x 7 x 7 x 4 = 980, rounded up
+  for (const int64_t B : {1, 16})
+    EXPECT_EQ(ops::flash_attention_library_bytes(B, 1024, 768, 12, DType::kF32, true), size_t{96} << 20);
+  EXPECT_EQ(ops::flash_attention_library_bytes(1, 7, 15, DType::kF32, ops::gemm_attention_workspace(7, 5)), 2048u);
+
+  const ModelConfig mc = make_model_config("gpt2-124m", {});
+  PlanInputs in;
+  in.device_memory = {size_t{141} << 30};
+  in.micro_batch = 16;
+  in.seq_len = 1024;
+  in.working = DType::kF32;
+  in.attention_library = true;
+  const MemoryPlan plan = plan_memory_only(mc, in);
+  EXPECT_EQ(plan.per_device.at(0).attention, size_t{96} << 20);
+  EXPECT_NE(format_plan(mc, plan).find("attention library workspace (cuBLAS GEMM attention, compute stream, from the "
+                                       "pool): " +
+                                       format_plan_bytes(size_t{96} << 20) +
+                                       " per device, in each total: two fp32 score buffers of 12 heads x 1024 x 1024 "
+                                       "(exact)"),
+            std::string::npos)
+      << format_plan(mc, plan);
+  // Tensor parallelism: a rank's 6 heads.
+  in.devices = 2;
+  in.tensor = 2;
+  in.device_memory = {size_t{141} << 30, size_t{141} << 30};
+  EXPECT_EQ(plan_memory_only(mc, in).per_device.at(0).attention, size_t{48} << 20);
 }
 
 // `zerotrain plan` for GPUs this machine does not have: with --device-memory it plans them (cuBLAS's
