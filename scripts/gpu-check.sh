@@ -101,7 +101,7 @@ write_results() {
       cat "$LOGS/gpt2.md"
     fi
     local ops
-    for ops in "$LOGS/gpt2-ops.md" "$LOGS/gpt2-ops-tf32.md"; do
+    for ops in "$LOGS/gpt2-ops-bf16.md" "$LOGS/gpt2-ops-tf32.md"; do
       if [[ -s $ops ]]; then
         echo
         cat "$ops"
@@ -396,6 +396,21 @@ else
   skip_step new-cuda-ops "${no_gpu:-build failed}"
 fi
 
+# op_table_run NAME TOP CMD...: CMD with --trace, then scripts/op_table.py's TOP ops of the trace
+# into $LOGS/gpt2-ops-NAME.md, which results.md shows.
+op_table_run() {
+  local name=$1 top=$2
+  shift 2
+  local trace="$LOGS/trace-gpt2-$name.json" table="$LOGS/gpt2-ops-$name.md"
+  run_step "gpt2-124m $name eager --trace" 60 "gpt2-trace-$name.txt" "$@" --trace "$trace"
+  if [[ -s $trace ]] && command -v python3 >/dev/null 2>&1; then
+    python3 scripts/op_table.py "$trace" --top "$top" \
+      --title "## GPT-2 124M $name eager, B=16, T=1024: device time per op ($(basename "$trace"))" >"$table" 2>&1
+    cat "$table"
+    write_results
+  fi
+}
+
 # ---- 4. GPT-2 124M at T = 1024 on cuda:0: tokens/s and MFU per precision ---------------------------
 # B = 16 sequences of 1024 tokens per step, a few steps each; tokens/s is the median of the steps
 # after the first two (warm-up: allocation, cuBLAS heuristics), MFU = flops_per_token x that /
@@ -422,26 +437,10 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
       --metrics "$LOGS/gpt2-$p-$mode.jsonl"
     (($? != 0)) && failed=1
   done
-  # Device ms/step per op (steps 3-8: a step ends with the optimizer's launch on the device).
-  run_step "gpt2-124m bf16 eager --trace" 60 gpt2-trace.txt "$app" "${gpt2[@]}" --precision bf16 \
-    --trace "$LOGS/trace-gpt2-bf16.json"
-  if [[ -s $LOGS/trace-gpt2-bf16.json ]] && command -v python3 >/dev/null 2>&1; then
-    python3 scripts/op_table.py "$LOGS/trace-gpt2-bf16.json" --top 14 \
-      --title "## GPT-2 124M bf16 eager, B=16, T=1024: device time per op (trace-gpt2-bf16.json)" \
-      >"$LOGS/gpt2-ops.md" 2>&1
-    cat "$LOGS/gpt2-ops.md"
-    write_results
-  fi
-  # The same for --tf32 (issue 28 item 7: fp32 attention on cuBLAS's TF32 tensor cores).
-  run_step "gpt2-124m tf32 eager --trace" 60 gpt2-trace-tf32.txt "$app" "${gpt2[@]}" --precision fp32 --tf32 \
-    --trace "$LOGS/trace-gpt2-tf32.json"
-  if [[ -s $LOGS/trace-gpt2-tf32.json ]] && command -v python3 >/dev/null 2>&1; then
-    python3 scripts/op_table.py "$LOGS/trace-gpt2-tf32.json" --top 10 \
-      --title "## GPT-2 124M --tf32 eager, B=16, T=1024: device time per op (trace-gpt2-tf32.json)" \
-      >"$LOGS/gpt2-ops-tf32.md" 2>&1
-    cat "$LOGS/gpt2-ops-tf32.md"
-    write_results
-  fi
+  # Device ms/step per op (steps 3-8: a step ends with the optimizer's launch on the device), bf16
+  # and --tf32 (its fp32 attention on cuBLAS's TF32 tensor cores, issue 28 item 7).
+  op_table_run bf16 14 "$app" "${gpt2[@]}" --precision bf16
+  op_table_run tf32 10 "$app" "${gpt2[@]}" --precision fp32 --tf32
   if command -v python3 >/dev/null 2>&1; then
     python3 - "$LOGS" "${gpt2_runs[@]}" >"$LOGS/gpt2.md" <<'PY'
 import json, os, statistics, sys

@@ -126,17 +126,13 @@ void launch_dgelu(cudaStream_t stream, void* dpre, float* g, const void* pre, in
 }
 
 // ---- attention helpers ------------------------------------------------------------------------
-// One warp per row r of the [B*NH*T, T] score matrix (t = r % T): att[r, t2] = softmax over
-// t2 <= t of preatt[r, :], and 0 for t2 > t.
-constexpr int kSoftmaxBlock = 256;
-constexpr int kSoftmaxRowsPerBlock = kSoftmaxBlock / kWarpSize;
-
-__global__ void causal_softmax_forward_kernel(float* __restrict__ att,
-                                              const float* __restrict__ preatt, int64_t rows,
-                                              int64_t T) {
+// One warp per row r of [rows, T] scores (t = r % T): att[r, t2] = exp(preatt - m) / l over
+// t2 <= t (m the row's maximum, l the sum in double), 0 for t2 > t; lse[r] = m + log l unless lse
+// is null. att may be preatt (in place: each lane reads its elements before it writes them).
+__global__ void causal_softmax_forward_kernel(float* att, const float* preatt, float* lse, int64_t rows, int64_t T) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kSoftmaxRowsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kSoftmaxRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * detail::kWarpRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * detail::kWarpRowsPerBlock + threadIdx.x / kWarpSize;
        r < rows; r += warps_total) {
     const int64_t t = r % T;
     const float* x = preatt + r * T;
@@ -146,8 +142,10 @@ __global__ void causal_softmax_forward_kernel(float* __restrict__ att,
     m = detail::warp_max(m);
     double s = 0.0;
     for (int64_t j = lane; j <= t; j += kWarpSize) s += exp_elem(x[j] - m);
-    const float inv = static_cast<float>(1.0 / detail::warp_sum(s));
+    s = detail::warp_sum(s);
+    const float inv = static_cast<float>(1.0 / s);
     for (int64_t j = lane; j < T; j += kWarpSize) y[j] = j <= t ? exp_elem(x[j] - m) * inv : 0.0f;
+    if (lse != nullptr && lane == 0) lse[r] = m + logf(static_cast<float>(s));
   }
 }
 
@@ -158,8 +156,8 @@ __global__ void causal_softmax_backward_kernel(float* __restrict__ dpreatt,
                                                const float* __restrict__ datt, int64_t rows,
                                                int64_t T) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kSoftmaxRowsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kSoftmaxRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * detail::kWarpRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * detail::kWarpRowsPerBlock + threadIdx.x / kWarpSize;
        r < rows; r += warps_total) {
     const int64_t t = r % T;
     const float* a = att + r * T;
@@ -172,12 +170,14 @@ __global__ void causal_softmax_backward_kernel(float* __restrict__ dpreatt,
   }
 }
 
-unsigned softmax_grid(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>(
-      (rows + kSoftmaxRowsPerBlock - 1) / kSoftmaxRowsPerBlock, 1, detail::kMaxGridBlocks));
-}
-
 }  // namespace
+
+void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T) {
+  detail::LaunchScope scope(stream);
+  causal_softmax_forward_kernel<<<detail::warp_row_grid(rows), detail::kWarpRowBlock, 0, scope.stream()>>>(
+      att, preatt, lse, rows, T);
+  ZT_CUDA_CHECK(cudaGetLastError());
+}
 
 // ---- matmul: the plain path ---------------------------------------------------------------
 size_t matmul_forward_scratch_bytes(MatmulTypes t, int64_t N, int64_t OC) {
@@ -323,8 +323,7 @@ void attention_forward(void* stream, float* out, float* preatt, float* att, cons
                          pre, T, T * T, NH);
   }
   const int64_t rows = B * NH * T;
-  causal_softmax_forward_kernel<<<softmax_grid(rows), kSoftmaxBlock, 0, scope.stream()>>>(
-      att, preatt, rows, T);
+  causal_softmax(scope.stream(), att, preatt, nullptr, rows, T);
   ZT_CUDA_CHECK(cudaGetLastError());
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * C3 + 2 * C;
@@ -358,7 +357,7 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
                          1.0f, dv, C3, hs, NH);
   }
   const int64_t rows = B * NH * T;
-  causal_softmax_backward_kernel<<<softmax_grid(rows), kSoftmaxBlock, 0, scope.stream()>>>(
+  causal_softmax_backward_kernel<<<detail::warp_row_grid(rows), detail::kWarpRowBlock, 0, scope.stream()>>>(
       dpreatt, att, datt, rows, T);
   ZT_CUDA_CHECK(cudaGetLastError());
   for (int64_t b = 0; b < B; ++b) {

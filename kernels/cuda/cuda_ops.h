@@ -125,6 +125,12 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
 
+// Causal softmax over the rows of [rows, T] scores (query t = r % T; one warp per row): att[r, j] =
+// exp(preatt - m) / l for j <= t (m the row's maximum, l the sum in double), 0 above the diagonal;
+// lse[r] = m + log l unless lse is null. att may be preatt (in place). attention_forward's and the
+// GEMM attention's softmax.
+void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T);
+
 // Tiled causal attention (kernels/ops.h flash_attention_*; kernels/cuda/flash_attention.cu):
 // one block per (batch, head, query tile) forward, per (batch, head, key tile) for dK/dV; lse
 // [B,NH,T]; scratch: B*NH*T floats (D = rowsum(dout * out)). Head size <= 128. qkv, out, dout,

@@ -39,34 +39,6 @@ using detail::kWarpSize;
 // Below this T a declined shape costs little on the tiled kernel: no line about it.
 constexpr int64_t kAnnounceFallbackFromT = 256;
 
-// One warp per row of the chunk's [rows = heads * T, T] scores (row r: head r / T, query r % T).
-constexpr int kRowBlock = 256;
-constexpr int kRowsPerBlock = kRowBlock / kWarpSize;
-
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, detail::kMaxGridBlocks));
-}
-
-// S [rows, T] (scaled scores) -> P in place: exp(S - m) / l over the causal part, 0 above the
-// diagonal; lse[r] = m + log l (m the row's maximum, l the sum, in double, of exp(S - m)).
-__global__ void softmax_rows_kernel(float* __restrict__ S, float* __restrict__ lse, int64_t rows, int64_t T) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; r < rows; r += warps) {
-    const int64_t i = r % T;
-    float* x = S + r * T;
-    float m = -INFINITY;
-    for (int64_t j = lane; j <= i; j += kWarpSize) m = fmaxf(m, x[j]);
-    m = detail::warp_max(m);
-    double l = 0.0;
-    for (int64_t j = lane; j <= i; j += kWarpSize) l += exp_elem(x[j] - m);
-    l = detail::warp_sum(l);
-    const float inv = static_cast<float>(1.0 / l);
-    for (int64_t j = lane; j < T; j += kWarpSize) x[j] = j <= i ? exp_elem(x[j] - m) * inv : 0.0f;
-    if (lane == 0) lse[r] = m + logf(static_cast<float>(l));
-  }
-}
-
 // The backward's row kernel over one chunk: S [rows, T] (scaled scores) becomes P = exp(S - lse)
 // (0 above the diagonal) and dP [rows, T] becomes dS = P (dP - D), D = sum_c dout[i, c] out[i, c]
 // over the row's head (double). out, dout: the chunk's first head in [T, C]-strided rows.
@@ -75,8 +47,9 @@ __global__ void softmax_backward_rows_kernel(float* __restrict__ S, float* __res
                                              const float* __restrict__ dout, int64_t rows, int64_t T, int64_t C,
                                              int64_t hs) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; r < rows; r += warps) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * detail::kWarpRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * detail::kWarpRowsPerBlock + threadIdx.x / kWarpSize; r < rows;
+       r += warps) {
     const int64_t h = r / T, i = r % T;
     const float* o = out + i * C + h * hs;
     const float* dy = dout + i * C + h * hs;
@@ -168,8 +141,7 @@ void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, con
     // S^T[T2, T] = scale K[T2, hs] Q^T[hs, T] per head (row-major S[T, T2] read column-major)
     gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, d.hs, d.scale, k, C3, d.hs, q, C3, d.hs, 0.0f, S, T, TT,
                          nh, tf32);
-    softmax_rows_kernel<<<row_grid(nh * T), kRowBlock, 0, scope.stream()>>>(S, lse + (b * NH + h0) * T, nh * T, T);
-    ZT_CUDA_CHECK(cudaGetLastError());
+    causal_softmax(scope.stream(), S, S, lse + (b * NH + h0) * T, nh * T, T);  // P in place, and lse
     // out^T[hs, T] = V^T[hs, T2] P^T[T2, T]
     gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_N, d.hs, T, T, 1.0f, v, C3, d.hs, S, T, TT, 0.0f,
                          out + b * T * C + h0 * d.hs, C, d.hs, nh, tf32);
@@ -200,7 +172,7 @@ void gemm_attention_backward(Stream& s, void* native, float* dqkv, const float* 
     // dP^T[T2, T] = V[T2, hs] dout^T[hs, T]
     gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, d.hs, 1.0f, v, C3, d.hs, dy, C, d.hs, 0.0f, G, T, TT, nh,
                          tf32);
-    softmax_backward_rows_kernel<<<row_grid(nh * T), kRowBlock, 0, scope.stream()>>>(
+    softmax_backward_rows_kernel<<<detail::warp_row_grid(nh * T), detail::kWarpRowBlock, 0, scope.stream()>>>(
         P, G, lse + (b * NH + h0) * T, out + b * T * C + h0 * d.hs, dy, nh * T, T, C, d.hs);
     ZT_CUDA_CHECK(cudaGetLastError());
     // dV^T[hs, T2] = dout^T[hs, T] P[T, T2]

@@ -45,6 +45,14 @@ class LaunchScope {
   cuda::DeviceGuard guard_;
 };
 
+// Row kernels with one warp per row (softmax rows): kWarpRowBlock threads, enough blocks for every
+// row up to kMaxGridBlocks (a grid-stride loop over rows covers the rest).
+constexpr int kWarpRowBlock = 256;
+constexpr int kWarpRowsPerBlock = kWarpRowBlock / kWarpSize;
+inline unsigned warp_row_grid(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, 1, kMaxGridBlocks));
+}
+
 // ---- reductions in a fixed order (run-to-run deterministic) ----------------------------------
 // Butterfly over the 32 lanes: every lane gets the result, combined in the same order each run.
 template <typename T>
