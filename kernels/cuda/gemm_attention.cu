@@ -8,13 +8,15 @@
 //   backward: S again; dP = dO V^T; a row kernel: D = rowsum(dO * O), P = exp(S - lse) (zero above
 //             the diagonal), dS = P (dP - D), in place; dV = P^T dO, dQ = scale dS K, dK = scale
 //             dS^T Q (beta 1 accumulates into dqkv, beta 0 overwrites without reading it).
-// Twice the causal half's FLOPs (the GEMMs run the full square), at tensor-core speed. The score
+// The GEMMs' parameters come from kernels/gemm_attention_plan.h, which a CPU test runs through a
+// float64 reference GEMM. Twice the causal half's FLOPs (the GEMMs run the full square), at tensor-core speed. The score
 // buffers are the stream's attention block (attention_block.h, ops::flash_attention_library_bytes
 // for f32): taken by available() at the shape's first call (eager, before any capture), so a
 // launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
 // the row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
 // scaled scores), so a forward of one path and a backward of another pair up.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_attention_plan.h"
 #include "kernels/ops.h"
 
 namespace zt::cuda_ops {
@@ -68,25 +71,23 @@ __global__ void softmax_backward_rows_kernel(float* __restrict__ S, float* __res
   }
 }
 
-struct Dims {
-  int64_t B, T, C, NH, hs, group;  // group: heads per chunk
-  float scale;
-  size_t scores;  // bytes of one chunk's score buffer, rounded up to 256 (the second starts there)
-};
+namespace plan = zt::gemm_attention;
 
-Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-  return {B, T, C, NH, hs, ops::gemm_attention_heads_per_chunk(T, NH),
-          static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs))),
-          static_cast<size_t>(ops::gemm_attention_workspace(T, NH).forward)};
+// Device pointers of the plan's buffers (inputs cast to float*: cuBLAS only reads them).
+using Buffers = std::array<float*, 6>;
+float* ptr(const Buffers& p, const plan::Operand& o) { return p[static_cast<size_t>(o.buf)] + o.offset; }
+
+void run(cublasHandle_t h, const plan::Gemm& g, const Buffers& p, bool tf32) {
+  gemm_strided_batched(h, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, g.alpha,
+                       ptr(p, g.a), g.a.ld, g.a.stride, ptr(p, g.b), g.b.ld, g.b.stride, g.beta, ptr(p, g.c), g.c.ld,
+                       g.c.stride, g.batch, tf32);
 }
 
-// Calls f(b, h0, nh) for every chunk: batch row b, heads [h0, h0 + nh).
-template <typename F>
-void for_each_chunk(const Dims& d, F&& f) {
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h0 = 0; h0 < d.NH; h0 += d.group) f(b, h0, std::min(d.group, d.NH - h0));
+plan::Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
+  return plan::dims(B, T, C, NH, ops::gemm_attention_heads_per_chunk(T, NH));
 }
+// Bytes of one chunk's score buffer, rounded up to 256: the second buffer starts there.
+size_t score_bytes(int64_t T, int64_t NH) { return static_cast<size_t>(ops::gemm_attention_workspace(T, NH).forward); }
 
 // Shapes (GPU, B, T, C, NH) whose block the pool could not give: declined for the run.
 struct Declined {
@@ -129,62 +130,39 @@ bool gemm_attention_available(Stream& s, void* native, int64_t B, int64_t T, int
 
 void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                             int64_t C, int64_t NH, bool tf32) {
-  const Dims d = dims(B, T, C, NH);
+  const plan::Dims d = dims(B, T, C, NH);
   detail::LaunchScope scope(native);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
-  auto* S = static_cast<float*>(detail::attention_block(s, native, 2 * d.scores));
-  const int64_t C3 = 3 * C, TT = T * T;
-  for_each_chunk(d, [&](int64_t b, int64_t h0, int64_t nh) {
-    const float* q = qkv + b * T * C3 + h0 * d.hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    // S^T[T2, T] = scale K[T2, hs] Q^T[hs, T] per head (row-major S[T, T2] read column-major)
-    gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, d.hs, d.scale, k, C3, d.hs, q, C3, d.hs, 0.0f, S, T, TT,
-                         nh, tf32);
-    causal_softmax(scope.stream(), S, S, lse + (b * NH + h0) * T, nh * T, T);  // P in place, and lse
-    // out^T[hs, T] = V^T[hs, T2] P^T[T2, T]
-    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_N, d.hs, T, T, 1.0f, v, C3, d.hs, S, T, TT, 0.0f,
-                         out + b * T * C + h0 * d.hs, C, d.hs, nh, tf32);
-  });
+  auto* S = static_cast<float*>(detail::attention_block(s, native, 2 * score_bytes(T, NH)));
+  const Buffers p{const_cast<float*>(qkv), out, nullptr, nullptr, S, nullptr};
+  for (const plan::Chunk& c : plan::chunks(d)) {
+    const std::array<plan::Gemm, 2> g = plan::forward_gemms(d, c);
+    run(h, g[0], p, tf32);
+    causal_softmax(scope.stream(), S, S, lse + c.lse_offset(d), c.nh * T, T);  // P in place, and lse
+    run(h, g[1], p, tf32);
+  }
 }
 
 void gemm_attention_backward(Stream& s, void* native, float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                              bool tf32, bool accumulate) {
-  const Dims d = dims(B, T, C, NH);
+  const plan::Dims d = dims(B, T, C, NH);
   detail::LaunchScope scope(native);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
-  auto* block = static_cast<char*>(detail::attention_block(s, native, 2 * d.scores));
+  const size_t scores = score_bytes(T, NH);
+  auto* block = static_cast<char*>(detail::attention_block(s, native, 2 * scores));
   auto* P = reinterpret_cast<float*>(block);
-  auto* G = reinterpret_cast<float*>(block + d.scores);  // dP, then dS
-  const int64_t C3 = 3 * C, TT = T * T;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  for_each_chunk(d, [&](int64_t b, int64_t h0, int64_t nh) {
-    const float* q = qkv + b * T * C3 + h0 * d.hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    const float* dy = dout + b * T * C + h0 * d.hs;
-    float* dq = dqkv + b * T * C3 + h0 * d.hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, d.hs, d.scale, k, C3, d.hs, q, C3, d.hs, 0.0f, P, T, TT,
-                         nh, tf32);
-    // dP^T[T2, T] = V[T2, hs] dout^T[hs, T]
-    gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, d.hs, 1.0f, v, C3, d.hs, dy, C, d.hs, 0.0f, G, T, TT, nh,
-                         tf32);
-    softmax_backward_rows_kernel<<<detail::warp_row_grid(nh * T), detail::kWarpRowBlock, 0, scope.stream()>>>(
-        P, G, lse + (b * NH + h0) * T, out + b * T * C + h0 * d.hs, dy, nh * T, T, C, d.hs);
+  auto* G = reinterpret_cast<float*>(block + scores);  // dP, then dS
+  const Buffers p{const_cast<float*>(qkv), const_cast<float*>(out), const_cast<float*>(dout), dqkv, P, G};
+  for (const plan::Chunk& c : plan::chunks(d)) {
+    const std::array<plan::Gemm, 5> g = plan::backward_gemms(d, c, accumulate);
+    run(h, g[0], p, tf32);
+    run(h, g[1], p, tf32);
+    softmax_backward_rows_kernel<<<detail::warp_row_grid(c.nh * T), detail::kWarpRowBlock, 0, scope.stream()>>>(
+        P, G, lse + c.lse_offset(d), out + c.head_offset(d), dout + c.head_offset(d), c.nh * T, T, C, d.hs);
     ZT_CUDA_CHECK(cudaGetLastError());
-    // dV^T[hs, T2] = dout^T[hs, T] P[T, T2]
-    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_T, d.hs, T, T, 1.0f, dy, C, d.hs, P, T, TT, beta, dv, C3, d.hs, nh,
-                         tf32);
-    // dQ^T[hs, T] = scale K^T[hs, T2] dS^T[T2, T]
-    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_N, d.hs, T, T, d.scale, k, C3, d.hs, G, T, TT, beta, dq, C3, d.hs,
-                         nh, tf32);
-    // dK^T[hs, T2] = scale Q^T[hs, T] dS[T, T2]
-    gemm_strided_batched(h, CUBLAS_OP_N, CUBLAS_OP_T, d.hs, T, T, d.scale, q, C3, d.hs, G, T, TT, beta, dk, C3, d.hs,
-                         nh, tf32);
-  });
+    for (size_t i = 2; i < g.size(); ++i) run(h, g[i], p, tf32);
+  }
 }
 
 }  // namespace zt::cuda_ops

@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/gemm_attention_plan.h"
 #include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
@@ -497,6 +500,112 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
                                    tolerance::kTf32Roundoff);
   }
   gpu->device(0).set_math_mode(MathMode{});
+}
+
+// ---- the GEMM attention's plan, on the CPU ---------------------------------------------------------
+// CUDA's fp32 GEMM attention (kernels/cuda/gemm_attention.cu) runs kernels/gemm_attention_plan.h's
+// GEMMs through cuBLAS. Here the same plan runs through a column-major strided-batched GEMM with
+// cuBLAS's semantics in float64, with float64 versions of the two row kernels: the result must be
+// the float64 attention (forward, lse, dqkv += and dqkv =) to 1e-12, for groups of one head, of all
+// heads and a last group smaller than the others (head size 4: the plan's fp32 scale 0.5 is exact). A wrong transpose, leading dimension, stride,
+// offset or scale in the plan fails here, without a GPU.
+namespace plan = zt::gemm_attention;
+using PlanBuffers = std::array<DVec*, 6>;
+
+double* at(const PlanBuffers& p, const plan::Operand& o, int64_t i) {
+  return p[static_cast<size_t>(o.buf)]->data() + o.offset + i * o.stride;
+}
+
+void reference_gemm(const plan::Gemm& g, const PlanBuffers& p) {
+  for (int64_t i = 0; i < g.batch; ++i) {
+    const double *A = at(p, g.a, i), *Bm = at(p, g.b, i);
+    double* Cm = at(p, g.c, i);
+    for (int64_t col = 0; col < g.n; ++col)
+      for (int64_t row = 0; row < g.m; ++row) {
+        double acc = 0;
+        for (int64_t l = 0; l < g.k; ++l)
+          acc += (g.ta ? A[l + row * g.a.ld] : A[row + l * g.a.ld]) * (g.tb ? Bm[col + l * g.b.ld] : Bm[l + col * g.b.ld]);
+        double& c = Cm[row + col * g.c.ld];
+        c = g.alpha * acc + (g.beta == 0 ? 0.0 : g.beta * c);  // beta 0 never reads C (cuBLAS)
+      }
+  }
+}
+
+struct PlanRun {
+  DVec out, lse, dqkv;
+};
+PlanRun run_plan(const DVec& qkv, const DVec& dout, const DVec& dqkv0, int64_t B, int64_t T, int64_t C, int64_t NH,
+                 int64_t group, bool accumulate) {
+  const plan::Dims d = plan::dims(B, T, C, NH, group);
+  PlanRun r{DVec(B * T * C, NAN), DVec(B * NH * T, NAN), dqkv0};
+  DVec in = qkv, dy = dout, S(group * T * T, NAN), G(group * T * T, NAN);
+  const PlanBuffers p{&in, &r.out, &dy, &r.dqkv, &S, &G};
+  for (const plan::Chunk& c : plan::chunks(d)) {  // forward
+    const auto g = plan::forward_gemms(d, c);
+    reference_gemm(g[0], p);
+    for (int64_t row = 0; row < c.nh * T; ++row) {  // causal softmax in place, and lse
+      double* x = &S[row * T];
+      const int64_t t = row % T;
+      double m = -INFINITY, l = 0;
+      for (int64_t j = 0; j <= t; ++j) m = std::max(m, x[j]);
+      for (int64_t j = 0; j <= t; ++j) l += std::exp(x[j] - m);
+      for (int64_t j = 0; j < T; ++j) x[j] = j <= t ? std::exp(x[j] - m) / l : 0.0;
+      r.lse[c.lse_offset(d) + row] = m + std::log(l);
+    }
+    reference_gemm(g[1], p);
+  }
+  for (const plan::Chunk& c : plan::chunks(d)) {  // backward
+    const auto g = plan::backward_gemms(d, c, accumulate);
+    reference_gemm(g[0], p);
+    reference_gemm(g[1], p);
+    for (int64_t row = 0; row < c.nh * T; ++row) {  // P and dS in place, D from out and dout
+      const int64_t h = row / T, t = row % T, base = c.head_offset(d) + t * C + h * d.hs;
+      double D = 0;
+      for (int64_t i = 0; i < d.hs; ++i) D += dout[base + i] * r.out[base + i];
+      for (int64_t j = 0; j < T; ++j) {
+        const double pj = j <= t ? std::exp(S[row * T + j] - r.lse[c.lse_offset(d) + row]) : 0.0;
+        S[row * T + j] = pj;
+        G[row * T + j] = pj * (G[row * T + j] - D);
+      }
+    }
+    for (size_t i = 2; i < g.size(); ++i) reference_gemm(g[i], p);
+  }
+  return r;
+}
+
+double max_diff(const DVec& a, const DVec& b) {
+  double m = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::isnan(a[i]) ? INFINITY : std::fabs(a[i] - b[i]));
+  return m;
+}
+
+TEST(GemmAttentionPlan, RunsAsFloat64Attention) {
+  struct PlanCase {
+    int64_t B, T, C, NH, group;
+  };
+  Rng rng(test_seed() + 31);
+  for (const PlanCase& c : {PlanCase{2, 7, 12, 3, 1}, PlanCase{1, 9, 16, 4, 3}, PlanCase{2, 5, 8, 2, 2},
+                            PlanCase{1, 1, 8, 2, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C << " NH=" << c.NH
+                                      << " group=" << c.group);
+    const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+    const DVec qkv = to_d(rng.normal(B * T * 3 * C, 1.5f)), dout = to_d(rng.normal(B * T * C)),
+               dqkv0 = to_d(rng.normal(B * T * 3 * C));
+    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+    ref::attention_forward_ref(r_out, r_pre, r_att, qkv, B, T, C, NH);
+    DVec r_acc = dqkv0, r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+    ref::attention_backward_ref(r_acc, dout, qkv, r_att, B, T, C, NH);
+    ref::attention_backward_ref(r_over, dout, qkv, r_att, B, T, C, NH);
+    const PlanRun acc = run_plan(qkv, dout, dqkv0, B, T, C, NH, c.group, true);
+    const PlanRun over = run_plan(qkv, dout, DVec(B * T * 3 * C, NAN), B, T, C, NH, c.group, false);
+    EXPECT_LT(max_diff(acc.out, r_out), 1e-12);
+    EXPECT_LT(max_diff(acc.lse, reference_lse(r_pre, B * NH, T)), 1e-12);
+    EXPECT_LT(max_diff(acc.dqkv, r_acc), 1e-12) << "dqkv +=";
+    EXPECT_LT(max_diff(over.dqkv, r_over), 1e-12) << "dqkv =";
+  }
+  // The production grouping: every head of GPT-2 124M's T = 1024 in one chunk per batch row.
+  const plan::Dims gpt2 = plan::dims(16, 1024, 768, 12, ops::gemm_attention_heads_per_chunk(1024, 12));
+  EXPECT_EQ(plan::chunks(gpt2).size(), 16u);
 }
 
 // ---- validation ----------------------------------------------------------------------------------
