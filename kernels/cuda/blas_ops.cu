@@ -9,7 +9,6 @@
 // Row-major <-> cuBLAS: a row-major [R, K] matrix with row stride ld is, read column-major, the
 // [K, R] matrix X^T with leading dimension ld. So the row-major product Y = A @ B is computed as
 // the column-major Y^T = B^T A^T, i.e. with the operands swapped.
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -324,7 +323,6 @@ void attention_forward(void* stream, float* out, float* preatt, float* att, cons
   }
   const int64_t rows = B * NH * T;
   causal_softmax(scope.stream(), att, preatt, nullptr, rows, T);
-  ZT_CUDA_CHECK(cudaGetLastError());
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * C3 + 2 * C;
     const float* a = att + b * NH * T * T;

@@ -9,10 +9,10 @@
 //             the diagonal), dS = P (dP - D), in place; dV = P^T dO, dQ = scale dS K, dK = scale
 //             dS^T Q (beta 1 accumulates into dqkv, beta 0 overwrites without reading it).
 // The GEMMs' parameters come from kernels/gemm_attention_plan.h, which a CPU test runs through a
-// float64 reference GEMM. Twice the causal half's FLOPs (the GEMMs run the full square), at tensor-core speed. The score
-// buffers are the stream's attention block (attention_block.h, ops::flash_attention_library_bytes
-// for f32): taken by available() at the shape's first call (eager, before any capture), so a
-// launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
+// float64 reference GEMM. Twice the causal half's FLOPs (the GEMMs run the full square), at
+// tensor-core speed. The score buffers are the stream's attention block (attention_block.h,
+// ops::flash_attention_library_bytes for f32): taken by available() at the shape's first call
+// (eager, before any capture), so a launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
 // the row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
 // scaled scores), so a forward of one path and a backward of another pair up.
 #include <algorithm>

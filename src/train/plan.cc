@@ -687,6 +687,7 @@ std::string MemoryPlan::verdict() const {
   return os.str();
 }
 
+namespace {
 // The plan's line about the attention library's block (nothing where there is none).
 void format_attention_block(std::ostream& os, const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
@@ -707,6 +708,7 @@ void format_attention_block(std::ostream& os, const ModelConfig& mc, const Memor
      << (d.attention_measured ? "measured: what cuDNN asked for on this GPU" : "formula; measured on a GPU when run there")
      << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
 }
+}  // namespace
 
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
