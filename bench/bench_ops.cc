@@ -21,6 +21,7 @@
 #include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "optimizers/optimizers.h"
+#include "runtime/device.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -421,6 +422,52 @@ void attention_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime();
 }
 
+// ---- GPT-2 124M's attention, one layer forward + backward (`bench_ops --attention`) ----------------
+// B 16, T 1024, 12 heads of 64 on CUDA in each precision a run can pick: fp32 (the cuBLAS GEMM
+// attention, true fp32), tf32 (the same on TF32 tensor cores, --tf32) and bf16 (cuDNN's SDPA,
+// deterministic backward); B 1, T 128 on the CPU backend, one iteration, a smoke check of the same
+// calls. The time is per layer (one forward and one backward); FLOP/s counts the causal half's
+// useful 6 B T^2 C FLOPs, as BM_FlashAttentionForwardBackward does (the GEMM attention computes
+// twice that).
+enum class AttnPrecision { kFp32, kTf32, kBf16 };
+
+void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision precision) {
+  Target t;
+  if (!target(state, backend, &t)) return;
+  const bool cuda = backend == Backend::kCuda;
+  const int64_t B = cuda ? 16 : 1, T = cuda ? 1024 : 128, C = 768, NH = 12;
+  const DType d = precision == AttnPrecision::kBf16 ? DType::kBF16 : DType::kF32;
+  const zt::MathMode before = t.device->math_mode();
+  zt::MathMode mode = before;
+  mode.tf32 = precision == AttnPrecision::kTf32;
+  t.device->set_math_mode(mode);
+  const int64_t scratch_floats =
+      static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
+  Tensor qkv(t, {B, T, 3 * C}, d), out(t, {B, T, C}, d), lse(t, {B, NH, T});
+  Tensor dout(t, {B, T, C}, d, 2), dqkv(t, {B, T, 3 * C}, d, 3), scratch(t, {scratch_floats});
+  run(state, t, [&] {
+    zt::ops::flash_attention_forward(t.s(), out, lse, qkv, static_cast<int>(NH));
+    zt::ops::flash_attention_backward(t.s(), dqkv, dout, qkv, out, lse, static_cast<int>(NH), scratch,
+                                      zt::ops::GradWrite::kOverwrite);
+  });
+  t.device->set_math_mode(before);
+  flops(state, t, 6.0 * B * T * T * C);
+  state.SetLabel(t.device->name() + " B=" + std::to_string(B) + " T=" + std::to_string(T));
+}
+
+int register_gpt2_attention() {
+  const std::pair<AttnPrecision, const char*> precisions[] = {
+      {AttnPrecision::kFp32, "fp32"}, {AttnPrecision::kTf32, "tf32"}, {AttnPrecision::kBf16, "bf16"}};
+  for (Backend backend : {Backend::kCpu, Backend::kCuda})
+    for (const auto& [precision, pname] : precisions) {
+      const std::string name = std::string("BM_Gpt2Attention/") + zt::backend_name(backend) + "/" + pname;
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, backend, precision);
+      b->Unit(benchmark::kMillisecond)->UseRealTime();
+      if (backend == Backend::kCpu) b->Iterations(1);  // a smoke check: the calls, not the CPU's speed
+    }
+  return 0;
+}
+
 // ---- GELU forward: 4 B read + 4 B write per element
 // -----------------------------------------------
 
@@ -604,6 +651,7 @@ void BM_MemcpySameBytesAsUnscale(benchmark::State& state, Backend backend) {
 
 const int kRegistered = [] {
   register_gemms();
+  register_gpt2_attention();
   register_on_backends("BM_MatmulForward", BM_MatmulForward, gemm_shapes);
   register_on_backends("BM_MatmulBackward", BM_MatmulBackward, gemm_shapes);
   register_on_backends("BM_MatmulGeluForward", BM_MatmulGeluForward, mlp_shapes);
@@ -632,20 +680,20 @@ const int kRegistered = [] {
 
 }  // namespace
 
-// `bench_ops --gemm`: only the BM_Gemm/* products (a --benchmark_filter given after it wins); every
-// other argument is Google Benchmark's.
+// `bench_ops --gemm`: only the BM_Gemm/* products; `--attention`: only BM_Gpt2Attention/* (a
+// --benchmark_filter given after either wins); every other argument is Google Benchmark's.
 int main(int argc, char** argv) {
   std::vector<char*> args;
-  std::string filter = "--benchmark_filter=^BM_Gemm/";
-  bool gemm = false;
+  std::string filter;
   for (int i = 0; i < argc; ++i) {
-    if (i > 0 && std::string(argv[i]) == "--gemm") {
-      gemm = true;
+    const std::string a = argv[i];
+    if (i > 0 && (a == "--gemm" || a == "--attention")) {
+      filter = a == "--gemm" ? "--benchmark_filter=^BM_Gemm/" : "--benchmark_filter=^BM_Gpt2Attention/";
       continue;
     }
     args.push_back(argv[i]);
   }
-  if (gemm) args.insert(args.begin() + 1, filter.data());
+  if (!filter.empty()) args.insert(args.begin() + 1, filter.data());
   int n = static_cast<int>(args.size());
   args.push_back(nullptr);
   benchmark::Initialize(&n, args.data());
