@@ -424,22 +424,24 @@ void attention_shapes(benchmark::internal::Benchmark* b) {
 
 // ---- GPT-2 124M's attention, one layer forward + backward (`bench_ops --attention`) ----------------
 // B 16, T 1024, 12 heads of 64 on CUDA in each precision a run can pick: fp32 (the cuBLAS GEMM
-// attention, true fp32), tf32 (the same on TF32 tensor cores, --tf32) and bf16 (cuDNN's SDPA,
-// deterministic backward); B 1, T 128 on the CPU backend, one iteration, a smoke check of the same
+// attention, true fp32), tf32 (the same on TF32 tensor cores, --tf32), bf16 (cuDNN's SDPA,
+// deterministic backward) and bf16-nondet (--deterministic-attention off); B 1, T 128 on the CPU backend, one iteration, a smoke check of the same
 // calls. The time is per layer (one forward and one backward); FLOP/s counts the causal half's
 // useful 6 B T^2 C FLOPs, as BM_FlashAttentionForwardBackward does (the GEMM attention computes
 // twice that).
-enum class AttnPrecision { kFp32, kTf32, kBf16 };
+enum class AttnPrecision { kFp32, kTf32, kBf16, kBf16Fast };
 
 void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision precision) {
   Target t;
   if (!target(state, backend, &t)) return;
   const bool cuda = backend == Backend::kCuda;
   const int64_t B = cuda ? 16 : 1, T = cuda ? 1024 : 128, C = 768, NH = 12;
-  const DType d = precision == AttnPrecision::kBf16 ? DType::kBF16 : DType::kF32;
+  const bool bf16 = precision == AttnPrecision::kBf16 || precision == AttnPrecision::kBf16Fast;
+  const DType d = bf16 ? DType::kBF16 : DType::kF32;
   const zt::MathMode before = t.device->math_mode();
   zt::MathMode mode = before;
   mode.tf32 = precision == AttnPrecision::kTf32;
+  mode.deterministic_attention = precision != AttnPrecision::kBf16Fast;
   t.device->set_math_mode(mode);
   const int64_t scratch_floats =
       static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
@@ -457,7 +459,10 @@ void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision pr
 
 int register_gpt2_attention() {
   const std::pair<AttnPrecision, const char*> precisions[] = {
-      {AttnPrecision::kFp32, "fp32"}, {AttnPrecision::kTf32, "tf32"}, {AttnPrecision::kBf16, "bf16"}};
+      {AttnPrecision::kFp32, "fp32"},
+      {AttnPrecision::kTf32, "tf32"},
+      {AttnPrecision::kBf16, "bf16"},
+      {AttnPrecision::kBf16Fast, "bf16-nondet"}};
   for (Backend backend : {Backend::kCpu, Backend::kCuda})
     for (const auto& [precision, pname] : precisions) {
       const std::string name = std::string("BM_Gpt2Attention/") + zt::backend_name(backend) + "/" + pname;
