@@ -269,7 +269,9 @@ __global__ void __launch_bounds__(zt::detail::LayernormBackwardOrder::kMaxWarps 
         if (k < count) {
           const float norm = (xv[k] - m) * r;
           const float dnorm = to_float(weight[c0 + k]) * dv[k];
-          g[k] = g[k] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+          // The term rounded, then added (__fadd_rn: nvcc would fuse g + term * r into an FMA), as
+          // the CPU kernel: din += gives the bits of din from zero followed by add.
+          g[k] = __fadd_rn(g[k], (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
         }
       }
       store_chunk<T>(dx, g, c0, count, vec);
