@@ -143,6 +143,15 @@ const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
                                       std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}})
       if (status == CUBLAS_STATUS_SUCCESS)
         status = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+    // A 16-bit D is rounded once from the fp32 sum (ops.h): split-K partials are reduced in the
+    // compute type, never added up in D's type (INPLACE, OUTPUT_TYPE), as the cuBLAS handle's
+    // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION does for the plain path. An fp32 D keeps them all.
+    const uint32_t reductions = g.d == CUDA_R_32F ? static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK)
+                                                  : static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE) |
+                                                        static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                    sizeof(reductions));
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc.op_, desc.a_, desc.b_, desc.d_, desc.d_, pref, 1, &result,
                                               &found);

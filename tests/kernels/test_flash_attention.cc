@@ -519,7 +519,21 @@ double* at(const PlanBuffers& p, const plan::Operand& o, int64_t i) {
   return p[static_cast<size_t>(o.buf)]->data() + o.offset + i * o.stride;
 }
 
+// What cuBLAS asks of a strided-batched call and the float64 GEMM below would not notice: each
+// leading dimension at least its stored matrix's rows (else CUBLAS_STATUS_INVALID_VALUE on a GPU),
+// and the batch's C matrices disjoint (whole matrices apart, or row blocks of one column-major
+// matrix, as heads are), so no two of them write one element.
+void expect_cublas_accepts(const plan::Gemm& g) {
+  EXPECT_GE(g.a.ld, std::max<int64_t>(1, g.ta ? g.k : g.m));
+  EXPECT_GE(g.b.ld, std::max<int64_t>(1, g.tb ? g.n : g.k));
+  EXPECT_GE(g.c.ld, std::max<int64_t>(1, g.m));
+  EXPECT_TRUE(g.batch == 1 || g.c.stride >= g.c.ld * g.n ||
+              (g.c.stride >= g.m && g.c.stride * (g.batch - 1) + g.m <= g.c.ld))
+      << "C matrices of the batch overlap: stride " << g.c.stride << ", ld " << g.c.ld << ", " << g.m << " x " << g.n;
+}
+
 void reference_gemm(const plan::Gemm& g, const PlanBuffers& p) {
+  expect_cublas_accepts(g);
   for (int64_t i = 0; i < g.batch; ++i) {
     const double *A = at(p, g.a, i), *Bm = at(p, g.b, i);
     double* Cm = at(p, g.c, i);
@@ -609,6 +623,10 @@ TEST(GemmAttentionPlan, RunsAsFloat64Attention) {
   // The production grouping: every head of GPT-2 124M's T = 1024 in one chunk per batch row.
   const plan::Dims gpt2 = plan::dims(16, 1024, 768, 12, ops::gemm_attention_heads_per_chunk(1024, 12));
   EXPECT_EQ(plan::chunks(gpt2).size(), 16u);
+  for (const plan::Chunk& c : plan::chunks(gpt2)) {
+    for (const plan::Gemm& g : plan::forward_gemms(gpt2, c)) expect_cublas_accepts(g);
+    for (const plan::Gemm& g : plan::backward_gemms(gpt2, c, true)) expect_cublas_accepts(g);
+  }
 }
 
 // ---- validation ----------------------------------------------------------------------------------

@@ -63,6 +63,80 @@ TEST_P(GraphOpsTest, ReplayEqualsEagerOnFreshInputs) {
   }
 }
 
+// A transformer block's 16-bit ops as a bf16/fp16 run captures them: attention (CUDA: cuDNN's
+// SDPA where it serves, else the tiled kernels), the fused GELU matmuls (CUDA: cuBLASLt's
+// GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues, or the plain path where cuBLASLt refuses), and
+// the backward through them. Every launch must be capturable: no pool allocation per call (the plain
+// matmul path takes its 16-bit scratch from the pool), no library set-up, no synchronisation. The
+// replay equals the eager run bit for bit (cuDNN's deterministic backward, the default).
+struct Block16 {
+  static constexpr int64_t B = 2, T = 64, C = 64, NH = 2, OC = 4 * C;  // tile-friendly: the fast paths serve
+  DType t;
+  DevTensor qkv, att, lse, w1, b1, pre, gelu, w2, b2, y, dpre, datt, dqkv, scratch, dw1, db1, dw2, db2;
+  Block16(Device& d, Stream& s, DType dtype)
+      : t(dtype), qkv(d, s, t, Shape{B, T, 3 * C}), att(d, s, t, Shape{B, T, C}),
+        lse(d, s, DType::kF32, Shape{B, NH, T}), w1(d, s, t, Shape{OC, C}), b1(d, s, t, Shape{OC}),
+        pre(d, s, t, Shape{B, T, OC}), gelu(d, s, t, Shape{B, T, OC}),
+        w2(d, s, t, Shape{C, OC}), b2(d, s, t, Shape{C}), y(d, s, t, Shape{B, T, C}), dpre(d, s, t, Shape{B, T, OC}),
+        datt(d, s, t, Shape{B, T, C}), dqkv(d, s, t, Shape{B, T, 3 * C}), scratch(d, s, DType::kF32, Shape{B * NH * T}),
+        dw1(d, s, DType::kF32, Shape{OC, C}), db1(d, s, DType::kF32, Shape{OC}), dw2(d, s, DType::kF32, Shape{C, OC}),
+        db2(d, s, DType::kF32, Shape{C}) {}
+  void issue(Stream& s) const {
+    ops::flash_attention_forward(s, att, lse, qkv, static_cast<int>(NH));
+    ops::matmul_gelu_forward(s, gelu, pre, att, w1, b1);
+    ops::matmul_forward(s, y, gelu, w2, b2);
+    for (const DevTensor* g : {&dw1, &db1, &dw2, &db2, &datt, &dqkv}) ops::fill(s, *g, 0.0f);
+    // y stands in for its own gradient, as Chain's out does.
+    ops::matmul_backward(s, TensorView{}, dw2, db2, y, gelu, w2);
+    ops::matmul_backward_dgelu(s, dpre, db1, y, w2, pre);
+    ops::matmul_backward(s, datt, dw1, TensorView{}, dpre, att, w1);
+    ops::flash_attention_backward(s, dqkv, datt, qkv, att, lse, static_cast<int>(NH), scratch);
+  }
+  std::vector<DevTensor*> outputs() {
+    return {&att, &lse, &pre, &gelu, &y, &dpre, &datt, &dqkv, &dw1, &db1, &dw2, &db2};
+  }
+};
+
+TEST_P(GraphOpsTest, SixteenBitBlockCapturesAndReplaysTheEagerBits) {
+  for (const DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Block16 k(*dev_, s(), t);
+    auto upload = [&](DevTensor& d, float scale) {
+      const FVec v = rng_.normal(d.view().numel(), scale);
+      std::vector<uint16_t> bits(v.size());
+      for (size_t i = 0; i < v.size(); ++i) bits[i] = op_test::bits16(v[i], t);
+      d.upload(bits);
+    };
+    upload(k.w1, 0.1f), upload(k.b1, 0.1f), upload(k.w2, 0.1f), upload(k.b2, 0.1f), upload(k.qkv, 1.0f);
+    k.issue(s());  // warm-up: cuBLAS/cuBLASLt handles, cuDNN graphs and the attention block come from the pool
+    sync();
+
+    s().begin_capture();
+    k.issue(s());
+    const std::unique_ptr<StreamGraph> g = s().end_capture();
+    ASSERT_GE(g->size(), 8u);
+    for (int round = 0; round < 2; ++round) {
+      upload(k.qkv, 1.0f);
+      const std::vector<uint16_t> x = k.qkv.download<uint16_t>();
+      k.issue(s());
+      std::vector<FVec> eager;
+      for (const DevTensor* o : k.outputs()) eager.push_back(values(*o));
+      for (DevTensor* o : k.outputs()) {
+        DevTensor& d = *o;
+        if (d.view().dtype == DType::kF32) {
+          d.upload(nan_vec(d.view().numel()));
+        } else {
+          d.upload(std::vector<uint16_t>(static_cast<size_t>(d.view().numel()), op_test::bits16(NAN, t)));
+        }
+      }
+      k.qkv.upload(x);
+      g->launch(s());
+      for (size_t i = 0; i < eager.size(); ++i)
+        EXPECT_TRUE(bitwise_equal(values(*k.outputs()[i]), eager[i])) << "round " << round << " output " << i;
+    }
+  }
+}
+
 TEST_P(GraphOpsTest, CaptureDoesNotRunTheWork) {
   DevTensor x = tensor(FVec{1, 2, 3}, Shape{3});
   s().begin_capture();
