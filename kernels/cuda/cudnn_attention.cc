@@ -14,7 +14,7 @@
 //    backward's is quadratic in T (ops.h cudnn_attention_workspace_formula), and the memory plan
 //    counts the same bytes (measured through cudnn_attention_workspace on a GPU).
 //  - The workspace and the backward's staging buffer share the stream's attention block
-//    (attention_block.h; the fp32 GEMM attention uses the same block): ops::
+//    (stream_blocks.h; the fp32 GEMM attention uses the same block): ops::
 //    flash_attention_library_bytes of the shape's two workspaces, taken by available() at the
 //    shape's first call, grown (once per larger shape) only when a later shape needs more, freed
 //    with the stream. A launch allocates nothing, so a captured graph replays it. Workspace at the
@@ -44,7 +44,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cuda/attention_block.h"
+#include "kernels/cuda/stream_blocks.h"
 #include "kernels/ops.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_check.h"
@@ -241,7 +241,7 @@ Shape* shape_for(State& st, const Key& k) {
 
 // The stream's attention block, holding at least the shape's block bytes (available() took it).
 char* workspace_block(Stream& s, void* native, const Shape& shape) {
-  return static_cast<char*>(detail::attention_block(s, native, shape.block));
+  return static_cast<char*>(detail::stream_block(s, native, detail::StreamBlock::kAttention, shape.block));
 }
 
 // The GPU of a cudaStream_t; launches and handles must target it (not the thread's current GPU).

@@ -10,7 +10,7 @@
 //             dS^T Q (beta 1 accumulates into dqkv, beta 0 overwrites without reading it).
 // The GEMMs' parameters come from kernels/gemm_attention_plan.h, which a CPU test runs through a
 // float64 reference GEMM. Twice the causal half's FLOPs (the GEMMs run the full square), at
-// tensor-core speed. The score buffers are the stream's attention block (attention_block.h,
+// tensor-core speed. The score buffers are the stream's attention block (stream_blocks.h,
 // ops::flash_attention_library_bytes for f32): taken by available() at the shape's first call
 // (eager, before any capture), so a launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
 // the row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
@@ -25,7 +25,7 @@
 #include <tuple>
 
 #include "core/status.h"
-#include "kernels/cuda/attention_block.h"
+#include "kernels/cuda/stream_blocks.h"
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
@@ -111,7 +111,7 @@ bool gemm_attention_available(Stream& s, void* native, int64_t B, int64_t T, int
   }
   const size_t bytes = ops::flash_attention_library_bytes(B, T, C, DType::kF32, ops::gemm_attention_workspace(T, NH));
   try {
-    detail::attention_block(s, native, bytes);
+    detail::stream_block(s, native, detail::StreamBlock::kAttention, bytes);
     return true;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kOutOfMemory) throw;
@@ -133,7 +133,7 @@ void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, con
   const plan::Dims d = dims(B, T, C, NH);
   detail::LaunchScope scope(native);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
-  auto* S = static_cast<float*>(detail::attention_block(s, native, 2 * score_bytes(T, NH)));
+  auto* S = static_cast<float*>(detail::stream_block(s, native, detail::StreamBlock::kAttention, 2 * score_bytes(T, NH)));
   const Buffers p{const_cast<float*>(qkv), out, nullptr, nullptr, S, nullptr};
   for (const plan::Chunk& c : plan::chunks(d)) {
     const std::array<plan::Gemm, 2> g = plan::forward_gemms(d, c);
@@ -150,7 +150,7 @@ void gemm_attention_backward(Stream& s, void* native, float* dqkv, const float* 
   detail::LaunchScope scope(native);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
   const size_t scores = score_bytes(T, NH);
-  auto* block = static_cast<char*>(detail::attention_block(s, native, 2 * scores));
+  auto* block = static_cast<char*>(detail::stream_block(s, native, detail::StreamBlock::kAttention, 2 * scores));
   auto* P = reinterpret_cast<float*>(block);
   auto* G = reinterpret_cast<float*>(block + scores);  // dP, then dS
   const Buffers p{const_cast<float*>(qkv), const_cast<float*>(out), const_cast<float*>(dout), dqkv, P, G};

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/multi_tensor.h"
+#include "kernels/cuda/stream_blocks.h"
 #include "kernels/op_table.h"
 #include "kernels/ops.h"
 #include "kernels/optimizer_types.h"
@@ -40,6 +41,16 @@ void with_workspace(Stream& s, size_t bytes, const char* tag, Launch&& launch) {
   if (workspace) pool.free(workspace);
 }
 
+// The matmul family's plain-path scratch (a 16-bit result's fp32 GEMM output before the epilogue):
+// the stream's matmul scratch block (kernels/cuda/stream_blocks.h), kept and grown on demand, not a
+// pool block per call: these ops run inside a captured micro-batch, and a capture refuses pool
+// allocations, so a matmul cuBLASLt refuses must allocate nothing after its eager warm-up.
+template <typename Launch>
+void with_stream_scratch(Stream& s, void* native, size_t bytes, Launch&& launch) {
+  launch(bytes ? cuda_ops::detail::stream_block(s, native, cuda_ops::detail::StreamBlock::kMatmulScratch, bytes)
+               : nullptr);
+}
+
 bool aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -48,15 +59,16 @@ bool aligned16(std::initializer_list<const void*> pointers) {
 
 // The matmul family: cuBLASLt with its epilogues, and where it refuses a problem the plain cuBLAS
 // path (kernels/cuda/cuda_ops.h). The device's math mode decides the GEMMs' compute type
-// (runtime/device.h MathMode). Scratch comes from the pool only for what a call needs.
+// (runtime/device.h MathMode). The plain path's scratch is the stream's matmul scratch block.
 void add_matmuls(OpTable& t) {
   t.matmul_forward = [](Stream& s, void* out, const void* in, const void* w, const void* bias, MatmulTypes ty,
                         int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_forward");
     const bool tf32 = s.device().math_mode().tf32;
     if (cuda_ops::lt_matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32)) return;
-    with_workspace(s, cuda_ops::matmul_forward_scratch_bytes(ty, N, OC), "matmul_forward scratch",
-                   [&](void* ws, size_t) { cuda_ops::matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32, ws); });
+    with_stream_scratch(s, span.native(), cuda_ops::matmul_forward_scratch_bytes(ty, N, OC), [&](void* ws) {
+      cuda_ops::matmul_forward(span.native(), out, in, w, bias, ty, N, C, OC, tf32, ws);
+    });
   };
   t.matmul_backward = [](Stream& s, void* din, float* dw, float* db, const void* dout, const void* in, const void* w,
                          MatmulTypes ty, int64_t N, int64_t C, int64_t OC, bool overwrite_din) {
@@ -71,20 +83,18 @@ void add_matmuls(OpTable& t) {
     const cuda::TaskSpan span(s, "matmul_gelu_forward");
     const bool tf32 = s.device().math_mode().tf32;
     if (cuda_ops::lt_matmul_gelu_forward(span.native(), out, pre, in, w, bias, ty, N, C, OC, tf32)) return;
-    with_workspace(s, cuda_ops::matmul_gelu_forward_scratch_bytes(ty, N, OC), "matmul_gelu_forward scratch",
-                   [&](void* ws, size_t) {
-                     cuda_ops::matmul_gelu_forward(span.native(), out, pre, in, w, bias, ty, N, C, OC, tf32, ws);
-                   });
+    with_stream_scratch(s, span.native(), cuda_ops::matmul_gelu_forward_scratch_bytes(ty, N, OC), [&](void* ws) {
+      cuda_ops::matmul_gelu_forward(span.native(), out, pre, in, w, bias, ty, N, C, OC, tf32, ws);
+    });
   };
   t.matmul_backward_dgelu = [](Stream& s, void* dpre, float* db, const void* dout, const void* w, const void* pre,
                                MatmulTypes ty, int64_t N, int64_t C, int64_t OC) {
     const cuda::TaskSpan span(s, "matmul_backward_dgelu");
     const bool tf32 = s.device().math_mode().tf32;
     if (cuda_ops::lt_matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32)) return;
-    with_workspace(s, cuda_ops::matmul_backward_dgelu_scratch_bytes(ty, N, C), "matmul_backward_dgelu scratch",
-                   [&](void* ws, size_t) {
-                     cuda_ops::matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32, ws);
-                   });
+    with_stream_scratch(s, span.native(), cuda_ops::matmul_backward_dgelu_scratch_bytes(ty, N, C), [&](void* ws) {
+      cuda_ops::matmul_backward_dgelu(span.native(), dpre, db, dout, w, pre, ty, N, C, OC, tf32, ws);
+    });
   };
   // The LM head over padded logits rows: cuBLASLt, the plain cuBLAS GEMMs where it refuses; the
   // GEMMs' compute type as matmul_forward/backward.

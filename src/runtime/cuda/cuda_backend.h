@@ -49,14 +49,14 @@ class TaskSpan {
 int stream_ordinal(void* native);
 
 // A library's per-stream state (the cuBLAS handle with its workspace from the device pool, the
-// attention block of kernels/cuda/attention_block.h): made on first use, destroyed with its stream, before the device's
+// blocks of kernels/cuda/stream_blocks.h): made on first use, destroyed with its stream, before the device's
 // pool (it may hold pool memory), with the stream drained first, so its destructor may free pool
 // blocks and destroy library handles.
 class StreamResource {
  public:
   virtual ~StreamResource() = default;
 };
-enum StreamResourceSlot : int { kCublasResource = 0, kAttentionResource, kNumStreamResources };
+enum StreamResourceSlot : int { kCublasResource = 0, kAttentionResource, kMatmulScratchResource, kNumStreamResources };
 using StreamResourceFactory = std::unique_ptr<StreamResource> (*)(Stream& stream);
 // The resource in `slot` of the stream whose cudaStream_t is `native` (a stream of a live CUDA
 // device), made by make(stream) the first time. Thread-safe; one resource per (stream, slot). A
