@@ -209,9 +209,10 @@ inline DgeluBounds matmul_backward_dgelu_bounds(DType t, const DVec& dout, const
 // ---- causal attention (qkv [B, T, 3C], heads of hs = C / NH, scale 1 / sqrt(hs)) ---------------
 
 // The flash-attention algorithm (cuDNN's SDPA, our tiled kernels, the fp32 GEMM attention): scores
-// s = scale q.k in fp32 (hs terms), P = exp(s - m) / l in fp32, P rounded to the input type t before
-// P @ V, O rounded to t; backward recomputes P from the saved lse, dP = dO.v and D = dO.o (o the stored output, hs
-// terms each), dS = P (dP - D) rounded to t before dQ = scale dS K and dK = scale dS^T Q, dV = P^T dO.
+// s = scale q.k in fp32 (hs terms), P = exp(s - m) / l in fp32, P rounded to the input type t
+// before P @ V, O rounded to t; backward recomputes P from the saved lse, dP = dO.v and D = dO.o
+// (o the stored output, hs terms each), dS = P (dP - D) rounded to t before dQ = scale dS K and
+// dK = scale dS^T Q, dV = P^T dO.
 // A score error e_j moves P_j by at most a factor exp(2 max e) (the max and the sum shift with it).
 // Bounds are on the gradient alone (overwrite); accumulate() adds a += onto old values.
 // u_in: the GEMMs' inputs rounded to a narrower type first (TF32: 2^-11; 0: none, fp32 or 16-bit
