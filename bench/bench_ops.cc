@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -385,27 +386,38 @@ void BM_AttentionForwardBackward(benchmark::State& state, Backend backend) {
   flops(state, t, 6.0 * B * T * T * C);
 }
 
+// One layer's flash_attention_forward + flash_attention_backward per op on t, in dtype d; returns the
+// bytes of lse and the backward's scratch.
+size_t run_flash_attention(benchmark::State& state, const Target& t, int64_t B, int64_t T, int64_t C, int64_t NH,
+                           DType d, zt::ops::GradWrite write) {
+  const int64_t scratch_floats =
+      static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
+  Tensor qkv(t, {B, T, 3 * C}, d), out(t, {B, T, C}, d), lse(t, {B, NH, T});
+  Tensor dout(t, {B, T, C}, d, 2), dqkv(t, {B, T, 3 * C}, d, 3), scratch(t, {scratch_floats});
+  run(state, t, [&] {
+    zt::ops::flash_attention_forward(t.s(), out, lse, qkv, static_cast<int>(NH));
+    zt::ops::flash_attention_backward(t.s(), dqkv, dout, qkv, out, lse, static_cast<int>(NH), scratch, write);
+  });
+  return lse.buf.size() + scratch.buf.size();
+}
+
 // Tiled (flash-style) attention on the same shapes. Counters: attn_bytes = what the op needs
 // beyond its inputs and outputs (lse + backward scratch, plus on the CPU two 64x64 fp32 tiles on
-// the stack of each worker thread; shared memory on the GPU), vs_today = attn_bytes over today's
+// the stack of each worker thread; on CUDA the library path's block, the fp32 GEMM attention's
+// score buffers), vs_today = attn_bytes over today's
 // preatt + att + dpreatt + datt (4 B NH T^2 fp32), the issue's <= 1/8 target at T = 1024.
 void BM_FlashAttentionForwardBackward(benchmark::State& state, Backend backend) {
   Target t;
   if (!target(state, backend, &t)) return;
   const int64_t B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
-  const int64_t scratch_floats =
-      static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
-  Tensor qkv(t, {B, T, 3 * C}), out(t, {B, T, C}), lse(t, {B, NH, T});
-  Tensor dout(t, {B, T, C}), dqkv(t, {B, T, 3 * C}), scratch(t, {scratch_floats});
-  run(state, t, [&] {
-    zt::ops::flash_attention_forward(t.s(), out, lse, qkv, static_cast<int>(NH));
-    zt::ops::flash_attention_backward(t.s(), dqkv, dout, qkv, out, lse, static_cast<int>(NH),
-                                      scratch);
-  });
+  const size_t buffers = run_flash_attention(state, t, B, T, C, NH, DType::kF32, zt::ops::GradWrite::kAccumulate);
   flops(state, t, 6.0 * B * T * T * C);
   const double stack_tiles =
       backend == Backend::kCpu ? 2.0 * 64 * 64 * sizeof(float) * zt::parallel_threads() : 0.0;
-  const double mine = static_cast<double>(lse.buf.size() + scratch.buf.size()) + stack_tiles;
+  const std::optional<zt::ops::AttentionWorkspace> ws =
+      zt::ops::fused_attention_workspace(t.s(), B, T, C, NH, DType::kF32, true);
+  const size_t library = ws ? zt::ops::flash_attention_library_bytes(B, T, C, DType::kF32, *ws) : 0;
+  const double mine = static_cast<double>(buffers + library) + stack_tiles;
   const double today = 4.0 * B * NH * T * T * sizeof(float);
   state.counters["attn_bytes"] = mine;
   state.counters["today_bytes"] = today;
@@ -443,15 +455,7 @@ void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision pr
   mode.tf32 = precision == AttnPrecision::kTf32;
   mode.deterministic_attention = precision != AttnPrecision::kBf16Fast;
   t.device->set_math_mode(mode);
-  const int64_t scratch_floats =
-      static_cast<int64_t>(zt::ops::flash_attention_scratch_bytes(B, T, C, NH) / sizeof(float));
-  Tensor qkv(t, {B, T, 3 * C}, d), out(t, {B, T, C}, d), lse(t, {B, NH, T});
-  Tensor dout(t, {B, T, C}, d, 2), dqkv(t, {B, T, 3 * C}, d, 3), scratch(t, {scratch_floats});
-  run(state, t, [&] {
-    zt::ops::flash_attention_forward(t.s(), out, lse, qkv, static_cast<int>(NH));
-    zt::ops::flash_attention_backward(t.s(), dqkv, dout, qkv, out, lse, static_cast<int>(NH), scratch,
-                                      zt::ops::GradWrite::kOverwrite);
-  });
+  run_flash_attention(state, t, B, T, C, NH, d, zt::ops::GradWrite::kOverwrite);
   t.device->set_math_mode(before);
   flops(state, t, 6.0 * B * T * T * C);
   state.SetLabel(t.device->name() + " B=" + std::to_string(B) + " T=" + std::to_string(T));

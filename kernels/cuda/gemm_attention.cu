@@ -89,10 +89,11 @@ plan::Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
 // Bytes of one chunk's score buffer, rounded up to 256: the second buffer starts there.
 size_t score_bytes(int64_t T, int64_t NH) { return static_cast<size_t>(ops::gemm_attention_workspace(T, NH).forward); }
 
-// Shapes (GPU, B, T, C, NH) whose block the pool could not give: declined for the run.
+// Shapes (GPU, T, NH: what the block's size depends on) whose block the pool could not give:
+// declined for the run.
 struct Declined {
   std::mutex mu;
-  std::set<std::tuple<int, int64_t, int64_t, int64_t, int64_t>> shapes;
+  std::set<std::tuple<int, int64_t, int64_t>> shapes;
   bool announced = false;
 };
 Declined& declined() {
@@ -103,7 +104,7 @@ Declined& declined() {
 }  // namespace
 
 bool gemm_attention_available(Stream& s, void* native, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const auto key = std::make_tuple(cuda::stream_ordinal(native), B, T, C, NH);
+  const auto key = std::make_tuple(cuda::stream_ordinal(native), T, NH);
   Declined& dc = declined();
   {
     const std::lock_guard<std::mutex> lock(dc.mu);

@@ -118,13 +118,6 @@ bool fp32_attention(Stream& s, DType dtype, int64_t B, int64_t T, int64_t C, int
   return dtype == DType::kF32 && cuda_ops::gemm_attention_available(s, s.native_handle(), B, T, C, NH);
 }
 
-bool fp32_attention_workspace(int64_t T, int64_t NH, int64_t* forward, int64_t* backward) {
-  const ops::AttentionWorkspace ws = ops::gemm_attention_workspace(T, NH);
-  *forward = ws.forward;
-  *backward = ws.backward;
-  return true;
-}
-
 void add_fused_attention(OpTable& t) {
   t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
                                  int64_t C, int64_t NH, DType dtype) {
@@ -135,7 +128,7 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (dtype == DType::kF32 || !aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (!aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), false, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_forward");
@@ -153,8 +146,7 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (dtype == DType::kF32 ||
-        !aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (!aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), true, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_backward");
@@ -164,7 +156,12 @@ void add_fused_attention(OpTable& t) {
   };
   t.fused_attention_workspace = [](Stream& s, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
                                    bool deterministic, int64_t* forward, int64_t* backward) {
-    if (dtype == DType::kF32) return fp32_attention_workspace(T, NH, forward, backward);
+    if (dtype == DType::kF32) {
+      const ops::AttentionWorkspace ws = ops::gemm_attention_workspace(T, NH);
+      *forward = ws.forward;
+      *backward = ws.backward;
+      return true;
+    }
     return cuda_ops::cudnn_attention_workspace(s, B, T, C, NH, dtype, deterministic, forward, backward);
   };
 }
