@@ -16,6 +16,9 @@
 # the ldd check, run nothing; no GPU needed). With --pack, cuBLAS, cuBLASLt, cuDNN, NCCL, nvrtc and
 # cudart come from the CUDA toolkit ($ZT_CUDA_HOME, $CUDA_HOME or /usr/local/cuda) or from Python
 # wheels (<site-packages>/nvidia/*/lib; $ZT_SITE_PACKAGES, colon-separated, replaces Python's list).
+# --peer: after ZeroTrain's GPT-2 runs, PyTorch's on the same GPU (bench/peer_gpt2_torch.py: bf16
+# eager and torch.compile, tf32 eager) with ZT_PYTHON (default python3), and the ratios against
+# issue 28's targets in results.md; up to ZT_GPU_PEER_SECONDS (default 240) more than the deadline.
 # Env: ZT_GPU_CHECK_SECONDS (the deadline every step is capped by: default 510, 290 with --pack),
 # ZT_GPU_LOGS (the logs folder, default $OUT/logs), ZT_NVIDIA_SMI (the nvidia-smi to ask), ZT_JOBS
 # (build jobs), ZT_GPU_BUILD (build tree, default build/gpu), ZT_REUSE_BUILD=1 (no configure/build:
@@ -24,8 +27,8 @@
 # check failed, after writing the results; with --pack, 3 at once when there is no usable GPU and 4
 # when zerotrain cannot load its libraries.
 set -uo pipefail
-usage="usage: [OUT=DIR] scripts/gpu-check.sh [--pack FILE [--pack-dir DIR] [--discover-only]]"
-PACK="" PACK_DIR="${ZT_PACK_DIR:-${TMPDIR:-/tmp}/zt-pack}" DISCOVER_ONLY=0
+usage="usage: [OUT=DIR] scripts/gpu-check.sh [--pack FILE [--pack-dir DIR] [--discover-only]] [--peer]"
+PACK="" PACK_DIR="${ZT_PACK_DIR:-${TMPDIR:-/tmp}/zt-pack}" DISCOVER_ONLY=0 PEER=0
 while (($#)); do
   case "$1" in
     --pack|--pack-dir)
@@ -33,6 +36,7 @@ while (($#)); do
       [[ $1 == --pack ]] && PACK="$(realpath -m -- "$2")" || PACK_DIR="$(realpath -m -- "$2")"
       shift 2 ;;
     --discover-only) DISCOVER_ONLY=1; shift ;;
+    --peer) PEER=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' ($usage)" >&2; exit 2 ;;
   esac
@@ -55,6 +59,10 @@ mkdir -p "$LOGS"
 LOGS="$(cd "$LOGS" && pwd)"
 BUILD="${ZT_GPU_BUILD:-build/gpu}"
 JOBS="${ZT_JOBS:-16}"
+PYTHON="${ZT_PYTHON:-python3}"
+PEER_SECONDS="${ZT_GPU_PEER_SECONDS:-240}"
+# PyTorch loads its own CUDA libraries: it runs with the caller's library path, not the pack's.
+if [[ -v LD_LIBRARY_PATH ]]; then peer_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"); else peer_env=(env -u LD_LIBRARY_PATH); fi
 # Headroom under a 9-10 minute visit (5 with --pack) for the last kill.
 DEADLINE=$((SECONDS + ${ZT_GPU_CHECK_SECONDS:-$([[ -n $PACK ]] && echo 290 || echo 510)}))
 RESULTS="$OUT/results.md"
@@ -441,28 +449,22 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   # and --tf32 (its fp32 attention on cuBLAS's TF32 tensor cores, issue 28 item 7).
   op_table_run bf16 14 "$app" "${gpt2[@]}" --precision bf16
   op_table_run tf32 10 "$app" "${gpt2[@]}" --precision fp32 --tf32
+  # PyTorch on the same GPU (--peer): bf16 eager and torch.compile, tf32 eager, so the ratios issue
+  # 28 asks for come from one visit; its time is added to the deadline, not taken from later steps.
+  peer_args=()
+  if ((PEER)); then
+    if "${peer_env[@]}" "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      DEADLINE=$((DEADLINE + PEER_SECONDS))
+      run_step "PyTorch peer: bf16 eager, tf32 eager, bf16 compile (bench/peer_gpt2_torch.py)" "$PEER_SECONDS" peer-torch.txt \
+        "${peer_env[@]}" "$PYTHON" bench/peer_gpt2_torch.py --modes bf16:eager,tf32:eager,bf16:compile --steps 10 \
+        --mode-timeout "$((PEER_SECONDS - 20))" --out "$LOGS/peer-torch.jsonl"
+      peer_args=(--peer "$LOGS/peer-torch.jsonl")
+    else
+      skip_step "PyTorch peer" "$PYTHON cannot import torch with CUDA"
+    fi
+  fi
   if command -v python3 >/dev/null 2>&1; then
-    python3 - "$LOGS" "${gpt2_runs[@]}" >"$LOGS/gpt2.md" <<'PY'
-import json, os, statistics, sys
-out, runs = sys.argv[1], [r.split(":") for r in sys.argv[2:]]
-print("## GPT-2 124M, T=1024, B=16, cuda:0\n")
-print("| precision | mode | steps | tokens/s (median after 2) | MFU | peak_kind | peak TFLOP/s | run MFU (summary) |")
-print("|---|---|---|---|---|---|---|---|")
-for p, mode in runs:
-    path = os.path.join(out, f"gpt2-{p}-{mode}.jsonl")
-    try:
-        recs = [json.loads(l) for l in open(path) if l.strip()]
-    except (OSError, ValueError) as e:
-        print(f"| {p} | {mode} | - | no metrics ({type(e).__name__}) | | | | |"); continue
-    steps = [r for r in recs if "event" not in r and "tokens_per_s" in r]
-    summ = next((r for r in recs if r.get("event") == "summary"), {})
-    tps = statistics.median([r["tokens_per_s"] for r in steps[2:]] or [r["tokens_per_s"] for r in steps] or [0])
-    peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
-    mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
-    run = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
-    print(f"| {p} | {mode} | {len(steps)} | {tps:,.0f} | {mfu} | {summ.get('peak_kind', '?')} | "
-          f"{peak / 1e12 if peak else float('nan'):.0f} | {run} |")
-PY
+    python3 scripts/gpt2_table.py "$LOGS" "${gpt2_runs[@]}" "${peer_args[@]}" >"$LOGS/gpt2.md" 2>&1
     cat "$LOGS/gpt2.md"
     write_results
   fi

@@ -4,7 +4,8 @@
 # unpacking (ctest's files rewritten to the unpack folder), the library discovery (the exact
 # LD_LIBRARY_PATH: toolkit first, then <site>/nvidia/*/lib, carried libraries only where the system
 # lacks them), ldd's "not found" check, the missing-GPU and old-driver sentences and exit codes, and
-# the per-op table and sanitizer summary scripts on synthetic inputs. Usage: test_gpu_check_pack.sh
+# the per-op table, GPT-2 table and sanitizer summary scripts on synthetic inputs, and the PyTorch
+# peer on a tiny CPU model where PyTorch is installed. Usage: test_gpu_check_pack.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CHECK="$ROOT/scripts/gpu-check.sh"
@@ -184,6 +185,70 @@ contains "counted apart" "racecheck: 1 finding(s) in ZeroTrain's kernels, 1 in l
 sed -i '/zt::/d' "$T/race.txt"
 python3 "$ROOT/scripts/sanitizer_summary.py" "$T/race.txt" --tool racecheck >"$T/race2.out" 2>&1
 expect "library findings alone exit 0" 0 "$?"
+
+# 7. The GPT-2 table against issue 28's targets: synthetic metrics of three runs (steps 1-2 are
+# warm-up and left out of the median) and a peer file with torch.compile and tf32.
+python3 - "$T/gpt2" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+os.makedirs(d)
+runs = {("bf16", "eager"): [1e3, 2e3, 5e5, 5.2e5, 5.1e5], ("bf16", "graphs"): [1e3, 1e3, 4.9e5, 4.9e5, 4.9e5],
+        ("tf32", "eager"): [1e3, 1e3, 1.2e5, 1.2e5, 1.2e5], ("bf16", "offload"): [1e3, 1e3, 4e5, 4e5, 4e5]}
+for (p, m), tps in runs.items():
+    with open(os.path.join(d, f"gpt2-{p}-{m}.jsonl"), "w") as f:
+        for i, x in enumerate(tps):
+            f.write(json.dumps({"step": i + 1, "tokens_per_s": x}) + "\n")
+        f.write(json.dumps({"event": "summary", "flops_per_token": 1e9, "peak_flops": 1e15, "peak_kind": "bf16"}) + "\n")
+with open(os.path.join(d, "peer.jsonl"), "w") as f:
+    f.write(json.dumps({"peer": "pytorch", "precision": "bf16", "mode": "compile", "status": "ok", "tokens_per_s": 4.8e5,
+                        "step_ms": 34.1, "first_step_s": 60.0, "torch": "2.11"}) + "\n")
+    f.write(json.dumps({"peer": "pytorch", "precision": "tf32", "mode": "eager", "status": "ok", "tokens_per_s": 1.6e5,
+                        "step_ms": 102.0, "first_step_s": 2.0, "torch": "2.11"}) + "\n")
+    f.write(json.dumps({"peer": "pytorch", "precision": "bf16", "mode": "eager", "status": "failed",
+                        "why": "exit 1: out of memory", "torch": "2.11"}) + "\n")
+PY
+python3 "$ROOT/scripts/gpt2_table.py" "$T/gpt2" bf16:eager bf16:graphs tf32:eager bf16:offload bf16:offload-delay \
+  --peer "$T/gpt2/peer.jsonl" >"$T/gpt2.md" 2>&1
+expect "gpt2_table exits 0" 0 "$?"
+contains "median after the warm-up" "| bf16 | eager | 5 | 510,000 | 51.0% | bf16 | 1000 |" "$T/gpt2.md"
+contains "a run without metrics" "| bf16 | offload-delay | - | no metrics (FileNotFoundError) |" "$T/gpt2.md"
+contains "the peer's failed mode" "| bf16 | eager | - | - | - | - | failed: exit 1: out of memory |" "$T/gpt2.md"
+contains "better of eager and graphs" "| bf16 >= 480,000 tokens/s (better of eager and graphs) | 510,000 | ok |" "$T/gpt2.md"
+contains "ratio to torch.compile" "| bf16 >= 1.0x torch.compile on this GPU | 1.06x (510,000 / 480,000) | ok |" "$T/gpt2.md"
+contains "graphs slower than eager" "| --cuda-graphs on >= eager | 0.961x | MISSED |" "$T/gpt2.md"
+contains "tf32 against PyTorch" "| --tf32 >= 0.8x PyTorch tf32 eager on this GPU | 0.75x (120,000 / 160,000) | MISSED |" "$T/gpt2.md"
+contains "offload's cost" "| bf16 offload within 20% of bf16 eager | 0.78x (22% slower) | MISSED |" "$T/gpt2.md"
+contains "a target without numbers" "| bf16 offload-delay within 20% of bf16 eager | not measured | - |" "$T/gpt2.md"
+
+# 8. bench/peer_gpt2_torch.py on the CPU, tiny, where a Python here has PyTorch (Debian's
+# python3-torch: scripts/setup --peer); skipped otherwise.
+torch_py=""
+for py in python3 /usr/bin/python3; do
+  if "$py" -c 'import torch' >/dev/null 2>&1; then torch_py=$py; break; fi
+done
+if [[ -n $torch_py ]]; then
+  "$torch_py" "$ROOT/bench/peer_gpt2_torch.py" --device cpu --tiny --modes fp32:eager,bf16:eager,tf32:eager --steps 3 \
+    --out "$T/peer.jsonl" >"$T/peer.out" 2>&1
+  expect "the peer exits 0 on the CPU" 0 "$?"
+  python3 - "$T/peer.jsonl" >"$T/peer.check" 2>&1 <<'PY'
+import json, math, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["precision"], r["mode"]): r for r in recs}
+fp32 = by[("fp32", "eager")]
+# A fresh tiny GPT's first loss is about ln(vocab): the step trains the model it claims to.
+assert fp32["status"] == "ok" and abs(fp32["losses"][0] - math.log(fp32["vocab"])) < 0.1, fp32
+assert fp32["losses"][-1] < fp32["losses"][0], fp32
+assert by[("bf16", "eager")]["status"] == "ok" and by[("bf16", "eager")]["tokens_per_s"] > 0
+assert by[("tf32", "eager")]["status"] == "unavailable"
+print("peer records ok")
+PY
+  contains "the peer's records" "peer records ok" "$T/peer.check"
+  "$torch_py" "$ROOT/bench/peer_gpt2_torch.py" --device cpu --tiny --modes bf16:lazy >"$T/peer-bad.out" 2>&1
+  expect "a bad mode exits 2" 2 "$?"
+  contains "with one sentence" "mode 'bf16:lazy' is not PRECISION:MODE" "$T/peer-bad.out"
+else
+  echo "skip: no Python here imports torch (scripts/setup --peer): bench/peer_gpt2_torch.py not run"
+fi
 
 if ((fails)); then
   echo "$fails check(s) failed"
