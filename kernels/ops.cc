@@ -676,9 +676,19 @@ size_t round_up_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 bool library_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 }  // namespace
 
+namespace {
+std::atomic<size_t> g_gemm_attention_chunk_bytes{kGemmAttentionChunkBytes};
+}  // namespace
+
+size_t gemm_attention_chunk_bytes() { return g_gemm_attention_chunk_bytes.load(std::memory_order_relaxed); }
+void set_gemm_attention_chunk_bytes(size_t bytes) {
+  g_gemm_attention_chunk_bytes.store(bytes == 0 ? kGemmAttentionChunkBytes : bytes, std::memory_order_relaxed);
+}
+
 int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH) {
   const auto per_head = static_cast<size_t>(T) * static_cast<size_t>(T) * sizeof(float);
-  return std::clamp<int64_t>(static_cast<int64_t>(kGemmAttentionChunkBytes / std::max<size_t>(per_head, 1)), 1, NH);
+  return std::clamp<int64_t>(static_cast<int64_t>(gemm_attention_chunk_bytes() / std::max<size_t>(per_head, 1)), 1,
+                             NH);
 }
 
 AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH) {

@@ -216,10 +216,16 @@ struct AttentionWorkspace {
 // The fp32 library path (CUDA: kernels/cuda/gemm_attention.cu): per batch row and group of heads,
 // the scores of the whole [heads, T, T] block by one batched GEMM, a row kernel for the masked
 // softmax, GEMMs for the rest (the backward recomputes the scores). A group holds as many heads as
-// fit kGemmAttentionChunkBytes of fp32 scores (at least one, at most NH); the forward needs one
+// fit gemm_attention_chunk_bytes() of fp32 scores (at least one, at most NH); the forward needs one
 // such buffer, the backward two (P and dS), each rounded up to 256 bytes. Exact: nothing is asked
 // of the library, so the plan's figure holds on a GPU.
 constexpr size_t kGemmAttentionChunkBytes = size_t{64} << 20;
+// kGemmAttentionChunkBytes unless set_gemm_attention_chunk_bytes chose another (0: the default
+// again) for the whole process: a benchmark's knob (bench_ops --attention times several, to find
+// the fastest on a GPU: smaller chunks keep the scores in L2 between a GEMM and the row kernel,
+// at more calls), read by the plan and the kernels alike, so their figures stay equal.
+size_t gemm_attention_chunk_bytes();
+void set_gemm_attention_chunk_bytes(size_t bytes);
 int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH);
 AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH);
 // Asks s's backend: nullopt where it has no library attention for the dtype (the CPU backend; a

@@ -109,7 +109,7 @@ write_results() {
       cat "$LOGS/gpt2.md"
     fi
     local ops
-    for ops in "$LOGS/gpt2-ops-bf16.md" "$LOGS/gpt2-ops-tf32.md"; do
+    for ops in "$LOGS/gpt2-ops-bf16.md" "$LOGS/gpt2-ops-tf32.md" "$LOGS/bench-ops-cuda.md"; do
       if [[ -s $ops ]]; then
         echo
         cat "$ops"
@@ -311,12 +311,13 @@ print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + [p for p
 fi
 
 # ---- 2. configure + build only what the GPU steps need ----------------------------------------
-# First the targets of steps 3-5 (zerotrain, the binaries of the new CUDA tests), then, after
-# them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that compare with the GPU).
+# First the targets of steps 3-5 (zerotrain, the binaries of the new CUDA tests, bench_ops for
+# 4b), then, after them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that
+# compare with the GPU).
 gpu_targets=(zerotrain test_cuda test_kernels test_gemm test_fused_ops test_classifier test_flash_attention test_tp_ops test_comm test_runtime
-             test_optimizers)
+             test_optimizers bench_ops)
 rest_targets=(test_nccl test_zero test_mixed_precision test_checkpoint test_resume
-              bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory)
+              bench_cuda_copy bench_comm bench_nccl bench_peer_copy bench_memory)
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 launcher=()
@@ -470,6 +471,31 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   fi
 else
   skip_step "gpt2-124m T=1024 fp32/tf32/bf16" "${no_gpu:-no binary}"
+fi
+
+# Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
+bench_min_time() {
+  if "$1" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then echo 0.05s; else echo 0.05; fi
+}
+
+# ---- 4b. GPT-2's GEMMs and attention alone on CUDA (bench_ops --gemm, --attention) ---------------
+# Each GEMM product's TFLOP/s against issue 28's >= 550 (item 5), and one attention layer forward +
+# backward per precision (items 1 and 7: cuDNN deterministic and not; the fp32/TF32 GEMM attention,
+# also at 4-32 MiB chunks of scores, to pick ops::kGemmAttentionChunkBytes), into results.md.
+ops_bench="$BUILD/bench/bench_ops"
+if ((built && gpu_ok)) && [[ -x $ops_bench ]]; then
+  run_step "bench_ops --gemm --attention (cuda)" 60 bench-ops-cuda.txt "$ops_bench" \
+    --benchmark_filter='^BM_(Gemm|Gpt2Attention)/cuda/' --benchmark_min_time="$(bench_min_time "$ops_bench")" \
+    --benchmark_out="$LOGS/bench-ops-cuda.json" --benchmark_out_format=json
+  if [[ -s $LOGS/bench-ops-cuda.json ]] && command -v python3 >/dev/null 2>&1; then
+    python3 scripts/bench_table.py "$LOGS/bench-ops-cuda.json" \
+      --title "## GPT-2's GEMMs (N = 16,384, bf16) and one attention layer (B 16, T 1024), alone on cuda:0" \
+      >"$LOGS/bench-ops-cuda.md" 2>&1
+    cat "$LOGS/bench-ops-cuda.md"
+    write_results
+  fi
+else
+  skip_step "bench_ops --gemm --attention (cuda)" "${no_gpu:-no binary}"
 fi
 
 # ---- 5. compute-sanitizer on a few bf16 training steps of a tiny model on cuda:0 ---------------------
@@ -757,7 +783,6 @@ else
 fi
 
 # ---- 8. benchmarks (JSON to $LOGS) ------------------------------------------------------------
-# Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
 # bench_nccl (our collectives vs NCCL on every GPU) exists only where NCCL was found at configure
 # time, and skips itself with fewer than 2 GPUs; a missing binary is skipped like the others.
 for b in bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_memory; do
@@ -770,11 +795,7 @@ for b in bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_m
     skip_step "$b" "$no_gpu"
     continue
   fi
-  min_time=0.05s
-  if ! "$exe" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then
-    min_time=0.05
-  fi
-  run_step "$b" "$([[ -n $PACK ]] && echo 40 || echo 90)" "$b.txt" "$exe" --benchmark_min_time="$min_time" \
+  run_step "$b" "$([[ -n $PACK ]] && echo 40 || echo 90)" "$b.txt" "$exe" --benchmark_min_time="$(bench_min_time "$exe")" \
     --benchmark_out="$LOGS/$b.json" --benchmark_out_format=json
   tail -n 25 "$LOGS/$b.txt"
 done

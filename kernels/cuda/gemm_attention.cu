@@ -2,7 +2,7 @@
 // products on tensor cores (TF32 when the device's MathMode says so, --tf32) or as true fp32 GEMMs,
 // instead of the tiled kernel's CUDA-core dot products. Per batch row b and group of heads
 // (ops::gemm_attention_heads_per_chunk: the group's [heads, T, T] fp32 scores fit
-// ops::kGemmAttentionChunkBytes):
+// ops::gemm_attention_chunk_bytes()):
 //   forward:  S = scale Q K^T (one strided-batched GEMM over the group's heads, full T x T), a row
 //             kernel: P = causal softmax of S in place (zero above the diagonal) and lse; O = P V.
 //   backward: S again; dP = dO V^T; a row kernel: D = rowsum(dO * O), P = exp(S - lse) (zero above
@@ -89,11 +89,11 @@ plan::Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
 // Bytes of one chunk's score buffer, rounded up to 256: the second buffer starts there.
 size_t score_bytes(int64_t T, int64_t NH) { return static_cast<size_t>(ops::gemm_attention_workspace(T, NH).forward); }
 
-// Shapes (GPU, T, NH: what the block's size depends on) whose block the pool could not give:
-// declined for the run.
+// Shapes (GPU, T, NH, chunk bytes: what the block's size depends on) whose block the pool could
+// not give: declined for the run.
 struct Declined {
   std::mutex mu;
-  std::set<std::tuple<int, int64_t, int64_t>> shapes;
+  std::set<std::tuple<int, int64_t, int64_t, size_t>> shapes;
   bool announced = false;
 };
 Declined& declined() {
@@ -104,7 +104,7 @@ Declined& declined() {
 }  // namespace
 
 bool gemm_attention_available(Stream& s, void* native, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const auto key = std::make_tuple(cuda::stream_ordinal(native), T, NH);
+  const auto key = std::make_tuple(cuda::stream_ordinal(native), T, NH, ops::gemm_attention_chunk_bytes());
   Declined& dc = declined();
   {
     const std::lock_guard<std::mutex> lock(dc.mu);

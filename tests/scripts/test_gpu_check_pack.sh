@@ -4,7 +4,7 @@
 # unpacking (ctest's files rewritten to the unpack folder), the library discovery (the exact
 # LD_LIBRARY_PATH: toolkit first, then <site>/nvidia/*/lib, carried libraries only where the system
 # lacks them), ldd's "not found" check, the missing-GPU and old-driver sentences and exit codes, and
-# the per-op table, GPT-2 table and sanitizer summary scripts on synthetic inputs, and the PyTorch
+# the per-op, GPT-2 and benchmark tables and the sanitizer summary on synthetic inputs, and the PyTorch
 # peer on a tiny CPU model where PyTorch is installed. Usage: test_gpu_check_pack.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -249,6 +249,31 @@ PY
 else
   echo "skip: no Python here imports torch (scripts/setup --peer): bench/peer_gpt2_torch.py not run"
 fi
+
+# 9. The benchmark table: a GEMM over and one under issue 28's 550 TFLOP/s, an attention layer
+# (FLOP/s, microseconds), a benchmark that skipped without a GPU, an aggregate row left out.
+cat >"$T/bench.json" <<'JSON'
+{"benchmarks": [
+ {"name": "BM_Gemm/cuda/lm_head_768x50304/forward/real_time", "run_type": "iteration", "real_time": 2.3,
+  "time_unit": "ms", "TFLOP/s": 551.2, "label": "cuda:0 bf16 N=16384"},
+ {"name": "BM_Gemm/cuda/c_fc_768x3072/dW/real_time", "run_type": "iteration", "real_time": 0.31,
+  "time_unit": "ms", "TFLOP/s": 250.0, "label": "cuda:0 bf16 N=16384"},
+ {"name": "BM_Gpt2Attention/cuda/bf16/real_time", "run_type": "iteration", "real_time": 1500.0,
+  "time_unit": "us", "FLOP/s": 2.5e14, "label": "cuda:0 B=16 T=1024"},
+ {"name": "BM_Gpt2Attention/cuda/tf32/real_time", "run_type": "iteration", "error_occurred": true,
+  "error_message": "no CUDA device", "real_time": 0, "time_unit": "ms"},
+ {"name": "BM_Gpt2Attention/cuda/bf16/real_time_mean", "run_type": "aggregate", "real_time": 9, "time_unit": "ms"}
+]}
+JSON
+python3 "$ROOT/scripts/bench_table.py" "$T/bench.json" --title "## t" >"$T/bench.md" 2>&1
+expect "bench_table exits 0" 0 "$?"
+contains "a GEMM at target" "| BM_Gemm/cuda/lm_head_768x50304/forward | 2.300 | 551.2 | cuda:0 bf16 N=16384 | >= 550: ok |" "$T/bench.md"
+contains "a GEMM under it" "| BM_Gemm/cuda/c_fc_768x3072/dW | 0.310 | 250.0 | cuda:0 bf16 N=16384 | >= 550: MISSED |" "$T/bench.md"
+contains "FLOP/s and microseconds" "| BM_Gpt2Attention/cuda/bf16 | 1.500 | 250.0 | cuda:0 B=16 T=1024 |  |" "$T/bench.md"
+contains "a skipped benchmark" "| BM_Gpt2Attention/cuda/tf32 | - | - | no CUDA device | |" "$T/bench.md"
+if grep -q "real_time_mean" "$T/bench.md"; then bad "an aggregate row was shown"; else ok "aggregates left out"; fi
+python3 "$ROOT/scripts/bench_table.py" "$T/missing.json" >/dev/null 2>&1
+expect "an unreadable file exits 2" 2 "$?"
 
 if ((fails)); then
   echo "$fails check(s) failed"

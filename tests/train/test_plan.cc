@@ -419,6 +419,13 @@ TEST(Plan, CountsTheGemmAttentionScoreBuffersExactly) {
   for (const int64_t B : {1, 16})
     EXPECT_EQ(ops::flash_attention_library_bytes(B, 1024, 768, 12, DType::kF32, true), size_t{96} << 20);
   EXPECT_EQ(ops::flash_attention_library_bytes(1, 7, 15, DType::kF32, ops::gemm_attention_workspace(7, 5)), 2048u);
+  // A benchmark's smaller chunk (16 MiB: 4 heads at T 1024) moves the plan's figure with the
+  // kernels'; 0 restores the default.
+  ops::set_gemm_attention_chunk_bytes(size_t{16} << 20);
+  EXPECT_EQ(ops::gemm_attention_heads_per_chunk(1024, 12), 4);
+  EXPECT_EQ(ops::flash_attention_library_bytes(16, 1024, 768, 12, DType::kF32, true), size_t{32} << 20);
+  ops::set_gemm_attention_chunk_bytes(0);
+  EXPECT_EQ(ops::gemm_attention_chunk_bytes(), ops::kGemmAttentionChunkBytes);
 
   const ModelConfig mc = make_model_config("gpt2-124m", {});
   PlanInputs in;
