@@ -172,7 +172,7 @@ void add_memory_flags(CLI::App& sub, TrainConfig& tc) {
   add_choice(sub, "--cuda-graphs", tc.cuda_graphs,
              Choices<CudaGraphs>{{"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}},
              "Capture each device's micro-batch forward/backward once and replay it, piecewise around the ZeRO "
-             "hooks: auto (CUDA devices, without tensor or pipeline parallelism), on (also simulated on CPU "
+             "hooks: auto (CUDA devices, without tensor or pipeline parallelism or --trace), on (also simulated on CPU "
              "devices; refused when it cannot be), off");
   add_choice(sub, "--deterministic-attention", tc.deterministic_attention, Choices<bool>{{"on", true}, {"off", false}},
              "on: cuDNN's deterministic attention backward (bitwise reproducible; its workspace grows with T^2, "

@@ -5,8 +5,9 @@ Reads LOGS/gpt2-PRECISION-MODE.jsonl (`zerotrain train --metrics`) for each PREC
 with --peer FILE, bench/peer_gpt2_torch.py's JSON lines from the same visit. Prints the runs'
 table (tokens/s = median of the steps after the first two, MFU from the summary's flops_per_token
 and peak_flops), the peer's table, and one row per target of issue 28 that these numbers decide:
-bf16 >= 480,000 tokens/s and >= 1.0x torch.compile (the better of eager and graphs), graphs >= eager,
---tf32 >= 130,000 and >= 0.8x PyTorch tf32, each --offload mode within 20% of bf16 eager. A target
+bf16 >= 480,000 tokens/s and >= 1.0x torch.compile (its fastest run without offload: eager,
+graphs or auto), graphs >= eager, --tf32 >= 130,000 and >= 0.8x PyTorch tf32 (its fastest run),
+each --offload mode within 20% of the fastest bf16 run without offload. A target
 whose numbers are missing says so. Standard library only (the GPU machine has no packages).
 Usage: gpt2_table.py LOGS PRECISION:MODE... [--peer FILE]. Exit status 0 whenever it printed.
 """
@@ -55,6 +56,10 @@ def targets(zt, peer):
     """Rows (target, measured, verdict) of issue 28's throughput targets."""
     tps = zt.get
 
+    def best_of(precision):  # the fastest run of a precision without offload
+        return max((v for (p, m), v in zt.items() if p == precision and not m.startswith("offload") and v),
+                   default=None)
+
     def ptps(key):
         r = peer.get(key, {})
         return r.get("tokens_per_s") if r.get("status") == "ok" else None
@@ -67,16 +72,15 @@ def targets(zt, peer):
         else:
             rows.append((name, measured, "ok" if value >= goal else "MISSED"))
 
-    eager, graphs = tps(("bf16", "eager")), tps(("bf16", "graphs"))
-    best = max((x for x in (eager, graphs) if x), default=None)
-    check("bf16 >= 480,000 tokens/s (better of eager and graphs)", best, 480000, fmt_tps(best))
+    eager, graphs, best = tps(("bf16", "eager")), tps(("bf16", "graphs")), best_of("bf16")
+    check("bf16 >= 480,000 tokens/s (its fastest run without offload)", best, 480000, fmt_tps(best))
     compiled = ptps(("bf16", "compile"))
     ratio = best / compiled if best and compiled else None
     check("bf16 >= 1.0x torch.compile on this GPU", ratio, 1.0,
           f"{ratio:.2f}x ({fmt_tps(best)} / {fmt_tps(compiled)})" if ratio else "")
     ratio = graphs / eager if graphs and eager else None
     check("--cuda-graphs on >= eager", ratio, 1.0, f"{ratio:.3f}x" if ratio else "")
-    tf32 = tps(("tf32", "eager"))
+    tf32 = best_of("tf32")
     check("--tf32 >= 130,000 tokens/s", tf32, 130000, fmt_tps(tf32))
     ptf32 = ptps(("tf32", "eager"))
     ratio = tf32 / ptf32 if tf32 and ptf32 else None
@@ -84,8 +88,8 @@ def targets(zt, peer):
           f"{ratio:.2f}x ({fmt_tps(tf32)} / {fmt_tps(ptf32)})" if ratio else "")
     for mode in ("offload", "offload-delay"):
         off = tps(("bf16", mode))
-        ratio = off / eager if off and eager else None
-        check(f"bf16 {mode} within 20% of bf16 eager", ratio, 0.8,
+        ratio = off / best if off and best else None
+        check(f"bf16 {mode} within 20% of bf16 without offload", ratio, 0.8,
               f"{ratio:.2f}x ({100 * (1 - ratio):.0f}% slower)" if ratio else "")
     return rows
 

@@ -25,18 +25,30 @@ std::string cuda_graphs_unsupported(const TrainConfig& cfg, DType working) {
   return "";
 }
 
+namespace {
+// Why auto stays eager in a run it could capture ("" when it captures): --trace times each op by
+// an event pair, which a replayed graph does not record, so a graphed run's trace would hold no
+// per-op times (scripts/op_table.py reads them). --cuda-graphs on still captures under --trace.
+std::string auto_stays_eager(const TrainConfig& cfg, DType working) {
+  std::string why = cuda_graphs_unsupported(cfg, working);
+  if (why.empty() && !cfg.trace_path.empty())
+    why = "--trace times every op, which a replayed graph does not (--cuda-graphs on captures anyway)";
+  return why;
+}
+}  // namespace
+
 bool use_cuda_graphs(const TrainConfig& cfg, Backend backend, DType working) {
   switch (cfg.cuda_graphs) {
     case CudaGraphs::kOff: return false;
     case CudaGraphs::kOn: return true;
-    case CudaGraphs::kAuto: return backend == Backend::kCuda && cuda_graphs_unsupported(cfg, working).empty();
+    case CudaGraphs::kAuto: return backend == Backend::kCuda && auto_stays_eager(cfg, working).empty();
   }
   return false;
 }
 
 std::string cuda_graphs_note(const TrainConfig& cfg, Backend backend, DType working) {
   if (cfg.cuda_graphs != CudaGraphs::kAuto || backend != Backend::kCuda) return "";
-  const std::string why = cuda_graphs_unsupported(cfg, working);
+  const std::string why = auto_stays_eager(cfg, working);
   return why.empty() ? "" : "--cuda-graphs auto runs eagerly: " + why;
 }
 

@@ -52,9 +52,11 @@ namespace zt {
 // `working`: the resolved parameter dtype (--precision); every dtype and ZeRO stage captures.
 std::string cuda_graphs_unsupported(const TrainConfig& cfg, DType working);
 // Whether rank_step captures and replays: --cuda-graphs on (its refusal came earlier, from
-// resolve_run_shape), or auto on CUDA devices for a capturable configuration.
+// resolve_run_shape), or auto on CUDA devices for a capturable configuration without --trace (a
+// replay records no per-op times).
 bool use_cuda_graphs(const TrainConfig& cfg, Backend backend, DType working);
-// auto on CUDA devices with a configuration that cannot be captured: the header's one note ("").
+// auto on CUDA devices with a configuration that cannot be captured, or under --trace: the
+// header's one note ("" when auto captures).
 std::string cuda_graphs_note(const TrainConfig& cfg, Backend backend, DType working);
 
 class MicroBatchGraph {

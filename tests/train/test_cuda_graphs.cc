@@ -421,6 +421,31 @@ TEST(CudaGraphs, AutoStaysEagerOnCpuDevices) {
   expect_same_run(off, aut, "auto on CPU devices");
 }
 
+// auto's choice on CUDA devices, as a function (no GPU needed): capture, except where the run cannot
+// be captured or --trace wants per-op times (a replay records none); on captures under --trace.
+TEST(CudaGraphs, AutoCapturesOnCudaExceptUnderTrace) {
+  TrainConfig c = small_run(CudaGraphs::kAuto, 1, 2);
+  EXPECT_TRUE(use_cuda_graphs(c, Backend::kCuda, DType::kBF16));
+  EXPECT_EQ(cuda_graphs_note(c, Backend::kCuda, DType::kBF16), "");
+  EXPECT_FALSE(use_cuda_graphs(c, Backend::kCpu, DType::kBF16));
+  EXPECT_EQ(cuda_graphs_note(c, Backend::kCpu, DType::kBF16), "");
+  c.trace_path = "trace.json";
+  EXPECT_FALSE(use_cuda_graphs(c, Backend::kCuda, DType::kF32));
+  EXPECT_EQ(cuda_graphs_note(c, Backend::kCuda, DType::kF32),
+            "--cuda-graphs auto runs eagerly: --trace times every op, which a replayed graph does not "
+            "(--cuda-graphs on captures anyway)");
+  c.cuda_graphs = CudaGraphs::kOn;
+  EXPECT_TRUE(use_cuda_graphs(c, Backend::kCuda, DType::kF32));
+  EXPECT_EQ(cuda_graphs_note(c, Backend::kCuda, DType::kF32), "");
+  c.cuda_graphs = CudaGraphs::kAuto;
+  c.trace_path.clear();
+  c.tensor_parallel = 2;
+  EXPECT_FALSE(use_cuda_graphs(c, Backend::kCuda, DType::kBF16));
+  EXPECT_EQ(cuda_graphs_note(c, Backend::kCuda, DType::kBF16),
+            "--cuda-graphs auto runs eagerly: tensor parallelism runs collectives inside every layer's forward "
+            "and backward");
+}
+
 TEST(CudaGraphs, OnRefusesRunsItCannotCapture) {
   TrainConfig c = small_run(CudaGraphs::kOn, 1, 2);
   c.tensor_parallel = 2;
