@@ -279,8 +279,12 @@ PlannedDevices planned_devices(const DeviceSpec& spec) {
   if (spec.kind == DeviceSpec::Kind::kCpu)
     return {spec.cpu_count ? spec.cpu_count : default_cpu_device_count(), Backend::kCpu};
   const CudaAvailability avail = cuda_availability();
-  // Without a usable GPU, "cuda" is refused by Runtime::create and "all" means simulated devices.
-  if (!avail.usable) return {default_cpu_device_count(), Backend::kCpu};
+  // Without a usable GPU "cuda" is refused here, with Runtime::create's sentence (before any shape
+  // check counts devices), and "all" means simulated devices.
+  if (!avail.usable) {
+    require_usable_gpus(spec, avail);
+    return {default_cpu_device_count(), Backend::kCpu};
+  }
   return {spec.cuda_ordinals.empty() ? avail.device_count : static_cast<int>(spec.cuda_ordinals.size()),
           Backend::kCuda};
 }

@@ -72,6 +72,11 @@ std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu,
   return rt;
 }
 
+void require_usable_gpus(const DeviceSpec& spec, const CudaAvailability& avail) {
+  ZT_REQUIRE(avail.usable || spec.kind != DeviceSpec::Kind::kCuda, "--devices ", spec.text,
+             " asks for GPUs, but no usable GPU was found (", avail.reason, "); use --devices cpu:N for simulated devices");
+}
+
 std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDeviceOptions& cpu, TaskObserver* observer) {
   switch (spec.kind) {
     case DeviceSpec::Kind::kCpu:
@@ -80,9 +85,7 @@ std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDevice
     case DeviceSpec::Kind::kCuda: {
       const CudaAvailability avail = cuda_availability();
       if (!avail.usable) {
-        ZT_REQUIRE(spec.kind == DeviceSpec::Kind::kAll, "--devices ", spec.text,
-                   " asks for GPUs, but no usable GPU was found (", avail.reason,
-                   "); use --devices cpu:N for simulated devices");
+        require_usable_gpus(spec, avail);
         const int n = default_cpu_device_count();
         auto rt = create_cpu(n, cpu, observer);
         rt->fallback_note_ = "no usable GPU (" + avail.reason + "); using " + std::to_string(n) +

@@ -41,6 +41,11 @@ struct CudaAvailability {
   std::string reason;
 };
 CudaAvailability cuda_availability();
+// Throws Runtime::create's one sentence when spec names GPUs ("cuda", "cuda:0x4") and avail says
+// none is usable here ("all" falls back to simulated devices instead). The CLI's shape checks call
+// it first, so a run that names a GPU on a machine without one is told that, not something about
+// the simulated devices' count.
+void require_usable_gpus(const DeviceSpec& spec, const CudaAvailability& avail);
 
 // Start/stop the CUDA profiler's capture (cudaProfilerStart/Stop; nsys --capture-range=
 // cudaProfilerApi records only between them). No-ops in a build without CUDA; failures (no

@@ -180,6 +180,18 @@ TEST_F(Cli, RunShapeChecks) {
   EXPECT_EQ(fs::file_size(path("book.txt")), 4096u);
 }
 
+TEST_F(Cli, NamedGpusWithoutOneAreRefusedBeforeTheShapeChecks) {
+  if (run("info --devices cuda").exit_code == 0) GTEST_SKIP() << "a GPU is present";
+  // Before: "--batch-size 16 over 2 devices is 8 per device, not a multiple of --micro-batch-size
+  // 16": the simulated devices' count, for a run that asked for one GPU.
+  expect_usage_error("train --devices cuda:0 --batch-size 16 --micro-batch-size 16",
+                     "--devices cuda:0 asks for GPUs, but no usable GPU was found");
+  expect_usage_error("sweep --devices cuda:0x4 --devices-per-trial 4 --space lr=log:1e-3..3e-2 --trials 2 --sweep-dir " +
+                         path("sw"),
+                     "asks for GPUs");
+  EXPECT_FALSE(fs::exists(path("sw")));
+}
+
 TEST_F(Cli, DefaultBatchSplitsOverOddDeviceCounts) {
   // Before: "--batch-size 16 does not split evenly over 3 devices", a value the user never passed.
   const RunResult r = run("train --devices cpu:3 --steps 2 --layers 1 --embd 32 --heads 2 --sample-tokens 0");
