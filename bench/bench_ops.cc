@@ -440,13 +440,16 @@ void attention_shapes(benchmark::internal::Benchmark* b) {
 // deterministic backward) and bf16-nondet (--deterministic-attention off); B 1, T 128 on the CPU backend, one iteration, a smoke check of the same
 // calls. The time is per layer (one forward and one backward); FLOP/s counts the causal half's
 // useful 6 B T^2 C FLOPs, as BM_FlashAttentionForwardBackward does (the GEMM attention computes
-// twice that). On CUDA, tf32-chunkNMiB runs the GEMM attention with N MiB of scores per chunk
-// (ops::set_gemm_attention_chunk_bytes; at T 1024 a head's scores are 4 MiB, so 4, 8, 16 and 32
-// MiB are groups of 1, 2, 4 and 8 heads; plain tf32 is the default, all 12): fewer heads keep a
-// chunk's scores in L2 between the GEMM and the row kernel, at more cuBLAS calls.
+// twice that). On CUDA, tf32-chunkNMiB[-splitS] runs the GEMM attention with N MiB of scores per
+// chunk (ops::set_gemm_attention_chunk_bytes; at T 1024 a head's scores are 4 MiB, so 4, 8, 16 and
+// 32 MiB are groups of 1, 2, 4 and 8 heads; plain tf32 is the default, all 12) and S causal row
+// blocks (ops::set_gemm_attention_row_splits; default 1, the full square): fewer heads keep a
+// chunk's scores in L2 between the GEMM and the row kernel, splits skip the blocks above the
+// diagonal, both at more cuBLAS calls.
 enum class AttnPrecision { kFp32, kTf32, kBf16, kBf16Fast };
 
-void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision precision, size_t chunk_bytes) {
+void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision precision, size_t chunk_bytes,
+                      int64_t splits) {
   Target t;
   if (!target(state, backend, &t)) return;
   const bool cuda = backend == Backend::kCuda;
@@ -459,13 +462,15 @@ void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision pr
   mode.deterministic_attention = precision != AttnPrecision::kBf16Fast;
   t.device->set_math_mode(mode);
   zt::ops::set_gemm_attention_chunk_bytes(chunk_bytes);
+  zt::ops::set_gemm_attention_row_splits(splits);
   const int64_t heads = zt::ops::gemm_attention_heads_per_chunk(T, NH);
   run_flash_attention(state, t, B, T, C, NH, d, zt::ops::GradWrite::kOverwrite);
   zt::ops::set_gemm_attention_chunk_bytes(0);
+  zt::ops::set_gemm_attention_row_splits(0);
   t.device->set_math_mode(before);
   flops(state, t, 6.0 * B * T * T * C);
   state.SetLabel(t.device->name() + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                 (cuda && !bf16 ? " heads/chunk=" + std::to_string(heads) : ""));
+                 (cuda && !bf16 ? " heads/chunk=" + std::to_string(heads) + " splits=" + std::to_string(splits) : ""));
 }
 
 int register_gpt2_attention() {
@@ -477,13 +482,16 @@ int register_gpt2_attention() {
   for (Backend backend : {Backend::kCpu, Backend::kCuda})
     for (const auto& [precision, pname] : precisions) {
       const std::string name = std::string("BM_Gpt2Attention/") + zt::backend_name(backend) + "/" + pname;
-      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, backend, precision, size_t{0});
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, backend, precision, size_t{0}, int64_t{1});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
       if (backend == Backend::kCpu) b->Iterations(1);  // a smoke check: the calls, not the CPU's speed
     }
-  for (const size_t mib : {4, 8, 16, 32}) {
-    const std::string name = "BM_Gpt2Attention/cuda/tf32-chunk" + std::to_string(mib) + "MiB";
-    benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, Backend::kCuda, AttnPrecision::kTf32, mib << 20)
+  const std::pair<size_t, int64_t> tunings[] = {{4, 1}, {8, 1}, {16, 1}, {32, 1}, {64, 2}, {64, 4}, {16, 2}, {16, 4}};
+  for (const auto& [mib, splits] : tunings) {
+    const std::string name = "BM_Gpt2Attention/cuda/tf32-chunk" + std::to_string(mib) + "MiB" +
+                             (splits > 1 ? "-split" + std::to_string(splits) : "");
+    benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, Backend::kCuda, AttnPrecision::kTf32, mib << 20,
+                                 splits)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }

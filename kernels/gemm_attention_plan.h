@@ -11,7 +11,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -38,11 +37,22 @@ struct Gemm {
 
 struct Dims {
   int64_t B, T, C, NH, hs, group;  // group: heads per chunk (the last chunk of a row may hold fewer)
+  // Causal blocking: score rows in blocks of row_block queries; block [r0, r1) computes and reads
+  // only key columns [0, r1), so the GEMMs skip the blocks above the diagonal (row_block = T: the
+  // whole square, one block).
+  int64_t row_block;
   float scale;
 };
-inline Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t group) {
-  return {B, T, C, NH, C / NH, group, static_cast<float>(1.0 / std::sqrt(static_cast<double>(C / NH)))};
+// `splits` row blocks (1: the full square): row_block = ceil(T / splits) rounded up to 64 rows.
+inline Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t group, int64_t splits = 1) {
+  const int64_t rows = (T + std::max<int64_t>(splits, 1) - 1) / std::max<int64_t>(splits, 1);
+  const int64_t row_block = splits <= 1 ? T : std::min(T, (rows + 63) / 64 * 64);
+  return {B, T, C, NH, C / NH, group, std::max<int64_t>(row_block, 1),
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(C / NH)))};
 }
+// The columns of score row t (query t) that the GEMMs write and the row kernels touch: its row
+// block's end. Above the diagonal inside that block the row kernels write 0 (P and dS).
+inline int64_t row_width(const Dims& d, int64_t t) { return std::min(d.T, (t / d.row_block + 1) * d.row_block); }
 
 struct Chunk {
   int64_t b, h0, nh;
@@ -57,6 +67,12 @@ inline std::vector<Chunk> chunks(const Dims& d) {
   return r;
 }
 
+// A direction's GEMMs around its row kernel: `before` runs first, then the row kernel over the
+// chunk's nh * T score rows, then `after`.
+struct Phases {
+  std::vector<Gemm> before, after;
+};
+
 namespace detail {
 // The chunk's q, k, v ([T, hs] per head, rows 3C apart, heads hs apart), out/dout and dq/dk/dv.
 inline Operand qkv_part(const Dims& d, const Chunk& c, int part, Buf buf = Buf::kQkv) {
@@ -64,38 +80,67 @@ inline Operand qkv_part(const Dims& d, const Chunk& c, int part, Buf buf = Buf::
 }
 inline Operand rows_of(const Dims& d, const Chunk& c, Buf buf) { return {buf, c.head_offset(d), d.C, d.hs}; }
 inline Operand scores(const Dims& d, Buf buf) { return {buf, 0, d.T, d.T * d.T}; }
+// o moved by `rows` rows (of q/k/v, out/dout: row t at t ld; of the scores' column-major [T2, T]
+// view: query t at t ld) and `cols` elements along a row.
+inline Operand at(Operand o, int64_t rows, int64_t cols = 0) {
+  o.offset += rows * o.ld + cols;
+  return o;
+}
+// Row blocks [r0, r1) of the queries: the causal blocks (one block [0, T) without splits).
+template <typename F>
+void for_row_blocks(const Dims& d, F&& f) {
+  for (int64_t r0 = 0; r0 < d.T; r0 += d.row_block) f(r0, std::min(d.T, r0 + d.row_block));
+}
+// S^T[r1, r1 - r0] = scale K[0:r1] Q[r0:r1]^T for each row block: the scores of its queries
+// against the keys up to the block's end, into `into`'s rows r0.. (the row kernels mask the rest).
+inline void scores_gemms(const Dims& d, const Chunk& c, std::vector<Gemm>& out) {
+  for_row_blocks(d, [&](int64_t r0, int64_t r1) {
+    out.push_back({true, false, r1, r1 - r0, d.hs, d.scale, qkv_part(d, c, 1), at(qkv_part(d, c, 0), r0), 0.0f,
+                   at(scores(d, Buf::kScores), r0), c.nh});
+  });
+}
 }  // namespace detail
 
-// S^T[T2, T] = scale K[T2, hs] Q^T[hs, T] into `into` (the full square; the row kernels mask it).
-inline Gemm scores_gemm(const Dims& d, const Chunk& c) {
+// Forward: before, the scores; then the causal softmax of kScores in place (nh * T rows, lse at
+// c.lse_offset, row t's first row_width(t) columns); after, per row block out^T[hs, r1 - r0] =
+// V^T[hs, 0:r1] P^T[0:r1, r0:r1].
+inline Phases forward_gemms(const Dims& d, const Chunk& c) {
   using namespace detail;
-  return {true, false, d.T, d.T, d.hs, d.scale, qkv_part(d, c, 1), qkv_part(d, c, 0), 0.0f, scores(d, Buf::kScores),
-          c.nh};
+  Phases p;
+  scores_gemms(d, c, p.before);
+  for_row_blocks(d, [&](int64_t r0, int64_t r1) {
+    p.after.push_back({false, false, d.hs, r1 - r0, r1, 1.0f, qkv_part(d, c, 2), at(scores(d, Buf::kScores), r0), 0.0f,
+                       at(rows_of(d, c, Buf::kOut), r0), c.nh});
+  });
+  return p;
 }
 
-// Forward: [0] the scores; then the causal softmax of kScores in place (nh * T rows, lse at
-// c.lse_offset); [1] out^T[hs, T] = V^T[hs, T2] P^T[T2, T].
-inline std::array<Gemm, 2> forward_gemms(const Dims& d, const Chunk& c) {
-  using namespace detail;
-  return {scores_gemm(d, c),
-          Gemm{false, false, d.hs, d.T, d.T, 1.0f, qkv_part(d, c, 2), scores(d, Buf::kScores), 0.0f,
-               rows_of(d, c, Buf::kOut), c.nh}};
-}
-
-// Backward: [0] the scores again; [1] dP^T[T2, T] = V[T2, hs] dout^T[hs, T]; then the row kernel
-// (P = exp(S - lse) and dS = P (dP - D) in place, D from out and dout at c.head_offset); [2]
-// dV^T[hs, T2] = dout^T[hs, T] P[T, T2]; [3] dQ^T[hs, T] = scale K^T[hs, T2] dS^T[T2, T]; [4]
-// dK^T[hs, T2] = scale Q^T[hs, T] dS[T, T2]. beta 1 accumulates into dqkv, 0 overwrites it.
-inline std::array<Gemm, 5> backward_gemms(const Dims& d, const Chunk& c, bool accumulate) {
+// Backward: before, the scores again and per row block dP^T[r1, r1 - r0] = V[0:r1] dout[r0:r1]^T;
+// then the row kernel (P = exp(S - lse) and dS = P (dP - D) in place over row_width(t) columns, D
+// from out and dout at c.head_offset); after, per row block dQ^T[hs, r1 - r0] = scale K^T[hs, 0:r1]
+// dS^T[0:r1, r0:r1], and per key block [c0, c1) (the same blocks) the rows at and below it:
+// dV^T[hs, c1 - c0] = dout^T[hs, c0:T] P[c0:T, c0:c1] and dK^T = scale Q^T[hs, c0:T] dS[c0:T,
+// c0:c1]. beta 1 accumulates into dqkv, 0 overwrites it.
+inline Phases backward_gemms(const Dims& d, const Chunk& c, bool accumulate) {
   using namespace detail;
   const float beta = accumulate ? 1.0f : 0.0f;
   const Operand q = qkv_part(d, c, 0), k = qkv_part(d, c, 1), v = qkv_part(d, c, 2), dy = rows_of(d, c, Buf::kDout);
   const Operand P = scores(d, Buf::kScores), G = scores(d, Buf::kGrads);
-  return {scores_gemm(d, c),
-          Gemm{true, false, d.T, d.T, d.hs, 1.0f, v, dy, 0.0f, G, c.nh},
-          Gemm{false, true, d.hs, d.T, d.T, 1.0f, dy, P, beta, qkv_part(d, c, 2, Buf::kDqkv), c.nh},
-          Gemm{false, false, d.hs, d.T, d.T, d.scale, k, G, beta, qkv_part(d, c, 0, Buf::kDqkv), c.nh},
-          Gemm{false, true, d.hs, d.T, d.T, d.scale, q, G, beta, qkv_part(d, c, 1, Buf::kDqkv), c.nh}};
+  Phases p;
+  scores_gemms(d, c, p.before);
+  for_row_blocks(d, [&](int64_t r0, int64_t r1) {
+    p.before.push_back({true, false, r1, r1 - r0, d.hs, 1.0f, v, at(dy, r0), 0.0f, at(G, r0), c.nh});
+  });
+  for_row_blocks(d, [&](int64_t c0, int64_t c1) {
+    const int64_t below = d.T - c0;
+    p.after.push_back({false, true, d.hs, c1 - c0, below, 1.0f, at(dy, c0), at(P, c0, c0), beta,
+                       at(qkv_part(d, c, 2, Buf::kDqkv), c0), c.nh});
+    p.after.push_back({false, false, d.hs, c1 - c0, c1, d.scale, k, at(G, c0), beta,
+                       at(qkv_part(d, c, 0, Buf::kDqkv), c0), c.nh});
+    p.after.push_back({false, true, d.hs, c1 - c0, below, d.scale, at(q, c0), at(G, c0, c0), beta,
+                       at(qkv_part(d, c, 1, Buf::kDqkv), c0), c.nh});
+  });
+  return p;
 }
 
 }  // namespace zt::gemm_attention

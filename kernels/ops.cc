@@ -678,7 +678,13 @@ bool library_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t =
 
 namespace {
 std::atomic<size_t> g_gemm_attention_chunk_bytes{kGemmAttentionChunkBytes};
+std::atomic<int64_t> g_gemm_attention_row_splits{1};
 }  // namespace
+
+int64_t gemm_attention_row_splits() { return g_gemm_attention_row_splits.load(std::memory_order_relaxed); }
+void set_gemm_attention_row_splits(int64_t splits) {
+  g_gemm_attention_row_splits.store(std::max<int64_t>(splits, 1), std::memory_order_relaxed);
+}
 
 size_t gemm_attention_chunk_bytes() { return g_gemm_attention_chunk_bytes.load(std::memory_order_relaxed); }
 void set_gemm_attention_chunk_bytes(size_t bytes) {

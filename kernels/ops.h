@@ -226,6 +226,13 @@ constexpr size_t kGemmAttentionChunkBytes = size_t{64} << 20;
 // at more calls), read by the plan and the kernels alike, so their figures stay equal.
 size_t gemm_attention_chunk_bytes();
 void set_gemm_attention_chunk_bytes(size_t bytes);
+// Causal blocking of the same path: the scores in this many row blocks, each computed only up to
+// its last key (kernels/gemm_attention_plan.h): 1 (the default) runs the full T x T square; 2
+// skips about a quarter of the GEMMs' work and the row kernels' bytes, 4 about 3/8, at 2 or 4 times
+// the calls. Another benchmark's knob (set_...(0) restores 1), measured before it becomes a default;
+// the workspace does not depend on it.
+int64_t gemm_attention_row_splits();
+void set_gemm_attention_row_splits(int64_t splits);
 int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH);
 AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH);
 // Asks s's backend: nullopt where it has no library attention for the dtype (the CPU backend; a

@@ -126,9 +126,11 @@ void launch_dgelu(cudaStream_t stream, void* dpre, float* g, const void* pre, in
 
 // ---- attention helpers ------------------------------------------------------------------------
 // One warp per row r of [rows, T] scores (t = r % T): att[r, t2] = exp(preatt - m) / l over
-// t2 <= t (m the row's maximum, l the sum in double), 0 for t2 > t; lse[r] = m + log l unless lse
-// is null. att may be preatt (in place: each lane reads its elements before it writes them).
-__global__ void causal_softmax_forward_kernel(float* att, const float* preatt, float* lse, int64_t rows, int64_t T) {
+// t2 <= t (m the row's maximum, l the sum in double), 0 for t < t2 < the end of t's row block
+// (cuda_ops.h causal_softmax); lse[r] = m + log l unless lse is null. att may be preatt (in place:
+// each lane reads its elements before it writes them).
+__global__ void causal_softmax_forward_kernel(float* att, const float* preatt, float* lse, int64_t rows, int64_t T,
+                                              int64_t row_block) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * detail::kWarpRowsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * detail::kWarpRowsPerBlock + threadIdx.x / kWarpSize;
@@ -143,7 +145,8 @@ __global__ void causal_softmax_forward_kernel(float* att, const float* preatt, f
     for (int64_t j = lane; j <= t; j += kWarpSize) s += exp_elem(x[j] - m);
     s = detail::warp_sum(s);
     const float inv = static_cast<float>(1.0 / s);
-    for (int64_t j = lane; j < T; j += kWarpSize) y[j] = j <= t ? exp_elem(x[j] - m) * inv : 0.0f;
+    const int64_t width = min(T, (t / row_block + 1) * row_block);  // the columns the row's GEMMs use
+    for (int64_t j = lane; j < width; j += kWarpSize) y[j] = j <= t ? exp_elem(x[j] - m) * inv : 0.0f;
     if (lse != nullptr && lane == 0) lse[r] = m + logf(static_cast<float>(s));
   }
 }
@@ -171,10 +174,11 @@ __global__ void causal_softmax_backward_kernel(float* __restrict__ dpreatt,
 
 }  // namespace
 
-void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T) {
+void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T,
+                    int64_t row_block) {
   detail::LaunchScope scope(stream);
   causal_softmax_forward_kernel<<<detail::warp_row_grid(rows), detail::kWarpRowBlock, 0, scope.stream()>>>(
-      att, preatt, lse, rows, T);
+      att, preatt, lse, rows, T, row_block);
   ZT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -322,7 +326,7 @@ void attention_forward(void* stream, float* out, float* preatt, float* att, cons
                          pre, T, T * T, NH);
   }
   const int64_t rows = B * NH * T;
-  causal_softmax(scope.stream(), att, preatt, nullptr, rows, T);
+  causal_softmax(scope.stream(), att, preatt, nullptr, rows, T, T);
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * C3 + 2 * C;
     const float* a = att + b * NH * T * T;

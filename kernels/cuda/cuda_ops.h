@@ -126,10 +126,12 @@ void attention_backward(void* stream, float* dqkv, float* dpreatt, float* datt, 
                         int64_t NH);
 
 // Causal softmax over the rows of [rows, T] scores (query t = r % T; one warp per row): att[r, j] =
-// exp(preatt - m) / l for j <= t (m the row's maximum, l the sum in double), 0 above the diagonal;
-// lse[r] = m + log l unless lse is null. att may be preatt (in place). attention_forward's and the
-// GEMM attention's softmax.
-void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T);
+// exp(preatt - m) / l for j <= t (m the row's maximum, l the sum in double), 0 above the diagonal
+// up to the end of t's block of row_block rows (row_block = T: the whole row; columns past it are
+// neither read nor written); lse[r] = m + log l unless lse is null. att may be preatt (in place).
+// attention_forward's and the GEMM attention's softmax.
+void causal_softmax(void* stream, float* att, const float* preatt, float* lse, int64_t rows, int64_t T,
+                    int64_t row_block);
 
 // Tiled causal attention (kernels/ops.h flash_attention_*; kernels/cuda/flash_attention.cu):
 // one block per (batch, head, query tile) forward, per (batch, head, key tile) for dK/dV; lse

@@ -3,14 +3,15 @@
 // instead of the tiled kernel's CUDA-core dot products. Per batch row b and group of heads
 // (ops::gemm_attention_heads_per_chunk: the group's [heads, T, T] fp32 scores fit
 // ops::gemm_attention_chunk_bytes()):
-//   forward:  S = scale Q K^T (one strided-batched GEMM over the group's heads, full T x T), a row
+//   forward:  S = scale Q K^T (one strided-batched GEMM over the group's heads, full T x T, or per
+//             causal row block up to its last key: ops::gemm_attention_row_splits), a row
 //             kernel: P = causal softmax of S in place (zero above the diagonal) and lse; O = P V.
 //   backward: S again; dP = dO V^T; a row kernel: D = rowsum(dO * O), P = exp(S - lse) (zero above
 //             the diagonal), dS = P (dP - D), in place; dV = P^T dO, dQ = scale dS K, dK = scale
 //             dS^T Q (beta 1 accumulates into dqkv, beta 0 overwrites without reading it).
 // The GEMMs' parameters come from kernels/gemm_attention_plan.h, which a CPU test runs through a
-// float64 reference GEMM. Twice the causal half's FLOPs (the GEMMs run the full square), at
-// tensor-core speed. The score buffers are the stream's attention block (stream_blocks.h,
+// float64 reference GEMM. Twice the causal half's FLOPs by default (the GEMMs run the full square;
+// with s row splits (s + 1) / (2 s) of the square), at tensor-core speed. The score buffers are the stream's attention block (stream_blocks.h,
 // ops::flash_attention_library_bytes for f32): taken by available() at the shape's first call
 // (eager, before any capture), so a launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
 // the row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
@@ -44,11 +45,13 @@ constexpr int64_t kAnnounceFallbackFromT = 256;
 
 // The backward's row kernel over one chunk: S [rows, T] (scaled scores) becomes P = exp(S - lse)
 // (0 above the diagonal) and dP [rows, T] becomes dS = P (dP - D), D = sum_c dout[i, c] out[i, c]
-// over the row's head (double). out, dout: the chunk's first head in [T, C]-strided rows.
+// over the row's head (double), over the row's first row_width columns (its row block's end,
+// gemm_attention_plan.h; the GEMMs wrote nothing past it). out, dout: the chunk's first head in
+// [T, C]-strided rows.
 __global__ void softmax_backward_rows_kernel(float* __restrict__ S, float* __restrict__ dP,
                                              const float* __restrict__ lse, const float* __restrict__ out,
                                              const float* __restrict__ dout, int64_t rows, int64_t T, int64_t C,
-                                             int64_t hs) {
+                                             int64_t hs, int64_t row_block) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * detail::kWarpRowsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * detail::kWarpRowsPerBlock + threadIdx.x / kWarpSize; r < rows;
@@ -62,7 +65,8 @@ __global__ void softmax_backward_rows_kernel(float* __restrict__ S, float* __res
     const float L = lse[r];
     float* p = S + r * T;
     float* g = dP + r * T;
-    for (int64_t j = lane; j < T; j += kWarpSize) {
+    const int64_t width = min(T, (i / row_block + 1) * row_block);
+    for (int64_t j = lane; j < width; j += kWarpSize) {
       const float pj = j <= i ? exp_elem(p[j] - L) : 0.0f;
       const float dpj = g[j];
       p[j] = pj;
@@ -84,7 +88,7 @@ void run(cublasHandle_t h, const plan::Gemm& g, const Buffers& p, bool tf32) {
 }
 
 plan::Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  return plan::dims(B, T, C, NH, ops::gemm_attention_heads_per_chunk(T, NH));
+  return plan::dims(B, T, C, NH, ops::gemm_attention_heads_per_chunk(T, NH), ops::gemm_attention_row_splits());
 }
 // Bytes of one chunk's score buffer, rounded up to 256: the second buffer starts there.
 size_t score_bytes(int64_t T, int64_t NH) { return static_cast<size_t>(ops::gemm_attention_workspace(T, NH).forward); }
@@ -137,10 +141,10 @@ void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, con
   auto* S = static_cast<float*>(detail::stream_block(s, native, detail::StreamBlock::kAttention, 2 * score_bytes(T, NH)));
   const Buffers p{const_cast<float*>(qkv), out, nullptr, nullptr, S, nullptr};
   for (const plan::Chunk& c : plan::chunks(d)) {
-    const std::array<plan::Gemm, 2> g = plan::forward_gemms(d, c);
-    run(h, g[0], p, tf32);
-    causal_softmax(scope.stream(), S, S, lse + c.lse_offset(d), c.nh * T, T);  // P in place, and lse
-    run(h, g[1], p, tf32);
+    const plan::Phases g = plan::forward_gemms(d, c);
+    for (const plan::Gemm& gemm : g.before) run(h, gemm, p, tf32);
+    causal_softmax(scope.stream(), S, S, lse + c.lse_offset(d), c.nh * T, T, d.row_block);  // P in place, lse
+    for (const plan::Gemm& gemm : g.after) run(h, gemm, p, tf32);
   }
 }
 
@@ -156,13 +160,13 @@ void gemm_attention_backward(Stream& s, void* native, float* dqkv, const float* 
   auto* G = reinterpret_cast<float*>(block + scores);  // dP, then dS
   const Buffers p{const_cast<float*>(qkv), const_cast<float*>(out), const_cast<float*>(dout), dqkv, P, G};
   for (const plan::Chunk& c : plan::chunks(d)) {
-    const std::array<plan::Gemm, 5> g = plan::backward_gemms(d, c, accumulate);
-    run(h, g[0], p, tf32);
-    run(h, g[1], p, tf32);
+    const plan::Phases g = plan::backward_gemms(d, c, accumulate);
+    for (const plan::Gemm& gemm : g.before) run(h, gemm, p, tf32);
     softmax_backward_rows_kernel<<<detail::warp_row_grid(c.nh * T), detail::kWarpRowBlock, 0, scope.stream()>>>(
-        P, G, lse + c.lse_offset(d), out + c.head_offset(d), dout + c.head_offset(d), c.nh * T, T, C, d.hs);
+        P, G, lse + c.lse_offset(d), out + c.head_offset(d), dout + c.head_offset(d), c.nh * T, T, C, d.hs,
+        d.row_block);
     ZT_CUDA_CHECK(cudaGetLastError());
-    for (size_t i = 2; i < g.size(); ++i) run(h, g[i], p, tf32);
+    for (const plan::Gemm& gemm : g.after) run(h, gemm, p, tf32);
   }
 }
 

@@ -503,6 +503,29 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
                                    tolerance::kTf32Roundoff);
   }
   gpu->device(0).set_math_mode(MathMode{});
+  // Causal row blocks (a benchmark's knob, ops::set_gemm_attention_row_splits): fp32 at T 257 (2
+  // splits: blocks of 192 rows, a short last one) and T 1024 (4 splits), each of the row kernels'
+  // widths on the GPU against float64 (the plan itself is checked on the CPU: GemmAttentionPlan).
+  for (const auto& [c, splits] : {std::pair{cases[3], int64_t{2}}, std::pair{cases[4], int64_t{4}}}) {
+    SCOPED_TRACE(::testing::Message() << "fp32 splits=" << splits << " B=" << c.B << " T=" << c.T);
+    const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+    const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
+    ops::set_gemm_attention_row_splits(splits);
+    const int before = g_cuda_served.load();
+    AttentionRun fused;
+    {
+      ScopedOpTable scoped(Backend::kCuda, &counting);
+      fused = run_attention(gpu->device(0), DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
+    }
+    ops::set_gemm_attention_row_splits(0);
+    EXPECT_EQ(g_cuda_served.load() - before, 3);
+    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+    ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+    DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+    backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
+    backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
+    expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
+  }
 }
 
 // ---- the GEMM attention's plan, on the CPU ---------------------------------------------------------
@@ -510,8 +533,11 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
 // GEMMs through cuBLAS. Here the same plan runs through a column-major strided-batched GEMM with
 // cuBLAS's semantics in float64, with float64 versions of the two row kernels: the result must be
 // the float64 attention (forward, lse, dqkv += and dqkv =) to 1e-12, for groups of one head, of all
-// heads and a last group smaller than the others (head size 4: the plan's fp32 scale 0.5 is exact). A wrong transpose, leading dimension, stride,
-// offset or scale in the plan fails here, without a GPU.
+// heads and a last group smaller than the others, and in causal row blocks (2 and 4 splits, a short
+// last block) (head size 4: the plan's fp32 scale 0.5 is exact). The score buffers are NaN at each
+// chunk's start, so a GEMM or row kernel that reads a score nothing wrote (above a row block) fails
+// too. A wrong transpose, leading dimension, stride, offset or scale in the plan fails here, without
+// a GPU.
 namespace plan = zt::gemm_attention;
 using PlanBuffers = std::array<DVec*, 6>;
 
@@ -552,42 +578,52 @@ struct PlanRun {
   DVec out, lse, dqkv;
 };
 PlanRun run_plan(const DVec& qkv, const DVec& dout, const DVec& dqkv0, int64_t B, int64_t T, int64_t C, int64_t NH,
-                 int64_t group, bool accumulate) {
-  const plan::Dims d = plan::dims(B, T, C, NH, group);
+                 int64_t group, int64_t splits, bool accumulate) {
+  const plan::Dims d = plan::dims(B, T, C, NH, group, splits);
   PlanRun r{DVec(B * T * C, NAN), DVec(B * NH * T, NAN), dqkv0};
-  DVec in = qkv, dy = dout, S(group * T * T, NAN), G(group * T * T, NAN);
+  DVec in = qkv, dy = dout, S, G;
   const PlanBuffers p{&in, &r.out, &dy, &r.dqkv, &S, &G};
+  auto poison = [&] { S.assign(static_cast<size_t>(group * T * T), NAN), G.assign(S.size(), NAN); };
   for (const plan::Chunk& c : plan::chunks(d)) {  // forward
-    const auto g = plan::forward_gemms(d, c);
-    reference_gemm(g[0], p);
+    const plan::Phases g = plan::forward_gemms(d, c);
+    poison();
+    for (const plan::Gemm& gemm : g.before) reference_gemm(gemm, p);
     for (int64_t row = 0; row < c.nh * T; ++row) {  // causal softmax in place, and lse
       double* x = &S[row * T];
       const int64_t t = row % T;
       double m = -INFINITY, l = 0;
       for (int64_t j = 0; j <= t; ++j) m = std::max(m, x[j]);
       for (int64_t j = 0; j <= t; ++j) l += std::exp(x[j] - m);
-      for (int64_t j = 0; j < T; ++j) x[j] = j <= t ? std::exp(x[j] - m) / l : 0.0;
+      for (int64_t j = 0; j < plan::row_width(d, t); ++j) x[j] = j <= t ? std::exp(x[j] - m) / l : 0.0;
       r.lse[c.lse_offset(d) + row] = m + std::log(l);
     }
-    reference_gemm(g[1], p);
+    for (const plan::Gemm& gemm : g.after) reference_gemm(gemm, p);
   }
   for (const plan::Chunk& c : plan::chunks(d)) {  // backward
-    const auto g = plan::backward_gemms(d, c, accumulate);
-    reference_gemm(g[0], p);
-    reference_gemm(g[1], p);
+    const plan::Phases g = plan::backward_gemms(d, c, accumulate);
+    poison();
+    for (const plan::Gemm& gemm : g.before) reference_gemm(gemm, p);
     for (int64_t row = 0; row < c.nh * T; ++row) {  // P and dS in place, D from out and dout
       const int64_t h = row / T, t = row % T, base = c.head_offset(d) + t * C + h * d.hs;
       double D = 0;
       for (int64_t i = 0; i < d.hs; ++i) D += dout[base + i] * r.out[base + i];
-      for (int64_t j = 0; j < T; ++j) {
+      for (int64_t j = 0; j < plan::row_width(d, t); ++j) {
         const double pj = j <= t ? std::exp(S[row * T + j] - r.lse[c.lse_offset(d) + row]) : 0.0;
         S[row * T + j] = pj;
         G[row * T + j] = pj * (G[row * T + j] - D);
       }
     }
-    for (size_t i = 2; i < g.size(); ++i) reference_gemm(g[i], p);
+    for (const plan::Gemm& gemm : g.after) reference_gemm(gemm, p);
   }
   return r;
+}
+
+// Multiply-adds of a direction's GEMMs for one chunk.
+double plan_work(const plan::Phases& g) {
+  double w = 0;
+  for (const auto* list : {&g.before, &g.after})
+    for (const plan::Gemm& x : *list) w += static_cast<double>(x.m) * static_cast<double>(x.n) * x.k * x.batch;
+  return w;
 }
 
 double max_diff(const DVec& a, const DVec& b) {
@@ -598,13 +634,15 @@ double max_diff(const DVec& a, const DVec& b) {
 
 TEST(GemmAttentionPlan, RunsAsFloat64Attention) {
   struct PlanCase {
-    int64_t B, T, C, NH, group;
+    int64_t B, T, C, NH, group, splits;
   };
   Rng rng(test_seed() + 31);
-  for (const PlanCase& c : {PlanCase{2, 7, 12, 3, 1}, PlanCase{1, 9, 16, 4, 3}, PlanCase{2, 5, 8, 2, 2},
-                            PlanCase{1, 1, 8, 2, 2}}) {
+  // Row blocks are multiples of 64 rows: T 150 in 2 splits is blocks [0, 128) and [128, 150); T 200
+  // in 4 is [0, 64), [64, 128), [128, 192), [192, 200).
+  for (const PlanCase& c : {PlanCase{2, 7, 12, 3, 1, 1}, PlanCase{1, 9, 16, 4, 3, 1}, PlanCase{2, 5, 8, 2, 2, 1},
+                            PlanCase{1, 1, 8, 2, 2, 1}, PlanCase{1, 150, 8, 2, 1, 2}, PlanCase{2, 200, 12, 3, 2, 4}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C << " NH=" << c.NH
-                                      << " group=" << c.group);
+                                      << " group=" << c.group << " splits=" << c.splits);
     const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
     const DVec qkv = to_d(rng.normal(B * T * 3 * C, 1.5f)), dout = to_d(rng.normal(B * T * C)),
                dqkv0 = to_d(rng.normal(B * T * 3 * C));
@@ -613,19 +651,30 @@ TEST(GemmAttentionPlan, RunsAsFloat64Attention) {
     DVec r_acc = dqkv0, r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
     ref::attention_backward_ref(r_acc, dout, qkv, r_att, B, T, C, NH);
     ref::attention_backward_ref(r_over, dout, qkv, r_att, B, T, C, NH);
-    const PlanRun acc = run_plan(qkv, dout, dqkv0, B, T, C, NH, c.group, true);
-    const PlanRun over = run_plan(qkv, dout, DVec(B * T * 3 * C, NAN), B, T, C, NH, c.group, false);
+    const PlanRun acc = run_plan(qkv, dout, dqkv0, B, T, C, NH, c.group, c.splits, true);
+    const PlanRun over = run_plan(qkv, dout, DVec(B * T * 3 * C, NAN), B, T, C, NH, c.group, c.splits, false);
     EXPECT_LT(max_diff(acc.out, r_out), 1e-12);
     EXPECT_LT(max_diff(acc.lse, reference_lse(r_pre, B * NH, T)), 1e-12);
     EXPECT_LT(max_diff(acc.dqkv, r_acc), 1e-12) << "dqkv +=";
     EXPECT_LT(max_diff(over.dqkv, r_over), 1e-12) << "dqkv =";
   }
-  // The production grouping: every head of GPT-2 124M's T = 1024 in one chunk per batch row.
-  const plan::Dims gpt2 = plan::dims(16, 1024, 768, 12, ops::gemm_attention_heads_per_chunk(1024, 12));
-  EXPECT_EQ(plan::chunks(gpt2).size(), 16u);
-  for (const plan::Chunk& c : plan::chunks(gpt2)) {
-    for (const plan::Gemm& g : plan::forward_gemms(gpt2, c)) expect_cublas_accepts(g);
-    for (const plan::Gemm& g : plan::backward_gemms(gpt2, c, true)) expect_cublas_accepts(g);
+  // The production grouping: every head of GPT-2 124M's T = 1024 in one chunk per batch row; with
+  // s splits (blocks of 1024 / s rows) each GEMM does (s + 1) / (2 s) of the square's work.
+  for (const int64_t splits : {1, 2, 4}) {
+    const plan::Dims gpt2 = plan::dims(16, 1024, 768, 12, ops::gemm_attention_heads_per_chunk(1024, 12), splits);
+    EXPECT_EQ(gpt2.row_block, 1024 / splits);
+    EXPECT_EQ(plan::chunks(gpt2).size(), 16u);
+    for (const plan::Chunk& c : plan::chunks(gpt2)) {
+      for (const plan::Gemm& g : plan::forward_gemms(gpt2, c).before) expect_cublas_accepts(g);
+      for (const plan::Gemm& g : plan::forward_gemms(gpt2, c).after) expect_cublas_accepts(g);
+      for (const plan::Gemm& g : plan::backward_gemms(gpt2, c, true).before) expect_cublas_accepts(g);
+      for (const plan::Gemm& g : plan::backward_gemms(gpt2, c, true).after) expect_cublas_accepts(g);
+    }
+    const plan::Dims full = plan::dims(16, 1024, 768, 12, 12);
+    const plan::Chunk c0 = plan::chunks(full)[0];
+    const double share = static_cast<double>(splits + 1) / static_cast<double>(2 * splits);
+    EXPECT_EQ(plan_work(plan::forward_gemms(gpt2, c0)), share * plan_work(plan::forward_gemms(full, c0)));
+    EXPECT_EQ(plan_work(plan::backward_gemms(gpt2, c0, true)), share * plan_work(plan::backward_gemms(full, c0, true)));
   }
 }
 
