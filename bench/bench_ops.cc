@@ -470,7 +470,8 @@ void BM_Gpt2Attention(benchmark::State& state, Backend backend, AttnPrecision pr
   t.device->set_math_mode(before);
   flops(state, t, 6.0 * B * T * T * C);
   state.SetLabel(t.device->name() + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                 (cuda && !bf16 ? " heads/chunk=" + std::to_string(heads) + " splits=" + std::to_string(splits) : ""));
+                 (cuda && !bf16 ? " heads/chunk=" + std::to_string(heads) + " splits=" + std::to_string(splits)
+                                : ""));
 }
 
 int register_gpt2_attention() {
@@ -482,7 +483,8 @@ int register_gpt2_attention() {
   for (Backend backend : {Backend::kCpu, Backend::kCuda})
     for (const auto& [precision, pname] : precisions) {
       const std::string name = std::string("BM_Gpt2Attention/") + zt::backend_name(backend) + "/" + pname;
-      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, backend, precision, size_t{0}, int64_t{1});
+      auto* b =
+          benchmark::RegisterBenchmark(name.c_str(), BM_Gpt2Attention, backend, precision, size_t{0}, int64_t{1});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
       if (backend == Backend::kCpu) b->Iterations(1);  // a smoke check: the calls, not the CPU's speed
     }

@@ -674,9 +674,6 @@ size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_
 namespace {
 size_t round_up_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 bool library_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-}  // namespace
-
-namespace {
 std::atomic<size_t> g_gemm_attention_chunk_bytes{kGemmAttentionChunkBytes};
 std::atomic<int64_t> g_gemm_attention_row_splits{1};
 }  // namespace

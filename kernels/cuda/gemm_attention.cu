@@ -11,10 +11,11 @@
 //             dS^T Q (beta 1 accumulates into dqkv, beta 0 overwrites without reading it).
 // The GEMMs' parameters come from kernels/gemm_attention_plan.h, which a CPU test runs through a
 // float64 reference GEMM. Twice the causal half's FLOPs by default (the GEMMs run the full square;
-// with s row splits (s + 1) / (2 s) of the square), at tensor-core speed. The score buffers are the stream's attention block (stream_blocks.h,
-// ops::flash_attention_library_bytes for f32): taken by available() at the shape's first call
-// (eager, before any capture), so a launch allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace,
-// the row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
+// with s row splits (s + 1) / (2 s) of the square), at tensor-core speed. The score buffers are
+// the stream's attention block (stream_blocks.h, ops::flash_attention_library_bytes for f32):
+// taken by available() at the shape's first call (eager, before any capture), so a launch
+// allocates nothing. Deterministic: cuBLAS is bit-reproducible on one stream and workspace, the
+// row kernels sum in a fixed order. lse is the tiled kernels' and cuDNN's (log-sum-exp of the
 // scaled scores), so a forward of one path and a backward of another pair up.
 #include <algorithm>
 #include <array>
@@ -138,7 +139,8 @@ void gemm_attention_forward(Stream& s, void* native, float* out, float* lse, con
   const plan::Dims d = dims(B, T, C, NH);
   detail::LaunchScope scope(native);
   cublasHandle_t h = detail::cublas_handle(scope.stream());
-  auto* S = static_cast<float*>(detail::stream_block(s, native, detail::StreamBlock::kAttention, 2 * score_bytes(T, NH)));
+  auto* S = static_cast<float*>(
+      detail::stream_block(s, native, detail::StreamBlock::kAttention, 2 * score_bytes(T, NH)));
   const Buffers p{const_cast<float*>(qkv), out, nullptr, nullptr, S, nullptr};
   for (const plan::Chunk& c : plan::chunks(d)) {
     const plan::Phases g = plan::forward_gemms(d, c);

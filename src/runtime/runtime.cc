@@ -74,7 +74,8 @@ std::unique_ptr<Runtime> Runtime::create_cpu(int n, const CpuDeviceOptions& cpu,
 
 void require_usable_gpus(const DeviceSpec& spec, const CudaAvailability& avail) {
   ZT_REQUIRE(avail.usable || spec.kind != DeviceSpec::Kind::kCuda, "--devices ", spec.text,
-             " asks for GPUs, but no usable GPU was found (", avail.reason, "); use --devices cpu:N for simulated devices");
+             " asks for GPUs, but no usable GPU was found (", avail.reason,
+             "); use --devices cpu:N for simulated devices");
 }
 
 std::unique_ptr<Runtime> Runtime::create(const DeviceSpec& spec, const CpuDeviceOptions& cpu, TaskObserver* observer) {

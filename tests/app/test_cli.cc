@@ -186,8 +186,8 @@ TEST_F(Cli, NamedGpusWithoutOneAreRefusedBeforeTheShapeChecks) {
   // 16": the simulated devices' count, for a run that asked for one GPU.
   expect_usage_error("train --devices cuda:0 --batch-size 16 --micro-batch-size 16",
                      "--devices cuda:0 asks for GPUs, but no usable GPU was found");
-  expect_usage_error("sweep --devices cuda:0x4 --devices-per-trial 4 --space lr=log:1e-3..3e-2 --trials 2 --sweep-dir " +
-                         path("sw"),
+  expect_usage_error("sweep --devices cuda:0x4 --devices-per-trial 4 --space lr=log:1e-3..3e-2 --trials 2 "
+                     "--sweep-dir " + path("sw"),
                      "asks for GPUs");
   EXPECT_FALSE(fs::exists(path("sw")));
 }
