@@ -480,19 +480,33 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
       }
     }
   }
-  // --tf32: the fp32 GEMM attention's products on TF32 tensor cores (inputs rounded to 10-bit
-  // mantissas), within the attention bound with that rounding of every GEMM input.
-  gpu->device(0).set_math_mode(MathMode{.tf32 = true});
-  for (const Case& c : {cases[2], cases[4]}) {
-    SCOPED_TRACE(::testing::Message() << "tf32 B=" << c.B << " T=" << c.T << " C=" << c.C << " NH=" << c.NH);
-    const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+  // The fp32 GEMM attention's variants against float64: --tf32 (its products on TF32 tensor cores,
+  // inputs rounded to 10-bit mantissas: the attention bound with that rounding of every GEMM
+  // input) at T 64 and 1024, and causal row blocks (a benchmark's knob,
+  // ops::set_gemm_attention_row_splits) at T 257 (2 splits: blocks of 192 rows, a short last one)
+  // and T 1024 (4 splits), which check the row kernels' widths on the GPU (the plan itself is
+  // checked on the CPU: GemmAttentionPlan).
+  struct Variant {
+    Case c;
+    bool tf32;
+    int64_t splits;
+  };
+  for (const Variant& v : {Variant{cases[2], true, 1}, Variant{cases[4], true, 1}, Variant{cases[3], false, 2},
+                           Variant{cases[4], false, 4}}) {
+    SCOPED_TRACE(::testing::Message() << (v.tf32 ? "tf32" : "fp32") << " splits=" << v.splits << " B=" << v.c.B
+                                      << " T=" << v.c.T << " C=" << v.c.C << " NH=" << v.c.NH);
+    const int64_t B = v.c.B, T = v.c.T, C = v.c.C, NH = v.c.NH;
     const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
     const int before = g_cuda_served.load();
+    gpu->device(0).set_math_mode(MathMode{.tf32 = v.tf32});
+    ops::set_gemm_attention_row_splits(v.splits);
     AttentionRun fused;
     {
       ScopedOpTable scoped(Backend::kCuda, &counting);
       fused = run_attention(gpu->device(0), DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
     }
+    ops::set_gemm_attention_row_splits(0);
+    gpu->device(0).set_math_mode(MathMode{});
     EXPECT_EQ(g_cuda_served.load() - before, 3);
     DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
     ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
@@ -500,31 +514,7 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
     backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
     backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
     expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH,
-                                   tolerance::kTf32Roundoff);
-  }
-  gpu->device(0).set_math_mode(MathMode{});
-  // Causal row blocks (a benchmark's knob, ops::set_gemm_attention_row_splits): fp32 at T 257 (2
-  // splits: blocks of 192 rows, a short last one) and T 1024 (4 splits), each of the row kernels'
-  // widths on the GPU against float64 (the plan itself is checked on the CPU: GemmAttentionPlan).
-  for (const auto& [c, splits] : {std::pair{cases[3], int64_t{2}}, std::pair{cases[4], int64_t{4}}}) {
-    SCOPED_TRACE(::testing::Message() << "fp32 splits=" << splits << " B=" << c.B << " T=" << c.T);
-    const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
-    const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
-    ops::set_gemm_attention_row_splits(splits);
-    const int before = g_cuda_served.load();
-    AttentionRun fused;
-    {
-      ScopedOpTable scoped(Backend::kCuda, &counting);
-      fused = run_attention(gpu->device(0), DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
-    }
-    ops::set_gemm_attention_row_splits(0);
-    EXPECT_EQ(g_cuda_served.load() - before, 3);
-    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
-    ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
-    DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
-    backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
-    backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
-    expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
+                                   v.tf32 ? tolerance::kTf32Roundoff : 0.0);
   }
 }
 
