@@ -410,6 +410,46 @@ TEST(FlashAttentionDispatch, FusedEntryServesOrDeclines) {
 const OpTable* g_cuda_real = nullptr;
 std::atomic<int> g_cuda_served{0};
 
+// The fp32 GEMM attention's variants against float64 (FusedMatchesTiledAndCpu's second part): --tf32
+// (its products on TF32 tensor cores, inputs rounded to 10-bit mantissas: the attention bound with
+// that rounding of every GEMM input) at T 64 and 1024, and causal row blocks (a benchmark's knob,
+// ops::set_gemm_attention_row_splits) at T 257 (2 splits: blocks of 192 rows, a short last one)
+// and T 1024 (4 splits), which check the row kernels' widths on the GPU (the plan itself is
+// checked on the CPU: GemmAttentionPlan). `counting` serves through the CUDA table, counted.
+void expect_gemm_attention_variants(Device& gpu, const OpTable& counting, const Case& t64, const Case& t257,
+                                    const Case& t1024, Rng& rng) {
+  struct Variant {
+    Case c;
+    bool tf32;
+    int64_t splits;
+  };
+  for (const Variant& v : {Variant{t64, true, 1}, Variant{t1024, true, 1}, Variant{t257, false, 2},
+                           Variant{t1024, false, 4}}) {
+    SCOPED_TRACE(::testing::Message() << (v.tf32 ? "tf32" : "fp32") << " splits=" << v.splits << " B=" << v.c.B
+                                      << " T=" << v.c.T << " C=" << v.c.C << " NH=" << v.c.NH);
+    const int64_t B = v.c.B, T = v.c.T, C = v.c.C, NH = v.c.NH;
+    const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
+    const int before = g_cuda_served.load();
+    gpu.set_math_mode(MathMode{.tf32 = v.tf32});
+    ops::set_gemm_attention_row_splits(v.splits);
+    AttentionRun fused;
+    {
+      ScopedOpTable scoped(Backend::kCuda, &counting);
+      fused = run_attention(gpu, DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
+    }
+    ops::set_gemm_attention_row_splits(0);
+    gpu.set_math_mode(MathMode{});
+    EXPECT_EQ(g_cuda_served.load() - before, 3);
+    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+    ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+    DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+    backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
+    backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
+    expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH,
+                                   v.tf32 ? tolerance::kTf32Roundoff : 0.0);
+  }
+}
+
 TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
   std::string reason;
   auto gpu = make_runtime(Backend::kCuda, &reason);
@@ -480,42 +520,7 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
       }
     }
   }
-  // The fp32 GEMM attention's variants against float64: --tf32 (its products on TF32 tensor cores,
-  // inputs rounded to 10-bit mantissas: the attention bound with that rounding of every GEMM
-  // input) at T 64 and 1024, and causal row blocks (a benchmark's knob,
-  // ops::set_gemm_attention_row_splits) at T 257 (2 splits: blocks of 192 rows, a short last one)
-  // and T 1024 (4 splits), which check the row kernels' widths on the GPU (the plan itself is
-  // checked on the CPU: GemmAttentionPlan).
-  struct Variant {
-    Case c;
-    bool tf32;
-    int64_t splits;
-  };
-  for (const Variant& v : {Variant{cases[2], true, 1}, Variant{cases[4], true, 1}, Variant{cases[3], false, 2},
-                           Variant{cases[4], false, 4}}) {
-    SCOPED_TRACE(::testing::Message() << (v.tf32 ? "tf32" : "fp32") << " splits=" << v.splits << " B=" << v.c.B
-                                      << " T=" << v.c.T << " C=" << v.c.C << " NH=" << v.c.NH);
-    const int64_t B = v.c.B, T = v.c.T, C = v.c.C, NH = v.c.NH;
-    const FVec qkv = rng.normal(B * T * 3 * C, 1.5f), dout = rng.normal(B * T * C), dqkv0 = rng.normal(B * T * 3 * C);
-    const int before = g_cuda_served.load();
-    gpu->device(0).set_math_mode(MathMode{.tf32 = v.tf32});
-    ops::set_gemm_attention_row_splits(v.splits);
-    AttentionRun fused;
-    {
-      ScopedOpTable scoped(Backend::kCuda, &counting);
-      fused = run_attention(gpu->device(0), DType::kF32, qkv, dout, dqkv0, B, T, C, NH);
-    }
-    ops::set_gemm_attention_row_splits(0);
-    gpu->device(0).set_math_mode(MathMode{});
-    EXPECT_EQ(g_cuda_served.load() - before, 3);
-    DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
-    ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
-    DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
-    backward_given_out_ref(r_acc, dout, qkv, fused.out, B, T, C, NH);
-    backward_given_out_ref(r_over, dout, qkv, fused.out, B, T, C, NH);
-    expect_within_attention_bounds(fused, r_out, r_acc, r_over, DType::kF32, qkv, dout, dqkv0, B, T, C, NH,
-                                   v.tf32 ? tolerance::kTf32Roundoff : 0.0);
-  }
+  expect_gemm_attention_variants(gpu->device(0), counting, cases[2], cases[3], cases[4], rng);
 }
 
 // ---- the GEMM attention's plan, on the CPU ---------------------------------------------------------
