@@ -5,7 +5,8 @@
 # LD_LIBRARY_PATH: toolkit first, then <site>/nvidia/*/lib, carried libraries only where the system
 # lacks them), ldd's "not found" check, the missing-GPU and old-driver sentences and exit codes, and
 # the per-op, GPT-2 and benchmark tables and the sanitizer summary on synthetic inputs, and the PyTorch
-# peer on a tiny CPU model where PyTorch is installed. Usage: test_gpu_check_pack.sh
+# peer on a tiny CPU model where PyTorch is installed, and (given zerotrain) that every zerotrain
+# call gpu-check makes parses and passes its checks. Usage: test_gpu_check_pack.sh [ZEROTRAIN]
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CHECK="$ROOT/scripts/gpu-check.sh"
@@ -274,6 +275,51 @@ contains "a skipped benchmark" "| BM_Gpt2Attention/cuda/tf32 | - | - | no CUDA d
 if grep -q "real_time_mean" "$T/bench.md"; then bad "an aggregate row was shown"; else ok "aggregates left out"; fi
 python3 "$ROOT/scripts/bench_table.py" "$T/missing.json" >/dev/null 2>&1
 expect "an unreadable file exits 2" 2 "$?"
+
+# 10. Every zerotrain call of gpu-check parses and passes its checks, so a renamed flag or a shape
+# that no longer splits fails here and not on a GPU visit: gpu-check against a fake nvidia-smi (an
+# H200 on driver 580) and a build tree whose zerotrain is a wrapper that maps the GPU device specs
+# to simulated devices and adds --print-config to `train` (every flag, the run's shape and paths
+# checked, nothing trained), the other commands run for real. A call may fail only for an input an
+# earlier, validated-only call would have written (a checkpoint), or for NCCL on simulated devices.
+ZT="${1:-}"
+if [[ -n $ZT && -x $ZT ]]; then
+  FB="$T/fakebuild"
+  mkdir -p "$FB/apps" "$T/fakebin"
+  printf '%s\n' '#!/usr/bin/env bash' 'case "$*" in' \
+    '  *name,driver_version*) echo "NVIDIA H200, 580.65.06, 143771 MiB, 9.0" ;;' \
+    '  *driver_version*) echo "580.65.06" ;;' '  *) echo "NVIDIA H200 (fake), driver 580.65.06" ;;' 'esac' \
+    >"$T/fakebin/nvidia-smi"
+  cat >"$FB/apps/zerotrain" <<WRAP
+#!/usr/bin/env bash
+args=()
+for a in "\$@"; do
+  case "\$a" in cuda) a=cpu:2 ;; cuda:0) a=cpu:1 ;; cuda:0x*) a="cpu:\${a#cuda:0x}" ;; esac
+  args+=("\$a")
+done
+[[ \${args[0]} == train ]] && args+=(--print-config)
+out="\$("$ZT" "\${args[@]}" 2>&1)"
+rc=\$?
+printf '%s\t%s\t%s\n' "\$rc" "\$*" "\$(grep -m1 -v '^\$' <<<"\$out")" >>"$T/calls.tsv"
+printf '%s\n' "\$out"
+exit \$rc
+WRAP
+  chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain"
+  OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 \
+    "$CHECK" >"$T/dry.log" 2>&1
+  calls=$(wc -l <"$T/calls.tsv" 2>/dev/null || echo 0)
+  ((calls >= 20)) && ok "gpu-check made $calls zerotrain calls" || bad "gpu-check made $calls zerotrain calls"
+  if grep -q "model gpt2-124m.*--cuda-graphs off" "$T/calls.tsv" && grep -q "model gpt2-124m.*--trace" "$T/calls.tsv"; then
+    ok "the GPT-2 runs, eager and traced, were among them"
+  else
+    bad "no eager or traced GPT-2 run among gpu-check's calls"
+  fi
+  awk -F'\t' '$1 != 0 && $3 !~ /does not exist|is neither a checkpoint directory/ && $3 !~ /--comm nccl needs CUDA devices/' "$T/calls.tsv" >"$T/calls-bad.tsv"
+  if [[ -s $T/calls-bad.tsv ]]; then bad "gpu-check's zerotrain calls that fail their checks:"; cat "$T/calls-bad.tsv"
+  else ok "every one parses and passes its checks"; fi
+else
+  echo "skip: no zerotrain binary given: gpu-check's calls not checked"
+fi
 
 if ((fails)); then
   echo "$fails check(s) failed"
