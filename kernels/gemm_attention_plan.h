@@ -3,7 +3,8 @@
 // operands as offsets into named buffers. The CUDA launcher maps the buffers to device pointers and
 // calls cuBLAS; a CPU test runs the same plan through a column-major reference GEMM in float64
 // (tests/kernels/test_flash_attention.cc), so a wrong transpose, leading dimension or stride fails
-// in CI, not first on a GPU. Host code only, no CUDA.
+// in CI, not first on a GPU. Host code, except row_width (ZT_HOST_DEVICE: the CUDA row kernels
+// use the same rule).
 //
 // Row-major <-> cuBLAS: a row-major [R, K] matrix with row stride ld is, read column-major, the
 // [K, R] matrix X^T with leading dimension ld; so the row-major Y = A B is the column-major
@@ -14,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "core/host_device.h"
 
 namespace zt::gemm_attention {
 
@@ -51,8 +54,13 @@ inline Dims dims(int64_t B, int64_t T, int64_t C, int64_t NH, int64_t group, int
           static_cast<float>(1.0 / std::sqrt(static_cast<double>(C / NH)))};
 }
 // The columns of score row t (query t) that the GEMMs write and the row kernels touch: its row
-// block's end. Above the diagonal inside that block the row kernels write 0 (P and dS).
-inline int64_t row_width(const Dims& d, int64_t t) { return std::min(d.T, (t / d.row_block + 1) * d.row_block); }
+// block's end (row_block = T: the whole row). Above the diagonal inside that block the row kernels
+// write 0 (P and dS). Host and device: the plan, its CPU test and the CUDA row kernels share it.
+ZT_HOST_DEVICE inline int64_t row_width(int64_t t, int64_t T, int64_t row_block) {
+  const int64_t end = (t / row_block + 1) * row_block;
+  return end < T ? end : T;
+}
+inline int64_t row_width(const Dims& d, int64_t t) { return row_width(t, d.T, d.row_block); }
 
 struct Chunk {
   int64_t b, h0, nh;

@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_attention_plan.h"
 #include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
@@ -145,7 +146,7 @@ __global__ void causal_softmax_forward_kernel(float* att, const float* preatt, f
     for (int64_t j = lane; j <= t; j += kWarpSize) s += exp_elem(x[j] - m);
     s = detail::warp_sum(s);
     const float inv = static_cast<float>(1.0 / s);
-    const int64_t width = min(T, (t / row_block + 1) * row_block);  // the columns the row's GEMMs use
+    const int64_t width = gemm_attention::row_width(t, T, row_block);  // the columns the row's GEMMs use
     for (int64_t j = lane; j < width; j += kWarpSize) y[j] = j <= t ? exp_elem(x[j] - m) * inv : 0.0f;
     if (lse != nullptr && lane == 0) lse[r] = m + logf(static_cast<float>(s));
   }

@@ -66,7 +66,7 @@ __global__ void softmax_backward_rows_kernel(float* __restrict__ S, float* __res
     const float L = lse[r];
     float* p = S + r * T;
     float* g = dP + r * T;
-    const int64_t width = min(T, (i / row_block + 1) * row_block);
+    const int64_t width = zt::gemm_attention::row_width(i, T, row_block);
     for (int64_t j = lane; j < width; j += kWarpSize) {
       const float pj = j <= i ? exp_elem(p[j] - L) : 0.0f;
       const float dpj = g[j];

@@ -242,10 +242,16 @@ class OpsFixture : public ::testing::TestWithParam<Backend> {
   DevTensor typed(const FVec& host, Shape shape, DType t) {
     if (t == DType::kF32) return tensor(host, shape);
     DevTensor d = empty(shape, t);
+    upload_typed(d, host);
+    return d;
+  }
+  // round_to(host, d's type) into d (f32, bf16, f16), at d's address (a captured graph's input).
+  static void upload_typed(DevTensor& d, const FVec& host) {
+    const DType t = d.view().dtype;
+    if (t == DType::kF32) return d.upload(host);
     std::vector<uint16_t> bits(host.size());
     for (size_t i = 0; i < host.size(); ++i) bits[i] = bits16(host[i], t);
     d.upload(bits);
-    return d;
   }
   // The values of a tensor of any floating type, widened.
   static FVec values(const DevTensor& d) {

@@ -15,7 +15,20 @@ namespace {
 
 using namespace op_test;
 
-class GraphOpsTest : public OpsFixture {};
+class GraphOpsTest : public OpsFixture {
+ protected:
+  // `issue` once eagerly (warm-up: library state a stream makes on first use, such as cuBLAS
+  // handles, cuDNN graphs and the attention block, comes from the pool, which a capture refuses),
+  // then once under capture: the graph.
+  template <typename F>
+  std::unique_ptr<StreamGraph> warm_up_and_capture(F&& issue) {
+    issue();
+    sync();
+    s().begin_capture();
+    issue();
+    return s().end_capture();
+  }
+};
 
 // out = gelu(in @ w^T + b); din/dw/db from the backward with out as dout; res = out + h. (Not
 // ops::sum: its CUDA entry takes a workspace from the pool per call, which a capture refuses.)
@@ -43,12 +56,7 @@ TEST_P(GraphOpsTest, ReplayEqualsEagerOnFreshInputs) {
   c.w.upload(rng_.normal(c.OC * c.C, 0.2f));
   c.b.upload(rng_.normal(c.OC, 0.1f));
   c.in.upload(rng_.normal(c.N * c.C));
-  c.issue(s());  // warm-up: library state a stream creates on first use comes from the pool
-  sync();
-
-  s().begin_capture();
-  c.issue(s());
-  const std::unique_ptr<StreamGraph> g = s().end_capture();
+  const std::unique_ptr<StreamGraph> g = warm_up_and_capture([&] { c.issue(s()); });
   ASSERT_GE(g->size(), 5u);
   for (int round = 0; round < 3; ++round) {
     const FVec x = rng_.normal(c.N * c.C);
@@ -101,19 +109,9 @@ TEST_P(GraphOpsTest, SixteenBitBlockCapturesAndReplaysTheEagerBits) {
   for (const DType t : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(dtype_name(t));
     Block16 k(*dev_, s(), t);
-    auto upload = [&](DevTensor& d, float scale) {
-      const FVec v = rng_.normal(d.view().numel(), scale);
-      std::vector<uint16_t> bits(v.size());
-      for (size_t i = 0; i < v.size(); ++i) bits[i] = op_test::bits16(v[i], t);
-      d.upload(bits);
-    };
+    auto upload = [&](DevTensor& d, float scale) { upload_typed(d, rng_.normal(d.view().numel(), scale)); };
     upload(k.w1, 0.1f), upload(k.b1, 0.1f), upload(k.w2, 0.1f), upload(k.b2, 0.1f), upload(k.qkv, 1.0f);
-    k.issue(s());  // warm-up: cuBLAS/cuBLASLt handles, cuDNN graphs and the attention block come from the pool
-    sync();
-
-    s().begin_capture();
-    k.issue(s());
-    const std::unique_ptr<StreamGraph> g = s().end_capture();
+    const std::unique_ptr<StreamGraph> g = warm_up_and_capture([&] { k.issue(s()); });
     ASSERT_GE(g->size(), 8u);
     for (int round = 0; round < 2; ++round) {
       upload(k.qkv, 1.0f);
