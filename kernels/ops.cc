@@ -547,7 +547,7 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   const OpTable& fill_k = f32_kernel(s, OpId::kFill);
   const OpTable& gelu = f32_kernel(s, OpId::kGeluBackward);
   const OpTable* cast_k = t.out == DType::kF32 ? nullptr : &require_kernel(s, OpId::kCast, {DType::kF32, t.out});
-  const OpTable* bias_k = db != nullptr ? &f32_kernel(s, OpId::kBiasBackward) : nullptr;
+  const OpTable* bias_k = db != nullptr ? &require_kernel(s, OpId::kBiasBackward, {t.out}) : nullptr;
   const bool wide_out = t.out == DType::kF32;
   // fp32 scratch: dgrad, and for a 16-bit dpre also the widened pre_gelu and the fp32 dpre.
   DeviceBuffer scratch(s.device().memory(), static_cast<size_t>(n) * 4 * (wide_out ? 1 : 3), s,
@@ -560,8 +560,8 @@ void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTe
   if (!wide_out) cast_k->cast(s, dgrad + n, DType::kF32, pre_gelu.data, t.out, n);
   fill_k.fill(s, d32, DType::kF32, n, 0.0f);
   gelu.gelu_backward(s, d32, pre, dgrad, DType::kF32, n);
-  if (bias_k != nullptr) bias_k->bias_backward(s, db, d32, DType::kF32, N, C);
   if (!wide_out) cast_k->cast(s, dpre.data, t.out, d32, DType::kF32, n);
+  if (bias_k != nullptr) bias_k->bias_backward(s, db, dpre.data, t.out, N, C);  // the stored dpre's column sums
 }
 
 // ---- bias --------------------------------------------------------------------------------------

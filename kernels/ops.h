@@ -142,9 +142,12 @@ void matmul_gelu_forward(Stream& s, TensorView out_gelu, TensorView pre_gelu, Co
 // The input gradient of a matmul whose input was gelu(pre_gelu), carried through the GELU:
 // dpre[N,C] = gelu'(pre_gelu) * (dout[N,OC] @ weight[OC,C]), OVERWRITTEN (not +=: the GEMM's
 // epilogue writes it); dbias[C] += sum_rows(dpre) if given (the bias gradient of the layer that
-// produced pre_gelu, summed from the fp32 values before dpre's rounding). On the CPU backend, for
-// f32, the bits of matmul_backward into a zeroed buffer, gelu_backward into a zeroed dpre and
-// bias_backward (the ops the GPT's MLP ran before this op existed). Dtypes as
+// produced pre_gelu): the column sums of the stored dpre, bias_backward(dbias, dpre)'s bits, as
+// every other bias gradient sums its stored output gradient (llm.c likewise; a split backward that
+// takes it from matmul_backward's dbias then adds the same bits, and a 16-bit dpre needs no fp32
+// bias output from cuBLASLt's epilogue, which offers none). On the CPU backend, for f32, the bits
+// of matmul_backward into a zeroed buffer, gelu_backward into a zeroed dpre and bias_backward (the
+// ops the GPT's MLP ran before this op existed). Dtypes as
 // matmul_backward: dout/weight the input type, dpre and pre_gelu one dtype (f32 or that type).
 void matmul_backward_dgelu(Stream& s, TensorView dpre, TensorView dbias, ConstTensorView dout,
                            ConstTensorView weight, ConstTensorView pre_gelu);

@@ -178,7 +178,7 @@ inline GeluForwardBounds matmul_gelu_forward_bounds(DType t, const DVec& in, con
 }
 
 // matmul_backward_dgelu: dgrad = dout[N, OC] @ W[OC, C] (K = OC, rounded to t where the library
-// does), dpre = gelu'(pre) * dgrad stored as t; dbias[C] += column sums of dpre (fp32). pre is an
+// does), dpre = gelu'(pre) * dgrad stored as t; dbias[C] += column sums of the stored dpre (fp32). pre is an
 // input (exact); r_dgrad is the float64 dout @ W.
 struct DgeluBounds {
   DVec dpre, dbias;

@@ -142,7 +142,8 @@ void matmul_gelu_forward(void* out_gelu, void* pre_gelu, const void* in, const v
 }
 
 // dgrad = dout @ weight accumulated onto zeros, dpre = 0 + gelu'(pre) * dgrad (gelu_backward onto
-// a zeroed buffer), dbias += its column sums: for f32 the unfused ops' sequence, bit for bit.
+// a zeroed buffer), dbias += the stored dpre's column sums (bias_backward's bits): for f32 the
+// unfused ops' sequence, bit for bit.
 void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const void* weight, const void* pre_gelu,
                            MatmulTypes t, int64_t N, int64_t C, int64_t OC, bool tf32) {
   const int64_t n = N * C;
@@ -154,8 +155,8 @@ void matmul_backward_dgelu(void* dpre, float* dbias, const void* dout, const voi
   const GemmOutput d(dpre, t.out, n, false);
   fill(d.get(), n, 0.0f);
   gelu_backward(d.get(), pre.get(), dgrad.data(), n);
-  if (dbias != nullptr) add_column_sums(dbias, d.get(), N, C);
   d.store(n);
+  if (dbias != nullptr) bias_backward(dbias, dpre, t.out, N, C);
 }
 
 void bias_forward(void* x, const void* bias, DType act, DType wt, int64_t N, int64_t C) {

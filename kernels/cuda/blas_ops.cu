@@ -106,20 +106,16 @@ void forward_epilogue(cudaStream_t stream, void* pre, void* out, const float* ac
   }
 }
 
-// dgelu on the fp32 product g [N*C]: v = gelu'(pre) * g; g = v (kept for the bias gradient);
-// dpre = round(v). dpre may alias g (fp32).
+// dgelu on the fp32 product g [N*C]: dpre = round(gelu'(pre) * g). dpre may alias g (fp32).
 template <typename T>
-__global__ void dgelu_kernel(T* dpre, float* g, const T* pre, int64_t n) {
+__global__ void dgelu_kernel(T* dpre, const float* g, const T* pre, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float v = gelu_grad_elem(to_float(pre[i])) * g[i];
-    g[i] = v;
-    dpre[i] = from_float<T>(v);
-  }
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dpre[i] = from_float<T>(gelu_grad_elem(to_float(pre[i])) * g[i]);
 }
 
 template <typename T>
-void launch_dgelu(cudaStream_t stream, void* dpre, float* g, const void* pre, int64_t n) {
+void launch_dgelu(cudaStream_t stream, void* dpre, const float* g, const void* pre, int64_t n) {
   dgelu_kernel<T><<<detail::grid_for(n), detail::kElementwiseBlock, 0, stream>>>(static_cast<T*>(dpre), g,
                                                                                  static_cast<const T*>(pre), n);
   ZT_CUDA_CHECK(cudaGetLastError());
@@ -258,8 +254,8 @@ void matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void* d
   } else {
     launch_dgelu<Half>(scope.stream(), dpre, g, pre_gelu, n);
   }
-  // The bias gradient from the fp32 values, before dpre's rounding.
-  if (dbias != nullptr) detail::add_column_sums(scope.stream(), dbias, static_cast<const float*>(g), N, C);
+  // The bias gradient: the stored dpre's column sums (ops.h), bias_backward's bits.
+  if (dbias != nullptr) bias_backward(stream, dbias, dpre, t.out, N, C);
 }
 
 // ---- LM head over a padded vocabulary: V columns of logits rows of ld >= V elements (ldc = ld),

@@ -1,12 +1,14 @@
 // The matmul family on cuBLASLt (kernels/ops.h): fp32 (TF32 under MathMode::tf32) or 16-bit inputs
 // with fp32 accumulation (CUBLAS_COMPUTE_32F) and the epilogues that spare a pass over memory:
-// BIAS (forward), GELU_AUX_BIAS (forward: pre-GELU aux and GELU output), DGELU_BGRAD (backward
-// through the GELU, with the bias gradient), BGRADB (the weight GEMM's bias gradient).
+// BIAS (forward), GELU_AUX_BIAS (forward: pre-GELU aux and GELU output), DGELU (backward through
+// the GELU; DGELU_BGRAD with the bias gradient for an fp32 output), BGRADB (the weight GEMM's bias
+// gradient).
 //
 // Each launcher returns false, having launched nothing, when cuBLASLt refuses any of its GEMMs (no
 // algorithm for the shape, dtypes, epilogue or alignments: e.g. an aux leading dimension that is
 // not a multiple of 8, odd 16-bit leading dimensions, a bias-gradient type it does not write) or
-// when ZT_CUBLASLT=off; kernels/cuda/op_table.cc then runs the plain cuBLAS path (blas_ops.cu).
+// when ZT_CUBLASLT=off; kernels/cuda/op_table.cc then runs the plain cuBLAS path (blas_ops.cu),
+// and the first refusal of each kind of GEMM says so in one line on stderr.
 // The heuristic runs once per problem and stream (cublas_handle.h GemmContext::lt_algos) and is
 // told the stream's pool workspace, so every algorithm it picks fits in it.
 //
@@ -15,7 +17,11 @@
 // Row-major <-> column-major as in blas_ops.cu: the row-major product Y = A @ B is the
 // column-major Y^T = B^T A^T, operands swapped.
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "kernels/cuda/cublas_handle.h"
@@ -118,6 +124,53 @@ LtKey key_of(const LtGemm& g) {
                alignment(g.A), alignment(g.B), alignment(g.D), alignment(g.bias), alignment(g.aux), 0, 0, 0, 0};
 }
 
+const char* type_name(cudaDataType_t t) {
+  return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_16F ? "fp16" : t == CUDA_R_32F ? "fp32" : "other";
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT:
+      return "plain";
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+      return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU:
+      return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+      return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "other";
+  }
+}
+
+// The process's one stderr line per kind of GEMM (epilogue, types) that cuBLASLt refuses: the
+// plain cuBLAS path then runs it, slower (an unfused epilogue, an fp32 scratch for 16-bit outputs),
+// which a GPU run's log should show without a profiler. ZT_CUBLASLT=off refuses silently.
+void note_refusal(const LtGemm& g, cublasStatus_t status, int found) {
+  static std::mutex mu;
+  static std::set<std::tuple<int, int, int, int, int>> noted;
+  const std::lock_guard<std::mutex> lock(mu);
+  const int bias = g.bias != nullptr ? static_cast<int>(g.bias_type) : -1;
+  if (!noted.insert({static_cast<int>(g.epilogue), static_cast<int>(g.ab), static_cast<int>(g.d), bias, g.tf32 ? 1 : 0})
+           .second)
+    return;
+  std::fprintf(stderr,
+               "note: cuBLASLt has no kernel for a %s GEMM (A/B %s%s, D %s%s%s, m %lld n %lld k %lld: %s); the plain "
+               "cuBLAS path runs this kind of GEMM instead (slower)\n",
+               epilogue_name(g.epilogue), type_name(g.ab), g.tf32 ? " tf32" : "", type_name(g.d),
+               bias >= 0 ? ", bias " : "", bias >= 0 ? type_name(g.bias_type) : "", static_cast<long long>(g.m),
+               static_cast<long long>(g.n), static_cast<long long>(g.k),
+               status != CUBLAS_STATUS_SUCCESS ? cublasGetStatusName(status)
+               : found == 0                    ? "no algorithm"
+                                               : "the algorithm found cannot run it");
+}
+
 // The cached algorithm for g, asking the heuristic the first time; nullptr: cuBLASLt refuses g.
 const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
   const LtKey key = key_of(g);
@@ -159,6 +212,7 @@ const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
     // NOT_SUPPORTED / INVALID_VALUE / no result: cuBLASLt has no kernel for this problem.
     entry.usable = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (entry.usable) entry.algo = result.algo;
+    if (!entry.usable) note_refusal(g, status, found);
     it = ctx.lt_algos->emplace(key, entry).first;
   }
   return it->second.usable ? &it->second.algo : nullptr;
@@ -276,19 +330,22 @@ bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void
   detail::LaunchScope scope(stream);
   const GemmContext ctx = gemm_context(scope.stream());
   if (ctx.lt == nullptr) return false;
-  if (dbias != nullptr && lt_bias_scratch_bytes(C) > ctx.bias_scratch_bytes) return false;
+  // dpre^T[C,N] = dgelu(W^T dout^T, pre^T). The bias gradient is the stored dpre's column sums
+  // (ops.h). cuBLASLt's DGELU_BGRAD writes it in dpre's type (its bias output is D's type, the
+  // exceptions being integer and fp8 kernels): for an fp32 dpre the epilogue sums it; a 16-bit dpre
+  // takes DGELU alone and bias_backward's column sums of its stored values (one read of dpre).
+  const bool bgrad = dbias != nullptr && t.out == DType::kF32;
+  if (bgrad && lt_bias_scratch_bytes(C) > ctx.bias_scratch_bytes) return false;
   float* const bias_scratch = ctx.bias_scratch;
-  // dpre^T[C,N] = dgelu(W^T dout^T, pre^T); the bias gradient (sum over N of dpre) is written in
-  // dpre's type by cuBLASLt, so a 16-bit dpre asks for an fp32 one and is refused where that
-  // combination is not offered.
   LtGemm g = din_gemm(dpre, dout, weight, t, N, C, OC, tf32, 0.0f);
-  g.epilogue = dbias != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  g.epilogue = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   g.aux = pre_gelu, g.aux_ld = C;
-  if (dbias != nullptr) g.bias = bias_scratch, g.bias_type = CUDA_R_32F;
+  if (bgrad) g.bias = bias_scratch, g.bias_type = CUDA_R_32F;
   const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
-  if (dbias != nullptr) add_into(scope.stream(), dbias, bias_scratch, C);
+  if (bgrad) add_into(scope.stream(), dbias, bias_scratch, C);
+  if (dbias != nullptr && !bgrad) bias_backward(stream, dbias, dpre, t.out, N, C);
   return true;
 }
 
