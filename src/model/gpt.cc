@@ -89,7 +89,8 @@ enum class BlockPass { kForward, kSelective, kFull };
 // 1/D of the columns. Under recomputation, layers share slots that backward re-runs the writing op
 // into right before reading:
 //  - selective: ln1, ln2 (outputs; mean/rstd stay) and the GELU output, re-run from the kept
-//    residual and fch (re-running attention would cost its forward to save O(T) a row);
+//    residual and residual2 (D = 1: c_fc's GEMM with its GELU, one fused op; D > 1 the GELU of the
+//    kept fch); re-running attention would cost its forward to save O(T) a row;
 //  - full: all but residual3 (the next block's input); the block's output projection and add are
 //    not re-run (backward never reads them).
 // A split backward keeps per layer what backward_weight reads (D = 1: the matmuls' and layernorms'
@@ -610,10 +611,11 @@ class Gpt final : public Model {
       ops::layernorm_forward(s, ln2, ws.f32(A.ln2_mean, Shape{R}), ws.f32(A.ln2_rstd, Shape{R}), res2, w(kLn2w), w(kLn2b),
                              kGptLayerNormEps);
     }
-    // D = 1: c_fc and its GELU in one op (a GEMM epilogue on GPUs). It takes the GELU of the fp32
-    // sum, not of the rounded fch, so in 16 bits a selective recompute re-runs it (rewriting fch's
-    // same bits); in fp32 the GELU alone has the fused op's bits on the CPU backend.
-    if (P.D == 1 && (matmuls || ws.dtype != DType::kF32)) {
+    // D = 1: c_fc and its GELU in one op (a GEMM epilogue on GPUs). A selective recompute re-runs
+    // it (rewriting fch's same bits): in 16 bits it takes the GELU of the fp32 sum, not of the
+    // rounded fch, and on CUDA cuBLASLt's epilogue evaluates GELU its own way in fp32 too, so the
+    // GELU alone would give other bits than the forward's.
+    if (P.D == 1) {
       ops::matmul_gelu_forward(s, fch_gelu, fch, ln2, w(kFcw), w(kFcb));
     } else {
       if (matmuls) ws.column_matmul(s, fch, ln2, w(kFcw), w(kFcb), "tp ln_2");
