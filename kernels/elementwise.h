@@ -66,27 +66,41 @@ ZT_HOST_DEVICE ZT_FORCEINLINE float relu_grad_elem(float x, float dout) {
   return x > 0.0f ? dout : 0.0f;
 }
 
+// a * b rounded to float before any addition uses it. The optimizer updates below promise the
+// host's bits on the device (optimizer offload runs the host loop, built with -ffp-contract=off,
+// in place of the CUDA kernel: optimizers/optimizers.h), but nvcc contracts a * b + c into one FMA
+// by default (--fmad=true); __fmul_rn is never contracted. Divisions and sqrtf are IEEE-rounded
+// on both (nvcc's default -prec-div/-prec-sqrt), so with every product rounded the bits agree.
+ZT_HOST_DEVICE ZT_FORCEINLINE float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // One AdamW step for one element, as llm.c: p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p), the
-// decoupled decay of torch.optim.AdamW. bias_correction{1,2} = 1 - beta^step.
+// decoupled decay of torch.optim.AdamW. bias_correction{1,2} = 1 - beta^step. Every product that
+// is added goes through mul_rn: the host's bits on the GPU too.
 ZT_HOST_DEVICE ZT_FORCEINLINE void adamw_elem(float& p, float g, float& m, float& v, float lr,
                                               float beta1, float beta2, float eps,
                                               float weight_decay, float bias_correction1,
                                               float bias_correction2, float grad_scale) {
   g *= grad_scale;
-  m = beta1 * m + (1.0f - beta1) * g;
-  v = beta2 * v + (1.0f - beta2) * g * g;
+  m = mul_rn(beta1, m) + mul_rn(1.0f - beta1, g);
+  v = mul_rn(beta2, v) + mul_rn((1.0f - beta2) * g, g);
   const float m_hat = m / bias_correction1;
   const float v_hat = v / bias_correction2;
-  p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+  p -= mul_rn(lr, m_hat / (sqrtf(v_hat) + eps) + mul_rn(weight_decay, p));
 }
 
 // One SGD step for one element: g' = g*grad_scale + wd p; buf = momentum buf + g';
-// p -= lr (nesterov ? g' + momentum buf : buf).
+// p -= lr (nesterov ? g' + momentum buf : buf). Products through mul_rn, as adamw_elem.
 ZT_HOST_DEVICE ZT_FORCEINLINE void sgd_elem(float& p, float g, float& buf, float lr, float momentum,
                                             float weight_decay, bool nesterov, float grad_scale) {
-  const float gp = g * grad_scale + weight_decay * p;
-  buf = momentum * buf + gp;
-  p -= lr * (nesterov ? gp + momentum * buf : buf);
+  const float gp = mul_rn(g, grad_scale) + mul_rn(weight_decay, p);
+  buf = mul_rn(momentum, buf) + gp;
+  p -= mul_rn(lr, nesterov ? gp + mul_rn(momentum, buf) : buf);
 }
 
 // 1 - beta^step in double, rounded once to float. beta^step by binary exponentiation (only

@@ -492,6 +492,70 @@ TEST_P(OptimTest, BitsEqualThePerTensorOps) {
   }
 }
 
+// Optimizer offload runs the host loop (adamw_host / sgd_host) in place of the device op and
+// promises the device op's bits (README, "Optimizer offload"). On CUDA that holds only when nvcc
+// contracts none of the update's products into an FMA (kernels/elementwise.h mul_rn; the first
+// CUDA build contracted four of AdamW's): the same segments through both, byte for byte, with a
+// loss scale, a clip factor, weight decay, 16-bit gradients and working copies. On the CPU
+// backend both are the same loop; the CUDA instance is the check.
+TEST_P(OptimTest, HostUpdateEqualsTheDeviceUpdateBitForBit) {
+  const float inv = 1.0f / 1024.0f, clip = 0.75f, no_skip = 0.0f;
+  DeviceBuffer inv_d = scalar(inv), clip_d = scalar(clip), skip_d = scalar(no_skip);
+  const std::vector<int64_t> sizes = {1, 7, 257, kMultiTensorChunk + 1};
+  for (ParamMode mode : {ParamMode::kIsMaster, ParamMode::kBF16}) {
+    for (DType gt : {DType::kF32, DType::kBF16}) {
+      for (int kind = 0; kind < 3; ++kind) {  // AdamW, SGD, SGD with Nesterov momentum
+        SCOPED_TRACE(::testing::Message() << mode_name(mode) << ", grad " << dtype_name(gt) << ", "
+                                          << (kind == 0 ? "AdamW" : kind == 1 ? "SGD" : "SGD Nesterov"));
+        const bool adamw = kind == 0;
+        const std::vector<HostSeg> hs = make_segs(rng_, sizes, gt, 1024.0f);
+        DevSegs d = upload(hs, mode, gt, adamw);
+        // The host copies of the same segments.
+        std::vector<FVec> master(hs.size()), m(hs.size()), v(hs.size());
+        std::vector<Bytes> grad(hs.size()), param(hs.size());
+        std::vector<OptimizerSegment> host_list = d.list;  // n, weight decay, rng offset
+        for (size_t i = 0; i < hs.size(); ++i) {
+          master[i] = hs[i].master, m[i] = hs[i].m, v[i] = hs[i].v, grad[i] = encode(hs[i].grad, gt);
+          param[i] = Bytes(static_cast<size_t>(hs[i].n) * dtype_size(d.param_dtype), 0xff);
+          OptimizerSegment& seg = host_list[i];
+          seg.master = master[i].data(), seg.m = m[i].data(), seg.v = adamw ? v[i].data() : nullptr;
+          seg.grad = grad[i].data();
+          seg.param = mode == ParamMode::kIsMaster ? static_cast<void*>(seg.master) : param[i].data();
+        }
+        StepScalars dev_sc, host_sc;
+        dev_sc.inv_loss_scale = static_cast<const float*>(inv_d.data());
+        dev_sc.clip = static_cast<const float*>(clip_d.data());
+        dev_sc.found_inf = static_cast<const float*>(skip_d.data());
+        host_sc.inv_loss_scale = &inv, host_sc.clip = &clip, host_sc.found_inf = &no_skip;
+        if (adamw) {
+          const AdamWConfig hp{3e-3f, 0.9f, 0.95f, 1e-8f, 7};
+          optim::adamw_multi(s(), d.segs(), d.param_dtype, gt, hp, dev_sc);
+          optim::adamw_host(host_list, d.param_dtype, gt, hp, host_sc);
+        } else {
+          const SgdConfig hp{0.1f, 0.9f, kind == 2, 7};
+          optim::sgd_multi(s(), d.segs(), d.param_dtype, gt, hp, dev_sc);
+          optim::sgd_host(host_list, d.param_dtype, gt, hp, host_sc);
+        }
+        s().synchronize();
+        bool moved = false;
+        for (size_t i = 0; i < hs.size(); ++i) {
+          SCOPED_TRACE(::testing::Message() << "segment " << i << " (n = " << hs[i].n << ")");
+          const SegOut o = download(d, i);
+          EXPECT_TRUE(same_bytes(o.master, encode(master[i], DType::kF32))) << "master";
+          EXPECT_TRUE(same_bytes(o.m, encode(m[i], DType::kF32))) << "m";
+          if (adamw) {
+            EXPECT_TRUE(same_bytes(o.v, encode(v[i], DType::kF32))) << "v";
+          }
+          EXPECT_TRUE(same_bytes(o.param, mode == ParamMode::kIsMaster ? encode(master[i], DType::kF32) : param[i]))
+              << "working copy";
+          moved = moved || master[i] != hs[i].master;
+        }
+        EXPECT_TRUE(moved) << "the update changed nothing: the comparison proves nothing";
+      }
+    }
+  }
+}
+
 // found_inf != 0 when the op runs: nothing is written (the poisoned working copy stays poisoned);
 // found_inf == 0: the step runs.
 TEST_P(OptimTest, SkippedStepWritesNothing) {
