@@ -6,6 +6,7 @@
 
 #if ZT_WITH_CUDA
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -627,6 +628,34 @@ TEST(CudaFault, InjectedErrorFailsEverySynchronizationPoint) {
   EXPECT_THROW(dev->synchronize_for(std::chrono::seconds(10)), Error);
 }
 
+// A failed device's synchronize_for reports the failure once its queued work has drained (World's
+// destructor frees what that work uses after it returns), and its later host functions are
+// skipped (their captures may be gone by the time a recovery's teardown lets them run).
+TEST(CudaFault, FailedDeviceDrainsBeforeReportingAndSkipsHostFunctions) {
+  ZT_SKIP_WITHOUT_GPU();
+  using namespace std::chrono_literals;
+  auto dev = one_device();
+  std::atomic<bool> started{false}, release{false}, later_ran{false};
+  dev->compute().host_func([&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  auto done = dev->create_event();
+  dev->compute().record(*done);
+  while (!started) std::this_thread::sleep_for(1ms);  // running: not skipped by the fault below
+  dev->inject_fault(FaultKind::kError);
+  dev->compute().host_func([&] { later_ran = true; });
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(50ms);
+    release = true;
+  });
+  EXPECT_THROW(dev->synchronize_for(std::chrono::seconds(30)), Error);
+  EXPECT_TRUE(done->query()) << "synchronize_for reported the failure before the queued work drained";
+  releaser.join();
+  EXPECT_THROW(dev->compute().synchronize(), Error);
+  EXPECT_FALSE(later_ran.load()) << "a host function of a failed device ran";
+}
+
 TEST(CudaFault, InjectedHangBlocksUntilAbandoned) {
   ZT_SKIP_WITHOUT_GPU();
   using namespace std::chrono_literals;
@@ -641,6 +670,8 @@ TEST(CudaFault, InjectedHangBlocksUntilAbandoned) {
 
   d0.inject_fault(FaultKind::kHang);
   EXPECT_TRUE(d0.hang_injected());
+  std::atomic<bool> hung_ran{false};
+  d0.compute().host_func([&] { hung_ran = true; });  // released by abandon(): skipped
   d0.compute().memset(a->data(), 0x5a, n);
   auto after_hang = d0.create_event();
   d0.compute().record(*after_hang);
@@ -666,6 +697,7 @@ TEST(CudaFault, InjectedHangBlocksUntilAbandoned) {
       EXPECT_NE(e.message().find("watchdog"), std::string::npos) << e.message();
     }
     after_hang->synchronize();  // released: the queued work ran
+    EXPECT_FALSE(hung_ran.load()) << "a host function of the abandoned device ran";
     d1.compute().synchronize();
     EXPECT_FALSE(d1.failed());
     a.reset();

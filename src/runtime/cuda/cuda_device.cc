@@ -23,13 +23,20 @@
 //    exit, every call fails, and a failed device must still be destroyable.
 //  - Injected faults live in this wrapper, never in the CUDA context (a real sticky error would
 //    poison every logical device sharing the GPU, and the process could not recover). kError marks
-//    the device failed: every synchronization point of every stream of it throws; the GPU itself
-//    is fine and work enqueued later still runs. kHang enqueues on every stream of the device a
-//    host function that blocks until abandon() (a HangGate): the streams really stop answering,
-//    and so do events recorded after it and other streams waiting on those. After abandon(), the
-//    streams run what was queued behind the gate (for real: the data is garbage, the device being
+//    the device failed: every synchronization point of every stream of it throws (synchronize_for
+//    only once the streams drained, as synchronize(): a caller tearing down after the failure, as
+//    World's destructor, relies on the queue being empty); the GPU itself is fine and kernels and
+//    copies enqueued later still run. kHang enqueues on every stream of the device a host function
+//    that blocks until abandon() (a HangGate): the streams really stop answering, and so do events
+//    recorded after it and other streams waiting on those. After abandon(), the streams run the
+//    kernels and copies queued behind the gate (for real: the data is garbage, the device being
 //    failed), and synchronize()/query() of the device throw at once without calling CUDA, so that
 //    a host thread is never blocked by a truly stuck GPU it has given up on.
+//  - Host functions of a failed device (injected error, abandonment, an earlier host function's
+//    exception, a CUDA error) are skipped, as CUDA skips cudaLaunchHostFunc work after a sticky
+//    context error and as the CPU backend skips every later operation: a recovery frees what their
+//    captures point to (the offloaded optimizer's rank, a workspace) without waiting for an
+//    abandoned device, whose released work then runs while the owners are being destroyed.
 //  - CUDA may run the host functions of one context on a single thread: a parked HangGate can
 //    delay host functions of other logical devices sharing the GPU until abandon().
 //  - Task observer (runtime/observer.h): while a device has one, every op launched through the op
@@ -371,8 +378,15 @@ class CudaStream final : public Stream {
 
   // Called from CUDA's host-function thread.
   void record_host_failure(const std::string& what);
-  // Polls query() until the stream is idle (true) or `deadline` passes (false).
+  // Called from CUDA's host-function thread: the device failed, host functions are skipped.
+  bool skips_host_functions() const;
+  // Polls until the stream is idle (true) or `deadline` passes (false), then reports like
+  // synchronize(): a failed device's error is thrown once its queued work has drained.
   bool synchronize_until(std::chrono::steady_clock::time_point deadline);
+  // The two halves of synchronize_until: drain_until polls without reporting the device's failure
+  // (it throws only for an abandoned device, a capture or a CUDA error); report() rethrows it.
+  bool drain_until(std::chrono::steady_clock::time_point deadline);
+  void report();
   // Enqueues a host function that blocks the stream until `gate` is released (injected hang).
   void park_on(const std::shared_ptr<HangGate>& gate);
 
@@ -396,6 +410,8 @@ class CudaStream final : public Stream {
   void release_events() noexcept;
   void check(cudaError_t err, const char* call, int line);
   void rethrow_host_failure();
+  // cudaStreamQuery without reporting the device's failure (see drain_until).
+  bool idle();
   void copy_staged(void* dst, const void* src, size_t bytes);
   // Fails the capture and throws the refusal (a call CUDA refuses during capture).
   [[noreturn]] void refuse_in_capture(CaptureRule rule);
@@ -477,6 +493,7 @@ class InternalSpan {
 // A host function inside a graph: the graph owns the payload (every replay runs it again).
 void CUDART_CB run_captured_host_func(void* user_data) {
   auto* payload = static_cast<HostFuncPayload*>(user_data);
+  if (payload->stream->skips_host_functions()) return;
   try {
     payload->fn();
   } catch (const std::exception& e) {
@@ -489,6 +506,7 @@ void CUDART_CB run_captured_host_func(void* user_data) {
 void CUDART_CB run_host_func(void* user_data) {
   // The payload, and so fn's captures, die on CUDA's thread: captures must not call CUDA either.
   std::unique_ptr<HostFuncPayload> payload(static_cast<HostFuncPayload*>(user_data));
+  if (payload->stream->skips_host_functions()) return;
   try {
     payload->fn();
   } catch (const std::exception& e) {
@@ -640,9 +658,11 @@ class CudaDevice final : public Device {
       std::lock_guard<std::mutex> lock(streams_mu_);
       for (auto& s : streams_) streams.push_back(s.get());
     }
+    // Every stream drains before a failure is reported (as synchronize() and the CPU backend).
     for (CudaStream* s : streams) {
-      if (!s->synchronize_until(deadline)) return false;
+      if (!s->drain_until(deadline)) return false;
     }
+    for (CudaStream* s : streams) s->report();
     return true;
   }
 
@@ -942,6 +962,8 @@ void CudaStream::check(cudaError_t err, const char* call, int line) {
   detail::throw_cuda_error(err, call, __FILE__, line);
 }
 
+bool CudaStream::skips_host_functions() const { return device_.failed(); }
+
 void CudaStream::record_host_failure(const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(failure_mu_);
@@ -1012,14 +1034,26 @@ bool CudaStream::synchronize_for(std::chrono::milliseconds timeout) {
 }
 
 bool CudaStream::synchronize_until(std::chrono::steady_clock::time_point deadline) {
+  if (!drain_until(deadline)) return false;
+  report();
+  return true;
+}
+
+bool CudaStream::drain_until(std::chrono::steady_clock::time_point deadline) {
   std::chrono::steady_clock::duration pause = kPollMin;
-  while (!query()) {
+  while (!idle()) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return false;
     std::this_thread::sleep_for(std::min(pause, deadline - now));
     pause = std::min<std::chrono::steady_clock::duration>(pause * 2, kPollMax);
   }
   return true;
+}
+
+void CudaStream::report() {
+  flush_spans(/*reanchor=*/true);
+  rethrow_host_failure();
+  device_.throw_if_faulted();
 }
 
 void CudaStream::park_on(const std::shared_ptr<HangGate>& gate) {
@@ -1029,20 +1063,21 @@ void CudaStream::park_on(const std::shared_ptr<HangGate>& gate) {
   payload.release();  // owned by run_hang_gate from now on
 }
 
-bool CudaStream::query() {
+bool CudaStream::idle() {
   if (capturing()) refuse_in_capture(CaptureRule::kStreamQuery);
   if (device_.abandoned()) device_.throw_if_faulted();
-  bool done = true;
-  {
-    DeviceGuard guard(ordinal_);
-    const cudaError_t err = cudaStreamQuery(stream_);
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      done = false;
-    } else {
-      ZT_CUDA_STREAM_CHECK(err);
-    }
+  DeviceGuard guard(ordinal_);
+  const cudaError_t err = cudaStreamQuery(stream_);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
   }
+  ZT_CUDA_STREAM_CHECK(err);
+  return true;
+}
+
+bool CudaStream::query() {
+  const bool done = idle();
   if (done) flush_spans(/*reanchor=*/true);
   rethrow_host_failure();
   device_.throw_if_faulted();
