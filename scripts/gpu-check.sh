@@ -536,35 +536,48 @@ else
   skip_step "compute-sanitizer" "${no_gpu:-no binary}"
 fi
 
-# ---- 5b. --cuda-graphs: a few bf16 ZeRO-2 steps of a small GPT on cuda:0 (16-bit activations; the
-# stage-2 gradient buckets are the engine buffers a replay checks the addresses of) (4 micro-batches per step:
-# warm-up, capture, replays) with --cuda-graphs on and off; the per-step losses must be bitwise equal
-# (a replay launches the same kernels with the same arguments). One PASS/FAIL line in
+# ---- 5b. --cuda-graphs: a few bf16 steps of a small GPT with --cuda-graphs on and off, on cuda:0 at
+# ZeRO-2 (16-bit activations; the stage-2 gradient buckets are the engine buffers a replay checks the
+# addresses of) and on two logical devices of GPU 0 at ZeRO-3 (two host threads capturing on one GPU
+# at once, the stage-3 gathers eager between the pieces) (4 micro-batches per step on cuda:0, 2 per
+# rank on cuda:0x2: warm-up, capture, replays); the per-step losses must be bitwise equal (a replay
+# launches the same kernels with the same arguments). One PASS/FAIL line per device set in
 # $OUT/graphs.txt, with both runs' tokens/s.
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   gc=(train --steps 6 --batch-size 8 --micro-batch-size 2 --layers 2 --embd 64 --heads 2 --eval-every 0
-      --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0 --zero-stage 2 --precision bf16)
-  for g in off on; do
-    run_step "train cuda:0 --cuda-graphs $g" 90 "train-graphs-$g.txt" "$app" "${gc[@]}" \
-      --cuda-graphs "$g" --log-format json --metrics "$LOGS/train-graphs-$g.jsonl"
+      --eval-batches 1 --sample-tokens 0 --quiet --precision bf16)
+  graph_runs=("cuda:0 2" "cuda:0x2 3")
+  for run in "${graph_runs[@]}"; do
+    read -r dev stage <<<"$run"
+    for g in off on; do
+      run_step "train $dev zero-$stage --cuda-graphs $g" 90 "train-graphs-${dev/:/}-$g.txt" "$app" "${gc[@]}" \
+        --devices "$dev" --zero-stage "$stage" --cuda-graphs "$g" --log-format json \
+        --metrics "$LOGS/train-graphs-${dev/:/}-$g.jsonl"
+    done
   done
   if command -v python3 >/dev/null 2>&1; then
-    run_step "compare --cuda-graphs on vs off" 30 graphs.txt python3 - "$LOGS" <<'PY'
+    run_step "compare --cuda-graphs on vs off" 30 graphs.txt python3 - "$LOGS" "${graph_runs[@]}" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 def records(name):
     with open(os.path.join(out, name)) as f:
         rows = [json.loads(l) for l in f if l.startswith("{")]
     return [r["loss"] for r in rows if "event" not in r], next((r for r in rows if r.get("event") == "summary"), {})
-try:
-    (off, soff), (on, son) = records("train-graphs-off.jsonl"), records("train-graphs-on.jsonl")
-except OSError as e:
-    print(f"FAIL --cuda-graphs on vs off on cuda:0: {e}"); sys.exit(1)
-same = len(on) == len(off) > 0 and all(a == b for a, b in zip(on, off)) and son.get("cuda_graphs") is True
-print(f"{'PASS' if same else 'FAIL'} --cuda-graphs on vs off on cuda:0: {len(on)} and {len(off)} steps, losses "
-      f"{'bitwise equal' if all(a == b for a, b in zip(on, off)) else 'differ: ' + str(list(zip(on, off))[:4])}, "
-      f"graphs used {son.get('cuda_graphs')}, tokens/s on {son.get('tokens_per_s', 0):.0f} off {soff.get('tokens_per_s', 0):.0f}")
-sys.exit(0 if same else 1)
+ok = True
+for run in sys.argv[2:]:
+    dev, stage = run.split()
+    where = f"{dev} zero-{stage}"
+    tag = dev.replace(":", "", 1)
+    try:
+        (off, soff), (on, son) = records(f"train-graphs-{tag}-off.jsonl"), records(f"train-graphs-{tag}-on.jsonl")
+    except OSError as e:
+        print(f"FAIL --cuda-graphs on vs off on {where}: {e}"); ok = False; continue
+    same = len(on) == len(off) > 0 and all(a == b for a, b in zip(on, off)) and son.get("cuda_graphs") is True
+    ok = ok and same
+    print(f"{'PASS' if same else 'FAIL'} --cuda-graphs on vs off on {where}: {len(on)} and {len(off)} steps, losses "
+          f"{'bitwise equal' if all(a == b for a, b in zip(on, off)) else 'differ: ' + str(list(zip(on, off))[:4])}, "
+          f"graphs used {son.get('cuda_graphs')}, tokens/s on {son.get('tokens_per_s', 0):.0f} off {soff.get('tokens_per_s', 0):.0f}")
+sys.exit(0 if ok else 1)
 PY
     (($? != 0)) && failed=1
     cat "$LOGS/graphs.txt"

@@ -53,6 +53,32 @@ void refuse_under_processes(const TrainConfig& cfg) {
              " processes (mpirun/srun): a multi-process run is data and tensor parallelism, ZeRO stages 0-3");
 }
 
+void refuse_shared_nccl_gpus(const std::vector<std::vector<std::string>>& seats) {
+  const auto gpu_of = [](const std::string& name) {
+    const size_t at = name.find(", PCI ");
+    return at == std::string::npos ? name : name.substr(at + 2, name.find(')', at) - at - 2);
+  };
+  struct Use {
+    const std::string *host, *device;
+    std::string gpu;
+    size_t process;
+  };
+  std::vector<Use> used;
+  for (size_t p = 0; p < seats.size(); ++p) {
+    for (size_t i = 1; i < seats[p].size(); ++i) {
+      const std::string& host = seats[p][0];
+      const std::string& device = seats[p][i];
+      const std::string gpu = gpu_of(device);
+      for (const Use& u : used)
+        ZT_REQUIRE(*u.host != host || u.gpu != gpu, "--comm nccl: processes ", u.process, " and ", p,
+                   " both drive one GPU (", *u.device, " and ", device, ") on host ", host,
+                   " (NCCL needs one rank per GPU); give each process its own GPUs, e.g. one process per node with "
+                   "--devices all");
+      used.push_back(Use{&host, &device, gpu, p});
+    }
+  }
+}
+
 #if ZT_WITH_MPI
 
 namespace {
@@ -256,7 +282,7 @@ std::unique_ptr<DataCollectives> MpiProcesses::connect(const std::vector<Device*
 std::unique_ptr<DataCollectives> MpiProcesses::connect_nccl(const std::vector<Device*>& local) {
   // Every process's host and device names, so that two processes on one host driving one GPU are
   // refused here in one sentence rather than by NCCL's init (a duplicate-GPU error or a hang).
-  constexpr size_t kSeat = 1024;
+  constexpr size_t kSeat = 4096;  // a host name and 16 device names
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   std::string mine = std::string(host) + "\n";
@@ -266,20 +292,14 @@ std::unique_ptr<DataCollectives> MpiProcesses::connect_nccl(const std::vector<De
   std::vector<char> seat(mine.begin(), mine.end());
   seat.push_back('\0');
   group_->all_gather(seat.data(), all.data(), kSeat, "the NCCL clique's device list");
-  std::vector<std::pair<std::string, int>> used;  // "host device", process
+  std::vector<std::vector<std::string>> seats;
   for (int p = 0; p < size(); ++p) {
     const std::string list(all.data() + static_cast<size_t>(p) * kSeat);
-    const std::string h = list.substr(0, list.find('\n'));
-    for (size_t at = list.find('\n') + 1, end; at < list.size() && (end = list.find('\n', at)) != std::string::npos;
-         at = end + 1) {
-      const std::string key = h + " " + list.substr(at, end - at);
-      for (const auto& [k, q] : used)
-        ZT_REQUIRE(k != key, "--comm nccl: processes ", q, " and ", p, " both drive ", key.substr(h.size() + 1),
-                   " on host ", h, " (NCCL needs one rank per GPU); give each process its own GPUs, e.g. one "
-                   "process per node with --devices all");
-      used.emplace_back(key, p);
-    }
+    std::vector<std::string>& seat_p = seats.emplace_back();
+    for (size_t at = 0, end; at < list.size() && (end = list.find('\n', at)) != std::string::npos; at = end + 1)
+      seat_p.push_back(list.substr(at, end - at));
   }
+  refuse_shared_nccl_gpus(seats);
   NcclClique clique;
   clique.world = size() * static_cast<int>(local.size());
   clique.first_rank = rank() * static_cast<int>(local.size());

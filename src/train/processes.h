@@ -30,6 +30,13 @@ int launched_processes();
 // train/checkpointer.h.)
 void refuse_under_processes(const TrainConfig& cfg);
 
+// --comm nccl over processes: refuses (zt::Error kInvalidArgument, one sentence) two devices of
+// `seats` (per process: its host name, then its device names) that name one GPU of one host,
+// which NCCL would refuse at init ("Duplicate GPU detected", same host and PCI bus id). A CUDA
+// device's name ends with its GPU's PCI address (runtime/cuda/cuda_device.cc): the GPU is that
+// where a name has one (CUDA_VISIBLE_DEVICES renumbers the GPUs of each process), else the name.
+void refuse_shared_nccl_gpus(const std::vector<std::vector<std::string>>& seats);
+
 // This process's place among the K processes of the launch. Global ranks: process p's local device
 // i is rank p * L + i (every process drives the same number L of devices), the order one process
 // driving all K * L devices would give them, so results are bitwise those of that process. A plain

@@ -215,6 +215,29 @@ TEST(RunShape, CommNcclIsRefusedWhereItCannotRun) {
   }
 }
 
+// --comm nccl over processes: two ranks on one GPU of one host are refused before NCCL's init; a
+// GPU is its PCI address, so processes that CUDA_VISIBLE_DEVICES gave one GPU each (all "cuda:0")
+// pass, and one GPU under two ordinals does not.
+TEST(RunShape, NcclProcessesOnOneGpuAreFoundByTheirPciAddress) {
+  const std::string h100 = "NVIDIA H100 80GB HBM3, compute capability 9.0, 132 SMs";
+  const auto gpu = [&](int ordinal, const char* bus) {
+    return "cuda:" + std::to_string(ordinal) + " (" + h100 + ", PCI " + bus + ")";
+  };
+  // srun --gpus-per-task=1: every process sees its own GPU as cuda:0.
+  EXPECT_NO_THROW(refuse_shared_nccl_gpus(
+      {{"node1", gpu(0, "00000000:18:00.0")}, {"node1", gpu(0, "00000000:2A:00.0")}, {"node2", gpu(0, "00000000:18:00.0")}}));
+  const std::string twice =
+      error_of([&] { refuse_shared_nccl_gpus({{"node1", gpu(0, "00000000:18:00.0"), gpu(1, "00000000:2A:00.0")},
+                                              {"node1", gpu(0, "00000000:2A:00.0")}}); });
+  EXPECT_EQ(twice, "--comm nccl: processes 0 and 1 both drive one GPU (" + gpu(1, "00000000:2A:00.0") + " and " +
+                       gpu(0, "00000000:2A:00.0") +
+                       ") on host node1 (NCCL needs one rank per GPU); give each process its own GPUs, e.g. one "
+                       "process per node with --devices all");
+  // Names without an address (another backend) compare whole.
+  EXPECT_NE(error_of([] { refuse_shared_nccl_gpus({{"h", "cuda:0 (X)"}, {"h", "cuda:0 (X)"}}); }), "");
+  EXPECT_NO_THROW(refuse_shared_nccl_gpus({{"h", "cuda:0 (X)"}, {"h", "cuda:1 (X)"}}));
+}
+
 // --pipeline-parallel (issue #15 item 6): one sentence for each mistake, and for each combination
 // that is not built yet, before any device is touched.
 TEST(RunShape, PipelineMistakesAreOneSentenceEach) {

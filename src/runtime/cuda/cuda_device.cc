@@ -1391,6 +1391,15 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     gpu.major = prop.major;
     gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
+    // The PCI address names the physical GPU whatever CUDA_VISIBLE_DEVICES renumbered: processes
+    // on one host compare device names to find two driving one GPU (train/processes.cc, before
+    // NCCL's own duplicate check on host and bus id), and "cuda:0" is another GPU in each process
+    // that a launcher gave its own GPU (srun --gpus-per-task=1).
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), ordinal) == cudaSuccess)
+      gpu.name += ", PCI " + std::string(bus);
+    else
+      (void)cudaGetLastError();
     size_t free_bytes = 0;
     size_t total_bytes = 0;
     ZT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
