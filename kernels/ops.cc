@@ -676,7 +676,11 @@ size_t round_up_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 bool library_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 std::atomic<size_t> g_gemm_attention_chunk_bytes{kGemmAttentionChunkBytes};
 std::atomic<int64_t> g_gemm_attention_row_splits{1};
+std::atomic<uint64_t> g_stream_block_generation{0};
 }  // namespace
+
+uint64_t stream_block_generation() { return g_stream_block_generation.load(std::memory_order_acquire); }
+void note_stream_block_replaced() { g_stream_block_generation.fetch_add(1, std::memory_order_acq_rel); }
 
 int64_t gemm_attention_row_splits() { return g_gemm_attention_row_splits.load(std::memory_order_relaxed); }
 void set_gemm_attention_row_splits(int64_t splits) {

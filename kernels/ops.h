@@ -238,6 +238,14 @@ int64_t gemm_attention_row_splits();
 void set_gemm_attention_row_splits(int64_t splits);
 int64_t gemm_attention_heads_per_chunk(int64_t T, int64_t NH);
 AttentionWorkspace gemm_attention_workspace(int64_t T, int64_t NH);
+// How many times, in this process, a stream's library block (kernels/cuda/stream_blocks.h: cuDNN's
+// or the GEMM attention's workspace, the matmul scratch) was freed for a larger one. A captured
+// graph bakes in the block's address, so train/graph_step.cc captures again when this moves; no
+// path grows a block between a capture and its replays today (evaluation and sampling ask for the
+// training shape's size or less), and this keeps a future one from replaying into freed memory.
+// The CPU backend has no such blocks (0, unless a test calls note_stream_block_replaced).
+uint64_t stream_block_generation();
+void note_stream_block_replaced();
 // Asks s's backend: nullopt where it has no library attention for the dtype (the CPU backend; a
 // CUDA build without cuDNN for 16 bits) or the library cannot start on the device; a GPU query
 // takes a fraction of a second per new 16-bit shape (f32: gemm_attention_workspace).

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "kernels/ops.h"
 #include "memory/caching_allocator.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/device.h"
@@ -21,6 +22,7 @@ class Block final : public cuda::StreamResource {
 
   void* reserve(Stream& s, size_t bytes) {
     if (bytes <= bytes_) return block_;
+    if (block_ != nullptr) ops::note_stream_block_replaced();  // graphs holding the old address recapture
     release();
     block_ = pool_.allocate(bytes, s, tag_);
     bytes_ = bytes;

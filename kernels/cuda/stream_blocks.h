@@ -24,9 +24,10 @@ enum class StreamBlock { kAttention, kMatmulScratch };
 // At least `bytes` bytes of `s`'s block `which` (s a stream of a CUDA device; `native` its
 // cudaStream_t) for work on `s`. Made from the device pool on first use and kept until the stream
 // is destroyed (a cuda::StreamResource); a larger request frees the old block (stream-ordered:
-// work already issued keeps using it) and takes one of `bytes`, so later calls of the same or a
-// smaller size allocate nothing. Throws the pool's zt::Error(kOutOfMemory) when it cannot (the old
-// block is gone then). Work on one stream is issued by one host thread at a time
+// work already issued keeps using it; counted by ops::stream_block_generation, so that captured
+// graphs holding its address are captured again) and takes one of `bytes`, so later calls of the
+// same or a smaller size allocate nothing. Throws the pool's zt::Error(kOutOfMemory) when it cannot
+// (the old block is gone then). Work on one stream is issued by one host thread at a time
 // (runtime/stream.h), which is all the locking it needs.
 void* stream_block(Stream& s, void* native, StreamBlock which, size_t bytes);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/status.h"
+#include "kernels/ops.h"
 
 namespace zt {
 
@@ -138,7 +139,8 @@ class MicroBatchGraph::PieceAccess final : public ParamAccess {
 
 void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Workspace& ws, const Batch& batch,
                           float dloss) {
-  const Key key{&ws, batch.inputs.data, batch.targets.data, batch.loss_scale, batch.B, batch.T, dloss};
+  const Key key{&ws, batch.inputs.data, batch.targets.data, batch.loss_scale, batch.B, batch.T, dloss,
+                ops::stream_block_generation()};
   if (!have_key_ || !(key == key_)) {
     key_ = key;
     have_key_ = true;
@@ -151,6 +153,7 @@ void MicroBatchGraph::run(const Model& model, Stream& s, ParamAccess& access, Wo
     ++eager_runs_;
     model.forward(s, access, ws, batch, dloss, true);
     model.backward(s, access, ws, batch);
+    key_.blocks = ops::stream_block_generation();  // what the warm-up grew is what a capture will use
     return;
   }
   if (!captured_) {

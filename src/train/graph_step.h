@@ -9,7 +9,9 @@
 // plan steps exactly as without graphs).
 //
 // Addresses: a piece's graph bakes in every address its work used. The batch, workspace and loss
-// scale are the key (a new one captures again). The engine's buffers are whatever params(b),
+// scale are the key (a new one captures again), and so is the generation of the streams' library
+// blocks (kernels/ops.h stream_block_generation: cuDNN's workspace or a scratch freed for a larger
+// one). The engine's buffers are whatever params(b),
 // param_data(b) and grads(b) returned while the piece was issued; at ZeRO 2-3 and in 16-bit runs
 // these are transient (gradient buckets, gathered parameters, widened fp32 copies) placed by the
 // hook before the piece at the offsets the micro-batch's visit plan assigned them in the rank's
@@ -92,6 +94,7 @@ class MicroBatchGraph {
     const float* loss_scale = nullptr;
     int B = 0, T = 0;
     float dloss = 0;
+    uint64_t blocks = 0;  // ops::stream_block_generation(): a library block moved, graphs hold its old address
     bool operator==(const Key&) const = default;
   };
   enum class HookKind { kBeforeForward, kBeforeBackward, kAfterBackward };

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,7 @@ class TwoOpModel final : public Model {
   std::unique_ptr<Workspace> make_workspace(Device&, int, int) const override { return std::make_unique<NoWorkspace>(); }
   void forward(Stream& s, ParamAccess& p, Workspace&, const Batch&, float, bool) const override {
     p.before_forward(0);
+    if (on_forward) on_forward();
     const TensorView x{p.params(0), DType::kF32, Shape{1}, 0};
     if (allocate_) DeviceBuffer scratch(s.device().memory(), 64, s, "scratch");
     ops::scale(s, x, 3.0f);
@@ -84,6 +86,7 @@ class TwoOpModel final : public Model {
   std::vector<int> forward_order() const override { return {0}; }
   std::vector<int> backward_order() const override { return {0}; }
   TensorView one_;
+  std::function<void()> on_forward;  // run at each forward's issue
 
  private:
   bool allocate_;
@@ -133,6 +136,27 @@ TEST(MicroBatchGraph, WarmsUpThenCapturesOnceAndReplaysPiecewiseWithTheHooksEage
   EXPECT_EQ(access.backwards, 5);
   EXPECT_EQ(access.afters, 5);
   EXPECT_EQ(g.take_note(), "");
+}
+
+// A stream's library block freed for a larger one (kernels/ops.h stream_block_generation: on CUDA
+// cuDNN's workspace or a scratch growing; simulated here) leaves every captured graph pointing at
+// freed memory: the next micro-batch runs eagerly and the one after captures again, as for a new
+// shape. A block that grows during the warm-up is the one the capture uses: no second warm-up.
+TEST(MicroBatchGraph, ALibraryBlockThatMovedIsCapturedAgain) {
+  GraphFixture f;
+  TwoOpModel model(false);
+  int grow = 1;  // the warm-up's forward grows a block
+  model.on_forward = [&grow] {
+    if (grow-- > 0) ops::note_stream_block_replaced();
+  };
+  CountingAccess access(f.buf.as<float>());
+  MicroBatchGraph g(/*required=*/true);
+  EXPECT_EQ(f.run(g, model, access, 3), expected(3));
+  EXPECT_EQ(g.replays(), 2u);  // warm-up, capture, replay
+  ops::note_stream_block_replaced();  // say, an evaluation between steps grew one
+  EXPECT_EQ(f.run(g, model, access, 3), expected(6));
+  EXPECT_EQ(g.replays(), 4u);  // eager, then a capture and a replay again
+  EXPECT_EQ(g.recaptures(), 0u);
 }
 
 TEST(MicroBatchGraph, AutoFallsBackToEagerWithOneNoteWhenTheCaptureFails) {
