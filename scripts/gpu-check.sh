@@ -453,6 +453,11 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   # and --tf32 (its fp32 attention on cuBLAS's TF32 tensor cores, issue 28 item 7).
   op_table_run bf16 14 "$app" "${gpt2[@]}" --precision bf16 --cuda-graphs off
   op_table_run tf32 10 "$app" "${gpt2[@]}" --precision fp32 --tf32 --cuda-graphs off
+  # What those runs said about slow paths (a kind of GEMM cuBLASLt refused, cuDNN declining the
+  # attention, graphs going eager): each distinct line once among results.md's notes.
+  while IFS= read -r line; do notes+=("gpt2-124m runs: $line"); done \
+    < <(cat "$LOGS"/gpt2-*.txt 2>/dev/null | grep -E '^(note|attention): ' | grep -v -- '--trace times every op' | sort -u | head -12)
+  write_results
   # PyTorch on the same GPU (--peer): bf16 eager and torch.compile, tf32 eager, so the ratios issue
   # 28 asks for come from one visit; its time is added to the deadline, not taken from later steps.
   peer_args=()
