@@ -17,8 +17,9 @@
 # cudart come from the CUDA toolkit ($ZT_CUDA_HOME, $CUDA_HOME or /usr/local/cuda) or from Python
 # wheels (<site-packages>/nvidia/*/lib; $ZT_SITE_PACKAGES, colon-separated, replaces Python's list).
 # --peer: after ZeroTrain's GPT-2 runs, PyTorch's on the same GPU (bench/peer_gpt2_torch.py: bf16
-# eager and torch.compile, tf32 eager) with ZT_PYTHON (default python3), and the ratios against
-# issue 28's targets in results.md; up to ZT_GPU_PEER_SECONDS (default 240) more than the deadline.
+# torch.compile first, then bf16 and tf32 eager) with ZT_PYTHON (default python3), and the ratios
+# against issue 28's targets in results.md; up to ZT_GPU_PEER_SECONDS (default 240) more than the
+# deadline.
 # Env: ZT_GPU_CHECK_SECONDS (the deadline every step is capped by: default 510, 290 with --pack),
 # ZT_GPU_LOGS (the logs folder, default $OUT/logs), ZT_NVIDIA_SMI (the nvidia-smi to ask), ZT_JOBS
 # (build jobs), ZT_GPU_BUILD (build tree, default build/gpu), ZT_REUSE_BUILD=1 (no configure/build:
@@ -121,7 +122,8 @@ write_results() {
       echo
       cat "$LOGS/sanitizers.md"
     fi
-  } >"$RESULTS"
+  } >"$RESULTS.tmp"
+  mv -f "$RESULTS.tmp" "$RESULTS"  # whole, even when the visit is killed while writing it
 }
 
 # run_step NAME MAX_SECONDS LOG CMD...: runs CMD under `timeout` (capped by the deadline), output
@@ -178,12 +180,13 @@ NVSMI="${ZT_NVIDIA_SMI:-nvidia-smi}"
 if ((!DISCOVER_ONLY)); then
   {
     echo "nvidia-smi: $(command -v "$NVSMI" || echo 'not found')"
-    "$NVSMI" 2>&1 | head -n 20
+    timeout 30 "$NVSMI" 2>&1 | head -n 20
     echo
     echo "toolkit: $( (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>/dev/null | grep -i release || echo 'nvcc not found')"
   } >"$LOGS/driver.txt" 2>&1
-  gpu_line="$("$NVSMI" --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)"
-  driver="$("$NVSMI" --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true)"
+  # Under timeout: a wedged driver must not hold the visit until its kill, with nothing written.
+  gpu_line="$(timeout 30 "$NVSMI" --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)"
+  driver="$(timeout 30 "$NVSMI" --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true)"
   if [[ -z "$gpu_line" || -z "$driver" || ! ${driver%%.*} =~ ^[0-9]+$ ]]; then
     driver_note="no usable GPU: nvidia-smi is missing or lists no GPU (no NVIDIA driver on this machine)"
   elif (( ${driver%%.*} < 580 )); then
@@ -457,15 +460,21 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   # attention, graphs going eager): each distinct line once among results.md's notes.
   while IFS= read -r line; do notes+=("gpt2-124m runs: $line"); done \
     < <(cat "$LOGS"/gpt2-*.txt 2>/dev/null | grep -E '^(note|attention): ' | grep -v -- '--trace times every op' | sort -u | head -12)
+  # ZeroTrain's table now, so results.md holds it even if the visit is killed during the peer.
+  if command -v python3 >/dev/null 2>&1; then
+    python3 scripts/gpt2_table.py "$LOGS" "${gpt2_runs[@]}" >"$LOGS/gpt2.md" 2>&1
+  fi
   write_results
-  # PyTorch on the same GPU (--peer): bf16 eager and torch.compile, tf32 eager, so the ratios issue
-  # 28 asks for come from one visit; its time is added to the deadline, not taken from later steps.
+  # PyTorch on the same GPU (--peer): torch.compile first (the ratio issue 28's acceptance names;
+  # its cold compile takes a minute or more, and a cut ends the last mode, not it), then bf16 and
+  # tf32 eager, so the ratios issue 28 asks for come from one visit; its time is added to the
+  # deadline, not taken from later steps.
   peer_args=()
   if ((PEER)); then
-    if "${peer_env[@]}" "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    if timeout 90 "${peer_env[@]}" "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
       DEADLINE=$((DEADLINE + PEER_SECONDS))
-      run_step "PyTorch peer: bf16 eager, tf32 eager, bf16 compile (bench/peer_gpt2_torch.py)" "$PEER_SECONDS" peer-torch.txt \
-        "${peer_env[@]}" "$PYTHON" bench/peer_gpt2_torch.py --modes bf16:eager,tf32:eager,bf16:compile --steps 10 \
+      run_step "PyTorch peer: bf16 compile, bf16 eager, tf32 eager (bench/peer_gpt2_torch.py)" "$PEER_SECONDS" peer-torch.txt \
+        "${peer_env[@]}" "$PYTHON" bench/peer_gpt2_torch.py --modes bf16:compile,bf16:eager,tf32:eager --steps 10 \
         --mode-timeout "$((PEER_SECONDS - 20))" --out "$LOGS/peer-torch.jsonl"
       peer_args=(--peer "$LOGS/peer-torch.jsonl")
     else
@@ -483,7 +492,7 @@ fi
 
 # Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
 bench_min_time() {
-  if "$1" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then echo 0.05s; else echo 0.05; fi
+  if timeout 30 "$1" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then echo 0.05s; else echo 0.05; fi
 }
 
 # ---- 4b. GPT-2's GEMMs and attention alone on CUDA (bench_ops --gemm, --attention) ---------------

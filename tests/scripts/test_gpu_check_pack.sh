@@ -306,7 +306,7 @@ exit \$rc
 WRAP
   chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain"
   OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 \
-    "$CHECK" >"$T/dry.log" 2>&1
+    ZT_PYTHON="$T/no-python" "$CHECK" --peer >"$T/dry.log" 2>&1
   calls=$(wc -l <"$T/calls.tsv" 2>/dev/null || echo 0)
   ((calls >= 20)) && ok "gpu-check made $calls zerotrain calls" || bad "gpu-check made $calls zerotrain calls"
   if grep -q "model gpt2-124m.*--cuda-graphs off" "$T/calls.tsv" && grep -q "model gpt2-124m.*--trace" "$T/calls.tsv"; then
@@ -317,6 +317,8 @@ WRAP
   awk -F'\t' '$1 != 0 && $3 !~ /does not exist|is neither a checkpoint directory/ && $3 !~ /--comm nccl needs CUDA devices/' "$T/calls.tsv" >"$T/calls-bad.tsv"
   if [[ -s $T/calls-bad.tsv ]]; then bad "gpu-check's zerotrain calls that fail their checks:"; cat "$T/calls-bad.tsv"
   else ok "every one parses and passes its checks"; fi
+  contains "--peer without a PyTorch that sees a GPU: skipped" \
+    "| PyTorch peer | skipped ($T/no-python cannot import torch with CUDA) | 0 | |" "$T/dry/results.md"
 else
   echo "skip: no zerotrain binary given: gpu-check's calls not checked"
 fi
