@@ -5,9 +5,11 @@ Reads LOGS/gpt2-PRECISION-MODE.jsonl (`zerotrain train --metrics`) for each PREC
 with --peer FILE, bench/peer_gpt2_torch.py's JSON lines from the same visit. Prints the runs'
 table (tokens/s = median of the steps after the first two, MFU from the summary's flops_per_token
 and peak_flops), the peer's table, and one row per target of issue 28 that these numbers decide:
-bf16 >= 480,000 tokens/s and >= 1.0x torch.compile (its fastest run without offload: eager,
-graphs or auto), graphs >= eager, --tf32 >= 130,000 and >= 0.8x PyTorch tf32 (its fastest run),
-each --offload mode within 20% of the fastest bf16 run without offload. A target
+bf16 >= 480,000 tokens/s and >= 1.0x torch.compile (its fastest run on cuda:0 without offload:
+eager, graphs or auto), graphs >= eager and its losses bitwise equal to eager's (the same seed and
+data: a replay must launch the same work), --tf32 >= 130,000 and >= 0.8x PyTorch tf32 (its fastest
+run), each --offload mode within 20% of the fastest bf16 run without offload, and ZeRO-3 on two
+logical devices of the GPU (mode zero3-x2, eager) within 2% of bf16 eager on cuda:0. A target
 whose numbers are missing says so. Standard library only (the GPU machine has no packages).
 Usage: gpt2_table.py LOGS PRECISION:MODE... [--peer FILE]. Exit status 0 whenever it printed.
 """
@@ -17,20 +19,21 @@ import os
 import statistics
 
 WARMUP = 2  # steps left out of the median (the summary's rule)
+ONE_DEVICE = ("eager", "graphs", "auto")  # the modes on cuda:0 without offload: the candidates for "best"
 
 
 def zerotrain_run(logs, precision, mode):
-    """(tokens/s, steps, summary) of one run, or (None, 0, {}) with why in summary['error']."""
+    """(tokens/s, steps, summary, losses) of one run, or (None, 0, {}, []) with why in summary['error']."""
     path = os.path.join(logs, f"gpt2-{precision}-{mode}.jsonl")
     try:
         with open(path) as f:
             recs = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError) as e:
-        return None, 0, {"error": f"no metrics ({type(e).__name__})"}
+        return None, 0, {"error": f"no metrics ({type(e).__name__})"}, []
     steps = [r for r in recs if "event" not in r and "tokens_per_s" in r]
     summary = next((r for r in recs if r.get("event") == "summary"), {})
     tps = [r["tokens_per_s"] for r in steps[WARMUP:]] or [r["tokens_per_s"] for r in steps]
-    return (statistics.median(tps) if tps else None), len(steps), summary
+    return (statistics.median(tps) if tps else None), len(steps), summary, [r.get("loss") for r in steps]
 
 
 def peer_runs(path):
@@ -52,13 +55,25 @@ def fmt_tps(x):
     return f"{x:,.0f}" if x else "-"
 
 
-def targets(zt, peer):
-    """Rows (target, measured, verdict) of issue 28's throughput targets."""
-    tps = zt.get
+def bitwise_row(eager, graphs):
+    """(measured, verdict) of graphs' losses against eager's: each (losses, summary) or None."""
+    if not eager or not graphs or not eager[0] or not graphs[0]:
+        return "not measured", "-"
+    (le, _), (lg, sg) = eager, graphs
+    same = sum(a == b and a is not None for a, b in zip(le, lg))
+    used = sg.get("cuda_graphs")
+    ok = same == len(le) == len(lg) and used is True
+    return (f"{same} of {len(le)} steps' losses equal ({len(lg)} with graphs), graphs used: {used}",
+            "ok" if ok else "MISSED")
 
-    def best_of(precision):  # the fastest run of a precision without offload
-        return max((v for (p, m), v in zt.items() if p == precision and not m.startswith("offload") and v),
-                   default=None)
+
+def targets(zt, peer, losses=None):
+    """Rows (target, measured, verdict) of issue 28's throughput targets; losses: {(p, mode): (losses, summary)}."""
+    tps = zt.get
+    losses = losses or {}
+
+    def best_of(precision):  # the fastest run of a precision on cuda:0 without offload
+        return max((v for (p, m), v in zt.items() if p == precision and m in ONE_DEVICE and v), default=None)
 
     def ptps(key):
         r = peer.get(key, {})
@@ -80,6 +95,8 @@ def targets(zt, peer):
           f"{ratio:.2f}x ({fmt_tps(best)} / {fmt_tps(compiled)})" if ratio else "")
     ratio = graphs / eager if graphs and eager else None
     check("--cuda-graphs on >= eager", ratio, 1.0, f"{ratio:.3f}x" if ratio else "")
+    rows.append(("--cuda-graphs on bitwise equal to eager (bf16, per-step losses)",
+                 *bitwise_row(losses.get(("bf16", "eager")), losses.get(("bf16", "graphs")))))
     tf32 = best_of("tf32")
     check("--tf32 >= 130,000 tokens/s", tf32, 130000, fmt_tps(tf32))
     ptf32 = ptps(("tf32", "eager"))
@@ -91,6 +108,10 @@ def targets(zt, peer):
         ratio = off / best if off and best else None
         check(f"bf16 {mode} within 20% of bf16 without offload", ratio, 0.8,
               f"{ratio:.2f}x ({100 * (1 - ratio):.0f}% slower)" if ratio else "")
+    z3 = tps(("bf16", "zero3-x2"))
+    ratio = z3 / eager if z3 and eager else None
+    check("bf16 ZeRO-3 on cuda:0x2 within 2% of cuda:0 (both eager)", ratio, 0.98,
+          f"{ratio:.3f}x ({fmt_tps(z3)} / {fmt_tps(eager)})" if ratio else "")
     return rows
 
 
@@ -101,17 +122,18 @@ def main():
     ap.add_argument("--peer", help="bench/peer_gpt2_torch.py's JSON lines from the same GPU")
     args = ap.parse_args()
 
-    zt = {}
+    zt, losses = {}, {}
     print("## GPT-2 124M, T=1024, B=16, cuda:0\n")
     print("| precision | mode | steps | tokens/s (median after 2) | MFU | peak_kind | peak TFLOP/s | run MFU (summary) |")
     print("|---|---|---|---|---|---|---|---|")
     for run in args.runs:
         p, _, mode = run.partition(":")
-        tps, n, summ = zerotrain_run(args.logs, p, mode)
+        tps, n, summ, run_losses = zerotrain_run(args.logs, p, mode)
         if "error" in summ:
             print(f"| {p} | {mode} | - | {summ['error']} | | | | |")
             continue
         zt[(p, mode)] = tps
+        losses[(p, mode)] = (run_losses, summ)
         peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
         mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
         run_mfu = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
@@ -136,7 +158,7 @@ def main():
     print("\n## Issue 28's throughput targets, from this run\n")
     print("| target | measured | verdict |")
     print("|---|---|---|")
-    for name, measured, verdict in targets(zt, peer):
+    for name, measured, verdict in targets(zt, peer, losses):
         print(f"| {name} | {measured} | {verdict} |")
     return 0
 

@@ -110,7 +110,7 @@ write_results() {
       cat "$LOGS/gpt2.md"
     fi
     local ops
-    for ops in "$LOGS/gpt2-ops-bf16.md" "$LOGS/gpt2-ops-tf32.md" "$LOGS/bench-ops-cuda.md"; do
+    for ops in "$LOGS/gpt2-ops-bf16.md" "$LOGS/gpt2-ops-tf32.md" "$LOGS/bench-ops-cuda.md" "$LOGS/bench-comm-cuda.md"; do
       if [[ -s $ops ]]; then
         echo
         cat "$ops"
@@ -430,20 +430,23 @@ op_table_run() {
 # Runs: bf16 eager (--cuda-graphs off), bf16 with --cuda-graphs on (the micro-batch captured once
 # and replayed; the "graphs" row), tf32 as a user runs it (auto: graphs on a GPU), bf16 with
 # --offload optimizer and with --offload-delay-update too (auto; issue 28 item 8: each within 20%
-# of bf16 without offload), and fp32 (auto; not with --pack: the 5 minutes), each a
-# "precision:mode" entry of gpt2_runs. Then one more bf16 eager run with --trace, whose device time
+# of bf16 without offload), bf16 eager at ZeRO-3 on two logical devices of GPU 0 (cuda:0x2, 8
+# sequences each; item 10: within 2% of cuda:0), and fp32 (auto; not with --pack: the 5 minutes),
+# each a "precision:mode" entry of gpt2_runs. Then one more bf16 eager run with --trace, whose device time
 # per op (scripts/op_table.py) goes into results.md beside issue 28's budgets, and one --tf32 run
 # with --trace (its attention on cuBLAS, item 7); eager, as auto is under --trace (a replayed graph
 # records no per-op times).
-gpt2_runs=(bf16:eager bf16:graphs tf32:auto bf16:offload bf16:offload-delay)
+gpt2_runs=(bf16:eager bf16:graphs tf32:auto bf16:offload bf16:offload-delay bf16:zero3-x2)
 [[ -z $PACK ]] && gpt2_runs+=(fp32:auto)
 if ((built && gpu_ok)) && [[ -x "$app" ]]; then
-  gpt2=(train --model gpt2-124m --train-seq-len 1024 --batch-size 16 --micro-batch-size 16 --steps 8
-        --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --devices cuda:0)
+  gpt2=(train --model gpt2-124m --train-seq-len 1024 --batch-size 16 --steps 8
+        --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet)
+  one_gpu=(--devices cuda:0 --micro-batch-size 16)
   for run in "${gpt2_runs[@]}"; do
     p="${run%%:*}" mode="${run##*:}"
-    flags=(--precision "$p")
-    [[ $p == tf32 ]] && flags=(--precision fp32 --tf32)
+    flags=(--precision "$p" "${one_gpu[@]}")
+    [[ $p == tf32 ]] && flags=(--precision fp32 --tf32 "${one_gpu[@]}")
+    [[ $mode == zero3-x2 ]] && flags=(--precision "$p" --devices cuda:0x2 --micro-batch-size 8 --zero-stage 3 --cuda-graphs off)
     [[ $mode == eager ]] && flags+=(--cuda-graphs off)
     [[ $mode == graphs ]] && flags+=(--cuda-graphs on)
     [[ $mode == offload* ]] && flags+=(--offload optimizer)
@@ -454,8 +457,8 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   done
   # Device ms/step per op (steps 3-8: a step ends with the optimizer's launch on the device), bf16
   # and --tf32 (its fp32 attention on cuBLAS's TF32 tensor cores, issue 28 item 7).
-  op_table_run bf16 14 "$app" "${gpt2[@]}" --precision bf16 --cuda-graphs off
-  op_table_run tf32 10 "$app" "${gpt2[@]}" --precision fp32 --tf32 --cuda-graphs off
+  op_table_run bf16 14 "$app" "${gpt2[@]}" "${one_gpu[@]}" --precision bf16 --cuda-graphs off
+  op_table_run tf32 10 "$app" "${gpt2[@]}" "${one_gpu[@]}" --precision fp32 --tf32 --cuda-graphs off
   # What those runs said about slow paths (a kind of GEMM cuBLASLt refused, cuDNN declining the
   # attention, graphs going eager): each distinct line once among results.md's notes.
   while IFS= read -r line; do notes+=("gpt2-124m runs: $line"); done \
@@ -513,6 +516,30 @@ if ((built && gpu_ok)) && [[ -x $ops_bench ]]; then
   fi
 else
   skip_step "bench_ops --gemm --attention (cuda)" "${no_gpu:-no binary}"
+fi
+
+# ---- 4c. the ring collectives on 4 logical devices of GPU 0 against a device copy (issue 28 item
+# 10: bus bandwidth >= 0.7x the copy at >= 16 MiB). bench_comm measures simulated CPU devices unless
+# given --devices, and step 8, where the benchmarks run, is the part a visit's deadline cuts: here.
+comm_bench="$BUILD/bench/bench_comm" comm_cuda=0
+if ((built && gpu_ok)) && [[ -x $comm_bench ]]; then
+  run_step "bench_comm --devices cuda:0x4" 40 bench_comm-cuda.txt "$comm_bench" --devices cuda:0x4 \
+    --benchmark_min_time="$(bench_min_time "$comm_bench")" --benchmark_out="$LOGS/bench_comm-cuda.json" \
+    --benchmark_out_format=json
+  comm_cuda=1
+  if grep -q '^busbw / device copy' "$LOGS/bench_comm-cuda.txt" 2>/dev/null; then
+    {
+      echo "## Ring collectives on cuda:0x4 against a device copy (issue 28 item 10: >= 0.7 at >= 16 MiB)"
+      echo
+      echo '```'
+      sed -n '/^busbw \/ device copy/,$p' "$LOGS/bench_comm-cuda.txt"
+      echo '```'
+    } >"$LOGS/bench-comm-cuda.md"
+    cat "$LOGS/bench-comm-cuda.md"
+    write_results
+  fi
+else
+  skip_step "bench_comm --devices cuda:0x4" "${no_gpu:-no binary}"
 fi
 
 # ---- 5. compute-sanitizer on a few bf16 training steps of a tiny model on cuda:0 ---------------------
@@ -823,6 +850,10 @@ for b in bench_cuda_copy bench_ops bench_comm bench_nccl bench_peer_copy bench_m
   fi
   if ((!gpu_ok)) && [[ $b == bench_cuda_copy || $b == bench_nccl ]]; then
     skip_step "$b" "$no_gpu"
+    continue
+  fi
+  if [[ $b == bench_comm ]] && ((comm_cuda)); then
+    skip_step "$b" "ran on cuda:0x4 in step 4c"
     continue
   fi
   run_step "$b" "$([[ -n $PACK ]] && echo 40 || echo 90)" "$b.txt" "$exe" --benchmark_min_time="$(bench_min_time "$exe")" \
