@@ -91,6 +91,7 @@ write_results() {
     if [[ -n $PACK ]]; then
       echo "- commit: ${pack_commit:-unknown} (the pack's; $(basename "$PACK"), built ${pack_created:-?} for sm ${pack_archs:-?}, unpacked in $PACK_DIR)"
       [[ -n ${lib_note:-} ]] && echo "- libraries: $lib_note"
+      [[ -n ${pack_cudnn:-} ]] && echo "- cuDNN attention: $pack_cudnn (the pack's manifest; no configure.log with --pack)"
     else
       echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     fi
@@ -232,6 +233,7 @@ if [[ -n $PACK ]]; then
   mget() { sed -n "s/^$1=//p" "$manifest" | head -1; }
   pack_root="$(mget root)" pack_commit="$(mget commit)" pack_created="$(mget created)" pack_archs="$(mget cuda_archs)"
   pack_archs+=" with nvcc $(mget nvcc)"
+  pack_cudnn="$(mget cudnn)"
   BUILD="$PACK_DIR/$(mget build)"
   if [[ -n $pack_root && $pack_root != "$PACK_DIR" ]]; then
     find "$BUILD" \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) -print0 |
@@ -494,7 +496,10 @@ else
 fi
 
 # Google Benchmark >= 1.8 takes --benchmark_min_time=0.05s; 1.7 (Debian 12) only the bare number.
+# Not asked once the deadline is near: the step it is an argument of is then skipped, and after the
+# deadline each probe (a binary that starts CUDA) would add to the time past it.
 bench_min_time() {
+  if ((DEADLINE - SECONDS < 15)); then echo 0.05s; return; fi
   if timeout 30 "$1" --benchmark_list_tests=true --benchmark_min_time=0.05s >/dev/null 2>&1; then echo 0.05s; else echo 0.05; fi
 }
 
