@@ -19,7 +19,10 @@ import os
 import statistics
 
 WARMUP = 2  # steps left out of the median (the summary's rule)
-ONE_DEVICE = ("eager", "graphs", "auto")  # the modes on cuda:0 without offload: the candidates for "best"
+# The modes on cuda:0 without offload, with the default deterministic attention: the candidates for
+# "best" (nondet, --deterministic-attention off, is listed beside them as the like-for-like figure
+# against PyTorch, whose flash attention backward is not deterministic).
+ONE_DEVICE = ("eager", "graphs", "auto")
 
 
 def zerotrain_run(logs, precision, mode):
