@@ -20,6 +20,7 @@ namespace zt::optim::cuda_kernels {
 namespace {
 
 constexpr int kBlock = 256;  // threads per chunk block: 64 elements per thread per chunk
+constexpr int kUpdateBatch = 4;  // elements a thread of an update loads before it stores any
 
 // ---- chunk prefix table ------------------------------------------------------------------------
 // prefix[s] = first chunk of segment s, prefix[num_segs] = total chunks. One block: tiles of
@@ -93,22 +94,38 @@ __global__ void __launch_bounds__(kBlock)
   float* __restrict__ v = seg.v;
   // The fp32 working copy that is the master itself is not written a second time.
   const bool write_param = !std::is_same_v<P, float> || seg.param != static_cast<void*>(seg.master);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kBlock) {
-    float p = master[i];
-    float mi = m[i];
-    if constexpr (kAdamW) {
-      float vi = v[i];
-      adamw_elem(p, to_float(grad[i]), mi, vi, adam.lr, adam.beta1, adam.beta2, adam.eps,
-                 seg.weight_decay, adam.bias_correction1, adam.bias_correction2, grad_scale);
-      v[i] = vi;
-    } else {
-      sgd_elem(p, to_float(grad[i]), mi, sgd.lr, sgd.momentum, seg.weight_decay, sgd.nesterov,
-               grad_scale);
+  // kUpdateBatch elements per thread and round, all loaded before any is stored: the segment's
+  // pointers may alias as far as the compiler knows, so it would not move a load above an earlier
+  // store, leaving one element's ~14 bytes in flight per thread (~2.7 TB/s on an H200 measured).
+  // Each element is still updated by the same expression: the bits do not depend on the batching.
+  for (int64_t i0 = begin + threadIdx.x; i0 < end; i0 += int64_t{kBlock} * kUpdateBatch) {
+    float p[kUpdateBatch] = {}, mi[kUpdateBatch] = {}, vi[kUpdateBatch] = {}, g[kUpdateBatch] = {};
+#pragma unroll
+    for (int u = 0; u < kUpdateBatch; ++u) {
+      const int64_t i = i0 + int64_t{u} * kBlock;
+      if (i < end) {
+        p[u] = master[i];
+        mi[u] = m[i];
+        if constexpr (kAdamW) vi[u] = v[i];
+        g[u] = to_float(grad[i]);
+      }
     }
-    master[i] = p;
-    m[i] = mi;
-    if (write_param)
-      param[i] = working_from_master<P, kStochastic>(p, sc.seed, step, seg.rng_offset + static_cast<uint64_t>(i));
+#pragma unroll
+    for (int u = 0; u < kUpdateBatch; ++u) {
+      const int64_t i = i0 + int64_t{u} * kBlock;
+      if (i >= end) continue;
+      if constexpr (kAdamW) {
+        adamw_elem(p[u], g[u], mi[u], vi[u], adam.lr, adam.beta1, adam.beta2, adam.eps, seg.weight_decay,
+                   adam.bias_correction1, adam.bias_correction2, grad_scale);
+        v[i] = vi[u];
+      } else {
+        sgd_elem(p[u], g[u], mi[u], sgd.lr, sgd.momentum, seg.weight_decay, sgd.nesterov, grad_scale);
+      }
+      master[i] = p[u];
+      m[i] = mi[u];
+      if (write_param)
+        param[i] = working_from_master<P, kStochastic>(p[u], sc.seed, step, seg.rng_offset + static_cast<uint64_t>(i));
+    }
   }
 }
 

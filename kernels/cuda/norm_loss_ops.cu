@@ -69,16 +69,42 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&x)[detail::Pack<
   }
 }
 
-// A lane's chunks in its order: kCached keeps them in registers (v[i] for the i-th chunk, rows of up
-// to kCachedLaneChunks * 32 chunks: C <= 1024 in fp32, 2048 in 16 bits), so the row is read from
-// memory once; otherwise one slot is reused and later passes read the row again (from cache).
-constexpr int kCachedLaneChunks = 8;
-template <bool kCached, int kN, typename F>
-__device__ __forceinline__ void for_lane_chunks(float (&v)[kCached ? kCachedLaneChunks : 1][kN], int lane,
-                                                int64_t chunks, F&& f) {
-  if constexpr (kCached) {
+// The kN parameters (weight or bias of W) of a chunk, widened: 16-byte packs when `wvec` (the
+// pointer 16-byte aligned, C a multiple of kN), else one by one (0 past `count`). The same values
+// either way. Element by element a warp issues kN loads per chunk, each touching every 128-byte
+// line of the warp's chunks (lanes 16 or 32 bytes apart): a pack per lane is one load (two for fp32
+// parameters) over the same lines, so the L1 passes over them once instead of kN times.
+template <typename W, int kN>
+__device__ __forceinline__ void load_params(float (&w)[kN], const W* p, int64_t c0, int count, bool wvec) {
+  constexpr int kW = detail::Pack<W>::kN;
+  static_assert(kN % kW == 0, "a chunk of activations holds whole packs of parameters");
+  if (wvec) {
 #pragma unroll
-    for (int i = 0; i < kCachedLaneChunks; ++i) {
+    for (int k = 0; k < kN; k += kW) {
+      const detail::Pack<W> v = detail::load_pack(p + c0 + k);
+#pragma unroll
+      for (int e = 0; e < kW; ++e) w[k + e] = to_float(v.v[e]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) w[k] = k < count ? to_float(p[c0 + k]) : 0.0f;
+  }
+}
+
+// A lane's chunks in its order: kSlots > 0 keeps them in registers (v[i] for the i-th chunk, rows of
+// up to kSlots * 32 chunks), so the row is read from memory once; kSlots 0 reuses one slot and later
+// passes read the row again (from cache). The launch takes the fewest slots that hold the row,
+// kFewLaneChunks (C <= 512 in fp32, 1024 in 16 bits: GPT-2's 768 needs 3) or kCachedLaneChunks
+// (1024, 2048): the registers of unused slots are allocated all the same, and 8 slots (~120
+// registers) leave 16 warps per SM to hide the row's load latency, 4 slots (~76) 24.
+constexpr int kFewLaneChunks = 4;
+constexpr int kCachedLaneChunks = 8;
+template <int kSlots, int kN, typename F>
+__device__ __forceinline__ void for_lane_chunks(float (&v)[kSlots > 0 ? kSlots : 1][kN], int lane, int64_t chunks,
+                                                F&& f) {
+  if constexpr (kSlots > 0) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
       const int64_t j = lane + int64_t{i} * kWarpSize;
       if (j < chunks) f(v[i], j);
     }
@@ -90,11 +116,13 @@ __device__ __forceinline__ void for_lane_chunks(float (&v)[kCached ? kCachedLane
 // kResidual: residual = round_T(a + b) is written first (a, b and residual may alias: each element
 // is read by the lane that writes it) and normalised; else the rows of `a` are. out aliases nothing.
 // weight and bias of W (fp32 or T) are widened where they are read.
-template <typename T, typename W, bool kResidual, bool kCached>
+template <typename T, typename W, bool kResidual, int kSlots>
 __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
                                       T* residual, const T* a, const T* b, const W* __restrict__ weight,
-                                      const W* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec) {
+                                      const W* __restrict__ bias, int64_t N, int64_t C, float eps, bool vec,
+                                      bool wvec) {
   constexpr int kN = detail::Pack<T>::kN;
+  constexpr bool kCached = kSlots > 0;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   const int64_t chunks = (C + kN - 1) / kN;
@@ -102,10 +130,10 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
        row < N; row += warps_total) {
     const T* x = kResidual ? residual + row * C : a + row * C;
     (void)x;  // unread when every pass finds the row in registers
-    float v[kCached ? kCachedLaneChunks : 1][kN];
+    float v[kCached ? kSlots : 1][kN];
     auto count_of = [C](int64_t c0) { return static_cast<int>(C - c0 < kN ? C - c0 : kN); };
     double s = 0.0;
-    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+    for_lane_chunks<kSlots>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
       const int count = count_of(c0);
       if constexpr (kResidual) {
@@ -126,7 +154,7 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
     const double md = detail::warp_sum(s) / static_cast<double>(C);
     // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
     double q = 0.0;
-    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+    for_lane_chunks<kSlots>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
       const int count = count_of(c0);
       if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
@@ -140,13 +168,25 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
     const float m = static_cast<float>(md);
     const float r = static_cast<float>(1.0 / sqrt(var + eps));
     T* y = out + row * C;
-    for_lane_chunks<kCached>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
+    for_lane_chunks<kSlots>(v, lane, chunks, [&](float(&e)[kN], int64_t j) {
       const int64_t c0 = j * kN;
       const int count = count_of(c0);
       if constexpr (!kCached) load_chunk<T>(e, x, c0, count, vec);
+      float wv[kN], bv[kN];
+      load_params<W>(wv, weight, c0, count, wvec);
+      load_params<W>(bv, bias, c0, count, wvec);
+      // The roundings written out, as the kernel compiled before the parameters moved as packs:
+      // nvcc contracts `* w + b` only inside one basic block, so the fp32/bf16 parameters' plain
+      // widening gave one FMA and the branchy fp16 widening of `b` a product and a sum.
 #pragma unroll
-      for (int k = 0; k < kN; ++k)
-        if (k < count) e[k] = (e[k] - m) * r * to_float(weight[c0 + k]) + to_float(bias[c0 + k]);
+      for (int k = 0; k < kN; ++k) {
+        if (k >= count) continue;
+        if constexpr (std::is_same_v<W, Half>) {
+          e[k] = __fadd_rn(__fmul_rn((e[k] - m) * r, wv[k]), bv[k]);
+        } else {
+          e[k] = __fmaf_rn((e[k] - m) * r, wv[k], bv[k]);
+        }
+      }
       store_chunk<T>(y, e, c0, count, vec);
     });
     if (lane == 0) {
@@ -156,18 +196,23 @@ __global__ void layernorm_rows_kernel(T* __restrict__ out, float* __restrict__ m
   }
 }
 
-// Launches the row kernel, registers-cached when the row fits (the same bits either way).
+// Launches the row kernel, registers-cached when the row fits (the same bits either way: the
+// chunks' order does not depend on the slots).
 template <typename T, typename W, bool kResidual>
 void launch_layernorm_rows(cudaStream_t stream, T* out, float* mean, float* rstd, T* residual, const T* a,
                            const T* b, const W* weight, const W* bias, int64_t N, int64_t C, float eps,
                            bool vec) {
-  const bool cached = (C + detail::Pack<T>::kN - 1) / detail::Pack<T>::kN <= int64_t{kCachedLaneChunks} * kWarpSize;
-  if (cached) {
-    layernorm_rows_kernel<T, W, kResidual, true><<<row_grid(N), kRowBlock, 0, stream>>>(
-        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+  const int64_t chunks = (C + detail::Pack<T>::kN - 1) / detail::Pack<T>::kN;
+  const bool wvec = C % detail::Pack<T>::kN == 0 && detail::is_aligned16(weight) && detail::is_aligned16(bias);
+  auto launch = [&](auto kernel) {
+    kernel<<<row_grid(N), kRowBlock, 0, stream>>>(out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec, wvec);
+  };
+  if (chunks <= int64_t{kFewLaneChunks} * kWarpSize) {
+    launch(layernorm_rows_kernel<T, W, kResidual, kFewLaneChunks>);
+  } else if (chunks <= int64_t{kCachedLaneChunks} * kWarpSize) {
+    launch(layernorm_rows_kernel<T, W, kResidual, kCachedLaneChunks>);
   } else {
-    layernorm_rows_kernel<T, W, kResidual, false><<<row_grid(N), kRowBlock, 0, stream>>>(
-        out, mean, rstd, residual, a, b, weight, bias, N, C, eps, vec);
+    launch(layernorm_rows_kernel<T, W, kResidual, 0>);
   }
   ZT_CUDA_CHECK(cudaGetLastError());
 }
@@ -206,7 +251,7 @@ __global__ void __launch_bounds__(zt::detail::LayernormBackwardOrder::kMaxWarps 
                               float* __restrict__ dbias, const T* __restrict__ dout, const T* __restrict__ in,
                               const W* __restrict__ weight, const float* __restrict__ mean,
                               const float* __restrict__ rstd, int64_t N, int64_t C, int64_t rows_per_block,
-                              bool single_block, bool vec) {
+                              bool single_block, bool vec, bool wvec) {
   constexpr int kN = detail::Pack<T>::kN;
   extern __shared__ float shared_sums[];
   const int lane = threadIdx.x % kWarpSize;
@@ -237,11 +282,13 @@ __global__ void __launch_bounds__(zt::detail::LayernormBackwardOrder::kMaxWarps 
       float(&dv)[kN] = ds[slot];
       load_chunk<T>(xv, x, c0, count, vec);
       load_chunk<T>(dv, dy, c0, count, vec);
+      float wv[kN];
+      load_params<W>(wv, weight, c0, count, wvec);
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         if (k < count) {
           const float norm = (xv[k] - m) * r;
-          const double dnorm = double{to_float(weight[c0 + k])} * dv[k];
+          const double dnorm = double{wv[k]} * dv[k];
           sum_dnorm += dnorm;
           sum_dnorm_norm += dnorm * norm;
           // The product rounded, then added: no FMA, the CPU kernel's bits.
@@ -262,13 +309,14 @@ __global__ void __launch_bounds__(zt::detail::LayernormBackwardOrder::kMaxWarps 
         load_chunk<T>(xv, x, c0, count, vec);
         load_chunk<T>(dv, dy, c0, count, vec);
       }
-      float g[kN];
+      float g[kN], wv[kN];
       load_chunk<T>(g, dx, c0, count, vec);
+      load_params<W>(wv, weight, c0, count, wvec);
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         if (k < count) {
           const float norm = (xv[k] - m) * r;
-          const float dnorm = to_float(weight[c0 + k]) * dv[k];
+          const float dnorm = wv[k] * dv[k];
           // The term rounded, then added (__fadd_rn: nvcc would fuse g + term * r into an FMA), as
           // the CPU kernel: din += gives the bits of din from zero followed by add.
           g[k] = __fadd_rn(g[k], (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r);
@@ -342,12 +390,13 @@ void launch_layernorm_backward(cudaStream_t stream, T* din, float* dweight, floa
   }
   const int64_t chunks = (C + kN - 1) / kN;
   const bool vec = C % kN == 0 && detail::is_aligned16(din) && detail::is_aligned16(dout) && detail::is_aligned16(in);
+  const bool wvec = C % kN == 0 && detail::is_aligned16(weight);
   const bool cached = chunks <= int64_t{kBwdCachedLaneChunks} * kWarpSize;
   const size_t shared = o.shared_sums ? static_cast<size_t>(o.warps) * 2 * chunks * kN * sizeof(float) : 0;
   const dim3 grid(static_cast<unsigned>(o.blocks)), block(static_cast<unsigned>(o.warps * kWarpSize));
   auto launch = [&](auto kernel) {
     kernel<<<grid, block, shared, stream>>>(din, partials, dweight, dbias, dout, in, weight, mean, rstd, N, C,
-                                            o.rows_per_block, single, vec);
+                                            o.rows_per_block, single, vec, wvec);
   };
   if (o.shared_sums) {
     if (cached) launch(layernorm_backward_kernel<T, W, true, true>);
