@@ -16,10 +16,10 @@ rule (scripts/gpt2_table.py); each step is timed between two device synchronizat
                                      [--out peer-torch.jsonl] [--device cuda]
 
 Modes are PRECISION:MODE, PRECISION one of bf16 (autocast), tf32 (fp32 with TF32 matmuls and
-convolutions allowed), fp32 (TF32 off); MODE eager or compile; the modes run in the order given (torch.compile first by default: its cold
-compile takes a minute or more and its number is the one issue 28 names, so a cut ends an eager
-mode instead). Prints one JSON line per mode
-(also appended to --out) and a table. --tiny (2 layers, width 64, T 64, B 4) with --device cpu is
+convolutions allowed), fp32 (TF32 off); MODE eager or compile. The modes run in the order given
+(torch.compile first by default: its cold compile takes a minute or more and its number is the one
+issue 28 names, so a cut ends an eager mode instead). Prints one JSON line per mode (also appended
+to --out) and a table. --tiny (2 layers, width 64, T 64, B 4) with --device cpu is
 the smoke check tests/scripts/test_gpu_check_pack.sh runs where PyTorch is installed (Debian's
 1.13 has neither torch.compile nor scaled_dot_product_attention: compile modes report
 "unavailable", attention falls back to a masked softmax).
