@@ -470,10 +470,13 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
   # attention, graphs going eager): each distinct line once among results.md's notes.
   while IFS= read -r line; do notes+=("gpt2-124m runs: $line"); done \
     < <(cat "$LOGS"/gpt2-*.txt 2>/dev/null | grep -E '^(note|attention): ' | grep -v -- '--trace times every op' | sort -u | head -12)
+  # gpt2.md: the runs' table and issue 28's targets (ARGS: --peer FILE once the peer ran).
+  gpt2_md() {
+    command -v python3 >/dev/null 2>&1 || return 0
+    python3 scripts/gpt2_table.py "$LOGS" "${gpt2_runs[@]}" "$@" >"$LOGS/gpt2.md" 2>&1
+  }
   # ZeroTrain's table now, so results.md holds it even if the visit is killed during the peer.
-  if command -v python3 >/dev/null 2>&1; then
-    python3 scripts/gpt2_table.py "$LOGS" "${gpt2_runs[@]}" >"$LOGS/gpt2.md" 2>&1
-  fi
+  gpt2_md
   write_results
   # PyTorch on the same GPU (--peer): torch.compile first (the ratio issue 28's acceptance names;
   # its cold compile takes a minute or more, and a cut ends the last mode, not it), then bf16 and
@@ -491,11 +494,9 @@ if ((built && gpu_ok)) && [[ -x "$app" ]]; then
       skip_step "PyTorch peer" "$PYTHON cannot import torch with CUDA"
     fi
   fi
-  if command -v python3 >/dev/null 2>&1; then
-    python3 scripts/gpt2_table.py "$LOGS" "${gpt2_runs[@]}" "${peer_args[@]}" >"$LOGS/gpt2.md" 2>&1
-    cat "$LOGS/gpt2.md"
-    write_results
-  fi
+  gpt2_md "${peer_args[@]}"
+  [[ -f $LOGS/gpt2.md ]] && cat "$LOGS/gpt2.md"
+  write_results
 else
   skip_step "gpt2-124m T=1024 fp32/tf32/bf16" "${no_gpu:-no binary}"
 fi

@@ -42,32 +42,6 @@ unsigned row_grid(int64_t rows) {
 // 16-byte aligned, C a multiple of kN) only decides whether a chunk moves as one 128-bit access,
 // so aligned and unaligned calls, fused and unfused, give the same bits. Statistics are fp32
 // (double sums); outputs are rounded to T once.
-template <typename T>
-__device__ __forceinline__ void load_chunk(float (&x)[detail::Pack<T>::kN], const T* p, int64_t c0, int count,
-                                           bool vec) {
-  if (vec) {
-    const detail::Pack<T> v = detail::load_pack(p + c0);
-#pragma unroll
-    for (int k = 0; k < detail::Pack<T>::kN; ++k) x[k] = to_float(v.v[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < detail::Pack<T>::kN; ++k) x[k] = k < count ? to_float(p[c0 + k]) : 0.0f;
-  }
-}
-template <typename T>
-__device__ __forceinline__ void store_chunk(T* p, const float (&x)[detail::Pack<T>::kN], int64_t c0, int count,
-                                            bool vec) {
-  if (vec) {
-    detail::Pack<T> v;
-#pragma unroll
-    for (int k = 0; k < detail::Pack<T>::kN; ++k) v.v[k] = from_float<T>(x[k]);
-    detail::store_pack(p + c0, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < detail::Pack<T>::kN; ++k)
-      if (k < count) p[c0 + k] = from_float<T>(x[k]);
-  }
-}
 
 // The kN parameters (weight or bias of W) of a chunk, widened: 16-byte packs when `wvec` (the
 // pointer 16-byte aligned, C a multiple of kN), else one by one (0 past `count`). The same values
@@ -88,6 +62,27 @@ __device__ __forceinline__ void load_params(float (&w)[kN], const W* p, int64_t 
   } else {
 #pragma unroll
     for (int k = 0; k < kN; ++k) w[k] = k < count ? to_float(p[c0 + k]) : 0.0f;
+  }
+}
+
+// A chunk of a row of T: load_params with T's own pack (`vec` for every streamed row).
+template <typename T>
+__device__ __forceinline__ void load_chunk(float (&x)[detail::Pack<T>::kN], const T* p, int64_t c0, int count,
+                                           bool vec) {
+  load_params<T>(x, p, c0, count, vec);
+}
+template <typename T>
+__device__ __forceinline__ void store_chunk(T* p, const float (&x)[detail::Pack<T>::kN], int64_t c0, int count,
+                                            bool vec) {
+  if (vec) {
+    detail::Pack<T> v;
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k) v.v[k] = from_float<T>(x[k]);
+    detail::store_pack(p + c0, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < detail::Pack<T>::kN; ++k)
+      if (k < count) p[c0 + k] = from_float<T>(x[k]);
   }
 }
 

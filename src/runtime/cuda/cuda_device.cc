@@ -1023,9 +1023,7 @@ void CudaStream::synchronize() {
     DeviceGuard guard(ordinal_);
     ZT_CUDA_STREAM_CHECK(cudaStreamSynchronize(stream_));
   }
-  flush_spans(/*reanchor=*/true);
-  rethrow_host_failure();
-  device_.throw_if_faulted();
+  report();
 }
 
 bool CudaStream::synchronize_for(std::chrono::milliseconds timeout) {
@@ -1077,11 +1075,13 @@ bool CudaStream::idle() {
 }
 
 bool CudaStream::query() {
-  const bool done = idle();
-  if (done) flush_spans(/*reanchor=*/true);
+  if (idle()) {
+    report();
+    return true;
+  }
   rethrow_host_failure();
   device_.throw_if_faulted();
-  return done;
+  return false;
 }
 
 void CudaStream::copy(void* dst, const void* src, size_t bytes) {
