@@ -129,12 +129,18 @@ void announce_fallback(State& st, const Key& k, bool backward, const std::string
                backward ? kTiledBackwardSlowdown : kTiledForwardSlowdown);
 }
 
-// The handle of GPU `device` (current: the caller's DeviceGuard), or nullptr.
-cudnnHandle_t handle_for(State& st, int device) {
+// The handle of GPU `device` (current: the caller's DeviceGuard), or nullptr. `capturing`: the
+// caller's stream captures, where a failure may be the capture's (cudnnCreate allocates device
+// memory): it fails the capture (zt::Error) instead of marking cuDNN unusable on the GPU, whose
+// fallback, the tiled kernels, gives other bits than the eager run's.
+cudnnHandle_t handle_for(State& st, int device, bool capturing) {
   auto it = st.handles.find(device);
   if (it != st.handles.end()) return it->second;
   cudnnHandle_t h = nullptr;
   const cudnnStatus_t status = cudnnCreate(&h);
+  if (status != CUDNN_STATUS_SUCCESS && capturing)
+    ZT_THROW(ErrorKind::kDevice, "cuDNN could not start on GPU ", device, " inside a stream capture (",
+             cudnnGetErrorString(status), "); run the attention once outside the capture first");
   if (status != CUDNN_STATUS_SUCCESS) {
     note_once(st, "handle " + std::to_string(device),
               std::string("cuDNN could not start on GPU ") + std::to_string(device) + " (" +
@@ -210,7 +216,9 @@ std::string build(const Key& k, bool backward, cudnnHandle_t handle, Plan* plan)
 }
 
 // One direction of `k` built, or declined with its reason (announced). Caller holds st.mu.
-Plan build_direction(State& st, const Key& k, bool backward, cudnnHandle_t h) {
+// `capturing`: as handle_for's, a failure fails the capture instead of declining the shape for
+// good (the tiled fallback's bits are not cuDNN's).
+Plan build_direction(State& st, const Key& k, bool backward, cudnnHandle_t h, bool capturing) {
   Plan plan;
   std::string why;
   try {
@@ -219,20 +227,23 @@ Plan build_direction(State& st, const Key& k, bool backward, cudnnHandle_t h) {
     why = e.what();
   }
   if (why.empty()) return plan;
+  if (capturing)
+    ZT_THROW(ErrorKind::kDevice, "cuDNN could not build its attention ", backward ? "backward" : "forward", " at B=",
+             k.B, " T=", k.T, " inside a stream capture (", why, "); run the attention once outside the capture first");
   announce_fallback(st, k, backward, why);
   return Plan{};
 }
 
 // The shape of `k` (both directions built on first use), or nullptr when cuDNN cannot start on
-// the GPU. Caller holds st.mu.
-Shape* shape_for(State& st, const Key& k) {
+// the GPU. Caller holds st.mu; `capturing`: the caller's stream captures (handle_for).
+Shape* shape_for(State& st, const Key& k, bool capturing) {
   auto it = st.shapes.find(k);
   if (it != st.shapes.end()) return &it->second;
-  cudnnHandle_t h = handle_for(st, k.device);
+  cudnnHandle_t h = handle_for(st, k.device, capturing);
   if (h == nullptr) return nullptr;
   Shape shape;
-  shape.forward = build_direction(st, k, false, h);
-  shape.backward = build_direction(st, k, true, h);
+  shape.forward = build_direction(st, k, false, h, capturing);
+  shape.backward = build_direction(st, k, true, h, capturing);
   const ops::AttentionWorkspace ws{shape.forward.workspace, shape.backward.workspace};
   shape.block = ops::flash_attention_library_bytes(k.B, k.T, k.C, k.dtype, ws);
   shape.staging_offset = (static_cast<size_t>(std::max<int64_t>({ws.forward, ws.backward, 0})) + 255) & ~size_t{255};
@@ -281,7 +292,7 @@ bool cudnn_attention_available(Stream& s, void* native, bool backward, int64_t B
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mu);
   const Key key{device, B, T, C, NH, dtype, deterministic};
-  Shape* shape = shape_for(st, key);
+  Shape* shape = shape_for(st, key, s.capturing());
   if (shape == nullptr || !shape->usable || !shape->plan(backward).graph) return false;
   try {
     workspace_block(s, native, *shape);
@@ -302,7 +313,7 @@ bool cudnn_attention_workspace(Stream& s, int64_t B, int64_t T, int64_t C, int64
   const cuda::DeviceGuard guard(device);
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mu);
-  const Shape* shape = shape_for(st, Key{device, B, T, C, NH, dtype, deterministic});
+  const Shape* shape = shape_for(st, Key{device, B, T, C, NH, dtype, deterministic}, s.capturing());
   if (shape == nullptr) return false;
   *forward = shape->forward.workspace;
   *backward = shape->backward.workspace;

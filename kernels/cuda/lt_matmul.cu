@@ -171,8 +171,25 @@ void note_refusal(const LtGemm& g, cublasStatus_t status, int found) {
                                                : "the algorithm found cannot run it");
 }
 
+// Whether `stream` is capturing (cudaStreamIsCapturing: the query CUDA answers during a capture;
+// an error counts as capturing, so that find_algo fails rather than caching a refusal).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // The cached algorithm for g, asking the heuristic the first time; nullptr: cuBLASLt refuses g.
-const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
+// A heuristic that fails while `stream` captures fails the capture instead (zt::Error, nothing
+// cached, nothing launched): inside a capture the failure may be the capture's (CUDA 13.3's
+// cuBLASLt cannot read a capturing stream's context, vllm.cpp#1732), and a cached refusal would run
+// this GEMM, and every later one of its key, on the plain cuBLAS path, whose bits are not the eager
+// run's. --cuda-graphs asks every key eagerly first (its warm-up micro-batch; tests/train/
+// test_operand_alignment.cc checks that no library call is first met inside a capture).
+const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, cudaStream_t stream, const LtGemm& g) {
   const LtKey key = key_of(g);
   auto it = ctx.lt_algos->find(key);
   if (it == ctx.lt_algos->end()) {
@@ -211,6 +228,12 @@ const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, const LtGemm& g) {
     (void)cublasLtMatmulPreferenceDestroy(pref);
     // NOT_SUPPORTED / INVALID_VALUE / no result: cuBLASLt has no kernel for this problem.
     entry.usable = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (!entry.usable && capturing(stream))
+      ZT_THROW(ErrorKind::kDevice, "cuBLASLt's heuristic, first asked for a ", epilogue_name(g.epilogue), " GEMM (A/B ",
+               type_name(g.ab), ", D ", type_name(g.d), ", m ", g.m, " n ", g.n, " k ", g.k,
+               ") inside a stream capture, found no algorithm (",
+               status != CUBLAS_STATUS_SUCCESS ? cublasGetStatusName(status) : "no result",
+               "); run the GEMM once outside the capture first");
     if (entry.usable) entry.algo = result.algo;
     if (!entry.usable) note_refusal(g, status, found);
     it = ctx.lt_algos->emplace(key, entry).first;
@@ -268,7 +291,7 @@ bool lt_matmul_forward(void* stream, void* out, const void* in, const void* weig
   if (ctx.lt == nullptr) return false;
   LtGemm g = forward_gemm(out, in, weight, t, N, C, OC, tf32);
   if (bias != nullptr) g.epilogue = CUBLASLT_EPILOGUE_BIAS, g.bias = bias, g.bias_type = cuda_type(t.bias);
-  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, scope.stream(), g);
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
   return true;
@@ -283,7 +306,7 @@ bool lt_matmul_gelu_forward(void* stream, void* out_gelu, void* pre_gelu, const 
   g.epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   g.bias = bias, g.bias_type = cuda_type(t.bias);
   g.aux = pre_gelu, g.aux_ld = OC;
-  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, scope.stream(), g);
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
   return true;
@@ -310,11 +333,11 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
   // gradient then comes from the plain path's column sums (same bits as bias_backward).
   const bool bgradb = dbias != nullptr && !(tf32 && t.in == DType::kF32);
   if (bgradb) gw.epilogue = CUBLASLT_EPILOGUE_BGRADB, gw.bias = bias_scratch, gw.bias_type = CUDA_R_32F;
-  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, gd) : nullptr;
+  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, scope.stream(), gd) : nullptr;
   if (din != nullptr && ad == nullptr) return false;
   // A bias gradient without a weight gradient has no GEMM to ride on: the plain path's column sums.
   if (dweight == nullptr && dbias != nullptr) return false;
-  const cublasLtMatmulAlgo_t* aw = dweight != nullptr ? find_algo(ctx, gw) : nullptr;
+  const cublasLtMatmulAlgo_t* aw = dweight != nullptr ? find_algo(ctx, scope.stream(), gw) : nullptr;
   if (dweight != nullptr && aw == nullptr) return false;
   if (din != nullptr) run(ctx, scope.stream(), gd, ad);
   if (dweight != nullptr) {
@@ -341,7 +364,7 @@ bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void
   g.epilogue = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   g.aux = pre_gelu, g.aux_ld = C;
   if (bgrad) g.bias = bias_scratch, g.bias_type = CUDA_R_32F;
-  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, scope.stream(), g);
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
   if (bgrad) add_into(scope.stream(), dbias, bias_scratch, C);
@@ -360,7 +383,7 @@ bool lt_lm_head_forward(void* stream, void* logits, const void* in, const void* 
   const MatmulTypes t{act, act, act};
   LtGemm g = forward_gemm(logits, in, wte, t, N, C, V, tf32);
   g.ldd = ld;
-  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, g);
+  const cublasLtMatmulAlgo_t* algo = find_algo(ctx, scope.stream(), g);
   if (algo == nullptr) return false;
   run(ctx, scope.stream(), g, algo);
   return true;
@@ -381,9 +404,9 @@ bool lt_lm_head_backward(void* stream, void* din, float* dwte, const void* dlogi
   gw.A = in, gw.lda = C, gw.B = dlogits, gw.ldb = ld, gw.D = dwte, gw.ldd = C;
   gw.ab = cuda_type(act), gw.d = CUDA_R_32F, gw.beta = 1.0f, gw.tf32 = tf32;
   // Both algorithms first: a refusal must come before anything is launched.
-  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, gd) : nullptr;
+  const cublasLtMatmulAlgo_t* ad = din != nullptr ? find_algo(ctx, scope.stream(), gd) : nullptr;
   if (din != nullptr && ad == nullptr) return false;
-  const cublasLtMatmulAlgo_t* aw = dwte != nullptr ? find_algo(ctx, gw) : nullptr;
+  const cublasLtMatmulAlgo_t* aw = dwte != nullptr ? find_algo(ctx, scope.stream(), gw) : nullptr;
   if (dwte != nullptr && aw == nullptr) return false;
   if (din != nullptr) run(ctx, scope.stream(), gd, ad);
   if (dwte != nullptr) run(ctx, scope.stream(), gw, aw);

@@ -14,6 +14,13 @@
 // at pool-rounded sizes (zero/visit_plan.cc), one pool block per block buffer, and each parameter at
 // its fixed offset in its block (model/layout.h). This test records the addresses the CPU op table
 // is called with and holds them to that.
+//
+// And with --cuda-graphs on, no such call is first met inside a capture: each is issued eagerly on
+// its stream before (the warm-up micro-batch), so on a GPU cuBLASLt's heuristic and cuDNN's plan
+// builds run outside captures, where a failure is a real refusal (CUDA 13.3's cuBLASLt fails the
+// heuristic on a capturing stream, vllm.cpp#1732; lt_matmul.cu and cudnn_attention.cc fail the
+// capture then, rather than fall back to the plain cuBLAS path or the tiled attention, whose bits
+// are not the eager run's; --cuda-graphs auto then runs eagerly).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -21,6 +28,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +48,11 @@ using Alignments = std::map<std::string, std::set<std::vector<int>>>;
 struct Recorder {
   std::mutex mu;
   Alignments seen;
+  // Per stream, the calls (signature and alignments) issued outside a capture so far, and the
+  // calls a capture issued before any eager issue of the same call on that stream.
+  std::set<std::tuple<const Stream*, std::string, std::vector<int>>> eager;
+  std::vector<std::string> first_in_capture;
+  int64_t captured = 0;  // calls issued inside a capture
   OpTable original;  // the CPU table the recording entries forward to
 };
 Recorder& recorder() {
@@ -64,18 +77,25 @@ void describe(Call& c, const MatmulTypes& t) {
 void describe(Call&, float) {}  // eps, dloss: values, not layout
 
 template <typename... A>
-void record(const char* op, const A&... a) {
+void record(const Stream& s, const char* op, const A&... a) {
   Call c{op, {}};
   (describe(c, a), ...);
   Recorder& r = recorder();
   const std::lock_guard<std::mutex> lock(r.mu);
   r.seen[c.signature].insert(c.alignments);
+  auto key = std::make_tuple(&s, c.signature, c.alignments);
+  if (!s.capturing()) {
+    r.eager.insert(std::move(key));
+  } else {
+    ++r.captured;
+    if (!r.eager.contains(key)) r.first_in_capture.push_back(c.signature);
+  }
 }
 
 // The CPU table with the alignment-sensitive entries recording before they forward.
 #define ZT_RECORDING_ENTRY(op)                              \
   t.op = [](Stream& s, auto... a) {                         \
-    record(#op, a...);                                      \
+    record(s, #op, a...);                                   \
     return recorder().original.op(s, a...);                 \
   }
 OpTable recording_table() {
@@ -109,16 +129,25 @@ TrainConfig small_run(int stage, Precision precision) {
   return c;
 }
 
-Alignments alignments_of(const TrainConfig& c) {
+// The run's alignments; `first_in_capture` (optional): the calls a capture met first, `captured`
+// how many calls the captures issued.
+Alignments alignments_of(const TrainConfig& c, std::vector<std::string>* first_in_capture = nullptr,
+                         int64_t* captured = nullptr) {
   static const OpTable table = recording_table();
   const ScopedOpTable scoped(Backend::kCpu, &table);
+  Recorder& r = recorder();
   {
-    const std::lock_guard<std::mutex> lock(recorder().mu);
-    recorder().seen.clear();
+    const std::lock_guard<std::mutex> lock(r.mu);
+    r.seen.clear();
+    r.eager.clear();
+    r.first_in_capture.clear();
+    r.captured = 0;
   }
   train(c);
-  const std::lock_guard<std::mutex> lock(recorder().mu);
-  return recorder().seen;
+  const std::lock_guard<std::mutex> lock(r.mu);
+  if (first_in_capture != nullptr) *first_in_capture = r.first_in_capture;
+  if (captured != nullptr) *captured = r.captured;
+  return r.seen;
 }
 
 // One line per signature whose alignments differ (or that only one run made).
@@ -185,8 +214,16 @@ TEST(OperandAlignment, EveryModeGivesTheLibraryCallsTheSameAlignments) {
     c.cuda_graphs = m.graphs;
     c.recompute = m.recompute;
     c.offload_optimizer = m.offload;
-    const Alignments got = alignments_of(c);
+    std::vector<std::string> first_in_capture;
+    int64_t captured = 0;
+    const Alignments got = alignments_of(c, &first_in_capture, &captured);
+    EXPECT_EQ(captured > 0, m.graphs == CudaGraphs::kOn) << "bf16, " << m.name << ": " << captured << " calls captured";
     EXPECT_TRUE(got == base) << "bf16, " << m.name << " against stage 0:" << differences(base, got);
+    // On a GPU a call first met inside a capture would ask cuBLASLt's heuristic (or build cuDNN's
+    // plans) there; the eager warm-up micro-batch is meant to have asked everything already.
+    std::string firsts;
+    for (const std::string& f : first_in_capture) firsts += "\n  " + f;
+    EXPECT_TRUE(first_in_capture.empty()) << "bf16, " << m.name << ": calls first issued inside a capture:" << firsts;
   }
   // fp32: its parameters are the engine's fp32 buffers (stage 0 resident, stage 3 gathered).
   if (!test::kThreadSanitizer) {
