@@ -510,9 +510,10 @@ TEST_P(FusedOpsTest, ResidualLayernormSixteenBitWeights) {
   check_residual_layernorm_16_weights<Half>(*dev_, s(), rng_);
 }
 
-// The LM head in 16 bits over a padded vocabulary: logits within half an ulp of the float64 product
-// of the widened inputs, the padding neither written (forward) nor read (backward: NaN there would
-// reach both gradients); din += rounded once, dwte fp32 +=.
+// The LM head in 16 bits over a padded vocabulary: logits against the float64 product of the
+// widened inputs (the CPU backend within half an ulp, every backend within tests/tolerance.h's
+// bound), the padding neither written (forward) nor read (backward: NaN there would reach both
+// gradients); din += (16 bits), dwte fp32 +=.
 template <typename T>
 void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
   constexpr DType act = DTypeOf<T>::value;
@@ -535,7 +536,13 @@ void check_lm_head_16(Device& dev, Stream& s, Rng& rng, Backend backend) {
       for (int64_t j = 0; j < V; ++j) real[r * V + j] = to_float(got[r * Vp + j]);
       for (int64_t j = V; j < Vp; ++j) padding_written += got[r * Vp + j].bits != nan16<T>().bits;
     }
-    EXPECT_TRUE(close16(real, r_logits, act, kTolReduce));
+    // One rounding on the CPU backend (half an ulp); cuBLASLt's result within the derived bound
+    // (tests/README.md), which the CPU result meets too.
+    if (backend == Backend::kCpu) {
+      EXPECT_TRUE(close16(real, r_logits, act, kTolReduce));
+    }
+    EXPECT_TRUE(tolerance::within(real, r_logits,
+                                  tolerance::matmul_forward_bound(act, to_d(widen(in)), to_d(widen(wte)), {}, N, C, V)));
     EXPECT_EQ(padding_written, 0);
 
     std::vector<T> dl = round_to<T>(rng.normal(N * Vp, 0.1f));
