@@ -122,8 +122,12 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
         }
         const TrainResult r = train(c);
         ASSERT_EQ(r.peak_bytes_per_device.size(), static_cast<size_t>(n));
+        // The run reports the prediction it checked beside its measured peak (the GPU check compares
+        // the two from the summary alone).
+        ASSERT_EQ(r.planned_peak_bytes_per_device.size(), static_cast<size_t>(n));
         for (int d = 0; d < n; ++d) {
           const DevicePlan& p = plan.per_device[static_cast<size_t>(d)];
+          EXPECT_EQ(r.planned_peak_bytes_per_device[static_cast<size_t>(d)], p.peak_allocated);
           EXPECT_EQ(p.params + p.grads + p.optimizer, r.model_state_bytes_per_device[static_cast<size_t>(d)]);
           const double measured = static_cast<double>(r.peak_bytes_per_device[static_cast<size_t>(d)]);
           const double predicted = static_cast<double>(p.peak_allocated);
