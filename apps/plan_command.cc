@@ -49,6 +49,9 @@ int PlanCommand::run() {
   MemoryPlan plan;
   int devices = 0;
   Backend backend = Backend::kCpu;
+  // Outlives every plan below: on GPUs plan.inputs.attention_workspace asks cuDNN through device 0's
+  // compute stream, and --largest asks it again for each shape it tries.
+  std::unique_ptr<Runtime> rt;
   if (spec.kind == DeviceSpec::Kind::kCuda && !cuda_availability().usable) {
     // GPUs this machine does not have: planned from --device-memory, the library workspaces by
     // their GPU rules (train/plan.h plan_absent_gpus).
@@ -68,7 +71,7 @@ int PlanCommand::run() {
                 "cuDNN)\n",
                 tc.devices.c_str(), n, n == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str());
   } else {
-    auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
+    rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
     devices = rt->size();
     backend = rt->backend();
     const RunContext shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
