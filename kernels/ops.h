@@ -206,7 +206,11 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
 //    T=1024, 12 heads of 64 on an H200: 403,439,872 bytes, this plus 256 (at T = 16 x head size
 //    it equals the B*NH*T*(8*hs + 1)*4; it grows with T^2, not T);
 //  - non-deterministic backward: the frontend's fp32 dQ accumulator and softmax sums,
-//    B*NH*T*(hs + 1)*4 (assumed: the backend engine itself adds nothing; not yet measured);
+//    B*NH*T*(hs + 1)*4 (exactly the frontend's part: cudnn-frontend 1.32's sdpa_backward node sizes
+//    dQ_accum B*NH*T*hs*4 and softmax_sum B*NH*T*4; assumed: the backend engine adds nothing; not
+//    yet measured). With CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT set below the dP's size, cuDNN >=
+//    9.25 on Hopper serves the deterministic backward this way too (ordered dQ, linear in T): the
+//    formula then overcounts, and a plan on the GPU asks cuDNN;
 //  - the forward asks for much less (assumed at most the backward's).
 size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic);
 // What a library's fused attention asks for at one shape (its graphs built now, before any CUDA
