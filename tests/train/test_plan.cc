@@ -485,6 +485,42 @@ TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
   EXPECT_NE(every.output.find("name them"), std::string::npos) << every.output;
 }
 
+// A 16-bit GEMM that cuBLASLt refuses on a GPU runs on the plain cuBLAS path with an fp32 result
+// scratch (kernels/cuda/stream_blocks.h), which only the GPU decides to take: the plan names its bound
+// per device, outside the totals. GPT-2 124M at B 16, T 1024: c_fc's 16,384 x 3,072 fp32, 192 MiB
+// (2.1% of the run's 8.9 GiB); an MLP's widest layer over its micro-batch; none for fp32 outputs or
+// devices without a GEMM library (the CPU backend).
+TEST(Plan, NamesThePlainMatmulScratchBoundOutsideTheTotals) {
+  const ModelConfig gpt = make_model_config("gpt2-124m", {});
+  PlanInputs in;
+  in.device_memory = {size_t{141} << 30};
+  in.micro_batch = 16;
+  in.seq_len = 1024;
+  in.working = DType::kBF16;
+  const std::string line = "matmul scratch (fp32 results of the 16-bit GEMMs cuBLASLt refuses";
+  const MemoryPlan cpu = plan_memory_only(gpt, in);
+  EXPECT_EQ(format_plan(gpt, cpu).find(line), std::string::npos);
+  in.gemm_workspace = size_t{32} << 20;
+  const MemoryPlan plan = plan_memory_only(gpt, in);
+  const std::string text = format_plan(gpt, plan);
+  EXPECT_NE(text.find(line), std::string::npos) << text;
+  EXPECT_NE(text.find("up to " + format_plan_bytes(size_t{16 * 1024} * 3072 * 4) + " per device, not in the totals"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(plan.per_device[0].total - cpu.per_device[0].total, pool_large_segment_bytes(pool_rounded_size(size_t{32} << 20)));
+  in.working = DType::kF32;
+  EXPECT_EQ(format_plan(gpt, plan_memory_only(gpt, in)).find(line), std::string::npos);
+  const ModelConfig mlp = make_model_config("mlp", {});
+  PlanInputs m = in;
+  m.working = DType::kBF16;
+  m.micro_batch = 128;
+  m.seq_len = 1;
+  size_t widest = static_cast<size_t>(mlp.classes);
+  for (int h : mlp.hidden) widest = std::max(widest, static_cast<size_t>(h));
+  EXPECT_NE(format_plan(mlp, plan_memory_only(mlp, m)).find("up to " + format_plan_bytes(128 * widest * 4)),
+            std::string::npos);
+}
+
 // On a GPU the plan counts what the library asked for (PlanInputs::attention_workspace, which
 // plan_run fills from cuDNN): the larger direction's workspace, and no block where it declines.
 TEST(Plan, CountsTheAttentionWorkspaceTheLibraryAskedFor) {
