@@ -969,10 +969,20 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   return plan_memory(model, in);
 }
 
-MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, int devices, size_t memory) {
+std::vector<size_t> logical_device_memory(const std::vector<int>& ordinals, size_t gpu_memory) {
+  std::vector<size_t> out;
+  for (int o : ordinals)
+    out.push_back(gpu_memory / static_cast<size_t>(std::count(ordinals.begin(), ordinals.end(), o)));
+  return out;
+}
+
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, const std::vector<int>& ordinals,
+                            size_t gpu_memory) {
+  ZT_REQUIRE(!ordinals.empty(), "plan_absent_gpus: no device to plan");
+  const int devices = static_cast<int>(ordinals.size());
   PlanInputs in = partial;
   in.devices = devices;
-  in.device_memory = {memory};
+  in.device_memory = logical_device_memory(ordinals, gpu_memory);
   in.gemm_workspace = cuda::recommended_gemm_workspace_bytes(9);
   in.attention_library = true;
   in.attention_workspace = nullptr;  // the formula

@@ -476,6 +476,16 @@ TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
         << r.output;
     EXPECT_NE(r.output.find("verdict: fits"), std::string::npos) << r.output;
   }
+  // Logical devices sharing a GPU each get their share of its memory, as the CUDA backend caps their
+  // pools: GPT-2 at ZeRO-3 on cuda:0x2 needs 4.73 GiB per logical device, which one 9 GiB GPU's
+  // halves do not hold (each logical device planned with the whole 9 GiB, it "fitted").
+  const auto shared = test_util::run_binary(
+      ZEROTRAIN_BIN, "plan --devices cuda:0x2 --model gpt2-124m --precision bf16 --batch-size 16 --micro-batch-size 8 "
+                     "--zero-stage 3 --train-seq-len 1024 --device-memory 9GiB");
+  EXPECT_NE(shared.output.find("planned as 1 GPU of 9.00 GiB, shared by its logical devices"), std::string::npos)
+      << shared.output;
+  EXPECT_NE(shared.output.find("4.50 GiB    NO"), std::string::npos) << shared.output;
+  EXPECT_EQ(logical_device_memory({0, 0, 1, 0}, 12), (std::vector<size_t>{4, 4, 12, 4}));
   const auto refused = test_util::run_binary(ZEROTRAIN_BIN, run);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("no usable GPU"), std::string::npos) << refused.output;
