@@ -396,6 +396,9 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
   // T = 2048 it is twice that and more.
   EXPECT_EQ(ops::cudnn_attention_workspace_formula(B, 2048, 768, NH, true), size_t{16 * 12} * (2 * 2048 * 2048 + 4 * 2048));
   EXPECT_EQ(ops::cudnn_attention_workspace_formula(1, 100, 768, NH, true), size_t{12} * (2 * 128 * 128 + 4 * 100));
+  // The Hopper dP's keys in tiles of 128 (cudnn-frontend's own size of it): T = 960 holds 960 x 1024.
+  EXPECT_EQ(ops::cudnn_attention_workspace_formula(1, 960, 768, NH, true), size_t{12} * (2 * 960 * 1024 + 4 * 960));
+  EXPECT_EQ(ops::cudnn_attention_workspace_formula(2, 64, 768, NH, true), size_t{24} * (2 * 64 * 128 + 4 * 64));
   // The deterministic workspace decides a verdict the non-deterministic one passes.
   in.deterministic_attention = true;
   const MemoryPlan det = plan_memory_only(mc, in);
