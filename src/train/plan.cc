@@ -777,6 +777,9 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
     os << "matmul scratch (fp32 results of the 16-bit GEMMs cuBLASLt refuses, on the plain cuBLAS path; each "
           "refusal prints a note): up to "
        << F(scratch) << " per device, not in the totals (a run whose GEMMs cuBLASLt serves takes none)\n";
+  if (in.gemm_workspace)  // CUDA devices: what the GPU holds besides the pools
+    os << "outside the pools, not planned (leave room for them): each GPU's CUDA context, the kernels and handles "
+          "of CUDA, cuBLAS and cuDNN, captured CUDA graphs, and NCCL's buffers with --comm nccl\n";
   format_attention_block(os, mc, plan);
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";

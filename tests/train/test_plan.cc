@@ -521,6 +521,9 @@ TEST(Plan, NamesThePlainMatmulScratchBoundOutsideTheTotals) {
             std::string::npos)
       << text;
   EXPECT_EQ(plan.per_device[0].total - cpu.per_device[0].total, pool_large_segment_bytes(pool_rounded_size(size_t{32} << 20)));
+  // What a GPU holds outside the pools is named, not planned.
+  EXPECT_NE(text.find("outside the pools, not planned (leave room for them): each GPU's CUDA context"), std::string::npos);
+  EXPECT_EQ(format_plan(gpt, cpu).find("outside the pools, not planned"), std::string::npos);
   in.working = DType::kF32;
   EXPECT_EQ(format_plan(gpt, plan_memory_only(gpt, in)).find(line), std::string::npos);
   const ModelConfig mlp = make_model_config("mlp", {});
