@@ -5,6 +5,7 @@
 #include "plan_command.h"
 
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "core/status.h"
@@ -49,6 +50,9 @@ int PlanCommand::run() {
   MemoryPlan plan;
   int devices = 0;
   Backend backend = Backend::kCpu;
+  // Outlives every plan below: on GPUs plan.inputs.attention_workspace asks cuDNN through device 0's
+  // compute stream, and --largest asks it again for each shape it tries.
+  std::unique_ptr<Runtime> rt;
   if (spec.kind == DeviceSpec::Kind::kCuda && !cuda_availability().usable) {
     // GPUs this machine does not have: planned from --device-memory, the library workspaces by
     // their GPU rules (train/plan.h plan_absent_gpus).
@@ -63,12 +67,16 @@ int PlanCommand::run() {
     backend = Backend::kCuda;
     const RunContext shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
     refuse_given(*sub_, inapplicable_run_flags(shape, mc));
-    plan = plan_absent_gpus(mc, shape.plan, n, tc.device_memory);
-    std::printf("devices: %s (cuda backend; no usable GPU here: planned as %d GPU%s of %s, Hopper or newer, with "
+    plan = plan_absent_gpus(mc, shape.plan, spec.cuda_ordinals, tc.device_memory);
+    const std::set<int> gpus(spec.cuda_ordinals.begin(), spec.cuda_ordinals.end());
+    const int g = static_cast<int>(gpus.size());
+    // Logical devices sharing a GPU (cuda:0x2) each get their share of it, as on the GPU.
+    const std::string shared = g == n ? "" : ", shared by its logical devices (--devices " + tc.devices + ")";
+    std::printf("devices: %s (cuda backend; no usable GPU here: planned as %d GPU%s of %s%s, Hopper or newer, with "
                 "cuDNN)\n",
-                tc.devices.c_str(), n, n == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str());
+                tc.devices.c_str(), g, g == 1 ? "" : "s", format_plan_bytes(tc.device_memory).c_str(), shared.c_str());
   } else {
-    auto rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
+    rt = Runtime::create(spec, CpuDeviceOptions{tc.device_memory});
     devices = rt->size();
     backend = rt->backend();
     const RunContext shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
@@ -77,6 +85,9 @@ int PlanCommand::run() {
     if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
       PlanInputs in = plan.inputs;
       in.device_memory.assign(static_cast<size_t>(rt->size()), tc.device_memory);
+      // A GPU's memory, shared by the logical devices on it (cuda:0x2), as Device::total_memory is.
+      if (rt->backend() == Backend::kCuda && spec.cuda_ordinals.size() == static_cast<size_t>(rt->size()))
+        in.device_memory = logical_device_memory(spec.cuda_ordinals, tc.device_memory);
       plan = plan_memory(mc, in);
     }
     std::printf("devices: %s (%s backend)\n", tc.devices.c_str(), backend_name(rt->backend()));

@@ -665,8 +665,8 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t /*C*/, int64_
 size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic) {
   const auto rows = static_cast<size_t>(B * NH);
   if (deterministic) {
-    const auto t64 = static_cast<size_t>((T + 63) / 64 * 64);
-    return rows * (2 * t64 * t64 + 4 * static_cast<size_t>(T));
+    const auto t64 = static_cast<size_t>((T + 63) / 64 * 64), t128 = static_cast<size_t>((T + 127) / 128 * 128);
+    return rows * (2 * t64 * t128 + 4 * static_cast<size_t>(T));
   }
   return rows * static_cast<size_t>(T) * static_cast<size_t>(C / NH + 1) * 4;
 }

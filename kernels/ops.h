@@ -201,12 +201,18 @@ void flash_attention_backward(Stream& s, TensorView dqkv, ConstTensorView dout,
 // The workspace (bytes) cuDNN's fused attention asks for at (B, T, C, NH) in 16 bits, by formula,
 // for the plan where no GPU can be asked (kernels/cuda/cudnn_attention.cc asks cuDNN itself):
 //  - deterministic backward (cuDNN 9 on Hopper: the dP-workspace decomposition, which the frontend
-//    forces for a deterministic backward): a 16-bit dP of B x NH x T64 x T64 (T64: T rounded up to
-//    64) plus the frontend's fp32 softmax sums, B x NH x T: B*NH*(2*T64^2 + 4*T). Measured at B=16,
-//    T=1024, 12 heads of 64 on an H200: 403,439,872 bytes, this plus 256 (at T = 16 x head size
-//    it equals the B*NH*T*(8*hs + 1)*4; it grows with T^2, not T);
+//    forces for a deterministic backward): a 16-bit dP of B x NH x T64 x T128 (queries rounded up
+//    to 64, keys to 128: the frontend's own size of the Hopper dP, cudnn-frontend 1.32's
+//    sdpa_backward; the same as T64 x T64 wherever T64 is a multiple of 128, up to 2x above it for
+//    T <= 64) plus the frontend's fp32 softmax sums, B x NH x T: B*NH*(2*T64*T128 + 4*T). Measured
+//    at B=16, T=1024, 12 heads of 64 on an H200: 403,439,872 bytes, this plus 256 (at T = 16 x
+//    head size it equals the B*NH*T*(8*hs + 1)*4; it grows with T^2, not T);
 //  - non-deterministic backward: the frontend's fp32 dQ accumulator and softmax sums,
-//    B*NH*T*(hs + 1)*4 (assumed: the backend engine itself adds nothing; not yet measured);
+//    B*NH*T*(hs + 1)*4 (exactly the frontend's part: cudnn-frontend 1.32's sdpa_backward node sizes
+//    dQ_accum B*NH*T*hs*4 and softmax_sum B*NH*T*4; assumed: the backend engine adds nothing; not
+//    yet measured). With CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT set below the dP's size, cuDNN >=
+//    9.25 on Hopper serves the deterministic backward this way too (ordered dQ, linear in T): the
+//    formula then overcounts, and a plan on the GPU asks cuDNN;
 //  - the forward asks for much less (assumed at most the backward's).
 size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic);
 // What a library's fused attention asks for at one shape (its graphs built now, before any CUDA

@@ -10,7 +10,9 @@ eager, graphs or auto), graphs >= eager and its losses bitwise equal to eager's 
 data: a replay must launch the same work), --tf32 >= 130,000 and >= 0.8x PyTorch tf32 (its fastest
 run), each --offload mode within 20% of the fastest bf16 run without offload, and ZeRO-3 on two
 logical devices of the GPU (mode zero3-x2, eager) within 2% of bf16 eager on cuda:0. A target
-whose numbers are missing says so. Standard library only (the GPU machine has no packages).
+whose numbers are missing says so. Then each run's memory plan against its measured pool peak (the
+summary's planned_peak_bytes_per_device and peak_bytes_per_device, device by device; issue 28 item
+1: within 5%). Standard library only (the GPU machine has no packages).
 Usage: gpt2_table.py LOGS PRECISION:MODE... [--peer FILE]. Exit status 0 whenever it printed.
 """
 import argparse
@@ -23,6 +25,7 @@ WARMUP = 2  # steps left out of the median (the summary's rule)
 # "best" (nondet, --deterministic-attention off, is listed beside them as the like-for-like figure
 # against PyTorch, whose flash attention backward is not deterministic).
 ONE_DEVICE = ("eager", "graphs", "auto")
+MEMORY_TOLERANCE = 0.05  # the memory plan's pool peak against the measured one (tests/train/test_plan.cc)
 
 
 def zerotrain_run(logs, precision, mode):
@@ -118,6 +121,22 @@ def targets(zt, peer, losses=None):
     return rows
 
 
+def memory_rows(summaries):
+    """Rows (precision, mode, planned, measured, ratio, verdict) of the plan against the measured pool
+    peak; summaries: {(p, mode): summary}. The worst device decides (ratio planned / measured)."""
+    rows = []
+    for (p, mode), summ in summaries.items():
+        planned, measured = summ.get("planned_peak_bytes_per_device"), summ.get("peak_bytes_per_device")
+        if not planned or not measured or len(planned) != len(measured) or not all(measured):
+            rows.append((p, mode, "-", "-", "-", "not in the summary"))
+            continue
+        d = max(range(len(planned)), key=lambda i: abs(planned[i] / measured[i] - 1))
+        worst = planned[d] / measured[d]
+        rows.append((p, mode, f"{planned[d] / 2**30:.2f}", f"{measured[d] / 2**30:.2f}", f"{worst:.3f}",
+                     "ok" if abs(worst - 1) <= MEMORY_TOLERANCE else "MISSED"))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs")
@@ -125,7 +144,7 @@ def main():
     ap.add_argument("--peer", help="bench/peer_gpt2_torch.py's JSON lines from the same GPU")
     args = ap.parse_args()
 
-    zt, losses = {}, {}
+    zt, losses, summaries = {}, {}, {}
     print("## GPT-2 124M, T=1024, B=16, cuda:0\n")
     print("| precision | mode | steps | tokens/s (median after 2) | MFU | peak_kind | peak TFLOP/s | run MFU (summary) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -137,11 +156,19 @@ def main():
             continue
         zt[(p, mode)] = tps
         losses[(p, mode)] = (run_losses, summ)
+        summaries[(p, mode)] = summ
         peak, fpt = summ.get("peak_flops"), summ.get("flops_per_token")
         mfu = f"{100 * fpt * tps / peak:.1f}%" if peak and fpt and tps else "n/a"
         run_mfu = f"{100 * summ['mfu']:.1f}%" if summ.get("mfu") is not None else "n/a"
         print(f"| {p} | {mode} | {n} | {fmt_tps(tps)} | {mfu} | {summ.get('peak_kind', '?')} | "
               f"{peak / 1e12 if peak else float('nan'):.0f} | {run_mfu} |")
+
+    if summaries:
+        print(f"\n## Memory plan against the measured pool peak (within {MEMORY_TOLERANCE:.0%}; the worst device)\n")
+        print("| precision | mode | planned GiB | measured GiB | planned / measured | verdict |")
+        print("|---|---|---|---|---|---|")
+        for row in memory_rows(summaries):
+            print("| " + " | ".join(row) + " |")
 
     peer = peer_runs(args.peer)
     if peer:

@@ -6,8 +6,9 @@
 //    runs one activation dtype in a run), so the memory plan counts one
 //    ops::flash_attention_library_bytes per compute stream;
 //  - the matmul scratch: the plain matmul path's fp32 GEMM result before the epilogue rounds it to
-//    16 bits, where cuBLASLt refuses a 16-bit matmul (kernels/cuda/op_table.cc). Not in the plan: a
-//    run whose GEMMs cuBLASLt serves never takes it.
+//    16 bits, where cuBLASLt refuses a 16-bit matmul (kernels/cuda/op_table.cc). Not in the plan's
+//    totals (a run whose GEMMs cuBLASLt serves never takes it); the printed plan names its bound
+//    (train/plan.cc plain_matmul_scratch_bound: 192 MiB per device for GPT-2 124M at B 16, T 1024).
 // Includes no CUDA header.
 #pragma once
 

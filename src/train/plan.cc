@@ -708,6 +708,25 @@ void format_attention_block(std::ostream& os, const ModelConfig& mc, const Memor
      << (d.attention_measured ? "measured: what cuDNN asked for on this GPU" : "formula; measured on a GPU when run there")
      << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
 }
+
+// The plain cuBLAS path's fp32 scratch (kernels/cuda/stream_blocks.h, the matmul scratch): a 16-bit
+// matmul that cuBLASLt refuses computes its [rows, OC] result in fp32 in a block of the compute
+// stream, grown to the widest refused product. Not in the total: a run whose GEMMs cuBLASLt serves
+// never takes it, and only the GPU knows what it refuses (each refusal prints one note). The
+// widest: a GPT's c_fc, B*T rows of 4C / tensor degree (its GELU forward and DGELU backward); an
+// MLP's widest layer over B rows. 0 where the outputs are fp32 or no GEMM library runs.
+size_t plain_matmul_scratch_bound(const ModelConfig& mc, const PlanInputs& in) {
+  if (in.gemm_workspace == 0 || run_activation_dtype(in.working) == DType::kF32) return 0;
+  size_t rows = static_cast<size_t>(in.micro_batch), widest = 0;
+  if (mc.kind == ModelKind::kGpt) {
+    rows *= static_cast<size_t>(in.seq_len);
+    widest = static_cast<size_t>(4 * mc.embd / std::max(in.tensor, 1));
+  } else {
+    widest = static_cast<size_t>(mc.classes);
+    for (int h : mc.hidden) widest = std::max(widest, static_cast<size_t>(h));
+  }
+  return rows * widest * sizeof(float);
+}
 }  // namespace
 
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
@@ -754,6 +773,13 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   if (in.gemm_workspace)
     os << "GEMM library workspace (cuBLAS and cuBLASLt share it, compute stream, from the pool): "
        << F(in.gemm_workspace) << " per device, in each total\n";
+  if (const size_t scratch = plain_matmul_scratch_bound(mc, in))
+    os << "matmul scratch (fp32 results of the 16-bit GEMMs cuBLASLt refuses, on the plain cuBLAS path; each "
+          "refusal prints a note): up to "
+       << F(scratch) << " per device, not in the totals (a run whose GEMMs cuBLASLt serves takes none)\n";
+  if (in.gemm_workspace)  // CUDA devices: what the GPU holds besides the pools
+    os << "outside the pools, not planned (leave room for them): each GPU's CUDA context, the kernels and handles "
+          "of CUDA, cuBLAS and cuDNN, captured CUDA graphs, and NCCL's buffers with --comm nccl\n";
   format_attention_block(os, mc, plan);
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
@@ -946,10 +972,20 @@ MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& par
   return plan_memory(model, in);
 }
 
-MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, int devices, size_t memory) {
+std::vector<size_t> logical_device_memory(const std::vector<int>& ordinals, size_t gpu_memory) {
+  std::vector<size_t> out;
+  for (int o : ordinals)
+    out.push_back(gpu_memory / static_cast<size_t>(std::count(ordinals.begin(), ordinals.end(), o)));
+  return out;
+}
+
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& partial, const std::vector<int>& ordinals,
+                            size_t gpu_memory) {
+  ZT_REQUIRE(!ordinals.empty(), "plan_absent_gpus: no device to plan");
+  const int devices = static_cast<int>(ordinals.size());
   PlanInputs in = partial;
   in.devices = devices;
-  in.device_memory = {memory};
+  in.device_memory = logical_device_memory(ordinals, gpu_memory);
   in.gemm_workspace = cuda::recommended_gemm_workspace_bytes(9);
   in.attention_library = true;
   in.attention_workspace = nullptr;  // the formula

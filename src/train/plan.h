@@ -183,12 +183,17 @@ class Runtime;
 // The plan of a resolved training run on rt's devices (their total_memory()); train() calls it
 // before allocating anything and refuses a run that does not fit.
 MemoryPlan plan_run(const ModelConfig& model, Runtime& rt, const PlanInputs& in_without_devices);
-// The plan of `devices` CUDA devices this machine does not have (`zerotrain plan --devices cuda:...
-// --device-memory SIZE` without a usable GPU), `memory` bytes each: assumed Hopper or newer (cuBLAS's
-// 32 MiB workspace), built with cuDNN (its attention workspace by formula: nothing to ask) and with
-// every reduction direct (logical devices of one GPU, or GPUs with peer access).
-MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& in_without_devices, int devices,
-                            size_t memory);
+// The memory of each logical device of `ordinals` (one GPU ordinal per device, repeats: logical
+// devices sharing a GPU, as --devices cuda:0x2 gives) on GPUs of `gpu_memory` bytes: a GPU's memory
+// divided among the logical devices on it, as the CUDA backend caps their pools (Device::total_memory).
+std::vector<size_t> logical_device_memory(const std::vector<int>& ordinals, size_t gpu_memory);
+// The plan of the CUDA devices `ordinals` this machine does not have (`zerotrain plan --devices
+// cuda:... --device-memory SIZE` without a usable GPU) on GPUs of `gpu_memory` bytes each
+// (logical_device_memory per device): assumed Hopper or newer (cuBLAS's 32 MiB workspace), built
+// with cuDNN (its attention workspace by formula: nothing to ask) and with every reduction direct
+// (logical devices of one GPU, or GPUs with peer access).
+MemoryPlan plan_absent_gpus(const ModelConfig& model, const PlanInputs& in_without_devices,
+                            const std::vector<int>& ordinals, size_t gpu_memory);
 // Devices that could be used for the "more devices" suggestion on rt's backend.
 int available_devices(Runtime& rt);
 

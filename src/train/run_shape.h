@@ -47,6 +47,10 @@ struct RunContext {
   ZeroOptions::Scaling scaling = ZeroOptions::Scaling::kNone;
   float initial_scale = 1.0f;
   PlanInputs plan;  // the memory plan's inputs (plan_run(mc, runtime, plan) / require_fits)
+  // What that plan predicted for this process's devices (DevicePlan::peak_allocated: the pool peak in
+  // blocks), set by train() when it checks the run fits; the summary puts it beside the measured
+  // peak (peak_bytes_per_device), so a GPU run shows how far the plan is off without a second run.
+  std::vector<size_t> planned_peak_bytes;
   // Shared and read-only: a sweep's trials read one copy concurrently (TrainConfig::language_data).
   std::shared_ptr<const LanguageData> lang;
   std::shared_ptr<const ImageData> images;

@@ -148,12 +148,16 @@ void open_data(RunContext& run) {
   if (cfg.eval_every < 0) cfg.eval_every = std::max(1, cfg.steps / 4);
 }
 
-// Refuses a run that cannot fit, with the cheapest fix, before anything is allocated.
-void check_fits(const RunContext& run, Runtime& rt, const BatchSplit& split) {
+// Refuses a run that cannot fit, with the cheapest fix, before anything is allocated; keeps the
+// plan's predicted pool peak per device for the summary.
+void check_fits(RunContext& run, Runtime& rt, const BatchSplit& split) {
   PlanInputs in = run.plan;
   in.micro_batch = split.micro;
   in.micro_batches = split.accum;
-  require_fits(plan_run(run.mc, rt, in));
+  const MemoryPlan plan = plan_run(run.mc, rt, in);
+  require_fits(plan);
+  run.planned_peak_bytes.clear();
+  for (const DevicePlan& d : plan.per_device) run.planned_peak_bytes.push_back(d.peak_allocated);
 }
 
 // ---------------- the trainer --------------------------------------------------------------------
@@ -829,6 +833,7 @@ RunReport Trainer::run_report(World& w) {
 nlohmann::json Trainer::memory_report(World& w, RunReport& report) {
   const int N = w.size();
   nlohmann::json memory = nlohmann::json::array();
+  result_.planned_peak_bytes_per_device = run_.planned_peak_bytes;
   for (int r = 0; r < N; ++r) {
     ZeroEngine& engine = w.engine_of(r);
     const int er = w.engine_rank(r);
@@ -877,6 +882,7 @@ void Trainer::finish(World& w) {
                             {"tokens_per_s", result_.tokens_per_s},
                             {"seconds", result_.seconds},
                             {"peak_bytes_per_device", result_.peak_bytes_per_device},
+                            {"planned_peak_bytes_per_device", result_.planned_peak_bytes_per_device},
                             {"model_state_bytes_per_device", result_.model_state_bytes_per_device},
                             {"host_peak_bytes_per_device", result_.host_peak_bytes_per_device},
                             {"comm_bytes_per_step_per_device", result_.comm_bytes_per_step_per_device},

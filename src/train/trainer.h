@@ -221,6 +221,9 @@ struct TrainResult {
   double flops_per_token = 0;  // training_flops_per_token()
   std::optional<double> mfu;   // when the devices' peak FLOP/s is known
   std::vector<size_t> peak_bytes_per_device;
+  // The memory plan's prediction of that peak (DevicePlan::peak_allocated), as train() checked it
+  // before allocating (after a recovery: the survivors' plan).
+  std::vector<size_t> planned_peak_bytes_per_device;
   std::vector<size_t> model_state_bytes_per_device;
   std::vector<size_t> host_peak_bytes_per_device;  // --offload optimizer: each rank's host-arena peak
   std::vector<uint64_t> comm_bytes_per_step_per_device;  // bytes sent, averaged over steps

@@ -139,7 +139,8 @@ TEST_F(Cli, ShortTrainingRunWritesMetrics) {
     if (line.find("\"event\":\"summary\"") != std::string::npos) {
       ++summaries;
       for (const char* key : {"\"steps\":12", "\"final_loss\"", "\"val_loss\"", "\"tokens_per_s\"",
-                              "\"peak_bytes_per_device\"", "\"entropy_floor\""})
+                              "\"peak_bytes_per_device\"", "\"planned_peak_bytes_per_device\"",
+                              "\"entropy_floor\""})
         EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
     } else if (line.find("\"event\":\"eval\"") != std::string::npos) {
       ++evals;

@@ -201,8 +201,11 @@ for (p, m), tps in runs.items():
     with open(os.path.join(d, f"gpt2-{p}-{m}.jsonl"), "w") as f:
         for i, x in enumerate(tps):
             f.write(json.dumps({"step": i + 1, "loss": 11.0 - 0.5 * i, "tokens_per_s": x}) + "\n")
+        # The plan within 5% of the pool peak, except offload's second device (6% under); tf32 without the fields.
+        mem = {} if p == "tf32" else {"peak_bytes_per_device": [9 * 2**30, 10 * 2**30],
+                                       "planned_peak_bytes_per_device": [int(9.2 * 2**30), (94 if m == "offload" else 100) * 2**30 // 10]}
         f.write(json.dumps({"event": "summary", "flops_per_token": 1e9, "peak_flops": 1e15, "peak_kind": "bf16",
-                            "cuda_graphs": m == "graphs"}) + "\n")
+                            "cuda_graphs": m == "graphs", **mem}) + "\n")
 with open(os.path.join(d, "peer.jsonl"), "w") as f:
     f.write(json.dumps({"peer": "pytorch", "precision": "bf16", "mode": "compile", "status": "ok", "tokens_per_s": 4.8e5,
                         "step_ms": 34.1, "first_step_s": 60.0, "torch": "2.11"}) + "\n")
@@ -228,6 +231,9 @@ contains "graphs' losses bitwise equal to eager's" \
   "$T/gpt2.md"
 contains "ZeRO-3 on cuda:0x2 against cuda:0 eager" \
   "| bf16 ZeRO-3 on cuda:0x2 within 2% of cuda:0 (both eager) | 1.176x (600,000 / 510,000) | ok |" "$T/gpt2.md"
+contains "the plan against the pool peak" "| bf16 | eager | 9.20 | 9.00 | 1.022 | ok |" "$T/gpt2.md"
+contains "a plan 6% under" "| bf16 | offload | 9.40 | 10.00 | 0.940 | MISSED |" "$T/gpt2.md"
+contains "a summary without the plan" "| tf32 | auto | - | - | - | not in the summary |" "$T/gpt2.md"
 sed -i '4s/"loss": [0-9.]*/"loss": 9.25/' "$T/gpt2/gpt2-bf16-graphs.jsonl"
 python3 "$ROOT/scripts/gpt2_table.py" "$T/gpt2" bf16:eager bf16:graphs >"$T/gpt2-differ.md" 2>&1
 contains "one step's loss differs" \

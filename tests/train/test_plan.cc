@@ -122,8 +122,12 @@ TEST(Plan, PredictsMeasuredPeaksWithinFivePercent) {
         }
         const TrainResult r = train(c);
         ASSERT_EQ(r.peak_bytes_per_device.size(), static_cast<size_t>(n));
+        // The run reports the prediction it checked beside its measured peak (the GPU check compares
+        // the two from the summary alone).
+        ASSERT_EQ(r.planned_peak_bytes_per_device.size(), static_cast<size_t>(n));
         for (int d = 0; d < n; ++d) {
           const DevicePlan& p = plan.per_device[static_cast<size_t>(d)];
+          EXPECT_EQ(r.planned_peak_bytes_per_device[static_cast<size_t>(d)], p.peak_allocated);
           EXPECT_EQ(p.params + p.grads + p.optimizer, r.model_state_bytes_per_device[static_cast<size_t>(d)]);
           const double measured = static_cast<double>(r.peak_bytes_per_device[static_cast<size_t>(d)]);
           const double predicted = static_cast<double>(p.peak_allocated);
@@ -392,6 +396,9 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
   // T = 2048 it is twice that and more.
   EXPECT_EQ(ops::cudnn_attention_workspace_formula(B, 2048, 768, NH, true), size_t{16 * 12} * (2 * 2048 * 2048 + 4 * 2048));
   EXPECT_EQ(ops::cudnn_attention_workspace_formula(1, 100, 768, NH, true), size_t{12} * (2 * 128 * 128 + 4 * 100));
+  // The Hopper dP's keys in tiles of 128 (cudnn-frontend's own size of it): T = 960 holds 960 x 1024.
+  EXPECT_EQ(ops::cudnn_attention_workspace_formula(1, 960, 768, NH, true), size_t{12} * (2 * 960 * 1024 + 4 * 960));
+  EXPECT_EQ(ops::cudnn_attention_workspace_formula(2, 64, 768, NH, true), size_t{24} * (2 * 64 * 128 + 4 * 64));
   // The deterministic workspace decides a verdict the non-deterministic one passes.
   in.deterministic_attention = true;
   const MemoryPlan det = plan_memory_only(mc, in);
@@ -472,6 +479,16 @@ TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
         << r.output;
     EXPECT_NE(r.output.find("verdict: fits"), std::string::npos) << r.output;
   }
+  // Logical devices sharing a GPU each get their share of its memory, as the CUDA backend caps their
+  // pools: GPT-2 at ZeRO-3 on cuda:0x2 needs 4.73 GiB per logical device, which one 9 GiB GPU's
+  // halves do not hold (each logical device planned with the whole 9 GiB, it "fitted").
+  const auto shared = test_util::run_binary(
+      ZEROTRAIN_BIN, "plan --devices cuda:0x2 --model gpt2-124m --precision bf16 --batch-size 16 --micro-batch-size 8 "
+                     "--zero-stage 3 --train-seq-len 1024 --device-memory 9GiB");
+  EXPECT_NE(shared.output.find("planned as 1 GPU of 9.00 GiB, shared by its logical devices"), std::string::npos)
+      << shared.output;
+  EXPECT_NE(shared.output.find("4.50 GiB    NO"), std::string::npos) << shared.output;
+  EXPECT_EQ(logical_device_memory({0, 0, 1, 0}, 12), (std::vector<size_t>{4, 4, 12, 4}));
   const auto refused = test_util::run_binary(ZEROTRAIN_BIN, run);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("no usable GPU"), std::string::npos) << refused.output;
@@ -479,6 +496,45 @@ TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
   const auto every = test_util::run_binary(ZEROTRAIN_BIN, "plan --devices cuda --device-memory 80GiB");
   EXPECT_EQ(every.exit_code, 2) << every.output;
   EXPECT_NE(every.output.find("name them"), std::string::npos) << every.output;
+}
+
+// A 16-bit GEMM that cuBLASLt refuses on a GPU runs on the plain cuBLAS path with an fp32 result
+// scratch (kernels/cuda/stream_blocks.h), which only the GPU decides to take: the plan names its bound
+// per device, outside the totals. GPT-2 124M at B 16, T 1024: c_fc's 16,384 x 3,072 fp32, 192 MiB
+// (2.1% of the run's 8.9 GiB); an MLP's widest layer over its micro-batch; none for fp32 outputs or
+// devices without a GEMM library (the CPU backend).
+TEST(Plan, NamesThePlainMatmulScratchBoundOutsideTheTotals) {
+  const ModelConfig gpt = make_model_config("gpt2-124m", {});
+  PlanInputs in;
+  in.device_memory = {size_t{141} << 30};
+  in.micro_batch = 16;
+  in.seq_len = 1024;
+  in.working = DType::kBF16;
+  const std::string line = "matmul scratch (fp32 results of the 16-bit GEMMs cuBLASLt refuses";
+  const MemoryPlan cpu = plan_memory_only(gpt, in);
+  EXPECT_EQ(format_plan(gpt, cpu).find(line), std::string::npos);
+  in.gemm_workspace = size_t{32} << 20;
+  const MemoryPlan plan = plan_memory_only(gpt, in);
+  const std::string text = format_plan(gpt, plan);
+  EXPECT_NE(text.find(line), std::string::npos) << text;
+  EXPECT_NE(text.find("up to " + format_plan_bytes(size_t{16 * 1024} * 3072 * 4) + " per device, not in the totals"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(plan.per_device[0].total - cpu.per_device[0].total, pool_large_segment_bytes(pool_rounded_size(size_t{32} << 20)));
+  // What a GPU holds outside the pools is named, not planned.
+  EXPECT_NE(text.find("outside the pools, not planned (leave room for them): each GPU's CUDA context"), std::string::npos);
+  EXPECT_EQ(format_plan(gpt, cpu).find("outside the pools, not planned"), std::string::npos);
+  in.working = DType::kF32;
+  EXPECT_EQ(format_plan(gpt, plan_memory_only(gpt, in)).find(line), std::string::npos);
+  const ModelConfig mlp = make_model_config("mlp", {});
+  PlanInputs m = in;
+  m.working = DType::kBF16;
+  m.micro_batch = 128;
+  m.seq_len = 1;
+  size_t widest = static_cast<size_t>(mlp.classes);
+  for (int h : mlp.hidden) widest = std::max(widest, static_cast<size_t>(h));
+  EXPECT_NE(format_plan(mlp, plan_memory_only(mlp, m)).find("up to " + format_plan_bytes(128 * widest * 4)),
+            std::string::npos);
 }
 
 // On a GPU the plan counts what the library asked for (PlanInputs::attention_workspace, which
