@@ -107,12 +107,12 @@ void OneStage::rank_step(World& world, const RunContext& run, int step, int r, f
   const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
   s.record(*ev.step_begin);
   for (int m = 0; m < accum; ++m) {
-    HostBatch& staged = R.staged[static_cast<size_t>(slot * accum + m)];
+    const HostBatch* hb = nullptr;  // valid until the next get()
     {
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
-      staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);  // reuses staged's capacity
+      hb = &R.prefetch->get(static_cast<int64_t>(step) * accum + m);
     }
-    world.upload(r, staged);
+    world.upload(r, *hb, 0, slot * accum + m);  // through the step's pinned slot (RankState::staged)
     batch.loss_scale = engine.rank(r).scaler().scale_device();
     engine.rank(r).begin_micro_batch(m);
     if (R.graph) {
@@ -162,12 +162,12 @@ void PipelineStages::rank_step(World& world, const RunContext& run, int step, in
   const RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
   s.record(*ev.step_begin);
   for (int m = 0; m < accum; ++m) {
-    HostBatch& staged = R.staged[static_cast<size_t>(slot * accum + m)];
+    const HostBatch* hb = nullptr;
     {
       const NvtxRange data_range(NvtxCategory::kData, "data", d.index());
-      staged = R.prefetch->get(static_cast<int64_t>(step) * accum + m);
+      hb = &R.prefetch->get(static_cast<int64_t>(step) * accum + m);
     }
-    world.upload(r, staged, m);
+    world.upload(r, *hb, m, slot * accum + m);
     Batch& batch = R.batches[static_cast<size_t>(m)];
     batch.loss_scale = engine.rank(local).scaler().scale_device();  // the head stage's loss gradient reads it
     work.set_batch(m, batch, dloss);

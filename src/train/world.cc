@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -181,7 +182,9 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
     R.step_rows = alloc(buf.step_rows);
     R.step_include = alloc(buf.step_include);
     R.step_out = alloc(buf.step_out);
-    R.staged.resize(static_cast<size_t>(kStepSlots * split.accum));
+    R.staged_inputs = buf.inputs.bytes;
+    R.staged_bytes = buf.inputs.bytes + buf.targets.bytes;
+    R.staged = d.alloc_host_pinned(static_cast<size_t>(kStepSlots * split.accum) * R.staged_bytes);
     for (int slot = 0; slot < buf.step_host.count; ++slot) {
       R.step_host[static_cast<size_t>(slot)] = d.alloc_host_pinned(buf.step_host.bytes);
       RankState::StepEvents& ev = R.events[static_cast<size_t>(slot)];
@@ -367,13 +370,24 @@ void World::on_watchdog_timeout() {
                              : hung_ + " stopped answering");
 }
 
-void World::upload(int r, const HostBatch& hb, int micro) {
+void World::upload(int r, const HostBatch& hb, int micro, int slot) {
   RankState& R = rank(r);
   Stream& s = device(r).compute();
   const auto m = static_cast<size_t>(micro);
-  if (run_.is_gpt) s.copy(R.inputs[m].data(), hb.tokens.data(), hb.tokens.size() * 4);
-  else s.copy(R.inputs[m].data(), hb.images.data(), hb.images.size() * 4);
-  s.copy(R.targets[m].data(), hb.targets.data(), hb.targets.size() * 4);
+  const void* inputs = run_.is_gpt ? static_cast<const void*>(hb.tokens.data()) : hb.images.data();
+  const size_t in_bytes = (run_.is_gpt ? hb.tokens.size() : hb.images.size()) * 4, target_bytes = hb.targets.size() * 4;
+  const void* targets = hb.targets.data();
+  if (slot >= 0) {
+    ZT_CHECK(in_bytes <= R.staged_inputs && target_bytes <= R.staged_bytes - R.staged_inputs &&
+                 static_cast<size_t>(slot + 1) * R.staged_bytes <= R.staged.size(),
+             "a batch of ", in_bytes, " + ", target_bytes, " bytes does not fit staging slot ", slot);
+    char* at = static_cast<char*>(R.staged.data()) + static_cast<size_t>(slot) * R.staged_bytes;
+    std::memcpy(at, inputs, in_bytes);
+    std::memcpy(at + R.staged_inputs, targets, target_bytes);
+    inputs = at, targets = at + R.staged_inputs;
+  }
+  s.copy(R.inputs[m].data(), inputs, in_bytes);
+  s.copy(R.targets[m].data(), targets, target_bytes);
 }
 
 void World::reset_comm_counters() {

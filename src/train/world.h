@@ -60,11 +60,16 @@ struct RankState {
   // The first and last pipeline stage: the partner's gradient of the tied embedding (else empty).
   DeviceBuffer tied_scratch;
   std::unique_ptr<Prefetcher<HostBatch>> prefetch;
-  // The step's own copies of its micro-batches: a stream copy reads its host source when it runs,
-  // and the prefetcher recycles a batch at the next get(); these stay untouched until the step was
-  // read, so no micro-batch needs a host wait. Two steps' worth (kStepSlots * accum, the step's
-  // slot first): the next step is staged while this one may still be uploading.
-  std::vector<HostBatch> staged;
+  // The step's own copies of its micro-batches, in pinned host memory (Device::alloc_host_pinned):
+  // a stream copy reads its host source when it runs, and the prefetcher recycles a batch at the
+  // next get(); these stay untouched until the step was read, so no micro-batch needs a host wait.
+  // Pinned because CUDA may make a copy from pageable memory wait for the stream's earlier work
+  // (the documented "might be synchronous" of cudaMemcpyAsync), which would hold the host at the
+  // next step's upload until the step before drained. Two steps' worth (kStepSlots * accum slots
+  // of staged_bytes, the step's slot first): the next step is staged while this one may still be
+  // uploading. A slot holds a micro-batch's inputs (staged_inputs bytes), then its targets.
+  PinnedHostBuffer staged;
+  size_t staged_bytes = 0, staged_inputs = 0;  // one slot; its inputs' part (RankBuffers)
   std::vector<float> losses, norm_host;  // norm_host: norms' 2 * blocks partials, then the loss sum
   double loss_sum = 0;
   float found_inf = 0;
@@ -176,8 +181,11 @@ class World {
   void for_ranks(const std::function<void(int)>& fn);
   // Devices the watchdog gave up on ("" if none).
   const std::string& hung() const { return hung_; }
-  // Copies a host batch into rank r's device batch `micro` (on its compute stream).
-  void upload(int r, const HostBatch& hb, int micro = 0);
+  // Copies a host batch into rank r's device batch `micro` (on its compute stream). slot >= 0: through
+  // staging slot `slot` of the rank's pinned RankState::staged (the training step's uploads, which
+  // the host does not wait for); slot < 0: straight from hb, which must then outlive the copies (the
+  // caller synchronizes: evaluation).
+  void upload(int r, const HostBatch& hb, int micro = 0, int slot = -1);
   // Reshards a checkpoint's or snapshot's state onto this world; returns the trainer's counters.
   TrainCounters apply_state(const StateSource& src, const nlohmann::json& meta);
 
