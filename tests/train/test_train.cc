@@ -164,6 +164,50 @@ TEST(Train, NoHostSynchronisationInsideAStep) {
   EXPECT_GE(r.time_split.comm, 0);
 }
 
+// Issue 28's run on one GPU (bf16, ZeRO 2, --cuda-graphs, gradient clipping), as the host drives
+// it: the extra steps of a longer run add no host synchronisation, no wait on the work just
+// enqueued, and no host function (Stream::host_func: on a GPU each stalls the compute stream until
+// CUDA's host thread ran it). --recompute shows the counter at work: its timing callbacks are two
+// host functions per recomputed layer, which a GPU pays as stream stalls.
+TEST(Train, Gpt2ShapeStepsEnqueueNoHostWaitOrHostFunction) {
+  struct Counts {
+    uint64_t syncs = 0, near = 0, funcs = 0;
+  };
+  auto run = [](int steps, CudaGraphs graphs, Recompute recompute) {
+    TrainConfig c = small_gpt(steps);
+    c.devices = "cpu:1";
+    c.precision = Precision::kBf16;
+    c.zero_stage = 2;
+    c.batch_size = 4;
+    c.micro_batch_size = 2;  // 2 micro-batches per step
+    c.grad_clip = 0.05f;
+    c.cuda_graphs = graphs;
+    c.recompute = recompute;
+    Counts n;
+    const uint64_t syncs = cpu::host_synchronizations(), funcs = cpu::host_functions_run();
+    g_waits = g_near = 0;
+    g_threshold = 1;
+    cpu::set_event_wait_probe(&count_wait);
+    const TrainResult r = train(c);
+    cpu::set_event_wait_probe(nullptr);
+    EXPECT_EQ(r.cuda_graphs, graphs == CudaGraphs::kOn);
+    n.syncs = cpu::host_synchronizations() - syncs;
+    n.near = g_near.load();
+    n.funcs = cpu::host_functions_run() - funcs;
+    return n;
+  };
+  for (const CudaGraphs graphs : {CudaGraphs::kOff, CudaGraphs::kOn}) {
+    SCOPED_TRACE(graphs == CudaGraphs::kOn ? "graphs on" : "graphs off");
+    const Counts a = run(3, graphs, Recompute::kNone), b = run(7, graphs, Recompute::kNone);
+    EXPECT_EQ(b.syncs, a.syncs) << "4 more steps synchronised the host";
+    EXPECT_EQ(b.near, a.near) << "4 more steps waited on the step just enqueued";
+    EXPECT_EQ(b.funcs, a.funcs) << "4 more steps ran host functions on the devices' streams";
+  }
+  // 4 more steps x 2 micro-batches x 2 layers x (begin, end).
+  const Counts a = run(3, CudaGraphs::kOff, Recompute::kSelective), b = run(7, CudaGraphs::kOff, Recompute::kSelective);
+  EXPECT_EQ(b.funcs - a.funcs, 4u * 2 * 2 * 2) << "--recompute's timing callbacks";
+}
+
 // Reading the scalars one step late changes nothing but the host's timing: the per-step losses,
 // norms (through the clip factor and so the parameters), skips, loss scales and the final
 // parameters and moments are the bits of the eager order, with accumulation, two ranks, clipping

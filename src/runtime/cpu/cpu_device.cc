@@ -17,9 +17,11 @@ namespace zt::cpu {
 namespace {
 std::atomic<uint64_t> g_host_syncs{0};
 void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+std::atomic<uint64_t> g_host_funcs{0};
 }  // namespace
 
 uint64_t host_synchronizations() { return g_host_syncs.load(std::memory_order_relaxed); }
+uint64_t host_functions_run() { return g_host_funcs.load(std::memory_order_relaxed); }
 
 namespace {
 std::atomic<EventWaitProbe> g_wait_probe{nullptr};
@@ -289,6 +291,17 @@ void CpuStream::copy_peer(Device& dst_device, void* dst, const void* src, size_t
   if (bytes == 0) return;
   ZT_CHECK(dst && src, "peer copy of ", bytes, " bytes with a null pointer on ", device_.name());
   enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "copy_peer");
+}
+
+void CpuStream::host_func(std::function<void()> fn) {
+  ZT_CHECK(static_cast<bool>(fn), "host_func needs a callable");
+  // Counted when it runs, so that a graph's replays count too (cpu::host_functions_run).
+  enqueue(
+      [fn = std::move(fn)] {
+        g_host_funcs.fetch_add(1, std::memory_order_relaxed);
+        fn();
+      },
+      "host_func");
 }
 
 void CpuStream::memset(void* dst, int value, size_t bytes) {

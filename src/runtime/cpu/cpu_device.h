@@ -42,6 +42,11 @@ class CpuDevice;
 // Device::synchronize), process-wide since start: the host synchronisations of a training step.
 // Event waits are not counted (the pool's teardown waits on a timing-dependent number of them).
 uint64_t host_synchronizations();
+// Tests: host functions (Stream::host_func) CPU streams have run, process-wide since start, those
+// of captured graphs counted at each replay. On a GPU each stalls its stream until CUDA's host
+// thread has run it (cudaLaunchHostFunc), and CUDA may run the host functions of all streams on one
+// thread, so the hot path of a step should have none.
+uint64_t host_functions_run();
 // Tests: called on every host wait for a CPU event (Event::synchronize) with the number of tasks
 // its stream had been given after the event's record when the wait began (0: the wait drains the
 // stream as a synchronize would) and the stream's tasks so far. Lets a test tell a wait on the
@@ -118,7 +123,7 @@ class CpuStream final : public Stream {
   void copy(void* dst, const void* src, size_t bytes) override;
   void copy_peer(Device& dst_device, void* dst, const void* src, size_t bytes) override;
   void memset(void* dst, int value, size_t bytes) override;
-  void host_func(std::function<void()> fn) override { enqueue(std::move(fn), "host_func"); }
+  void host_func(std::function<void()> fn) override;
   void* native_handle() override { return nullptr; }
   void begin_capture() override;
   std::unique_ptr<StreamGraph> end_capture() override;
