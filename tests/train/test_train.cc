@@ -170,6 +170,8 @@ TEST(Train, NoHostSynchronisationInsideAStep) {
 // CUDA's host thread ran it). --recompute shows the counter at work: its timing callbacks are two
 // host functions per recomputed layer, which a GPU pays as stream stalls.
 TEST(Train, Gpt2ShapeStepsEnqueueNoHostWaitOrHostFunction) {
+  // It counts; it races nothing the other training tests do not (~15x slower under TSan).
+  if (test::kThreadSanitizer) GTEST_SKIP() << "a counting test: the release build runs it";
   struct Counts {
     uint64_t syncs = 0, near = 0, funcs = 0;
   };
@@ -198,14 +200,14 @@ TEST(Train, Gpt2ShapeStepsEnqueueNoHostWaitOrHostFunction) {
   };
   for (const CudaGraphs graphs : {CudaGraphs::kOff, CudaGraphs::kOn}) {
     SCOPED_TRACE(graphs == CudaGraphs::kOn ? "graphs on" : "graphs off");
-    const Counts a = run(3, graphs, Recompute::kNone), b = run(7, graphs, Recompute::kNone);
-    EXPECT_EQ(b.syncs, a.syncs) << "4 more steps synchronised the host";
-    EXPECT_EQ(b.near, a.near) << "4 more steps waited on the step just enqueued";
-    EXPECT_EQ(b.funcs, a.funcs) << "4 more steps ran host functions on the devices' streams";
+    const Counts a = run(3, graphs, Recompute::kNone), b = run(5, graphs, Recompute::kNone);
+    EXPECT_EQ(b.syncs, a.syncs) << "2 more steps synchronised the host";
+    EXPECT_EQ(b.near, a.near) << "2 more steps waited on the step just enqueued";
+    EXPECT_EQ(b.funcs, a.funcs) << "2 more steps ran host functions on the devices' streams";
   }
-  // 4 more steps x 2 micro-batches x 2 layers x (begin, end).
-  const Counts a = run(3, CudaGraphs::kOff, Recompute::kSelective), b = run(7, CudaGraphs::kOff, Recompute::kSelective);
-  EXPECT_EQ(b.funcs - a.funcs, 4u * 2 * 2 * 2) << "--recompute's timing callbacks";
+  // 2 more steps x 2 micro-batches x 2 layers x (begin, end).
+  const Counts a = run(3, CudaGraphs::kOff, Recompute::kSelective), b = run(5, CudaGraphs::kOff, Recompute::kSelective);
+  EXPECT_EQ(b.funcs - a.funcs, 2u * 2 * 2 * 2) << "--recompute's timing callbacks";
 }
 
 // Reading the scalars one step late changes nothing but the host's timing: the per-step losses,
