@@ -4,7 +4,8 @@
 Prints a Markdown table: for each op name on one device's stream tracks, milliseconds and calls per
 step averaged over the chosen steps, its share of the op time, and the budget of issue 28 where the
 op has one (lm_head_forward <= 2.5 ms, lm_head_backward <= 5 ms, encoder_backward <= 0.5 ms,
-layernorm_backward over all its calls <= 1.0 ms). Standard library only (the GPU machine has no
+layernorm_backward over all its calls <= 1.0 ms), and the device's idle time per step (no op on any
+of its streams: kernel-boundary latency, and waits for the host where the host fell behind). Standard library only (the GPU machine has no
 packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST] [--top N] [--marker OP]
 Steps are the device's (each ends with the optimizer's launch), not the host's ranges: the host runs
 a step ahead. Exit status: 0 when the table was printed (budgets missed or not), 2 for an unreadable
@@ -56,6 +57,27 @@ def device_steps(slices, steps, marker):
         bounds.append((lo, end))
         lo = end
     return marker, bounds
+
+
+def idle_gaps(slices, lo, hi, marker):
+    """The device's idle time in (lo, hi]: no op on any of its stream tracks.
+
+    Returns (idle_us, gaps), gaps being [(us, op before, op after)] for each stretch with nothing
+    running, in time order. On one GPU these are kernel-boundary latencies (about 1-2 us each when
+    the host runs ahead, plus the trace's own event pair per op) and waits for the host: a stretch
+    much longer than that means the host, not the GPU, set the pace there.
+    """
+    spans = sorted((max(e["ts"], lo), min(e["ts"] + e.get("dur", 0.0), hi), e["name"]) for e in slices
+                   if e["ts"] + e.get("dur", 0.0) > lo and e["ts"] < hi)
+    gaps, idle = [], 0.0
+    covered, before = lo, marker  # lo: the end of the marker of the step before the window
+    for start, end, name in spans:
+        if start > covered:
+            gaps.append((start - covered, before, name))
+            idle += start - covered
+        if end >= covered:
+            covered, before = end, name
+    return idle, gaps
 
 
 def parse_steps(text):
@@ -132,6 +154,21 @@ def main(argv):
     wall = f", {wall_ms:.1f} ms/step on the device's clock" if wall_ms else ""
     print(f"Device {args.device}, {span} of {steps} ({k} averaged; a step ends with {marker}): "
           f"{total_ms:.2f} ms/step of op time{wall}.")
+    if wall_ms:
+        idle_us, gaps = idle_gaps(slices, lo, hi, marker)
+        by_pair = {}
+        for us, a, b in gaps:
+            acc = by_pair.setdefault((a, b), [0.0, 0])
+            acc[0] += us
+            acc[1] += 1
+        worst = sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:3]
+        where = "; ".join(f"{a} -> {b} ({v[1] / k:.0f} gaps, {v[0] / k:.1f} us)" for (a, b), v in worst)
+        longest = max(gaps, default=None)
+        print()
+        print(f"Idle (no op on any of the device's streams): {idle_us / 1e3 / k:.3f} ms/step, "
+              f"{100 * idle_us / (hi - lo):.1f}% of the step, in {len(gaps) / k:.0f} gaps/step"
+              f"{'; most between ' + where if where else ''}"
+              f"{f'; the longest {longest[0]:.1f} us ({longest[1]} -> {longest[2]})' if longest else ''}.")
     print()
     print("| op | ms/step | calls/step | share | budget (issue 28) |")
     print("|---|---|---|---|---|")
