@@ -907,8 +907,12 @@ void Trainer::finish(World& w) {
 }
 
 void Trainer::write_trace(World& w) {
-  // Both backends report their stream work to the recorder (the runtime's task observer).
+  // Both backends report their stream work to the recorder (the runtime's task observer). The CUDA
+  // backend reports a stream's spans when the stream is next synchronized or found idle, which the
+  // loop never does to a comm stream (it reads the compute stream's events): without this, the
+  // collectives and the ZeRO bucket copies would be missing from the trace.
   if (!tracer_) return;
+  w.runtime().synchronize();
   tracer_->write(cfg_.trace_path, w.device_names());
 }
 
