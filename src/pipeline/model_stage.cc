@@ -100,7 +100,11 @@ ModelStageWork::ModelStageWork(const Model& model, Device& device, ParamAccess& 
   }
   batches_.resize(static_cast<size_t>(micro_batches_));
   dloss_.assign(static_cast<size_t>(micro_batches_), 0.0f);
-  loss_host_.assign(static_cast<size_t>(micro_batches_), std::vector<float>(static_cast<size_t>(B) * T));
+  // Pinned: CUDA copies into pageable memory synchronously (the host would wait after every
+  // micro-batch's forward for the device to finish it, and not enqueue the backward meanwhile).
+  loss_floats_ = static_cast<size_t>(B) * T;
+  if (head_chunk_ >= 0)
+    for (int m = 0; m < micro_batches_; ++m) loss_host_.push_back(device.alloc_host_pinned(loss_floats_ * sizeof(float)));
 }
 
 size_t ModelStageWork::bytes() const {
@@ -144,8 +148,8 @@ double ModelStageWork::loss_sum() {
   if (head_chunk_ < 0) return 0;
   stream().synchronize();
   double sum = 0;
-  for (const auto& l : loss_host_)
-    for (float v : l) sum += v;
+  for (const PinnedHostBuffer& l : loss_host_)
+    for (size_t i = 0; i < loss_floats_; ++i) sum += static_cast<const float*>(l.data())[i];
   return sum;
 }
 
@@ -154,8 +158,7 @@ void ModelStageWork::forward(int chunk, int micro) {
   model_.forward(stream(), access_, ws, batches_[static_cast<size_t>(micro)], dloss_[static_cast<size_t>(micro)], true);
   // The workspace may serve a later micro-batch before the step ends: keep the losses now.
   if (chunk == head_chunk_) {
-    std::vector<float>& host = loss_host_[static_cast<size_t>(micro)];
-    stream().copy(host.data(), ws.losses().data, host.size() * sizeof(float));
+    stream().copy(loss_host_[static_cast<size_t>(micro)].data(), ws.losses().data, loss_floats_ * sizeof(float));
   }
 }
 

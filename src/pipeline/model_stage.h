@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "memory/caching_allocator.h"
+#include "memory/pinned_host_buffer.h"
 #include "model/model.h"
 #include "pipeline/partition.h"
 #include "pipeline/runtime.h"
@@ -93,8 +94,10 @@ class ModelStageWork final : public StageWork {
   std::vector<DeviceBuffer> grad_out_;                       // [chunk * micro_batches + micro]
   std::vector<Batch> batches_;
   std::vector<float> dloss_;
-  std::vector<double> head_losses_;  // per micro-batch, read after its forward (host)
-  std::vector<std::vector<float>> loss_host_;
+  // The head chunk's losses of each micro-batch (B*T floats), copied after its forward, read by
+  // loss_sum() after the step's synchronisation. Pinned host memory (Device::alloc_host_pinned).
+  std::vector<PinnedHostBuffer> loss_host_;
+  size_t loss_floats_ = 0;
 };
 
 }  // namespace zt
