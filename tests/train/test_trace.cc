@@ -283,6 +283,41 @@ struct Slice {
   std::string name;
   double ts, dur;
 };
+using Tracks = std::map<std::pair<int, int>, std::vector<Slice>>;  // (pid, tid) -> slices in file order
+
+// Comm-stream slices of a ring (copy_peer, accumulate[_peer]) that overlap a compute-stream slice of
+// the same device, over devices 0..N-1.
+int comm_compute_overlaps(const Tracks& tracks, int N) {
+  int overlapping = 0;
+  for (int pid = 0; pid < N; ++pid) {
+    const auto ci = tracks.find({pid, 0}), mi = tracks.find({pid, 1});
+    if (ci == tracks.end() || mi == tracks.end()) continue;
+    const std::vector<Slice>& comp = ci->second;
+    for (const Slice& m : mi->second) {
+      if (m.name != "copy_peer" && m.name != "accumulate" && m.name != "accumulate_peer") continue;
+      // comp is sorted by start: find compute slices starting before m ends.
+      auto it = std::lower_bound(comp.begin(), comp.end(), m.ts + m.dur, [](const Slice& s, double t) { return s.ts < t; });
+      for (auto k = comp.begin(); k != it; ++k)
+        if (k->ts + k->dur > m.ts) {
+          ++overlapping;
+          break;
+        }
+    }
+  }
+  return overlapping;
+}
+
+// The complete-event ("X") slices of a trace file by track.
+Tracks read_slices(const std::string& path) {
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  Tracks tracks;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back(Slice{e["name"], e["ts"], e["dur"]});
+  }
+  return tracks;
+}
 
 TEST(Trace, IsValidTraceEventJsonWithOverlappingCommAndCompute) {
   const std::string path = ::testing::TempDir() + "zt_trace_test.json";
@@ -298,8 +333,8 @@ TEST(Trace, IsValidTraceEventJsonWithOverlappingCommAndCompute) {
   ASSERT_TRUE(j.contains("traceEvents"));
   ASSERT_TRUE(j["traceEvents"].is_array());
 
-  std::map<std::pair<int, int>, std::vector<Slice>> tracks;  // (pid, tid) -> slices in file order
-  std::map<int, std::vector<double>> counters;               // pid -> ts of "pool allocated"
+  Tracks tracks;
+  std::map<int, std::vector<double>> counters;  // pid -> ts of "pool allocated"
   std::map<int, std::string> process_names;
   for (const auto& e : j["traceEvents"]) {
     ASSERT_TRUE(e.contains("name") && e["name"].is_string()) << e.dump();
@@ -359,22 +394,16 @@ TEST(Trace, IsValidTraceEventJsonWithOverlappingCommAndCompute) {
   EXPECT_TRUE(std::any_of(comm0.begin(), comm0.end(),
                           [](const Slice& s) { return s.name == "accumulate_peer" || s.name == "accumulate"; }));
 
-  // ZeRO-2: the gradient ring of one block runs while compute works on the next.
-  int overlapping = 0;
-  for (int pid = 0; pid < N; ++pid) {
-    const auto& comp = tracks[{pid, 0}];
-    for (const Slice& m : tracks[{pid, 1}]) {
-      if (m.name != "copy_peer" && m.name != "accumulate" && m.name != "accumulate_peer") continue;
-      // comp is sorted by start: find compute slices starting before m ends.
-      auto it = std::lower_bound(comp.begin(), comp.end(), m.ts + m.dur, [](const Slice& s, double t) { return s.ts < t; });
-      for (auto k = comp.begin(); k != it; ++k)
-        if (k->ts + k->dur > m.ts) {
-          ++overlapping;
-          break;
-        }
-    }
+  // ZeRO-2: the gradient ring of one block runs while compute works on the next. Whether a given
+  // run shows it is up to the OS scheduler (a sanitizer build with 2 layers under ctest -j2 once
+  // showed none): up to 3 runs, so that only comm never overlapping compute fails.
+  int overlapping = comm_compute_overlaps(tracks, N);
+  for (int retry = 0; retry < 2 && overlapping == 0; ++retry) {
+    std::remove(path.c_str());
+    train(c);
+    overlapping = comm_compute_overlaps(read_slices(path), N);
   }
-  EXPECT_GT(overlapping, 0) << "no comm-stream slice overlaps a compute-stream slice";
+  EXPECT_GT(overlapping, 0) << "no comm-stream slice overlaps a compute-stream slice in 3 runs";
   std::remove(path.c_str());
 }
 
