@@ -117,10 +117,7 @@ OpTable recording_table() {
 // A 2-layer GPT on two devices, batch 8 in micro-batches of 2 (2 per device and step).
 TrainConfig small_run(int stage, Precision precision) {
   TrainConfig c = test_util::tiny_train_config(2, stage, 2);
-  c.overrides.layers = 2;
-  c.overrides.embd = 32;
-  c.overrides.heads = 2;
-  c.overrides.seq_len = 16;
+  test_util::set_sanitizer_shape(c, 2);  // 2 layers, 32 wide, 2 heads, 16 tokens
   c.train_seq_len = 16;
   c.batch_size = 8;
   c.micro_batch_size = 2;
