@@ -220,6 +220,20 @@ class World {
   std::string init_note_, hung_;
 };
 
+// What the hang watchdog does once nothing made progress for --hang-timeout (World's
+// on_watchdog_timeout). injected[r]: rank r's device hangs on purpose (an injected fault, which
+// abandon() releases); stuck[r]: its work did not finish within a short look (looked at only
+// without injected hangs). A real GPU whose work does not finish cannot be released inside the
+// process: the host threads waiting on it sit inside cudaEventSynchronize/cudaStreamSynchronize,
+// and tearing it down would wait too (cudaStreamSynchronize, cudaFree) — so on CUDA the process
+// ends with one sentence instead of hanging. Elsewhere the stuck devices are abandoned (none when
+// all are stuck: which one stopped cannot be told) and the communicator is aborted.
+struct HangResponse {
+  std::vector<int> abandon;  // ranks whose devices are given up on
+  bool end_process = false;
+};
+HangResponse hang_response(Backend backend, const std::vector<bool>& injected, const std::vector<bool>& stuck);
+
 // Runs fn(rank) on one host thread per rank (inline for one rank without a timeout) and rethrows
 // the first error. A rank that fails aborts the communicator, so the others stop waiting for it;
 // the error that happened first (the cause) is rethrown. When the ranks have not all returned
