@@ -191,6 +191,9 @@ class World {
 
  private:
   void on_watchdog_timeout();
+  // One sentence on stderr naming `names` (devices whose work does not finish; `when`: " while ..."
+  // or "") and exit(1): see hang_response.
+  [[noreturn]] void end_process_for_stuck_gpus(const std::string& names, const std::string& when) const;
   void build_one_stage(const ZeroOptions& zo);  // the one stage's model and engine
   void build_pipeline(const ZeroOptions& zo);   // each stage's model, engine and communicator
   // Rank r's trainer buffers (train/rank_buffers.h): what it allocates and the plan counts.
