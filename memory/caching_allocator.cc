@@ -519,7 +519,15 @@ struct CachingAllocator::Impl {
     std::vector<PendingEvent> events;
     events.reserve(uses.size());
     for (PoolStream* s : uses) {
-      events.push_back(PendingEvent{s->record_new_event(), b});
+      try {
+        events.push_back(PendingEvent{s->record_new_event(), b});
+      } catch (...) {
+        // The stream's device failed: after a sticky CUDA error every later call, event creation
+        // included, fails. No event can say when that stream is done with the block, so it stays
+        // pending (event_count never reaches 0: never reused) until release_all returns its
+        // segment. Not rethrown: free() runs in destructors (DeviceBuffer, a World torn down
+        // after the failure), where an exception would be std::terminate.
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     for (auto& e : events) pending.push_back(std::move(e));

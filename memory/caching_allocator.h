@@ -54,7 +54,8 @@ class CachingAllocator {
   // `tag` must be a string literal or otherwise outlive the allocation (used in OOM reports).
   void* allocate(size_t bytes, PoolStream& stream, const char* tag = "untagged");
   // Frees a block; reusable on its allocation stream immediately, by other streams only after
-  // the work of every stream passed to record_stream() has completed.
+  // the work of every stream passed to record_stream() has completed. Does not throw for a failed
+  // device: a stream whose event cannot be recorded keeps the block out of reuse until the pool goes.
   void free(void* ptr);
   // Marks the block as in use by `stream` (record_stream semantics).
   void record_stream(void* ptr, PoolStream& stream);

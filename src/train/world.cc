@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -308,15 +309,40 @@ RankBuffers World::buffers_of(int r) const {
 // uploaded, losses being copied back) when an error unwinds a step on another rank's thread: it
 // finishes before any member goes. A device with an injected hang is skipped (the runtime abandons
 // it, and its parked work never runs); a failed device's queue drains, its error was reported.
+// On CUDA a device still busy after --hang-timeout (its streams waiting on a GPU that faulted or
+// hangs) would block the runtime's teardown forever (cudaStreamSynchronize): the process ends with
+// one sentence instead (see hang_response).
 World::~World() {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(run_.cfg.hang_timeout_s * 1000));
+  std::string stuck;
   for (Device* d : devs_) {
     if (d->hang_injected()) continue;
     try {
-      d->synchronize_for(timeout);
+      if (!d->synchronize_for(timeout)) stuck += (stuck.empty() ? "" : ", ") + d->name();
     } catch (const Error&) {
     }
   }
+  if (!stuck.empty() && timeout.count() > 0 && rt_->backend() == Backend::kCuda)
+    end_process_for_stuck_gpus(stuck, " while the run was being torn down");
+}
+
+void World::end_process_for_stuck_gpus(const std::string& names, const std::string& when) const {
+  // Not an exception: threads waiting inside CUDA cannot be joined, and a stuck GPU's streams and
+  // memory cannot be released (cudaStreamSynchronize, cudaFree wait for it), so nothing could unwind
+  // to apps/. Checkpoints on disk stay whole (written atomically, as under SIGKILL).
+  std::string failed;
+  for (const Device* d : devs_)
+    if (d->failed()) failed += (failed.empty() ? "" : ", ") + d->name();
+  std::string tail;
+  if (!failed.empty()) tail += " (after " + failed + " failed)";
+  tail += ": a GPU whose work does not finish cannot be released or torn down inside the process, so the run ends "
+          "here instead of recovering";
+  if (!run_.cfg.checkpoint_dir.empty())
+    tail += "; --resume auto continues from the last complete checkpoint in " + run_.cfg.checkpoint_dir;
+  std::fprintf(stderr, "zerotrain: %s made no progress for %g s (--hang-timeout)%s%s\n", names.c_str(),
+               run_.cfg.hang_timeout_s, when.c_str(), tail.c_str());
+  std::fflush(nullptr);
+  std::_Exit(1);
 }
 
 const Model& World::model() const {
@@ -348,26 +374,44 @@ void World::for_ranks(const std::function<void(int)>& fn) {
 
 // A device that stops answering is abandoned (its stream work and everyone waiting on it are
 // released with errors), so that the run can recover instead of hanging.
+HangResponse hang_response(Backend backend, const std::vector<bool>& injected, const std::vector<bool>& stuck) {
+  HangResponse h;
+  const int n = static_cast<int>(injected.size());
+  for (int r = 0; r < n; ++r)
+    if (injected[static_cast<size_t>(r)]) h.abandon.push_back(r);
+  if (!h.abandon.empty()) return h;  // released by abandon() on every backend
+  for (int r = 0; r < n && r < static_cast<int>(stuck.size()); ++r)
+    if (stuck[static_cast<size_t>(r)]) h.abandon.push_back(r);
+  if (backend == Backend::kCuda && !h.abandon.empty()) {
+    h.end_process = true;
+    return h;
+  }
+  if (static_cast<int>(h.abandon.size()) == n) h.abandon.clear();  // cannot tell which: give up below
+  return h;
+}
+
 void World::on_watchdog_timeout() {
   const int N = size();
   const double secs = run_.cfg.hang_timeout_s;
-  std::vector<int> stuck;
-  for (int r = 0; r < N; ++r)
-    if (device(r).hang_injected()) stuck.push_back(r);
-  if (stuck.empty())  // a real hang: the devices whose work does not finish
+  std::vector<bool> injected(static_cast<size_t>(N)), stuck(static_cast<size_t>(N));
+  bool any_injected = false;
+  for (int r = 0; r < N; ++r) any_injected |= injected[static_cast<size_t>(r)] = device(r).hang_injected();
+  if (!any_injected)  // a real hang: the devices whose work does not finish
     for (int r = 0; r < N; ++r) {
       try {
-        if (!device(r).synchronize_for(std::chrono::milliseconds(100))) stuck.push_back(r);
+        stuck[static_cast<size_t>(r)] = !device(r).synchronize_for(std::chrono::milliseconds(100));
       } catch (const Error&) {
       }
     }
-  if (stuck.size() == static_cast<size_t>(N)) stuck.clear();  // cannot tell which: give up below
-  for (int r : stuck) {
-    hung_ += (hung_.empty() ? "" : ", ") + device(r).name();
+  const HangResponse h = hang_response(rt_->backend(), injected, stuck);
+  std::string names;
+  for (int r : h.abandon) names += (names.empty() ? "" : ", ") + device(r).name();
+  if (h.end_process) end_process_for_stuck_gpus(names, "");
+  if (!names.empty()) hung_ += (hung_.empty() ? "" : ", ") + names;
+  for (int r : h.abandon)
     device(r).abandon("it stopped answering for " + std::to_string(secs) + " s (--hang-timeout)");
-  }
-  comm_->abort(stuck.empty() ? "the devices stopped answering for " + std::to_string(secs) + " s"
-                             : hung_ + " stopped answering");
+  comm_->abort(h.abandon.empty() ? "the devices stopped answering for " + std::to_string(secs) + " s"
+                                 : hung_ + " stopped answering");
 }
 
 void World::upload(int r, const HostBatch& hb, int micro, int slot) {

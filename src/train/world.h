@@ -191,6 +191,9 @@ class World {
 
  private:
   void on_watchdog_timeout();
+  // One sentence on stderr naming `names` (devices whose work does not finish; `when`: " while ..."
+  // or "") and exit(1): see hang_response.
+  [[noreturn]] void end_process_for_stuck_gpus(const std::string& names, const std::string& when) const;
   void build_one_stage(const ZeroOptions& zo);  // the one stage's model and engine
   void build_pipeline(const ZeroOptions& zo);   // each stage's model, engine and communicator
   // Rank r's trainer buffers (train/rank_buffers.h): what it allocates and the plan counts.
@@ -219,6 +222,20 @@ class World {
   std::vector<RankState> ranks_;
   std::string init_note_, hung_;
 };
+
+// What the hang watchdog does once nothing made progress for --hang-timeout (World's
+// on_watchdog_timeout). injected[r]: rank r's device hangs on purpose (an injected fault, which
+// abandon() releases); stuck[r]: its work did not finish within a short look (looked at only
+// without injected hangs). A real GPU whose work does not finish cannot be released inside the
+// process: the host threads waiting on it sit inside cudaEventSynchronize/cudaStreamSynchronize,
+// and tearing it down would wait too (cudaStreamSynchronize, cudaFree) — so on CUDA the process
+// ends with one sentence instead of hanging. Elsewhere the stuck devices are abandoned (none when
+// all are stuck: which one stopped cannot be told) and the communicator is aborted.
+struct HangResponse {
+  std::vector<int> abandon;  // ranks whose devices are given up on
+  bool end_process = false;
+};
+HangResponse hang_response(Backend backend, const std::vector<bool>& injected, const std::vector<bool>& stuck);
 
 // Runs fn(rank) on one host thread per rank (inline for one rank without a timeout) and rethrows
 // the first error. A rank that fails aborts the communicator, so the others stop waiting for it;

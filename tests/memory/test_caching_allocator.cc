@@ -326,6 +326,7 @@ class FakePoolStream final : public PoolStream {
   int id() const override { return id_; }
   void synchronize() override { ++syncs; }
   std::shared_ptr<PoolEvent> record_new_event() override {
+    if (failed) throw Error(ErrorKind::kDevice, "fake device failed: event creation refused");
     events.push_back(std::make_shared<FakePoolEvent>());
     return events.back();
   }
@@ -335,6 +336,7 @@ class FakePoolStream final : public PoolStream {
   int syncs = 0;
   std::vector<std::shared_ptr<FakePoolEvent>> events;
   bool capturing_now = false;
+  bool failed = false;  // as a CUDA device after a sticky error: every event creation throws
   std::vector<std::string> reasons;
 
  private:
@@ -377,6 +379,25 @@ TEST(PoolStreamContract, EventsAtCrossStreamFreesSyncsAtReleaseRefusalsWhileCapt
   EXPECT_EQ(a.reasons, std::vector<std::string>{why});  // the capture failed with the same reason
   EXPECT_EQ(pool->stats().num_allocs, 3u);
 }
+
+// A failed device (a sticky CUDA error) refuses every later call, event creation included. free()
+// runs in destructors, so it must not throw then: the block stays out of reuse (no event says when
+// the other stream is done with it) and goes back with its segment when the pool is destroyed.
+TEST(PoolStreamContract, FreeOfABlockUsedByAFailedStreamDoesNotThrowAndIsNeverReused) {
+  auto [raw, pool] = make_pool("fake:0");
+  FakePoolStream a(0), b(1);
+  void* p = pool->allocate(1000, a, "x");
+  pool->record_stream(p, b);
+  b.failed = true;
+  EXPECT_NO_THROW(pool->free(p));
+  EXPECT_TRUE(b.events.empty());
+  EXPECT_EQ(pool->stats().allocated_bytes, 0u);
+  void* q = pool->allocate(1000, a, "y");
+  EXPECT_NE(q, p) << "a block another stream may still use was handed out again";
+  pool->free(q);
+  pool->empty_cache();  // the segment holding the pending block is not released while it may be in use
+  EXPECT_GT(raw->in_use(), 0u);
+}  // the pool's destruction returns it (release_all; ASan checks the blocks)
 
 // ---- rules: rounding, pools, splitting ---------------------------------------
 

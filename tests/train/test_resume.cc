@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "train/trainer.h"
+#include "train/world.h"
 
 namespace zt {
 namespace {
@@ -334,6 +335,38 @@ TEST(FaultTolerance, ADeviceFailingMidRunIsDroppedAndTrainingFinishesOnTheOthers
       EXPECT_EQ(rec.cause, "stopped answering");
     }
   }
+}
+
+// The watchdog's decision (train/world.h hang_response). An injected hang is released by
+// abandon() on every backend; a real one on the CPU backend abandons the devices that did not
+// drain (none when all did not: which one stopped cannot be told). A real GPU that does not drain
+// cannot be released (its waiters sit inside the CUDA runtime): the process ends rather than hang.
+// Devices that all drained mean the hang is on the host side (a communicator wait): the abort
+// releases it on both backends.
+TEST(FaultTolerance, HangResponseAbandonsWhatCanBeReleasedAndEndsTheProcessForAStuckGpu) {
+  using V = std::vector<bool>;
+  using I = std::vector<int>;
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    SCOPED_TRACE(b == Backend::kCuda ? "cuda" : "cpu");
+    HangResponse h = hang_response(b, V{false, false, true, false}, V{true, true, true, true});
+    EXPECT_EQ(h.abandon, I{2});
+    EXPECT_FALSE(h.end_process);
+    h = hang_response(b, V{false, false, false}, V{false, false, false});
+    EXPECT_EQ(h.abandon, I{});
+    EXPECT_FALSE(h.end_process);
+  }
+  HangResponse h = hang_response(Backend::kCpu, V{false, false, false}, V{false, true, false});
+  EXPECT_EQ(h.abandon, I{1});
+  EXPECT_FALSE(h.end_process);
+  h = hang_response(Backend::kCpu, V{false, false}, V{true, true});
+  EXPECT_EQ(h.abandon, I{});
+  EXPECT_FALSE(h.end_process);
+  h = hang_response(Backend::kCuda, V{false, false, false}, V{false, true, false});
+  EXPECT_EQ(h.abandon, I{1});
+  EXPECT_TRUE(h.end_process);
+  h = hang_response(Backend::kCuda, V{false, false}, V{true, true});
+  EXPECT_EQ(h.abandon, (I{0, 1}));
+  EXPECT_TRUE(h.end_process);
 }
 
 // The survivors need not divide the global batch: its rows are split unevenly (train/batch_split.h)

@@ -4,25 +4,98 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+
 #include "core/status.h"
 
 namespace zt::cuda::detail {
 
-// Throws zt::Error(kDevice) naming the call, the current device and CUDA's own words. Clears the
-// runtime's last-error slot first, so a non-sticky error is not reported a second time by the
+// CUDA's sticky errors: driver_types.h says of each "This leaves the process in an inconsistent
+// state and any further CUDA work will return the same error. To continue using CUDA, the process
+// must be terminated and relaunched" (cudaErrorAssert: "The device cannot be used again"). The
+// error lives in the GPU's primary context, which every logical device on that GPU shares
+// (--devices cuda:0x2), so the GPU is lost, not one logical device. Out of memory, launch
+// configuration and argument errors are not sticky: the call failed, the context is fine.
+inline bool is_sticky_error(cudaError_t err) noexcept {
+  switch (err) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+#if CUDART_VERSION >= 12080
+    case cudaErrorTensorMemoryLeak:
+#endif
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The GPUs of this process that reported a sticky error, with the first one's words. Process-wide
+// and never destroyed (destructors during static destruction ask it): every logical device on a
+// lost GPU reports failed() (so recovery drops them all), and no new device is created on it.
+class LostGpus {
+ public:
+  void mark(int ordinal, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lost_.emplace(ordinal, why);  // the first error stays
+    any_.store(true, std::memory_order_release);
+  }
+  bool lost(int ordinal) const {
+    if (!any_.load(std::memory_order_acquire)) [[likely]]
+      return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return lost_.count(ordinal) != 0;
+  }
+  std::string why(int ordinal) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = lost_.find(ordinal);
+    return it == lost_.end() ? std::string() : it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::string> lost_;
+  std::atomic<bool> any_{false};
+};
+inline LostGpus& lost_gpus() {
+  static LostGpus* gpus = new LostGpus();
+  return *gpus;
+}
+
+// Throws zt::Error(kDevice) naming the call, the GPU (`ordinal`, or the current device when -1)
+// and CUDA's own words; a sticky error also marks the GPU lost and says so. Clears the runtime's
+// last-error slot first, so a non-sticky error is not reported a second time by the
 // cudaGetLastError() that follows a later kernel launch.
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* call, const char* file,
-                                          int line) {
+                                          int line, int ordinal = -1) {
   (void)cudaGetLastError();
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) {
+  int device = ordinal;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
     device = -1;
     (void)cudaGetLastError();
   }
-  ::zt::detail::throw_error(
-      ::zt::ErrorKind::kDevice, file, line,
-      ::zt::detail::concat("CUDA call ", call, " failed on GPU ", device, ": ",
-                           cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+  std::string message = ::zt::detail::concat("CUDA call ", call, " failed on GPU ", device, ": ",
+                                             cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  if (is_sticky_error(err) && device >= 0) {
+    lost_gpus().mark(device, message);
+    message += ::zt::detail::concat("; the error is sticky: CUDA cannot use GPU ", device,
+                                    " again in this process, so every logical device on it is lost");
+  }
+  ::zt::detail::throw_error(::zt::ErrorKind::kDevice, file, line, message);
 }
 
 }  // namespace zt::cuda::detail
@@ -34,6 +107,15 @@ namespace zt::cuda::detail {
       ::zt::cuda::detail::throw_cuda_error(zt_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
+// ZT_CUDA_CHECK for a call about GPU `ordinal` that may run while another GPU is current (events,
+// a device switch): the error names, and a sticky one marks, that GPU.
+#define ZT_CUDA_CHECK_ON(call, ordinal)                                                         \
+  do {                                                                                          \
+    const cudaError_t zt_cuda_err_ = (call);                                                    \
+    if (zt_cuda_err_ != cudaSuccess) [[unlikely]]                                               \
+      ::zt::cuda::detail::throw_cuda_error(zt_cuda_err_, #call, __FILE__, __LINE__, (ordinal)); \
+  } while (0)
+
 namespace zt::cuda {
 
 // Makes `ordinal` the calling thread's current device for the guard's lifetime and restores the
@@ -43,7 +125,7 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int ordinal) : ordinal_(ordinal) {
     ZT_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal_) ZT_CUDA_CHECK(cudaSetDevice(ordinal_));
+    if (previous_ != ordinal_) ZT_CUDA_CHECK_ON(cudaSetDevice(ordinal_), ordinal_);
   }
   ~DeviceGuard() {
     // Never throws: a failure to switch back leaves the thread on ordinal_, which later guards

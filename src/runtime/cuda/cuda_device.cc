@@ -209,7 +209,7 @@ class CudaRawAllocator final : public RawAllocator {
       (void)cudaGetLastError();  // out of memory is not sticky; the pool's fallback chain decides
       return nullptr;
     }
-    detail::throw_cuda_error(err, "cudaMalloc(&ptr, bytes)", __FILE__, __LINE__);
+    detail::throw_cuda_error(err, "cudaMalloc(&ptr, bytes)", __FILE__, __LINE__, ordinal_);
   }
 
   void deallocate(void* ptr, size_t bytes) override {
@@ -262,12 +262,15 @@ class CudaEvent final : public Event {
     if (this_thread_captures()) [[unlikely]]
       refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CUDA event of GPU " + std::to_string(ordinal_));
     std::lock_guard<std::mutex> lock(mu_);
+    // The event's own GPU current, and its errors named after it: a host thread's current GPU is
+    // whichever it last switched to, and may be another one (or one lost to a sticky error).
+    DeviceGuard guard(ordinal_);
     const cudaError_t err = cudaEventQuery(event_);
     if (err == cudaErrorNotReady) {
       (void)cudaGetLastError();  // "not ready" is an answer, not an error
       return false;
     }
-    ZT_CUDA_CHECK(err);
+    ZT_CUDA_CHECK_ON(err, ordinal_);
     return true;
   }
 
@@ -275,7 +278,8 @@ class CudaEvent final : public Event {
     if (this_thread_captures()) [[unlikely]]
       refuse_on_capturing_thread(CaptureRule::kEventQuery, "a CUDA event of GPU " + std::to_string(ordinal_));
     std::lock_guard<std::mutex> lock(mu_);
-    ZT_CUDA_CHECK(cudaEventSynchronize(event_));
+    DeviceGuard guard(ordinal_);  // as query()
+    ZT_CUDA_CHECK_ON(cudaEventSynchronize(event_), ordinal_);
   }
 
   // Recorded at least once (a wait on it inside a capture is then a wait on a non-captured event).
@@ -309,7 +313,7 @@ class CudaEvent final : public Event {
       ordinal_ = ordinal;
       create();
     }
-    ZT_CUDA_CHECK(cudaEventRecord(event_, stream));
+    ZT_CUDA_CHECK_ON(cudaEventRecord(event_, stream), ordinal);
     recorded_ = true;
   }
 
@@ -322,7 +326,7 @@ class CudaEvent final : public Event {
  private:
   void create() {
     DeviceGuard guard(ordinal_);
-    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
+    ZT_CUDA_CHECK_ON(cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming), ordinal_);
   }
 
   mutable std::mutex mu_;
@@ -595,7 +599,13 @@ class CudaDevice final : public Device {
       refuse_on_capturing_thread(CaptureRule::kHostPinnedAllocation, name_ + ", " + std::to_string(bytes) + " bytes");
     // One allocator for the process (cudaHostAlloc is portable to every GPU); buffers share it.
     static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator();
-    void* p = pinned->allocate(bytes);
+    // Under this GPU: cudaHostAlloc runs in the current GPU's context, and the calling thread's
+    // current GPU may be one lost to a sticky error (every call in its context fails).
+    void* p = nullptr;
+    {
+      DeviceGuard guard(ordinal_);
+      p = pinned->allocate(bytes);
+    }
     if (p == nullptr)
       ZT_THROW(ErrorKind::kOutOfMemory, name_, ": cudaHostAlloc could not pin ", bytes,
                " bytes of host memory for a device-to-host copy buffer; free host memory or copy in smaller pieces");
@@ -629,7 +639,9 @@ class CudaDevice final : public Device {
     if (first) std::rethrow_exception(first);
   }
 
-  bool failed() const override { return failed_.load(); }
+  // A sticky CUDA error on any logical device of this GPU fails them all (cuda_check.h LostGpus):
+  // they share the GPU's one context, which CUDA does not let the process use again.
+  bool failed() const override { return failed_.load() || detail::lost_gpus().lost(ordinal_); }
 
   void set_task_observer(TaskObserver* observer) override {
     // Report what the previous observer is owed first (quietly: a failed device reports nothing).
@@ -949,9 +961,10 @@ void CudaStream::release_resources() noexcept {
 void CudaStream::check(cudaError_t err, const char* call, int line) {
   if (err == cudaSuccess) [[likely]]
     return;
-  if (capturing()) {
+  if (capturing() && !detail::is_sticky_error(err)) {
     // CUDA refused a call of the capture (or had invalidated it): nothing ran, so the device is
-    // fine; the capture fails with the reason and the stream is usable after end_capture().
+    // fine; the capture fails with the reason and the stream is usable after end_capture(). A
+    // sticky error is not the capture's: earlier work faulted the GPU, which is lost (below).
     (void)cudaGetLastError();
     const std::string why = std::string(call) + " failed inside the capture (" + cudaGetErrorName(err) + ": " +
                             cudaGetErrorString(err) + ")";
@@ -959,7 +972,7 @@ void CudaStream::check(cudaError_t err, const char* call, int line) {
     ZT_THROW(ErrorKind::kInvalidArgument, why, " on ", device_.name(), " stream ", id_);
   }
   device_.mark_failed();
-  detail::throw_cuda_error(err, call, __FILE__, line);
+  detail::throw_cuda_error(err, call, __FILE__, line, ordinal_);
 }
 
 bool CudaStream::skips_host_functions() const { return device_.failed(); }
@@ -1122,9 +1135,9 @@ void CudaStream::copy_peer(Device& dst_device, void* dst, const void* src, size_
 void CudaStream::copy_staged(void* dst, const void* src, size_t bytes) {
   CachingAllocator& staging = device_.staging_pool();
   const size_t chunk = std::min(bytes, kStagingChunkBytes);
+  DeviceGuard guard(ordinal_);  // before the staging block's cudaHostAlloc (see alloc_host_pinned)
   auto* host = static_cast<unsigned char*>(staging.allocate(chunk, *this, "peer-copy staging"));
   try {
-    DeviceGuard guard(ordinal_);
     auto* d = static_cast<unsigned char*>(dst);
     const auto* s = static_cast<const unsigned char*>(src);
     for (size_t offset = 0; offset < bytes; offset += chunk) {
@@ -1243,6 +1256,10 @@ std::unique_ptr<StreamGraph> CudaStream::end_capture() {
   cudaGraph_t graph = nullptr;
   // Ends the capture whatever happened inside, so the stream is usable again.
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (detail::is_sticky_error(end)) {
+    device_.mark_failed();  // earlier work faulted the GPU: not a capture error
+    detail::throw_cuda_error(end, "cudaStreamEndCapture(stream_, &graph)", __FILE__, __LINE__, ordinal_);
+  }
   if (end != cudaSuccess || error.empty() == false) {
     (void)cudaGetLastError();  // capture errors are not sticky: clear them
     if (graph != nullptr) ignore_error(cudaGraphDestroy(graph));
@@ -1382,6 +1399,9 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
                " but this machine has ", count, " visible GPU(s) (ordinals 0..", count - 1,
                "); pick an existing ordinal or check CUDA_VISIBLE_DEVICES");
     ++gpus[ordinal].share_count;
+    if (detail::lost_gpus().lost(ordinal))
+      ZT_THROW(ErrorKind::kDevice, "GPU ", ordinal, " cannot be used again in this process: ",
+               detail::lost_gpus().why(ordinal), "; relaunch the process (with --resume auto from a checkpoint)");
   }
 
   for (auto& [ordinal, gpu] : gpus) {
