@@ -120,8 +120,10 @@ class QuietDeviceGuard {
       return;
     }
     if (previous_ == ordinal) return;
+    // As DeviceGuard: never switch back to a GPU whose context restoring would create.
+    const bool restore = detail::primary_context_active(previous_);
     if (cudaSetDevice(ordinal) == cudaSuccess) {
-      switched_ = true;
+      switched_ = restore;
     } else {
       (void)cudaGetLastError();
     }
@@ -229,9 +231,14 @@ class CudaRawAllocator final : public RawAllocator {
 
 class PinnedHostRawAllocator final : public RawAllocator {
  public:
+  explicit PinnedHostRawAllocator(int ordinal) : ordinal_(ordinal) {}
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* ptr = nullptr;
+    // Made under a GPU of the run: on a thread that has not used one yet, the runtime would
+    // otherwise initialize the context of GPU 0, which the run may not have selected.
+    std::optional<DeviceGuard> guard;
+    if (ordinal_ >= 0) guard.emplace(ordinal_);
     // Portable: the staging memory of one GPU's pool may be used by copies on any GPU.
     const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
     if (err == cudaSuccess) return ptr;
@@ -243,9 +250,15 @@ class PinnedHostRawAllocator final : public RawAllocator {
                              __LINE__);
   }
   void deallocate(void* ptr, size_t bytes) override {
-    if (ptr != nullptr) ignore_error(cudaFreeHost(ptr));
+    if (ptr == nullptr) return;
+    std::optional<QuietDeviceGuard> guard;
+    if (ordinal_ >= 0) guard.emplace(ordinal_);
+    ignore_error(cudaFreeHost(ptr));
   }
   std::string name() const override { return "cudaHostAlloc (pinned host)"; }
+
+ private:
+  int ordinal_;  // -1: the calling thread's current device
 };
 
 // ---- events -----------------------------------------------------------------------------------
@@ -594,7 +607,7 @@ class CudaDevice final : public Device {
     if (this_thread_captures()) [[unlikely]]
       refuse_on_capturing_thread(CaptureRule::kHostPinnedAllocation, name_ + ", " + std::to_string(bytes) + " bytes");
     // One allocator for the process (cudaHostAlloc is portable to every GPU); buffers share it.
-    static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator();
+    static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator(ordinal_);
     void* p = pinned->allocate(bytes);
     if (p == nullptr)
       ZT_THROW(ErrorKind::kOutOfMemory, name_, ": cudaHostAlloc could not pin ", bytes,
@@ -719,7 +732,7 @@ class CudaDevice final : public Device {
   CachingAllocator& staging_pool() {
     std::call_once(staging_once_, [this] {
       staging_ = std::make_unique<CachingAllocator>(name_ + " pinned staging",
-                                                    make_pinned_host_raw_allocator());
+                                                    make_pinned_host_raw_allocator(ordinal_));
     });
     return *staging_;
   }
@@ -931,7 +944,12 @@ Device& CudaStream::device() { return device_; }
 StreamResource& CudaStream::resource(StreamResourceSlot slot, StreamResourceFactory make) {
   std::lock_guard<std::mutex> lock(resources_mu_);
   auto& r = resources_[static_cast<size_t>(slot)];
-  if (!r) r = make(*this);
+  if (!r) {
+    // Library handles bind to the current device (cublasCreate, cublasLtCreate): the stream's GPU,
+    // whatever GPU the calling thread was on.
+    DeviceGuard guard(ordinal_);
+    r = make(*this);
+  }
   ZT_CHECK(r != nullptr, "the factory of stream resource ", static_cast<int>(slot), " returned nothing");
   return *r;
 }
@@ -1447,8 +1465,8 @@ std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capa
   return std::make_unique<CudaRawAllocator>(ordinal, capacity_bytes);
 }
 
-std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator() {
-  return std::make_unique<PinnedHostRawAllocator>();
+std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator(int ordinal) {
+  return std::make_unique<PinnedHostRawAllocator>(ordinal);
 }
 
 int pointer_device(const void* ptr) {
