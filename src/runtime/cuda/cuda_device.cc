@@ -1448,8 +1448,10 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
       if (!can) continue;
       DeviceGuard guard(from);
       const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
-      if (err == cudaErrorTooManyPeers) {
-        (void)cudaGetLastError();  // a hardware limit (8 peers): copies to `to` go staged
+      if (err == cudaErrorTooManyPeers || err == cudaErrorPeerAccessUnsupported) {
+        // A hardware limit (8 peers), or a pair the platform reports but cannot map (some
+        // virtualized and PCIe-switch topologies): copies to `to` go staged, as without P2P.
+        (void)cudaGetLastError();
         continue;
       }
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
