@@ -83,8 +83,12 @@
 namespace zt::cuda {
 namespace {
 
-// The oldest GPU generation the kernels are built for (ZT_CUDA_ARCHS: sm_80 and newer).
-constexpr int kMinComputeMajor = 8;
+// The oldest GPU the kernels are built for, as major * 10 + minor: the lowest of ZT_CUDA_ARCHS
+// (src/CMakeLists.txt), sm_80 by default, sm_90 in the `gpu` preset.
+#ifndef ZT_CUDA_MIN_ARCH
+#define ZT_CUDA_MIN_ARCH 80
+#endif
+constexpr int kMinComputeCapability = ZT_CUDA_MIN_ARCH;
 
 // Chunk size of a staged peer copy: one pinned block of at most this size is reused by every
 // chunk (safe: both legs of every chunk are ordered on one stream).
@@ -1411,11 +1415,11 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     // Checked here, per GPU: on a machine whose GPUs differ (a display GPU beside the compute ones,
     // which --devices all picks up) an older one would otherwise fail at its first kernel with
-    // cudaErrorNoKernelImageForDevice, the kernels being built for sm_80 and newer only (PTX for
-    // compute_80 cannot be compiled for an older GPU).
-    ZT_REQUIRE(prop.major >= kMinComputeMajor, "GPU ", ordinal, " (", prop.name, ") has compute capability ",
-               prop.major, ".", prop.minor, ", and ZeroTrain's CUDA kernels need ", kMinComputeMajor,
-               ".0 or newer; leave it out with --devices cuda:<ordinals of newer GPUs>");
+    // cudaErrorNoKernelImageForDevice (PTX cannot be compiled for a GPU older than its target).
+    ZT_REQUIRE(prop.major * 10 + prop.minor >= kMinComputeCapability, "GPU ", ordinal, " (", prop.name,
+               ") has compute capability ", prop.major, ".", prop.minor, ", and this build's CUDA kernels need ",
+               kMinComputeCapability / 10, ".", kMinComputeCapability % 10,
+               " or newer (ZT_CUDA_ARCHS); leave it out with --devices cuda:<ordinals of newer GPUs>");
     gpu.major = prop.major;
     gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
