@@ -264,6 +264,8 @@ void execute(State& st, const Plan& plan, int device, void* native, void* worksp
              std::unordered_map<int64_t, void*>& pack) {
   std::string failure;
   {
+    // The callers hold one too; this one keeps the function correct on its own (a no-op switch).
+    const cuda::DeviceGuard guard(device);
     cudnnHandle_t h = st.handles.at(device);
     const cudnnStatus_t status = cudnnSetStream(h, static_cast<cudaStream_t>(native));
     try {

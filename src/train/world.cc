@@ -151,7 +151,11 @@ World::World(const RunContext& run, std::unique_ptr<Runtime> rt, const BatchSpli
   ZeroOptions zo = zero_options(run, split.accum, working, scaling);
 #if ZT_WITH_CUDA
   // Offloaded state on GPUs lives in pinned memory, so its copies are asynchronous DMA.
-  if (rt_->backend() == Backend::kCuda) zo.host_memory = [] { return cuda::make_pinned_host_raw_allocator(); };
+  // Pinned under a GPU of the run: the offload thread may not have used one when it first allocates.
+  if (rt_->backend() == Backend::kCuda) {
+    const int gpu = cuda::stream_ordinal(devs_.front()->compute().native_handle());
+    zo.host_memory = [gpu] { return cuda::make_pinned_host_raw_allocator(gpu); };
+  }
 #endif
   if (PP > 1) build_pipeline(zo);
   else build_one_stage(zo);

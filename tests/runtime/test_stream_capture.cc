@@ -353,9 +353,9 @@ TEST(StreamCapture, ConcurrentReplaysOnSeveralDevicesAreOrderedByEvents) {
 // sources for every CUDA call the table says a launcher must not make (comments and string
 // literals skipped); it runs without a GPU.
 
-// "name:line" for each call of a refused CUDA function in `source`.
-std::vector<std::string> refused_calls_in(const std::string& source) {
-  std::string code = source;  // comments and literals blanked, newlines kept
+// `source` with comments and string/char literals blanked, newlines kept (lines still count).
+std::string blank_comments_and_strings(const std::string& source) {
+  std::string code = source;
   for (size_t i = 0; i < code.size(); ++i) {
     if (code.compare(i, 2, "//") == 0) {
       while (i < code.size() && code[i] != '\n') code[i++] = ' ';
@@ -374,7 +374,15 @@ std::vector<std::string> refused_calls_in(const std::string& source) {
       if (i < code.size() && code[i] == quote) code[i] = ' ';
     }
   }
-  const auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  return code;
+}
+
+bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// "name:line" for each call of a refused CUDA function in `source`.
+std::vector<std::string> refused_calls_in(const std::string& source) {
+  const std::string code = blank_comments_and_strings(source);
+  const auto ident = ident_char;
   std::vector<std::string> found;
   for (const CaptureRuleInfo& info : kCaptureRules) {
     if (!info.launchers_must_not_call) continue;
@@ -423,6 +431,140 @@ TEST(CaptureRules, NoCudaLauncherCallsWhatACaptureRefuses) {
   EXPECT_GE(files, 10) << "the launchers were not found under " << root;
   EXPECT_TRUE(found.empty()) << "CUDA launchers call what CUDA refuses during stream capture (see "
                                 "core/capture_rules.h; use cuda::stream_ordinal for a stream's GPU): "
+                             << ::testing::PrintToString(found);
+}
+
+
+// ---- current-device discipline: a source check of the CUDA launchers ----------------------------
+// CUDA launches a kernel, and cuBLAS/cuDNN act, on the calling thread's current device, and a kernel
+// "will fail if it is issued to a stream that is not associated to the current device" (CUDA
+// programming guide, Stream and Event Behavior). A launcher that forgets its LaunchScope works
+// whenever the thread happens to be on the stream's GPU: always on a one-GPU machine, where every
+// GPU run so far happened. So the launchers' sources are checked instead: every function of
+// kernels/cuda that takes a stream as `void* stream` / `void* native` and launches work on it
+// itself (a kernel, a cuBLAS/cuDNN call, a CUDA stream/event/graph/copy call, or the cast of the
+// handle to a cudaStream_t for a helper) must open a LaunchScope or a DeviceGuard.
+
+// "name:line" for each such function without a scope in `source`.
+std::vector<std::string> unscoped_launchers_in(const std::string& source) {
+  const std::string code = blank_comments_and_strings(source);
+  const auto line_of = [&](size_t at) {
+    return 1 + std::count(code.begin(), code.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+  };
+  const auto skip_space = [&](size_t i) {
+    while (i < code.size() && std::isspace(static_cast<unsigned char>(code[i]))) ++i;
+    return i;
+  };
+  // Does `body` launch work itself?
+  const auto launches = [](const std::string& body) {
+    if (body.find("<<<") != std::string::npos || body.find("static_cast<cudaStream_t>") != std::string::npos)
+      return true;
+    for (size_t i = 0; i < body.size();) {
+      if (!ident_char(body[i]) || (i > 0 && ident_char(body[i - 1]))) {
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < body.size() && ident_char(body[end])) ++end;
+      const std::string name = body.substr(i, end - i);
+      size_t next = end;
+      while (next < body.size() && std::isspace(static_cast<unsigned char>(body[next]))) ++next;
+      const bool call = next < body.size() && body[next] == '(';
+      const bool member = i > 0 && (body[i - 1] == '.' || body[i - 1] == '>');
+      if (call && (name.rfind("cublas", 0) == 0 || name.rfind("cudnn", 0) == 0 || name.rfind("cudaMemcpy", 0) == 0 ||
+                   name.rfind("cudaMemset", 0) == 0 || name.rfind("cudaLaunch", 0) == 0 ||
+                   name.rfind("cudaGraph", 0) == 0 || name.rfind("cudaEvent", 0) == 0 ||
+                   name.rfind("cudaStream", 0) == 0 || (member && name == "execute")))
+        return true;
+      i = end;
+    }
+    return false;
+  };
+  std::vector<std::string> found;
+  std::vector<size_t> seen;  // bodies already judged (a function taking both names)
+  for (size_t at = code.find("void"); at != std::string::npos; at = code.find("void", at + 1)) {
+    if ((at > 0 && ident_char(code[at - 1])) || ident_char(code[at + 4])) continue;
+    size_t i = skip_space(at + 4);
+    if (i >= code.size() || code[i] != '*') continue;
+    i = skip_space(i + 1);
+    if (code.compare(i, 6, "stream") != 0 && code.compare(i, 6, "native") != 0) continue;
+    if (i + 6 >= code.size() || ident_char(code[i + 6])) continue;
+    // The parameter list around it, then a body: a definition, not a declaration or a call.
+    size_t open = at;
+    for (int depth = 0; open-- > 0;) {
+      if (code[open] == ')') ++depth;
+      if (code[open] == '(' && depth-- == 0) break;
+      if (code[open] == ';' || code[open] == '{' || code[open] == '}') {
+        open = std::string::npos;
+        break;
+      }
+    }
+    if (open == std::string::npos) continue;
+    size_t close = i;
+    for (int depth = 0; close < code.size(); ++close) {
+      if (code[close] == '(') ++depth;
+      if (code[close] == ')' && depth-- == 0) break;
+    }
+    size_t brace = skip_space(close + 1);
+    if (code.compare(brace, 5, "const") == 0) brace = skip_space(brace + 5);
+    if (brace >= code.size() || code[brace] != '{' ||
+        std::find(seen.begin(), seen.end(), brace) != seen.end())
+      continue;
+    seen.push_back(brace);
+    size_t end = brace + 1;
+    for (int depth = 1; end < code.size() && depth > 0; ++end) {
+      if (code[end] == '{') ++depth;
+      if (code[end] == '}') --depth;
+    }
+    const std::string body = code.substr(brace, end - brace);
+    if (!launches(body) || body.find("LaunchScope") != std::string::npos ||
+        body.find("DeviceGuard") != std::string::npos)
+      continue;
+    size_t name_end = open;
+    while (name_end > 0 && std::isspace(static_cast<unsigned char>(code[name_end - 1]))) --name_end;
+    size_t name_begin = name_end;
+    while (name_begin > 0 && ident_char(code[name_begin - 1])) --name_begin;
+    found.push_back(code.substr(name_begin, name_end - name_begin) + ":" + std::to_string(line_of(name_begin)));
+  }
+  return found;
+}
+
+TEST(DeviceDiscipline, TheSourceCheckFindsALauncherWithoutAScope) {
+  const std::string launcher =
+      "void scale(void* stream, float* x, int64_t n) {\n"
+      "  scale_kernel<<<grid_for(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, n);\n}\n"
+      "void run(const Plan& plan, void* native) {\n  plan.graph->execute(h, pack, ws);\n}\n"
+      "void gemm(void* stream) {\n  cublasSgemm(handle(stream), 1);\n}\n";
+  EXPECT_EQ(unscoped_launchers_in(launcher), (std::vector<std::string>{"scale:1", "run:4", "gemm:7"}));
+  // Scoped, a declaration, a helper that launches nothing itself, and a mention in a comment.
+  EXPECT_EQ(unscoped_launchers_in("void scale(void* stream, float* x) {\n  detail::LaunchScope scope(stream);\n"
+                                  "  k<<<1, 1, 0, scope.stream()>>>(x);\n}\nvoid decl(void* stream, int n);\n"
+                                  "void adamw(void* stream, int n) { launch_update(stream, n); }\n"
+                                  "// void f(void* stream) { k<<<1, 1>>>(); }\n"
+                                  "void cudnn_run(Stream& s, void* native) {\n  const cuda::DeviceGuard g(d);\n"
+                                  "  cudnnSetStream(h, static_cast<cudaStream_t>(native));\n}\n"),
+            std::vector<std::string>{});
+}
+
+TEST(DeviceDiscipline, EveryCudaLauncherMakesItsStreamsGpuCurrent) {
+  const std::filesystem::path root = ZT_SOURCE_DIR;  // tests/CMakeLists.txt
+  const std::filesystem::path dir = root / "kernels/cuda";
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir << " not found: the check needs the sources";
+  std::vector<std::string> found;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".cu" && ext != ".cc") continue;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    ++files;
+    for (const std::string& f : unscoped_launchers_in(text.str()))
+      found.push_back("kernels/cuda/" + entry.path().filename().string() + ": " + f);
+  }
+  EXPECT_GE(files, 10) << "the launchers were not found under " << dir;
+  EXPECT_TRUE(found.empty()) << "CUDA launchers enqueue work without making their stream's GPU current "
+                                "(open a detail::LaunchScope, or a cuda::DeviceGuard for cuda::stream_ordinal): "
                              << ::testing::PrintToString(found);
 }
 

@@ -67,7 +67,9 @@ StreamResource& stream_resource(void* native, StreamResourceSlot slot, StreamRes
 // or when `capacity_bytes` (0 = unlimited) would be exceeded.
 std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capacity_bytes = 0);
 // Page-locked host memory (cudaHostAlloc, portable to every GPU); for staging and async copies.
-std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator();
+// `ordinal` >= 0: allocated and freed with that GPU current (a GPU of the run), so that a thread
+// that has used no GPU yet does not make the runtime initialize GPU 0's context.
+std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator(int ordinal = -1);
 
 // The GPU ordinal whose memory `ptr` points into, or -1 for host memory (pinned or not).
 int pointer_device(const void* ptr);

@@ -83,6 +83,13 @@
 namespace zt::cuda {
 namespace {
 
+// The oldest GPU the kernels are built for, as major * 10 + minor: the lowest of ZT_CUDA_ARCHS
+// (src/CMakeLists.txt), sm_80 by default, sm_90 in the `gpu` preset.
+#ifndef ZT_CUDA_MIN_ARCH
+#define ZT_CUDA_MIN_ARCH 80
+#endif
+constexpr int kMinComputeCapability = ZT_CUDA_MIN_ARCH;
+
 // Chunk size of a staged peer copy: one pinned block of at most this size is reused by every
 // chunk (safe: both legs of every chunk are ordered on one stream).
 constexpr size_t kStagingChunkBytes = size_t{16} << 20;
@@ -120,8 +127,10 @@ class QuietDeviceGuard {
       return;
     }
     if (previous_ == ordinal) return;
+    // As DeviceGuard: never switch back to a GPU whose context restoring would create.
+    const bool restore = detail::primary_context_active(previous_);
     if (cudaSetDevice(ordinal) == cudaSuccess) {
-      switched_ = true;
+      switched_ = restore;
     } else {
       (void)cudaGetLastError();
     }
@@ -229,9 +238,14 @@ class CudaRawAllocator final : public RawAllocator {
 
 class PinnedHostRawAllocator final : public RawAllocator {
  public:
+  explicit PinnedHostRawAllocator(int ordinal) : ordinal_(ordinal) {}
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* ptr = nullptr;
+    // Made under a GPU of the run: on a thread that has not used one yet, the runtime would
+    // otherwise initialize the context of GPU 0, which the run may not have selected.
+    std::optional<DeviceGuard> guard;
+    if (ordinal_ >= 0) guard.emplace(ordinal_);
     // Portable: the staging memory of one GPU's pool may be used by copies on any GPU.
     const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
     if (err == cudaSuccess) return ptr;
@@ -243,10 +257,27 @@ class PinnedHostRawAllocator final : public RawAllocator {
                              __LINE__);
   }
   void deallocate(void* ptr, size_t bytes) override {
-    if (ptr != nullptr) ignore_error(cudaFreeHost(ptr));
+    if (ptr == nullptr) return;
+    std::optional<QuietDeviceGuard> guard;
+    if (ordinal_ >= 0) guard.emplace(ordinal_);
+    ignore_error(cudaFreeHost(ptr));
   }
   std::string name() const override { return "cudaHostAlloc (pinned host)"; }
+
+ private:
+  int ordinal_;  // -1: the calling thread's current device
 };
+
+// The pinned allocator of GPU `ordinal` (one per GPU for the process; cudaHostAlloc's memory is
+// portable to every GPU): its cudaHostAlloc and cudaFreeHost run with that GPU current.
+std::shared_ptr<RawAllocator> pinned_allocator(int ordinal) {
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<RawAllocator>> by_gpu;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<RawAllocator>& a = by_gpu[ordinal];
+  if (!a) a = std::make_shared<PinnedHostRawAllocator>(ordinal);
+  return a;
+}
 
 // ---- events -----------------------------------------------------------------------------------
 
@@ -598,14 +629,10 @@ class CudaDevice final : public Device {
     if (this_thread_captures()) [[unlikely]]
       refuse_on_capturing_thread(CaptureRule::kHostPinnedAllocation, name_ + ", " + std::to_string(bytes) + " bytes");
     // One allocator for the process (cudaHostAlloc is portable to every GPU); buffers share it.
-    static const std::shared_ptr<RawAllocator> pinned = make_pinned_host_raw_allocator();
-    // Under this GPU: cudaHostAlloc runs in the current GPU's context, and the calling thread's
-    // current GPU may be one lost to a sticky error (every call in its context fails).
-    void* p = nullptr;
-    {
-      DeviceGuard guard(ordinal_);
-      p = pinned->allocate(bytes);
-    }
+    // Allocated and freed under this GPU (pinned_allocator): a thread's current GPU may be one the
+    // run never selected, or one lost to a sticky error (every call in its context fails).
+    const std::shared_ptr<RawAllocator> pinned = pinned_allocator(ordinal_);
+    void* p = pinned->allocate(bytes);
     if (p == nullptr)
       ZT_THROW(ErrorKind::kOutOfMemory, name_, ": cudaHostAlloc could not pin ", bytes,
                " bytes of host memory for a device-to-host copy buffer; free host memory or copy in smaller pieces");
@@ -731,7 +758,7 @@ class CudaDevice final : public Device {
   CachingAllocator& staging_pool() {
     std::call_once(staging_once_, [this] {
       staging_ = std::make_unique<CachingAllocator>(name_ + " pinned staging",
-                                                    make_pinned_host_raw_allocator());
+                                                    make_pinned_host_raw_allocator(ordinal_));
     });
     return *staging_;
   }
@@ -943,7 +970,12 @@ Device& CudaStream::device() { return device_; }
 StreamResource& CudaStream::resource(StreamResourceSlot slot, StreamResourceFactory make) {
   std::lock_guard<std::mutex> lock(resources_mu_);
   auto& r = resources_[static_cast<size_t>(slot)];
-  if (!r) r = make(*this);
+  if (!r) {
+    // Library handles bind to the current device (cublasCreate, cublasLtCreate): the stream's GPU,
+    // whatever GPU the calling thread was on.
+    DeviceGuard guard(ordinal_);
+    r = make(*this);
+  }
   ZT_CHECK(r != nullptr, "the factory of stream resource ", static_cast<int>(slot), " returned nothing");
   return *r;
 }
@@ -1408,6 +1440,13 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     DeviceGuard guard(ordinal);
     cudaDeviceProp prop{};
     ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    // Checked here, per GPU: on a machine whose GPUs differ (a display GPU beside the compute ones,
+    // which --devices all picks up) an older one would otherwise fail at its first kernel with
+    // cudaErrorNoKernelImageForDevice (PTX cannot be compiled for a GPU older than its target).
+    ZT_REQUIRE(prop.major * 10 + prop.minor >= kMinComputeCapability, "GPU ", ordinal, " (", prop.name,
+               ") has compute capability ", prop.major, ".", prop.minor, ", and this build's CUDA kernels need ",
+               kMinComputeCapability / 10, ".", kMinComputeCapability % 10,
+               " or newer (ZT_CUDA_ARCHS); leave it out with --devices cuda:<ordinals of newer GPUs>");
     gpu.major = prop.major;
     gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
@@ -1440,8 +1479,10 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
       if (!can) continue;
       DeviceGuard guard(from);
       const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
-      if (err == cudaErrorTooManyPeers) {
-        (void)cudaGetLastError();  // a hardware limit (8 peers): copies to `to` go staged
+      if (err == cudaErrorTooManyPeers || err == cudaErrorPeerAccessUnsupported) {
+        // A hardware limit (8 peers), or a pair the platform reports but cannot map (some
+        // virtualized and PCIe-switch topologies): copies to `to` go staged, as without P2P.
+        (void)cudaGetLastError();
         continue;
       }
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
@@ -1467,8 +1508,8 @@ std::unique_ptr<RawAllocator> make_device_raw_allocator(int ordinal, size_t capa
   return std::make_unique<CudaRawAllocator>(ordinal, capacity_bytes);
 }
 
-std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator() {
-  return std::make_unique<PinnedHostRawAllocator>();
+std::unique_ptr<RawAllocator> make_pinned_host_raw_allocator(int ordinal) {
+  return std::make_unique<PinnedHostRawAllocator>(ordinal);
 }
 
 int pointer_device(const void* ptr) {
