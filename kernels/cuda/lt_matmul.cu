@@ -171,17 +171,6 @@ void note_refusal(const LtGemm& g, cublasStatus_t status, int found) {
                                                : "the algorithm found cannot run it");
 }
 
-// Whether `stream` is capturing (cudaStreamIsCapturing: the query CUDA answers during a capture;
-// an error counts as capturing, so that find_algo fails rather than caching a refusal).
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // The cached algorithm for g, asking the heuristic the first time; nullptr: cuBLASLt refuses g.
 // A heuristic that fails while `stream` captures fails the capture instead (zt::Error, nothing
 // cached, nothing launched): inside a capture the failure may be the capture's (CUDA 13.3's
@@ -228,7 +217,7 @@ const cublasLtMatmulAlgo_t* find_algo(const GemmContext& ctx, cudaStream_t strea
     (void)cublasLtMatmulPreferenceDestroy(pref);
     // NOT_SUPPORTED / INVALID_VALUE / no result: cuBLASLt has no kernel for this problem.
     entry.usable = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (!entry.usable && capturing(stream))
+    if (!entry.usable && cuda::stream_capturing(stream))
       ZT_THROW(ErrorKind::kDevice, "cuBLASLt's heuristic, first asked for a ", epilogue_name(g.epilogue), " GEMM (A/B ",
                type_name(g.ab), ", D ", type_name(g.d), ", m ", g.m, " n ", g.n, " k ", g.k,
                ") inside a stream capture, found no algorithm (",

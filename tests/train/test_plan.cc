@@ -27,6 +27,16 @@
 namespace zt {
 namespace {
 
+// Plan inputs of one GPU of an H200's 141 GiB running micro-batches of B sequences of T tokens.
+PlanInputs one_h200(int B, int T, DType working) {
+  PlanInputs in;
+  in.device_memory = {size_t{141} << 30};
+  in.micro_batch = B;
+  in.seq_len = T;
+  in.working = working;
+  return in;
+}
+
 TrainConfig short_run(const std::string& model, const ModelOverrides& o, int devices, int stage) {
   TrainConfig c;
   c.model = model;
@@ -367,11 +377,7 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
   ASSERT_EQ(mc.embd, 768);
   const int64_t B = 16, T = 1024, NH = 12, hs = 64;
   const size_t staging = static_cast<size_t>(B * T * 3 * 768) * 2;
-  PlanInputs in;
-  in.device_memory = {size_t{141} << 30};
-  in.micro_batch = static_cast<int>(B);
-  in.seq_len = static_cast<int>(T);
-  in.working = DType::kBF16;
+  PlanInputs in = one_h200(static_cast<int>(B), static_cast<int>(T), DType::kBF16);
   in.attention_library = true;
   for (const bool deterministic : {true, false}) {
     in.deterministic_attention = deterministic;
@@ -435,11 +441,7 @@ TEST(Plan, CountsTheGemmAttentionScoreBuffersExactly) {
   EXPECT_EQ(ops::gemm_attention_chunk_bytes(), ops::kGemmAttentionChunkBytes);
 
   const ModelConfig mc = make_model_config("gpt2-124m", {});
-  PlanInputs in;
-  in.device_memory = {size_t{141} << 30};
-  in.micro_batch = 16;
-  in.seq_len = 1024;
-  in.working = DType::kF32;
+  PlanInputs in = one_h200(16, 1024, DType::kF32);
   in.attention_library = true;
   const MemoryPlan plan = plan_memory_only(mc, in);
   EXPECT_EQ(plan.per_device.at(0).attention, size_t{96} << 20);
@@ -505,11 +507,7 @@ TEST(Plan, BinaryPlansGpusThisMachineDoesNotHave) {
 // devices without a GEMM library (the CPU backend).
 TEST(Plan, NamesThePlainMatmulScratchBoundOutsideTheTotals) {
   const ModelConfig gpt = make_model_config("gpt2-124m", {});
-  PlanInputs in;
-  in.device_memory = {size_t{141} << 30};
-  in.micro_batch = 16;
-  in.seq_len = 1024;
-  in.working = DType::kBF16;
+  PlanInputs in = one_h200(16, 1024, DType::kBF16);
   const std::string line = "matmul scratch (fp32 results of the 16-bit GEMMs cuBLASLt refuses";
   const MemoryPlan cpu = plan_memory_only(gpt, in);
   EXPECT_EQ(format_plan(gpt, cpu).find(line), std::string::npos);

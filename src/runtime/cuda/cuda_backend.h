@@ -47,6 +47,8 @@ class TaskSpan {
 // ask it inside a stream capture (CUDA refuses cudaStreamGetDevice on a capturing stream,
 // core/capture_rules.h). A cudaStream_t of no CUDA device of this process is zt::Error(kInternal).
 int stream_ordinal(void* native);
+// Whether that stream is capturing (Stream::capturing, from the same registry: no CUDA call).
+bool stream_capturing(void* native);
 
 // A library's per-stream state (the cuBLAS handle with its workspace from the device pool, the
 // blocks of kernels/cuda/stream_blocks.h): made on first use, destroyed with its stream, before the device's

@@ -1378,6 +1378,12 @@ int stream_ordinal(void* native) {
   return s->ordinal();
 }
 
+bool stream_capturing(void* native) {
+  CudaStream* s = stream_registry().find(static_cast<cudaStream_t>(native));
+  ZT_CHECK(s != nullptr, "a CUDA launcher ran on a stream that no CUDA device of this process owns");
+  return s->capturing();
+}
+
 StreamResource& stream_resource(void* native, StreamResourceSlot slot, StreamResourceFactory make) {
   CudaStream* s = stream_registry().find(static_cast<cudaStream_t>(native));
   ZT_CHECK(s != nullptr, "a CUDA launcher ran on a stream that no CUDA device of this process owns");
