@@ -100,6 +100,9 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   add_device_flags(sub_, devices_, precision_);
   sub_->add_option("--dump-logits", dump_logits_, "Also write the prompt positions' logits to FILE (float32, "
                    "[prompt tokens, vocab], row-major; peer tests)")->check(zt_cli::non_empty());
+  sub_->add_option("--dump-step-logits", dump_step_logits_, "Also write the logits each generated token was drawn "
+                   "from to FILE (float32, [max-new-tokens, vocab], row-major: the KV cache's; GPU-vs-CPU checks)")
+      ->check(zt_cli::non_empty());
 }
 
 int GenerateCommand::run() {
@@ -126,7 +129,12 @@ int GenerateCommand::run() {
   o.temperature = temperature_;
   o.top_k = top_k_;
   o.seed = seed_;
+  std::vector<float> step_logits;
+  if (!dump_step_logits_.empty()) o.step_logits = &step_logits;
   const std::vector<int32_t> ids = generate(m, prompt, o);
+  if (!dump_step_logits_.empty())
+    write_file_atomic(dump_step_logits_, std::string_view(reinterpret_cast<const char*>(step_logits.data()),
+                                                          step_logits.size() * 4), "--dump-step-logits file");
   const std::vector<int32_t> fresh(ids.begin() + static_cast<std::ptrdiff_t>(prompt.size()), ids.end());
   auto text = [&](const std::vector<int32_t>& v) {
     if (tok) return tok->decode_text(v);

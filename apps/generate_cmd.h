@@ -20,7 +20,7 @@ class GenerateCommand {
 
  private:
   CLI::App* sub_;
-  std::string checkpoint_, prompt_, tokenizer_, dump_logits_;
+  std::string checkpoint_, prompt_, tokenizer_, dump_logits_, dump_step_logits_;
   std::string devices_ = "all";
   Precision precision_ = Precision::kAuto;
   bool json_ = false;  // --log-format json

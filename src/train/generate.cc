@@ -252,6 +252,7 @@ std::vector<int32_t> generate(DeviceGpt& m, const std::vector<int32_t>& prompt, 
       cache->clear();
       cache->forward(ids.data() + (n - window), window, row.data(), false);
     }
+    if (o.step_logits) o.step_logits->insert(o.step_logits->end(), row.begin(), row.end());
     int32_t pick;
     if (o.temperature <= 0) {
       pick = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());

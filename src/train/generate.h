@@ -77,6 +77,9 @@ struct GenerateOptions {
   int top_k = 40;            // 0: every token
   uint64_t seed = 1337;
   bool use_cache = true;     // false: the model's full forward over the window every token (tests)
+  // When set, the V fp32 logits each new token was drawn from are appended here in order
+  // ([max_new_tokens, V]: what the sampler saw; generate's --dump-step-logits, GPU-vs-CPU checks).
+  std::vector<float>* step_logits = nullptr;
 };
 // The prompt's ids followed by max_new_tokens drawn ids. Past the context, the window slides: each
 // new token recomputes the last seq_len tokens (as nanoGPT crops its context).

@@ -4,12 +4,14 @@
 // refused with one sentence, exit code 2 and nothing written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -86,6 +88,38 @@ TEST_F(TextToModel, TokenizeTrainGenerateEvalExport) {
   const nlohmann::json g = nlohmann::json::parse(r.output);
   EXPECT_EQ(g["tokens"].size(), 40u);
   EXPECT_EQ(g["step"], 6);
+  // --dump-step-logits: the logits each token was drawn from ([tokens, vocab] fp32, the real ids of
+  // the padded head); greedy picks each row's first argmax, and the first row is the prompt's last
+  // position, which --dump-logits computes through the model's forward (the KV cache within fp32
+  // rounding of it, as test_generate holds it).
+  r = run("generate --checkpoint ck --tokenizer tok --prompt \"The \" --max-new-tokens 5 --temperature 0 "
+          "--log-format json --dump-step-logits steps.f32 --dump-logits prompt.f32", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  {
+    auto floats = [&](const char* name) {
+      std::vector<float> out(static_cast<size_t>(fs::file_size(path(name))) / 4);
+      std::ifstream(path(name), std::ios::binary).read(reinterpret_cast<char*>(out.data()),
+                                                       static_cast<std::streamsize>(out.size() * 4));
+      return out;
+    };
+    const nlohmann::json j = nlohmann::json::parse(r.output);
+    const std::vector<int> tokens = j["tokens"].get<std::vector<int>>(), prompt = j["prompt_tokens"].get<std::vector<int>>();
+    const std::vector<float> steps = floats("steps.f32"), pre = floats("prompt.f32");
+    const size_t V = 256 + 512 + 1;
+    ASSERT_EQ(tokens.size(), 5u);
+    ASSERT_EQ(steps.size(), 5 * V);
+    ASSERT_EQ(pre.size(), prompt.size() * V);
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      const auto row = steps.begin() + static_cast<std::ptrdiff_t>(k * V);
+      EXPECT_EQ(std::max_element(row, row + static_cast<std::ptrdiff_t>(V)) - row, tokens[k]) << "token " << k;
+    }
+    float mx = 0;
+    for (size_t v = 0; v < V; ++v) mx = std::max(mx, std::fabs(pre[pre.size() - V + v]));
+    for (size_t v = 0; v < V; ++v) ASSERT_NEAR(steps[v], pre[pre.size() - V + v], 1e-5 * mx + 1e-5) << v;
+  }
+  r = run("generate --checkpoint ck --tokenizer tok --max-new-tokens 2 --dump-step-logits nodir/x.f32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--dump-step-logits file"), std::string::npos) << r.output;
 
   r = run("eval --checkpoint ck --data 'tok/*val*.bin' --log-format json", false);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -1,9 +1,12 @@
 // GPT inference on a device (train/generate.h), on the CPU backend: the KV-cache decode and the
 // model's own forward against a float64 forward written out here, the cache one token at a time
 // against the model's forward (greedy generation must pick the same tokens, also past the context),
-// sampling's determinism in the seed, and bf16 against fp32 within a bound derived below.
+// sampling's determinism in the seed, and bf16 against fp32 within a bound derived below. On every
+// backend (GenerateBackendTest: the CUDA instance on a GPU, gpu-check): the cache and the model's
+// forward in fp32/bf16/fp16 against float64 within the tolerance policy's bounds (tests/README.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -11,6 +14,8 @@
 #include "model/model.h"
 #include "runtime/runtime.h"
 #include "train/generate.h"
+
+#include "tolerance.h"
 
 namespace zt {
 namespace {
@@ -215,6 +220,96 @@ TEST_F(DeviceGptTest, Bf16StaysWithinItsBoundOfFloat64AndPicksRealTokens) {
     for (int32_t id : generate(m, tok, o)) EXPECT_TRUE(id >= 0 && id < g.mc.vocab) << id;
   }
 }
+
+// ---- every backend ------------------------------------------------------------------------------
+
+// The same model on each backend against float64, with the tolerance policy's vendor bounds (a GPU
+// runs cuBLAS/cuBLASLt GEMMs and, in the model's forward, cuDNN's attention; the decode runs
+// ZeroTrain's decode_attention kernel). Bound, relative to the row's largest |logit|, from the
+// first-order model of Bf16StaysWithinItsBoundOfFloat64AndPicksRealTokens: 2 (10 L + 3) rounding
+// points' worth of a per-point error e, where a vendor's e is gamma_{4C}(u_acc) (fp32 accumulation
+// over the longest reduction, 4C; tolerance.h) plus r = 2 roundings of the activation type. fp32:
+// 7.1e-4 for L = 2, C = 32 (the CPU backend is within 1e-5); 16 bits: 0.18 (bf16) and 0.023 (fp16)
+// times r, loose but far below the O(1) differences of a wrong position, head or cache row.
+class GenerateBackendTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kCpu) {
+      rt_ = Runtime::create_cpu(1);
+      return;
+    }
+    const CudaAvailability cuda = cuda_availability();
+    if (!cuda.usable) GTEST_SKIP() << "no usable GPU: " << cuda.reason;
+    rt_ = Runtime::create(parse_device_spec("cuda:0"));
+  }
+  static double bound(const RandomGpt& g, DType t) {
+    const double e = tolerance::gamma(4 * g.mc.embd, tolerance::kAccRoundoff) +
+                     tolerance::kVendorRoundings * tolerance::unit_roundoff(t);
+    return 2 * (10 * g.mc.layers + 3) * e;
+  }
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_P(GenerateBackendTest, PrefillDecodeAndModelForwardStayWithinTheirBoundOfFloat64) {
+  const RandomGpt g = random_gpt(11);
+  const std::vector<int32_t> tok = {4, 49, 13, 0, 27, 27, 8, 36, 2, 45, 19, 30};
+  const auto ref = reference_logits(g, tok);
+  const int V = g.mc.vocab, n = static_cast<int>(tok.size()), prefill = 7;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    DeviceGpt m = make_device_gpt(g.mc, g.blocks, rt_->device(0), t);
+    // The prompt's rows in one prefill, then one decode step per token (decode_attention with one
+    // query row over the cache), then the model's own forward (the training kernels).
+    KvCache cache(m);
+    std::vector<float> got(static_cast<size_t>(n) * V, NAN);
+    cache.forward(tok.data(), prefill, got.data(), true);
+    for (int i = prefill; i < n; ++i) cache.forward(&tok[i], 1, got.data() + static_cast<size_t>(i) * V, false);
+    const std::vector<float> model = full_forward_logits(m, tok);
+    for (int i = 0; i < n; ++i) {
+      const std::vector<double> r(ref.begin() + i * V, ref.begin() + (i + 1) * V);
+      const double b = bound(g, t) * max_abs(r);
+      for (int v = 0; v < V; ++v) {
+        ASSERT_NEAR(got[i * V + v], r[v], b) << (i < prefill ? "prefill" : "decode") << " position " << i << ", logit " << v;
+        ASSERT_NEAR(model[i * V + v], r[v], b) << "model forward, position " << i << ", logit " << v;
+      }
+    }
+  }
+}
+
+// Greedy generation past the context (the window slides and is prefilled again): every token is the
+// argmax of float64 logits of its window up to a near-tie the bound allows (the device's and the
+// reference's logits each within b: the device's argmax is within 2b of the reference's maximum).
+// Sampling from the 16-bit model draws only real ids (the padded vocabulary, 50 of 128 rows, never)
+// and is a function of the seed on the device too.
+TEST_P(GenerateBackendTest, GreedyTokensAreFloat64sArgmaxAndSamplesAreRealIds) {
+  const RandomGpt g = random_gpt(12);
+  const int V = g.mc.vocab, T = g.mc.seq_len;
+  DeviceGpt m = make_device_gpt(g.mc, g.blocks, rt_->device(0), DType::kF32);
+  GenerateOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 22;
+  const std::vector<int32_t> prompt = {12, 3, 40};
+  const std::vector<int32_t> ids = generate(m, prompt, o);
+  ASSERT_EQ(ids.size(), prompt.size() + 22);
+  for (size_t k = prompt.size(); k < ids.size(); ++k) {
+    const size_t first = k > static_cast<size_t>(T) ? k - T : 0;
+    const std::vector<int32_t> window(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(k));
+    const auto all = reference_logits(g, window);
+    const std::vector<double> r(all.end() - V, all.end());
+    const double top = *std::max_element(r.begin(), r.end());
+    ASSERT_GE(r[static_cast<size_t>(ids[k])], top - 2 * bound(g, DType::kF32) * max_abs(r)) << "token " << k;
+  }
+  DeviceGpt m16 = make_device_gpt(g.mc, g.blocks, rt_->device(0), DType::kBF16);
+  o.temperature = 1.0f;
+  o.top_k = 0;
+  o.max_new_tokens = 30;
+  const std::vector<int32_t> a = generate(m16, prompt, o);
+  for (int32_t id : a) EXPECT_TRUE(id >= 0 && id < V) << id;
+  EXPECT_EQ(generate(m16, prompt, o), a);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GenerateBackendTest, ::testing::Values(Backend::kCpu, Backend::kCuda),
+                         [](const ::testing::TestParamInfo<Backend>& info) { return std::string(backend_name(info.param)); });
 
 }  // namespace
 }  // namespace zt
