@@ -320,7 +320,7 @@ fi
 # 4b), then, after them, those of the rest (NCCL test, benchmarks, the CPU-backend tests that
 # compare with the GPU).
 gpu_targets=(zerotrain test_cuda test_kernels test_gemm test_fused_ops test_classifier test_flash_attention test_tp_ops test_comm test_runtime
-             test_optimizers bench_ops)
+             test_optimizers test_text_to_model bench_ops)
 rest_targets=(test_nccl test_zero test_mixed_precision test_checkpoint test_resume
               bench_cuda_copy bench_comm bench_nccl bench_peer_copy bench_memory)
 generator=()
@@ -405,7 +405,7 @@ if ((built && gpu_ok)); then
     [[ -n $cuda_tests ]] && notes+=("CUDA test cases: $cuda_tests, ${skipped:-0} skipped (a skip means no usable GPU or library; failures listed at the end of cuda-tests.log)")
   else
     run_step new-cuda-ops 60 new-cuda-ops.log ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 60 \
-      -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|OptimTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
+      -R '^(Backends/(TpOpsTest\..*|FlashAttention[A-Za-z]*\..*|OpsTest\.(MatmulTf32RoundsInputs|Sum|Classifier[A-Za-z]*|Layernorm|FillScaleAdd|CastMatchesHostConversions|AccumulateMatchesHostRounding)|GemmTest\..*|OptimTest\..*|HostStagingTest\..*|FusedOpsTest\..*|GraphOpsTest\..*|ClassifierTest\..*|GenerateBackendTest\..*)/cuda|FlashAttentionCuda\..*|CudaRuntime\..*|AccumulatePeerOnGpu\..*|CommOnGpu\..*)'
     (($? != 0)) && failed=1
   fi
 else
@@ -721,22 +721,28 @@ if ((built_gpu)) && [[ -x "$app" ]]; then
     run_step "compare mixed-precision losses" 30 compare-mp.txt python3 - "$LOGS" <<'PY'
 import json, sys, os
 out = sys.argv[1]
-def losses(name):
+def steps(name):
     with open(os.path.join(out, name)) as f:
-        return [json.loads(l).get("loss") for l in f if '"loss"' in l and '"event"' not in l]
+        return [json.loads(l) for l in f if '"loss"' in l and '"event"' not in l]
 bad = 0
-# fp16: the bound tests/README.md derives ("End-to-end"): (1 + r) * D16 with r = 2 vendor roundings
-# and D16 the CPU backend's bf16-vs-fp32 sensitivity (4.54e-2, the step-12 batch) scaled to fp16's
-# unit roundoff (x 1/8): 1.7e-2. The first GPU run measured 5.5e-3 (the old 5e-3 was a guess).
+# tests/README.md ("End-to-end"): bf16 within 3e-2, below the derived (1 + r) * D16 = 1.36e-1;
+# fp16's 1.7e-2 is empirical (3x the first GPU run's 5.5e-3), not derived: its run skips steps
+# 12-15 and follows a trajectory that bf16's D16 does not measure. A step skipped on one backend
+# only is a discontinuity no rounding bound covers: both must skip the same steps.
 for p, tol in (("bf16", 3e-2), ("fp16", 1.7e-2)):
     try:
-        g, c = losses(f"train-cuda-{p}.jsonl"), losses(f"train-cpu-{p}.jsonl")
+        g, c = steps(f"train-cuda-{p}.jsonl"), steps(f"train-cpu-{p}.jsonl")
     except OSError as e:
         print(f"{p}: {e}"); bad = 1; continue
-    pairs = [(a, b) for a, b in zip(g, c) if a is not None and b is not None]
-    worst = max(abs(a - b) / abs(b) for a, b in pairs) if pairs else float("inf")
-    print(f"{p}: cuda:0 vs cpu:1, {len(pairs)} steps, max relative loss difference {worst:.2e} (tolerance {tol})")
-    bad |= not (len(g) == len(c) and worst < tol)
+    pairs = [(a["loss"], b["loss"], b.get("step")) for a, b in zip(g, c)
+             if a.get("loss") is not None and b.get("loss") is not None]
+    worst, at = max(((abs(a - b) / abs(b), s) for a, b, s in pairs), default=(float("inf"), None))
+    skips = [[r.get("step") for r in run if r.get("skipped")] for run in (g, c)]
+    print(f"{p}: cuda:0 vs cpu:1, {len(pairs)} steps, max relative loss difference {worst:.2e} at step {at} "
+          f"(tolerance {tol}); skipped steps: cuda:0 {skips[0]}, cpu:1 {skips[1]}")
+    if skips[0] != skips[1]:
+        print(f"{p}: FAIL: the backends skipped different steps (an overflow decided differently)")
+    bad |= not (len(g) == len(c) and worst < tol and skips[0] == skips[1])
 sys.exit(bad)
 PY
     (($? != 0)) && failed=1
@@ -785,6 +791,24 @@ PY
   run_step "generate cuda:0 (bf16, greedy)" 60 generate-cuda.txt "$app" generate --checkpoint \
     "$LOGS/ck-gpu/step-00000010" --devices cuda:0 --max-new-tokens 64 --temperature 0
   (($? != 0)) && failed=1
+  # Greedy fp32 generation on cuda:0 and on the CPU backend, step by step past the 64-token context
+  # (the window slides and is prefilled again): each token its run's argmax, each step's logits
+  # within the tolerance policy's derived bound while the tokens agree (scripts/compare_generate.py).
+  # This checkpoint's logits depend little on the context, so the check catches gross faults (NaN,
+  # wrong ids or rows); the kernels' own check is GenerateBackendTest/cuda on random weights.
+  gen=(generate --checkpoint "$LOGS/ck-gpu/step-00000010" --precision fp32 --temperature 0 --max-new-tokens 56
+       --prompt "The quick brown fox" --log-format json)
+  run_step "generate cuda:0 fp32" 60 generate-cuda-fp32.txt "$app" "${gen[@]}" --devices cuda:0 \
+    --dump-step-logits "$LOGS/generate-cuda.f32"
+  run_step "generate cpu:1 fp32" 60 generate-cpu-fp32.txt "$app" "${gen[@]}" --devices cpu:1 \
+    --dump-step-logits "$LOGS/generate-cpu.f32"
+  if command -v python3 >/dev/null 2>&1; then
+    run_step "compare generate cuda:0 vs cpu:1" 30 compare-generate.txt python3 scripts/compare_generate.py \
+      "$LOGS/ck-gpu/step-00000010" "$LOGS/generate-cuda-fp32.txt" "$LOGS/generate-cuda.f32" \
+      "$LOGS/generate-cpu-fp32.txt" "$LOGS/generate-cpu.f32"
+    (($? != 0)) && failed=1
+    cat "$LOGS/compare-generate.txt"
+  fi
   rm -rf "$LOGS/ck-gpu" "$LOGS/ck-cpu" "$LOGS/ck-back"
 fi
 

@@ -4,9 +4,9 @@
 # unpacking (ctest's files rewritten to the unpack folder), the library discovery (the exact
 # LD_LIBRARY_PATH: toolkit first, then <site>/nvidia/*/lib, carried libraries only where the system
 # lacks them), ldd's "not found" check, the missing-GPU and old-driver sentences and exit codes, and
-# the per-op, GPT-2 and benchmark tables and the sanitizer summary on synthetic inputs, and the PyTorch
-# peer on a tiny CPU model where PyTorch is installed, and (given zerotrain) that every zerotrain
-# call gpu-check makes parses and passes its checks. Usage: test_gpu_check_pack.sh [ZEROTRAIN]
+# the per-op, GPT-2 and benchmark tables, the sanitizer summary and compare_generate.py on synthetic
+# inputs, and the PyTorch peer on a tiny CPU model where PyTorch is installed, and (given zerotrain)
+# that every zerotrain call gpu-check makes parses and passes its checks. Usage: test_gpu_check_pack.sh [ZEROTRAIN]
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CHECK="$ROOT/scripts/gpu-check.sh"
@@ -296,6 +296,37 @@ contains "a skipped benchmark" "| BM_Gpt2Attention/cuda/tf32 | - | - | no CUDA d
 if grep -q "real_time_mean" "$T/bench.md"; then bad "an aggregate row was shown"; else ok "aggregates left out"; fi
 python3 "$ROOT/scripts/bench_table.py" "$T/missing.json" >/dev/null 2>&1
 expect "an unreadable file exits 2" 2 "$?"
+
+# 9b. scripts/compare_generate.py (gpu-check's generate cuda:0 vs cpu:1) on synthetic runs of a
+# 2-layer, 16-wide, 8-token model (bound 4 (10 L + 3) (gamma_64(2^-23) + 2^-23) = 7.1e-4 of max
+# |logit|): equal runs pass; a row moved by 1e-3 of its max fails; tokens that part at a step whose
+# logits agree pass with a note; a token that is not its row's argmax fails; a missing file exits 2.
+G="$T/gen"
+mkdir -p "$G/ck"
+python3 - "$G" <<'PY'
+import array, json, os, sys
+d = sys.argv[1]
+json.dump({"meta": {"model": {"layers": 2, "embd": 16, "vocab": 8}}}, open(os.path.join(d, "ck", "manifest.json"), "w"))
+def write(name, tokens, rows):
+    open(os.path.join(d, name + ".json"), "w").write("note on stderr\n" + json.dumps({"tokens": tokens}) + "\n")
+    array.array("f", [x for r in rows for x in r]).tofile(open(os.path.join(d, name + ".f32"), "wb"))
+rows = [[0.5, 3.0, -1.0, 0.25, 2.0, 0.0, 1.0, -2.0], [2.9, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+write("a", [1, 1], rows)
+write("moved", [1, 1], [rows[0], [2.9, 3.0 + 3e-3, 0, 0, 0, 0, 0, 0]])
+write("tie", [1, 0], [rows[0], [2.9 + 5e-4, 2.9 + 4e-4, 0, 0, 0, 0, 0, 0]])
+write("tie2", [1, 1], [rows[0], [2.9 + 4e-4, 2.9 + 5e-4, 0, 0, 0, 0, 0, 0]])
+write("notmax", [1, 2], rows)
+PY
+cg() { python3 "$ROOT/scripts/compare_generate.py" "$G/ck" "$G/$1.json" "$G/$1.f32" "$G/$2.json" "$G/$2.f32" >"$G/out" 2>&1; }
+cg a a; expect "compare_generate: equal runs pass" 0 "$?"
+contains "and say so" "2 greedy tokens, identical tokens; 2 steps' logits" "$G/out"
+cg moved a; expect "compare_generate: a row moved by 1e-3 of its max fails" 1 "$?"
+contains "naming the step" "FAIL: step 1: max |difference|" "$G/out"
+cg tie tie2; expect "compare_generate: tokens parting at a near-tie pass" 0 "$?"
+contains "with a note" "tokens part at step 1 (a near-tie the bound allows" "$G/out"
+cg notmax a; expect "compare_generate: a token that is not its row's argmax fails" 1 "$?"
+contains "naming it" "FAIL: run A token 1 is 2, not the argmax 1 of its logits" "$G/out"
+rm "$G/a.f32"; cg a a; expect "compare_generate: a missing file exits 2" 2 "$?"
 
 # 10. Every zerotrain call of gpu-check parses and passes its checks, so a renamed flag or a shape
 # that no longer splits fails here and not on a GPU visit: gpu-check against a fake nvidia-smi (an
