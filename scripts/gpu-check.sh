@@ -798,6 +798,7 @@ PY
   # wrong ids or rows); the kernels' own check is GenerateBackendTest/cuda on random weights.
   gen=(generate --checkpoint "$LOGS/ck-gpu/step-00000010" --precision fp32 --temperature 0 --max-new-tokens 56
        --prompt "The quick brown fox" --log-format json)
+  rm -f "$LOGS/generate-cuda.f32" "$LOGS/generate-cpu.f32"  # never an earlier visit's
   run_step "generate cuda:0 fp32" 60 generate-cuda-fp32.txt "$app" "${gen[@]}" --devices cuda:0 \
     --dump-step-logits "$LOGS/generate-cuda.f32"
   run_step "generate cpu:1 fp32" 60 generate-cpu-fp32.txt "$app" "${gen[@]}" --devices cpu:1 \
