@@ -662,6 +662,20 @@ size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t /*C*/, int64_
   return static_cast<size_t>(B * NH * T) * sizeof(float);
 }
 
+void require_cuda_attention_shape(int64_t C, int64_t NH) {
+  ZT_REQUIRE(NH >= 1 && C % NH == 0, "a width of ", C, " does not split into ", NH, " heads");
+  const int64_t hs = C / NH;
+  if (hs > kCudaMaxHeadSize) {
+    int64_t fewest = (C + kCudaMaxHeadSize - 1) / kCudaMaxHeadSize;  // the fewest heads that divide C
+    while (C % fewest != 0) ++fewest;
+    ZT_THROW(ErrorKind::kInvalidArgument, "the model's heads are ", hs, " wide (", C, " / ", NH,
+             " heads), above the ", kCudaMaxHeadSize, " that the CUDA attention kernels take; use --heads ", fewest,
+             " or more (a divisor of ", C, "), or the CPU backend");
+  }
+  ZT_REQUIRE(NH <= kCudaMaxGridHeads, "the model has ", NH, " heads, above the ", kCudaMaxGridHeads,
+             " that the CUDA attention kernels take (one grid row per head); use fewer, wider heads (--heads)");
+}
+
 size_t cudnn_attention_workspace_formula(int64_t B, int64_t T, int64_t C, int64_t NH, bool deterministic) {
   const auto rows = static_cast<size_t>(B * NH);
   if (deterministic) {

@@ -269,6 +269,22 @@ size_t flash_attention_library_bytes(int64_t B, int64_t T, int64_t C, int64_t NH
 // What flash_attention_backward needs as scratch: D = rowsum(dout * out) per (b, h, t), fp32.
 size_t flash_attention_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
 
+// ---- attention shapes the CUDA kernels take --------------------------------------------------
+// The CUDA tiled attention (kernels/cuda/flash_attention.cu) is the fallback wherever cuDNN or the
+// fp32 GEMM attention decline a call (a head size or alignment cuDNN does not take, a workspace the
+// pool cannot give: decided per call, on the GPU), so every shape a CUDA run trains must fit it:
+// a head's row lives in registers in compile-time buckets up to kCudaMaxHeadSize, and the heads
+// are a grid dimension (at most kCudaMaxGridHeads). The CPU backend takes any head size.
+constexpr int64_t kCudaMaxHeadSize = 128;
+constexpr int64_t kCudaMaxGridHeads = 65535;
+// decode_attention on CUDA keeps one query's scores over the cache in shared memory: a cache of at
+// most this many positions (the generator's KV cache; training never calls it).
+constexpr int64_t kCudaMaxDecodeKeys = 8192;
+// Throws zt::Error(kInvalidArgument) with one sentence where a GPT of width C and NH heads (the
+// per-rank share under tensor parallelism has the same head size) has attention the CUDA kernels
+// cannot run; called before a CUDA run allocates anything (train/run_shape.cc, train/generate.cc).
+void require_cuda_attention_shape(int64_t C, int64_t NH);
+
 // ---- attention of the newest positions over a KV cache (generation) ----------------------------
 // qkv [S, 3C]: the q, k, v rows of positions 0..S-1 of one sequence (c_attn's layout, as above),
 // the cache of keys and values with the new positions' queries last. out [n, C] (1 <= n <= S) =

@@ -23,7 +23,8 @@
 # Env: ZT_GPU_CHECK_SECONDS (the deadline every step is capped by: default 510, 290 with --pack),
 # ZT_GPU_LOGS (the logs folder, default $OUT/logs), ZT_NVIDIA_SMI (the nvidia-smi to ask), ZT_JOBS
 # (build jobs), ZT_GPU_BUILD (build tree, default build/gpu), ZT_REUSE_BUILD=1 (no configure/build:
-# use the tree as it is), ZT_SETUP=1 (run scripts/setup first; else only when configure fails).
+# use the tree as it is), ZT_SETUP=1 (run scripts/setup first; else only when configure fails),
+# ZT_GPU_LARGER=1 (also a few steps of GPT-2 350M at T 4096, 1.5B, and 774M with tensor parallelism).
 # Exits non-zero when configure, build, a test, a comparison, the NCCL checks or the --cuda-graphs
 # check failed, after writing the results; with --pack, 3 at once when there is no usable GPU and 4
 # when zerotrain cannot load its libraries.
@@ -551,6 +552,27 @@ if ((built && gpu_ok)) && [[ -x $comm_bench ]]; then
   fi
 else
   skip_step "bench_comm --devices cuda:0x4" "${no_gpu:-no binary}"
+fi
+
+# ---- 4d. larger GPT-2 shapes than 124M's (opt-in: ZT_GPU_LARGER=1) ----------------------------------
+# Every other GPU step runs GPT-2 124M or smaller. These run 4 bf16 steps each of GPT-2 350M at
+# T 4096 (cuDNN's deterministic workspace, quadratic in T: 2 GiB at B 4 by the plan's formula), 1.5B
+# at T 1024 (width 1600, 25 heads: rows longer than the layernorm kernels' register caches) and 774M
+# with --tensor-parallel 2 on cuda:0x2 (640 wide, 10 heads per rank); the plan puts them at 26, 37
+# and 2 x 10 GiB. Each must exit 0; any slow-path line (a GEMM cuBLASLt refused, attention falling
+# back to the tiled kernel) goes to results.md's notes. About a minute in all.
+if [[ "${ZT_GPU_LARGER:-0}" == 1 ]] && ((built && gpu_ok)) && [[ -x "$app" ]]; then
+  larger=(train --steps 4 --eval-every 0 --eval-batches 1 --sample-tokens 0 --quiet --precision bf16
+          --cuda-graphs off)
+  run_step "gpt2-350m T=4096 B=4 bf16" 90 larger-350m-t4096.txt "$app" "${larger[@]}" --model gpt2-350m \
+    --seq-len 4096 --batch-size 4 --micro-batch-size 4 --devices cuda:0 || failed=1
+  run_step "gpt2-1558m T=1024 B=4 bf16" 120 larger-1558m-t1024.txt "$app" "${larger[@]}" --model gpt2-1558m \
+    --batch-size 4 --micro-batch-size 4 --devices cuda:0 || failed=1
+  run_step "gpt2-774m T=1024 B=4 bf16 cuda:0x2 --tensor-parallel 2" 120 larger-774m-tp2.txt "$app" "${larger[@]}" \
+    --model gpt2-774m --batch-size 4 --micro-batch-size 4 --devices cuda:0x2 --tensor-parallel 2 || failed=1
+  while IFS= read -r line; do notes+=("larger GPT-2 runs: $line"); done \
+    < <(cat "$LOGS"/larger-*.txt 2>/dev/null | grep -E '^(note|attention): ' | sort -u | head -8)
+  write_results
 fi
 
 # ---- 5. compute-sanitizer on a few bf16 training steps of a tiny model on cuda:0 ---------------------

@@ -369,8 +369,24 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
 
 #else  // no cuDNN in this build: every call declines, the tiled kernels serve
 
+#include <atomic>
+#include <cstdio>
+
 namespace zt::cuda_ops {
-bool cudnn_attention_available(Stream&, void*, bool, int64_t, int64_t, int64_t, int64_t, DType, bool) { return false; }
+// Declines every call; at T >= 256 the run's first 16-bit call says why, since the tiled kernel
+// serving instead is far slower there (the cost line of the cuDNN build's fallback).
+bool cudnn_attention_available(Stream&, void*, bool, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool) {
+  static std::atomic<bool> announced{false};
+  if (T >= 256 && (dtype == DType::kF16 || dtype == DType::kBF16) && !announced.exchange(true))
+    std::fprintf(stderr,
+                 "attention: this build has no cuDNN (CMake found no libcudnn or no cudnn-frontend headers; "
+                 "scripts/setup fetches the headers), so the tiled kernel runs the %s attention at B=%lld T=%lld "
+                 "heads=%lldx%lld (before its register rewrite it was ~140x slower per layer than cuDNN's on an "
+                 "H200; not re-measured)\n",
+                 dtype_name(dtype), static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(NH),
+                 static_cast<long long>(C / NH));
+  return false;
+}
 bool cudnn_attention_workspace(Stream&, int64_t, int64_t, int64_t, int64_t, DType, bool, int64_t*, int64_t*) {
   return false;
 }

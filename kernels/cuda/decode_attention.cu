@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/ops.h"
 #include "kernels/storage_types.h"
 
 namespace zt::cuda_ops {
@@ -20,7 +21,7 @@ using zt::detail::with_storage_type;  // kernels/storage_types.h
 constexpr int kDecodeBlock = 128;
 // Scores live in dynamic shared memory: S floats (32 KiB at most), which with the reductions' static
 // storage stays within the default 48 KiB per block.
-constexpr int64_t kMaxDecodeKeys = 8192;
+constexpr int64_t kMaxDecodeKeys = ops::kCudaMaxDecodeKeys;  // the generator checks it up front
 
 // Block (h, i): query row t = S - n + i, head h. The scores of keys 0..t in shared memory, their
 // max and the sum of exponentials by block reductions (fixed order: deterministic), then each

@@ -10,7 +10,9 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -202,13 +204,24 @@ void launch_wte(cudaStream_t stream, float* dwte, const S* dout, const int32_t* 
   const size_t list = align_up(static_cast<size_t>(BT) * sizeof(uint32_t));
   const int end_bit = key_bits(V);
   size_t cub_bytes = 0;
-  ZT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr),
+  // CUB counts items in int: B*T may reach 2^31 (train/run_shape.h), which only the scan takes.
+  if (BT <= INT32_MAX)
+    ZT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr),
                                                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                                                 static_cast<int32_t*>(nullptr), static_cast<int>(BT), 0, end_bit,
                                                 stream));
   size_t ws_bytes = 0;
   char* ws = static_cast<char*>(detail::stream_workspace(stream, &ws_bytes));
   if (BT > INT32_MAX || 4 * list + align_up(cub_bytes) > ws_bytes) {
+    // Slower than the bucketed kernel (every thread reads every token id; not yet measured): said
+    // once per process, so that a slow embedding backward in a trace has its cause in the log.
+    static std::atomic<bool> announced{false};
+    if (!announced.exchange(true))
+      std::fprintf(stderr,
+                   "note: encoder_backward: the bucket sort of %lld tokens needs %zu bytes, more than the stream's "
+                   "cuBLAS workspace of %zu; the embedding gradient takes the slower scan kernel (same bits; a "
+                   "smaller micro-batch x sequence avoids it)\n",
+                   static_cast<long long>(BT), 4 * list + align_up(cub_bytes), ws_bytes);
     const int64_t channel_blocks = (C + kScanBlock - 1) / kScanBlock;
     const int64_t chunks =
         std::clamp<int64_t>((kScanTargetBlocks + channel_blocks - 1) / channel_blocks, 1, std::min<int64_t>(V, 65535));

@@ -4,6 +4,7 @@
 // owner).
 // Templated on the activations' storage type E (float, Half, BFloat16): fp32 math, lse and D,
 // each output element rounded to E once. The checked fallback of the fused (cuDNN) attention.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -11,6 +12,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_utils.h"
 #include "kernels/elementwise.h"
+#include "kernels/ops.h"
 
 namespace zt::cuda_ops {
 
@@ -29,6 +31,8 @@ constexpr int kThreads = 128;
 constexpr int kRowsPerBlock = kThreads / kGroup;  // 32
 constexpr int kTileRows = 32;                      // key (or query) rows per shared tile
 constexpr int kMaxHeadSize = 128;
+// The run-shape check (ops::require_cuda_attention_shape) refuses larger heads before a run starts.
+static_assert(kMaxHeadSize == ops::kCudaMaxHeadSize, "the largest head bucket is the limit the run-shape check uses");
 
 struct FlashDims {
   int64_t T, C, hs;
@@ -286,12 +290,23 @@ FlashDims flash_dims(int64_t T, int64_t C, int64_t NH, const char* op) {
   const int64_t hs = C / NH;
   ZT_REQUIRE(hs <= kMaxHeadSize, op, ": the CUDA tiled attention takes head sizes up to ",
              kMaxHeadSize, ", not ", hs);
+  ZT_REQUIRE(NH <= ops::kCudaMaxGridHeads, op, ": the CUDA tiled attention takes up to ", ops::kCudaMaxGridHeads,
+             " heads (grid y), not ", NH);
   return {T, C, hs, static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)))};
 }
 
 dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
   return dim3(static_cast<unsigned>((T + kRowsPerBlock - 1) / kRowsPerBlock),
               static_cast<unsigned>(NH), static_cast<unsigned>(B));
+}
+
+// The batch rows go to grid z, which CUDA caps at 65535 (the heads, grid y, are held to it by
+// ops::require_cuda_attention_shape): a larger micro-batch (short sequences, T <= 32768) runs in
+// slices of at most kMaxGridZ rows, f(b0, rows) each; every kernel indexes relative to its slice.
+constexpr int64_t kMaxGridZ = 65535;
+template <typename F>
+void for_batch_slices(int64_t B, F&& f) {
+  for (int64_t b0 = 0; b0 < B; b0 += kMaxGridZ) f(b0, std::min(kMaxGridZ, B - b0));
 }
 
 // Calls f with the head-size bucket as a compile-time constant.
@@ -304,11 +319,14 @@ void with_head_bucket(int64_t hs, F&& f) {
 template <typename E>
 void launch_flash_forward(cudaStream_t stream, void* out, float* lse, const void* qkv, int64_t B,
                           const FlashDims& d, int64_t NH) {
-  with_head_bucket(d.hs, [&](auto hs) {
-    flash_forward_kernel<E, decltype(hs)::value><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(
-        static_cast<E*>(out), lse, static_cast<const E*>(qkv), d);
+  for_batch_slices(B, [&](int64_t b0, int64_t rows) {
+    with_head_bucket(d.hs, [&](auto hs) {
+      flash_forward_kernel<E, decltype(hs)::value><<<flash_grid(rows, d.T, NH), kThreads, 0, stream>>>(
+          static_cast<E*>(out) + b0 * d.T * d.C, lse + b0 * NH * d.T, static_cast<const E*>(qkv) + b0 * d.T * 3 * d.C,
+          d);
+    });
+    ZT_CUDA_CHECK(cudaGetLastError());
   });
-  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename E>
@@ -322,15 +340,22 @@ void launch_flash_backward(cudaStream_t stream, void* dqkv, const void* dout, co
       scratch, dy, static_cast<const E*>(out), B, NH, d);
   ZT_CUDA_CHECK(cudaGetLastError());
   // dk/dv and dq touch disjoint columns of dqkv; both only read D, so stream order suffices.
-  with_head_bucket(d.hs, [&](auto hs) {
-    constexpr int HS = decltype(hs)::value;
-    flash_backward_kv_kernel<E, HS><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(dx, dy, x, lse, scratch, d,
-                                                                                    accumulate);
+  for_batch_slices(B, [&](int64_t b0, int64_t rows) {
+    E* dx_b = dx + b0 * d.T * 3 * d.C;
+    const E* dy_b = dy + b0 * d.T * d.C;
+    const E* x_b = x + b0 * d.T * 3 * d.C;
+    const float* lse_b = lse + b0 * NH * d.T;
+    const float* D_b = scratch + b0 * NH * d.T;
+    with_head_bucket(d.hs, [&](auto hs) {
+      constexpr int HS = decltype(hs)::value;
+      flash_backward_kv_kernel<E, HS><<<flash_grid(rows, d.T, NH), kThreads, 0, stream>>>(dx_b, dy_b, x_b, lse_b, D_b,
+                                                                                          d, accumulate);
+      ZT_CUDA_CHECK(cudaGetLastError());
+      flash_backward_q_kernel<E, HS><<<flash_grid(rows, d.T, NH), kThreads, 0, stream>>>(dx_b, dy_b, x_b, lse_b, D_b,
+                                                                                         d, accumulate);
+    });
     ZT_CUDA_CHECK(cudaGetLastError());
-    flash_backward_q_kernel<E, HS><<<flash_grid(B, d.T, NH), kThreads, 0, stream>>>(dx, dy, x, lse, scratch, d,
-                                                                                   accumulate);
   });
-  ZT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

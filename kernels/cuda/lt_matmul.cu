@@ -16,6 +16,7 @@
 // (ops.h's "+="). GEMMs whose result accumulates (din, dweight) run with beta = 1.
 // Row-major <-> column-major as in blas_ops.cu: the row-major product Y = A @ B is the
 // column-major Y^T = B^T A^T, operands swapped.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -171,6 +172,19 @@ void note_refusal(const LtGemm& g, cublasStatus_t status, int found) {
                                                : "the algorithm found cannot run it");
 }
 
+// The bias-gradient epilogues write into the workspace's tail (kLtBiasScratchBytes: 65,536 fp32
+// columns); a wider bias (a 4C of more than 65,536) takes the plain path for that GEMM, said once.
+bool bias_fits(const GemmContext& ctx, int64_t columns) {
+  if (lt_bias_scratch_bytes(columns) <= ctx.bias_scratch_bytes) return true;
+  static std::atomic<bool> noted{false};
+  if (!noted.exchange(true))
+    std::fprintf(stderr,
+                 "note: cuBLASLt's bias-gradient epilogue writes %lld columns, more than its %zu-byte scratch holds; "
+                 "the plain cuBLAS path runs these GEMMs instead (slower)\n",
+                 static_cast<long long>(columns), ctx.bias_scratch_bytes);
+  return false;
+}
+
 // The cached algorithm for g, asking the heuristic the first time; nullptr: cuBLASLt refuses g.
 // A heuristic that fails while `stream` captures fails the capture instead (zt::Error, nothing
 // cached, nothing launched): inside a capture the failure may be the capture's (CUDA 13.3's
@@ -307,7 +321,7 @@ bool lt_matmul_backward(void* stream, void* din, float* dweight, float* dbias, c
   detail::LaunchScope scope(stream);
   const GemmContext ctx = gemm_context(scope.stream());
   if (ctx.lt == nullptr) return false;
-  if (dbias != nullptr && lt_bias_scratch_bytes(OC) > ctx.bias_scratch_bytes) return false;
+  if (dbias != nullptr && !bias_fits(ctx, OC)) return false;
   float* const bias_scratch = ctx.bias_scratch;
   // Every GEMM's algorithm first: a refusal must come before anything is launched.
   const LtGemm gd = din_gemm(din, dout, weight, t, N, C, OC, tf32, overwrite_din ? 0.0f : 1.0f);
@@ -347,7 +361,7 @@ bool lt_matmul_backward_dgelu(void* stream, void* dpre, float* dbias, const void
   // exceptions being integer and fp8 kernels): for an fp32 dpre the epilogue sums it; a 16-bit dpre
   // takes DGELU alone and bias_backward's column sums of its stored values (one read of dpre).
   const bool bgrad = dbias != nullptr && t.out == DType::kF32;
-  if (bgrad && lt_bias_scratch_bytes(C) > ctx.bias_scratch_bytes) return false;
+  if (bgrad && !bias_fits(ctx, C)) return false;
   float* const bias_scratch = ctx.bias_scratch;
   LtGemm g = din_gemm(dpre, dout, weight, t, N, C, OC, tf32, 0.0f);
   g.epilogue = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;

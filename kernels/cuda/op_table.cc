@@ -1,7 +1,9 @@
 // The CUDA backend's op table: every entry runs its launcher (kernels/cuda/cuda_ops.h,
 // kernels/cuda/multi_tensor.h) inside a cuda::TaskSpan (the checked downcast to a CUDA stream,
 // and the observer's event pair). Built only with CUDA; includes no CUDA header.
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 
 #include "core/status.h"
@@ -118,6 +120,24 @@ bool fp32_attention(Stream& s, DType dtype, int64_t B, int64_t T, int64_t C, int
   return dtype == DType::kF32 && cuda_ops::gemm_attention_available(s, s.native_handle(), B, T, C, NH);
 }
 
+// Operands cuDNN cannot take (k and v start C elements into each qkv row: C * 2 bytes, not a
+// multiple of 16, when C is not a multiple of 8; or a view at an odd offset): the tiled kernel
+// serves. Said once per run at T >= 256, as cudnn_attention.cc says its own declines, so that a
+// slow run names its cause.
+bool cudnn_operands_aligned(std::initializer_list<const void*> pointers, int64_t B, int64_t T, int64_t C, int64_t NH,
+                            DType dtype) {
+  if (aligned16(pointers)) return true;
+  static std::atomic<bool> announced{false};
+  if (T >= 256 && !announced.exchange(true))
+    std::fprintf(stderr,
+                 "attention: cuDNN needs 16-byte aligned q, k, v and gradients, which this call's do not have (B=%lld "
+                 "T=%lld heads=%lldx%lld %s: k starts %lld bytes into each qkv row); the tiled kernel runs instead "
+                 "(CUDA cores, far slower at this T; a width that is a multiple of 8 avoids it)\n",
+                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(NH),
+                 static_cast<long long>(C / NH), dtype_name(dtype), static_cast<long long>(C * dtype_size(dtype)));
+  return false;
+}
+
 void add_fused_attention(OpTable& t) {
   t.fused_attention_forward = [](Stream& s, void* out, float* lse, const void* qkv, int64_t B, int64_t T,
                                  int64_t C, int64_t NH, DType dtype) {
@@ -128,7 +148,8 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!aligned16({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (!cudnn_operands_aligned({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}, B, T, C, NH,
+                                dtype) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), false, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_forward");
@@ -146,7 +167,8 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!aligned16({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}) ||
+    if (!cudnn_operands_aligned({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}, B,
+                                T, C, NH, dtype) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), true, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_backward");

@@ -105,6 +105,7 @@ DeviceGpt make_device_gpt(const ModelConfig& mc, const std::vector<std::vector<f
                           DType dtype) {
   ZT_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
              "inference runs in fp32, bf16 or fp16, not ", dtype_name(dtype));
+  if (device.backend() == Backend::kCuda) ops::require_cuda_attention_shape(mc.embd, mc.heads);
   DeviceGpt m;
   m.mc = mc;
   m.device = &device;
@@ -239,6 +240,14 @@ std::vector<int32_t> generate(DeviceGpt& m, const std::vector<int32_t>& prompt, 
   ZT_REQUIRE(!prompt.empty(), "the prompt has no tokens");
   const int T = m.mc.seq_len, V = m.mc.vocab;
   std::vector<int32_t> ids = prompt;
+  // The cache's longest attention (the last token's, or the context once the window slides): the
+  // CUDA decode kernel's scores sit in shared memory, so it is checked before the first token.
+  const int64_t longest = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + o.max_new_tokens - 1, T);
+  ZT_REQUIRE(!o.use_cache || o.max_new_tokens <= 0 || m.device->backend() != Backend::kCuda ||
+                 longest <= ops::kCudaMaxDecodeKeys,
+             "generating ", o.max_new_tokens, " tokens after a prompt of ", prompt.size(), " attends over up to ",
+             longest, " cached positions, above the ", ops::kCudaMaxDecodeKeys,
+             " that the CUDA decode kernel takes; lower --max-new-tokens or shorten the prompt");
   std::unique_ptr<KvCache> cache = o.use_cache ? std::make_unique<KvCache>(m) : nullptr;
   std::vector<float> row(static_cast<size_t>(V));
   for (int k = 0; k < o.max_new_tokens; ++k) {

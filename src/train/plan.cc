@@ -706,7 +706,15 @@ void format_attention_block(std::ostream& os, const ModelConfig& mc, const Memor
   os << F(d.attention_workspace) << " workspace of cuDNN's "
      << (in.deterministic_attention ? "deterministic" : "non-deterministic") << " backward ("
      << (d.attention_measured ? "measured: what cuDNN asked for on this GPU" : "formula; measured on a GPU when run there")
-     << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv\n";
+     << ") + " << F(d.attention - ((d.attention_workspace + 255) & ~size_t{255})) << " staging dqkv";
+  // The deterministic workspace is quadratic in T (GB at T 4096): name the linear alternative's.
+  if (in.deterministic_attention) {
+    const int tp = std::max(in.tensor, 1);
+    os << "; --deterministic-attention off: "
+       << F(ops::cudnn_attention_workspace_formula(in.micro_batch, in.seq_len, mc.embd / tp, mc.heads / tp, false))
+       << " workspace (formula, linear in T)";
+  }
+  os << "\n";
 }
 
 // The plain cuBLAS path's fp32 scratch (kernels/cuda/stream_blocks.h, the matmul scratch): a 16-bit

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/status.h"
+#include "kernels/ops.h"
 #include "model/model.h"
 #include "pipeline/check.h"
 #include "pipeline/partition.h"
@@ -70,6 +71,14 @@ void check_tensor_parallel(const RunContext& s) {
              N == 1 ? "" : "s", "; the nearest valid degree is ", nearest);
   }
   make_model(mc, cfg.recompute, TensorParallel{TP, cfg.sequence_parallel});  // the model's own checks
+}
+
+// Shapes the CPU backend trains but the CUDA kernels cannot (kernels/ops.h "attention shapes the
+// CUDA kernels take"): refused here, before anything is allocated, rather than at the first
+// attention call that a library declines, mid-run.
+void check_cuda_shapes(const RunContext& s) {
+  if (s.backend != Backend::kCuda || !s.is_gpt) return;
+  ops::require_cuda_attention_shape(s.mc.embd, s.mc.heads);
 }
 
 // Pipeline parallelism: P stages of contiguous blocks; the batch splits over the N / P data
@@ -294,6 +303,7 @@ RunContext resolve_run_shape(const TrainConfig& cfg, const ModelConfig& mc, int 
   ZT_REQUIRE(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", cfg.zero_stage);
   check_comm_engine(s.cfg, backend, N);
   check_tensor_parallel(s);
+  check_cuda_shapes(s);
   check_pipeline(s);
   resolve_batch(s);
   check_activation_limits(s);

@@ -69,6 +69,7 @@ const EmbCase kEmbCases[] = {
     {2, 97, 33, 50, 100, Ids::kOne, {}},          // one id everywhere: one bucket of every position
     {2, 64, 40, 128, 64, Ids::kDistinct, {}},     // every id once
     {4, 64, 768, 301, 64, Ids::kRandom, {}},      // GPT-2's width (128-bit paths)
+    {1, 24, 1600, 37, 32, Ids::kRandom, {}},      // GPT-2 XL's width: several blocks of channels per bucket
     {2, 37, 8, 50304, 40, Ids::kRandom, {}},      // the padded GPT-2 vocabulary: V from the shape
     {3, 29, 13, 9, 32, Ids::kRandom, {4, 20}},    // a vocabulary shard: other ids add nothing to dwte
 };
@@ -205,9 +206,11 @@ struct LnCase {
   int64_t N, C;
 };
 // One block (few rows), many blocks with a partial last stripe, a prime N, GPT-2's C, odd C (the
-// short last 128-bit chunk) and a C whose sums exceed shared memory (one warp per block, the sums
-// in global memory).
-const LnCase kLnCases[] = {{1, 1}, {7, 5}, {257, 33}, {1031, 129}, {300, 768}, {20000, 3}, {5, 6200}};
+// short last 128-bit chunk), GPT-2 large's and XL's widths (1280, 1600: 4 and 3 warps of shared
+// sums, rows too long for the CUDA kernels' register caches) and a C whose sums exceed shared
+// memory (one warp per block, the sums in global memory).
+const LnCase kLnCases[] = {{1, 1},     {7, 5},     {257, 33},  {1031, 129}, {300, 768},
+                           {33, 1280}, {67, 1600}, {20000, 3}, {5, 6200}};
 
 TEST_P(BackwardOrderTest, LayernormBackwardFollowsTheOrderAndFloat64) {
   const float eps = 1e-5f;

@@ -472,9 +472,11 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
   };
   tiled.fused_attention_forward = nullptr;
   tiled.fused_attention_backward = nullptr;
-  // GPT-2's head size 64 and 128, the T values; C = NH * hs.
-  const Case cases[] = {{2, 1, 128, 2}, {2, 7, 128, 2},  {1, 64, 128, 2},
-                        {2, 257, 128, 2}, {1, 1024, 128, 2}, {1, 300, 256, 2}};
+  // GPT-2's head size 64 and 128, the T values; C = NH * hs. Then GPT-2 XL's 25 heads of 64
+  // (C 1600: an odd head count, grid y 25, and the fp32 GEMM attention's groups) and a head of 80
+  // (the tiled kernel's 128 bucket zero-padded).
+  const Case cases[] = {{2, 1, 128, 2},    {2, 7, 128, 2},    {1, 64, 128, 2}, {2, 257, 128, 2},
+                        {1, 1024, 128, 2}, {1, 300, 256, 2},  {1, 130, 1600, 25}, {2, 64, 160, 2}};
   Rng rng(test_seed() + 23);
   auto as_type = [](const FVec& v, DType t) { return t == DType::kF32 ? v : rounded16(v, t); };
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {

@@ -357,7 +357,7 @@ printf '%s\n' "\$out"
 exit \$rc
 WRAP
   chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain"
-  OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 \
+  OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 ZT_GPU_LARGER=1 \
     ZT_PYTHON="$T/no-python" "$CHECK" --peer >"$T/dry.log" 2>&1
   calls=$(wc -l <"$T/calls.tsv" 2>/dev/null || echo 0)
   ((calls >= 20)) && ok "gpu-check made $calls zerotrain calls" || bad "gpu-check made $calls zerotrain calls"
@@ -365,6 +365,12 @@ WRAP
     ok "the GPT-2 runs, eager and traced, were among them"
   else
     bad "no eager or traced GPT-2 run among gpu-check's calls"
+  fi
+  if grep -q "model gpt2-350m.*--seq-len 4096" "$T/calls.tsv" && grep -q "model gpt2-1558m" "$T/calls.tsv" &&
+    grep -q "model gpt2-774m.*--tensor-parallel 2" "$T/calls.tsv"; then
+    ok "the larger GPT-2 shapes (ZT_GPU_LARGER=1) were among them"
+  else
+    bad "no GPT-2 350M/1.5B/774M-TP run among gpu-check's calls under ZT_GPU_LARGER=1"
   fi
   awk -F'\t' '$1 != 0 && $3 !~ /does not exist|is neither a checkpoint directory/ && $3 !~ /--comm nccl needs CUDA devices/' "$T/calls.tsv" >"$T/calls-bad.tsv"
   if [[ -s $T/calls-bad.tsv ]]; then bad "gpu-check's zerotrain calls that fail their checks:"; cat "$T/calls-bad.tsv"

@@ -396,6 +396,11 @@ TEST(Plan, CountsCudnnAttentionWorkspaceByFormulaWithoutAGpu) {
                         " staging dqkv"),
               std::string::npos)
         << text;
+    // The deterministic line names what the linear non-deterministic backward would take instead.
+    EXPECT_EQ(text.find("--deterministic-attention off: " + format_plan_bytes(51118080u) +
+                        " workspace (formula, linear in T)") != std::string::npos,
+              deterministic)
+        << text;
   }
   // The deterministic workspace is cuDNN's 16-bit dP (T rounded up to 64, squared) and the fp32
   // softmax sums: quadratic in T. At T = 16 x hs it equals the linear-looking formula; at

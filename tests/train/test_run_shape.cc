@@ -323,6 +323,32 @@ TEST(RunShape, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
   EXPECT_EQ(error_of([&] { resolve_run_shape(c, wide, 1, Backend::kCpu); }), "");
 }
 
+// A GPT whose attention the CUDA kernels cannot run (the tiled fallback's head-size buckets, the
+// heads as a grid dimension: kernels/ops.h) is refused on the CUDA backend before anything is
+// sized, with the fix named; the CPU backend trains it. Planned without a GPU.
+TEST(RunShape, AttentionTheCudaKernelsCannotRunIsRefusedBeforeTheRun) {
+  auto refusal = [](int embd, int heads, Backend backend, int tensor = 1) {
+    ModelOverrides o;
+    o.embd = embd, o.heads = heads;
+    const ModelConfig mc = make_model_config("gpt-tiny", o);
+    TrainConfig c;
+    c.batch_size = tensor, c.tensor_parallel = tensor;
+    return error_of([&] { resolve_run_shape(c, mc, tensor, backend); });
+  };
+  EXPECT_EQ(refusal(1024, 4, Backend::kCuda),
+            "the model's heads are 256 wide (1024 / 4 heads), above the 128 that the CUDA attention kernels take; "
+            "use --heads 8 or more (a divisor of 1024), or the CPU backend");
+  EXPECT_NE(refusal(1000, 4, Backend::kCuda).find("use --heads 8 or more (a divisor of 1000)"), std::string::npos);
+  EXPECT_NE(refusal(129, 1, Backend::kCuda).find("use --heads 3 or more"), std::string::npos);  // 129 = 3 x 43
+  EXPECT_EQ(refusal(1024, 4, Backend::kCpu), "");
+  // The largest bucket, and GPT-2's own heads of 64 (also under tensor parallelism, whose ranks
+  // keep the head size), run.
+  EXPECT_EQ(refusal(1024, 8, Backend::kCuda), "");
+  EXPECT_EQ(refusal(1600, 25, Backend::kCuda, 5), "");
+  EXPECT_NE(refusal(1024, 4, Backend::kCuda, 2).find("256 wide"), std::string::npos);
+  EXPECT_NE(refusal(1 << 16, 1 << 16, Backend::kCuda).find("65536 heads, above the 65535"), std::string::npos);
+}
+
 TEST(RunShape, OutputsNeverOverwriteInputsOrEachOther) {
   test_util::TempDir dir("run_paths");
   const std::string data = dir.path("book.txt");
