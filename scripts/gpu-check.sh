@@ -564,8 +564,8 @@ fi
 # the fragments below occur in no kernel of ours, mangled names included): racecheck cannot model
 # cuDNN's Hopper barriers (44 false hazards on 2026-12-04), and initcheck reports every thread's read
 # of a library's never-written tile or workspace bytes, which would push ours past the print limit.
-# Whether the libraries read a buffer of ours that nothing wrote (a missing zero fill) the CPU
-# backend checks (tests/train/test_unwritten_memory.cc); memcheck still checks every kernel.
+# That every buffer an op reads or accumulates into (a GEMM's with beta 1 included) was written
+# first, the CPU backend checks (tests/train/test_unwritten_memory.cc); memcheck checks every kernel.
 # ZT_COMPUTE_SANITIZER: the compute-sanitizer to run (CI's test runs a fake one).
 sanitizer="${ZT_COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)}"
 library_kernels='regex=.*(cudnn|cublas|xmma|cutlass|nvjet|nccl|s16816gemm|s1688gemm|gemmSN|gemmk1|gemv|splitKreduce).*'
