@@ -12,6 +12,7 @@
 #include "memory/raw_allocator.h"
 #include "test_util.h"
 #include "pipeline/schedule.h"
+#include "sanitizer.h"
 #include "train/trainer.h"
 #include "train_checks.h"
 
@@ -61,9 +62,14 @@ void expect_fill_blind(const TrainConfig& c, const std::string& what) {
   test::expect_same_state(zeros, filled, what);
 }
 
+// Under a sanitizer (several times slower) the layouts with the most buffers only: ZeRO-3 with
+// recompute, tensor parallelism, the split pipeline backward.
+constexpr bool kSanitized = test::kThreadSanitizer || test::kAddressSanitizer;
+
 TEST(UnwrittenMemory, FillingFreshPoolMemoryChangesNoBit) {
-  expect_fill_blind(small_run(1, 0, Precision::kFp32), "one device, fp32");
-  expect_fill_blind(small_run(2, 2, Precision::kBf16), "ZeRO-2 on two devices, bf16");
+  const bool all = !kSanitized;
+  if (all) expect_fill_blind(small_run(1, 0, Precision::kFp32), "one device, fp32");
+  if (all) expect_fill_blind(small_run(2, 2, Precision::kBf16), "ZeRO-2 on two devices, bf16");
   {
     TrainConfig c = small_run(2, 3, Precision::kFp16);
     c.recompute = Recompute::kFull;
@@ -75,17 +81,18 @@ TEST(UnwrittenMemory, FillingFreshPoolMemoryChangesNoBit) {
     expect_fill_blind(c, "tensor parallel 2 with sequence parallelism, bf16");
     c.sequence_parallel = false;
     c.recompute = Recompute::kSelective;
-    expect_fill_blind(c, "tensor parallel 2 without sequence parallelism, selective recompute, bf16");
+    if (all) expect_fill_blind(c, "tensor parallel 2 without sequence parallelism, selective recompute, bf16");
   }
   {
-    TrainConfig c = small_run(2, 1, Precision::kFp32);
+    TrainConfig c = small_run(2, 1, Precision::kBf16);
     c.pipeline_parallel = 2;
-    expect_fill_blind(c, "two pipeline stages, fp32");
     c.pp_schedule = PipeSchedule::kZbH1;
-    c.precision = Precision::kBf16;
     expect_fill_blind(c, "two pipeline stages, zb-h1 (split backward), bf16");
+    c.pp_schedule = PipeSchedule::k1F1B;
+    c.precision = Precision::kFp32;
+    if (all) expect_fill_blind(c, "two pipeline stages, 1f1b, fp32");
   }
-  {
+  if (all) {
     TrainConfig c = small_run(2, 1, Precision::kBf16);
     c.optimizer = OptimizerKind::kSgd;
     c.offload_optimizer = true;
