@@ -358,23 +358,36 @@ WRAP
   cat >"$T/fakebin/compute-sanitizer" <<FAKE
 #!/usr/bin/env bash
 opts=()
-while ((\$#)) && [[ \$1 != */zerotrain ]]; do opts+=("\$1"); shift; done
+while ((\$#)) && [[ \$1 != */zerotrain && \$1 != */test_* ]]; do opts+=("\$1"); shift; done
 printf '%s\n' "\${opts[*]}" >>"$T/sanitizer-calls.txt"
 "\$@"
 rc=\$?
 echo "========= ERROR SUMMARY: 0 errors"
 exit \$rc
 FAKE
-  chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain" "$T/fakebin/compute-sanitizer"
+  # The attention test binary the sanitizer step runs: records its arguments.
+  mkdir -p "$FB/tests"
+  printf '%s\n' '#!/usr/bin/env bash' "printf '%s\\n' \"\$*\" >>'$T/attention-args.txt'" >"$FB/tests/test_flash_attention"
+  chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain" "$T/fakebin/compute-sanitizer" "$FB/tests/test_flash_attention"
   OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 \
     ZT_COMPUTE_SANITIZER="$T/fakebin/compute-sanitizer" ZT_PYTHON="$T/no-python" "$CHECK" --peer >"$T/dry.log" 2>&1
-  # The sanitizer runs: memcheck on every kernel, the other three without the libraries' kernels.
-  if [[ $(grep -c -- '--tool' "$T/sanitizer-calls.txt" 2>/dev/null) == 5 ]] &&
+  # The sanitizer runs: memcheck on every kernel, the others without the libraries' kernels (the
+  # tiny model's five runs, then racecheck and synccheck on the attention test's cases).
+  if [[ $(grep -c -- '--tool' "$T/sanitizer-calls.txt" 2>/dev/null) == 7 ]] &&
     ! grep -- '--tool memcheck' "$T/sanitizer-calls.txt" | grep -q -- '--kernel-name-exclude' &&
-    [[ $(grep -E -- '--tool (racecheck|initcheck|synccheck) --kernel-name-exclude regex=.*cudnn' "$T/sanitizer-calls.txt" | wc -l) == 3 ]]; then
+    [[ $(grep -E -- '--tool (racecheck|initcheck|synccheck) --kernel-name-exclude regex=.*cudnn' "$T/sanitizer-calls.txt" | wc -l) == 5 ]]; then
     ok "memcheck checks every kernel, racecheck/initcheck/synccheck only ours"
   else
     bad "compute-sanitizer's options:"; cat "$T/sanitizer-calls.txt" 2>/dev/null
+  fi
+  # The attention cases it names exist in this build's test binary (a rename fails here).
+  filter="$(sed -n 's/.*--gtest_filter=\([^ ]*\).*/\1/p' "$T/attention-args.txt" 2>/dev/null | head -1)"
+  real_attention="$(dirname "$ZT")/../tests/test_flash_attention"
+  if [[ -x $real_attention ]]; then
+    listed="$("$real_attention" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -c '^  ')"
+    expect "the sanitized attention cases exist ($filter)" 2 "$listed"
+  else
+    echo "skip: no test_flash_attention beside zerotrain: the sanitized attention cases not checked"
   fi
   contains "initcheck's line in results.md" "- initcheck: 0 finding(s) in ZeroTrain's kernels, 0 in library kernels, 0 API error(s); ERROR SUMMARY: 0 errors (library kernels not checked)" "$T/dry/results.md"
   calls=$(wc -l <"$T/calls.tsv" 2>/dev/null || echo 0)
