@@ -3,10 +3,15 @@
 #include "memory/raw_allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace zt {
 
+std::atomic<int> HostRawAllocator::fill_{-1};
+
 HostRawAllocator::HostRawAllocator(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+
+void HostRawAllocator::set_fill_for_tests(int byte) { fill_.store(byte >= 0 && byte <= 255 ? byte : -1); }
 
 void* HostRawAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -22,7 +27,11 @@ void* HostRawAllocator::allocate(size_t bytes) {
     if (in_use_.compare_exchange_weak(used, used + rounded, std::memory_order_relaxed)) break;
   }
   void* p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr) in_use_.fetch_sub(rounded, std::memory_order_relaxed);
+  if (p == nullptr) {
+    in_use_.fetch_sub(rounded, std::memory_order_relaxed);
+  } else if (const int fill = fill_.load(std::memory_order_relaxed); fill >= 0) {
+    std::memset(p, fill, rounded);
+  }
   return p;
 }
 

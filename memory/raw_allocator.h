@@ -29,9 +29,18 @@ class HostRawAllocator final : public RawAllocator {
   size_t in_use() const { return in_use_.load(); }
   size_t capacity() const { return capacity_; }
 
+  // Tests only: byte (0..255) that fills every block allocate() returns from now on, -1 (the
+  // default) none. A GPU pool's cudaMalloc'd segments hold whatever was there, but large host
+  // blocks come from mmap as zero pages, so on the CPU backend a kernel reading memory nothing
+  // wrote (a gradient accumulated into a buffer nobody zeroed) would silently read zeros; 0xff
+  // makes that read a NaN in f32, f16 and bf16 (what compute-sanitizer's initcheck looks for on
+  // a GPU). Process-wide; takes effect for blocks allocated after the call.
+  static void set_fill_for_tests(int byte);
+
  private:
   size_t capacity_;
   std::atomic<size_t> in_use_{0};
+  static std::atomic<int> fill_;
 };
 
 }  // namespace zt

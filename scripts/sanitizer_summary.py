@@ -4,9 +4,12 @@
 racecheck reports hazards inside cuDNN's Hopper SDPA kernels (wgmma/TMA barriers it cannot model);
 counted together with ours they bury our result. This reads one compute-sanitizer log (memcheck,
 racecheck, initcheck or synccheck), splits its reports by the kernel they name, and prints one
-line: findings in ZeroTrain's kernels (our namespace zt::, and the CUB/Thrust templates our code
-instantiates), findings in library kernels (cuDNN, cuBLAS, NCCL: every other name, with the most
-frequent listed), API errors (a CUDA call that failed: ours to fix too), and the tool's own summary.
+line: findings in ZeroTrain's kernels (our namespace zt::, and the CUB/Thrust/libcu++ templates our
+code instantiates; or, where the report names a source file, one of our tree or of CCCL's headers),
+findings in library kernels (cuDNN, cuBLAS, NCCL: every other name, with the most frequent listed),
+API errors (a CUDA call that failed, or a host API call such as cudaMemcpy that read bytes nothing
+wrote or touched memory out of bounds: ZeroTrain makes those calls, so ours to fix too), and the
+tool's own summary.
 Standard library only. Usage: sanitizer_summary.py LOG [--tool NAME]
 Exit status: 0 when no finding is ZeroTrain's and no API error was reported, 1 otherwise, 2 when
 the log is unreadable or holds no compute-sanitizer summary (the run was cut short).
@@ -15,7 +18,14 @@ import argparse
 import re
 import sys
 
-OURS = re.compile(r"\bzt::|\bcub::|\bthrust::|\bzt_")
+OURS = re.compile(r"\bzt::|\bcub::|\bthrust::|\bcuda::std::|\bzt_")
+# A source file a report names (builds with -lineinfo): our kernels' folders, or CCCL's headers
+# (CUB, Thrust, libcu++: templates compiled into our kernels). Library kernels carry no line info.
+OUR_FILE = re.compile(r"(?:^|[\s/])(?:kernels|src|optimizers|memory)/\S*\.(?:cu|cuh|h):\d+"
+                      r"|/(?:cub|thrust|cuda/std|cccl)/\S*:\d+")
+# Host API accesses: initcheck's "Uninitialized access at 0x... on access by cudaMemcpy source",
+# memcheck's "Host API memory access error at host access to 0x...": a call ZeroTrain made.
+HOST_API = re.compile(r"\bHost API\b|\bon access by cuda\w*", re.IGNORECASE)
 # A report's first line: "========= <what>" at the left margin (continuation lines are indented).
 HEADER = re.compile(r"^========= (?! )(?!ERROR SUMMARY|RACECHECK SUMMARY|COMPUTE-SANITIZER|LEAK SUMMARY|Target application)"
                     r"(?!Saved host backtrace|Host Frame|Device Frame)(\S.*)$")
@@ -68,10 +78,16 @@ def main(argv):
         if head.startswith("Program hit"):
             api.append(head)
             continue
+        body = [line.lstrip("= ").strip() for line in r]
+        before_host = body[:next((i for i, b in enumerate(body) if b.startswith(("Host Frame", "Saved host"))),
+                                 len(body))]
+        if any(HOST_API.search(b) for b in before_host):
+            api.append(" / ".join(before_host)[:200])
+            continue
         name = kernel_of(r)
         if name is None:
             continue  # a line of the tool's that is no finding (e.g. "Internal Sanitizer Error" context)
-        if OURS.search(name):
+        if OURS.search(name) or any(OUR_FILE.search(b) for b in before_host):
             ours.append(f"{head[:80]} in {name[:120]}")
         else:
             short = re.sub(r"[<(].*", "", name)[:90]

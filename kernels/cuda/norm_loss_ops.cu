@@ -599,15 +599,25 @@ __global__ void __launch_bounds__(kClassifierBlock)
         const float p = exp_elem(xi - m) * inv;
         return (p - (i == target ? 1.0f : 0.0f)) * dloss;
       };
-      // Packs may run into the padding here (written 0): every full pack inside the row.
+      // Packs may run into the padding here (written 0): every full pack inside the row. The
+      // padding [V, ld) is written, never read, as on the CPU backend: lm_head_forward leaves it
+      // as it was, possibly never written (compute-sanitizer's initcheck would report the read);
+      // grad() gives 0 there whatever it is passed.
       const int64_t gend = vec ? ld / kPack * kPack : 0;
       for (int64_t i = threadIdx.x * int64_t{kPack}; i < gend; i += int64_t{blockDim.x} * kPack) {
-        Pack<T> p = *reinterpret_cast<const Pack<T>*>(x + i);
+        Pack<T> p;
+        if (i + kPack <= V) {
+          p = *reinterpret_cast<const Pack<T>*>(x + i);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kPack; ++j) p.v[j] = i + j < V ? x[i + j] : from_float<T>(0.0f);
+        }
 #pragma unroll
         for (int j = 0; j < kPack; ++j) p.v[j] = from_float<T>(grad(i + j, to_float(p.v[j])));
         *reinterpret_cast<Pack<T>*>(x + i) = p;
       }
-      for (int64_t i = gend + threadIdx.x; i < ld; i += blockDim.x) x[i] = from_float<T>(grad(i, to_float(x[i])));
+      for (int64_t i = gend + threadIdx.x; i < ld; i += blockDim.x)
+        x[i] = from_float<T>(grad(i, i < V ? to_float(x[i]) : 0.0f));
     }
     __syncthreads();  // every thread has read the broadcast results before the next row writes them
   }
@@ -689,7 +699,9 @@ __global__ void __launch_bounds__(kClassifierBlock)
     const int64_t local = target - begin;
     const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding: gradient 0
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const float p = exp_elem(to_float(x[i]) - m) * inv;
+      // The padding [real, V) is written, never read (it may never have been written).
+      const float xi = i < real ? to_float(x[i]) : 0.0f;
+      const float p = exp_elem(xi - m) * inv;
       x[i] = from_float<T>(ignored || i >= real ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss);
     }
   }

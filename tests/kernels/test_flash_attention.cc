@@ -525,6 +525,47 @@ TEST(FlashAttentionCuda, FusedMatchesTiledAndCpu) {
   expect_gemm_attention_variants(gpu->device(0), counting, cases[2], cases[3], cases[4], rng);
 }
 
+// The tiled CUDA kernels (fused entries off) at shapes small enough for compute-sanitizer's
+// racecheck and synccheck, which gpu-check runs on this case (the tiny model's run never reaches
+// these kernels: cuDNN serves its 16-bit attention). Head sizes 16 (the 64 bucket, zero-padded
+// columns) and 80 (the 128 bucket); T = 40 and 33: a full and a partial key tile, two query blocks
+// and a partial one, rows past T inside a block. Within the float64 bounds, and two runs equal bit
+// for bit (each output row has one owner: a shared-memory race would show as run-to-run noise).
+TEST(FlashAttentionCuda, TiledKernelsAtSmallShapes) {
+  std::string reason;
+  auto gpu = make_runtime(Backend::kCuda, &reason);
+  if (!gpu) GTEST_SKIP() << reason;
+  OpTable tiled = *op_table(Backend::kCuda);
+  tiled.fused_attention_forward = nullptr;
+  tiled.fused_attention_backward = nullptr;
+  const ScopedOpTable scoped(Backend::kCuda, &tiled);
+  const Case cases[] = {{2, 40, 32, 2}, {1, 33, 160, 2}};
+  Rng rng(test_seed() + 29);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << c.B << " T=" << c.T << " C=" << c.C
+                                        << " NH=" << c.NH);
+      const int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
+      auto as_type = [t](const FVec& v) { return t == DType::kF32 ? v : rounded16(v, t); };
+      const FVec qkv = as_type(rng.normal(B * T * 3 * C, 1.5f)), dout = as_type(rng.normal(B * T * C)),
+                 dqkv0 = as_type(rng.normal(B * T * 3 * C));
+      const AttentionRun run = run_attention(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      const AttentionRun again = run_attention(gpu->device(0), t, qkv, dout, dqkv0, B, T, C, NH);
+      DVec r_out(B * T * C), r_pre(B * NH * T * T, 0.0), r_att(B * NH * T * T);
+      ref::attention_forward_ref(r_out, r_pre, r_att, to_d(qkv), B, T, C, NH);
+      DVec r_acc = to_d(dqkv0), r_over(static_cast<size_t>(B * T * 3 * C), 0.0);
+      backward_given_out_ref(r_acc, dout, qkv, run.out, B, T, C, NH);
+      backward_given_out_ref(r_over, dout, qkv, run.out, B, T, C, NH);
+      EXPECT_TRUE(close(run.lse, reference_lse(r_pre, B * NH, T), kTolReduce)) << "lse vs float64";
+      expect_within_attention_bounds(run, r_out, r_acc, r_over, t, qkv, dout, dqkv0, B, T, C, NH);
+      EXPECT_TRUE(bitwise_equal(again.out, run.out)) << "out: two runs differ";
+      EXPECT_TRUE(bitwise_equal(again.lse, run.lse)) << "lse: two runs differ";
+      EXPECT_TRUE(bitwise_equal(again.dqkv_acc, run.dqkv_acc)) << "dqkv +=: two runs differ";
+      EXPECT_TRUE(bitwise_equal(again.dqkv_over, run.dqkv_over)) << "dqkv =: two runs differ";
+    }
+  }
+}
+
 // ---- the GEMM attention's plan, on the CPU ---------------------------------------------------------
 // CUDA's fp32 GEMM attention (kernels/cuda/gemm_attention.cu) runs kernels/gemm_attention_plan.h's
 // GEMMs through cuBLAS. Here the same plan runs through a column-major strided-batched GEMM with

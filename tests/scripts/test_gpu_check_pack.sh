@@ -188,6 +188,35 @@ contains "counted apart" "racecheck: 1 finding(s) in ZeroTrain's kernels, 1 in l
 sed -i '/zt::/d' "$T/race.txt"
 python3 "$ROOT/scripts/sanitizer_summary.py" "$T/race.txt" --tool racecheck >"$T/race2.out" 2>&1
 expect "library findings alone exit 0" 0 "$?"
+# initcheck: a library kernel's read (counted apart); ours named by a CUB template or only by a
+# source file of our tree (-lineinfo, no kernel name); a cudaMemcpy of bytes nothing wrote (a host
+# API access: ZeroTrain's call, so it fails the step like an API error).
+cat >"$T/init.txt" <<'LOG'
+========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64+0x7f0
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: zt::cuda_ops::lt_matmul_forward(void*) [0x4c56c7] in zerotrain
+=========
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at 0x88 in /w/kernels/cuda/flash_attention.cu:133
+=========     by thread (0,0,0) in block (0,0,0)
+=========
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at void cub::CUB_300000_SM_900_NS::DeviceRadixSortOnesweepKernel<int>(int *)+0x3640
+=========
+========= Host API uninitialized memory access
+=========     Uninitialized access at 0x7f3c7ec00000 on access by cudaMemcpy source.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: zt::cuda::CudaStream::copy(void*, void const*, unsigned long) [0x2fc5d0] in zerotrain
+=========
+========= ERROR SUMMARY: 4 errors
+LOG
+python3 "$ROOT/scripts/sanitizer_summary.py" "$T/init.txt" --tool initcheck >"$T/init.out" 2>&1
+expect "findings of ours exit 1" 1 "$?"
+contains "ours by name or source file, a host copy as an API error" "initcheck: 2 finding(s) in ZeroTrain's kernels, 1 in library kernels (sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64 x1), 1 API error(s); ERROR SUMMARY: 4 errors" "$T/init.out"
+contains "the host copy listed" "  api: Host API uninitialized memory access / Uninitialized access at 0x7f3c7ec00000 on access by cudaMemcpy source." "$T/init.out"
 
 # 7. The GPT-2 table against issue 28's targets: synthetic metrics of five runs (steps 1-2 are
 # warm-up and left out of the median; ZeRO-3 on cuda:0x2 is the fastest but not a cuda:0 run, so not
@@ -356,9 +385,42 @@ printf '%s\t%s\t%s\n' "\$rc" "\$*" "\$(grep -m1 -v '^\$' <<<"\$out")" >>"$T/call
 printf '%s\n' "\$out"
 exit \$rc
 WRAP
-  chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain"
+  # A compute-sanitizer that records its options, runs the program and reports nothing.
+  cat >"$T/fakebin/compute-sanitizer" <<FAKE
+#!/usr/bin/env bash
+opts=()
+while ((\$#)) && [[ \$1 != */zerotrain && \$1 != */test_* ]]; do opts+=("\$1"); shift; done
+printf '%s\n' "\${opts[*]}" >>"$T/sanitizer-calls.txt"
+"\$@"
+rc=\$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit \$rc
+FAKE
+  # The attention test binary the sanitizer step runs: records its arguments.
+  mkdir -p "$FB/tests"
+  printf '%s\n' '#!/usr/bin/env bash' "printf '%s\\n' \"\$*\" >>'$T/attention-args.txt'" >"$FB/tests/test_flash_attention"
+  chmod +x "$T/fakebin/nvidia-smi" "$FB/apps/zerotrain" "$T/fakebin/compute-sanitizer" "$FB/tests/test_flash_attention"
   OUT="$T/dry" ZT_NVIDIA_SMI="$T/fakebin/nvidia-smi" ZT_REUSE_BUILD=1 ZT_GPU_BUILD="$FB" ZT_GPU_CHECK_SECONDS=120 ZT_GPU_LARGER=1 \
-    ZT_PYTHON="$T/no-python" "$CHECK" --peer >"$T/dry.log" 2>&1
+    ZT_COMPUTE_SANITIZER="$T/fakebin/compute-sanitizer" ZT_PYTHON="$T/no-python" "$CHECK" --peer >"$T/dry.log" 2>&1
+  # The sanitizer runs: memcheck on every kernel, the others without the libraries' kernels (the
+  # tiny model's five runs, then racecheck and synccheck on the attention test's cases).
+  if [[ $(grep -c -- '--tool' "$T/sanitizer-calls.txt" 2>/dev/null) == 7 ]] &&
+    ! grep -- '--tool memcheck' "$T/sanitizer-calls.txt" | grep -q -- '--kernel-name-exclude' &&
+    [[ $(grep -E -- '--tool (racecheck|initcheck|synccheck) --kernel-name-exclude regex=.*cudnn' "$T/sanitizer-calls.txt" | wc -l) == 5 ]]; then
+    ok "memcheck checks every kernel, racecheck/initcheck/synccheck only ours"
+  else
+    bad "compute-sanitizer's options:"; cat "$T/sanitizer-calls.txt" 2>/dev/null
+  fi
+  # The attention cases it names exist in this build's test binary (a rename fails here).
+  filter="$(sed -n 's/.*--gtest_filter=\([^ ]*\).*/\1/p' "$T/attention-args.txt" 2>/dev/null | head -1)"
+  real_attention="$(dirname "$ZT")/../tests/test_flash_attention"
+  if [[ -x $real_attention ]]; then
+    listed="$("$real_attention" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -c '^  ')"
+    expect "the sanitized attention cases exist ($filter)" 2 "$listed"
+  else
+    echo "skip: no test_flash_attention beside zerotrain: the sanitized attention cases not checked"
+  fi
+  contains "initcheck's line in results.md" "- initcheck: 0 finding(s) in ZeroTrain's kernels, 0 in library kernels, 0 API error(s); ERROR SUMMARY: 0 errors (library kernels not checked)" "$T/dry/results.md"
   calls=$(wc -l <"$T/calls.tsv" 2>/dev/null || echo 0)
   ((calls >= 20)) && ok "gpu-check made $calls zerotrain calls" || bad "gpu-check made $calls zerotrain calls"
   if grep -q "model gpt2-124m.*--cuda-graphs off" "$T/calls.tsv" && grep -q "model gpt2-124m.*--trace" "$T/calls.tsv"; then
