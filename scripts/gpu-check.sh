@@ -414,14 +414,16 @@ else
 fi
 
 # op_table_run NAME TOP CMD...: CMD with --trace, then scripts/op_table.py's TOP ops of the trace
-# into $LOGS/gpt2-ops-NAME.md, which results.md shows.
+# into $LOGS/gpt2-ops-NAME.md, which results.md shows; bf16's with bench/README.md's read-through
+# estimate per op beside the measured time (--estimate bf16).
 op_table_run() {
-  local name=$1 top=$2
+  local name=$1 top=$2 estimate=()
   shift 2
+  [[ $name == bf16 ]] && estimate=(--estimate bf16)
   local trace="$LOGS/trace-gpt2-$name.json" table="$LOGS/gpt2-ops-$name.md"
   run_step "gpt2-124m $name eager --trace" 60 "gpt2-trace-$name.txt" "$@" --trace "$trace"
   if [[ -s $trace ]] && command -v python3 >/dev/null 2>&1; then
-    python3 scripts/op_table.py "$trace" --top "$top" \
+    python3 scripts/op_table.py "$trace" --top "$top" ${estimate[@]+"${estimate[@]}"} \
       --title "## GPT-2 124M $name eager, B=16, T=1024: device time per op ($(basename "$trace"))" >"$table" 2>&1
     cat "$table"
     write_results

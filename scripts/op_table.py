@@ -5,8 +5,11 @@ Prints a Markdown table: for each op name on one device's stream tracks, millise
 step averaged over the chosen steps, its share of the op time, and the budget of issue 28 where the
 op has one (lm_head_forward <= 2.5 ms, lm_head_backward <= 5 ms, encoder_backward <= 0.5 ms,
 layernorm_backward over all its calls <= 1.0 ms), and the device's idle time per step (no op on any
-of its streams: kernel-boundary latency, and waits for the host where the host fell behind). Standard library only (the GPU machine has no
-packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST] [--top N] [--marker OP]
+of its streams: kernel-boundary latency, and waits for the host where the host fell behind). With
+--estimate bf16 a column holds bench/README.md's read-through estimate of each op (no GPU) and a last
+line the step against it, so one visit confirms or refutes it op by op. Standard library only (the
+GPU machine has no packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST]
+[--top N] [--marker OP] [--estimate bf16]
 Steps are the device's (each ends with the optimizer's launch), not the host's ranges: the host runs
 a step ahead. Exit status: 0 when the table was printed (budgets missed or not), 2 for an unreadable
 trace or bad arguments, 3 when the trace has no steps or no stream slices to attribute (e.g. a
@@ -23,6 +26,46 @@ BUDGETS_MS = {
     "encoder_backward": 0.5,
     "layernorm_backward": 1.0,
 }
+
+# bench/README.md's read-through estimates (no GPU) of the GPT-2 124M step at B 16, T 1024 on one
+# H200, eager: op -> (ms/step, low, high). Unchanged ops keep 2026-12-04's figure within 10%.
+ESTIMATES = {
+    "bf16": {
+        "title": "read-through estimate 2026-12-05 (no GPU)",
+        "step": (32.0, 30.0, 36.0),
+        "ops": {
+            "matmul_backward": (7.8, 7.0, 8.6),
+            "lm_head_backward": (3.9, 3.4, 5.0),
+            "fused_attention_backward": (3.7, 3.35, 4.1),
+            "matmul_forward": (2.7, 2.45, 3.0),
+            "classifier_forward_backward": (2.3, 2.1, 2.6),
+            "matmul_backward_dgelu": (2.2, 1.9, 2.8),
+            "lm_head_forward": (2.0, 1.8, 2.6),
+            "matmul_gelu_forward": (1.84, 1.65, 2.05),
+            "adamw_multi": (1.1, 0.9, 1.27),
+            "fused_attention_forward": (1.04, 0.93, 1.15),
+            "layernorm_backward": (0.9, 0.7, 1.2),
+            "residual_layernorm_forward": (0.6, 0.4, 0.82),
+            "layernorm_forward": (0.4, 0.25, 0.6),
+            "fill": (0.25, 0.22, 0.28),
+            "add": (0.25, 0.22, 0.28),
+            "cast": (0.22, 0.2, 0.25),
+            "encoder_backward": (0.15, 0.08, 0.5),
+            "unscale_check": (0.09, 0.08, 0.1),
+            "encoder_forward": (0.06, 0.05, 0.07),
+            "sum": (0.04, 0.0, 0.05),
+            "copy": (0.03, 0.0, 0.04),
+            "clip_factor": (0.006, 0.0, 0.01),
+        },
+    },
+}
+
+
+def against(ms, estimate):
+    """'3.9 (3.4-5): above' for a measured ms against an estimate (ms, low, high)."""
+    mid, lo, hi = estimate
+    verdict = "above" if ms > hi else "below" if ms < lo else "within"
+    return f"{mid:g} ({lo:g}-{hi:g}): {verdict}"
 
 
 def training_steps(events):
@@ -100,6 +143,8 @@ def main(argv):
                     help="the op whose one launch per step ends a step (default: adamw_multi or sgd_multi)")
     ap.add_argument("--top", type=int, default=0, help="list only the N costliest ops (0: all)")
     ap.add_argument("--title", default="", help="a heading line above the table")
+    ap.add_argument("--estimate", choices=sorted(ESTIMATES), default=None,
+                    help="add bench/README.md's read-through estimate of each op and of the step")
     args = ap.parse_args(argv)
     try:
         with open(args.trace) as f:
@@ -170,8 +215,14 @@ def main(argv):
               f"{'; most between ' + where if where else ''}"
               f"{f'; the longest {longest[0]:.1f} us ({longest[1]} -> {longest[2]})' if longest else ''}.")
     print()
-    print("| op | ms/step | calls/step | share | budget (issue 28) |")
-    print("|---|---|---|---|---|")
+    est = ESTIMATES[args.estimate] if args.estimate else None
+    if est:
+        print(f"| op | ms/step | calls/step | share | budget (issue 28) | {est['title']}, ms |")
+        print("|---|---|---|---|---|---|")
+    else:
+        print("| op | ms/step | calls/step | share | budget (issue 28) |")
+        print("|---|---|---|---|---|")
+    extra = lambda name, ms: (f" {against(ms, est['ops'][name])} |" if name in est["ops"] else " |") if est else ""
     missed = []
     for name, (us, calls) in shown:
         ms = us / 1e3 / k
@@ -182,15 +233,21 @@ def main(argv):
             verdict = f"<= {budget:g} ms: {'ok' if ok else 'MISSED'}"
             if not ok:
                 missed.append(name)
-        print(f"| {name} | {ms:.3f} | {calls / k:g} | {100 * ms / total_ms:.1f}% | {verdict} |")
+        print(f"| {name} | {ms:.3f} | {calls / k:g} | {100 * ms / total_ms:.1f}% | {verdict} |{extra(name, ms)}")
     for name, budget in BUDGETS_MS.items():
         if name not in per_op:
-            print(f"| {name} | - | 0 | - | <= {budget:g} ms: not in the trace |")
+            print(f"| {name} | - | 0 | - | <= {budget:g} ms: not in the trace |{' |' if est else ''}")
     if args.top > 0 and len(rows) > len(shown):
         rest = sum(v[0] for n, v in rows if n not in dict(shown)) / 1e3 / k
-        print(f"| (the other {len(rows) - len(shown)} ops) | {rest:.3f} | | {100 * rest / total_ms:.1f}% | |")
+        print(f"| (the other {len(rows) - len(shown)} ops) | {rest:.3f} | | {100 * rest / total_ms:.1f}% | |"
+              f"{' |' if est else ''}")
     print()
     print(f"Budgets missed: {', '.join(missed) if missed else 'none'}.")
+    if est:
+        step_ms = wall_ms if wall_ms else total_ms
+        clock = "the device's clock" if wall_ms else "op time"
+        print(f"Step against the {est['title']}: {step_ms:.1f} ms/step on {clock}, estimated "
+              f"{against(step_ms, est['step'])}.")
     return 0
 
 

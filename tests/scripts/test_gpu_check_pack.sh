@@ -171,6 +171,13 @@ contains "unmeasured budgets named" "| encoder_backward | - | 0 | - | <= 0.5 ms:
 contains "idle time per step" "Idle (no op on any of the device's streams): 0.010 ms/step, 0.1% of the step, in 1 gaps/step; most between adamw_multi -> lm_head_forward (1 gaps, 10.0 us); the longest 10.0 us (adamw_multi -> lm_head_forward)." "$T/ops.md"
 python3 "$ROOT/scripts/op_table.py" "$T/trace.json" --steps 1:1 >"$T/ops1.md" 2>&1
 contains "--steps 1:1" "| lm_head_forward | 3.000 | 1 |" "$T/ops1.md"
+python3 "$ROOT/scripts/op_table.py" "$T/trace.json" --estimate bf16 >"$T/ops-est.md" 2>&1
+expect "op_table --estimate exits 0" 0 "$?"
+contains "an op above its estimate" "| lm_head_forward | 5.500 | 1 | 80.3% | <= 2.5 ms: MISSED | 2 (1.8-2.6): above |" "$T/ops-est.md"
+contains "an op below its estimate" "| adamw_multi | 0.100 | 1 | 1.5% |  | 1.1 (0.9-1.27): below |" "$T/ops-est.md"
+contains "the step against the estimate" "estimated 32 (30-36): below." "$T/ops-est.md"
+python3 "$ROOT/scripts/op_table.py" "$T/trace.json" --estimate fp64 >/dev/null 2>&1
+expect "an unknown --estimate exits 2" 2 "$?"
 
 # 6. The sanitizer summary: one hazard in a ZeroTrain kernel, one in cuDNN's, apart.
 cat >"$T/race.txt" <<'LOG'
