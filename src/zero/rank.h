@@ -238,7 +238,7 @@ class ZeroRank final : public ParamAccess {
   void allocate_transient(const BufferOp& op, const VisitStep& step);
   void free_transient(const BufferOp& op);
   void gather(const BufferOp& op, bool prefetch);
-  void reduce_gradient(int b);
+  void reduce_gradient(int b, bool rounded_in_place = false);
   void* accumulator(Block& blk);
   void build_segments(float weight_decay);
   // Offload: elements of block's real shard whose state is on the host, and where the device's
