@@ -234,13 +234,19 @@ std::string format_summary(const RunReport& r) {
   }
 
   const TrafficReport& t = r.traffic;
-  out += "  traffic      per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
-         std::to_string(t.local_devices) + " devices";
-  if (t.processes > 1)
-    out += " of each process, " + format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
-           std::to_string(t.processes) + " processes (" + t.topology + ")\n";
+  // One device per process (the usual one-GPU run) has no devices to exchange with: no "1 devices".
+  out += "  traffic      ";
+  if (t.local_devices > 1)
+    out += "per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
+           std::to_string(t.local_devices) + " devices" + (t.processes > 1 ? " of each process, " : "");
   else
-    out += ", none across processes\n";
+    out += t.processes > 1 ? "per step " : "none: one device";
+  if (t.processes > 1)
+    out += format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
+           std::to_string(t.processes) + " processes (" + (t.local_devices > 1 ? "" : "one device each, ") +
+           t.topology + ")\n";
+  else
+    out += t.local_devices > 1 ? ", none across processes\n" : "\n";
 
   // Per-device table; the first column as wide as the longest device name.
   size_t w = 6;

@@ -434,6 +434,15 @@ TEST(Report, SummaryShowsTheTrafficInsideAndAcrossProcesses) {
   r.traffic = {1, 4, "flat", 5 << 20, 0};
   EXPECT_NE(zt::format_summary(r).find("between the 4 devices, none across processes"), std::string::npos)
       << zt::format_summary(r);
+  // One GPU (the default run on a one-GPU machine): nothing to exchange, and no "1 devices".
+  r.traffic = {1, 1, "flat", 0, 0};
+  EXPECT_NE(zt::format_summary(r).find("traffic      none: one device\n"), std::string::npos) << zt::format_summary(r);
+  r.traffic = {2, 1, "flat", 0, 7 << 20};
+  EXPECT_NE(zt::format_summary(r).find("traffic      per step 7.00 MiB out of each of the 2 processes (one device "
+                                       "each, flat)\n"),
+            std::string::npos)
+      << zt::format_summary(r);
+  EXPECT_EQ(zt::format_summary(r).find("1 devices"), std::string::npos);
 }
 
 }  // namespace
