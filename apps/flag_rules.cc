@@ -35,6 +35,11 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const 
   rule(gpt, "train-seq-len", "a GPT model");
   for (const char* f : {"save-every", "keep"}) rule(!c.checkpoint_dir.empty(), f, "--checkpoint-dir");
   rule(c.schedule != LrSchedule::kConstant, "min-lr", "--lr-schedule cosine or linear");
+  // A GPU brings its own memory, which the run is planned against; `plan` keeps the flag (there it
+  // states a GPU's memory) and leaves this rule out (apps/plan_command.cc).
+  rule(s.backend == Backend::kCpu, "device-memory",
+       "simulated CPU devices (--devices cpu:N), since a GPU's own memory bounds the run (zerotrain plan "
+       "--device-memory plans for a GPU of another size)");
   return out;
 }
 
