@@ -21,6 +21,7 @@
 #include "config_file.h"
 #include "flag_rules.h"
 #include "comm/mesh.h"
+#include "comm/nccl_comm.h"
 #include "core/files.h"
 #include "core/status.h"
 #include "core/suggest.h"
@@ -172,6 +173,15 @@ int run_info(const InfoFlags& f) {
   std::printf("build: CUDA backend %s (archs %s), NVTX %s, BLAS OpenBLAS (%s)\n",
               ZT_WITH_CUDA ? "compiled" : "not compiled", ZT_CUDA_ARCHS_STR,
               ZT_NVTX_STR, openblas_get_config());
+#if ZT_WITH_CUDA
+  // What CMake found decides the GPU's speed (cuDNN's attention) and --comm nccl: say it here.
+#if defined(ZT_WITH_CUDNN)
+  const char* cudnn = "cuDNN attention built";
+#else
+  const char* cudnn = "cuDNN attention not built (the slower tiled attention kernels serve alone; see README \"Building\")";
+#endif
+  std::printf("gpu libraries: %s, NCCL %s\n", cudnn, zt::nccl_built() ? "built" : "not built (--comm nccl refused)");
+#endif
   const zt::CudaAvailability cuda = zt::cuda_availability();
   if (cuda.usable)
     std::printf("cuda: %d GPU%s visible\n", cuda.device_count, cuda.device_count == 1 ? "" : "s");

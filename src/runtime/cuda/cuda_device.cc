@@ -1409,12 +1409,17 @@ CudaAvailability query_availability() {
                            ", runtime: CUDA " + version_text(runtime);
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     if (visible != nullptr) versions += ", CUDA_VISIBLE_DEVICES=\"" + std::string(visible) + "\"";
-    result.reason = std::string("no usable GPU: cudaGetDeviceCount failed with ") +
-                    cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")" + versions;
+    // The callers say "no usable GPU (<reason>)"; the reason says what CUDA said and what to do.
+    result.reason = std::string("cudaGetDeviceCount failed with ") + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")" + versions;
+    if (err == cudaErrorInsufficientDriver)
+      result.reason += "; this build's CUDA " + version_text(runtime) +
+                       " runtime needs a newer NVIDIA driver: update the driver, or build with the toolkit "
+                       "your driver supports";
     return result;
   }
   if (count <= 0) {
-    result.reason = "no usable GPU: the CUDA runtime reports no device";
+    result.reason = "the CUDA runtime reports no device";
     return result;
   }
   result.usable = true;
