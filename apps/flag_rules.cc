@@ -28,6 +28,9 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const 
   rule(dynamic && s.precision == Precision::kFp16, "on-scale-collapse",
        "--precision fp16 with dynamic loss scaling");
   rule(s.working != DType::kF32, "stochastic-rounding", "16-bit parameters (--precision bf16 or fp16)");
+  // A 16-bit run's matrix products take 16-bit inputs (every model computes in its working dtype),
+  // so there is no fp32 product to round; on GPUs --precision auto is bf16.
+  rule(s.working == DType::kF32, "tf32", "fp32 parameters (--precision fp32; auto is bf16 on GPUs)");
   for (const char* f : {"temperature", "top-k", "sample-every"})
     rule(sampling, f, "text samples (a GPT model with --sample-tokens above 0)");
   rule(!gpt && c.steps < 0, "epochs", "image data (--model mlp) without --steps");

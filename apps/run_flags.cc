@@ -141,8 +141,8 @@ void add_precision_flags(CLI::App& sub, TrainConfig& tc) {
              "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
              "master weights and moments stay fp32");
   sub.add_flag("--tf32", tc.tf32,
-               "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation); "
-               "the CPU backend rounds the same way");
+               "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation), "
+               "with --precision fp32 (auto is bf16 on GPUs); the CPU backend rounds the same way");
   add_parsed(sub, "--loss-scale", tc.loss_scale, parse_loss_scale,
              "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
       ->default_str("auto");

@@ -82,7 +82,8 @@ TEST(RunShape, DefaultsOfTheDefaultJob) {
 }
 
 // The default job on a machine with GPUs (a fake device count; no GPU runs here): every GPU, bf16,
-// the same batch per 2 devices, and --device-memory (the simulated devices' memory) refused.
+// the same batch per 2 devices, and --device-memory (the simulated devices' memory) and --tf32 (no fp32
+// products in a bf16 run) refused.
 TEST(RunShape, DefaultJobOnGpus) {
   const ModelConfig mc = make_model_config("gpt-tiny");
   for (int gpus : {1, 2, 8}) {
@@ -98,6 +99,11 @@ TEST(RunShape, DefaultJobOnGpus) {
       return std::any_of(flags.begin(), flags.end(), [&](const InapplicableFlag& f) { return f.flag == name; });
     };
     EXPECT_TRUE(named(inapplicable_run_flags(s, mc), "device-memory")) << gpus;
+    // --tf32 rounds fp32 products only: the default bf16 run on GPUs has none.
+    EXPECT_TRUE(named(inapplicable_run_flags(s, mc), "tf32")) << gpus;
+    TrainConfig fp32;
+    fp32.precision = Precision::kFp32;
+    EXPECT_FALSE(named(inapplicable_run_flags(resolve_run_shape(fp32, mc, gpus, Backend::kCuda), mc), "tf32")) << gpus;
     EXPECT_FALSE(named(inapplicable_run_flags(resolve_run_shape(TrainConfig{}, mc, gpus, Backend::kCpu), mc),
                        "device-memory"))
         << gpus;
