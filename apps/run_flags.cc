@@ -251,7 +251,7 @@ void add_checkpoint_flags(CLI::App& sub, RunFlags& f) {
              "messages; equal to one process up to rounding); changes nothing in one process");
   add_choice(sub, "--comm", tc.comm, Choices<CommEngine>{{"ring", CommEngine::kRing}, {"nccl", CommEngine::kNccl}},
              "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
-             "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)");
+             "reproducible) or nccl (NCCL on CUDA devices, one GPU per device; one process, or several under mpirun)");
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));
