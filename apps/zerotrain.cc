@@ -110,7 +110,7 @@ void print_peer_bandwidth(zt::Runtime& rt) {
 // group's neighbours exchange activations; device r holds stage r / (devices / P)).
 void print_mesh(zt::Runtime& rt, int tensor, int pipeline) {
   ZT_REQUIRE(rt.size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
-             tensor * pipeline, " does not divide the ", rt.size(), " devices");
+             tensor * pipeline, " does not divide the ", rt.size(), rt.size() == 1 ? " device" : " devices");
   const zt::Mesh mesh(
       zt::MeshShape{.data = rt.size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt.size());
   std::printf("mesh: %s\n", mesh.describe().c_str());

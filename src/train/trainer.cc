@@ -562,7 +562,7 @@ void Trainer::inject_faults(World& w, int step) {
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {
     const FaultInjection& f = cfg_.inject_faults[i];
     if (faults_done_[i] || step + 1 != f.step) continue;
-    ZT_REQUIRE(f.device < w.size(), "--inject-fault device=", f.device, " but the run has ", w.size(), " devices");
+    ZT_REQUIRE(f.device < w.size(), "--inject-fault device=", f.device, " but the run has ", w.size(), w.size() == 1 ? " device" : " devices");
     faults_done_[i] = true;
     w.device(f.device).inject_fault(f.hang ? FaultKind::kHang : FaultKind::kError);
   }
