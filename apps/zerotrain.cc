@@ -291,6 +291,10 @@ int run_train(CLI::App& train, const zt::RunFlags& run_flags, bool print_config)
     if (tc.warmup_steps >= 0) note("warmup-steps", tc.warmup_steps);
     if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
     if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
+    // auto is bf16 on GPUs and fp32 on the CPU backend: the file says which this run got (whether
+    // auto came from the default, the command line or a --config file, so printing is a fixed point).
+    if (run_flags.config.precision == zt::Precision::kAuto)
+      resolved.push_back(std::string("precision = '") + zt::precision_name(shape.precision) + "'");
     tc.run_config = zt::format_config(train, skip, resolved);
     if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
       zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));
