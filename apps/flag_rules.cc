@@ -28,6 +28,9 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const 
   rule(dynamic && s.precision == Precision::kFp16, "on-scale-collapse",
        "--precision fp16 with dynamic loss scaling");
   rule(s.working != DType::kF32, "stochastic-rounding", "16-bit parameters (--precision bf16 or fp16)");
+  // A 16-bit run's matrix products take 16-bit inputs (every model computes in its working dtype),
+  // so there is no fp32 product to round; on GPUs --precision auto is bf16.
+  rule(s.working == DType::kF32, "tf32", "fp32 parameters (--precision fp32; auto is bf16 on GPUs)");
   for (const char* f : {"temperature", "top-k", "sample-every"})
     rule(sampling, f, "text samples (a GPT model with --sample-tokens above 0)");
   rule(!gpt && c.steps < 0, "epochs", "image data (--model mlp) without --steps");
@@ -35,6 +38,11 @@ std::vector<InapplicableFlag> inapplicable_run_flags(const RunContext& s, const 
   rule(gpt, "train-seq-len", "a GPT model");
   for (const char* f : {"save-every", "keep"}) rule(!c.checkpoint_dir.empty(), f, "--checkpoint-dir");
   rule(c.schedule != LrSchedule::kConstant, "min-lr", "--lr-schedule cosine or linear");
+  // A GPU brings its own memory, which the run is planned against; `plan` keeps the flag (there it
+  // states a GPU's memory) and leaves this rule out (apps/plan_command.cc).
+  rule(s.backend == Backend::kCpu, "device-memory",
+       "simulated CPU devices (--devices cpu:N), since a GPU's own memory bounds the run (zerotrain plan "
+       "--device-memory plans for a GPU of another size)");
   return out;
 }
 

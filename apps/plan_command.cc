@@ -18,6 +18,15 @@
 
 namespace zt {
 
+namespace {
+// train's rules, but --device-memory counts on GPUs too: there it states (overrides) their memory.
+std::vector<InapplicableFlag> plan_inapplicable_flags(const RunContext& shape, const ModelConfig& mc) {
+  std::vector<InapplicableFlag> flags = inapplicable_run_flags(shape, mc);
+  std::erase_if(flags, [](const InapplicableFlag& f) { return f.flag == "device-memory"; });
+  return flags;
+}
+}  // namespace
+
 PlanCommand::PlanCommand(CLI::App& app) : f_(std::make_shared<RunFlags>()) {
   sub_ = app.add_subcommand("plan", "Predict per-device memory of a training run and whether it fits "
                                     "(accepts every train flag)");
@@ -66,7 +75,7 @@ int PlanCommand::run() {
     devices = n;
     backend = Backend::kCuda;
     const RunContext shape = resolve_run_shape(tc, mc, n, Backend::kCuda);
-    refuse_given(*sub_, inapplicable_run_flags(shape, mc));
+    refuse_given(*sub_, plan_inapplicable_flags(shape, mc));
     plan = plan_absent_gpus(mc, shape.plan, spec.cuda_ordinals, tc.device_memory);
     const std::set<int> gpus(spec.cuda_ordinals.begin(), spec.cuda_ordinals.end());
     const int g = static_cast<int>(gpus.size());
@@ -80,7 +89,7 @@ int PlanCommand::run() {
     devices = rt->size();
     backend = rt->backend();
     const RunContext shape = resolve_run_shape(tc, mc, rt->size(), rt->backend());
-    refuse_given(*sub_, inapplicable_run_flags(shape, mc));
+    refuse_given(*sub_, plan_inapplicable_flags(shape, mc));
     plan = plan_run(mc, *rt, shape.plan);
     if (tc.device_memory) {  // also states (overrides) the memory of real GPUs
       PlanInputs in = plan.inputs;

@@ -141,8 +141,8 @@ void add_precision_flags(CLI::App& sub, TrainConfig& tc) {
              "Parameters and gradients: fp32, bf16, fp16, or auto (bf16 on GPUs, fp32 on the CPU backend); "
              "master weights and moments stay fp32");
   sub.add_flag("--tf32", tc.tf32,
-               "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation); "
-               "the CPU backend rounds the same way");
+               "fp32 matrix products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation), "
+               "with --precision fp32 (auto is bf16 on GPUs); the CPU backend rounds the same way");
   add_parsed(sub, "--loss-scale", tc.loss_scale, parse_loss_scale,
              "dynamic, none, a fixed number, or auto (dynamic for fp16, none otherwise)")
       ->default_str("auto");
@@ -251,7 +251,7 @@ void add_checkpoint_flags(CLI::App& sub, RunFlags& f) {
              "messages; equal to one process up to rounding); changes nothing in one process");
   add_choice(sub, "--comm", tc.comm, Choices<CommEngine>{{"ring", CommEngine::kRing}, {"nccl", CommEngine::kNccl}},
              "What runs the data-parallel collectives: ring (our ring over peer copies, any devices, bitwise "
-             "reproducible) or nccl (NCCL on CUDA devices, one GPU per device, one process)");
+             "reproducible) or nccl (NCCL on CUDA devices, one GPU per device; one process, or several under mpirun)");
   sub.add_option("--max-skipped-steps", tc.max_skipped_steps,
                  "Stop (exit code 3) after this many consecutive steps skipped for non-finite gradients or loss")
       ->capture_default_str()->check(zt_cli::whole(1));

@@ -21,6 +21,7 @@
 #include "config_file.h"
 #include "flag_rules.h"
 #include "comm/mesh.h"
+#include "comm/nccl_comm.h"
 #include "core/files.h"
 #include "core/status.h"
 #include "core/suggest.h"
@@ -109,7 +110,7 @@ void print_peer_bandwidth(zt::Runtime& rt) {
 // group's neighbours exchange activations; device r holds stage r / (devices / P)).
 void print_mesh(zt::Runtime& rt, int tensor, int pipeline) {
   ZT_REQUIRE(rt.size() % (tensor * pipeline) == 0, tensor > 1 ? "--tensor-parallel " : "--pipeline-parallel ",
-             tensor * pipeline, " does not divide the ", rt.size(), " devices");
+             tensor * pipeline, " does not divide the ", rt.size(), rt.size() == 1 ? " device" : " devices");
   const zt::Mesh mesh(
       zt::MeshShape{.data = rt.size() / tensor / pipeline, .tensor = tensor, .pipeline = pipeline}, rt.size());
   std::printf("mesh: %s\n", mesh.describe().c_str());
@@ -172,6 +173,15 @@ int run_info(const InfoFlags& f) {
   std::printf("build: CUDA backend %s (archs %s), NVTX %s, BLAS OpenBLAS (%s)\n",
               ZT_WITH_CUDA ? "compiled" : "not compiled", ZT_CUDA_ARCHS_STR,
               ZT_NVTX_STR, openblas_get_config());
+#if ZT_WITH_CUDA
+  // What CMake found decides the GPU's speed (cuDNN's attention) and --comm nccl: say it here.
+#if defined(ZT_WITH_CUDNN)
+  const char* cudnn = "cuDNN attention built";
+#else
+  const char* cudnn = "cuDNN attention not built (the slower tiled attention kernels serve alone; see README \"Building\")";
+#endif
+  std::printf("gpu libraries: %s, NCCL %s\n", cudnn, zt::nccl_built() ? "built" : "not built (--comm nccl refused)");
+#endif
   const zt::CudaAvailability cuda = zt::cuda_availability();
   if (cuda.usable)
     std::printf("cuda: %d GPU%s visible\n", cuda.device_count, cuda.device_count == 1 ? "" : "s");
@@ -281,6 +291,10 @@ int run_train(CLI::App& train, const zt::RunFlags& run_flags, bool print_config)
     if (tc.warmup_steps >= 0) note("warmup-steps", tc.warmup_steps);
     if (tc.eval_every >= 0) note("eval-every", tc.eval_every);
     if (!skip.count("train-seq-len")) note("train-seq-len", tc.train_seq_len);
+    // auto is bf16 on GPUs and fp32 on the CPU backend: the file says which this run got (whether
+    // auto came from the default, the command line or a --config file, so printing is a fixed point).
+    if (run_flags.config.precision == zt::Precision::kAuto)
+      resolved.push_back(std::string("precision = '") + zt::precision_name(shape.precision) + "'");
     tc.run_config = zt::format_config(train, skip, resolved);
     if (print_config) {  // checked: a closed pipe or a full disk is an error, not exit 0
       zt::write_stdout_line(std::string_view(tc.run_config).substr(0, tc.run_config.size() - 1));

@@ -20,7 +20,8 @@ CudaAvailability cuda_availability() {
   return cuda::query_availability();
 #else
   CudaAvailability a;
-  a.reason = "this build has no CUDA backend (configured with ZT_CUDA=OFF or without nvcc)";
+  a.reason = "this build has no CUDA backend (configured with ZT_CUDA=OFF, or CMake found no nvcc: with the CUDA "
+             "toolkit at /usr/local/cuda or nvcc on the PATH, configure again, e.g. cmake --preset release)";
   return a;
 #endif
 }

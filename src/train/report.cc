@@ -84,6 +84,19 @@ std::optional<double> total_peak_flops(const std::vector<std::string>& device_na
   return total;
 }
 
+std::string short_device_name(const std::string& name) {
+  const size_t paren = name.find(" (");
+  if (paren == std::string::npos) return name;
+  std::string out = name.substr(0, paren);
+  // Logical devices on one GPU (cuda:0x2) stay apart: "[logical 1 of 2 on GPU 0]" -> "[1 of 2]".
+  const std::string kLogical = " [logical ";
+  if (const size_t l = name.find(kLogical, paren); l != std::string::npos) {
+    const size_t from = l + kLogical.size(), to = name.find(" on GPU", from);
+    out += " [" + name.substr(from, to == std::string::npos ? std::string::npos : to - from) + "]";
+  }
+  return out;
+}
+
 int warmup_steps_excluded(int timed_steps) { return std::clamp(timed_steps - 1, 0, 2); }
 
 double steady_tokens_per_s(const std::vector<double>& step_seconds, double tokens_per_step) {
@@ -234,17 +247,27 @@ std::string format_summary(const RunReport& r) {
   }
 
   const TrafficReport& t = r.traffic;
-  out += "  traffic      per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
-         std::to_string(t.local_devices) + " devices";
-  if (t.processes > 1)
-    out += " of each process, " + format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
-           std::to_string(t.processes) + " processes (" + t.topology + ")\n";
+  // One device per process (the usual one-GPU run) has no devices to exchange with: no "1 devices".
+  out += "  traffic      ";
+  if (t.local_devices > 1)
+    out += "per step " + format_bytes(static_cast<double>(t.inside_per_step)) + " between the " +
+           std::to_string(t.local_devices) + " devices" + (t.processes > 1 ? " of each process, " : "");
   else
-    out += ", none across processes\n";
+    out += t.processes > 1 ? "per step " : "none: one device";
+  if (t.processes > 1)
+    out += format_bytes(static_cast<double>(t.across_per_step)) + " out of each of the " +
+           std::to_string(t.processes) + " processes (" + (t.local_devices > 1 ? "" : "one device each, ") +
+           t.topology + ")\n";
+  else
+    out += t.local_devices > 1 ? ", none across processes\n" : "\n";
 
-  // Per-device table; the first column as wide as the longest device name.
+  // Per-device table; the first column as wide as the longest device name, short form: a GPU's
+  // description ("cuda:0 (NVIDIA H200, compute capability 9.0, 132 SMs, PCI …)") is in the run's
+  // header already and would push the columns past any terminal's width.
+  std::vector<std::string> names;
+  for (const DeviceReport& d : r.devices) names.push_back(short_device_name(d.name));
   size_t w = 6;
-  for (const DeviceReport& d : r.devices) w = std::max(w, d.name.size());
+  for (const std::string& n : names) w = std::max(w, n.size());
   // With tensor parallelism the bytes sent split by axis: data (ZeRO) and tensor (activations).
   const bool tp = std::any_of(r.devices.begin(), r.devices.end(), [](const DeviceReport& d) { return d.tensor_sent_per_step > 0; });
   std::vector<const char*> heads = {"params", "grads", "optimizer", "activations", "comm buf", "pool peak", "sent/step"};
@@ -252,8 +275,9 @@ std::string format_summary(const RunReport& r) {
   out += "  " + pad("device", w, true);
   for (const char* h : heads) out += "  " + pad(h, 11);
   out += "\n";
-  for (const DeviceReport& d : r.devices) {
-    out += "  " + pad(d.name, w, true);
+  for (size_t i = 0; i < r.devices.size(); ++i) {
+    const DeviceReport& d = r.devices[i];
+    out += "  " + pad(names[i], w, true);
     std::vector<double> cols = {double(d.params),       double(d.grads),     double(d.optimizer),
                                 double(d.activations),  double(d.comm_buffers), double(d.pool_peak),
                                 double(d.sent_per_step - d.tensor_sent_per_step)};

@@ -112,6 +112,10 @@ class StepPhaseTimer {
   PhaseTimes totals_;
 };
 
+// The summary table's name of a device: "cuda:0 (NVIDIA H200, …) [logical 1 of 2 on GPU 0]" ->
+// "cuda:0 [1 of 2]"; CPU names ("cpu:0") unchanged.
+std::string short_device_name(const std::string& name);
+
 struct DeviceReport {
   std::string name;
   size_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0, pool_peak = 0;

@@ -354,10 +354,11 @@ void Trainer::print_header(World& w, const std::string& resumed_from) {
     log_.line("mesh: " + mesh + ", tensor-parallel GPT (Megatron layout" +
               (cfg_.sequence_parallel ? ", sequence parallel)" : ")"));
   for (const std::string& line : w.stages().describe(w, tp)) log_.line(line);
-  std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batches x %d, %d steps, %s lr %.2g",
+  const bool ranks = w.mesh().shape().data < w.size();
+  std::snprintf(buf, sizeof buf, "batch: %d x %d tokens = %d %s x %d micro-batch%s x %d, %d steps, %s lr %.2g",
                 cfg_.batch_size, run_.T, w.data_ranks(),
-                w.mesh().shape().data < w.size() ? "data ranks" : "devices", w.split().accum,
-                w.split().micro, cfg_.steps,
+                w.data_ranks() == 1 ? (ranks ? "data rank" : "device") : (ranks ? "data ranks" : "devices"),
+                w.split().accum, w.split().accum == 1 ? "" : "es", w.split().micro, cfg_.steps,
                 cfg_.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD", cfg_.lr);
   log_.line(buf);
   if (result_.entropy_floor) {
@@ -561,7 +562,7 @@ void Trainer::inject_faults(World& w, int step) {
   for (size_t i = 0; i < cfg_.inject_faults.size(); ++i) {
     const FaultInjection& f = cfg_.inject_faults[i];
     if (faults_done_[i] || step + 1 != f.step) continue;
-    ZT_REQUIRE(f.device < w.size(), "--inject-fault device=", f.device, " but the run has ", w.size(), " devices");
+    ZT_REQUIRE(f.device < w.size(), "--inject-fault device=", f.device, " but the run has ", w.size(), w.size() == 1 ? " device" : " devices");
     faults_done_[i] = true;
     w.device(f.device).inject_fault(f.hang ? FaultKind::kHang : FaultKind::kError);
   }

@@ -169,6 +169,8 @@ TEST_F(Flags, PrintConfigThenConfigReproducesTheRun) {
   write("run.toml", p.out);
   EXPECT_NE(p.out.find("steps = 5\n"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("zero-stage = 3\n"), std::string::npos) << p.out;
+  // What --precision auto resolved to here (bf16 on GPUs), as a comment.
+  EXPECT_NE(p.out.find("#   precision = 'fp32'\n"), std::string::npos) << p.out;
   EXPECT_EQ(p.out.find("pp-schedule ="), std::string::npos) << "a flag that does not apply was written:\n" << p.out;
   Out a = zerotrain(dir(), run + " --metrics a.jsonl --checkpoint-dir ck");
   ASSERT_EQ(a.code, 0) << a.err;

@@ -419,6 +419,24 @@ TEST(Report, CollectiveTrafficCountsTheRingsHops) {
     }
 }
 
+// A GPU's long description stays in the header; the summary table names the device short, and
+// logical devices on one GPU apart.
+TEST(Report, SummaryTableNamesGpusShort) {
+  EXPECT_EQ(zt::short_device_name("cpu:3"), "cpu:3");
+  EXPECT_EQ(zt::short_device_name("cuda:0 (NVIDIA H200, compute capability 9.0, 132 SMs, PCI 00000000:19:00.0)"),
+            "cuda:0");
+  EXPECT_EQ(zt::short_device_name("cuda:1 (NVIDIA H200, compute capability 9.0, 132 SMs) [logical 2 of 4 on GPU 1]"),
+            "cuda:1 [2 of 4]");
+  zt::RunReport r;
+  r.devices.push_back({"cuda:0 (NVIDIA H200, compute capability 9.0, 132 SMs) [logical 0 of 2 on GPU 0]", 1 << 20});
+  r.devices.push_back({"cuda:0 (NVIDIA H200, compute capability 9.0, 132 SMs) [logical 1 of 2 on GPU 0]", 1 << 20});
+  const std::string text = zt::format_summary(r);
+  EXPECT_NE(text.find("\n  device                params"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  cuda:0 [0 of 2]     1.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  cuda:0 [1 of 2]     1.00 MiB"), std::string::npos) << text;
+  EXPECT_EQ(text.find("compute capability"), std::string::npos) << text;
+}
+
 TEST(Report, SummaryShowsTheTrafficInsideAndAcrossProcesses) {
   zt::RunReport r;
   r.traffic = {2, 2, "hierarchical", 3 << 20, 1 << 20};
@@ -434,6 +452,15 @@ TEST(Report, SummaryShowsTheTrafficInsideAndAcrossProcesses) {
   r.traffic = {1, 4, "flat", 5 << 20, 0};
   EXPECT_NE(zt::format_summary(r).find("between the 4 devices, none across processes"), std::string::npos)
       << zt::format_summary(r);
+  // One GPU (the default run on a one-GPU machine): nothing to exchange, and no "1 devices".
+  r.traffic = {1, 1, "flat", 0, 0};
+  EXPECT_NE(zt::format_summary(r).find("traffic      none: one device\n"), std::string::npos) << zt::format_summary(r);
+  r.traffic = {2, 1, "flat", 0, 7 << 20};
+  EXPECT_NE(zt::format_summary(r).find("traffic      per step 7.00 MiB out of each of the 2 processes (one device "
+                                       "each, flat)\n"),
+            std::string::npos)
+      << zt::format_summary(r);
+  EXPECT_EQ(zt::format_summary(r).find("1 devices"), std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "comm/nccl_comm.h"
+#include "flag_rules.h"
 #include "core/status.h"
 #include "train/processes.h"
 #include "model/config.h"
@@ -77,6 +79,35 @@ TEST(RunShape, DefaultsOfTheDefaultJob) {
   EXPECT_EQ(s.plan.micro_batches, 1);
   EXPECT_TRUE(s.plan.sampling);
   EXPECT_FALSE(s.plan.sgd);
+}
+
+// The default job on a machine with GPUs (a fake device count; no GPU runs here): every GPU, bf16,
+// the same batch per 2 devices, and --device-memory (the simulated devices' memory) and --tf32 (no fp32
+// products in a bf16 run) refused.
+TEST(RunShape, DefaultJobOnGpus) {
+  const ModelConfig mc = make_model_config("gpt-tiny");
+  for (int gpus : {1, 2, 8}) {
+    const RunContext s = resolve_run_shape(TrainConfig{}, mc, gpus, Backend::kCuda);
+    EXPECT_EQ(s.precision, Precision::kBf16) << gpus;
+    EXPECT_EQ(s.working, DType::kBF16) << gpus;
+    EXPECT_EQ(s.scaling, ZeroOptions::Scaling::kNone) << gpus;
+    EXPECT_EQ(s.cfg.batch_size, default_batch_size(true, gpus)) << gpus;
+    EXPECT_EQ(s.cfg.micro_batch_size * gpus, s.cfg.batch_size) << gpus;
+    EXPECT_EQ(s.plan.zero_stage, 2) << gpus;
+    EXPECT_EQ(s.cfg.steps, 1500) << gpus;
+    auto named = [](const std::vector<InapplicableFlag>& flags, const std::string& name) {
+      return std::any_of(flags.begin(), flags.end(), [&](const InapplicableFlag& f) { return f.flag == name; });
+    };
+    EXPECT_TRUE(named(inapplicable_run_flags(s, mc), "device-memory")) << gpus;
+    // --tf32 rounds fp32 products only: the default bf16 run on GPUs has none.
+    EXPECT_TRUE(named(inapplicable_run_flags(s, mc), "tf32")) << gpus;
+    TrainConfig fp32;
+    fp32.precision = Precision::kFp32;
+    EXPECT_FALSE(named(inapplicable_run_flags(resolve_run_shape(fp32, mc, gpus, Backend::kCuda), mc), "tf32")) << gpus;
+    EXPECT_FALSE(named(inapplicable_run_flags(resolve_run_shape(TrainConfig{}, mc, gpus, Backend::kCpu), mc),
+                       "device-memory"))
+        << gpus;
+  }
 }
 
 TEST(RunShape, AccumulationPrecisionAndScaling) {

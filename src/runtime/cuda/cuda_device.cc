@@ -1409,12 +1409,17 @@ CudaAvailability query_availability() {
                            ", runtime: CUDA " + version_text(runtime);
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     if (visible != nullptr) versions += ", CUDA_VISIBLE_DEVICES=\"" + std::string(visible) + "\"";
-    result.reason = std::string("no usable GPU: cudaGetDeviceCount failed with ") +
-                    cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")" + versions;
+    // The callers say "no usable GPU (<reason>)"; the reason says what CUDA said and what to do.
+    result.reason = std::string("cudaGetDeviceCount failed with ") + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")" + versions;
+    if (err == cudaErrorInsufficientDriver)
+      result.reason += "; this build's CUDA " + version_text(runtime) +
+                       " runtime needs a newer NVIDIA driver: update the driver, or build with the toolkit "
+                       "your driver supports";
     return result;
   }
   if (count <= 0) {
-    result.reason = "no usable GPU: the CUDA runtime reports no device";
+    result.reason = "the CUDA runtime reports no device";
     return result;
   }
   result.usable = true;
@@ -1449,10 +1454,17 @@ std::vector<std::unique_ptr<Device>> create_devices(const std::vector<int>& requ
     // Checked here, per GPU: on a machine whose GPUs differ (a display GPU beside the compute ones,
     // which --devices all picks up) an older one would otherwise fail at its first kernel with
     // cudaErrorNoKernelImageForDevice (PTX cannot be compiled for a GPU older than its target).
-    ZT_REQUIRE(prop.major * 10 + prop.minor >= kMinComputeCapability, "GPU ", ordinal, " (", prop.name,
-               ") has compute capability ", prop.major, ".", prop.minor, ", and this build's CUDA kernels need ",
-               kMinComputeCapability / 10, ".", kMinComputeCapability % 10,
-               " or newer (ZT_CUDA_ARCHS); leave it out with --devices cuda:<ordinals of newer GPUs>");
+    // A GPU of 8.0 or newer that this build leaves out (the `gpu` preset's 90 on an A100) runs after
+    // a rebuild; older ones are below the project's floor (built and checked for 8.0 and 9.0 only;
+    // cuDNN's fused attention, which the 16-bit runs rely on, needs 8.0 too).
+    const int cc = prop.major * 10 + prop.minor;
+    ZT_REQUIRE(cc >= kMinComputeCapability, "GPU ", ordinal, " (", prop.name, ") has compute capability ",
+               prop.major, ".", prop.minor, ", and this build's CUDA kernels need ", kMinComputeCapability / 10, ".",
+               kMinComputeCapability % 10, " or newer (ZT_CUDA_ARCHS); leave it out with --devices cuda:<ordinals of "
+               "newer GPUs>",
+               cc >= 80 ? std::string(", or rebuild with ") + std::to_string(cc) +
+                              " in ZT_CUDA_ARCHS (the release preset's 80;90 runs every GPU of 8.0 or newer)"
+                        : std::string());
     gpu.major = prop.major;
     gpu.name = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
