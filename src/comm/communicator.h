@@ -83,7 +83,7 @@
 // overwrite or free it. Tickets are per rank. A sender may skip wait_send when the buffer stays
 // untouched until a later synchronisation; the communicator then forgets the oldest of more than
 // kMaxUnwaitedSends matched sends of a rank, and a late wait_send on a forgotten ticket waits for
-// the rank's newest peer copy instead (a superset).
+// the newest copy on each of the rank's links instead (a superset: a link runs its copies in order).
 // Errors: bad arguments throw from isend; a mismatch found at the match throws on the receiver
 // at once and on the sender at wait_send (not at all if it never waits; the pair is consumed
 // either way). abort() makes a wait_send on an unmatched send throw

@@ -176,12 +176,24 @@ struct Communicator::Impl {
   // the comm stream it would hold back everything queued after it there (the receive marks other
   // ranks' copies wait for, collectives), serialising a pipeline's stages. One stream per
   // (src, dst) keeps each link's copies in posting order, which is the order they are matched in.
-  std::map<std::pair<int, int>, Stream*> links;
-  Stream& link(const std::vector<Device*>& devices, int src, int dst) {
-    Stream*& s = links[std::make_pair(src, dst)];
-    if (s == nullptr) s = &devices[static_cast<size_t>(src)]->create_stream();
-    return *s;
+  // `copied` is recorded on the link after each of its copies: the link runs them in order, so its
+  // newest record covers every copy the link ran before (what a wait_send on a forgotten ticket
+  // needs; the rank's `sent` does not: its newest record may be on another link or the comm stream).
+  struct Link {
+    Stream* stream = nullptr;
+    std::unique_ptr<Event> copied;
+  };
+  std::map<std::pair<int, int>, Link> links;
+  Link& link_of(const std::vector<Device*>& devices, int src, int dst) {
+    Link& l = links[std::make_pair(src, dst)];
+    if (l.stream == nullptr) {
+      Device& d = *devices[static_cast<size_t>(src)];
+      l.stream = &d.create_stream();
+      l.copied = d.create_event();
+    }
+    return l;
   }
+  Stream& link(const std::vector<Device*>& devices, int src, int dst) { return *link_of(devices, src, dst).stream; }
 
   std::vector<Rank> ranks;
   size_t slot_bytes = 0;

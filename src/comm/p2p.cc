@@ -91,7 +91,10 @@ void Communicator::Impl::enqueue_copies(const std::vector<Device*>& devices, con
       comm.wait(*ranks[c.dst].ready);
       comm.copy_peer(*devices[c.dst], c.to, c.from, c.bytes);
       comm.record(*ranks[c.src].sent);
-      if (c.src_copied != nullptr) comm.record(*c.src_copied);
+      if (c.src_copied != nullptr) {
+        comm.record(*c.src_copied);
+        comm.record(*link_of(devices, c.src, c.dst).copied);
+      }
     }
     ranks[c.src].counters.bytes_sent += c.bytes;
     ranks[c.dst].counters.bytes_received += c.bytes;
@@ -281,9 +284,12 @@ void Communicator::wait_send(int rank, uint64_t ticket, Stream& consumer) {
              " (isend returns them; rank ", rank, " posted ", p.next_ticket - 1, " sends)");
   const auto it = p.live.find(ticket);
   if (it == p.live.end()) {
-    // Waited for already, or forgotten: the rank's newest copy record covers that copy too.
+    // Waited for already, or forgotten: the newest copy of each of the rank's links covers it (a
+    // superset). Not the rank's `sent`: its newest record may be on another link's stream or the
+    // comm stream, which never waited for this copy.
     std::lock_guard<std::mutex> enqueue_lock(im.enqueue_mu);
-    consumer.wait(*im.ranks[static_cast<size_t>(rank)].sent);
+    for (auto& [key, l] : im.links)
+      if (key.first == rank) consumer.wait(*l.copied);
     return;
   }
   P2POp* op = it->second.get();

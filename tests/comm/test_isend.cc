@@ -482,5 +482,38 @@ TEST(Isend, UnwaitedAndUnmatchedSends) {
   rt->synchronize();
 }
 
+// A forgotten ticket's wait covers its own link's copy, not only the rank's newest copy: rank 0's
+// first send (to rank 1) is held behind a gate on its producer while more than kMaxUnwaitedSends
+// sends to rank 2 run on another link and make it forgotten. A wait on the rank's newest copy
+// (link 0->2) would let the consumer overwrite the buffer before the held copy read it.
+TEST(Isend, ForgottenTicketWaitsForItsOwnLink) {
+  auto rt = Runtime::create_cpu(3);
+  auto devs = first_devices(*rt, 3);
+  const int64_t numel = 64;
+  RankBuffers src(devs, DType::kF32, numel);
+  RankBuffers dst(devs, DType::kF32, numel);
+  src.fill([](int, int64_t i) { return static_cast<float>(i + 1); });
+  dst.poison();
+  Communicator comm(devs, kSmallChunk);
+  Stream& held = devs[0]->create_stream();
+  std::promise<void> open;
+  std::shared_future<void> open_f = open.get_future().share();
+  held.host_func([open_f] { open_f.wait(); });
+  const uint64_t first = comm.isend(0, 1, view_of(src, 0), &held);
+  comm.recv(1, 0, view_of(dst, 1), nullptr);
+  for (size_t k = 0; k <= Communicator::kMaxUnwaitedSends; ++k) {
+    comm.isend(0, 2, view_of(src, 0), nullptr);
+    comm.recv(2, 0, view_of(dst, 2), nullptr);
+  }
+  Stream& compute = devs[0]->compute();
+  comm.wait_send(0, first, compute);
+  float* s = floats(src, 0);
+  compute.host_func([s, numel] { std::fill(s, s + numel, -5.0f); });
+  std::this_thread::sleep_for(20ms);  // a consumer ordered wrongly has overwritten the buffer by now
+  open.set_value();
+  rt->synchronize();
+  for (int64_t i = 0; i < numel; ++i) ASSERT_EQ(load(DType::kF32, dst.data(1), i), static_cast<float>(i + 1)) << i;
+}
+
 }  // namespace
 }  // namespace zt
