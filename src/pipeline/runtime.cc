@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "core/nvtx.h"
@@ -85,7 +86,10 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
     const size_t span = next_span++;
     if (opt.spans != nullptr) {
       (*opt.spans)[span] = StageSpan{stage, a.kind, a.micro, a.chunk, 0, 0};
-      stamp(s, opt.spans, span, false);
+      if (opt.timer != nullptr)
+        opt.timer->mark(s, span, false);
+      else
+        stamp(s, opt.spans, span, false);
     }
     {
       const NvtxRange range(a.kind == ActionKind::kForward ? NvtxCategory::kForward : NvtxCategory::kBackward,
@@ -98,9 +102,37 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
         default: break;
       }
     }
-    if (opt.spans != nullptr) stamp(s, opt.spans, span, true);
+    if (opt.spans != nullptr) {
+      if (opt.timer != nullptr)
+        opt.timer->mark(s, span, true);
+      else
+        stamp(s, opt.spans, span, true);
+    }
   }
   for (uint64_t t : sends) comm.wait_send(rank, t, s);
+}
+
+void SpanTimer::mark(Stream& s, size_t span, bool end) {
+  const size_t k = marks_.size();
+  if (k == events_.size()) events_.push_back(s.device().create_timing_event());
+  s.record(*events_[k]);
+  marks_.push_back(Mark{span, end});
+}
+
+void SpanTimer::resolve(Stream& s, std::vector<StageSpan>& spans) {
+  if (marks_.empty()) return;
+  if (!anchor_) anchor_ = s.device().create_timing_event();
+  s.record(*anchor_);
+  anchor_->synchronize();
+  const double now = clock_us();
+  for (size_t k = 0; k < marks_.size(); ++k) {
+    const Mark& m = marks_[k];
+    ZT_CHECK(m.span < spans.size(), "span ", m.span, " of ", spans.size(), " marked");
+    // Unknown (a failed device's events): a span of no length at the anchor.
+    const std::optional<double> ago = anchor_->seconds_since(*events_[k]);
+    (m.end ? spans[m.span].end_us : spans[m.span].start_us) = ago ? now - *ago * 1e6 : now;
+  }
+  marks_.clear();
 }
 
 PipelineBubble measure_bubble(const std::vector<StageSpan>& spans, int stages) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -61,10 +62,35 @@ struct StageSpan {
   double start_us = 0, end_us = 0;
 };
 
+// Times a stage's compute spans with timing events on its stream instead of host functions: on
+// CUDA a host function stalls its stream until CUDA's callback thread has run it (two per action),
+// and the logical devices of one GPU share that thread. One per stage, reused step after step.
+class SpanTimer {
+ public:
+  // run_pipeline_stage: span `span`'s start or end is when `s` reaches this point.
+  void mark(Stream& s, size_t span, bool end);
+  // After `s` ran every mark (e.g. after synchronizing it): writes the marked spans' times into
+  // `spans` (steady-clock microseconds, as the host-function stamps), through one anchor event
+  // whose host time is read when it completes on the idle stream.
+  void resolve(Stream& s, std::vector<StageSpan>& spans);
+  // Forgets marks never resolved (a step that failed part-way), before reusing cleared spans.
+  void discard() { marks_.clear(); }
+
+ private:
+  struct Mark {
+    size_t span;
+    bool end;
+  };
+  std::vector<std::unique_ptr<Event>> events_;  // marks_[k] recorded events_[k]
+  std::vector<Mark> marks_;
+  std::unique_ptr<Event> anchor_;
+};
+
 struct StageRunOptions {
-  // Compute spans are appended here, one vector per stage (the stream writes their times; read
-  // them after synchronizing it).
+  // Compute spans are appended here, one vector per stage. Without `timer` the stream writes their
+  // times (read them after synchronizing it); with it, timer->resolve writes them.
   std::vector<StageSpan>* spans = nullptr;
+  SpanTimer* timer = nullptr;
   // Tests: called before each action with the streams that action uses, to inject delays.
   std::function<void(const Action&, Stream& compute, Stream& comm)> before_action;
 };

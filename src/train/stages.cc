@@ -79,6 +79,7 @@ PipelineStages::PipelineStages(World& w, int B, int T, PipelinePartition partiti
       schedule_(std::move(schedule)),
       note_(std::move(note)),
       spans_(static_cast<size_t>(w.size())),
+      span_timers_(static_cast<size_t>(w.size())),
       all_spans_(all_spans) {
   for (int r = 0; r < w.size(); ++r)
     work_.push_back(std::make_unique<ModelStageWork>(w.model_of(r), w.device(r), w.engine_of(r).rank(w.engine_rank(r)),

@@ -140,6 +140,7 @@ class PipelineStages final : public StageRunner {
   // Compute spans of each rank's last step (per rank; read after the step's sync): the data-index-0
   // ranks' always (the measured bubble), every rank's with all_spans (--trace).
   std::vector<std::vector<StageSpan>> spans_;
+  std::vector<SpanTimer> span_timers_;  // per rank: the spans' times by events (no host functions)
   bool all_spans_ = false;
   double bubble_sum_ = 0;  // measured bubble fractions of the steps so far, summed
   int bubble_steps_ = 0;

@@ -175,8 +175,9 @@ void PipelineStages::rank_step(World& world, const RunContext& run, int step, in
   engine.rank(local).begin_pipeline_step();
   std::vector<StageSpan>& spans = spans_[ri];
   spans.clear();
+  span_timers_[ri].discard();
   StageRunOptions opt;
-  if (world.mesh().index(MeshAxis::kData, r) == 0 || all_spans_) opt.spans = &spans;
+  if (world.mesh().index(MeshAxis::kData, r) == 0 || all_spans_) opt.spans = &spans, opt.timer = &span_timers_[ri];
   run_pipeline_stage(schedule_, stage, world.comm(), world.mesh().pipeline_group(r), work, opt);
   s.record(*ev.compute_done);
   const int tied = (stage == 0 || stage == P - 1) ? tied_embedding_block(world.model_of(r)) : -1;
@@ -197,6 +198,7 @@ void PipelineStages::rank_step(World& world, const RunContext& run, int step, in
   s.copy(&R.scale, engine.rank(local).scaler().state_device(), sizeof R.scale);
   s.record(*ev.grads_ready);
   s.synchronize();  // the step's one host synchronisation on this rank
+  span_timers_[ri].resolve(s, spans);  // the stream is idle: its anchor's host time is now
   R.loss_sum = work.loss_sum();  // the head stage's; 0 elsewhere
   if (stage == P - 1 && P > 1 && tied >= 0) {
     // The head's copy of the embeddings holds the same summed gradient as the first stage's: count it once.

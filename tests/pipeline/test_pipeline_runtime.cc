@@ -349,5 +349,38 @@ TEST(PipelineRuntime, AddsNoIdleTimeBeyondTheSchedules) {
   EXPECT_LT(zb, one_f_one_b);
 }
 
+// SpanTimer: spans timed by events on the stream (no host function of its own), resolved after the
+// stream ran them onto the host's steady clock: each span lasts at least the work between its marks
+// (5 ms of sleep), the spans keep the stream's order, and all lie between the host's reads around
+// the run. Unresolved marks of a failed step are discarded.
+TEST(SpanTimer, TimesSpansByEventsOnTheStream) {
+  auto rt = Runtime::create_cpu(1);
+  Stream& s = rt->device(0).compute();
+  const auto now_us = [] {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  SpanTimer timer;
+  std::vector<StageSpan> spans(2);
+  timer.mark(s, 0, false);  // a step that failed part-way: never resolved
+  timer.discard();
+  const double before = now_us();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    timer.mark(s, i, false);
+    s.host_func([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+    timer.mark(s, i, true);
+  }
+  s.synchronize();
+  timer.resolve(s, spans);
+  const double after = now_us();
+  EXPECT_GE(spans[0].start_us, before);
+  EXPECT_GE(spans[0].end_us - spans[0].start_us, 5000.0);
+  EXPECT_LE(spans[0].end_us, spans[1].start_us);
+  EXPECT_GE(spans[1].end_us - spans[1].start_us, 5000.0);
+  EXPECT_LE(spans[1].end_us, after);
+  const std::vector<StageSpan> resolved = spans;
+  timer.resolve(s, spans);  // nothing marked since: unchanged
+  EXPECT_EQ(spans[1].end_us, resolved[1].end_us);
+}
+
 }  // namespace
 }  // namespace zt
