@@ -14,6 +14,7 @@
 
 #include <cstring>
 #include <limits>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -216,6 +217,49 @@ TEST_F(Resume, ConvertingToAnotherDeviceCountAndStageRewritesEveryArrayBitwise) 
     ra.read(arr.name, 0, arr.numel, x.data());
     rb.read(arr.name, 0, arr.numel, y.data());
     EXPECT_EQ(x, y) << arr.name;
+  }
+}
+
+// A save after a step that also took the recovery snapshot (--snapshot-every dividing --save-every)
+// writes that snapshot rather than copying every shard to the host a second time: the metrics
+// record says so, and both checkpoints hold the bits and meta of a run without --snapshot-every.
+TEST_F(Resume, ASaveAtASnapshotStepSharesTheSnapshotAndWritesTheSameBits) {
+  fs::create_directories(dir_);
+  TrainConfig a = tiny(2, 2, 6, Precision::kBf16);
+  a.test.keep_final_params = false;
+  a.save_every = 4;
+  a.checkpoint_dir = dir("plain");
+  TrainConfig b = a;
+  b.checkpoint_dir = dir("shared");
+  b.snapshot_every = 2;
+  b.metrics_path = dir("metrics.jsonl");
+  const TrainResult ra = train(a), rb = train(b);
+  ASSERT_EQ(ra.checkpoints.size(), 2u);
+  ASSERT_EQ(rb.checkpoints.size(), 2u);
+  std::map<int, bool> from_snapshot;  // step -> the record's flag
+  std::ifstream in(b.metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "checkpoint") from_snapshot[j.at("step").get<int>()] = j.at("from_snapshot").get<bool>();
+  }
+  // Step 6 is the last: no recovery snapshot is taken after it, so its save copies from the devices.
+  EXPECT_EQ(from_snapshot, (std::map<int, bool>{{4, true}, {6, false}}));
+  for (size_t k = 0; k < 2; ++k) {
+    const CheckpointReader x = CheckpointReader::open(ra.checkpoints[k]);
+    const CheckpointReader y = CheckpointReader::open(rb.checkpoints[k]);
+    nlohmann::json mx = x.meta(), my = y.meta();
+    mx.erase("checkpoint_owner");  // each directory's own
+    my.erase("checkpoint_owner");
+    EXPECT_EQ(mx, my) << ra.checkpoints[k];
+    ASSERT_EQ(x.manifest().arrays.size(), y.manifest().arrays.size());
+    for (const ManifestArray& arr : x.manifest().arrays) {
+      ASSERT_TRUE(y.has_array(arr.name)) << arr.name;
+      const size_t bytes = arr.numel * storage_dtype_size(arr.dtype);
+      std::vector<uint8_t> u(bytes, 0xAB), v(bytes, 0xCD);
+      x.read(arr.name, 0, arr.numel, u.data());
+      y.read(arr.name, 0, arr.numel, v.data());
+      EXPECT_EQ(u, v) << ra.checkpoints[k] << " " << arr.name;
+    }
   }
 }
 
