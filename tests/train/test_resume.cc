@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "train/export.h"
+#include "train/plan.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "train/trainer.h"
@@ -237,11 +238,18 @@ TEST_F(Resume, ASaveAtASnapshotStepSharesTheSnapshotAndWritesTheSameBits) {
   ASSERT_EQ(ra.checkpoints.size(), 2u);
   ASSERT_EQ(rb.checkpoints.size(), 2u);
   std::map<int, bool> from_snapshot;  // step -> the record's flag
+  std::vector<size_t> snapshot_bytes;
   std::ifstream in(b.metrics_path);
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line);
     if (j.value("event", "") == "checkpoint") from_snapshot[j.at("step").get<int>()] = j.at("from_snapshot").get<bool>();
+    if (j.value("event", "") == "snapshot") snapshot_bytes.push_back(j.at("bytes").get<size_t>());
   }
+  // What `zerotrain plan` says a snapshot holds in host memory is what the snapshots held.
+  PlanInputs pin;
+  pin.working = DType::kBF16;
+  const size_t planned = snapshot_host_bytes(make_model_config("gpt-tiny", b.overrides), pin);
+  EXPECT_EQ(snapshot_bytes, (std::vector<size_t>{planned, planned, planned})) << "steps 0, 2 and 4";
   // Step 6 is the last: no recovery snapshot is taken after it, so its save copies from the devices.
   EXPECT_EQ(from_snapshot, (std::map<int, bool>{{4, true}, {6, false}}));
   for (size_t k = 0; k < 2; ++k) {
@@ -261,6 +269,20 @@ TEST_F(Resume, ASaveAtASnapshotStepSharesTheSnapshotAndWritesTheSameBits) {
       EXPECT_EQ(u, v) << ra.checkpoints[k] << " " << arr.name;
     }
   }
+  // fp32 with SGD: masters and one moment, no 16-bit copy.
+  TrainConfig c = tiny(2, 1, 1, Precision::kFp32);
+  c.test.keep_final_params = false;
+  c.optimizer = OptimizerKind::kSgd;
+  c.snapshot_every = 1;
+  c.metrics_path = dir("metrics-sgd.jsonl");
+  train(c);
+  std::ifstream sgd(c.metrics_path);
+  size_t held = 0;
+  for (std::string line; std::getline(sgd, line);)
+    if (const nlohmann::json j = nlohmann::json::parse(line); j.value("event", "") == "snapshot") held = j.at("bytes");
+  pin.working = DType::kF32;
+  pin.sgd = true;
+  EXPECT_EQ(held, snapshot_host_bytes(make_model_config("gpt-tiny", c.overrides), pin));
 }
 
 // --offload optimizer keeps master weights and moments in host memory; checkpoints read and write
