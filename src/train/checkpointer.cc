@@ -193,22 +193,22 @@ std::string Checkpointer::write_partial(const HostSnapshot& snap, int process) {
   return written;
 }
 
-void Checkpointer::save(HostSnapshot snap, double stall_s) {
-  const size_t bytes = snap.bytes();
-  const int64_t at = snap.step;
-  saver_->save(std::move(snap), [this, stall_s, bytes, at](const std::string& path, double secs) {
+void Checkpointer::save(std::shared_ptr<const HostSnapshot> snap, double stall_s, bool shared) {
+  const size_t bytes = snap->bytes();
+  const int64_t at = snap->step;
+  saver_->save(std::move(snap), [this, stall_s, bytes, at, shared](const std::string& path, double secs) {
     char line[512];
     // Several processes: the bytes, stall and time are this process's (0's, which prints).
-    std::snprintf(line, sizeof line, "checkpoint %s: %s%s, training stalled %.1f ms, written in the background in %.1f ms",
+    std::snprintf(line, sizeof line, "checkpoint %s: %s%s, training stalled %.1f ms%s, written in the background in %.1f ms",
                   path.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), team_ ? " from process 0" : "",
-                  stall_s * 1e3, secs * 1e3);
+                  stall_s * 1e3, shared ? " (the step's recovery snapshot, shared)" : "", secs * 1e3);
     {
       std::lock_guard<std::mutex> lock(mu_);
       paths_.push_back(path);
       messages_.push_back(line);
     }
     log_.emit({{"event", "checkpoint"}, {"step", at}, {"path", path}, {"bytes", bytes}, {"stall_ms", stall_s * 1e3},
-               {"write_ms", secs * 1e3}});
+               {"write_ms", secs * 1e3}, {"from_snapshot", shared}});
   });
 }
 

@@ -50,9 +50,11 @@ class Checkpointer {
   // Writes TrainConfig::run_config to DIR/config.toml (atomically), once every check of the run
   // has passed (resume included), so that a refused run leaves the directory as it was.
   void write_run_config();
-  // Snapshot now (training stalls for the device-to-host copy), then write and commit in the
-  // background; a failure of the previous background save is rethrown here.
-  void save(HostSnapshot snap, double stall_s);
+  // Writes and commits a snapshot just taken (training stalled stall_s for its device-to-host
+  // copy) in the background; a failure of the previous background save is rethrown here.
+  // shared: snap is the step's recovery snapshot (--snapshot-every), which the save reads in place
+  // rather than copying the devices' state to the host a second time.
+  void save(std::shared_ptr<const HostSnapshot> snap, double stall_s, bool shared = false);
   // Writes synchronously (a conversion, or a stop on a signal); returns the checkpoint's path.
   std::string save_now(const HostSnapshot& snap);
   // Collects a save that finished (its message and metrics record), without blocking.

@@ -737,6 +737,19 @@ size_t plain_matmul_scratch_bound(const ModelConfig& mc, const PlanInputs& in) {
 }
 }  // namespace
 
+size_t snapshot_host_bytes(const ModelConfig& mc, const PlanInputs& in) {
+  // The arrays a snapshot holds cover the logical blocks (a GPT's padded vocabulary rows included).
+  int64_t numel = 0;
+  if (mc.kind == ModelKind::kGpt) {
+    const ParamLayout layout = gpt_layout(mc);  // blocks() refers into it: not a temporary
+    for (const auto& b : layout.blocks()) numel += b.numel;
+  } else {
+    numel = mc.num_parameters();
+  }
+  const size_t per_element = 4 * (in.sgd ? 2 : 3) + (in.working != DType::kF32 ? dtype_size(in.working) : 0);
+  return static_cast<size_t>(numel) * per_element;
+}
+
 std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   const PlanInputs& in = plan.inputs;
   std::ostringstream os;
@@ -791,6 +804,9 @@ std::string format_plan(const ModelConfig& mc, const MemoryPlan& plan) {
   format_attention_block(os, mc, plan);
   os << "pinned host staging (snapshot and checkpoint copies, from the first one on): "
      << F(plan.per_device[0].host_staging) << " per device, outside the pool\n";
+  os << "host memory of a recovery snapshot or checkpoint save (the whole model's state, pageable): "
+     << F(snapshot_host_bytes(mc, in)) << " each; --snapshot-every keeps one (two while the next is taken), "
+        "a save of another step one more until it is written\n";
   if (in.offload)
     os << "host (offloaded optimizer, " << static_cast<int>(in.offload_fraction * 100 + 0.5) << "% of each shard): "
        << F(plan.per_device[0].host) << " per device, " << F(plan.per_device[0].host * plan.per_device.size())

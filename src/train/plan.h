@@ -169,6 +169,12 @@ std::string format_parameter_count(int64_t n);
 // what World allocates.
 RankBufferShape plan_rank_buffer_shape(const ModelConfig& model, const PlanInputs& in);
 
+// Host bytes of one snapshot of the whole model's state (train/state_io.h HostSnapshot: fp32
+// masters and moments, and the 16-bit parameters in a 16-bit run), pageable memory outside every
+// pool: --snapshot-every keeps one (two while the next replaces it) and a checkpoint save holds
+// one until its background write ends (none extra when it shares the recovery snapshot of its step).
+size_t snapshot_host_bytes(const ModelConfig& model, const PlanInputs& in);
+
 // Human-readable table: one row per device, then the verdict.
 std::string format_plan(const ModelConfig& model, const MemoryPlan& plan);
 // "1.50 GiB"

@@ -576,7 +576,7 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
 
 struct BackgroundSaver::Job {
   // Owned by the job (the thread reads only these and the fields below it writes).
-  HostSnapshot snap;
+  std::shared_ptr<const HostSnapshot> snap;
   std::string root;
   int keep = 0;
   CheckpointTeam* team = nullptr;
@@ -597,7 +597,8 @@ BackgroundSaver::~BackgroundSaver() {
   if (job_ && job_->thread.joinable()) job_->thread.join();
 }
 
-void BackgroundSaver::save(HostSnapshot snap, OnDone on_done) {
+void BackgroundSaver::save(std::shared_ptr<const HostSnapshot> snap, OnDone on_done) {
+  ZT_CHECK(snap != nullptr, "BackgroundSaver::save: no snapshot");
   wait();
   auto job = std::make_unique<Job>();
   job->snap = std::move(snap);
@@ -608,15 +609,15 @@ void BackgroundSaver::save(HostSnapshot snap, OnDone on_done) {
   Job* j = job.get();
   job->thread = std::thread([j] {
     try {
-      const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(j->snap.step));
+      const NvtxRange range(NvtxCategory::kCheckpoint, "checkpoint write step " + std::to_string(j->snap->step));
       const auto t0 = std::chrono::steady_clock::now();
-      j->path = write_checkpoint(j->snap, j->root, j->keep, j->team);
+      j->path = write_checkpoint(*j->snap, j->root, j->keep, j->team);
       j->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       j->error = std::current_exception();
     }
-    // The snapshot's memory goes back now, not at the next collection.
-    j->snap = HostSnapshot{};
+    // The snapshot's memory goes back now (when no one else shares it), not at the next collection.
+    j->snap.reset();
     j->finished.store(true, std::memory_order_release);
   });
   job_ = std::move(job);

@@ -118,7 +118,9 @@ std::string write_checkpoint(const HostSnapshot& snap, const std::string& root, 
                              CheckpointTeam* team = nullptr);
 
 // Saves in the background, one save at a time. Safe by construction: the saving thread touches
-// only what the saver owns (the snapshot, moved in, and copies of root and keep) and the team
+// only what the saver owns (the snapshot, which it co-owns and only reads: a snapshot is never
+// changed once taken, so the trainer may share its recovery snapshot with a save; and copies of
+// root and keep) and the team
 // (several processes: the owner keeps it alive longer than the saver, and no other thread uses it
 // while a save is in flight; the commit's barrier then runs on the saving thread), and the
 // destructor joins it, so nothing the thread uses can go away under it, whatever the owner's
@@ -140,8 +142,12 @@ class BackgroundSaver {
   BackgroundSaver(const BackgroundSaver&) = delete;
   BackgroundSaver& operator=(const BackgroundSaver&) = delete;
 
-  // Finishes the previous save (as wait()), then writes and commits snap on a new thread.
-  void save(HostSnapshot snap, OnDone on_done);
+  // Finishes the previous save (as wait()), then writes and commits snap on a new thread. The
+  // snapshot's memory goes back when the write ends (or later, with its other owners' share).
+  void save(std::shared_ptr<const HostSnapshot> snap, OnDone on_done);
+  void save(HostSnapshot snap, OnDone on_done) {
+    save(std::make_shared<const HostSnapshot>(std::move(snap)), std::move(on_done));
+  }
   // Non-blocking: when the save in flight has finished, collects it (runs its on_done, or rethrows
   // its failure). Returns true when no save is in flight afterwards.
   bool poll();

@@ -27,6 +27,7 @@
 #include "model/layout.h"
 #include "runtime/cpu/cpu_device.h"
 #include "runtime/runtime.h"
+#include "checkpoint/checkpoint.h"
 #include "train/graph_step.h"
 #include "train/trainer.h"
 #include "zero/engine.h"
@@ -435,6 +436,47 @@ TEST(CudaGraphs, OnWithRecomputationAndOneMicroBatchPerStep) {
   EXPECT_TRUE(b.result.cuda_graphs);
   expect_same_run(a, b, "recompute full, stage 1");
   EXPECT_GT(b.result.time_split.recompute, 0);
+}
+
+// Recovery snapshots, checkpoint saves and an in-process recovery happen between steps, outside
+// every capture (a capture holds one piece of a micro-batch): with graphs on they are legal under
+// CUDA's rules, the replays after them (and the graphs captured anew on the survivors) give the
+// eager run's bits, and the checkpoints hold the same arrays.
+TEST(CudaGraphs, OnWithSnapshotsSavesAndARecoveryEqualsOff) {
+  test_util::TempDir dir("cuda_graphs_snapshots");
+  TrainConfig off = small_run(CudaGraphs::kOff, 2, 2);
+  off.precision = Precision::kBf16;
+  off.steps = 6;
+  off.snapshot_every = 2;
+  off.save_every = 4;
+  off.inject_faults = {{1, 6, false}};  // device 1 fails at step 6: the run goes on from step 4 on device 0
+  TrainConfig on = off;
+  on.cuda_graphs = CudaGraphs::kOn;
+  off.checkpoint_dir = dir.path("off");
+  on.checkpoint_dir = dir.path("on");
+  const RunOut a = run(off, "snapshots_off"), b = run(on, "snapshots_on");
+  EXPECT_TRUE(b.result.cuda_graphs);
+  ASSERT_EQ(a.result.recoveries.size(), 1u);
+  ASSERT_EQ(b.result.recoveries.size(), 1u);
+  EXPECT_EQ(b.result.recoveries[0].resumed_from_step, 4);
+  EXPECT_EQ(b.result.devices, 1);
+  // The metrics hold step 5 twice (before the fault and again on the survivor).
+  EXPECT_EQ(a.grad_norms, b.grad_norms);
+  EXPECT_EQ(a.result.losses, b.result.losses);
+  test::expect_same_state(a.result, b.result, "snapshots, saves and a recovery, bf16 stage 2");
+  ASSERT_EQ(a.result.checkpoints.size(), b.result.checkpoints.size());
+  ASSERT_FALSE(b.result.checkpoints.empty());
+  for (size_t k = 0; k < a.result.checkpoints.size(); ++k) {
+    const CheckpointReader x = CheckpointReader::open(a.result.checkpoints[k]);
+    const CheckpointReader y = CheckpointReader::open(b.result.checkpoints[k]);
+    for (const ManifestArray& arr : x.manifest().arrays) {
+      const size_t bytes = arr.numel * storage_dtype_size(arr.dtype);
+      std::vector<uint8_t> u(bytes, 0xAB), v(bytes, 0xCD);
+      x.read(arr.name, 0, arr.numel, u.data());
+      y.read(arr.name, 0, arr.numel, v.data());
+      EXPECT_EQ(u, v) << b.result.checkpoints[k] << " " << arr.name;
+    }
+  }
 }
 
 TEST(CudaGraphs, AutoStaysEagerOnCpuDevices) {

@@ -14,12 +14,14 @@
 
 #include <cstring>
 #include <limits>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "train/export.h"
+#include "train/plan.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "train/trainer.h"
@@ -217,6 +219,70 @@ TEST_F(Resume, ConvertingToAnotherDeviceCountAndStageRewritesEveryArrayBitwise) 
     rb.read(arr.name, 0, arr.numel, y.data());
     EXPECT_EQ(x, y) << arr.name;
   }
+}
+
+// A save after a step that also took the recovery snapshot (--snapshot-every dividing --save-every)
+// writes that snapshot rather than copying every shard to the host a second time: the metrics
+// record says so, and both checkpoints hold the bits and meta of a run without --snapshot-every.
+TEST_F(Resume, ASaveAtASnapshotStepSharesTheSnapshotAndWritesTheSameBits) {
+  fs::create_directories(dir_);
+  TrainConfig a = tiny(2, 2, 6, Precision::kBf16);
+  a.test.keep_final_params = false;
+  a.save_every = 4;
+  a.checkpoint_dir = dir("plain");
+  TrainConfig b = a;
+  b.checkpoint_dir = dir("shared");
+  b.snapshot_every = 2;
+  b.metrics_path = dir("metrics.jsonl");
+  const TrainResult ra = train(a), rb = train(b);
+  ASSERT_EQ(ra.checkpoints.size(), 2u);
+  ASSERT_EQ(rb.checkpoints.size(), 2u);
+  std::map<int, bool> from_snapshot;  // step -> the record's flag
+  std::vector<size_t> snapshot_bytes;
+  std::ifstream in(b.metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "checkpoint") from_snapshot[j.at("step").get<int>()] = j.at("from_snapshot").get<bool>();
+    if (j.value("event", "") == "snapshot") snapshot_bytes.push_back(j.at("bytes").get<size_t>());
+  }
+  // What `zerotrain plan` says a snapshot holds in host memory is what the snapshots held.
+  PlanInputs pin;
+  pin.working = DType::kBF16;
+  const size_t planned = snapshot_host_bytes(make_model_config("gpt-tiny", b.overrides), pin);
+  EXPECT_EQ(snapshot_bytes, (std::vector<size_t>{planned, planned, planned})) << "steps 0, 2 and 4";
+  // Step 6 is the last: no recovery snapshot is taken after it, so its save copies from the devices.
+  EXPECT_EQ(from_snapshot, (std::map<int, bool>{{4, true}, {6, false}}));
+  for (size_t k = 0; k < 2; ++k) {
+    const CheckpointReader x = CheckpointReader::open(ra.checkpoints[k]);
+    const CheckpointReader y = CheckpointReader::open(rb.checkpoints[k]);
+    nlohmann::json mx = x.meta(), my = y.meta();
+    mx.erase("checkpoint_owner");  // each directory's own
+    my.erase("checkpoint_owner");
+    EXPECT_EQ(mx, my) << ra.checkpoints[k];
+    ASSERT_EQ(x.manifest().arrays.size(), y.manifest().arrays.size());
+    for (const ManifestArray& arr : x.manifest().arrays) {
+      ASSERT_TRUE(y.has_array(arr.name)) << arr.name;
+      const size_t bytes = arr.numel * storage_dtype_size(arr.dtype);
+      std::vector<uint8_t> u(bytes, 0xAB), v(bytes, 0xCD);
+      x.read(arr.name, 0, arr.numel, u.data());
+      y.read(arr.name, 0, arr.numel, v.data());
+      EXPECT_EQ(u, v) << ra.checkpoints[k] << " " << arr.name;
+    }
+  }
+  // fp32 with SGD: masters and one moment, no 16-bit copy.
+  TrainConfig c = tiny(2, 1, 1, Precision::kFp32);
+  c.test.keep_final_params = false;
+  c.optimizer = OptimizerKind::kSgd;
+  c.snapshot_every = 1;
+  c.metrics_path = dir("metrics-sgd.jsonl");
+  train(c);
+  std::ifstream sgd(c.metrics_path);
+  size_t held = 0;
+  for (std::string line; std::getline(sgd, line);)
+    if (const nlohmann::json j = nlohmann::json::parse(line); j.value("event", "") == "snapshot") held = j.at("bytes");
+  pin.working = DType::kF32;
+  pin.sgd = true;
+  EXPECT_EQ(held, snapshot_host_bytes(make_model_config("gpt-tiny", c.overrides), pin));
 }
 
 // --offload optimizer keeps master weights and moments in host memory; checkpoints read and write
