@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 #include "kernels/matmul_types.h"
@@ -161,6 +162,11 @@ void decode_attention(void* stream, void* out, const void* qkv, int64_t n, int64
 // graph replays it).
 bool cudnn_attention_available(Stream& s, void* native, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH,
                                DType dtype, bool deterministic);
+// The run's one line (first call at T >= 256 only) saying that the tiled kernel serves a 16-bit
+// attention call cuDNN does not, why, and what it costs: cuDNN declining the shape or its
+// workspace, operands it cannot take (op_table.cc), a build without cuDNN.
+void announce_attention_fallback(bool backward, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                 bool deterministic, const std::string& why);
 // What cuDNN asks for at this shape (ops::fused_attention_workspace): false when cuDNN cannot start
 // on s's GPU (or is absent); else each direction's workspace, -1 where cuDNN declines it. The
 // graphs stay built for later calls.

@@ -25,7 +25,37 @@
 //    tiled kernels' lse, so a forward of one and a backward of the other pair up.
 #include "kernels/cuda/cuda_ops.h"
 
+#include <atomic>
+#include <cstdio>
+#include <string>
+
 #include "core/status.h"
+
+namespace zt::cuda_ops {
+namespace {
+// What the tiled kernel costs instead of cuDNN's, per layer, measured on an H200 at GPT-2 124M's
+// shape (B=16, T=1024, 12 heads of 64, bf16; ../shared/gpu/2026-12-04): backward 46.5 ms against
+// 0.33 ms; forward (fp32 tiled, 14.7 ms) against 0.12 ms. Measured before the tiled kernels kept
+// their rows in registers (commit after 72def63); the line says so until a GPU re-measures it.
+constexpr int kTiledBackwardSlowdown = 140;
+constexpr int kTiledForwardSlowdown = 120;
+// Below this T the tiled kernel's cost is small enough not to announce a fallback.
+constexpr int64_t kAnnounceFallbackFromT = 256;
+}  // namespace
+
+void announce_attention_fallback(bool backward, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype,
+                                 bool deterministic, const std::string& why) {
+  static std::atomic<bool> announced{false};
+  if (T < kAnnounceFallbackFromT || announced.exchange(true)) return;
+  std::fprintf(stderr,
+               "attention: cuDNN declined the %s%s at B=%lld T=%lld heads=%lldx%lld %s (%s); the tiled kernel runs "
+               "instead (before its register rewrite it was ~%dx slower per layer on an H200; not re-measured)\n",
+               backward && deterministic ? "deterministic " : "", backward ? "backward" : "forward",
+               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(NH),
+               static_cast<long long>(C / NH), dtype_name(dtype), why.c_str(),
+               backward ? kTiledBackwardSlowdown : kTiledForwardSlowdown);
+}
+}  // namespace zt::cuda_ops
 
 #if defined(ZT_WITH_CUDNN)
 
@@ -57,15 +87,6 @@ namespace {
 namespace fe = cudnn_frontend;
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
-
-// What the tiled kernel costs instead of cuDNN's, per layer, measured on an H200 at GPT-2 124M's
-// shape (B=16, T=1024, 12 heads of 64, bf16; ../shared/gpu/2026-12-04): backward 46.5 ms against
-// 0.33 ms; forward (fp32 tiled, 14.7 ms) against 0.12 ms. Measured before the tiled kernels kept
-// their rows in registers (commit after 72def63); the line says so until a GPU re-measures it.
-constexpr int kTiledBackwardSlowdown = 140;
-constexpr int kTiledForwardSlowdown = 120;
-// Below this T the tiled kernel's cost is small enough not to announce a fallback.
-constexpr int64_t kAnnounceFallbackFromT = 256;
 
 struct Key {
   int device;
@@ -102,7 +123,6 @@ struct State {
   std::unordered_map<Key, Shape, KeyHash> shapes;
   std::unordered_map<int, cudnnHandle_t> handles;  // nullptr: cuDNN unusable on that GPU
   std::set<std::string> noted;
-  bool announced_fallback = false;  // the run's one line about the tiled kernel serving instead
 };
 // Leaked on purpose: handles and graphs must not be torn down after the CUDA runtime at exit.
 State& state() {
@@ -116,17 +136,9 @@ void note_once(State& st, const std::string& key, const std::string& why) {
     std::fprintf(stderr, "note: %s; the tiled attention kernel runs instead\n", why.c_str());
 }
 
-// The run's one line when cuDNN declines a direction at T >= 256, with what the fallback costs.
-void announce_fallback(State& st, const Key& k, bool backward, const std::string& why) {
-  if (k.T < kAnnounceFallbackFromT || st.announced_fallback) return;
-  st.announced_fallback = true;
-  std::fprintf(stderr,
-               "attention: cuDNN declined the %s%s at B=%lld T=%lld heads=%lldx%lld %s (%s); the tiled kernel runs "
-               "instead (before its register rewrite it was ~%dx slower per layer on an H200; not re-measured)\n",
-               backward && k.deterministic ? "deterministic " : "", backward ? "backward" : "forward",
-               static_cast<long long>(k.B), static_cast<long long>(k.T), static_cast<long long>(k.NH),
-               static_cast<long long>(k.C / k.NH), dtype_name(k.dtype), why.c_str(),
-               backward ? kTiledBackwardSlowdown : kTiledForwardSlowdown);
+// The run's one line when cuDNN declines a direction at T >= 256 (announce_attention_fallback).
+void announce_fallback(const Key& k, bool backward, const std::string& why) {
+  announce_attention_fallback(backward, k.B, k.T, k.C, k.NH, k.dtype, k.deterministic, why);
 }
 
 // The handle of GPU `device` (current: the caller's DeviceGuard), or nullptr. `capturing`: the
@@ -230,7 +242,7 @@ Plan build_direction(State& st, const Key& k, bool backward, cudnnHandle_t h, bo
   if (capturing)
     ZT_THROW(ErrorKind::kDevice, "cuDNN could not build its attention ", backward ? "backward" : "forward", " at B=",
              k.B, " T=", k.T, " inside a stream capture (", why, "); run the attention once outside the capture first");
-  announce_fallback(st, k, backward, why);
+  announce_fallback(k, backward, why);
   return Plan{};
 }
 
@@ -301,7 +313,7 @@ bool cudnn_attention_available(Stream& s, void* native, bool backward, int64_t B
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kOutOfMemory) throw;
     shape->usable = false;
-    announce_fallback(st, key, backward,
+    announce_fallback(key, backward,
                       "its workspace block of " + std::to_string(shape->block) + " bytes does not fit in the pool");
     return false;
   }
@@ -369,22 +381,15 @@ void cudnn_attention_backward(Stream& s, void* native, void* dqkv, const void* d
 
 #else  // no cuDNN in this build: every call declines, the tiled kernels serve
 
-#include <atomic>
-#include <cstdio>
-
 namespace zt::cuda_ops {
-// Declines every call; at T >= 256 the run's first 16-bit call says why, since the tiled kernel
-// serving instead is far slower there (the cost line of the cuDNN build's fallback).
-bool cudnn_attention_available(Stream&, void*, bool, int64_t B, int64_t T, int64_t C, int64_t NH, DType dtype, bool) {
-  static std::atomic<bool> announced{false};
-  if (T >= 256 && (dtype == DType::kF16 || dtype == DType::kBF16) && !announced.exchange(true))
-    std::fprintf(stderr,
-                 "attention: this build has no cuDNN (CMake found no libcudnn or no cudnn-frontend headers; "
-                 "scripts/setup fetches the headers), so the tiled kernel runs the %s attention at B=%lld T=%lld "
-                 "heads=%lldx%lld (before its register rewrite it was ~140x slower per layer than cuDNN's on an "
-                 "H200; not re-measured)\n",
-                 dtype_name(dtype), static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(NH),
-                 static_cast<long long>(C / NH));
+// Declines every call; the run's first 16-bit call at T >= 256 says why, since the tiled kernel
+// serving instead is far slower there.
+bool cudnn_attention_available(Stream&, void*, bool backward, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType dtype, bool deterministic) {
+  if (dtype == DType::kF16 || dtype == DType::kBF16)
+    announce_attention_fallback(backward, B, T, C, NH, dtype, deterministic,
+                                "this build has no cuDNN: CMake found no libcudnn or no cudnn-frontend headers; "
+                                "scripts/setup fetches the headers");
   return false;
 }
 bool cudnn_attention_workspace(Stream&, int64_t, int64_t, int64_t, int64_t, DType, bool, int64_t*, int64_t*) {

@@ -1,10 +1,9 @@
 // The CUDA backend's op table: every entry runs its launcher (kernels/cuda/cuda_ops.h,
 // kernels/cuda/multi_tensor.h) inside a cuda::TaskSpan (the checked downcast to a CUDA stream,
 // and the observer's event pair). Built only with CUDA; includes no CUDA header.
-#include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <initializer_list>
+#include <string>
 
 #include "core/status.h"
 #include "kernels/cuda/cast.h"
@@ -122,19 +121,14 @@ bool fp32_attention(Stream& s, DType dtype, int64_t B, int64_t T, int64_t C, int
 
 // Operands cuDNN cannot take (k and v start C elements into each qkv row: C * 2 bytes, not a
 // multiple of 16, when C is not a multiple of 8; or a view at an odd offset): the tiled kernel
-// serves. Said once per run at T >= 256, as cudnn_attention.cc says its own declines, so that a
-// slow run names its cause.
-bool cudnn_operands_aligned(std::initializer_list<const void*> pointers, int64_t B, int64_t T, int64_t C, int64_t NH,
-                            DType dtype) {
+// serves, which the run's fallback line names (cuda_ops::announce_attention_fallback).
+bool cudnn_operands_aligned(std::initializer_list<const void*> pointers, bool backward, int64_t B, int64_t T,
+                            int64_t C, int64_t NH, DType dtype, bool deterministic) {
   if (aligned16(pointers)) return true;
-  static std::atomic<bool> announced{false};
-  if (T >= 256 && !announced.exchange(true))
-    std::fprintf(stderr,
-                 "attention: cuDNN needs 16-byte aligned q, k, v and gradients, which this call's do not have (B=%lld "
-                 "T=%lld heads=%lldx%lld %s: k starts %lld bytes into each qkv row); the tiled kernel runs instead "
-                 "(CUDA cores, far slower at this T; a width that is a multiple of 8 avoids it)\n",
-                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(NH),
-                 static_cast<long long>(C / NH), dtype_name(dtype), static_cast<long long>(C * dtype_size(dtype)));
+  cuda_ops::announce_attention_fallback(backward, B, T, C, NH, dtype, deterministic,
+                                        "it needs 16-byte aligned q, k, v and gradients; k starts " +
+                                            std::to_string(C * dtype_size(dtype)) +
+                                            " bytes into each qkv row: a width that is a multiple of 8 avoids it");
   return false;
 }
 
@@ -148,8 +142,8 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!cudnn_operands_aligned({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}, B, T, C, NH,
-                                dtype) ||
+    if (!cudnn_operands_aligned({out, lse, qkv, static_cast<const char*>(qkv) + C * dtype_size(dtype)}, false, B, T,
+                                C, NH, dtype, det) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), false, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_forward");
@@ -167,8 +161,8 @@ void add_fused_attention(OpTable& t) {
       return true;
     }
     const bool det = s.device().math_mode().deterministic_attention;
-    if (!cudnn_operands_aligned({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)}, B,
-                                T, C, NH, dtype) ||
+    if (!cudnn_operands_aligned({dqkv, dout, qkv, out, lse, static_cast<const char*>(qkv) + C * dtype_size(dtype)},
+                                true, B, T, C, NH, dtype, det) ||
         !cuda_ops::cudnn_attention_available(s, s.native_handle(), true, B, T, C, NH, dtype, det))
       return false;
     const cuda::TaskSpan span(s, "fused_attention_backward");

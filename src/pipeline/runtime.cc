@@ -20,12 +20,6 @@ double clock_us() {
 
 bool is_compute(ActionKind k) { return k != ActionKind::kSend && k != ActionKind::kRecv; }
 
-// Stream callbacks writing one span's start or end: the spans are sized before the first one is
-// enqueued, so the host never reallocates what a stream thread writes.
-void stamp(Stream& s, std::vector<StageSpan>* spans, size_t i, bool end) {
-  s.host_func([spans, i, end] { (end ? (*spans)[i].end_us : (*spans)[i].start_us) = clock_us(); });
-}
-
 TensorView transfer_buffer(StageWork& w, const Action& a) {
   const bool send = a.kind == ActionKind::kSend;
   if (a.payload == Payload::kActivation) return send ? w.activation_out(a.chunk, a.micro) : w.activation_in(a.chunk, a.micro);
@@ -59,6 +53,7 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
   const auto& actions = sched.actions[static_cast<size_t>(stage)];
   size_t next_span = 0;
   if (opt.spans != nullptr) {
+    ZT_CHECK(opt.timer != nullptr, "run_pipeline_stage: compute spans are timed by a SpanTimer");
     next_span = opt.spans->size();
     opt.spans->resize(next_span + static_cast<size_t>(std::count_if(actions.begin(), actions.end(),
                                                                      [](const Action& a) { return is_compute(a.kind); })));
@@ -86,10 +81,7 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
     const size_t span = next_span++;
     if (opt.spans != nullptr) {
       (*opt.spans)[span] = StageSpan{stage, a.kind, a.micro, a.chunk, 0, 0};
-      if (opt.timer != nullptr)
-        opt.timer->mark(s, span, false);
-      else
-        stamp(s, opt.spans, span, false);
+      opt.timer->mark(s, span, false);
     }
     {
       const NvtxRange range(a.kind == ActionKind::kForward ? NvtxCategory::kForward : NvtxCategory::kBackward,
@@ -102,12 +94,7 @@ void run_pipeline_stage(const Schedule& sched, int stage, Communicator& comm, co
         default: break;
       }
     }
-    if (opt.spans != nullptr) {
-      if (opt.timer != nullptr)
-        opt.timer->mark(s, span, true);
-      else
-        stamp(s, opt.spans, span, true);
-    }
+    if (opt.spans != nullptr) opt.timer->mark(s, span, true);
   }
   for (uint64_t t : sends) comm.wait_send(rank, t, s);
 }

@@ -70,7 +70,7 @@ class SpanTimer {
   // run_pipeline_stage: span `span`'s start or end is when `s` reaches this point.
   void mark(Stream& s, size_t span, bool end);
   // After `s` ran every mark (e.g. after synchronizing it): writes the marked spans' times into
-  // `spans` (steady-clock microseconds, as the host-function stamps), through one anchor event
+  // `spans` (steady-clock microseconds, the trace's clock), through one anchor event
   // whose host time is read when it completes on the idle stream.
   void resolve(Stream& s, std::vector<StageSpan>& spans);
   // Forgets marks never resolved (a step that failed part-way), before reusing cleared spans.
@@ -87,8 +87,8 @@ class SpanTimer {
 };
 
 struct StageRunOptions {
-  // Compute spans are appended here, one vector per stage. Without `timer` the stream writes their
-  // times (read them after synchronizing it); with it, timer->resolve writes them.
+  // Compute spans are appended here, one vector per stage, and timed by `timer` (required with
+  // spans): timer->resolve writes their times after the stream's synchronisation.
   std::vector<StageSpan>* spans = nullptr;
   SpanTimer* timer = nullptr;
   // Tests: called before each action with the streams that action uses, to inject delays.
