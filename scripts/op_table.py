@@ -7,7 +7,9 @@ op has one (lm_head_forward <= 2.5 ms, lm_head_backward <= 5 ms, encoder_backwar
 layernorm_backward over all its calls <= 1.0 ms), and the device's idle time per step (no op on any
 of its streams: kernel-boundary latency, and waits for the host where the host fell behind). With
 --estimate bf16 a column holds bench/README.md's read-through estimate of each op (no GPU) and a last
-line the step against it, so one visit confirms or refutes it op by op. Standard library only (the
+line the step against it, so one visit confirms or refutes it op by op. The estimate is an H200's; a trace
+from another GPU (the trace names each device) gets one line saying so, with the memory-bandwidth ratio
+where the GPU is in HBM_TBPS. Standard library only (the
 GPU machine has no packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST]
 [--top N] [--marker OP] [--estimate bf16]
 Steps are the device's (each ends with the optimizer's launch), not the host's ranges: the host runs
@@ -32,6 +34,7 @@ BUDGETS_MS = {
 ESTIMATES = {
     "bf16": {
         "title": "read-through estimate 2026-12-05 (no GPU)",
+        "gpu": "H200",
         "step": (32.0, 30.0, 36.0),
         "ops": {
             "matmul_backward": (7.8, 7.0, 8.6),
@@ -59,6 +62,34 @@ ESTIMATES = {
         },
     },
 }
+
+
+# HBM bandwidth in TB/s (datasheets), to say how far an estimate made for one GPU carries to another:
+# GEMMs and attention run at about the same tensor-core peak on the H100 SXM and the H200, while the
+# memory-bound ops (layernorm, AdamW, casts, fills, the classifier, the embedding) scale with the
+# bandwidth. More specific names first, as in src/train/report.cc's peak table.
+HBM_TBPS = (("H200 NVL", 4.8), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35))
+
+
+def device_name(events, pid):
+    """The trace's name of device pid (its process_name metadata), or None."""
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name" and e.get("pid") == pid:
+            return str(e.get("args", {}).get("name", "")) or None
+    return None
+
+
+def other_gpu_note(estimate_gpu, name):
+    """One line when the trace ran on another GPU than the estimate's, else None."""
+    if not name or estimate_gpu in name:
+        return None
+    mine = dict(HBM_TBPS).get(estimate_gpu)
+    theirs = next((tbps for key, tbps in HBM_TBPS if key in name), None)
+    scale = (f" ({theirs:g} against {mine:g} TB/s of memory bandwidth: memory-bound ops up to "
+             f"{mine / theirs:.2f}x the estimate, GEMMs and attention about as estimated)"
+             if mine and theirs and theirs != mine else "")
+    return (f"Note: the estimate is for an {estimate_gpu}; this trace ran on {name}{scale}. Compare op "
+            f"shares and the step against PyTorch on the same GPU, not these milliseconds.")
 
 
 def against(ms, estimate):
@@ -216,6 +247,10 @@ def main(argv):
               f"{f'; the longest {longest[0]:.1f} us ({longest[1]} -> {longest[2]})' if longest else ''}.")
     print()
     est = ESTIMATES[args.estimate] if args.estimate else None
+    note = other_gpu_note(est["gpu"], device_name(events, args.device)) if est else None
+    if note:
+        print(note)
+        print()
     if est:
         print(f"| op | ms/step | calls/step | share | budget (issue 28) | {est['title']}, ms |")
         print("|---|---|---|---|---|---|")

@@ -178,6 +178,22 @@ contains "an op below its estimate" "| adamw_multi | 0.100 | 1 | 1.5% |  | 1.1 (
 contains "the step against the estimate" "estimated 32 (30-36): below." "$T/ops-est.md"
 python3 "$ROOT/scripts/op_table.py" "$T/trace.json" --estimate fp64 >/dev/null 2>&1
 expect "an unknown --estimate exits 2" 2 "$?"
+# The estimate is an H200's: a trace from another GPU (its process_name) gets one line saying so.
+python3 - "$T/trace.json" "$T/trace-h100.json" "$T/trace-h200.json" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+for path, gpu in ((sys.argv[2], "NVIDIA H100 80GB HBM3"), (sys.argv[3], "NVIDIA H200")):
+    meta = {"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+            "args": {"name": f"cuda:0 ({gpu}, compute capability 9.0, 132 SMs)"}}
+    json.dump({"traceEvents": [meta] + ev}, open(path, "w"))
+PY
+python3 "$ROOT/scripts/op_table.py" "$T/trace-h100.json" --estimate bf16 >"$T/ops-h100.md" 2>&1
+expect "op_table --estimate on an H100's trace exits 0" 0 "$?"
+contains "another GPU than the estimate's named, with the bandwidth ratio" \
+  "Note: the estimate is for an H200; this trace ran on cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0, 132 SMs) (3.35 against 4.8 TB/s of memory bandwidth: memory-bound ops up to 1.43x the estimate" \
+  "$T/ops-h100.md"
+python3 "$ROOT/scripts/op_table.py" "$T/trace-h200.json" --estimate bf16 >"$T/ops-h200.md" 2>&1
+if grep -q "^Note: the estimate" "$T/ops-h200.md"; then bad "an H200's trace got the other-GPU note"; else ok "an H200's trace gets no other-GPU note"; fi
 
 # 6. The sanitizer summary: one hazard in a ZeroTrain kernel, one in cuDNN's, apart.
 cat >"$T/race.txt" <<'LOG'
