@@ -1,7 +1,8 @@
 // CUDA layernorm (forward/backward) and the fused residual add + layernorm, the fused softmax +
 // cross-entropy classifier and its vocabulary-parallel form (row_max, vocab_partials,
 // vocab_loss_grad; fp32 or 16-bit logits): one warp (layernorm, 128-bit accesses where aligned) or
-// one block (classifier) per row, sums accumulated in double like the CPU kernels and combined in a fixed order. The
+// one block (classifier) per row, sums accumulated in double like the CPU kernels (the classifiers'
+// exps on the special-function unit: classifier_exp) and combined in a fixed order. The
 // bias gradient is a two-stage column sum, layernorm's dweight/dbias fp32 sums in the order of
 // kernels/layernorm_order.h (the CPU kernel's bits): no float atomics anywhere, so every result is
 // run-to-run deterministic and the same on every GPU.
@@ -513,6 +514,20 @@ __device__ __forceinline__ double row_sum_all(double v, RowReduce<double>& share
 }
 
 // ---- fused classifier: online softmax statistics (llm.c's fused classifier) -------------------
+// exp(x) for the classifier's x <= 0 (a logit minus its row's max): the special-function unit's
+// ex2.approx of x·log2(e) (__expf, what llm.c's --use_fast_math classifier runs), a multiply and
+// MUFU.EX2 (plus a rescale for subnormal results) where exp_elem's polynomial takes ~18. With
+// exp_elem the classifier was bound by instructions, not bytes (two exps per logit: 2.34 ms for
+// 3.3 GB at GPT-2 124M, B 16, T 1024 on an H200 on 2026-12-04, 1.4 TB/s; ~33 G instructions at
+// ~33 T/s). Relative error about 2^-21 + |x|·2^-24 (x·log2(e) rounded), i.e. < 6e-6 down to
+// exp(-87) (below, exp_elem gives 0 and this a subnormal: less than 2^-126 apart); -inf gives +0,
+// NaN stays NaN. The vocabulary-parallel kernels below use it too, so that they keep the
+// classifier's arithmetic (test_tp_ops compares the two at 1e-6). These bits are CUDA's own: the
+// CPU backend's classifier (sequential double sum, exp_elem) was never bit-equal to this kernel's
+// block reduction; the tests hold both to float64 within the element-wise bounds (2^-21 + 25·2^-24
+// < 2e-6 against kTolElem's 1e-5 where |x| <= 25).
+__device__ __forceinline__ float classifier_exp(float x) { return __expf(x); }
+
 // A running max and the sum of exp relative to it, per thread and then per block: one read of the
 // row gives both (the two-pass form reads it twice before the gradient pass reads it again).
 struct MaxSum {
@@ -522,7 +537,7 @@ struct MaxSum {
 __device__ __forceinline__ MaxSum max_sum_combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.max, b.max);
   if (m == -INFINITY) return {m, 0.0};  // both empty: -inf - -inf would be NaN
-  return {m, a.sum * double{exp_elem(a.max - m)} + b.sum * double{exp_elem(b.max - m)}};
+  return {m, a.sum * double{classifier_exp(a.max - m)} + b.sum * double{classifier_exp(b.max - m)}};
 }
 struct MaxSumOp {
   __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const { return max_sum_combine(a, b); }
@@ -542,9 +557,9 @@ __device__ __forceinline__ void fold(MaxSum& acc, const float (&x)[K]) {
 #pragma unroll
   for (int j = 0; j < K; ++j) m = fmaxf(m, x[j]);
   if (m == -INFINITY) return;  // nothing but -inf so far (or NaN only): exp(-inf - -inf) is NaN
-  double s = acc.sum * double{exp_elem(acc.max - m)};
+  double s = acc.sum * double{classifier_exp(acc.max - m)};
 #pragma unroll
-  for (int j = 0; j < K; ++j) s += exp_elem(x[j] - m);
+  for (int j = 0; j < K; ++j) s += classifier_exp(x[j] - m);
   acc = {m, s};
 }
 
@@ -596,7 +611,7 @@ __global__ void __launch_bounds__(kClassifierBlock)
       const float inv = static_cast<float>(1.0 / s);
       auto grad = [&](int64_t i, float xi) -> float {
         if (ignored || i >= V) return 0.0f;
-        const float p = exp_elem(xi - m) * inv;
+        const float p = classifier_exp(xi - m) * inv;
         return (p - (i == target ? 1.0f : 0.0f)) * dloss;
       };
       // Packs may run into the padding here (written 0): every full pack inside the row. The
@@ -661,7 +676,7 @@ __global__ void __launch_bounds__(kClassifierBlock)
     const float m = max[row];
     const int64_t avail = total - begin, real = avail < 0 ? 0 : avail < V ? avail : V;  // padding takes no part
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += exp_elem(to_float(x[i]) - m);
+    for (int64_t i = threadIdx.x; i < real; i += blockDim.x) s += classifier_exp(to_float(x[i]) - m);
     s = row_sum_all(s, sum_shared);
     if (threadIdx.x == 0) {
       const int64_t local = target - begin;
@@ -701,7 +716,7 @@ __global__ void __launch_bounds__(kClassifierBlock)
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
       // The padding [real, V) is written, never read (it may never have been written).
       const float xi = i < real ? to_float(x[i]) : 0.0f;
-      const float p = exp_elem(xi - m) * inv;
+      const float p = classifier_exp(xi - m) * inv;
       x[i] = from_float<T>(ignored || i >= real ? 0.0f : (p - (i == local ? 1.0f : 0.0f)) * dloss);
     }
   }
