@@ -98,13 +98,14 @@ TEST_P(PaddedHeadTest, GradientsAreZeroOnPaddingRowsAndMatchTheUnpaddedFloat64Re
 }
 
 // On the CPU backend, what the padding changes against the unpadded head (wte [V, C], logits rows
-// of Vp with only V columns written): dwte's real rows keep their bits (each row's sum over the
-// same N products), the real logits move by fp32 rounding only (OpenBLAS's kernel for a ragged
-// 37-column tile is not the one for a 128-column tile, so the last bits may differ: the padded
-// GPT's CPU bits are not the unpadded one's). CPU only (no cuda instance, so a GPU run counts no
-// skip for it): bits are promised on the CPU backend.
+// of Vp with only V columns written): the real logits and dwte's real rows move by fp32 rounding
+// only. Not bits: OpenBLAS picks its sgemm kernel by CPU at run time, and a ragged 37-row or
+// 37-column edge tile may sum in another order than a full one (Debian's 0.3.21 on an AVX-512 Xeon,
+// 2026-12-05: dwte's last row differed, where other machines had kept its bits), so the padded
+// GPT's CPU bits are not the unpadded one's. CPU only (no cuda instance, so a GPU run counts no
+// skip for it).
 class PaddedHeadCpuTest : public PaddedHeadTest {};
-TEST_P(PaddedHeadCpuTest, CpuDwteBitsAreTheUnpaddedHeadsAndLogitsWithinRounding) {
+TEST_P(PaddedHeadCpuTest, CpuDwteAndLogitsAreTheUnpaddedHeadsWithinRounding) {
   const int64_t N = 24, C = 32, V = 37, Vp = ops::padded_vocab(V);
   const FVec in = rng_.normal(N * C), wte = rng_.normal(V * C, 0.3f), dl_real = rng_.normal(N * V, 0.1f);
   FVec wte_padded(static_cast<size_t>(Vp * C), 0.0f), dl(static_cast<size_t>(N * Vp), 0.0f);
@@ -126,7 +127,7 @@ TEST_P(PaddedHeadCpuTest, CpuDwteBitsAreTheUnpaddedHeadsAndLogitsWithinRounding)
   ops::lm_head_backward(s(), TensorView{}, dw_a, tdl, tin, tw);
   ops::lm_head_backward(s(), TensorView{}, dw_b, tdl, tin, twp);
   const FVec ga = dw_a.f(), gb = dw_b.f();
-  EXPECT_TRUE(bitwise_equal(FVec(gb.begin(), gb.begin() + V * C), ga)) << "dwte";
+  EXPECT_TRUE(close(FVec(gb.begin(), gb.begin() + V * C), to_d(ga), kTolElem)) << "dwte";
 }
 
 // MathMode::gemm_tiles: a 16-bit GEMM whose M, N or K is not a multiple of 8, or whose operand is
