@@ -515,17 +515,19 @@ __device__ __forceinline__ double row_sum_all(double v, RowReduce<double>& share
 
 // ---- fused classifier: online softmax statistics (llm.c's fused classifier) -------------------
 // exp(x) for the classifier's x <= 0 (a logit minus its row's max): the special-function unit's
-// ex2.approx of x·log2(e) (__expf, what llm.c's --use_fast_math classifier runs), a multiply and
-// MUFU.EX2 (plus a rescale for subnormal results) where exp_elem's polynomial takes ~18. With
-// exp_elem the classifier was bound by instructions, not bytes (two exps per logit: 2.34 ms for
-// 3.3 GB at GPT-2 124M, B 16, T 1024 on an H200 on 2026-12-04, 1.4 TB/s; ~33 G instructions at
-// ~33 T/s). Relative error about 2^-21 + |x|·2^-24 (x·log2(e) rounded), i.e. < 6e-6 down to
-// exp(-87) (below, exp_elem gives 0 and this a subnormal: less than 2^-126 apart); -inf gives +0,
-// NaN stays NaN. The vocabulary-parallel kernels below use it too, so that they keep the
+// ex2.approx of x·log2(e) (__expf: a multiply and MUFU.EX2, plus a compare and a rescale for
+// subnormal results, where exp_elem's polynomial takes ~18 instructions; llm.c's fast-math build
+// runs the same exp, flushing subnormals besides). With exp_elem the classifier was bound by
+// instructions, not bytes (two exps per logit: 2.34 ms for 3.3 GB at GPT-2 124M, B 16, T 1024 on
+// an H200 on 2026-12-04, 1.4 TB/s; ~33 G instructions at ~33 T/s). Relative error: ex2.approx's
+// 2 ulp (PTX ISA) plus |x|·7.3e-8 from rounding x·log2(e) and the constant, i.e. about 2e-6 at
+// |x| = 25 and < 7e-6 down to exp(-87) (below, exp_elem gives 0 and this a subnormal: less than
+// 2^-126 apart); exp(0) is exactly 1 (the online rescale and the one-column rows rely on it), -inf
+// gives +0, NaN stays NaN. The vocabulary-parallel kernels below use it too, so that they keep the
 // classifier's arithmetic (test_tp_ops compares the two at 1e-6). These bits are CUDA's own: the
-// CPU backend's classifier (sequential double sum, exp_elem) was never bit-equal to this kernel's
-// block reduction; the tests hold both to float64 within the element-wise bounds (2^-21 + 25·2^-24
-// < 2e-6 against kTolElem's 1e-5 where |x| <= 25).
+// CPU backend's classifier (exp_elem, a lane-blocked double sum) was never bit-equal to this
+// kernel's block reduction, and now differs in the exp too; the tests hold both to float64 within
+// the element-wise bounds (kTolElem's 1e-5 relative against about 2e-6 where |x| <= 25).
 __device__ __forceinline__ float classifier_exp(float x) { return __expf(x); }
 
 // A running max and the sum of exp relative to it, per thread and then per block: one read of the
