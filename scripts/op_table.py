@@ -7,10 +7,10 @@ op has one (lm_head_forward <= 2.5 ms, lm_head_backward <= 5 ms, encoder_backwar
 layernorm_backward over all its calls <= 1.0 ms), and the device's idle time per step (no op on any
 of its streams: kernel-boundary latency, and waits for the host where the host fell behind). With
 --estimate bf16 a column holds bench/README.md's read-through estimate of each op (no GPU) and a last
-line the step against it, so one visit confirms or refutes it op by op. The estimate is an H200's; a trace
-from another GPU (the trace names each device) gets one line saying so, with the memory-bandwidth ratio
-where the GPU is in HBM_TBPS. Standard library only (the
-GPU machine has no packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST]
+line the step against it, so one visit confirms or refutes it op by op. The estimate is an H200's:
+a trace from another GPU (the trace names each device) gets one line saying so, with the ratio of
+memory bandwidths where HBM_TBPS knows the GPU. Standard library only (the GPU machine has no
+packages). Usage: op_table.py TRACE.json [--device 0] [--steps FIRST:LAST]
 [--top N] [--marker OP] [--estimate bf16]
 Steps are the device's (each ends with the optimizer's launch), not the host's ranges: the host runs
 a step ahead. Exit status: 0 when the table was printed (budgets missed or not), 2 for an unreadable
@@ -65,9 +65,9 @@ ESTIMATES = {
 
 
 # HBM bandwidth in TB/s (datasheets), to say how far an estimate made for one GPU carries to another:
-# GEMMs and attention run at about the same tensor-core peak on the H100 SXM and the H200, while the
-# memory-bound ops (layernorm, AdamW, casts, fills, the classifier, the embedding) scale with the
-# bandwidth. More specific names first, as in src/train/report.cc's peak table.
+# the memory-bound ops (layernorm, AdamW, casts, fills, the classifier, the embedding) scale with it;
+# the GEMMs and attention with the tensor-core peak, which the H100 SXM and the H200 share (the PCIe
+# and NVL parts' are lower). More specific names first, as in src/train/report.cc's peak table.
 HBM_TBPS = (("H200 NVL", 4.8), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35))
 
 
@@ -86,7 +86,7 @@ def other_gpu_note(estimate_gpu, name):
     mine = dict(HBM_TBPS).get(estimate_gpu)
     theirs = next((tbps for key, tbps in HBM_TBPS if key in name), None)
     scale = (f" ({theirs:g} against {mine:g} TB/s of memory bandwidth: memory-bound ops up to "
-             f"{mine / theirs:.2f}x the estimate, GEMMs and attention about as estimated)"
+             f"{mine / theirs:.2f}x the estimate)"
              if mine and theirs and theirs != mine else "")
     return (f"Note: the estimate is for an {estimate_gpu}; this trace ran on {name}{scale}. Compare op "
             f"shares and the step against PyTorch on the same GPU, not these milliseconds.")
