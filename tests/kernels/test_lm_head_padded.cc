@@ -100,9 +100,9 @@ TEST_P(PaddedHeadTest, GradientsAreZeroOnPaddingRowsAndMatchTheUnpaddedFloat64Re
 // On the CPU backend, what the padding changes against the unpadded head (wte [V, C], logits rows
 // of Vp with only V columns written): the real logits and dwte's real rows move by fp32 rounding
 // only. Not bits: OpenBLAS picks its sgemm kernel by CPU at run time, and a ragged 37-row or
-// 37-column edge tile may sum in another order than a full one (Debian's 0.3.21 on an AVX-512 Xeon,
-// 2026-12-05: dwte's last row differed, where other machines had kept its bits), so the padded
-// GPT's CPU bits are not the unpadded one's. CPU only (no cuda instance, so a GPU run counts no
+// 37-column edge tile may sum in another order than a full one (2026-12-05: Debian's 0.3.21 did not
+// know that session's Xeon and ran its Prescott kernels, whose dwte's last row differed, where the
+// machines before had kept its bits), so the padded GPT's CPU bits are not the unpadded one's. CPU only (no cuda instance, so a GPU run counts no
 // skip for it).
 class PaddedHeadCpuTest : public PaddedHeadTest {};
 TEST_P(PaddedHeadCpuTest, CpuDwteAndLogitsAreTheUnpaddedHeadsWithinRounding) {
