@@ -102,8 +102,8 @@ TEST_P(PaddedHeadTest, GradientsAreZeroOnPaddingRowsAndMatchTheUnpaddedFloat64Re
 // only. Not bits: OpenBLAS picks its sgemm kernel by CPU at run time, and a ragged 37-row or
 // 37-column edge tile may sum in another order than a full one (2026-12-05: Debian's 0.3.21 did not
 // know that session's Xeon and ran its Prescott kernels, whose dwte's last row differed, where the
-// machines before had kept its bits), so the padded GPT's CPU bits are not the unpadded one's. CPU only (no cuda instance, so a GPU run counts no
-// skip for it).
+// machines before had kept its bits), so the padded GPT's CPU bits are not the unpadded one's. CPU
+// only (no cuda instance, so a GPU run counts no skip for it).
 class PaddedHeadCpuTest : public PaddedHeadTest {};
 TEST_P(PaddedHeadCpuTest, CpuDwteAndLogitsAreTheUnpaddedHeadsWithinRounding) {
   const int64_t N = 24, C = 32, V = 37, Vp = ops::padded_vocab(V);
