@@ -56,10 +56,15 @@ TEST(Zero, AllStagesGiveIdenticalBitsAndMatchOneDevice) {
   ASSERT_EQ(s0.losses.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
   // One device against four: not bitwise (each GEMM sees 4x the rows, which BLAS blocks and rounds
-  // differently), within 5e-5 relative over 50 steps: OpenBLAS picks its kernels per CPU, and on
-  // AVX-512 parts the gap reaches 1.6e-5 at some steps.
+  // differently). The first step's loss (the same parameters) within 1e-6 relative; then within
+  // 5e-4 over 50 steps. The gap stays near fp32 rounding (2e-8 to 2e-6) except at the loss spike
+  // of step 18 (3.07 -> 9.70, back to 3.14 a step later), whose height rounding-level parameter
+  // differences move: OpenBLAS picks its kernels per CPU at run time, and forced with
+  // OPENBLAS_CORETYPE the gap there was 6.7e-5 with its Haswell and Zen kernels, 1.4e-5 with
+  // SkylakeX, 1.7e-7 with Prescott (2026-12-05; the 5e-5 bound before failed with the first two).
+  EXPECT_NEAR(s0.losses[0], one.losses[0], 1e-6 * one.losses[0]) << "step 1";
   for (int i = 0; i < kSteps; ++i)
-    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-5 * one.losses[static_cast<size_t>(i)])
+    EXPECT_NEAR(s0.losses[static_cast<size_t>(i)], one.losses[static_cast<size_t>(i)], 5e-4 * one.losses[static_cast<size_t>(i)])
         << "step " << i + 1;
   if (kSteps == 50) {
     EXPECT_LT(one.losses.back(), one.losses.front() - 1.0) << "it trains";
