@@ -71,6 +71,11 @@ ESTIMATES = {
 HBM_TBPS = (("H200 NVL", 4.8), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35))
 
 
+def hbm_tbps(name):
+    """The memory bandwidth of the first HBM_TBPS key that occurs in name, or None."""
+    return next((tbps for key, tbps in HBM_TBPS if key in name), None)
+
+
 def device_name(events, pid):
     """The trace's name of device pid (its process_name metadata), or None."""
     for e in events:
@@ -83,8 +88,7 @@ def other_gpu_note(estimate_gpu, name):
     """One line when the trace ran on another GPU than the estimate's, else None."""
     if not name or estimate_gpu in name:
         return None
-    mine = dict(HBM_TBPS).get(estimate_gpu)
-    theirs = next((tbps for key, tbps in HBM_TBPS if key in name), None)
+    mine, theirs = hbm_tbps(estimate_gpu), hbm_tbps(name)
     scale = (f" ({theirs:g} against {mine:g} TB/s of memory bandwidth: memory-bound ops up to "
              f"{mine / theirs:.2f}x the estimate)"
              if mine and theirs and theirs != mine else "")
