@@ -145,8 +145,9 @@ TEST(PipelineTrain, Bf16StagesFollowOneDeviceBf16UnderEverySchedule) {
       SCOPED_TRACE(std::string(schedule) + " on " + std::to_string(P) + " stages");
       losses[schedule] = check(pipe_run(1, P, schedule, steps)).losses;
     }
-    if (losses.count("1f1b") && losses.count("zb-h1"))
+    if (losses.count("1f1b") && losses.count("zb-h1")) {
       EXPECT_EQ(losses["zb-h1"], losses["1f1b"]) << "zb-h1 against 1f1b on " << P << " stages, bitwise";
+    }
   }
   SCOPED_TRACE("data 2 x pipeline 2");
   check(pipe_run(2, 2, "1f1b", steps));
